@@ -1,0 +1,39 @@
+"""The mean-field reference that correlated methods start from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A closed-shell RHF reference with orbitals labelled by irrep.
+
+    ``orbsym[p]`` is the irrep of orbital ``p`` as a bit label of the Abelian point group
+    (D2h and its subgroups): the product of two irreps is their XOR, as in PySCF's
+    ``IRREP_ID`` tables.  ``irrep_names[label]`` names each label in ``point_group``.
+    """
+
+    mol: object                 # pyscf.gto.Mole, built, with the symmetry actually used
+    e_hf: float
+    e_nuc: float
+    mo_coeff: np.ndarray        # (nao, nmo)
+    mo_energy: np.ndarray       # (nmo,)
+    orbsym: np.ndarray          # (nmo,) int irrep labels
+    nocc: int                   # doubly occupied orbitals
+    point_group: str            # the Abelian group used, e.g. "C2v"; "C1" when off
+    irrep_names: dict = field(default_factory=dict)
+    converged: bool = True
+    iterations: int = 0
+    source: str = "pyscf"       # which SCF produced it
+    info: dict = field(default_factory=dict)   # SCF-specific data (schedules, screening, ...)
+
+    @property
+    def nmo(self) -> int:
+        return self.mo_coeff.shape[1]
+
+    @property
+    def nvir(self) -> int:
+        return self.nmo - self.nocc
