@@ -1,0 +1,115 @@
+"""The execution context: an executor, a cache of gathered matrices, and run statistics.
+
+``with Context("threads"):`` makes a context current for the equations run inside it;
+``current_context()`` returns the innermost one (a threads context by default).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections import OrderedDict
+
+from threadpoolctl import threadpool_limits
+
+from tessera.backends import blockops
+from tessera.backends.executors import make_executor
+from tessera.plan.planner import plan_updates
+
+_current: contextvars.ContextVar = contextvars.ContextVar("tessera_context", default=None)
+_default = None
+
+
+class Context:
+    """Runs plans with one executor; keeps per-update time and flops."""
+
+    def __init__(self, backend: str = "threads", *, cache_bytes: int = 2 << 30, **executor_options):
+        self.backend = backend
+        self.executor = make_executor(backend, **executor_options)
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict = OrderedDict()     # (uid, version, layout ids) -> matrices
+        self.stats: dict = {}                       # label -> [calls, seconds, flops]
+        self.flops = 0
+
+    # ---------------------------------------------------------------- current context
+    def __enter__(self):
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(self, *exc):
+        _current.reset(self._token)
+        return False
+
+    def close(self) -> None:
+        self.executor.close()
+        self._cache.clear()
+
+    # ---------------------------------------------------------------- execution
+    def plan(self, updates):
+        return plan_updates(updates)
+
+    def execute(self, updates) -> None:
+        plan = plan_updates(updates)
+        with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
+            for step in plan.steps:
+                t0 = time.perf_counter()
+                self._run_step(step)
+                st = self.stats.setdefault(step.label, [0, 0.0, 0])
+                st[0] += 1
+                st[1] += time.perf_counter() - t0
+                st[2] += step.flops
+                self.flops += step.flops
+
+    def _run_step(self, step) -> None:
+        run = self.executor.run
+        if step.kind == "zero":
+            step.out.tensor.zero_()
+        elif step.kind == "add":
+            run(blockops.add_tasks(step))
+        elif step.kind == "hadamard":
+            run(blockops.hadamard_tasks(step))
+        elif step.kind == "contract":
+            a, b = step.inputs
+            n_ext_a, n_contr, _ = step.perms["split"]
+            amats = self._gathered(a, step.perms["a"], n_ext_a,
+                                   {s.irrep: (s.rows, s.inner) for s in step.sectors},
+                                   step.perms["a"][n_ext_a:])
+            bmats = self._gathered(b, step.perms["b"], n_contr,
+                                   {s.irrep: (s.inner, s.cols) for s in step.sectors},
+                                   step.perms["b"][:n_contr])
+            run(blockops.gemm_scatter_tasks(step, amats, bmats))
+        else:  # the planner makes no other kind
+            raise AssertionError(step.kind)
+
+    def _gathered(self, ref, perm, n_left, layouts, sector_axes) -> dict:
+        t = ref.tensor
+        key = None
+        if t.constant:
+            key = (t.uid, t.version, perm, tuple((g, id(r), id(c)) for g, (r, c) in layouts.items()))
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        mats: dict = {}
+        self.executor.run(blockops.gather_tasks(ref, perm, n_left, layouts, sector_axes, mats))
+        if key is not None:
+            size = sum(m.nbytes for m in mats.values())
+            if size <= self.cache_bytes:
+                self._cache[key] = mats
+                while sum(m.nbytes for v in self._cache.values() for m in v.values()) > self.cache_bytes:
+                    self._cache.popitem(last=False)
+        return mats
+
+    def report(self) -> list:
+        """(label, calls, seconds, flops) per update, slowest first."""
+        return sorted(((k, *v) for k, v in self.stats.items()), key=lambda r: -r[2])
+
+
+def current_context() -> Context:
+    ctx = _current.get()
+    if ctx is None:
+        global _default
+        if _default is None:
+            _default = Context("threads")
+        ctx = _default
+    return ctx

@@ -1,0 +1,66 @@
+"""Executors decide who runs which task; the math of a task lives in the array ops.
+
+``serial`` runs tasks in order on one thread with single-threaded BLAS: the
+deterministic reference. ``threads`` runs them on a pool with dynamic scheduling; BLAS
+releases the GIL, and threadpoolctl keeps pool threads x BLAS threads <= cores.
+Executors are looked up by name; MPI executors register here too.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from tessera.errors import InputError
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class SerialExecutor:
+    name = "serial"
+    blas_threads = 1
+
+    def run(self, tasks) -> None:
+        for task in tasks:
+            task()
+
+    def close(self) -> None:
+        pass
+
+
+class ThreadsExecutor:
+    name = "threads"
+
+    def __init__(self, workers: int | None = None):
+        cores = available_cores()
+        self.workers = int(workers or cores)
+        if self.workers < 1:
+            raise InputError(f"threads executor needs at least 1 worker, got {workers}")
+        self.blas_threads = max(1, cores // self.workers)
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="tessera")
+
+    def run(self, tasks) -> None:
+        if len(tasks) <= 1:
+            for task in tasks:
+                task()
+            return
+        for f in [self._pool.submit(t) for t in tasks]:
+            f.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+EXECUTORS = {"serial": SerialExecutor, "threads": ThreadsExecutor}
+BACKENDS = ("serial", "threads")
+
+
+def make_executor(name: str, **options):
+    if name not in EXECUTORS:
+        raise InputError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    return EXECUTORS[name](**options)

@@ -1,0 +1,48 @@
+"""numpy-style entry points over the equation language: ``einsum`` and ``dot``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.errors import ShapeError
+from tessera.expr.terms import Ref, Update, record
+from tessera.tensor.block_tensor import BlockTensor
+
+
+def einsum(subscripts: str, *tensors, out: BlockTensor | None = None, scale: float = 1.0) -> BlockTensor:
+    """``einsum("abcd,ijcd->ijab", W, tau)``: a new (or the given) BlockTensor."""
+    if "->" not in subscripts:
+        raise ShapeError(f"einsum {subscripts!r}: give the output indices explicitly, as 'ab,bc->ac'")
+    ins, target = subscripts.replace(" ", "").split("->")
+    ins = ins.split(",")
+    if len(ins) != len(tensors):
+        raise ShapeError(f"einsum {subscripts!r}: {len(ins)} operands named, {len(tensors)} given")
+    refs = [Ref(t, s) for t, s in zip(tensors, ins)]
+    if out is None:
+        spaces = {ch: sp for r in refs for ch, sp in zip(r.indices, r.tensor.spaces)}
+        missing = set(target) - set(spaces)
+        if missing:
+            raise ShapeError(f"einsum {subscripts!r}: output index {''.join(sorted(missing))!r} in no operand")
+        irrep = 0
+        for t in tensors:
+            irrep ^= t.irrep
+        out = BlockTensor(tuple(spaces[ch] for ch in target), irrep, name="einsum")
+    expr = refs[0] * scale
+    for r in refs[1:]:
+        expr = expr * r
+    record(Update(Ref(out, target), expr, accumulate=True))
+    return out
+
+
+def dot(x: Ref, y: Ref) -> float:
+    """Full contraction of two refs with the same index letters: sum of x*y."""
+    if sorted(x.indices) != sorted(y.indices):
+        raise ShapeError(f"dot needs the same indices on both sides, got {x.indices!r} and {y.indices!r}")
+    perm = tuple(y.indices.index(ch) for ch in x.indices)
+    total = 0.0
+    yb = y.tensor.blocks
+    for key, blk in x.tensor.blocks.items():
+        other = yb.get(tuple(key[perm.index(n)] for n in range(len(perm))))
+        if other is not None:
+            total += float(np.vdot(blk, other.transpose(perm)))
+    return total

@@ -1,0 +1,221 @@
+"""Compile recorded updates into steps of block work, with their flops, bytes and memory.
+
+Each term ``s * A * B * ... [/ D]`` becomes a chain of pairwise steps: contractions
+(one GEMM per symmetry sector, see ``layout``), Hadamard-type products (indices shared
+by both factors and the output, block by block), and permuted, scaled additions. Factors
+are combined greedily, cheapest pair first, through intermediates that hold only the
+indices still needed. Only symmetry-allowed block combinations appear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tessera.errors import ShapeError
+from tessera.expr.terms import Ref, Update
+from tessera.plan.layout import Sector, group_irreps, matrix_layout
+from tessera.tensor.block_tensor import BlockTensor
+
+
+@dataclass
+class Step:
+    kind: str                 # "zero" | "add" | "contract" | "hadamard" | "copy"
+    out: Ref
+    inputs: tuple = ()
+    scale: float = 1.0
+    divisor: Ref | None = None
+    label: str = ""           # the update this step belongs to (from the expression)
+    sectors: list = field(default_factory=list)
+    perms: dict = field(default_factory=dict)
+    flops: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    memory: int = 0           # bytes of temporary matrices the step needs
+
+    def describe(self) -> str:
+        ins = " * ".join(f"{r.tensor.name or 'tmp'}[{r.indices}]" for r in self.inputs)
+        div = f" / {self.divisor.tensor.name}[{self.divisor.indices}]" if self.divisor else ""
+        return f"{self.kind:8s} {self.out.tensor.name or 'tmp'}[{self.out.indices}] += {self.scale:+g} {ins}{div}"
+
+
+@dataclass
+class Plan:
+    steps: list
+    labels: list
+
+    @property
+    def flops(self) -> int:
+        return sum(s.flops for s in self.steps)
+
+    @property
+    def peak_memory(self) -> int:
+        return max((s.memory for s in self.steps), default=0)
+
+    def per_update(self) -> list:
+        """(label, flops, bytes moved, tasks) for each update, in order."""
+        out: dict = {}
+        for s in self.steps:
+            f, b, n = out.get(s.label, (0, 0, 0))
+            out[s.label] = (f + s.flops, b + s.bytes_in + s.bytes_out, n + max(1, len(s.sectors)))
+        return [(lab, *out[lab]) for lab in self.labels if lab in out]
+
+    def render(self) -> str:
+        lines = [f"{'flops':>12s} {'bytes':>12s} {'GEMMs':>6s}  update"]
+        for lab, f, b, n in self.per_update():
+            lines.append(f"{f:12.3e} {b:12.3e} {n:6d}  {lab}")
+        lines.append(f"total {self.flops:.4e} flops, peak temporary memory {self.peak_memory / 2**20:.1f} MiB")
+        return "\n".join(lines)
+
+
+def plan_updates(updates: list) -> Plan:
+    steps, labels = [], []
+    for up in updates:
+        label = up.describe()
+        labels.append(label)
+        steps.extend(_plan_update(up, label))
+    return Plan(steps, labels)
+
+
+# ------------------------------------------------------------------------- updates
+def _plan_update(up: Update, label: str) -> list:
+    target = up.target
+    terms = up.expr.terms()
+    aliased = any(r.tensor is target.tensor for t in terms for r in _refs(t))
+    out = target
+    steps = []
+    if aliased:     # compute into a fresh tensor, then move it into the target
+        out = Ref(target.tensor.like("tmp"), target.indices)
+    elif not up.accumulate:
+        steps.append(Step("zero", target, label=label))
+    for t in terms:
+        steps.extend(_plan_term(t, out, label))
+    if aliased:
+        if not up.accumulate:
+            steps.append(Step("zero", target, label=label))
+        steps.append(_add_step(out, target, 1.0, None, label))
+    return steps
+
+
+def _refs(term) -> list:
+    return list(term.factors) + ([term.divisor] if term.divisor is not None else [])
+
+
+def _letter_spaces(refs: list, label: str) -> dict:
+    spaces: dict = {}
+    for r in refs:
+        if len(set(r.indices)) != len(r.indices):
+            raise ShapeError(f"{label}: repeated index in {r.indices!r}; diagonals are not supported")
+        for ch, sp in zip(r.indices, r.tensor.spaces):
+            if spaces.setdefault(ch, sp) is not sp:
+                raise ShapeError(f"{label}: index {ch!r} is used for spaces {spaces[ch].name!r} and {sp.name!r}")
+    return spaces
+
+
+def _plan_term(term, out: Ref, label: str) -> list:
+    spaces = _letter_spaces([out] + _refs(term), label)
+    factors = list(term.factors)
+    have = set("".join(r.indices for r in factors))
+    missing = set(out.indices) - have
+    if missing:
+        raise ShapeError(f"{label}: output index {''.join(sorted(missing))!r} appears in no factor")
+    irrep = 0
+    for r in factors:
+        irrep ^= r.tensor.irrep
+    if irrep != out.tensor.irrep and len(factors) > 0:
+        raise ShapeError(f"{label}: the term has irrep {irrep}, the target {out.tensor.irrep}")
+    steps = []
+    while len(factors) > 1:
+        i, j = _cheapest_pair(factors, out, term.divisor, spaces)
+        a, b = factors[i], factors[j]
+        rest = [f for n, f in enumerate(factors) if n not in (i, j)]
+        last = not rest and term.divisor is None
+        if last:
+            dest, scale = out, term.scale
+        else:
+            keep = set(out.indices) | set("".join(r.indices for r in rest))
+            if term.divisor is not None:
+                keep |= set(term.divisor.indices)
+            letters = "".join(ch for ch in _ordered_union(a.indices, b.indices) if ch in keep)
+            tmp = BlockTensor(tuple(spaces[ch] for ch in letters), a.tensor.irrep ^ b.tensor.irrep, name="tmp")
+            dest, scale = Ref(tmp, letters), 1.0
+        steps.append(_pair_step(a, b, dest, scale, label))
+        factors = rest + [dest]
+        if last:
+            return steps
+    steps.append(_add_step(factors[0], out, term.scale, term.divisor, label))
+    return steps
+
+
+def _ordered_union(x: str, y: str) -> str:
+    return x + "".join(ch for ch in y if ch not in x)
+
+
+def _cheapest_pair(factors, out, divisor, spaces) -> tuple:
+    best, pair = None, (0, 1)
+    for i in range(len(factors)):
+        for j in range(i + 1, len(factors)):
+            letters = set(factors[i].indices) | set(factors[j].indices)
+            cost = int(np.prod([spaces[ch].dim for ch in letters], dtype=np.float64))
+            if best is None or cost < best:
+                best, pair = cost, (i, j)
+    return pair
+
+
+# ------------------------------------------------------------------------- steps
+def _add_step(a: Ref, out: Ref, scale: float, divisor, label: str) -> Step:
+    if sorted(a.indices) != sorted(out.indices):
+        raise ShapeError(f"{label}: {a.indices!r} -> {out.indices!r} is not a permutation; "
+                         "an index summed in one factor only must be summed explicitly")
+    if divisor is not None and sorted(divisor.indices) != sorted(out.indices):
+        raise ShapeError(f"{label}: the denominator's indices {divisor.indices!r} must match {out.indices!r}")
+    perms = {"a": tuple(a.indices.index(ch) for ch in out.indices)}
+    if divisor is not None:
+        perms["d"] = tuple(divisor.indices.index(ch) for ch in out.indices)
+    nbytes = a.tensor.nbytes
+    return Step("add", out, (a,), scale, divisor, label, perms=perms,
+                flops=a.tensor.stored_elements, bytes_in=nbytes, bytes_out=nbytes)
+
+
+def _pair_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
+    sa, sb, so = set(a.indices), set(b.indices), set(out.indices)
+    for r, other in ((a, sb), (b, sa)):
+        lonely = set(r.indices) - other - so
+        if lonely:
+            raise ShapeError(f"{label}: index {''.join(sorted(lonely))!r} of {r.tensor.name}[{r.indices}] "
+                             "appears in no other factor and not in the output")
+    if sa & sb & so:
+        return _hadamard_step(a, b, out, scale, label)
+    ext_a = [ch for ch in a.indices if ch in so]
+    contr = [ch for ch in a.indices if ch in sb]
+    ext_b = [ch for ch in b.indices if ch in so]
+    sp = {ch: s for r in (a, b) for ch, s in zip(r.indices, r.tensor.spaces)}
+    grp = lambda letters: tuple(sp[ch] for ch in letters)  # noqa: E731
+    perms = {
+        "a": tuple(a.indices.index(ch) for ch in ext_a + contr),
+        "b": tuple(b.indices.index(ch) for ch in contr + ext_b),
+        "c": tuple((ext_a + ext_b).index(ch) for ch in out.indices),
+        "split": (len(ext_a), len(contr), len(ext_b)),
+    }
+    sectors = []
+    for g in group_irreps(grp(contr)):
+        rows = matrix_layout(grp(ext_a), a.tensor.irrep ^ g)
+        inner = matrix_layout(grp(contr), g)
+        cols = matrix_layout(grp(ext_b), b.tensor.irrep ^ g)
+        if rows.total and inner.total and cols.total:
+            sectors.append(Sector(g, rows, inner, cols))
+    m = sum(8 * (s.rows.total * s.inner.total + s.inner.total * s.cols.total + s.rows.total * s.cols.total)
+            for s in sectors)
+    return Step("contract", out, (a, b), scale, None, label, sectors=sectors, perms=perms,
+                flops=sum(s.flops for s in sectors),
+                bytes_in=a.tensor.nbytes + b.tensor.nbytes,
+                bytes_out=8 * sum(s.rows.total * s.cols.total for s in sectors), memory=m)
+
+
+def _hadamard_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
+    expr = f"{a.indices},{b.indices}->{out.indices}"
+    sizes = {ch: s.dim for r in (a, b) for ch, s in zip(r.indices, r.tensor.spaces)}
+    dense = int(np.prod([sizes[ch] for ch in set(a.indices + b.indices)], dtype=np.float64))
+    return Step("hadamard", out, (a, b), scale, None, label, perms={"einsum": expr},
+                flops=2 * dense, bytes_in=a.tensor.nbytes + b.tensor.nbytes)
