@@ -1,0 +1,144 @@
+"""Closed-shell CCSD driver: MP2 guess, Jacobi updates with DIIS, convergence control.
+
+The equations live in ``ccsd_equations``; this module only iterates them.
+DIIS: Pulay, Chem. Phys. Lett. 73, 393 (1980), on the amplitude vector.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import tessera as ts
+from tessera.chem import ccsd_equations as eq
+from tessera.chem.integrals import denominator
+from tessera.errors import ConvergenceError, InputError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CCSDResult:
+    e_corr: float
+    converged: bool
+    iterations: list                  # dicts: iter, e_corr, delta, residual, seconds
+    t1: object = field(repr=False)
+    t2: object = field(repr=False)
+    flops_per_iteration: int = 0
+
+
+class DIIS:
+    """Extrapolate amplitude vectors from the last ``space`` errors (Pulay 1980)."""
+
+    def __init__(self, space: int = 6):
+        self.space = space
+        self.vectors: list = []
+        self.errors: list = []
+
+    def update(self, vector: np.ndarray, error: np.ndarray) -> np.ndarray:
+        self.vectors.append(vector)
+        self.errors.append(error)
+        if len(self.vectors) > self.space:
+            self.vectors.pop(0)
+            self.errors.pop(0)
+        n = len(self.vectors)
+        if n < 2:
+            return vector
+        b = -np.ones((n + 1, n + 1))
+        b[n, n] = 0.0
+        for i in range(n):
+            for j in range(i + 1):
+                b[i, j] = b[j, i] = np.dot(self.errors[i], self.errors[j])
+        rhs = np.zeros(n + 1)
+        rhs[n] = -1.0
+        try:
+            c = np.linalg.solve(b, rhs)[:n]
+        except np.linalg.LinAlgError:
+            return vector
+        return sum(ci * v for ci, v in zip(c, self.vectors))
+
+
+def _pack(t1, t2, keys) -> np.ndarray:
+    return np.concatenate([t.blocks[k].ravel() for t, ks in zip((t1, t2), keys) for k in ks])
+
+
+def _unpack(vec, t1, t2, keys) -> None:
+    pos = 0
+    for t, ks in zip((t1, t2), keys):
+        for k in ks:
+            blk = t.blocks[k]
+            blk[...] = vec[pos:pos + blk.size].reshape(blk.shape)
+            pos += blk.size
+        t.version += 1
+
+
+class CCSD:
+    """Options for a CCSD calculation; ``kernel(ints)`` runs it and returns a CCSDResult."""
+
+    def __init__(self, conv: float = 1e-8, conv_residual: float | None = None,
+                 max_iter: int = 50, diis_space: int = 6, progress=None):
+        if conv <= 0:
+            raise InputError(f"--conv must be positive, got {conv}")
+        if max_iter < 1:
+            raise InputError(f"--max-iter must be at least 1, got {max_iter}")
+        self.conv = conv
+        self.conv_residual = conv_residual if conv_residual is not None else max(100 * conv, 1e-10)
+        self.max_iter = max_iter
+        self.diis_space = diis_space
+        self.progress = progress          # called with each iteration's dict
+
+    def kernel(self, ints, context=None) -> CCSDResult:
+        ctx = context or ts.current_context()
+        with ctx:
+            return self._iterate(ints, ctx)
+
+    def _iterate(self, ints, ctx) -> CCSDResult:
+        D1 = denominator(ints.spaces("ov"), (ints.eo, ints.ev), (1, -1), "D1")
+        D2 = denominator(ints.spaces("oovv"), (ints.eo, ints.eo, ints.ev, ints.ev), (1, 1, -1, -1), "D2")
+        t1 = eq.new(ints, "ov", "t1").fill_zero_blocks()
+        t2 = eq.new(ints, "oovv", "t2")
+        t2["ijab"] = ints.ovov["iajb"] / D2["ijab"]                                   # MP2 guess
+        t2.fill_zero_blocks()
+        keys = (sorted(t1.blocks), sorted(t2.blocks))
+        e_old = eq.correlation_energy(ints, t1, t2)
+        log.info("MP2 correlation energy %.12f", e_old)
+        diis = DIIS(self.diis_space)
+        history, flops = [], 0
+        converged = False
+        for it in range(1, self.max_iter + 1):
+            t0, f0 = time.perf_counter(), ctx.flops
+            r1, r2 = eq.residual(ints, t1, t2)
+            new1, new2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
+            with ts.equations():
+                new1["ia"] = r1["ia"] / D1["ia"]
+                new2["ijab"] = r2["ijab"] / D2["ijab"]
+            new1.fill_zero_blocks()
+            new2.fill_zero_blocks()
+            old_vec, new_vec = _pack(t1, t2, keys), _pack(new1, new2, keys)
+            res = float(np.linalg.norm(new_vec - old_vec))
+            _unpack(diis.update(new_vec, new_vec - old_vec), new1, new2, keys)
+            t1, t2 = new1, new2
+            e = eq.correlation_energy(ints, t1, t2)
+            flops = ctx.flops - f0
+            row = {"iter": it, "e_corr": e, "delta": e - e_old, "residual": res,
+                   "seconds": time.perf_counter() - t0}
+            history.append(row)
+            if self.progress:
+                self.progress(row)
+            log.info("CCSD iter %d  E=%.12f  dE=%.3e  |r|=%.3e", it, e, e - e_old, res)
+            if abs(e - e_old) < self.conv and res < self.conv_residual:
+                converged = True
+                e_old = e
+                break
+            e_old = e
+        result = CCSDResult(e_old, converged, history, t1, t2, flops)
+        if not converged:
+            raise ConvergenceError(
+                f"CCSD did not converge in {self.max_iter} iterations: last energy change "
+                f"{history[-1]['delta']:.2e}, residual {history[-1]['residual']:.2e} "
+                f"(wanted {self.conv:.0e} and {self.conv_residual:.0e}); raise --max-iter",
+                result)
+        return result
