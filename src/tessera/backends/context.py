@@ -113,3 +113,14 @@ def current_context() -> Context:
             _default = Context("threads")
         ctx = _default
     return ctx
+
+
+class PlanningContext(Context):
+    """Records the plan of every batch of equations instead of running it."""
+
+    def __init__(self):
+        super().__init__("serial")
+        self.plans: list = []
+
+    def execute(self, updates) -> None:
+        self.plans.append(plan_updates(updates))

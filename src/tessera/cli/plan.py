@@ -1,0 +1,33 @@
+"""``tessera plan``: the block tasks, flops, bytes and memory of one CCSD iteration."""
+
+from __future__ import annotations
+
+from tessera.backends.context import PlanningContext
+from tessera.chem import ccsd_equations as eq
+from tessera.chem.integrals import transform
+from tessera.chem.job import _frozen_core
+from tessera.chem.molecule import Molecule
+from tessera.chem.pyscf_reference import rhf_reference
+
+
+def print_plan(options) -> None:
+    molecule = Molecule.from_xyz(options.geometry, charge=options.charge, basis=options.basis)
+    molecule.check_closed_shell()
+    mol = molecule.to_pyscf(symmetry=options.symmetry)
+    ref = rhf_reference(mol)
+    nfrozen = _frozen_core(mol) if options.frozen_core else 0
+    ints = transform(ref, nfrozen, options.tile)
+    t1 = eq.new(ints, "ov", "t1").fill_zero_blocks()
+    t2 = eq.new(ints, "oovv", "t2").fill_zero_blocks()
+    ctx = PlanningContext()
+    with ctx:
+        eq.residual(ints, t1, t2)
+    print(f"{molecule.point_group_full} -> {ref.point_group}; tiles: o {[t.size for t in ints.o.tiles]}, "
+          f"v {[t.size for t in ints.v.tiles]}")
+    total, peak = 0, 0
+    for plan in ctx.plans:
+        print(plan.render())
+        total += plan.flops
+        peak = max(peak, plan.peak_memory)
+    print(f"\nCCSD iteration: {total:.4e} flops, peak temporary memory {peak / 2**20:.1f} MiB, "
+          f"backend {options.backend}")
