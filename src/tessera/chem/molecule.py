@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
@@ -33,13 +34,17 @@ BOHR_IN_ANGSTROM = _param.BOHR
 #: The Abelian groups whose irreps are XOR-able bit labels: D2h and its subgroups.
 ABELIAN_GROUPS = ("D2h", "C2h", "C2v", "D2", "Cs", "Ci", "C2", "C1")
 
-# Linear groups PySCF keeps unless told otherwise, and the Abelian subgroup we force.
-_LINEAR_SUBGROUP = {"Coov": "C2v", "Dooh": "D2h"}
+# Continuous groups PySCF keeps unless told otherwise (linear molecules, atoms), and
+# the Abelian subgroup we ask for instead.
+_CONTINUOUS_SUBGROUP = {"Coov": "C2v", "Dooh": "D2h", "SO3": "D2h"}
+
+_FIXED_GROUP_ORDER = {"C1": 1, "Ci": 2, "Cs": 2, "T": 12, "Td": 24, "Th": 24, "O": 24,
+                      "Oh": 48, "I": 60, "Ih": 120}
 
 _UNITS = {"angstrom": "angstrom", "ang": "angstrom", "a": "angstrom",
           "bohr": "bohr", "au": "bohr", "a.u.": "bohr"}
 
-_BASIS_SUGGESTION = "e.g. cc-pvdz, sto-3g, 6-31g, def2-svp"
+_BASIS_SUGGESTION = "cc-pvdz, sto-3g, 6-31g or def2-svp"
 
 # symbol (upper case) -> (normalized symbol, atomic number); PySCF's element table,
 # without its ghost/dummy entry 'X' (Z = 0).
@@ -122,6 +127,7 @@ class Molecule:
             coords = tuple(_finite_float(str(v), where, axis) for v, axis in zip(xyz, "xyz"))
             atoms.append((symbol, coords))
         object.__setattr__(self, "atoms", tuple(atoms))
+        _check_distinct_positions(atoms)
 
         if isinstance(self.charge, bool) or not isinstance(self.charge, int):
             try:
@@ -142,7 +148,7 @@ class Molecule:
         if not isinstance(self.basis, str) or not self.basis.strip():
             raise InputError(
                 f"basis {self.basis!r} is not a basis-set name; expected a name such as "
-                f"{_BASIS_SUGGESTION.removeprefix('e.g. ')}: fix --basis")
+                f"{_BASIS_SUGGESTION}: fix --basis")
         object.__setattr__(self, "basis", self.basis.strip())
         object.__setattr__(self, "title", str(self.title))
 
@@ -192,11 +198,11 @@ class Molecule:
                 f"closed-shell methods need an even number: change --charge")
 
     def _name(self) -> str:
+        """The formula in order of first appearance, e.g. 'OH2', for messages."""
         counts: dict[str, int] = {}
         for symbol, _ in self.atoms:
             counts[symbol] = counts.get(symbol, 0) + 1
-        formula = "".join(f"{s}{n if n > 1 else ''}" for s, n in counts.items())
-        return f"{self.title} ({formula})" if self.title else formula
+        return "".join(f"{s}{n if n > 1 else ''}" for s, n in counts.items())
 
     # ------------------------------------------------------------------ PySCF
 
@@ -205,13 +211,13 @@ class Molecule:
 
         With ``symmetry`` the point group is detected (``mol.topgroup``, e.g. 'C3v') and
         reduced to its largest Abelian subgroup (``mol.groupname``, D2h or a subgroup;
-        linear molecules get C2v or D2h), so ``mol.irrep_id`` are XOR-able bit labels.
-        The coordinates are then made exactly symmetric under that Abelian group (each
-        atom moves by less than PySCF's detection tolerance, 1e-5 bohr), so integrals
-        between different irreps vanish to machine precision, not to the precision of
-        the input file.
-        Without it the group is C1.  An odd electron count builds a doublet (spin 1);
-        closed-shell methods reject it via :meth:`check_closed_shell`.
+        linear molecules get C2v or D2h, atoms D2h), so ``mol.irrep_id`` are XOR-able
+        bit labels.  The coordinates are then made exactly symmetric (each atom moves by
+        less than PySCF's detection tolerance, about 1e-5 bohr), so integrals between
+        different irreps vanish to machine precision rather than to the precision of
+        the input file.  Without ``symmetry`` the group is C1 and the coordinates are
+        used as given.  An odd electron count builds a doublet (spin 1); closed-shell
+        methods reject it via :meth:`check_closed_shell`.
         """
         from pyscf import gto
 
@@ -230,29 +236,17 @@ class Molecule:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 mol.build()
-                linear_subgroup = _LINEAR_SUBGROUP.get(mol.groupname) if symmetry else None
-                if linear_subgroup is not None:
-                    mol.symmetry_subgroup = linear_subgroup
-                    mol.build()
-                if symmetry and mol.groupname in ABELIAN_GROUPS:
-                    group = mol.groupname
-                    coords, shift = _symmetrized_coords(mol)
-                    if shift > 1e-13:
-                        mol.atom = [[symbol, xyz * BOHR_IN_ANGSTROM]
-                                    for (symbol, _), xyz in zip(self.atoms, coords)]
+                if symmetry:
+                    subgroup = _CONTINUOUS_SUBGROUP.get(mol.groupname)
+                    if subgroup is not None:
+                        mol.symmetry_subgroup = subgroup
                         mol.build()
-                    if mol.groupname != group:
-                        raise InputError(
-                            f"{self._name()}: point group changed from {group} to "
-                            f"{mol.groupname} when the geometry was symmetrized; expected "
-                            f"a geometry that is symmetric or clearly not: run without "
-                            f"symmetry or fix the coordinates")
-                    _log.debug("symmetrized %s to %s: atoms moved by at most %.2e bohr",
-                               self._name(), group, shift)
+                    if mol.groupname in ABELIAN_GROUPS and mol.groupname != "C1":
+                        self._symmetrize(mol)
         except InputError:
             raise
         except Exception as exc:  # PySCF reports geometry problems as plain exceptions
-            detail = " ".join(str(exc).split())
+            detail = " ".join(str(exc).split()) or type(exc).__name__
             raise InputError(
                 f"PySCF could not build {self._name()} in basis {self.basis}: {detail}; "
                 f"expected a valid geometry (no two atoms on the same spot): "
@@ -262,6 +256,34 @@ class Molecule:
                 f"{self._name()}: PySCF chose point group {mol.groupname}, which has no "
                 f"XOR irrep labels; expected D2h or a subgroup: run without symmetry")
         return mol
+
+    def _symmetrize(self, mol) -> None:
+        """Move the atoms of a built ``mol`` onto exactly symmetric positions, rebuild.
+
+        First under the full group (so that whichever mirror plane or axis PySCF picks
+        for the Abelian subgroup is exact), then under the Abelian group PySCF uses.
+        """
+        groups = (mol.topgroup, mol.groupname)
+        original = mol.atom_coords()
+        charges = mol.atom_charges().astype(float)
+        full = _full_group_symmetrized(original, charges, _group_order(mol.topgroup))
+        for coords in (full, None):
+            if coords is None:
+                coords, _ = _symmetrized_coords(mol)
+            if np.abs(coords - mol.atom_coords()).max() > 1e-13:
+                mol.atom = [[symbol, xyz * BOHR_IN_ANGSTROM]
+                            for (symbol, _), xyz in zip(self.atoms, coords)]
+                mol.build()
+                if (mol.topgroup, mol.groupname) != groups:
+                    raise InputError(
+                        f"{self._name()}: point group changed from {groups[0]} to "
+                        f"{mol.topgroup} when the geometry was symmetrized; expected a "
+                        f"geometry that is clearly symmetric or clearly not: run without "
+                        f"symmetry or make the coordinates symmetric")
+        _, residual = _symmetrized_coords(mol)
+        _log.debug("symmetrized %s (%s, used as %s): atoms moved by at most %.2e bohr, "
+                   "remaining asymmetry %.2e bohr", self._name(), groups[0], groups[1],
+                   np.abs(mol.atom_coords() - original).max(), residual)
 
     def _check_basis(self) -> None:
         """Load the basis for every element now, so a bad name is an InputError."""
@@ -277,23 +299,23 @@ class Molecule:
                 if "not found for" in str(exc):
                     raise InputError(
                         f"basis {self.basis!r} has no functions for {symbol}; expected a "
-                        f"basis that covers every element of {self._name()} "
-                        f"({_BASIS_SUGGESTION}): choose another --basis") from None
+                        f"basis that covers every element of {self._name()}: choose a "
+                        f"--basis that includes {symbol}") from None
                 raise InputError(
                     f"basis {self.basis!r} is not a basis set PySCF knows; expected a "
-                    f"name such as {_BASIS_SUGGESTION.removeprefix('e.g. ')}: "
+                    f"name such as {_BASIS_SUGGESTION}: "
                     f"fix --basis") from None
             except Exception as exc:
                 detail = " ".join(str(exc).split())
                 raise InputError(
                     f"basis {self.basis!r} could not be loaded for {symbol} ({detail}); "
-                    f"expected a name such as {_BASIS_SUGGESTION.removeprefix('e.g. ')}: "
+                    f"expected a name such as {_BASIS_SUGGESTION}: "
                     f"fix --basis") from None
             if not shells:
                 raise InputError(
                     f"basis {self.basis!r} has no functions for {symbol}; expected a "
-                    f"basis that covers every element of {self._name()} "
-                    f"({_BASIS_SUGGESTION}): choose another --basis")
+                    f"basis that covers every element of {self._name()}: choose a "
+                    f"--basis that includes {symbol}")
 
     @cached_property
     def _symmetry_mol(self):
@@ -308,6 +330,112 @@ class Molecule:
     def point_group(self) -> str:
         """The Abelian subgroup used for irrep labels, e.g. 'Cs' for C3v, 'D2h' for D6h."""
         return self._symmetry_mol.groupname
+
+
+#: Atoms closer than this (Å) are taken as a mistake in the input.
+MIN_ATOM_DISTANCE = 0.1
+
+
+def _check_distinct_positions(atoms) -> None:
+    xyz = np.array([c for _, c in atoms], dtype=float)
+    distance = np.linalg.norm(xyz[:, None, :] - xyz[None, :, :], axis=2)
+    distance[np.diag_indices(len(xyz))] = np.inf
+    i, j = np.unravel_index(np.argmin(distance), distance.shape)
+    if distance[i, j] < MIN_ATOM_DISTANCE:
+        i, j = sorted((int(i), int(j)))
+        raise InputError(
+            f"atoms {i + 1} ({atoms[i][0]}) and {j + 1} ({atoms[j][0]}) are "
+            f"{distance[i, j]:.3f} Å apart; expected atoms at least {MIN_ATOM_DISTANCE} Å "
+            f"apart: fix the coordinates (are they in bohr? then pass units='bohr')")
+
+
+def _group_order(name: str) -> int | None:
+    """Number of operations of a finite point group named as PySCF names it."""
+    if name in _FIXED_GROUP_ORDER:
+        return _FIXED_GROUP_ORDER[name]
+    match = re.fullmatch(r"([CDS])(\d+)([hvd]?)", name)
+    if match is None:
+        return None                                    # Coov, Dooh, SO3: infinite
+    kind, n, suffix = match.group(1), int(match.group(2)), match.group(3)
+    if kind == "S":
+        return n
+    if kind == "C":
+        return 2 * n if suffix else n
+    return 4 * n if suffix else 2 * n
+
+
+def _polar(matrix):
+    """The orthogonal matrix nearest to ``matrix``."""
+    u, _, vt = np.linalg.svd(matrix)
+    return u @ vt
+
+
+def _full_group_symmetrized(coords, charges, order, tol=1e-3):
+    """Coordinates (bohr) made exactly symmetric under the full point group, or None.
+
+    The operations are found from the geometry itself: orthogonal maps (about the
+    centre of nuclear charge) that send every atom onto an atom of the same element
+    within ``tol`` bohr.  Found from slightly asymmetric positions they are a group only
+    approximately; Kazhdan's averaging Q_g <- polar(mean_h Q_gh Q_h^T) makes them an
+    exact representation (the error squares at each pass).  The geometry is then
+    averaged over the group.  None when the molecule is linear or a single atom, or
+    when the operations found do not number ``order`` (then only the Abelian
+    symmetrization is applied).
+    """
+    if order is None or order == 1:
+        return None
+    center = charges @ coords / charges.sum()
+    r = coords - center
+    norms = np.linalg.norm(r, axis=1)
+    off = np.flatnonzero(norms > tol)
+    if off.size == 0:
+        return None
+    # reference atoms: a (of the rarest element off the centre) and b, not collinear
+    rarest = min(set(charges[off]), key=lambda z: np.count_nonzero(charges[off] == z))
+    a = next(i for i in off if charges[i] == rarest)
+    cross = np.linalg.norm(np.cross(r[a], r), axis=1)
+    b_candidates = [i for i in off if cross[i] > 1e-2 * norms[a] * norms[i]]
+    if not b_candidates:
+        return None                                    # linear
+    b = b_candidates[0]
+    source = np.array([r[a], r[b], np.cross(r[a], r[b])])
+    ops: list[tuple[np.ndarray, np.ndarray]] = []
+    for a2 in np.flatnonzero((charges == charges[a]) & (abs(norms - norms[a]) < tol)):
+        for b2 in np.flatnonzero((charges == charges[b]) & (abs(norms - norms[b]) < tol)):
+            if abs(r[a2] @ r[b2] - r[a] @ r[b]) > tol * (norms[a] + norms[b]):
+                continue
+            for sign in (1.0, -1.0):
+                target = np.array([r[a2], r[b2], sign * np.cross(r[a2], r[b2])])
+                q = _polar(target.T @ source)
+                perm = _atom_permutation(r @ q.T, r, charges, tol)
+                if perm is not None and not any(np.abs(q - q0).max() < 1e-6 for q0, _ in ops):
+                    ops.append((q, perm))
+    if len(ops) != order:
+        return None
+    qs = np.array([q for q, _ in ops])
+    table = np.empty((order, order), dtype=int)        # table[g, h] = index of g h
+    for g in range(order):
+        for h in range(order):
+            table[g, h] = int(np.argmin(np.abs(qs - qs[g] @ qs[h]).max(axis=(1, 2))))
+            if not np.array_equal(ops[table[g, h]][1], ops[g][1][ops[h][1]]):
+                return None                            # not closed: not a group
+    for _ in range(4):
+        qs = np.array([_polar(sum(qs[table[g, h]] @ qs[h].T for h in range(order)))
+                       for g in range(order)])
+    symmetric = np.zeros_like(r)
+    for q, (_, perm) in zip(qs, ops):
+        symmetric[perm] += r @ q.T                     # atom perm[i] receives g(r_i)
+    return symmetric / order + center
+
+
+def _atom_permutation(moved, r, charges, tol):
+    """perm[i] = j when ``moved[i]`` lies on atom j of the same element, else None."""
+    distance = np.linalg.norm(moved[:, None, :] - r[None, :, :], axis=2)
+    distance[charges[:, None] != charges[None, :]] = np.inf
+    perm = np.argmin(distance, axis=1)
+    if distance[np.arange(len(r)), perm].max() > tol or len(set(perm)) != len(r):
+        return None
+    return perm
 
 
 def _symmetrized_coords(mol):
