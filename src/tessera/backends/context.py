@@ -30,14 +30,15 @@ class Context:
         self._cache: OrderedDict = OrderedDict()     # (uid, version, layout ids) -> matrices
         self.stats: dict = {}                       # label -> [calls, seconds, flops]
         self.flops = 0
+        self._tokens: list = []
 
     # ---------------------------------------------------------------- current context
     def __enter__(self):
-        self._token = _current.set(self)
+        self._tokens.append(_current.set(self))
         return self
 
     def __exit__(self, *exc):
-        _current.reset(self._token)
+        _current.reset(self._tokens.pop())
         return False
 
     def close(self) -> None:

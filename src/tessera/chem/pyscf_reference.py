@@ -53,7 +53,8 @@ def rhf_reference(mol, conv_tol: float = 1e-11, *, conv_tol_grad: float = 1e-7,
 
     mo_coeff = np.array(mf.mo_coeff, dtype=float)     # drops PySCF's orbsym tag
     if mol.symmetry:
-        orbsym = np.asarray(mf.get_orbsym(mf.mo_coeff), dtype=int)
+        from pyscf.scf import hf_symm     # also for C1, where RHF(mol) is not symmetry-adapted
+        orbsym = np.asarray(hf_symm.get_orbsym(mol, mf.mo_coeff), dtype=int)
         point_group = mol.groupname
         irrep_names = _irrep_names(mol)
     else:
