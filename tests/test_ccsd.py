@@ -51,7 +51,7 @@ def systems():
 def test_ccsd_energy_matches_pyscf(systems, name, backend):
     ref, energies = systems[name]
     for nfz, e_ref in energies.items():
-        for tile in (32, 3):
+        for tile in (32, 7):
             ints = transform(ref, nfz, tile)
             with Context(backend) as ctx:
                 result = CCSD(conv=1e-10).kernel(ints, ctx)
