@@ -1,0 +1,62 @@
+"""`tessera run`: clear one-line errors for bad input, JSON for good input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tessera.cli.main import main
+
+WATER = "examples/water.xyz"
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("3\nwater\nO 0 0 0\nXx 0 0 1\nH 0 1 0\n", "Xx"),             # bad atom symbol
+    ("4\nwater\nO 0 0 0\nH 0 0 1\nH 0 1 0\n", "4"),                # wrong count
+    ("3\nwater\nO 0 0 0\nH 0 zero 1\nH 0 1 0\n", "zero"),          # non-numeric coordinate
+    ("", "empty"),                                                 # empty file
+])
+def test_malformed_xyz(tmp_path, capsys, text, needle):
+    path = tmp_path / "bad.xyz"
+    path.write_text(text)
+    code, _, err = run(capsys, "run", str(path), "--method", "hf")
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1 and needle in err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["/nonexistent/mol.xyz"], "mol.xyz"),
+    ([WATER, "--basis", "cc-pvqz-nonsense"], "cc-pvqz-nonsense"),
+    ([WATER, "--method", "mp7"], "mp7"),
+    ([WATER, "--backend", "quantum"], "quantum"),
+    ([WATER, "--tile", "0"], "tile"),
+    ([WATER, "--tile", "-4"], "tile"),
+    ([WATER, "--charge", "1"], "electrons"),
+])
+def test_bad_options(capsys, args, needle):
+    code, _, err = run(capsys, "run", *args)
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1 and needle in err
+
+
+def test_no_traceback_in_a_real_process():
+    proc = subprocess.run([sys.executable, "-m", "tessera.cli.main", "run", WATER, "--method", "bogus"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "bogus" in proc.stderr
+
+
+def test_not_converged_still_writes_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code, stdout, err = run(capsys, "run", WATER, "--method", "ccsd", "--max-iter", "2", "--json", str(out))
+    assert code == 1
+    assert "did not converge in 2 iterations" in err and "residual" in err
+    data = json.loads(out.read_text())
+    assert data["converged"] is False and len(data["iterations"]) == 2
