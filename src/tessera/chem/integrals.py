@@ -69,22 +69,43 @@ _SYMMETRY = {   # permutational symmetry carried as metadata (real orbitals)
 
 
 def transform(ref, nfrozen: int, tile: int) -> MOIntegrals:
-    """MO integrals of the active orbitals of ``ref`` as frozen BlockTensors."""
+    """MO integrals of the active orbitals of ``ref`` as frozen BlockTensors.
+
+    The MO integrals come from PySCF's in-core ``ao2mo`` in 4-fold packed form
+    (pairs p>=q); each class is cut from it one first-index tile at a time, keeping only
+    allowed blocks, so no dense four-index array of any class is ever built.
+    """
     o, v = make_spaces(ref.orbsym, ref.nocc, nfrozen, tile)
     coeff = ref.mo_coeff[:, nfrozen:]
-    nact = coeff.shape[1]
     nocc = ref.nocc - nfrozen
-    eri = ao2mo.restore(1, ao2mo.full(ref.mol, coeff, compact=True, verbose=0), nact)
-    sl = {"o": slice(0, nocc), "v": slice(nocc, nact)}
+    eri_ao = ref.mol.intor("int2e", aosym="s8")
+    packed = ao2mo.incore.full(eri_ao, coeff, compact=True)      # (npair, npair), p>=q
+    del eri_ao
+    index = {"o": o.orbitals, "v": v.orbitals + nocc}            # space position -> active MO
     tensors = {}
     for name in CLASSES:
-        dense = eri[tuple(sl[ch] for ch in name)]
         sp = tuple(o if ch == "o" else v for ch in name)
-        tensors[name] = BlockTensor.from_dense(dense, sp, 0, name=name, symmetry=_SYMMETRY[name]).freeze()
-    del eri
+        t = BlockTensor(sp, 0, name=name, symmetry=_SYMMETRY[name])
+        cols = _pairs(index[name[2]], index[name[3]]).ravel()
+        for tile0 in range(len(sp[0].tiles)):
+            rows = _pairs(index[name[0]][sp[0].slice(tile0)], index[name[1]]).ravel()
+            chunk = packed[np.ix_(rows, cols)].reshape(
+                sp[0].tiles[tile0].size, sp[1].dim, sp[2].dim, sp[3].dim)
+            for key in t.allowed_keys():
+                if key[0] == tile0:
+                    t.blocks[key] = np.ascontiguousarray(
+                        chunk[(slice(None),) + tuple(s.slice(k) for s, k in zip(sp[1:], key[1:]))])
+        tensors[name] = t.freeze()
     eo = ref.mo_energy[nfrozen:ref.nocc]
     ev = ref.mo_energy[ref.nocc:]
     return MOIntegrals(o, v, eo, ev, tensors, nfrozen)
+
+
+def _pairs(p, q) -> np.ndarray:
+    """Packed pair index of (p, q) for every p in ``p``, q in ``q`` (4-fold packing p>=q)."""
+    hi = np.maximum(p[:, None], q[None, :])
+    lo = np.minimum(p[:, None], q[None, :])
+    return hi * (hi + 1) // 2 + lo
 
 
 def denominator(spaces: tuple, energies: tuple, signs: tuple, name: str = "D") -> BlockTensor:
