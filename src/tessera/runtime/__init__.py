@@ -1,0 +1,30 @@
+"""Tessera's runtime: the only layer that talks to MPI.
+
+World (communicators, progress mode, clean stop), GlobalArray (distributed blocks over
+MPI one-sided operations), TaskCounter (atomic fetch-and-add), CommLog (communication
+accounting). Importing this package does not initialise MPI; `World.get()` does.
+See docs/runtime.md.
+"""
+
+from tessera.runtime.commlog import CommLog, CommRecord, CommSummary, OpTotal
+from tessera.runtime.counter import TaskCounter
+from tessera.runtime.distribution import assign_owners
+from tessera.runtime.global_array import GlobalArray, Handle
+from tessera.runtime.layout import BlockLayout, Piece
+from tessera.runtime.options import RuntimeOptions
+from tessera.runtime.world import World
+
+__all__ = [
+    "BlockLayout",
+    "CommLog",
+    "CommRecord",
+    "CommSummary",
+    "GlobalArray",
+    "Handle",
+    "OpTotal",
+    "Piece",
+    "RuntimeOptions",
+    "TaskCounter",
+    "World",
+    "assign_owners",
+]

@@ -1,0 +1,457 @@
+"""GlobalArray: a distributed store of dense blocks over MPI one-sided operations.
+
+The array is a grid of blocks (irregular tile sizes per dimension, block-sparse: only
+the listed keys exist). Each block has one owner among the worker ranks; a rank's
+blocks lie contiguously (sorted key order) in its exposed window memory (see
+exposure.py for where that memory lives in each progress mode).
+
+Semantics
+- Blocks start at zero.
+- get / get_patch return when the data is in the returned array.
+- put / acc (and their patch forms) return when the update is complete at the target:
+  a later get by any rank that is ordered after the call (by a barrier, a counter,
+  a message) sees it. iget / iacc return a handle; handle.wait() gives the same
+  guarantee. Do not modify the array passed to iacc before wait().
+- acc is element-wise atomic (MPI_Accumulate with MPI_SUM): concurrent accumulates from
+  any number of ranks to the same elements lose no update.
+- A put that overlaps a concurrent get/put/acc of the same elements from another rank
+  is undefined (as in MPI); separate them with sync().
+- Blocks whose memory is mapped into this process (own blocks; blocks of same-node
+  ranks with window 'allocate' and in ghost mode: MPI shared memory) are read and
+  written by direct copies (get, put); acc always goes through MPI so that it stays
+  atomic with every other rank's accumulates.
+- Patches: a rectangular global index range [lo, hi) that may span any number of
+  blocks and owners. get_patch returns zeros where blocks do not exist; put_patch and
+  acc_patch require every touched block to exist.
+- Methods are not thread-safe; call them from one thread per rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from time import perf_counter
+
+import numpy as np
+
+from tessera.errors import RuntimeLayerError
+from tessera.runtime._mpi import load_mpi, mpi_datatype
+from tessera.runtime.distribution import assign_owners
+from tessera.runtime.exposure import Exposure
+from tessera.runtime.layout import BlockLayout
+
+log = logging.getLogger("tessera.runtime")
+
+
+class Handle:
+    """Completion handle of a non-blocking get or accumulate.
+
+    The operation is issued at once (MPI_Get / MPI_Accumulate inside the rank's
+    passive-target epoch); wait() flushes its target, unless a flush of that target
+    has already happened since the operation was issued (then it is complete), so
+    waiting on a batch of handles to one target costs one flush.
+    """
+
+    __slots__ = ("_ga", "_result", "_pending", "_op", "_parts", "_keep", "_done")
+
+    def __init__(self, ga, op, result, pending, parts, keep=None):
+        self._ga = ga
+        self._op = op
+        self._result = result
+        self._pending = pending  # ((target, flush epoch at issue), ...)
+        self._parts = parts
+        self._keep = keep
+        self._done = not pending
+
+    @property
+    def done(self) -> bool:
+        """True once the operation is complete (wait() returned, or nothing was pending)."""
+        return self._done
+
+    def wait(self):
+        """Complete the operation; returns the ndarray for gets, None for accumulates."""
+        if not self._done:
+            t0 = perf_counter()
+            ga = self._ga
+            if ga._win is None:
+                raise RuntimeLayerError(
+                    f"waiting on a {self._op} of global array {ga.name!r} after it was freed; "
+                    "wait on every handle before ga.free()."
+                )
+            epochs = ga._epochs
+            for target, epoch in self._pending:
+                if epochs[target] == epoch:
+                    ga._win.Flush(target)
+                    epochs[target] += 1
+            dt = perf_counter() - t0
+            if len(self._parts) == 1:
+                ga._log.add_time(self._op, self._parts[0][0], dt)
+            else:
+                total = sum(n for _, n in self._parts) or 1
+                for peer, n in self._parts:
+                    ga._log.add_time(self._op, peer, dt * n / total)
+            self._done = True
+            self._keep = None
+        return self._result
+
+
+class GlobalArray:
+    """Distributed blocks addressed by key or by global patch (see module docstring)."""
+
+    def __init__(self, tiling, keys=None, distribution: str = "cyclic", costs=None,
+                 owners=None, dtype="float64", name: str = "GA", world=None):
+        if world is None:
+            from tessera.runtime.world import World
+
+            world = World.get()
+        world._check_running()
+        self._MPI = load_mpi()
+        self.world = world
+        self.name = str(name)
+        self.layout = BlockLayout(tiling, keys)
+        self.dtype = np.dtype(dtype)
+        self._mpitype = mpi_datatype(self.dtype)
+        self.itemsize = self.dtype.itemsize
+        lay = self.layout
+        if owners is not None:
+            owners = {lay.normalize_key(k): r for k, r in dict(owners).items()}
+        if costs is not None and hasattr(costs, "items"):
+            costs = {lay.normalize_key(k): c for k, c in costs.items()}
+        sizes = [int(np.prod(lay.block_shape(k))) for k in lay.keys]
+        self._owner = assign_owners(lay.keys, world.size, distribution, costs, owners,
+                                    default_costs=sizes)
+        self.distribution = "owners" if owners is not None else distribution
+        me = world.rank
+        run = [0] * world.size
+        placed = []
+        for key, count in zip(lay.keys, sizes):
+            r = self._owner[key]
+            placed.append((key, r, run[r], count))
+            run[r] += count
+        self._local_count = run[me]
+        self._exp = Exposure(world, run[me] * self.itemsize, self.itemsize, kind="data")
+        self.eid = self._exp.eid
+        self._win = self._exp.win
+        self._local = self._exp.local.view(self.dtype) if run[me] else np.zeros(0, self.dtype)
+        self._slots = {}
+        self._local_keys = []
+        mapped = {w: region.view(self.dtype) for w, region in self._exp.direct.items()
+                  if len(region) >= run[w] * self.itemsize}
+        for key, r, off, count in placed:
+            shape = lay.block_shape(key)
+            view = mapped[r][off:off + count].reshape(shape) if r in mapped else None
+            tspec = (self._exp.base[r] + off, count, self._mpitype)
+            self._slots[key] = (r, self._exp.targets[r], tspec, shape,
+                                count, count * self.itemsize, view)
+            if r == me:
+                self._local_keys.append(key)
+        self.direct_ranks = sorted(mapped)
+        self._all_slots = self._slots
+        self._log = world.comm_log
+        self._types = world._types
+        self._SUM = self._MPI.SUM
+        self._epochs = [0] * world.full_size  # flushes issued per target (see Handle)
+        self._local[:] = 0
+        self._exp.sync_memory()
+        world.comm.Barrier()
+        world._register(self)
+        log.debug("global array %r: %d blocks, %d local (%d bytes)", self.name,
+                  len(lay.keys), len(self._local_keys), self.nbytes_local())
+
+    # -- description ------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self.layout.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.layout.ndim
+
+    @property
+    def tiling(self) -> tuple:
+        return self.layout.tiling
+
+    @property
+    def keys(self) -> tuple:
+        return self.layout.keys
+
+    def __contains__(self, key) -> bool:
+        return key in self._all_slots
+
+    def owner(self, key) -> int:
+        return self._slot(key)[0]
+
+    def owners(self) -> dict:
+        """{key: owner rank} for every block."""
+        return dict(self._owner)
+
+    def local_keys(self) -> list:
+        return list(self._local_keys)
+
+    def block_shape(self, key) -> tuple:
+        return self._slot(key)[3]
+
+    def block_range(self, key) -> tuple[tuple, tuple]:
+        """Global index range [lo, hi) of a block."""
+        k = self._key(key)
+        return self.layout.block_range(k)
+
+    def nbytes_local(self) -> int:
+        return self._local_count * self.itemsize
+
+    def __repr__(self) -> str:
+        return (f"GlobalArray({self.name!r}, shape={self.shape}, blocks={len(self.keys)}, "
+                f"dtype={self.dtype}, distribution={self.distribution!r})")
+
+    # -- key handling -----------------------------------------------------------------
+    def _check_live(self) -> None:
+        if self._win is None:
+            raise RuntimeLayerError(
+                f"global array {self.name!r} was freed; expected a live array. Create a new "
+                "one, or free it only after its last use (World.stop() frees every array)."
+            )
+
+    def _key(self, key):
+        self._check_live()
+        k = self.layout.normalize_key(key)
+        if k not in self._all_slots:
+            raise RuntimeLayerError(
+                f"block {k} does not exist in global array {self.name!r} (it stores "
+                f"{len(self.keys)} of the blocks of its tile grid); expected one of its keys, "
+                "see ga.keys."
+            )
+        return k
+
+    def _slot(self, key):
+        try:
+            return self._slots[key]
+        except (KeyError, TypeError):
+            return self._slots[self._key(key)]
+
+    def _as_block(self, a, shape: tuple, what: str, scale=1.0) -> np.ndarray:
+        if (scale == 1.0 and type(a) is np.ndarray and a.dtype == self.dtype
+                and a.shape == shape and a.flags.c_contiguous):
+            return a
+        arr = np.asarray(a)
+        if arr.shape != shape:
+            raise RuntimeLayerError(
+                f"{what} on global array {self.name!r}: data of shape {arr.shape} does not "
+                f"match the target of shape {shape}; expected an array of exactly that shape."
+            )
+        if scale != 1.0:
+            if self.dtype.kind in "iu":
+                if np.iscomplexobj(scale) or float(scale) != int(scale):
+                    raise RuntimeLayerError(
+                        f"{what} on integer global array {self.name!r} with scale {scale}; "
+                        "expected an integer scale."
+                    )
+                scale = int(scale)
+            arr = arr * scale
+        if not np.can_cast(arr.dtype, self.dtype, casting="same_kind"):
+            raise RuntimeLayerError(
+                f"{what} on global array {self.name!r}: data of dtype {arr.dtype}"
+                f"{' (after scaling)' if scale != 1.0 else ''} cannot be stored as "
+                f"{self.dtype} without losing information; convert it first."
+            )
+        return np.ascontiguousarray(arr, dtype=self.dtype)
+
+    # -- blocks -----------------------------------------------------------------------
+    def _flush(self, target: int) -> None:
+        self._win.Flush(target)
+        self._epochs[target] += 1
+
+    def get(self, key) -> np.ndarray:
+        """A copy of one block."""
+        t0 = perf_counter()
+        owner, target, tspec, shape, count, nbytes, view = self._slot(key)
+        if view is not None:
+            self._exp.sync_memory()
+            out = view.copy()
+        else:
+            out = np.empty(shape, self.dtype)
+            self._win.Get([out, count, self._mpitype], target, tspec)
+            self._win.Flush(target)
+            self._epochs[target] += 1
+        self._log.add("get", owner, nbytes, perf_counter() - t0)
+        return out
+
+    def iget(self, key) -> Handle:
+        """Start fetching one block; handle.wait() returns it."""
+        t0 = perf_counter()
+        owner, target, tspec, shape, count, nbytes, view = self._slot(key)
+        if view is not None:
+            self._exp.sync_memory()
+            h = Handle(self, "get", view.copy(), (), [(owner, nbytes)])
+        else:
+            out = np.empty(shape, self.dtype)
+            self._win.Get([out, count, self._mpitype], target, tspec)
+            h = Handle(self, "get", out, ((target, self._epochs[target]),), [(owner, nbytes)])
+        self._log.add("get", owner, nbytes, perf_counter() - t0)
+        return h
+
+    def put(self, key, a) -> None:
+        """Overwrite one block with a (same shape)."""
+        t0 = perf_counter()
+        owner, target, tspec, shape, count, nbytes, view = self._slot(key)
+        buf = self._as_block(a, shape, "put")
+        if view is not None:
+            view[...] = buf
+            self._exp.sync_memory()
+        else:
+            self._win.Put([buf, count, self._mpitype], target, tspec)
+            self._win.Flush(target)
+            self._epochs[target] += 1
+        self._log.add("put", owner, nbytes, perf_counter() - t0)
+
+    def acc(self, key, a, scale=1.0) -> None:
+        """Block += scale * a, atomically per element."""
+        t0 = perf_counter()
+        owner, target, tspec, shape, count, nbytes, _ = self._slot(key)
+        buf = self._as_block(a, shape, "acc", scale)
+        self._win.Accumulate([buf, count, self._mpitype], target, tspec, self._SUM)
+        self._win.Flush(target)
+        self._epochs[target] += 1
+        self._log.add("acc", owner, nbytes, perf_counter() - t0)
+
+    def iacc(self, key, a, scale=1.0) -> Handle:
+        """Start block += scale * a; handle.wait() completes it at the target."""
+        t0 = perf_counter()
+        owner, target, tspec, shape, count, nbytes, _ = self._slot(key)
+        buf = self._as_block(a, shape, "iacc", scale)
+        self._win.Accumulate([buf, count, self._mpitype], target, tspec, self._SUM)
+        h = Handle(self, "acc", None, ((target, self._epochs[target]),), [(owner, nbytes)],
+                   keep=buf)
+        self._log.add("acc", owner, nbytes, perf_counter() - t0)
+        return h
+
+    # -- patches ----------------------------------------------------------------------
+    def get_patch(self, lo, hi) -> np.ndarray:
+        """A copy of the global index range [lo, hi) (zeros where blocks do not exist)."""
+        return self._patch("get", lo, hi, None, 1.0, blocking=True)
+
+    def iget_patch(self, lo, hi) -> Handle:
+        return self._patch("get", lo, hi, None, 1.0, blocking=False)
+
+    def put_patch(self, lo, hi, a) -> None:
+        self._patch("put", lo, hi, a, 1.0, blocking=True)
+
+    def acc_patch(self, lo, hi, a, scale=1.0) -> None:
+        self._patch("acc", lo, hi, a, scale, blocking=True)
+
+    def iacc_patch(self, lo, hi, a, scale=1.0) -> Handle:
+        return self._patch("acc", lo, hi, a, scale, blocking=False)
+
+    def _patch(self, op: str, lo, hi, a, scale, blocking: bool):
+        t0 = perf_counter()
+        if self._win is None:
+            self._check_live()
+        lo, hi = self.layout.check_patch(lo, hi)
+        pshape = tuple(b - a_ for a_, b in zip(lo, hi))
+        pieces, missing = self.layout.pieces(lo, hi)
+        if op == "get":
+            buf = np.zeros(pshape, self.dtype) if missing else np.empty(pshape, self.dtype)
+        else:
+            if missing:
+                raise RuntimeLayerError(
+                    f"{op}_patch [{lo}, {hi}) on global array {self.name!r} touches "
+                    f"{len(missing)} block(s) that do not exist, e.g. {missing[0]}; expected a "
+                    "patch covered by existing blocks. Split the patch or create those blocks."
+                )
+            buf = self._as_block(a, pshape, f"{op}_patch", scale)
+        win, mt, types, isz = self._win, self._mpitype, self._types, self.itemsize
+        targets, parts = [], []
+        local_done = False
+        for p in pieces:
+            owner, target, tspec, bshape, count, _, block = self._slots[p.key]
+            parts.append((owner, p.size * isz))
+            if block is not None and op != "acc":
+                if not local_done:
+                    self._exp.sync_memory()
+                    local_done = True
+                bsl = tuple(slice(s, s + n) for s, n in zip(p.block_start, p.shape))
+                psl = tuple(slice(s, s + n) for s, n in zip(p.patch_start, p.shape))
+                if op == "get":
+                    buf[psl] = block[bsl]
+                else:
+                    block[bsl] = buf[psl]
+                continue
+            # acc always goes through MPI (atomic with every other rank's accs)
+            if p.shape == pshape:
+                origin = [buf, p.size, mt]
+            else:
+                origin = [buf, 1, types.get(mt, pshape, p.shape, p.patch_start)]
+            if p.shape != bshape:
+                tspec = (tspec[0], 1, types.get(mt, bshape, p.shape, p.block_start))
+            if op == "get":
+                win.Get(origin, target, tspec)
+            elif op == "put":
+                win.Put(origin, target, tspec)
+            else:
+                win.Accumulate(origin, target, tspec, self._SUM)
+            if target not in targets:
+                targets.append(target)
+        if local_done and op == "put":
+            self._exp.sync_memory()
+        result = buf if op == "get" else None
+        if blocking:
+            for t in targets:
+                self._flush(t)
+            self._log.add_split(op, parts, perf_counter() - t0)
+            return result
+        h = Handle(self, op, result, tuple((t, self._epochs[t]) for t in targets), parts,
+                   keep=None if op == "get" else buf)
+        self._log.add_split(op, parts, perf_counter() - t0)
+        return h
+
+    # -- owner-local work and collectives ---------------------------------------------
+    def local_view(self, key) -> np.ndarray:
+        """Writable view of a block this rank owns (direct memory, no copy)."""
+        owner, _, _, _, _, _, view = self._slot(key)
+        if owner != self.world.rank:
+            raise RuntimeLayerError(
+                f"block {key} of global array {self.name!r} is owned by rank {owner}, not by "
+                f"rank {self.world.rank}; local_view needs an owned block (see local_keys()). "
+                "Use get() for remote blocks."
+            )
+        return view
+
+    def apply_local(self, fn) -> dict:
+        """Call fn(key, view) on every owned block (views are writable, in place);
+        returns {key: result}. Not collective; call sync() before others read."""
+        self._check_live()
+        self._exp.sync_memory()
+        out = {}
+        for key in self._local_keys:
+            out[key] = fn(key, self._slots[key][6])
+        self._exp.sync_memory()
+        return out
+
+    def sync(self) -> None:
+        """Collective: complete this rank's outstanding operations, then barrier, so that
+        every update issued before sync() is visible to every rank after it."""
+        self._check_live()
+        t0 = perf_counter()
+        self._win.Flush_all()
+        self._epochs = [e + 1 for e in self._epochs]
+        self._exp.sync_memory()
+        self.world.comm.Barrier()
+        self._exp.sync_memory()
+        self._log.add("sync", -1, 0, perf_counter() - t0)
+
+    fence = sync
+
+    def zero(self) -> None:
+        """Collective: set every block to zero."""
+        self.sync()
+        self._local[:] = 0
+        self.sync()
+
+    def free(self) -> None:
+        """Collective: release the window. Using the array afterwards is an error."""
+        if self._win is None:
+            return
+        self._exp.free()
+        self._win = None
+        self._local = np.zeros(0, self.dtype)
+        self._slots = {}
+        self._all_slots = {}
+        self.world._unregister(self)
