@@ -57,8 +57,9 @@ class ShellBlocks:
 
 
 def default_block_nbf(nao: int) -> int:
-    """Block size target: about 8 blocks per dimension, at most MAX_DEFAULT_BLOCK_NBF."""
-    return max(1, min(MAX_DEFAULT_BLOCK_NBF, math.ceil(nao / 8)))
+    """Block size target: about 6 blocks per dimension (a few hundred tasks, enough to
+    balance a few ranks), at most MAX_DEFAULT_BLOCK_NBF functions."""
+    return max(1, min(MAX_DEFAULT_BLOCK_NBF, math.ceil(nao / 6)))
 
 
 def make_blocks(mol, block_nbf: int | None = None) -> ShellBlocks:

@@ -16,6 +16,7 @@ import ctypes
 
 import numpy as np
 from pyscf.gto import moleintor
+from pyscf.lib import unpack_tril
 
 from tessera.chem.scf.blocking import ShellBlocks
 
@@ -37,7 +38,8 @@ class BlockERI:
                                                self.intor_name)
         lib = moleintor.libcgto
         self._drv = lib.GTOnr2e_fill_drv
-        self._fill = lib.GTOnr2e_fill_s1
+        self._fill = {"s1": lib.GTOnr2e_fill_s1, "s2ij": lib.GTOnr2e_fill_s2ij,
+                      "s2kl": lib.GTOnr2e_fill_s2kl, "s4": lib.GTOnr2e_fill_s4}
         self._intor = getattr(lib, self.intor_name)
         self._null = ctypes.c_void_p()
         self._args_tail = (
@@ -46,45 +48,63 @@ class BlockERI:
             self._bas.ctypes.data_as(ctypes.c_void_p), self._nbas,
             self._env.ctypes.data_as(ctypes.c_void_p))
 
-    def __call__(self, i0, i1, j0, j1, k0, k1, l0, l1, out=None) -> np.ndarray:
+    def _fill_call(self, sym: str, shls: tuple, shape: tuple) -> np.ndarray:
+        out = np.empty(shape)
+        if out.size:
+            self._drv(self._intor, self._fill[sym], self._null,
+                      out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(1),
+                      (ctypes.c_int * 8)(*shls), *self._args_tail)
+        return out
+
+    def __call__(self, i0, i1, j0, j1, k0, k1, l0, l1) -> np.ndarray:
+        """The full block (ij|kl) for shell ranges [i0, i1) x [j0, j1) x ..."""
         loc = self.ao_loc
         shape = (int(loc[i1] - loc[i0]), int(loc[j1] - loc[j0]),
                  int(loc[k1] - loc[k0]), int(loc[l1] - loc[l0]))
-        if out is None:
-            out = np.empty(shape)
-        else:
-            out = out.ravel()[:np.prod(shape)].reshape(shape)
-        if out.size:
-            self._drv(self._intor, self._fill, self._null,
-                      out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(1),
-                      (ctypes.c_int * 8)(i0, i1, j0, j1, k0, k1, l0, l1),
-                      *self._args_tail)
-        return out
+        return self._fill_call("s1", (i0, i1, j0, j1, k0, k1, l0, l1), shape)
 
-    def blocks(self, blocks: ShellBlocks, a, b, c, d, out=None) -> np.ndarray:
-        """The block quartet (AB|CD) for shell blocks a, b, c, d."""
+    def blocks(self, blocks: ShellBlocks, a, b, c, d) -> np.ndarray:
+        """The full block quartet (AB|CD), shape (na, nb, nc, nd), for shell blocks.
+
+        When A == B (or C == D) libcint computes only the shell pairs i >= j of that pair
+        (``GTOnr2e_fill_s2ij`` / ``s2kl`` / ``s4``), and the block is unpacked with
+        (ij|kl) = (ji|kl); this removes the redundant half of a diagonal pair block.
+        """
         sr = blocks.shell_ranges
-        return self(*sr[a], *sr[b], *sr[c], *sr[d], out=out)
+        shls = (*sr[a], *sr[b], *sr[c], *sr[d])
+        na, nb, nc, nd = (blocks.ao_ranges[x][1] - blocks.ao_ranges[x][0]
+                          for x in (a, b, c, d))
+        if a == b and c == d:
+            t = self._fill_call("s4", shls, (na * (na + 1) // 2, nc * (nc + 1) // 2))
+            t = unpack_tril(t)                                   # (nab, nc, nc)
+            return unpack_tril(t.reshape(t.shape[0], -1), axis=0).reshape(na, na, nc, nc)
+        if a == b:
+            t = self._fill_call("s2ij", shls, (na * (na + 1) // 2, nc * nd))
+            return unpack_tril(t, axis=0).reshape(na, na, nc, nd)
+        if c == d:
+            t = self._fill_call("s2kl", shls, (na * nb, nc * (nc + 1) // 2))
+            return unpack_tril(t).reshape(na, nb, nc, nc)
+        return self._fill_call("s1", shls, (na, nb, nc, nd))
 
 
-def schwarz_bounds(eri: BlockERI, blocks: ShellBlocks) -> np.ndarray:
+def schwarz_bounds(eri: BlockERI, mol) -> np.ndarray:
     """Q[i, j] = sqrt(max over functions of |(ij|ij)|) for every shell pair, (nbas, nbas).
 
-    Computed one block pair at a time: the diagonal of (AB|AB) holds every (ij|ij) with
-    i in A and j in B.
+    Computed one atom pair at a time: the diagonal of (IJ|IJ), I and J the shell ranges
+    of two atoms, holds every (ij|ij) with i on atom I and j on atom J.  (Atom pairs, not
+    Fock blocks: the cost is sum over atom pairs of (n_I n_J)^2, small for any blocking.)
     """
-    ao_loc = blocks.ao_loc
+    ao_loc = np.asarray(eri.ao_loc, dtype=np.int64)
     nbas = len(ao_loc) - 1
+    groups = [(int(r[0]), int(r[1])) for r in mol.aoslice_by_atom() if r[1] > r[0]]
     q = np.zeros((nbas, nbas))
-    for a in range(blocks.nblocks):
-        for b in range(a + 1):
-            g = eri.blocks(blocks, a, b, a, b)
+    for ia, (a0, a1) in enumerate(groups):
+        ra = ao_loc[a0:a1] - ao_loc[a0]
+        for b0, b1 in groups[:ia + 1]:
+            g = eri(a0, a1, b0, b1, a0, a1, b0, b1)
             diag = np.abs(np.einsum("abab->ab", g))
-            sa0, sa1 = blocks.shell_ranges[a]
-            sb0, sb1 = blocks.shell_ranges[b]
-            ra = ao_loc[sa0:sa1] - ao_loc[sa0]
-            rb = ao_loc[sb0:sb1] - ao_loc[sb0]
+            rb = ao_loc[b0:b1] - ao_loc[b0]
             m = np.maximum.reduceat(np.maximum.reduceat(diag, ra, axis=0), rb, axis=1)
-            q[sa0:sa1, sb0:sb1] = m
-            q[sb0:sb1, sa0:sa1] = m.T
+            q[a0:a1, b0:b1] = m
+            q[b0:b1, a0:a1] = m.T
     return np.sqrt(q)

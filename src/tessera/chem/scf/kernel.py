@@ -25,7 +25,8 @@ def lower(tiles: dict, x: int, y: int) -> np.ndarray:
     return tiles[(x, y)] if x >= y else tiles[(y, x)].T
 
 
-def _add(buf: dict, x: int, y: int, m: np.ndarray, shape_of) -> None:
+def _add(buf: dict, x: int, y: int, m: np.ndarray) -> None:
+    """buf[x, y] += m, stored in the lower tile (transposed when x < y)."""
     if x < y:
         x, y, m = y, x, m.T
     acc = buf.get((x, y))
@@ -46,16 +47,16 @@ def contract_block(g: np.ndarray, scale: float, quartet: tuple, dens: dict,
     na, nb, nc, nd = g.shape
     g2 = g.reshape(na * nb, nc * nd)
     j = 4.0 * scale
-    _add(buf, a, b, (g2 @ lower(dens, c, d).ravel()).reshape(na, nb) * j, None)
-    _add(buf, c, d, (lower(dens, a, b).ravel() @ g2).reshape(nc, nd) * j, None)
+    _add(buf, a, b, (g2 @ lower(dens, c, d).ravel()).reshape(na, nb) * j)
+    _add(buf, c, d, (lower(dens, a, b).ravel() @ g2).reshape(nc, nd) * j)
 
     k = -scale
     gac = np.ascontiguousarray(g.transpose(0, 2, 1, 3)).reshape(na * nc, nb * nd)
-    _add(buf, a, c, (gac @ lower(dens, b, d).ravel()).reshape(na, nc) * k, None)
-    _add(buf, b, d, (lower(dens, a, c).ravel() @ gac).reshape(nb, nd) * k, None)
+    _add(buf, a, c, (gac @ lower(dens, b, d).ravel()).reshape(na, nc) * k)
+    _add(buf, b, d, (lower(dens, a, c).ravel() @ gac).reshape(nb, nd) * k)
     gad = np.ascontiguousarray(g.transpose(0, 3, 1, 2)).reshape(na * nd, nb * nc)
-    _add(buf, a, d, (gad @ lower(dens, b, c).ravel()).reshape(na, nd) * k, None)
-    _add(buf, b, c, (lower(dens, a, d).ravel() @ gad).reshape(nb, nc) * k, None)
+    _add(buf, a, d, (gad @ lower(dens, b, c).ravel()).reshape(na, nd) * k)
+    _add(buf, b, c, (lower(dens, a, d).ravel() @ gad).reshape(nb, nc) * k)
 
 
 def assemble(tiles: dict, ao_ranges) -> np.ndarray:

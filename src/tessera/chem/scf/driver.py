@@ -1,0 +1,151 @@
+"""Restricted closed-shell Hartree-Fock with DIIS, on Tessera's distributed Fock build.
+
+Roothaan-Hall SCF (C. C. J. Roothaan, Rev. Mod. Phys. 23, 69 (1951)) with Pulay DIIS
+(Chem. Phys. Lett. 73, 393 (1980)).  The two-electron Fock matrix comes from
+``FockBuilder`` (GTFock-style shell-block tasks, Schwarz screening, static / NXTVAL /
+work-stealing schedules); one-electron integrals, the basis set and the minimal-basis
+(MINAO) initial guess come from PySCF.  Orbitals are found in the symmetry-adapted basis
+and labelled by irrep.  Orbitals are replicated: every rank computes the step, rank 0's
+result is broadcast so that all ranks take the same decisions and return the same
+``Reference``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+from pyscf.scf import hf as pyscf_hf
+
+from tessera.chem.reference import Reference
+from tessera.chem.scf.diis import DIIS, commutator_error
+from tessera.chem.scf.fock import MODES, FockBuilder
+from tessera.chem.scf.schedule import check_schedule
+from tessera.chem.scf.stats import summarize
+from tessera.chem.scf.symmetry import symmetry_basis
+from tessera.errors import ConvergenceError, InputError
+
+log = logging.getLogger(__name__)
+
+
+def _check_molecule(mol) -> int:
+    if not hasattr(mol, "nao") or getattr(mol, "_atm", None) is None or mol.natm == 0:
+        raise InputError("rhf() needs a built pyscf.gto.Mole (call mol.build() first)")
+    nelec = int(mol.nelectron)
+    if nelec % 2 != 0 or int(mol.spin) != 0:
+        raise InputError(
+            f"RHF is closed-shell only: the molecule has {nelec} electrons and spin "
+            f"{mol.spin}; expected an even electron count and spin 0. Change the charge "
+            "or use an open-shell method")
+    if nelec == 0:
+        raise InputError("the molecule has no electrons; expected at least two")
+    return nelec // 2
+
+
+def _orthonormalizer(ovlp: np.ndarray) -> np.ndarray:
+    w, v = np.linalg.eigh(ovlp)
+    if w.min() < 1e-10:
+        raise InputError(f"the basis is linearly dependent (smallest overlap eigenvalue "
+                         f"{w.min():.2e}); expected a well-conditioned basis set")
+    return (v / np.sqrt(w)) @ v.T
+
+
+def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "direct",
+        conv_tol: float = 1e-10, max_iter: int = 100, world=None,
+        max_memory_mb: float | None = None, block_nbf: int | None = None,
+        diis_space: int = 8) -> Reference:
+    """Closed-shell RHF of ``mol`` (a built ``pyscf.gto.Mole``, symmetry Abelian or off).
+
+    Collective over ``world`` (default ``tessera.runtime.World.get()``); every rank returns
+    the same ``Reference``.  Converged when the energy change is below ``conv_tol`` and
+    the norm of the orbital-gradient commutator X^T(FDS - SDF)X below sqrt(conv_tol);
+    otherwise ``ConvergenceError`` after ``max_iter`` Fock builds.
+
+    ``schedule``: "static" | "nxtval" | "steal";  ``screening``: Schwarz threshold (0 =
+    none);  ``mode``: "direct" | "incore" (integrals kept if they fit in
+    ``max_memory_mb`` per rank, default ``mol.max_memory``);  ``block_nbf``: target shell
+    block size in basis functions (default: about nao/6, at most 32).
+    """
+    from tessera.runtime import World
+
+    nocc = _check_molecule(mol)
+    if int(max_iter) < 1:
+        raise InputError(f"max_iter={max_iter!r}: expected at least 1 iteration")
+    if not (conv_tol > 0):
+        raise InputError(f"conv_tol={conv_tol!r}: expected a positive tolerance")
+    check_schedule(schedule)
+    if mode not in MODES:
+        raise InputError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if not (screening >= 0.0):
+        raise InputError(f"screening={screening!r}: expected a Schwarz threshold >= 0 "
+                         "(0 disables screening)")
+    sym = symmetry_basis(mol)
+    world = World.get() if world is None else world
+    say = log.info if world.rank == 0 else log.debug
+    if max_memory_mb is None:
+        max_memory_mb = float(mol.max_memory)
+
+    t0 = time.perf_counter()
+    hcore = mol.intor_symmetric("int1e_kin") + mol.intor_symmetric("int1e_nuc")
+    if mol.has_ecp():
+        hcore = hcore + mol.intor_symmetric("ECPscalar")
+    ovlp = mol.intor_symmetric("int1e_ovlp")
+    xorth = _orthonormalizer(ovlp)
+    e_nuc = float(mol.energy_nuc())
+    dm = pyscf_hf.init_guess_by_minao(mol)
+    conv_grad = float(np.sqrt(conv_tol))
+
+    builder = FockBuilder(mol, world, schedule=schedule, screening=screening, mode=mode,
+                          max_memory_mb=max_memory_mb, block_nbf=block_nbf)
+    say("RHF: %d AOs in %d shell blocks, %d tasks (%d block quartets skipped), "
+        "schedule=%s mode=%s screening=%g ranks=%d group=%s",
+        mol.nao, builder.blocks.nblocks, len(builder.tasks),
+        builder.tasks.n_block_quartets_skipped, builder.schedule, mode, screening,
+        world.size, sym.group)
+    diis = DIIS(diis_space)
+    energies, errors, iter_wall = [], [], []
+    e_last = None
+    try:
+        for it in range(1, int(max_iter) + 1):
+            t_it = time.perf_counter()
+            fock = hcore + builder.build(dm)
+            e_tot = e_nuc + 0.5 * float(np.sum(dm * (hcore + fock)))
+            err_mat = commutator_error(fock, dm, ovlp, xorth)
+            err = float(np.linalg.norm(err_mat))
+            de = np.inf if e_last is None else e_tot - e_last
+            converged = abs(de) < conv_tol and err < conv_grad
+            f_diag = fock if converged else diis.update(fock, err_mat)
+            step = (*sym.eigh(f_diag, ovlp), e_tot, err, de, converged)
+            mo_energy, mo_coeff, orbsym, e_tot, err, de, converged = \
+                world.bcast(step, root=0)
+            energies.append(e_tot)
+            errors.append(err)
+            iter_wall.append(time.perf_counter() - t_it)
+            say("RHF iter %3d  E = %.12f  dE = %+.3e  |[F,D]| = %.3e  %.3f s",
+                it, e_tot, de, err, iter_wall[-1])
+            if converged:
+                break
+            c_occ = mo_coeff[:, :nocc]
+            dm = 2.0 * (c_occ @ c_occ.T)
+            e_last = e_tot
+        info = summarize(builder, world, schedule=builder.schedule, mode=mode,
+                         screening=float(screening), energies=energies, errors=errors,
+                         iteration_wall_s=iter_wall,
+                         total_wall_s=time.perf_counter() - t0)
+    finally:
+        builder.free()
+
+    ref = Reference(mol=mol, e_hf=float(e_tot), e_nuc=e_nuc, mo_coeff=mo_coeff,
+                    mo_energy=mo_energy, orbsym=orbsym, nocc=nocc, point_group=sym.group,
+                    irrep_names=dict(sym.irrep_names), converged=bool(converged),
+                    iterations=it, source="tessera", info=info)
+    if not converged:
+        raise ConvergenceError(
+            f"RHF did not converge in max_iter={max_iter} iterations: last energy "
+            f"{e_tot:.12f} Eh, last energy change {de:+.3e} Eh (conv_tol {conv_tol:g}), "
+            f"last commutator error |X^T(FDS-SDF)X| = {err:.3e} (needs < {conv_grad:.1e}). "
+            "Raise max_iter, loosen conv_tol, or check the geometry and charge",
+            result=ref)
+    say("RHF converged in %d iterations: E = %.12f", it, e_tot)
+    return ref

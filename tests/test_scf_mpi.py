@@ -1,0 +1,170 @@
+"""Tessera's distributed RHF under `mpiexec -n K`, K = 1..4, every schedule, against PySCF.
+
+One launch of tests/mpi/scf_checks.py per rank count (MPI start-up paid once); K = 2 also
+runs the extras: screening off vs on, incore mode, the incore memory-budget errors and
+the non-convergence error.  PySCF references are computed here, tightly converged.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyscf import scf
+from pyscf.scf import hf_symm
+
+from mpirun import run_mpi
+
+sys.path.insert(0, str(Path(__file__).parent / "mpi"))
+import scf_checks  # noqa: E402  (molecule definitions shared with the MPI script)
+
+SCRIPT = Path(__file__).parent / "mpi" / "scf_checks.py"
+RANKS = (1, 2, 3, 4)
+EXTRAS_AT = 2
+TIMEOUT = 420
+E_TOL = 1e-9          # Eh, the issue's requirement
+ORB_TOL = 1e-5        # orbital energies: first order in the converged density
+
+_runs: dict = {}
+_refs: dict = {}
+
+
+def launch(nranks):
+    if nranks not in _runs:
+        args = ("--extras",) if nranks == EXTRAS_AT else ()
+        _runs[nranks] = run_mpi(SCRIPT, nranks, args=args, timeout=TIMEOUT)
+    return _runs[nranks]
+
+
+def pyscf_ref(name):
+    if name not in _refs:
+        mol = scf_checks.build(name)
+        mf = scf.RHF(mol)
+        mf.verbose = 0
+        mf.conv_tol = 1e-12
+        mf.conv_tol_grad = 1e-8
+        e = mf.kernel()
+        assert mf.converged
+        orbsym = np.asarray(hf_symm.get_orbsym(mol, mf.mo_coeff))
+        _refs[name] = {"e": e, "mo_energy": np.asarray(mf.mo_energy), "orbsym": orbsym,
+                       "group": mol.groupname, "nocc": mol.nelectron // 2,
+                       "e_nuc": mol.energy_nuc()}
+    return _refs[name]
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_energies_equal_pyscf(nranks):
+    out = launch(nranks)
+    assert out["nranks"] == nranks
+    for name in scf_checks.MOLECULES:
+        ref = pyscf_ref(name)
+        for schedule in scf_checks.SCHEDULES:
+            run = out["runs"][f"{name}/{schedule}"]
+            assert run["converged"] and run["source"] == "tessera"
+            assert abs(run["e_hf"] - ref["e"]) < E_TOL, (name, schedule, run["e_hf"],
+                                                         ref["e"])
+            assert run["e_nuc"] == pytest.approx(ref["e_nuc"], abs=1e-12)
+            assert run["nocc"] == ref["nocc"]
+            assert run["point_group"] == ref["group"]
+            assert run["same_on_all_ranks"], (name, schedule)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_orbital_irreps_equal_pyscf(nranks):
+    """Per irrep, the sorted orbital energies agree: labels are right also inside
+    degenerate groups (benzene's e1g/e2u pairs split over D2h irreps)."""
+    out = launch(nranks)
+    for name in scf_checks.MOLECULES:
+        ref = pyscf_ref(name)
+        run = out["runs"][f"{name}/steal"]
+        e = np.asarray(run["mo_energy"])
+        sym = np.asarray(run["orbsym"])
+        assert np.all(np.diff(e) >= 0)
+        assert sorted(np.unique(sym)) == sorted(np.unique(ref["orbsym"]))
+        for label in np.unique(ref["orbsym"]):
+            ours = np.sort(e[sym == label])
+            theirs = np.sort(ref["mo_energy"][ref["orbsym"] == label])
+            assert ours.shape == theirs.shape, (name, label)
+            np.testing.assert_allclose(ours, theirs, atol=ORB_TOL)
+        nocc = run["nocc"]
+        assert sorted(sym[:nocc].tolist()) == sorted(ref["orbsym"][:nocc].tolist())
+        names = run["irrep_names"]
+        if ref["group"] == "D2h":
+            assert names["0"] == "Ag" and names["7"] == "B3u"
+        if ref["group"] == "C1":
+            assert names == {"0": "A"} and set(sym.tolist()) == {0}
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_schedule_accounting(nranks):
+    """Every task runs exactly once per Fock build; static never counts or steals;
+    nxtval takes one ticket per task plus one per rank; steal mostly stays local."""
+    out = launch(nranks)
+    for name in scf_checks.MOLECULES:
+        for schedule in scf_checks.SCHEDULES:
+            run = out["runs"][f"{name}/{schedule}"]
+            builds = run["fock_builds"]
+            assert builds == run["iterations"]
+            assert len(run["busy_s"]) == nranks and min(run["busy_s"]) >= 0
+            assert sum(run["tasks_executed"]) == run["tasks_total"] * builds
+            assert run["imbalance"] == pytest.approx(
+                max(run["busy_s"]) / np.mean(run["busy_s"]))
+            ops = run["counter_ops"]
+            if schedule == "static":
+                assert ops["local"] == ops["remote"] == 0
+                assert sum(run["tasks_stolen"]) == 0
+            elif schedule == "nxtval":
+                assert ops["local"] + ops["remote"] == (run["tasks_total"] + nranks) * builds
+                assert sum(run["tasks_stolen"]) == 0
+            else:
+                # one local ticket per own task run, plus the one that finds the
+                # own range empty, per rank and build
+                stolen = sum(run["tasks_stolen"])
+                assert ops["local"] == (run["tasks_total"] * builds - stolen
+                                        + nranks * builds)
+                if nranks == 1:
+                    assert ops["remote"] == 0 and sum(run["tasks_stolen"]) == 0
+                else:
+                    assert ops["local_fraction"] > 0.5
+
+
+def test_screening_threshold_zero_and_default_agree():
+    out = launch(EXTRAS_AT)
+    screened = out["runs"]["benzene/steal"]
+    exact = out["benzene_no_screening"]
+    assert exact["screening"] == 0.0 and screened["screening"] == 1e-12
+    assert exact["shell_quartets_skipped"] == 0
+    assert screened["shell_quartets_skipped"] > 0
+    assert screened["shell_quartets"] == exact["shell_quartets"]
+    assert abs(screened["e_hf"] - exact["e_hf"]) < E_TOL
+    assert abs(exact["e_hf"] - pyscf_ref("benzene")["e"]) < E_TOL
+
+
+def test_incore_mode_equals_direct():
+    out = launch(EXTRAS_AT)
+    ref = pyscf_ref("water")["e"]
+    for schedule, run in out["water_incore"].items():
+        assert run["mode"] == "incore"
+        assert abs(run["e_hf"] - ref) < E_TOL, schedule
+        assert sum(run["tasks_executed"]) == run["tasks_total"] * run["fock_builds"]
+
+
+def test_incore_over_budget_is_an_error_not_a_switch():
+    out = launch(EXTRAS_AT)
+    total = out["incore_total_error"]
+    assert total["type"] == "InputError"
+    assert "mode='incore' needs" in total["message"] and "mode='direct'" in total["message"]
+    per_rank = out["incore_budget_error"]
+    assert per_rank["type"] == "InputError"
+    assert "exceed its memory budget" in per_rank["message"]
+
+
+def test_nonconvergence_raises_with_last_energy_and_error():
+    out = launch(EXTRAS_AT)
+    err = out["convergence_error"]
+    assert err["type"] == "ConvergenceError"
+    msg = err["message"]
+    assert "did not converge in max_iter=3 iterations" in msg
+    assert f"last energy {err['result_e_hf']:.12f} Eh" in msg
+    assert "commutator error" in msg
+    assert abs(err["result_e_hf"] - pyscf_ref("n2")["e"]) > 1e-6

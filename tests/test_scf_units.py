@@ -1,0 +1,247 @@
+"""Serial parts of Tessera's RHF (no MPI): shell blocks, block integrals, Schwarz bounds,
+the task list with 8-fold symmetry and screening, the block J/K kernel, the static
+partition, the stealing dispenser, DIIS and symmetry-adapted diagonalisation.  Reference
+values come from PySCF computed here."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyscf import gto, scf
+from pyscf.scf import hf_symm
+
+from tessera.chem.scf.blocking import default_block_nbf, make_blocks
+from tessera.chem.scf.diis import DIIS
+from tessera.chem.scf.integrals import BlockERI, schwarz_bounds
+from tessera.chem.scf.kernel import assemble, contract_block
+from tessera.chem.scf.schedule import Dispenser
+from tessera.chem.scf.symmetry import symmetry_basis
+from tessera.chem.scf.tasks import PARTIAL, make_tasks, static_partition
+from tessera.errors import InputError
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def molecule(xyz, basis, symmetry=False):
+    atoms = "".join((EXAMPLES / xyz).read_text().splitlines(True)[2:])
+    return gto.M(atom=atoms, basis=basis, symmetry=symmetry, verbose=0)
+
+
+@pytest.fixture(scope="module")
+def water_dz():
+    return molecule("water.xyz", "cc-pvdz")
+
+
+@pytest.fixture(scope="module")
+def trimer():
+    return molecule("water_trimer.xyz", "6-31g")
+
+
+def test_blocks_cover_shells_in_order(water_dz, trimer):
+    for mol, target in ((water_dz, 4), (water_dz, None), (trimer, 7), (trimer, 1)):
+        b = make_blocks(mol, target)
+        shells = [s for s0, s1 in b.shell_ranges for s in range(s0, s1)]
+        assert shells == list(range(mol.nbas))
+        assert b.nao == mol.nao and sum(b.sizes) == mol.nao
+        ao_loc = mol.ao_loc_nr()
+        limit = target or default_block_nbf(mol.nao)
+        for (s0, s1), n in zip(b.shell_ranges, b.sizes):
+            # a block exceeds the target only when it is a single shell
+            assert n <= limit or s1 - s0 == 1, (s0, s1, n, limit)
+            assert n == ao_loc[s1] - ao_loc[s0]
+    # whole atoms are kept together when they fit: trimer with 13-function blocks
+    b = make_blocks(trimer, 13)
+    atom_of = {s: ia for ia, row in enumerate(trimer.aoslice_by_atom())
+               for s in range(row[0], row[1])}
+    for s0, s1 in b.shell_ranges:
+        atoms = sorted({atom_of[s] for s in range(s0, s1)})
+        assert atoms == list(range(atoms[0], atoms[-1] + 1))
+    with pytest.raises(InputError, match="positive number"):
+        make_blocks(trimer, 0)
+
+
+def test_block_integrals_equal_full_eri(water_dz):
+    mol = water_dz
+    b = make_blocks(mol, 5)
+    eri = BlockERI(mol)
+    full = mol.intor("int2e")
+    nb = b.nblocks
+    rng = np.random.default_rng(7)
+    quartets = [(a, a, c, c) for a in range(nb) for c in range(nb)]          # s4 path
+    quartets += [(a, a, c, d) for a in range(nb) for c in range(nb) for d in range(c)]
+    quartets += [tuple(rng.integers(0, nb, 4)) for _ in range(40)]
+    for a, bb, c, d in quartets:
+        g = eri.blocks(b, a, bb, c, d)
+        ref = full[b.ao_slice(a), b.ao_slice(bb), b.ao_slice(c), b.ao_slice(d)]
+        np.testing.assert_allclose(g, ref, rtol=0, atol=1e-13)
+
+
+def test_schwarz_bounds_equal_brute_force(water_dz):
+    mol = water_dz
+    q = schwarz_bounds(BlockERI(mol), mol)
+    full = mol.intor("int2e")
+    diag = np.sqrt(np.abs(np.einsum("ijij->ij", full)))
+    loc = mol.ao_loc_nr()
+    for i in range(mol.nbas):
+        for j in range(mol.nbas):
+            assert q[i, j] == pytest.approx(diag[loc[i]:loc[i + 1], loc[j]:loc[j + 1]].max(),
+                                            rel=1e-12, abs=1e-15)
+
+
+def _serial_fock(mol, threshold, block_nbf, dm):
+    b = make_blocks(mol, block_nbf)
+    eri = BlockERI(mol)
+    tasks = make_tasks(b, schwarz_bounds(eri, mol), threshold)
+    dens = {(x, y): dm[b.ao_slice(x), b.ao_slice(y)]
+            for x in range(b.nblocks) for y in range(x + 1)}
+    buf = {}
+    for t in range(len(tasks)):
+        g = eri.blocks(b, *tasks.quartet(t))
+        if tasks.kind[t] == PARTIAL:
+            g *= tasks.mask(t)
+        contract_block(g, tasks.scale[t], tasks.quartet(t), dens, buf)
+    return assemble(buf, b.ao_ranges), tasks
+
+
+def _random_density(n, seed):
+    a = np.random.default_rng(seed).standard_normal((n, n))
+    return a + a.T
+
+
+@pytest.mark.parametrize("block_nbf", [3, 7, None])
+def test_block_fock_equals_pyscf_jk(water_dz, block_nbf):
+    """Unique block quartets with degeneracy weights reproduce J - K/2 exactly."""
+    dm = _random_density(water_dz.nao, 3)
+    g, tasks = _serial_fock(water_dz, 0.0, block_nbf, dm)
+    nb = tasks.blocks.nblocks
+    npair = nb * (nb + 1) // 2
+    assert len(tasks) == npair * (npair + 1) // 2
+    assert tasks.n_shell_quartets_skipped == 0
+    vj, vk = scf.hf.get_jk(water_dz, dm)
+    np.testing.assert_allclose(g, vj - 0.5 * vk, rtol=0, atol=1e-11)
+
+
+def test_screening_skips_exactly_the_quartets_below_threshold(trimer):
+    """Screened build == full integrals with every shell quartet whose Schwarz bound is
+    below the threshold removed; the counts agree with a brute-force enumeration."""
+    mol, thr = trimer, 1e-10
+    dm = _random_density(mol.nao, 5)
+    g, tasks = _serial_fock(mol, thr, 5, dm)
+    q = schwarz_bounds(BlockERI(mol), mol)
+    shell = np.repeat(np.arange(mol.nbas), np.diff(mol.ao_loc_nr()))
+    qf = q[shell][:, shell]
+    eri = mol.intor("int2e") * (np.multiply.outer(qf, qf) >= thr)
+    ref = np.einsum("ijkl,kl->ij", eri, dm) - 0.5 * np.einsum("ikjl,kl->ij", eri, dm)
+    np.testing.assert_allclose(g, ref, rtol=0, atol=1e-11)
+    pairs = q[np.tril_indices(mol.nbas)]
+    prod = np.multiply.outer(pairs, pairs)
+    iu = np.tril_indices(len(pairs))
+    assert tasks.n_shell_quartets == len(iu[0])
+    assert tasks.n_shell_quartets_skipped == int(np.count_nonzero(prod[iu] < thr)) > 0
+    assert tasks.n_block_quartets_skipped > 0          # whole tasks dropped
+    assert np.any(tasks.kind == PARTIAL)
+
+
+def test_static_partition_is_contiguous_and_balanced():
+    cost = np.random.default_rng(11).uniform(1, 100, 1000)
+    for n in (1, 2, 3, 4, 7):
+        b = static_partition(cost, n)
+        assert b[0] == 0 and b[-1] == len(cost) and np.all(np.diff(b) >= 0)
+        shares = np.add.reduceat(cost, b[:-1])
+        assert shares.max() / shares.mean() < 1.02
+
+
+class _SimulatedCounters:
+    """In-process stand-in for per-rank fetch-and-add counters (a dict of ints), used to
+    interleave several dispensers in one process."""
+
+    def __init__(self, size):
+        self.v = [0] * size
+
+    def view(self, me):
+        counters = self
+
+        class View:
+            def next(self, target=None):
+                return self.fetch_add(1, target)
+
+            def fetch_add(self, n, target=None):
+                t = me if target is None else target
+                old = counters.v[t]
+                counters.v[t] += n
+                return old
+        return View()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_steal_dispenser_hands_out_every_task_once(size):
+    cost = np.random.default_rng(size).uniform(1, 10, 97)
+    bounds = static_partition(cost, size)
+    counters = _SimulatedCounters(size)
+    disps = [Dispenser("steal", bounds, None, r, size, counter=counters.view(r))
+             for r in range(size)]
+    gens = [d.chunks() for d in disps]
+    speed = [1, 3, 1, 2][:size]          # rank 1 is fast: it steals from the others
+    got, live = [], list(range(size))
+    while live:
+        for r in list(live):
+            for _ in range(speed[r]):
+                chunk = next(gens[r], None)
+                if chunk is None:
+                    live.remove(r)
+                    break
+                got.extend(int(t) for t in chunk)
+    assert sorted(got) == list(range(len(cost)))
+    assert sum(d.stats.tasks for d in disps) == len(cost)
+    if size > 1:
+        assert disps[1].stats.stolen > 0 and disps[1].stats.counter_remote > 0
+    for d in disps:
+        assert d.stats.counter_local >= 1
+
+
+def test_diis_extrapolates_linear_error_exactly():
+    rng = np.random.default_rng(2)
+    f_star = rng.standard_normal((4, 4))
+    basis = rng.standard_normal((2, 4, 4))
+    diis = DIIS(8)
+    out = None
+    for _ in range(3):            # three errors in a 2-d subspace: exact combination
+        r = np.tensordot(rng.standard_normal(2), basis, axes=1)
+        out = diis.update(f_star + r, r)
+    np.testing.assert_allclose(out, f_star, atol=1e-10)
+
+
+def test_symmetry_labels_equal_pyscf():
+    mol = molecule("benzene.xyz", "sto-3g", symmetry=True)
+    mf = scf.RHF(mol).run(conv_tol=1e-11)
+    sym = symmetry_basis(mol)
+    assert sym.group == "D2h" and sym.irrep_names[0] == "Ag"
+    e, c, orbsym = sym.eigh(mf.get_fock(), mf.get_ovlp())
+    ref = np.asarray(hf_symm.get_orbsym(mol, mf.mo_coeff))
+    np.testing.assert_allclose(e, mf.mo_energy, atol=1e-8)
+    for label in set(ref.tolist()) | set(orbsym.tolist()):
+        np.testing.assert_allclose(np.sort(e[orbsym == label]),
+                                   np.sort(mf.mo_energy[ref == label]), atol=1e-8)
+    c1 = symmetry_basis(molecule("water.xyz", "sto-3g"))
+    assert c1.group == "C1" and c1.irrep_names == {0: "A"}
+    linear = gto.M(atom="N 0 0 0; N 0 0 1.1", basis="sto-3g", symmetry=True, verbose=0)
+    with pytest.raises(InputError, match="not Abelian"):
+        symmetry_basis(linear)
+
+
+def test_input_errors_before_any_work():
+    from tessera.chem.scf import rhf
+    from tessera.errors import TesseraError
+
+    radical = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="sto-3g", spin=1, verbose=0)
+    with pytest.raises(TesseraError, match="closed-shell only.*9 electrons"):
+        rhf(radical)
+    water = molecule("water.xyz", "sto-3g")
+    with pytest.raises(InputError, match="unknown schedule 'dynamic'"):
+        rhf(water, schedule="dynamic")
+    with pytest.raises(InputError, match="unknown mode 'disk'"):
+        rhf(water, mode="disk")
+    with pytest.raises(InputError, match="screening"):
+        rhf(water, screening=-1.0)
+    with pytest.raises(InputError, match="max_iter"):
+        rhf(water, max_iter=0)
