@@ -1,0 +1,45 @@
+"""Whole calculations through `Job` (what `tessera run` does) against PySCF's CCSD(T).
+
+Also: CCSD(T) from Tessera's own RHF equals CCSD(T) from PySCF's RHF to 1e-7 Eh.
+"""
+
+import pytest
+from pyscf import cc, scf
+
+from tessera.chem.job import Job, RunOptions
+from tessera.chem.molecule import Molecule
+
+
+@pytest.fixture(scope="module")
+def pyscf_water():
+    mol = Molecule.from_xyz("examples/water.xyz", basis="cc-pvdz").to_pyscf()
+    mf = scf.RHF(mol)
+    mf.conv_tol = 1e-11
+    mf.kernel()
+    out = {}
+    for frozen in (0, 1):
+        mycc = cc.CCSD(mf, frozen=frozen or None)
+        mycc.conv_tol = 1e-10
+        mycc.kernel()
+        out[frozen] = (mf.e_tot, mycc.e_corr, mycc.ccsd_t())
+    return out
+
+
+@pytest.mark.parametrize("scf_code", ["pyscf", "tessera"])
+@pytest.mark.parametrize("frozen_core", [False, True])
+def test_ccsd_t_water(pyscf_water, scf_code, frozen_core):
+    e_hf, e_cc, e_t = pyscf_water[int(frozen_core)]
+    result = Job(RunOptions("examples/water.xyz", method="ccsd(t)", conv=1e-10, scf=scf_code,
+                            frozen_core=frozen_core, tile=4)).kernel()
+    e = result.data["energies"]
+    assert result.converged
+    assert abs(e["hf"] - e_hf) < 1e-9
+    assert abs(e["ccsd_correlation"] - e_cc) < 1e-7
+    assert abs(e["t_correction"] - e_t) < 1e-7
+    assert abs(e["total"] - (e_hf + e_cc + e_t)) < 2e-7
+    d = result.data
+    assert d["point_group"] == "C2v" and d["nao"] == 24 and d["nocc"] == 5 and d["nvir"] == 19
+    assert d["frozen_core"] == int(frozen_core)
+    assert 0 < d["storage"]["t2_elements_stored"] < d["storage"]["t2_elements_dense"]
+    assert d["flops"]["ccsd_per_iteration"] > 0 and d["flops"]["triples"] > 0
+    assert [row["iter"] for row in d["iterations"]] == list(range(1, len(d["iterations"]) + 1))
