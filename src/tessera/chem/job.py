@@ -33,7 +33,7 @@ class RunOptions:
     conv: float = 1e-8
     max_iter: int = 50
     symmetry: bool = True
-    scf: str = "pyscf"
+    scf: str = "tessera"
     scf_schedule: str = "steal"
     scf_max_iter: int = 100
 

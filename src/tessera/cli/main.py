@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--conv", type=float, default=1e-8, help="CCSD energy convergence (Eh)")
         s.add_argument("--max-iter", type=int, default=50, help="CCSD iterations at most")
         s.add_argument("--no-symmetry", action="store_true", help="run in C1")
-        s.add_argument("--scf", default="pyscf", help="pyscf | tessera (own distributed RHF)")
+        s.add_argument("--scf", default="tessera", help="tessera (own distributed RHF) | pyscf")
         s.add_argument("--scf-schedule", default="steal", help="static | nxtval | steal (with --scf tessera)")
         s.add_argument("--scf-max-iter", type=int, default=100)
         s.add_argument("--json", metavar="FILE", help="write the results as JSON")
