@@ -27,6 +27,7 @@ executor; each task keeps private buffers of a few packed v^3 / nirrep arrays.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -71,25 +72,16 @@ def _ranges(space, what: str) -> np.ndarray:
 class _VirtualLayout:
     """Packed (single, pair) layouts of the virtual triples of each total irrep G."""
 
-    def __init__(self, vrange: np.ndarray, ev: np.ndarray):
-        self.vr = vrange
-        self.n = vrange[:, 1] - vrange[:, 0]
-        g = np.arange(_NIRREP)
-        # pairs (t, u) of irrep h: blocks [n(g_t), n(g_t ^ h)] in order of g_t
-        sizes = self.n[:, None] * self.n[g[:, None] ^ g[None, :]]        # [g_t, h]
-        self.npair = sizes.sum(axis=0)                                        # pairs per h
-        self.poff = np.vstack([np.zeros(_NIRREP, np.int64), np.cumsum(sizes, axis=0)[:-1]]).T  # [h, g_t]
-        # triples of irrep G: blocks [n(g_s), np(G ^ g_s)] in order of g_s
-        tsz = self.n[:, None] * self.npair[g[:, None] ^ g[None, :]]          # [g_s, G]
-        self.ntrip = tsz.sum(axis=0)
-        self.foff = np.vstack([np.zeros(_NIRREP, np.int64), np.cumsum(tsz, axis=0)[:-1]]).T   # [G, g_s]
-        nv = int(self.n.sum())
-        self.irrep = np.zeros(nv, np.int64)
-        for gg in g:
-            self.irrep[vrange[gg, 0]:vrange[gg, 1]] = gg
-        self.rel = np.arange(nv) - vrange[self.irrep, 0]
-        self.ev = ev
-        self.maps: dict = {}
+    def __init__(self, vrange: np.ndarray, irreps: np.ndarray, ev: np.ndarray):
+        self.vr, self.irrep, self.ev, self.maps = vrange, irreps, ev, {}
+        self.n = n = vrange[:, 1] - vrange[:, 0]
+        xor = np.bitwise_xor.outer(np.arange(_NIRREP), np.arange(_NIRREP))
+        offsets = (lambda sz: np.vstack([np.zeros(_NIRREP, np.int64), np.cumsum(sz, axis=0)[:-1]]).T)
+        sizes = n[:, None] * n[xor]                  # pairs (t, u) of irrep h: [g_t, h] blocks
+        self.npair, self.poff = sizes.sum(axis=0), offsets(sizes)              # poff[h, g_t]
+        sizes = n[:, None] * self.npair[xor]         # triples of irrep G: [g_s, G] blocks
+        self.ntrip, self.foff = sizes.sum(axis=0), offsets(sizes)              # foff[G, g_s]
+        self.rel = np.arange(len(irreps)) - vrange[irreps, 0]
 
     def blocks(self, G: int) -> list:
         """(g_s, offset, n_single, n_pairs) of the non-empty single-irrep blocks of G."""
@@ -155,7 +147,7 @@ class _Inputs:
         self.nocc, self.nvir = o.dim, v.dim
         self.eo = np.asarray(ints.eo, float)[o.orbitals]
         self.ov_irrep = o.irreps
-        self.lay = lay = _VirtualLayout(vr, np.asarray(ints.ev, float)[v.orbitals])
+        self.lay = lay = _VirtualLayout(vr, v.irreps, np.asarray(ints.ev, float)[v.orbitals])
         self.orel = np.arange(o.dim) - self.orange[o.irreps, 0]
         self.nv_by_irrep = nv = lay.n
         self.no_by_irrep = no = self.orange[:, 1] - self.orange[:, 0]
@@ -199,28 +191,24 @@ class _Inputs:
 
 # --------------------------------------------------------------------------- kernel
 class _Kernel:
-    """E(T) contributions of orbital triples; buffers are private to one task."""
+    """E(T) contributions of the orbital triples of one task, in its thread's buffers."""
 
-    def __init__(self, inp: _Inputs, G: int):
+    def __init__(self, inp: _Inputs, G: int, pool: list):
         self.inp, self.G = inp, G
         self.maps = inp.lay.maps[G]
         self.dense = self.maps["dense"]
         n = int(inp.lay.ntrip[G])
-        self.buf = [np.empty(n) for _ in range(5 if self.dense else 8)]
+        self.buf = [a[:n] for a in pool[:5 if self.dense else 8]]   # the thread's buffers
         self.flops = 0
 
-    def _accumulate(self, out, os_, ot, ou, *, fresh=True, transposed=False) -> None:
-        """out (=, or += unless fresh) the 4 W0 terms with (o_s, s) single, pair (t, u).
-
-        Blocks are [s, (t, u)], or [(t, u), s] when ``transposed`` (dense layout only).
-        """
+    def _accumulate(self, out, os_, ot, ou) -> None:
+        """out = the 4 W0 terms with (o_s, s) single, pair (t, u); blocks [s, (t, u)]."""
         inp, g = self.inp, self.inp.ov_irrep
         gs_ = g[os_]
         for gs, off, ns, npair, _ in self.maps["blocks"]:
-            seg = out[off:off + ns * npair]
-            c = seg.reshape(npair, ns).T if transposed else seg.reshape(ns, npair).T
+            c = out[off:off + ns * npair].reshape(ns, npair).T
             v0, v1 = inp.lay.vr[gs]
-            beta = 0.0 if fresh else 1.0
+            beta = 0.0
             # sum_f (o_t t|u f) t2[o_s o_u s f]  and  sum_f (o_u u|t f) t2[o_s o_t s f]
             terms = [(1.0, inp.t2f[gf][os_, y, v0:v1], table[g[x], gf][inp.orel[x]])
                      for x, y, table in ((ot, ou, inp.ov1), (ou, ot, inp.ov2))
@@ -230,23 +218,25 @@ class _Kernel:
                       for y, z, table in ((ot, ou, inp.t2p1), (ou, ot, inp.t2p2))
                       for gm in (gs ^ gs_ ^ g[y],) if inp.no_by_irrep[gm]]
             for alpha, left, right in terms:              # left [s, K], right [K, (t, u)]
-                if transposed:
-                    dgemm(alpha, left.T, right.T, beta=beta, c=c, trans_a=1, trans_b=1, overwrite_c=1)
-                else:
-                    dgemm(alpha, right.T, left.T, beta=beta, c=c, overwrite_c=1)
+                dgemm(alpha, right.T, left.T, beta=beta, c=c, overwrite_c=1)
                 self.flops += 2 * ns * npair * left.shape[1]
                 beta = 1.0
             if beta == 0.0:
                 c[...] = 0.0
 
-    def _pair_vectors(self, i, j, k) -> np.ndarray:
-        """Per block [3, pairs]: (jt|ku), (kt|iu), (it|ju) at the packed pairs (t, u)."""
+    def _pair_vectors(self, i, j, k) -> tuple:
+        """Per block [3, pairs]: P = (jt|ku), (kt|iu), (it|ju) and P - 2 (ju|kt), (ku|it), (iu|jt).
+
+        P makes V_l = t1[o_s s] (o_t t|o_u u) rank 1 in the cyclic layouts; the pair-swapped
+        part is V[acb], which Zs = Yc[acb] meets as Yc meets V.
+        """
         o2 = self.inp.ovov.reshape(-1, self.inp.nvir ** 2)
-        no = self.inp.nocc
-        return o2[[j * no + k, k * no + i, i * no + j]].ravel()[self.maps["pairs3"]]
+        no, pairs = self.inp.nocc, self.maps["pairs3"]
+        p = o2[[j * no + k, k * no + i, i * no + j]].ravel()[pairs]
+        return p, p - 2.0 * o2[[k * no + j, i * no + k, j * no + i]].ravel()[pairs]
 
     def _u_dot_v(self, U, i, j, k, P) -> float:
-        """sum U.(V1 + V2 + V3), V_l = t1[o_s s] (o_t t|o_u u) rank 1 in the cyclic layouts."""
+        """sum_l U.V_l with V_l = t1[o_s s] P_l[(t, u)] rank 1 in the cyclic layout l."""
         t1, vr = self.inp.t1, self.inp.lay.vr
         total = 0.0
         for gs, off, ns, npair, q0 in self.maps["blocks"]:
@@ -277,32 +267,36 @@ class _Kernel:
             self._accumulate(W, i, j, k)                          # [a, (b c)]
             self._accumulate(Sb, j, i, k)                         # [b, (a c)]
             cube(W)[...] += cube(Sb).transpose(1, 0, 2)
-        if j == k:                                                # single c as single b
-            cube(W)[...] += cube(Sb).transpose(1, 2, 0)           # [c, (a b)]
-        else:
-            self._accumulate(W, k, i, j, fresh=False, transposed=True)  # [(a b), c]
+        if j != k:                                                # else single c as single b
+            self._accumulate(Sb, k, i, j)                         # [c, (a b)]
+        cube(W)[...] += cube(Sb).transpose(1, 2, 0)               # W[abc]
         eo = self.inp.eo
         np.subtract(eo[i] + eo[j] + eo[k], self.maps["e3"], out=Y)
         np.divide(W, Y, out=Y)                                    # Y = W / D
-        P = self._pair_vectors(i, j, k)
+        P, Pz = self._pair_vectors(i, j, k)
         e = 3.0 * (float(W @ Y) + t1[i] @ (Y.reshape(nv, -1) @ P[:nv * nv])
                    + float(np.vdot(np.matmul(t1[j], cube(Y)), ov[i, k]))
                    + float(np.vdot(Y.reshape(-1, nv) @ t1[k], ov[i, j])))
         np.copyto(cube(Sb), cube(Y).transpose(0, 2, 1))          # Y[acb]
         np.copyto(cube(T), cube(Y).transpose(1, 0, 2))           # Y[bac]
         np.add(cube(Y), cube(Sb).transpose(1, 0, 2), out=cube(U))  # + Y[bca]
-        cube(U)[...] += cube(T).transpose(0, 2, 1)               # + Y[cab]
+        cube(U)[...] += cube(T).transpose(0, 2, 1)               # + Y[cab] = Yc
         np.copyto(cube(T), cube(U).transpose(0, 2, 1))           # Zs
-        e += float(U @ W) + self._u_dot_v(U, i, j, k, P)
-        return e - 2.0 * (float(T @ W) + self._u_dot_v(T, i, j, k, P))
+        return e + float(U @ W) - 2.0 * float(T @ W) + self._u_dot_v(U, i, j, k, Pz)
 
     def _energy_packed(self, i, j, k) -> float:
         """Point-group symmetry: three cyclic layouts joined by index maps."""
         m = self.maps
         Sa, Sb, Sc, W, Y, Y1, Y2, U = self.buf
         self._accumulate(Sa, i, j, k)                             # single a, pair (b, c)
-        self._accumulate(Sb, j, k, i)                             # single b, pair (c, a)
-        self._accumulate(Sc, k, i, j)                             # single c, pair (a, b)
+        if i == j:                                                # the same terms, pair swapped
+            np.take(Sa, m["swap"], out=Sb, mode="wrap")
+        else:
+            self._accumulate(Sb, j, k, i)                         # single b, pair (c, a)
+        if j == k:
+            np.take(Sb, m["swap"], out=Sc, mode="wrap")
+        else:
+            self._accumulate(Sc, k, i, j)                         # single c, pair (a, b)
         np.take(Sb, m["rot"], out=W, mode="wrap")
         W += Sa
         np.take(Sc, m["rot2"], out=Y1, mode="wrap")
@@ -314,7 +308,7 @@ class _Kernel:
         np.take(Y, m["rot2"], out=Y2, mode="wrap")                # Y[cab]
         np.add(Y, Y1, out=U)
         U += Y2                                                   # Yc
-        P = self._pair_vectors(i, j, k)
+        P, Pz = self._pair_vectors(i, j, k)
         t1, vr = self.inp.t1, self.inp.lay.vr
         e = 3.0 * float(W @ Y)
         for gs, off, ns, npair, q0 in m["blocks"]:                # 3Y.V, V_l rank 1 per block
@@ -325,9 +319,8 @@ class _Kernel:
                 e += 3.0 * (t1[o, v0:v1] @ (y[sl].reshape(ns, npair) @ p[row]))
         Sa += Sb
         Sa += Sc                                                  # U.W = U.(Sa + Sb + Sc)
-        e += float(U @ Sa) + self._u_dot_v(U, i, j, k, P)
         np.take(U, m["swap"], out=Y1, mode="wrap")                # Zs
-        return e - 2.0 * (float(Y1 @ Sa) + self._u_dot_v(Y1, i, j, k, P))
+        return e + float(U @ Sa) - 2.0 * float(Y1 @ Sa) + self._u_dot_v(U, i, j, k, Pz)
 
 
 # --------------------------------------------------------------------------- driver
@@ -340,20 +333,22 @@ def _occ_tiles(orange: np.ndarray, tile: int) -> list:
     return tiles
 
 
-def _run_task(inp: _Inputs, I, J, K, results: list, slot: int) -> None:
+def _run_task(inp: _Inputs, I, J, K, results: list, slot: int, local) -> None:
     """Weighted E(T) of the orbital triples i >= j >= k of the tiles I >= J >= K."""
-    t0, G = time.perf_counter(), I[2] ^ J[2] ^ K[2]
+    G = I[2] ^ J[2] ^ K[2]
     if not inp.lay.ntrip[G]:                     # no virtual triple of this irrep
-        results[slot] = (0.0, 0, 0.0)
+        results[slot] = (0.0, 0)
         return
-    kern = _Kernel(inp, G)
+    if not hasattr(local, "pool"):               # one set per thread, reused by its tasks
+        local.pool = [np.empty(int(inp.lay.ntrip.max())) for _ in range(8)]   # (new pages are slow)
+    kern = _Kernel(inp, G, local.pool)
     energy = 0.0
     for i in range(*I[:2]):
         for j in range(J[0], min(J[1], i + 1)):
             for k in range(K[0], min(K[1], j + 1)):
                 weight = 1 if i == k else (3 if i == j or j == k else 6)
                 energy += weight * kern.energy(i, j, k)
-    results[slot] = (energy / 3.0, kern.flops, time.perf_counter() - t0)
+    results[slot] = (energy / 3.0, kern.flops)
 
 
 def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = None) -> TriplesResult:
@@ -362,7 +357,9 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     ``ints`` are the MO integrals of :func:`tessera.chem.integrals.transform` (canonical
     RHF orbitals).  One task per unique triple of occupied tiles (``occ_tile`` orbitals
     of one irrep at most; default from the size of the virtual space) runs on
-    ``context.executor``; partial energies are summed in a fixed order.
+    ``context.executor`` (default: the current context); partial energies are summed in
+    a fixed order, so every executor gives the same number.  Raises ShapeError when the
+    amplitudes are not over ``ints``' spaces, InputError for a bad ``occ_tile``.
     """
     from tessera.backends.context import current_context
 
@@ -373,6 +370,10 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
         raise ShapeError("t1 must be a BlockTensor over (ints.o, ints.v) and t2 over "
                          "(ints.o, ints.o, ints.v, ints.v), both of irrep 0; build them with "
                          "BlockTensor.from_dense(..., (ints.o, ints.v)) from the same MOIntegrals")
+    if getattr(context, "distributed", False) or any(getattr(t, "dist", None) is not None
+                                                     for t in (t1, t2, *ints.tensors.values())):
+        raise InputError("triples_correction reads whole local tensors; with a distributed "
+                         "context use chem.triples_distributed.triples_correction_distributed")
     integer = isinstance(occ_tile, (int, np.integer)) and not isinstance(occ_tile, bool)
     if occ_tile is not None and not (integer and occ_tile >= 1):
         raise InputError(f"occ_tile must be a positive integer or None, got {occ_tile!r}")
@@ -389,7 +390,8 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     cost = [(I[1] - I[0]) * (J[1] - J[0]) * (K[1] - K[0]) * inp.lay.ntrip[I[2] ^ J[2] ^ K[2]]
             for I, J, K in triples]
     order = sorted(range(len(triples)), key=lambda n: -cost[n])      # largest first
-    tasks = [(lambda n=n: _run_task(inp, *triples[n], results, n)) for n in order]
+    local = threading.local()
+    tasks = [(lambda n=n: _run_task(inp, *triples[n], results, n, local)) for n in order]
     with threadpool_limits(limits=context.executor.blas_threads, user_api="blas"):
         context.executor.run(tasks)
     energy = float(sum(r[0] for r in results))     # in triple order whatever ran first
