@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,19 @@ def test_not_converged_still_writes_json(tmp_path, capsys):
     assert "did not converge in 2 iterations" in err and "residual" in err
     data = json.loads(out.read_text())
     assert data["converged"] is False and len(data["iterations"]) == 2
+
+
+@pytest.mark.parametrize("which", ["one", "all"])
+def test_error_on_some_ranks_ends_the_whole_mpi_run(which):
+    """An error raised on one rank after MPI started aborts every rank (exit 2, one message)
+    instead of leaving the others waiting in a collective."""
+    from mpirun import run_mpi_raw
+    script = Path(__file__).parent / "mpi" / "cli_rank_error.py"
+    run = run_mpi_raw(script, 3, args=[which], timeout=90)
+    assert not run.timed_out, run.describe()
+    assert run.returncode == 2, run.describe()
+    assert "passed_barrier" not in run.stdout
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("error: deliberate failure")]
+    expected = "error: deliberate failure on rank 1 (on rank 1)" if which == "one" else \
+        "error: deliberate failure on rank 0"
+    assert lines == [expected], run.describe()

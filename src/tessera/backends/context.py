@@ -2,6 +2,11 @@
 
 ``with Context("threads"):`` makes a context current for the equations run inside it;
 ``current_context()`` returns the innermost one (a threads context by default).
+
+With a distributed executor (``mpi-onesided``, ``mpi-collective``) the context also
+installs the executor's tensor storage while it is current: tensors created inside
+``with Context(...)`` are spread over the ranks, and plans run step by step through the
+executor (``executor.execute_plan``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from threadpoolctl import threadpool_limits
 from tessera.backends import blockops
 from tessera.backends.executors import make_executor
 from tessera.plan.planner import plan_updates
+from tessera.tensor.block_tensor import reset_storage, use_storage
 
 _current: contextvars.ContextVar = contextvars.ContextVar("tessera_context", default=None)
 _default = None
@@ -31,35 +37,61 @@ class Context:
         self.stats: dict = {}                       # label -> [calls, seconds, flops]
         self.flops = 0
         self._tokens: list = []
+        self.distributed = bool(getattr(self.executor, "distributed", False))
 
     # ---------------------------------------------------------------- current context
     def __enter__(self):
-        self._tokens.append(_current.set(self))
+        storage = self.executor.store if self.distributed else None
+        self._tokens.append((_current.set(self), use_storage(storage)))
         return self
 
     def __exit__(self, *exc):
-        _current.reset(self._tokens.pop())
+        token, storage_token = self._tokens.pop()
+        reset_storage(storage_token)
+        _current.reset(token)
         return False
 
     def close(self) -> None:
         self.executor.close()
         self._cache.clear()
 
+    # ---------------------------------------------------------------- ranks
+    @property
+    def rank(self) -> int:
+        """This process's rank in the executor's world (0 when not distributed)."""
+        return self.executor.world.rank if self.distributed else 0
+
+    @property
+    def nranks(self) -> int:
+        return self.executor.world.size if self.distributed else 1
+
+    def record_step(self, step, seconds: float) -> None:
+        st = self.stats.setdefault(step.label, [0, 0.0, 0])
+        st[0] += 1
+        st[1] += seconds
+        st[2] += step.flops
+        self.flops += step.flops
+
     # ---------------------------------------------------------------- execution
     def plan(self, updates):
         return plan_updates(updates)
 
     def execute(self, updates) -> None:
+        if self.distributed:      # plan temporaries are created on the executor's storage
+            token = use_storage(self.executor.store)
+            try:
+                plan = plan_updates(updates)
+                with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
+                    self.executor.execute_plan(plan, self)
+            finally:
+                reset_storage(token)
+            return
         plan = plan_updates(updates)
         with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
             for step in plan.steps:
                 t0 = time.perf_counter()
                 self._run_step(step)
-                st = self.stats.setdefault(step.label, [0, 0.0, 0])
-                st[0] += 1
-                st[1] += time.perf_counter() - t0
-                st[2] += step.flops
-                self.flops += step.flops
+                self.record_step(step, time.perf_counter() - t0)
 
     def _run_step(self, step) -> None:
         run = self.executor.run
@@ -122,6 +154,10 @@ class PlanningContext(Context):
     def __init__(self):
         super().__init__("serial")
         self.plans: list = []
+
+    def __enter__(self):        # tensors made while planning are local, whatever is current
+        self._tokens.append((_current.set(self), use_storage(None)))
+        return self
 
     def execute(self, updates) -> None:
         self.plans.append(plan_updates(updates))

@@ -3,7 +3,9 @@
 ``serial`` runs tasks in order on one thread with single-threaded BLAS: the
 deterministic reference. ``threads`` runs them on a pool with dynamic scheduling; BLAS
 releases the GIL, and threadpoolctl keeps pool threads x BLAS threads <= cores.
-Executors are looked up by name; MPI executors register here too.
+Executors are looked up by name; the MPI executors (``mpi-onesided``,
+``mpi-collective``, modules ``onesided`` and ``collective``) are imported only when
+chosen, and ``auto`` resolves to one of the others (``auto.resolve``).
 """
 
 from __future__ import annotations
@@ -56,11 +58,45 @@ class ThreadsExecutor:
         self._pool.shutdown(wait=True)
 
 
-EXECUTORS = {"serial": SerialExecutor, "threads": ThreadsExecutor}
-BACKENDS = ("serial", "threads")
+def launched_ranks() -> int:
+    """Ranks this process was started with by mpiexec (1 without it), read from the
+    launcher's environment, so that asking does not start MPI."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+        value = os.environ.get(var)
+        if value and value.isdigit():
+            return int(value)
+    return 1
+
+
+def _onesided(**options):
+    from tessera.backends.onesided import OneSidedExecutor
+    return OneSidedExecutor(**options)
+
+
+def _collective(**options):
+    from tessera.backends.collective import CollectiveExecutor
+    return CollectiveExecutor(**options)
+
+
+def _auto(**options):
+    from tessera.backends.auto import resolve
+    name, opts = resolve(launched_ranks(), **options)
+    return make_executor(name, **opts)
+
+
+EXECUTORS = {"serial": SerialExecutor, "threads": ThreadsExecutor, "mpi-onesided": _onesided,
+             "mpi-collective": _collective, "auto": _auto}
+BACKENDS = ("serial", "threads", "mpi-onesided", "mpi-collective", "auto")
+MPI_BACKENDS = ("mpi-onesided", "mpi-collective")
 
 
 def make_executor(name: str, **options):
     if name not in EXECUTORS:
         raise InputError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    if name in ("serial", "threads") and any(v is not None for v in options.values()) \
+            and set(options) - {"workers"}:
+        bad = ", ".join(sorted(k for k, v in options.items() if v is not None and k != "workers"))
+        raise InputError(f"backend {name!r} takes no option {bad}; variants, schedules and caches "
+                         "belong to the MPI backends (mpi-onesided, mpi-collective)")
+    options = {k: v for k, v in options.items() if v is not None}
     return EXECUTORS[name](**options)

@@ -1,7 +1,10 @@
 """Closed-shell CCSD driver: MP2 guess, Jacobi updates with DIIS, convergence control.
 
 The equations live in ``ccsd_equations``; this module only iterates them.
-DIIS: Pulay, Chem. Phys. Lett. 73, 393 (1980), on the amplitude vector.
+DIIS: Pulay, Chem. Phys. Lett. 73, 393 (1980), on the amplitude vector. With
+distributed amplitudes each process keeps the part of the vector it stores; inner
+products are summed over processes (``BlockTensor.global_sum``), so every process
+gets the same DIIS coefficients.
 """
 
 from __future__ import annotations
@@ -31,27 +34,38 @@ class CCSDResult:
 
 
 class DIIS:
-    """Extrapolate amplitude vectors from the last ``space`` errors (Pulay 1980)."""
+    """Extrapolate amplitude vectors from the last ``space`` errors (Pulay 1980).
 
-    def __init__(self, space: int = 6):
+    ``reduce`` sums a local array of inner products over the processes that hold parts
+    of the vectors (identity when the vectors are whole).
+    """
+
+    def __init__(self, space: int = 6, reduce=None):
         self.space = space
+        self.reduce = reduce or (lambda x: x)
         self.vectors: list = []
         self.errors: list = []
+        self.gram = np.zeros((0, 0))
 
     def update(self, vector: np.ndarray, error: np.ndarray) -> np.ndarray:
         self.vectors.append(vector)
         self.errors.append(error)
+        row = self.reduce(np.array([np.dot(e, error) for e in self.errors]))
+        n_old = self.gram.shape[0]
+        gram = np.zeros((n_old + 1, n_old + 1))
+        gram[:n_old, :n_old] = self.gram
+        gram[n_old, :] = gram[:, n_old] = row
         if len(self.vectors) > self.space:
             self.vectors.pop(0)
             self.errors.pop(0)
+            gram = gram[1:, 1:]
+        self.gram = gram
         n = len(self.vectors)
         if n < 2:
             return vector
         b = -np.ones((n + 1, n + 1))
         b[n, n] = 0.0
-        for i in range(n):
-            for j in range(i + 1):
-                b[i, j] = b[j, i] = np.dot(self.errors[i], self.errors[j])
+        b[:n, :n] = gram
         rhs = np.zeros(n + 1)
         rhs[n] = -1.0
         try:
@@ -102,10 +116,10 @@ class CCSD:
         t2 = eq.new(ints, "oovv", "t2")
         t2["ijab"] = ints.ovov["iajb"] / D2["ijab"]                                   # MP2 guess
         t2.fill_zero_blocks()
-        keys = (sorted(t1.blocks), sorted(t2.blocks))
+        keys = (sorted(t1.local_keys()), sorted(t2.local_keys()))
         e_old = eq.correlation_energy(ints, t1, t2)
         log.info("MP2 correlation energy %.12f", e_old)
-        diis = DIIS(self.diis_space)
+        diis = DIIS(self.diis_space, reduce=t2.global_sum)
         history, flops = [], 0
         converged = False
         for it in range(1, self.max_iter + 1):
@@ -118,7 +132,7 @@ class CCSD:
             new1.fill_zero_blocks()
             new2.fill_zero_blocks()
             old_vec, new_vec = _pack(t1, t2, keys), _pack(new1, new2, keys)
-            res = float(np.linalg.norm(new_vec - old_vec))
+            res = float(np.sqrt(t2.global_sum(float(np.dot(new_vec - old_vec, new_vec - old_vec)))))
             _unpack(diis.update(new_vec, new_vec - old_vec), new1, new2, keys)
             t1, t2 = new1, new2
             e = eq.correlation_energy(ints, t1, t2)

@@ -2,20 +2,27 @@
 
 ``Job(options).kernel()`` returns a ``JobResult``; progress goes to the ``report``
 callbacks (the CLI prints them as tables).
+
+Under MPI (``mpi-onesided``, ``mpi-collective``, or ``auto`` started by mpiexec with
+several ranks) every rank runs ``kernel()``: the PySCF reference is computed once and
+shared, the integrals and amplitudes are created inside the distributed context (so
+they are spread over the ranks), and the result (complete on every rank) adds the
+communication per equation term and the memory held per rank.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
 from tessera.backends.context import Context
+from tessera.backends.executors import MPI_BACKENDS, launched_ranks
 from tessera.chem.ccsd import CCSD
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
-from tessera.errors import ConvergenceError, InputError
+from tessera.errors import ConvergenceError, InputError, TesseraError
 
 METHODS = ("hf", "ccsd", "ccsd(t)")
 SCF_CODES = ("pyscf", "tessera")
@@ -29,7 +36,9 @@ class RunOptions:
     charge: int = 0
     frozen_core: bool = False
     backend: str = "threads"
-    tile: int = 32
+    tile: int | None = None          # None: 32, or chosen by the cost model under MPI
+    variant: str | None = None       # mpi-onesided loop order; mpi-collective algorithm
+    schedule: str | None = None      # mpi-onesided task schedule
     conv: float = 1e-8
     max_iter: int = 50
     symmetry: bool = True
@@ -40,7 +49,7 @@ class RunOptions:
     def __post_init__(self):
         if self.method.lower() not in METHODS:
             raise InputError(f"unknown method {self.method!r}; choose one of: {', '.join(METHODS)}")
-        if not isinstance(self.tile, int) or self.tile <= 0:
+        if self.tile is not None and (not isinstance(self.tile, int) or self.tile <= 0):
             raise InputError(f"--tile must be a positive integer, got {self.tile}")
         if self.scf not in SCF_CODES:
             raise InputError(f"unknown SCF code {self.scf!r}; choose one of: {', '.join(SCF_CODES)}")
@@ -48,6 +57,11 @@ class RunOptions:
             raise InputError(f"--conv must be positive, got {self.conv}")
         if self.max_iter < 1:
             raise InputError(f"--max-iter must be at least 1, got {self.max_iter}")
+        from tessera.backends.executors import BACKENDS
+        if self.backend not in BACKENDS:
+            raise InputError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}")
+        from tessera.backends.auto import check_options
+        check_options(self.backend, self.variant, self.schedule)
 
 
 @dataclass
@@ -89,20 +103,30 @@ class Job:
         molecule.check_closed_shell()
         mol = molecule.to_pyscf(symmetry=opt.symmetry)
         timings: dict = {}
+        distributed = opt.backend in MPI_BACKENDS or (opt.backend == "auto" and launched_ranks() > 1)
+        world = None
+        if distributed:
+            from tessera.runtime import World
+            world = World.get()
 
         t0 = time.perf_counter()
-        ref = self._scf(mol)
+        ref = self._scf(mol, world)
         timings["scf"] = time.perf_counter() - t0
         nfrozen = _frozen_core(mol) if opt.frozen_core else 0
+        backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, world)
         data = {
             "molecule": {"atoms": [[s, list(xyz)] for s, xyz in molecule.atoms], "charge": opt.charge,
                          "point_group_full": molecule.point_group_full},
             "basis": opt.basis, "point_group": ref.point_group, "nao": int(mol.nao),
             "nocc": int(ref.nocc), "nvir": int(ref.nvir), "frozen_core": nfrozen,
-            "backend": opt.backend, "tile": opt.tile, "method": method, "scf": opt.scf,
+            "backend": backend, "tile": tile, "method": method, "scf": opt.scf,
+            "ranks": world.size if world is not None else 1,
             "occupied_per_irrep": _per_irrep(ref.orbsym[:ref.nocc], ref.irrep_names),
             "virtual_per_irrep": _per_irrep(ref.orbsym[ref.nocc:], ref.irrep_names),
         }
+        data.update({k: v for k, v in exec_options.items() if v is not None})
+        if decision is not None:
+            data["auto"] = decision
         self.report.molecule(data)
         self.report.scf({"e_hf": ref.e_hf, "iterations": ref.iterations, "seconds": timings["scf"],
                          "source": ref.source})
@@ -114,57 +138,117 @@ class Job:
         if method == "hf":
             return self._finish(result, t_start)
 
-        ctx = Context(opt.backend)
+        ctx = Context(backend, **exec_options)
         try:
-            t0 = time.perf_counter()
-            ints = transform(ref, nfrozen, opt.tile)
-            timings["transform"] = time.perf_counter() - t0
-
-            t0 = time.perf_counter()
-            ccsd = CCSD(conv=opt.conv, max_iter=opt.max_iter, progress=self.report.iteration)
-            try:
-                cc = ccsd.kernel(ints, ctx)
-            except ConvergenceError as err:
-                cc = err.result
-                result.converged = False
-                result.error = str(err)
-            timings["ccsd"] = time.perf_counter() - t0
-            data["iterations"] = cc.iterations
-            data["converged"] = result.converged
-            energies["ccsd_correlation"] = cc.e_corr
-            energies["total"] = ref.e_hf + cc.e_corr
-            data["storage"] = {
-                "t2_elements_stored": cc.t2.stored_elements, "t2_elements_dense": cc.t2.dense_elements,
-                "integrals_elements_stored": ints.stored_elements,
-                "integrals_elements_dense": ints.dense_elements,
-            }
-            data["flops"] = {"ccsd_per_iteration": cc.flops_per_iteration}
-            if method == "ccsd(t)" and result.converged:
-                from tessera.chem.triples import triples_correction
-                t0 = time.perf_counter()
-                tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
-                timings["triples"] = time.perf_counter() - t0
-                energies["t_correction"] = tr.energy
-                energies["total"] = ref.e_hf + cc.e_corr + tr.energy
-                data["flops"]["triples"] = tr.flops
-            data["profile"] = [{"update": lab, "calls": n, "seconds": s, "flops": f}
-                               for lab, n, s, f in ctx.report()[:25]]
+            with ctx:
+                self._correlated(ctx, ref, nfrozen, tile, method, result)
         finally:
             ctx.close()
         return self._finish(result, t_start)
 
-    def _scf(self, mol):
+    def _correlated(self, ctx, ref, nfrozen, tile, method, result) -> None:
+        opt, data = self.options, result.data
+        timings, energies = data["timings"], data["energies"]
+        t0 = time.perf_counter()
+        ints = transform(ref, nfrozen, tile)
+        timings["transform"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        ccsd = CCSD(conv=opt.conv, max_iter=opt.max_iter, progress=self.report.iteration)
+        try:
+            cc = ccsd.kernel(ints, ctx)
+        except ConvergenceError as err:
+            cc = err.result
+            result.converged = False
+            result.error = str(err)
+        timings["ccsd"] = time.perf_counter() - t0
+        data["iterations"] = cc.iterations
+        data["converged"] = result.converged
+        energies["ccsd_correlation"] = cc.e_corr
+        energies["total"] = ref.e_hf + cc.e_corr
+        data["storage"] = {
+            "t2_elements_stored": cc.t2.stored_elements, "t2_elements_dense": cc.t2.dense_elements,
+            "integrals_elements_stored": ints.stored_elements,
+            "integrals_elements_dense": ints.dense_elements,
+        }
+        data["flops"] = {"ccsd_per_iteration": cc.flops_per_iteration}
+        if ctx.distributed:
+            data["memory_per_rank"] = _memory_per_rank(ctx, cc.t2, ints)
+        if method == "ccsd(t)" and result.converged:
+            t0 = time.perf_counter()
+            if ctx.distributed:
+                from tessera.chem.triples_distributed import triples_correction_distributed
+                tr = triples_correction_distributed(ints, cc.t1, cc.t2, context=ctx)
+            else:
+                from tessera.chem.triples import triples_correction
+                tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
+            timings["triples"] = time.perf_counter() - t0
+            energies["t_correction"] = tr.energy
+            energies["total"] = ref.e_hf + cc.e_corr + tr.energy
+            data["flops"]["triples"] = tr.flops
+        data["profile"] = [{"update": lab, "calls": n, "seconds": s, "flops": f}
+                           for lab, n, s, f in ctx.report()[:25]]
+        if ctx.distributed:
+            summary = ctx.executor.account.summary(ctx.executor.world)
+            data["communication"] = summary
+            data["executor"] = ctx.executor.describe()
+
+    def _resolve_backend(self, ref, nfrozen, world):
+        """(backend, executor options, tile, auto decision or None), the same on every rank."""
         opt = self.options
+        options = {"variant": opt.variant, "schedule": opt.schedule}
+        if opt.backend in ("serial", "threads") or (opt.backend == "auto" and world is None):
+            return ("threads" if opt.backend == "auto" else opt.backend), options, opt.tile or 32, None
+        from tessera.backends.auto import decide
+        nranks = world.size
+
+        def choose():       # on rank 0; an error is shared so that every rank raises it
+            try:
+                return decide(ref.orbsym, ref.nocc, nfrozen, nranks, backend=opt.backend, tile=opt.tile,
+                              variant=opt.variant, schedule=opt.schedule)
+            except TesseraError as err:
+                return err
+        decision = world.bcast(choose() if world.rank == 0 else None, root=0)
+        if isinstance(decision, TesseraError):
+            raise decision
+        options = {"variant": decision["variant"], "schedule": decision.get("schedule")}
+        return decision["backend"], options, decision["tile"], decision
+
+    def _scf(self, mol, world=None):
+        """The RHF reference. Tessera's own SCF is collective (every rank takes part);
+        PySCF's runs on rank 0 only. Under MPI rank 0's reference is then shared, so every
+        rank uses bit-identical orbitals."""
+        opt = self.options
+        ref = None
         if opt.scf == "pyscf":
             from tessera.chem.pyscf_reference import rhf_reference
-            return rhf_reference(mol)
-        from tessera.chem.scf import rhf
-        return rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter)
+            if world is None or world.rank == 0:
+                ref = rhf_reference(mol)
+        else:
+            from tessera.chem.scf import rhf
+            ref = rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter)
+        if world is None or world.size == 1:
+            return ref
+        shared = world.bcast(replace(ref, mol=None) if world.rank == 0 else None, root=0)
+        return replace(shared, mol=mol)
 
     def _finish(self, result: JobResult, t_start: float) -> JobResult:
         result.data["timings"]["total"] = time.perf_counter() - t_start
         self.report.energies(result.data["energies"], result.data["timings"])
         return result
+
+
+def _memory_per_rank(ctx, t2, ints) -> dict:
+    """Bytes of T2 and of the MO integrals held by each rank (collective)."""
+    mine = (t2.local_nbytes, sum(t.local_nbytes for t in ints.tensors.values()))
+    parts = ctx.executor.world.allgather(mine)
+    t2b = [p[0] for p in parts]
+    intb = [p[1] for p in parts]
+    total = [a + b for a, b in zip(t2b, intb)]
+    mean = sum(total) / len(total)
+    return {"t2": t2b, "integrals": intb, "total": total,
+            "max_over_mean": max(total) / mean if mean else 1.0,
+            "whole_t2_bytes": t2.nbytes, "whole_integrals_bytes": 8 * ints.stored_elements}
 
 
 def _frozen_core(mol) -> int:

@@ -1,6 +1,8 @@
 """``tessera run | plan``: the command line.
 
 Errors are one line on stderr and a non-zero exit code; ``--debug`` shows tracebacks.
+Under ``mpiexec`` every rank runs the same command; only rank 0 prints and writes the
+JSON file (other ranks log warnings and errors only).
 """
 
 from __future__ import annotations
@@ -8,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import time
 
 from tessera.errors import TesseraError
 
@@ -23,8 +27,16 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--method", default="ccsd(t)", help="hf | ccsd | ccsd(t)")
         s.add_argument("--charge", type=int, default=0)
         s.add_argument("--frozen-core", action="store_true", help="freeze the chemical core orbitals")
-        s.add_argument("--backend", default="threads", help="serial | threads")
-        s.add_argument("--tile", type=int, default=32, help="largest tile (orbitals per block edge)")
+        s.add_argument("--backend", default="auto",
+                       help="auto (default: threads on one process, a cost-model choice under mpiexec) | serial | threads | mpi-onesided | mpi-collective")
+        s.add_argument("--variant", default=None,
+                       help="mpi-onesided loop order: original | inverted | cached (default cached); "
+                            "mpi-collective: summa")
+        s.add_argument("--schedule", default=None, help="mpi-onesided task schedule: nxtval | steal "
+                                                        "(default nxtval)")
+        s.add_argument("--tile", type=int, default=None,
+                       help="largest tile (orbitals per block edge); default 32, or chosen by the "
+                            "cost model for the MPI backends")
         s.add_argument("--conv", type=float, default=1e-8, help="CCSD energy convergence (Eh)")
         s.add_argument("--max-iter", type=int, default=50, help="CCSD iterations at most")
         s.add_argument("--no-symmetry", action="store_true", help="run in C1")
@@ -43,8 +55,11 @@ def _options(args):
     from tessera.chem.job import RunOptions
     if args.backend not in BACKENDS:
         raise TesseraError(f"unknown backend {args.backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if args.tile is not None and args.tile <= 0:
+        raise TesseraError(f"--tile must be a positive integer, got {args.tile}")
     return RunOptions(geometry=args.geometry, basis=args.basis, method=args.method, charge=args.charge,
                       frozen_core=args.frozen_core, backend=args.backend, tile=args.tile, conv=args.conv,
+                      variant=args.variant, schedule=args.schedule,
                       max_iter=args.max_iter, symmetry=not args.no_symmetry, scf=args.scf,
                       scf_schedule=args.scf_schedule, scf_max_iter=args.scf_max_iter)
 
@@ -64,6 +79,12 @@ class PrintReport:
               f"({d['frozen_core']} frozen), {d['nvir']} virtual")
         print("  occupied per irrep: " + ", ".join(f"{k} {v}" for k, v in d["occupied_per_irrep"].items()))
         print("  virtual per irrep:  " + ", ".join(f"{k} {v}" for k, v in d["virtual_per_irrep"].items()))
+        extra = ", ".join(f"{k} {d[k]}" for k in ("variant", "schedule") if d.get(k))
+        print(f"Backend {d['backend']}{' (' + extra + ')' if extra else ''} on {d.get('ranks', 1)} rank(s), "
+              f"tile {d['tile']}")
+        if "auto" in d:
+            from tessera.backends.auto import render
+            print(render(d["auto"], limit=6))
 
     def scf(self, d: dict) -> None:
         print(f"\nRHF ({d['source']}): E = {d['e_hf']:.10f} Eh  ({d['seconds']:.2f} s)")
@@ -84,24 +105,78 @@ class PrintReport:
         print("Timings: " + ", ".join(f"{k} {v:.2f} s" for k, v in t.items()))
 
 
+def print_communication(data: dict, limit: int = 12) -> None:
+    """Per-term gets, accumulates and bytes (summed over ranks), busiest terms first."""
+    comm = data["communication"]
+    print(f"\nCommunication ({data['backend']}, {data.get('ranks', 1)} ranks; counts summed over ranks)")
+    print(f"{'gets':>9s} {'accs':>9s} {'MiB moved':>10s} {'collective MiB':>14s}  update")
+    rows = sorted(comm["per_term"], key=lambda r: -r["bytes_moved"])
+    for r in rows[:limit] + [{"update": "total", **comm["total"]}]:
+        coll = sum(c["bytes"] for c in r["collectives"].values())
+        print(f"{r['gets']:9d} {r['accs']:9d} {r['bytes_moved'] / 2**20:10.2f} {coll / 2**20:14.2f}  "
+              f"{r['update'][:90]}")
+    mem = data.get("memory_per_rank")
+    if mem:
+        print("Memory per rank (T2 + integrals, MiB): "
+              + ", ".join(f"{b / 2**20:.1f}" for b in mem["total"])
+              + f"; max/mean {mem['max_over_mean']:.2f}")
+
+
+def _rank(backend: str) -> int:
+    """This process's rank when the backend runs over MPI (0 otherwise); starts MPI only then."""
+    from tessera.backends.executors import MPI_BACKENDS, launched_ranks
+    if backend in MPI_BACKENDS or (backend == "auto" and launched_ranks() > 1):
+        from tessera.runtime import World
+        return World.get().rank
+    return 0
+
+
 def _run(args) -> int:
-    from tessera.chem.job import Job
+    from tessera.chem.job import Job, Report
     options = _options(args)
+    rank = _rank(options.backend)
+    if rank != 0:
+        logging.getLogger().setLevel(logging.ERROR)
     if getattr(args, "plan_only", False) or args.command == "plan":
         from tessera.cli.plan import print_plan
-        print_plan(options)
+        print_plan(options, rank)
         return 0
-    result = Job(options, PrintReport()).kernel()
-    if args.json:
+    result = Job(options, PrintReport() if rank == 0 else Report()).kernel()
+    if rank == 0 and result.data.get("communication"):
+        print_communication(result.data)
+    if args.json and rank == 0:
         try:
             with open(args.json, "w") as f:
                 json.dump(result.data, f, indent=1, default=float)
         except OSError as err:
             raise TesseraError(f"cannot write --json {args.json}: {err.strerror}") from None
     if not result.converged:
-        print(f"error: {result.error}", file=sys.stderr)
+        if rank == 0:
+            print(f"error: {result.error}", file=sys.stderr)
         return 1
     return 0
+
+
+ERROR_GRACE_SECONDS = 2.0
+
+
+def _running_world():
+    """The MPI world when one was started with several processes, else None (never starts MPI)."""
+    module = sys.modules.get("tessera.runtime.world")
+    world = module.World.current() if module is not None else None
+    return world if world is not None and world.full_size > 1 else None
+
+
+def _abort_all(world, err) -> None:
+    """An error after MPI started may have been raised on some ranks only: the others would
+    wait forever in their next collective. Report it once and end every rank (exit 2).
+    Rank 0 speaks at once; another rank first waits a moment, so an error that every rank
+    raised is printed once, by rank 0."""
+    if world.rank != 0:
+        time.sleep(ERROR_GRACE_SECONDS)
+    suffix = f" (on rank {world.rank})" if world.rank else ""
+    print(f"error: {err}{suffix}", file=sys.stderr, flush=True)
+    world.abort(2)
 
 
 def main(argv=None) -> int:
@@ -113,7 +188,11 @@ def main(argv=None) -> int:
     except TesseraError as err:
         if args.debug:
             raise
-        print(f"error: {err}", file=sys.stderr)
+        world = _running_world()
+        if world is not None:
+            _abort_all(world, err)
+        if os.environ.get("PMI_RANK", "0") == "0":     # under mpiexec: rank 0 speaks
+            print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

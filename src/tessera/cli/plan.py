@@ -10,13 +10,28 @@ from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 
 
-def print_plan(options) -> None:
+def print_plan(options, rank: int = 0) -> None:
+    """Print the plan (rank 0 only). For the MPI backends and ``auto`` also the cost
+    model's decision for the number of ranks this was started with, and its estimates."""
+    if rank != 0:
+        return
+    from tessera.backends.executors import MPI_BACKENDS, launched_ranks
     molecule = Molecule.from_xyz(options.geometry, charge=options.charge, basis=options.basis)
     molecule.check_closed_shell()
     mol = molecule.to_pyscf(symmetry=options.symmetry)
     ref = rhf_reference(mol)
     nfrozen = _frozen_core(mol) if options.frozen_core else 0
-    ints = transform(ref, nfrozen, options.tile)
+    tile = options.tile or 32
+    nranks = launched_ranks()
+    if options.backend in MPI_BACKENDS or (options.backend == "auto" and nranks > 1):
+        from tessera.backends.auto import decide, render
+        decision = decide(ref.orbsym, ref.nocc, nfrozen, nranks, backend=options.backend, tile=options.tile,
+                          variant=options.variant, schedule=options.schedule)
+        print(render(decision))
+        tile = decision["tile"]
+    elif options.backend == "auto":
+        print("auto decision on 1 rank: backend threads (one process: shared memory)")
+    ints = transform(ref, nfrozen, tile)
     t1 = eq.new(ints, "ov", "t1").fill_zero_blocks()
     t2 = eq.new(ints, "oovv", "t2").fill_zero_blocks()
     ctx = PlanningContext()

@@ -41,8 +41,12 @@ def dot(x: Ref, y: Ref) -> float:
     perm = tuple(y.indices.index(ch) for ch in x.indices)
     total = 0.0
     yb = y.tensor.blocks
+    ykeys = {key: tuple(key[perm.index(n)] for n in range(len(perm))) for key in x.tensor.blocks}
+    if y.tensor.dist is not None:      # blocks of y that another process stores
+        yb = dict(yb)
+        yb.update(y.tensor.dist.fetch_many([k for k in ykeys.values() if k not in yb]))
     for key, blk in x.tensor.blocks.items():
-        other = yb.get(tuple(key[perm.index(n)] for n in range(len(perm))))
+        other = yb.get(ykeys[key])
         if other is not None:
             total += float(np.vdot(blk, other.transpose(perm)))
-    return total
+    return float(x.tensor.global_sum(total))

@@ -235,6 +235,11 @@ class World:
             )
 
     # -- stop -------------------------------------------------------------------------
+    def abort(self, code: int = 1) -> None:
+        """End every process of the run now (MPI_Abort over all ranks, ghosts included):
+        for an error raised on some ranks only, which would leave the others waiting."""
+        self._full.Abort(int(code))
+
     def stop(self) -> None:
         """Collective over the workers: free live windows, stop progress, release ghosts."""
         if self.stopped or self.is_ghost:

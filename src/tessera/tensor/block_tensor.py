@@ -5,10 +5,22 @@ XOR of its tiles' irreps equals the tensor's irrep (point-group symmetry); only 
 non-zero blocks are stored, a missing allowed block is zero. Permutational symmetry
 (e.g. T2[ijab] = T2[jiba]) is carried as metadata: a list of (axis permutation, sign)
 under which the tensor is invariant; all allowed blocks are stored in this version.
+
+Distributed tensors. While a distributed storage is in use (``use_storage``, set by a
+distributed execution context), a new tensor asks it for a handle ``tensor.dist``. The
+metadata stay the same; ``blocks`` then holds only the blocks this process owns, as
+writable views into distributed memory (every allowed block exists, zero at first).
+Writes to owned blocks are in place (a view is never replaced); other blocks are
+reached through the handle (``get_block`` fetches, ``accumulate_block`` accumulates to
+the owner). Reductions (``norm``, ``vdot``, ``max_abs``) sum over the processes. The
+handle is supplied by the backend; this module knows only its methods:
+``owner(key)``, ``is_local(key)``, ``fetch(key)``, ``fetch_many(keys)``,
+``accumulate(key, array, scale)``, ``allreduce(value, op)``, ``all_keys``.
 """
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 from dataclasses import dataclass
 from functools import lru_cache
@@ -20,6 +32,23 @@ from tessera.tensor.space import IndexSpace
 
 
 _uids = itertools.count()
+
+# The storage that new tensors attach to: None (local dict of blocks) or a callable
+# ``storage(tensor, placement) -> handle`` supplied by a distributed backend.
+_storage: contextvars.ContextVar = contextvars.ContextVar("tessera_storage", default=None)
+
+
+def use_storage(storage):
+    """Make ``storage`` the one new tensors attach to; returns a token for ``reset_storage``."""
+    return _storage.set(storage)
+
+
+def reset_storage(token) -> None:
+    _storage.reset(token)
+
+
+def current_storage():
+    return _storage.get()
 
 
 @dataclass(frozen=True)
@@ -51,10 +80,16 @@ def _allowed_keys(spaces: tuple, irrep: int) -> tuple:
     return tuple(keys)
 
 
+@lru_cache(maxsize=4096)
+def _allowed_elements(spaces: tuple, irrep: int) -> int:
+    return int(sum(int(np.prod([s.tiles[t].size for s, t in zip(spaces, k)], dtype=np.int64))
+                   for k in _allowed_keys(spaces, irrep)))
+
+
 class BlockTensor:
     """Dense blocks keyed by tile tuples; see the module docstring."""
 
-    def __init__(self, spaces, irrep: int = 0, *, name: str = "", symmetry=()):
+    def __init__(self, spaces, irrep: int = 0, *, name: str = "", symmetry=(), placement: str = "balanced"):
         self.spaces = tuple(spaces)
         for s in self.spaces:
             if not isinstance(s, IndexSpace):
@@ -69,6 +104,11 @@ class BlockTensor:
         self.uid = next(_uids)
         self.version = 0      # bumped on every change; caches of derived data key on it
         self.constant = False  # set by freeze(): executors may cache data derived from it
+        self.placement = placement   # hint for a distributed storage: how to spread blocks
+        self.dist = None
+        storage = _storage.get()
+        if storage is not None:
+            self.dist = storage(self, placement)   # fills self.blocks with owned views
 
     def freeze(self) -> "BlockTensor":
         """Mark the tensor as constant (integrals): gathered matrices may be cached."""
@@ -101,13 +141,38 @@ class BlockTensor:
         return tuple(s.tiles[t].size for s, t in zip(self.spaces, key))
 
     def like(self, name: str = "") -> "BlockTensor":
-        """An empty (zero) tensor with the same spaces, irrep and symmetry."""
-        return BlockTensor(self.spaces, self.irrep, name=name or self.name, symmetry=self.symmetry)
+        """An empty (zero) tensor with the same spaces, irrep, symmetry and placement."""
+        return BlockTensor(self.spaces, self.irrep, name=name or self.name, symmetry=self.symmetry,
+                           placement=self.placement)
+
+    @property
+    def distributed(self) -> bool:
+        return self.dist is not None
+
+    def owned_keys(self) -> list:
+        """The allowed keys this process stores: all of them for a local tensor, the
+        owned ones for a distributed tensor (fill these with ``store_block``)."""
+        if self.dist is None:
+            return self.allowed_keys()
+        return list(self.blocks)
+
+    def local_keys(self) -> list:
+        """Keys of the blocks held here (stored blocks; owned blocks when distributed)."""
+        return list(self.blocks)
+
+    def global_sum(self, value, op: str = "sum"):
+        """``value`` (a number or array computed from this process's blocks) reduced over
+        the processes that hold parts of this tensor; ``value`` itself for a local tensor."""
+        return value if self.dist is None else self.dist.allreduce(value, op)
 
     # ----------------------------------------------------------------- blocks
     def get_block(self, key):
-        """The stored block, or None when the block is zero (not stored)."""
-        return self.blocks.get(key)
+        """The stored block, or None when the block is zero (not stored). For a distributed
+        tensor a block owned elsewhere is fetched (a copy)."""
+        blk = self.blocks.get(key)
+        if blk is None and self.dist is not None and self.is_allowed(key):
+            return self.dist.fetch(key)
+        return blk
 
     def set_block(self, key, array) -> None:
         key = tuple(key)
@@ -117,14 +182,32 @@ class BlockTensor:
         if array.shape != self.block_shape(key):
             raise ShapeError(f"tensor {self.name!r}: block {key} has shape {array.shape}, "
                              f"expected {self.block_shape(key)}")
-        self.blocks[key] = array
+        self.store_block(key, array)
+
+    def store_block(self, key, array) -> None:
+        """Set a block this process stores (no checks: hot path). Distributed tensors copy
+        into the owned view; a block owned elsewhere is an error."""
+        if self.dist is None:
+            self.blocks[key] = array
+        else:
+            view = self.blocks.get(key)
+            if view is None:
+                raise SymmetryError(
+                    f"tensor {self.name!r}: block {key} is owned by process {self.dist.owner(key)}, "
+                    "not by this one; expected one of owned_keys(). Fill only owned blocks "
+                    "(each process fills its own), or use accumulate_block to add to a remote one.")
+            view[...] = array
         self.version += 1
 
     def accumulate_block(self, key, array, scale: float = 1.0) -> None:
-        """blocks[key] += scale * array, creating the block when missing (no checks: hot path)."""
+        """blocks[key] += scale * array, creating the block when missing (no checks: hot path).
+        For a distributed tensor a block owned elsewhere is accumulated at its owner."""
         blk = self.blocks.get(key)
         if blk is None:
-            self.blocks[key] = array * scale if scale != 1.0 else np.array(array, copy=True)
+            if self.dist is not None:
+                self.dist.accumulate(key, array, scale)
+            else:
+                self.blocks[key] = array * scale if scale != 1.0 else np.array(array, copy=True)
         elif scale == 1.0:
             blk += array
         else:
@@ -132,10 +215,11 @@ class BlockTensor:
         self.version += 1
 
     def fill_zero_blocks(self) -> "BlockTensor":
-        """Store every allowed block, zeros where missing."""
-        for key in self.allowed_keys():
-            if key not in self.blocks:
-                self.blocks[key] = np.zeros(self.block_shape(key))
+        """Store every allowed block, zeros where missing (distributed: all exist already)."""
+        if self.dist is None:
+            for key in self.allowed_keys():
+                if key not in self.blocks:
+                    self.blocks[key] = np.zeros(self.block_shape(key))
         self.version += 1
         return self
 
@@ -148,35 +232,44 @@ class BlockTensor:
         dense = np.asarray(dense, dtype=np.float64)
         if dense.shape != t.shape:
             raise ShapeError(f"tensor {name!r}: dense array of shape {dense.shape}, expected {t.shape}")
-        for key in t.allowed_keys():
+        for key in t.owned_keys():
             idx = np.ix_(*(s.orbitals[s.slice(k)] for s, k in zip(t.spaces, key)))
             blk = np.ascontiguousarray(dense[idx])
-            if drop_zero and not blk.any():
+            if drop_zero and t.dist is None and not blk.any():
                 continue
-            t.blocks[key] = blk
+            t.store_block(key, blk)
         return t
 
     def to_dense(self) -> np.ndarray:
-        """The full array, indexed by the spaces' orbitals (symmetry-forbidden parts zero)."""
+        """The full array, indexed by the spaces' orbitals (symmetry-forbidden parts zero).
+        A distributed tensor fetches every block (every process gets the whole array)."""
         out = np.zeros(self.shape)
-        for key, blk in self.blocks.items():
+        blocks = self.blocks if self.dist is None else self.dist.fetch_many(self.allowed_keys())
+        for key, blk in blocks.items():
             idx = np.ix_(*(s.orbitals[s.slice(k)] for s, k in zip(self.spaces, key)))
             out[idx] = blk
         return out
 
     @classmethod
     def random(cls, spaces, irrep: int = 0, *, rng, name: str = "", fill: float = 1.0) -> "BlockTensor":
-        """Random blocks at a fraction ``fill`` of the allowed keys (seeded ``rng``)."""
+        """Random blocks at a fraction ``fill`` of the allowed keys (seeded ``rng``; a
+        distributed tensor draws every block and keeps its own, so all processes agree)."""
         t = cls(spaces, irrep, name=name)
         for key in t.allowed_keys():
             if fill >= 1.0 or rng.random() < fill:
-                t.blocks[key] = rng.standard_normal(t.block_shape(key))
+                blk = rng.standard_normal(t.block_shape(key))
+                if t.dist is None or key in t.blocks:
+                    t.store_block(key, blk)
         return t
 
     # ----------------------------------------------------------------- whole-tensor ops
     def copy(self, name: str = "") -> "BlockTensor":
         t = self.like(name)
-        t.blocks = {k: b.copy() for k, b in self.blocks.items()}
+        if self.dist is None:
+            t.blocks = {k: b.copy() for k, b in self.blocks.items()}
+        else:
+            for k, b in self.blocks.items():
+                t.store_block(k, b)
         return t
 
     def scale_(self, factor: float) -> "BlockTensor":
@@ -186,26 +279,47 @@ class BlockTensor:
         return self
 
     def zero_(self) -> "BlockTensor":
-        self.blocks.clear()
+        if self.dist is None:
+            self.blocks.clear()
+        else:
+            for b in self.blocks.values():
+                b.fill(0.0)
         self.version += 1
         return self
 
     def axpy_(self, alpha: float, other: "BlockTensor") -> "BlockTensor":
         """self += alpha * other (same spaces and irrep)."""
         self._check_same(other)
-        for k, b in other.blocks.items():
-            self.accumulate_block(k, b, alpha)
+        if self.dist is None:
+            for k, b in other.blocks.items():
+                self.accumulate_block(k, b, alpha)
+        else:
+            theirs = self._partner_blocks(other)
+            for k, b in self.blocks.items():
+                b += alpha * theirs[k]
+            self.version += 1
         return self
+
+    def _partner_blocks(self, other: "BlockTensor") -> dict:
+        """other's blocks at this process's keys (fetched where other stores them elsewhere)."""
+        missing = [k for k in self.blocks if k not in other.blocks]
+        got = other.dist.fetch_many(missing) if other.dist is not None else {}
+        return {k: other.blocks[k] if k in other.blocks else got.get(k) for k in self.blocks}
 
     def vdot(self, other: "BlockTensor") -> float:
         self._check_same(other)
-        return float(sum(np.vdot(b, other.blocks[k]) for k, b in self.blocks.items() if k in other.blocks))
+        if self.dist is None:
+            return float(sum(np.vdot(b, other.blocks[k]) for k, b in self.blocks.items() if k in other.blocks))
+        theirs = self._partner_blocks(other)
+        local = float(sum(np.vdot(b, theirs[k]) for k, b in self.blocks.items() if theirs[k] is not None))
+        return float(self.global_sum(local))
 
     def norm(self) -> float:
-        return float(np.sqrt(sum(np.vdot(b, b) for b in self.blocks.values())))
+        return float(np.sqrt(self.global_sum(float(sum(np.vdot(b, b) for b in self.blocks.values())))))
 
     def max_abs(self) -> float:
-        return max((float(np.abs(b).max()) for b in self.blocks.values() if b.size), default=0.0)
+        local = max((float(np.abs(b).max()) for b in self.blocks.values() if b.size), default=0.0)
+        return float(self.global_sum(local, "max"))
 
     def _check_same(self, other: "BlockTensor") -> None:
         if other.spaces != self.spaces or other.irrep != self.irrep:
@@ -214,6 +328,9 @@ class BlockTensor:
     # ----------------------------------------------------------------- accounting
     @property
     def stored_elements(self) -> int:
+        """Elements stored (over all processes for a distributed tensor)."""
+        if self.dist is not None:
+            return _allowed_elements(self.spaces, self.irrep)
         return int(sum(b.size for b in self.blocks.values()))
 
     @property
@@ -222,6 +339,14 @@ class BlockTensor:
 
     @property
     def nbytes(self) -> int:
+        """Bytes stored (over all processes for a distributed tensor)."""
+        if self.dist is not None:
+            return 8 * self.stored_elements
+        return int(sum(b.nbytes for b in self.blocks.values()))
+
+    @property
+    def local_nbytes(self) -> int:
+        """Bytes of the blocks held by this process."""
         return int(sum(b.nbytes for b in self.blocks.values()))
 
     # ----------------------------------------------------------------- expressions

@@ -1,0 +1,279 @@
+"""``auto``: pick the executor, loop order, schedule and tile size from a cost model.
+
+One rank: ``threads``. Several ranks: for every candidate tile size the CCSD iteration
+is planned on structure alone (no integrals: empty tensors in a planning context),
+every contraction step is expanded into its block tasks (``plan.blocktasks``), and for
+each executor the model estimates, per rank:
+
+  time = makespan / gemm_rate                          compute: per step, the flops of the
+                                                       busiest rank (tasks dealt largest first)
+       + tasks/P * t_task                              Python work per block product
+       + (gets * t_get + accs * t_acc) / P             one-sided operations (onesided)
+       + collectives * t_coll                          collective calls (collective)
+       + bytes moved / P / bandwidth                   data movement
+
+with the gets, accumulates and bytes the loop order implies (``original``: both inputs
+of every product, one accumulate per output block; ``inverted``: the reused operand
+once, the other per product, one accumulate per product; ``cached``: every distinct
+remote block once per rank; ``mpi-collective``: the SUMMA panels broadcast along
+process rows and columns, plus the redistribution into and out of the SUMMA layout).
+Candidates whose T2 + integrals are spread with a max/mean above 1.5 are dropped. The
+gemm rate is measured once (one mid-size DGEMM); the other constants are typical
+shared-memory figures measured on the development machine (docs/distributed.md). Every
+choice can be overridden (``--backend``, ``--variant``, ``--schedule``, ``--tile``);
+``tessera run --plan-only`` prints the decision and its estimates.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from tessera.errors import InputError
+
+T_TASK = 25e-6        # s of Python and numpy overhead per block product
+T_GET = 15e-6         # s per one-sided get (issue + wait)
+T_ACC = 20e-6         # s per one-sided accumulate (MPI_Accumulate + flush)
+T_COLL = 60e-6        # s per collective call (latency, a few ranks on one node)
+BANDWIDTH = 2.0e9     # bytes/s moved per rank (shared memory copies)
+TILES = (48, 32, 24, 16, 12, 8)     # tried from large to small ...
+MAX_PRODUCTS = 60000                # ... down to the first with more block products per iteration
+BALANCE_LIMIT = 1.5
+
+ONESIDED_VARIANTS = ("original", "inverted", "cached")
+SCHEDULES = ("nxtval", "steal")
+COLLECTIVE_VARIANTS = ("summa",)
+
+
+def resolve(nranks: int, **options):
+    """Executor for ``Context("auto")`` without a molecule: threads on one rank, else
+    mpi-onesided with the cached loop order and nxtval (the model's usual winner)."""
+    if nranks <= 1:
+        return "threads", {}
+    return "mpi-onesided", {"variant": options.get("variant") or "cached",
+                            "schedule": options.get("schedule") or "nxtval"}
+
+
+def gemm_rate() -> float:
+    """Measured single-thread DGEMM flop rate of a 256^3 product (best of five after a
+    warm-up), flop/s, clamped to [1, 50] GFLOP/s against a machine busy with others."""
+    from threadpoolctl import threadpool_limits
+    a = np.random.default_rng(0).standard_normal((256, 256))
+    best = 1e9
+    with threadpool_limits(limits=1, user_api="blas"):
+        a @ a
+        for _ in range(5):
+            t0 = time.perf_counter()
+            a @ a
+            best = min(best, time.perf_counter() - t0)
+    return float(min(50e9, max(1e9, 2 * 256 ** 3 / max(best, 1e-9))))
+
+
+def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int) -> dict:
+    """Counts of one CCSD iteration with this tile size (structure only, no data)."""
+    from tessera.backends.context import PlanningContext
+    from tessera.backends.distributed import owner_map
+    from tessera.chem import ccsd_equations as eq
+    from tessera.chem.integrals import CLASSES, MOIntegrals, make_spaces
+    from tessera.plan.blocktasks import contraction_tasks
+    from tessera.tensor.block_tensor import BlockTensor
+
+    o, v = make_spaces(orbsym, nocc, nfrozen, tile)
+    ctx = PlanningContext()
+    with ctx:
+        tensors = {n: BlockTensor(tuple(o if c == "o" else v for c in n), 0, name=n) for n in CLASSES}
+        ints = MOIntegrals(o, v, np.zeros(o.dim), np.zeros(v.dim), tensors, nfrozen)
+        t1, t2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
+        eq.residual(ints, t1, t2)
+    s = {"flops": 0, "products": 0, "out_tasks": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
+         "distinct_bytes": 0, "inv_gets": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
+         "other_bytes": 0, "summa_bytes": 0, "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0}
+    pr, pc = grid_shape(nranks)
+    for plan in ctx.plans:
+        for step in plan.steps:
+            if step.kind != "contract":
+                s["other_steps"] += 1
+                s["other_bytes"] += 8 * step.out.tensor.dense_elements
+                continue
+            s["contract_steps"] += 1
+            tasks = contraction_tasks(step)
+            s["makespan_flops"] += _makespan([t.flops for t in tasks], nranks)
+            bytes_a = bytes_b = 0
+            seen_a, seen_b = set(), set()
+            for t in tasks:
+                s["out_tasks"] += 1
+                s["out_bytes"] += 8 * t.m * t.n
+                for p in t.products:
+                    s["products"] += 1
+                    s["flops"] += 2 * t.m * p.k * t.n
+                    s["a_bytes"] += 8 * t.m * p.k
+                    s["b_bytes"] += 8 * p.k * t.n
+                    if p.a not in seen_a:
+                        seen_a.add(p.a)
+                        bytes_a += 8 * t.m * p.k
+                    if p.b not in seen_b:
+                        seen_b.add(p.b)
+                        bytes_b += 8 * p.k * t.n
+            s["distinct_bytes"] += bytes_a + bytes_b
+            s["distinct_blocks"] += len(seen_a) + len(seen_b)
+            reuse_a = bytes_a >= bytes_b
+            s["inv_gets"] += len(seen_a if reuse_a else seen_b)
+            s["inv_bytes"] += (bytes_a if reuse_a else bytes_b)
+            s["inv_bytes"] += sum(8 * (p.k * t.n if reuse_a else t.m * p.k) for t in tasks for p in t.products)
+            # SUMMA: A panels reach pc ranks, B panels pr ranks; plus in/out redistribution
+            s["summa_bytes"] += bytes_a * (pc - 1) + bytes_b * (pr - 1) + bytes_a + bytes_b \
+                + sum(8 * t.m * t.n for t in tasks)
+            for sec in step.sectors:
+                s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
+    # memory balance of T2 + integrals
+    loads = [0] * nranks
+    for letters, placement in [("oovv", "balanced")] + [(c, "pairs") for c in CLASSES]:
+        sp = tuple(o if c == "o" else v for c in letters)
+        keys = BlockTensor(sp, 0).allowed_keys()
+        for k, r in owner_map(sp, 0, keys, nranks, placement).items():
+            loads[r] += 8 * int(np.prod([x.tiles[t].size for x, t in zip(sp, k)]))
+    mean = sum(loads) / nranks
+    s["memory_per_rank_max"] = max(loads)
+    s["memory_max_over_mean"] = max(loads) / mean if mean else 1.0
+    s["tiles"] = {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]}
+    return s
+
+
+def _makespan(costs, nranks: int) -> float:
+    """Largest per-rank load when tasks are dealt largest first to the least loaded rank."""
+    if nranks == 1 or not costs:
+        return float(sum(costs))
+    loads = [0.0] * nranks
+    for c in sorted(costs, reverse=True):
+        i = loads.index(min(loads))
+        loads[i] += c
+    return max(loads)
+
+
+def grid_shape(nranks: int) -> tuple:
+    """(rows, cols) of the most square process grid, rows <= cols."""
+    pr = int(math.isqrt(nranks))
+    while nranks % pr:
+        pr -= 1
+    return pr, nranks // pr
+
+
+def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float) -> dict:
+    """Estimated seconds per CCSD iteration and what moves, per rank (see module docstring)."""
+    P = nranks
+    remote = (P - 1) / P
+    compute = s["makespan_flops"] / rate          # per step, the busiest rank's flops
+    overhead = s["products"] / P * T_TASK + s["other_steps"] * 3 * T_COLL
+    other_bytes = s["other_bytes"] * remote / P
+    if backend == "mpi-collective":
+        coll = s["contract_steps"] * (2 + 2 * max(grid_shape(P))) + s["other_steps"]
+        moved = s["summa_bytes"] / P + other_bytes
+        seconds = compute + overhead + coll * T_COLL + moved / BANDWIDTH
+        return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
+                "bytes_per_rank": moved}
+    if variant == "original":
+        gets = 2 * s["products"] * remote
+        accs = s["out_tasks"]
+        moved = (s["a_bytes"] + s["b_bytes"]) * remote + s["out_bytes"] * remote
+    elif variant == "inverted":
+        gets = (s["inv_gets"] + s["products"]) * remote
+        accs = s["products"]
+        moved = s["inv_bytes"] * remote + s["out_bytes"] * remote * 2
+    else:
+        # each rank fetches every distinct block it needs once: at most all of them
+        gets = P * min(s["distinct_blocks"], 2 * s["products"] / P) * remote
+        accs = s["out_tasks"]
+        moved = P * min(s["distinct_bytes"], (s["a_bytes"] + s["b_bytes"]) / P) * remote \
+            + s["out_bytes"] * remote
+    seconds = (compute + overhead + (gets * T_GET + accs * T_ACC) / P
+               + (moved / P + other_bytes) / BANDWIDTH + s["contract_steps"] * 4 * T_COLL)
+    return {"seconds": seconds, "compute": compute, "gets": gets, "accs": accs,
+            "collectives": s["contract_steps"] * 2 + s["other_steps"], "bytes_per_rank": moved / P + other_bytes}
+
+
+def check_options(backend: str, variant=None, schedule=None) -> None:
+    """Unknown or misplaced --variant / --schedule are errors (checked on every rank)."""
+    if backend in ("serial", "threads"):
+        if variant is not None or schedule is not None:
+            raise InputError(f"--variant and --schedule belong to the MPI backends; backend {backend!r} "
+                             "takes neither (use --backend mpi-onesided or mpi-collective)")
+        return
+    if backend == "mpi-onesided" and variant is not None and variant not in ONESIDED_VARIANTS:
+        raise InputError(f"unknown variant {variant!r} for mpi-onesided; choose one of: "
+                         f"{', '.join(ONESIDED_VARIANTS)}")
+    if backend == "mpi-collective" and variant not in (None, *COLLECTIVE_VARIANTS):
+        raise InputError(f"unknown variant {variant!r} for mpi-collective; choose one of: "
+                         f"{', '.join(COLLECTIVE_VARIANTS)}")
+    if backend == "mpi-collective" and schedule is not None:
+        raise InputError("mpi-collective is bulk-synchronous and takes no --schedule; "
+                         "schedules (nxtval, steal) belong to mpi-onesided")
+    if backend != "mpi-collective" and variant is not None and variant not in ONESIDED_VARIANTS + COLLECTIVE_VARIANTS:
+        raise InputError(f"unknown variant {variant!r}; choose one of: "
+                         f"{', '.join(ONESIDED_VARIANTS)} (mpi-onesided) or summa (mpi-collective)")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise InputError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
+    if backend == "auto" and schedule is not None and variant in COLLECTIVE_VARIANTS:
+        raise InputError("--schedule belongs to mpi-onesided; variant summa is mpi-collective's")
+
+
+def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto", tile=None,
+           variant=None, schedule=None, rate: float | None = None) -> dict:
+    """The executor, options and tile for a run on ``nranks`` ranks, with the estimates."""
+    if backend not in ("auto", "mpi-onesided", "mpi-collective"):
+        raise InputError(f"backend {backend!r} is not decided by the cost model")
+    check_options(backend, variant, schedule)
+    rate = rate or gemm_rate()
+    tiles = [tile] if tile else list(TILES)
+    if backend == "auto" and variant in COLLECTIVE_VARIANTS:
+        backend = "mpi-collective"
+    if backend == "auto" and variant in ONESIDED_VARIANTS:
+        backend = "mpi-onesided"
+    if backend == "mpi-collective":
+        combos = [("mpi-collective", "summa")]
+    elif backend == "mpi-onesided":
+        combos = [("mpi-onesided", variant)] if variant else [("mpi-onesided", v) for v in ONESIDED_VARIANTS]
+    else:
+        combos = [("mpi-onesided", v) for v in ONESIDED_VARIANTS] + [("mpi-collective", "summa")]
+    candidates = []
+    seen_tiles = set()
+    for t in tiles:
+        s = structure_stats(orbsym, nocc, nfrozen, t, nranks)
+        key = (tuple(s["tiles"]["o"]), tuple(s["tiles"]["v"]))
+        if key in seen_tiles:          # a larger tile that changes nothing
+            continue
+        seen_tiles.add(key)
+        too_fine = s["products"] > MAX_PRODUCTS and not tile
+        for b, var in combos:
+            e = estimate(s, nranks, b, var, rate)
+            candidates.append({"backend": b, "variant": var, "tile": t,
+                               "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
+                               "flops": s["flops"], "block_products": s["products"],
+                               **{k: (round(x, 6) if isinstance(x, float) else x) for k, x in e.items()}})
+        if too_fine:
+            break
+    ok = [c for c in candidates if c["memory_max_over_mean"] <= BALANCE_LIMIT or tile]
+    pool = ok or candidates
+    best = min(pool, key=lambda c: (c["seconds"], -c["tile"]))
+    sched = None
+    if best["backend"] == "mpi-onesided":
+        sched = schedule or "nxtval"
+    return {"backend": best["backend"], "variant": best["variant"], "schedule": sched,
+            "tile": best["tile"], "ranks": nranks, "gemm_rate": rate,
+            "estimated_seconds_per_iteration": best["seconds"],
+            "candidates": sorted(candidates, key=lambda c: c["seconds"])}
+
+
+def render(decision: dict, limit: int = 12) -> str:
+    """The decision and the best candidates as a table."""
+    lines = [f"auto decision on {decision['ranks']} rank(s): backend {decision['backend']}, "
+             f"variant {decision['variant']}, schedule {decision['schedule']}, tile {decision['tile']} "
+             f"(measured DGEMM rate {decision['gemm_rate'] / 1e9:.1f} GFLOP/s)",
+             f"{'backend':15s} {'variant':9s} {'tile':>4s} {'est. s/iter':>11s} {'compute':>8s} "
+             f"{'gets':>9s} {'accs':>8s} {'coll.':>6s} {'MB/rank':>8s} {'mem max/mean':>12s}"]
+    for c in decision["candidates"][:limit]:
+        lines.append(f"{c['backend']:15s} {c['variant']:9s} {c['tile']:4d} {c['seconds']:11.3f} "
+                     f"{c['compute']:8.3f} {c['gets']:9.0f} {c['accs']:8.0f} {c['collectives']:6d} "
+                     f"{c['bytes_per_rank'] / 2**20:8.1f} {c['memory_max_over_mean']:12.2f}")
+    return "\n".join(lines)

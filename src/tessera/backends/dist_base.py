@@ -1,0 +1,250 @@
+"""What the two MPI executors share: the storage, the step loop, accounting, task helpers.
+
+An MPI executor runs a plan step by step on every rank (SPMD). Ranks synchronise (one
+barrier) only where a step depends on an earlier one that is not yet complete
+everywhere: it reads a tensor that was written since the last barrier, it writes one
+that was read since then (another rank may still be reading it), or it writes in place
+(owner computes) into a tensor that other ranks accumulated into (or the reverse).
+Independent steps, e.g. the terms of one update accumulating into the same output, run
+back to back. Every accumulate is complete at its target when the call returns (or its
+handle is waited on), so a barrier is all a dependency needs. A plan ends with a
+barrier when anything is left unsynchronised, so code after it sees the results.
+
+Per step it records time, compute time (block arithmetic) and the communication
+(``accounting``), keyed by the step's label, the update's expression text.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from tessera.backends.accounting import CommAccount
+from tessera.backends.distributed import TensorStore
+from tessera.errors import InputError, ShapeError
+from tessera.plan.blocktasks import add_source, hadamard_pairs
+
+
+def part_slice(ndim: int, part) -> tuple:
+    """The index of ``part = (axis, lo, hi)`` (rows lo..hi along one axis) in a block."""
+    axis, lo, hi = part
+    return (slice(None),) * axis + (slice(lo, hi),) + (slice(None),) * (ndim - axis - 1)
+
+
+def part_range(ga, key, part) -> tuple:
+    """Global [lo, hi) of ``part`` of block ``key`` in ``ga`` (whole block for None)."""
+    lo, hi = (list(x) for x in ga.block_range(key))
+    if part is not None:
+        axis, a, b = part
+        lo[axis], hi[axis] = lo[axis] + a, lo[axis] + b
+    return tuple(lo), tuple(hi)
+
+DEFAULT_CACHE_MB = 512
+
+
+def local_ranks(world) -> int:
+    return world.node_comm.Get_size() if getattr(world, "node_comm", None) is not None else 1
+
+
+class DistributedExecutor:
+    """Base of the MPI executors (see module docstring)."""
+
+    distributed = True
+    name = "mpi"
+
+    def __init__(self, world=None, fetcher=None):
+        from tessera.runtime import World
+        self.world = world or World.get()
+        self.store = TensorStore(self.world, fetcher) if fetcher else TensorStore(self.world)
+        self.account = CommAccount(self.world)
+        # one rank per core: BLAS single-threaded unless asked (threaded BLAS on small block
+        # GEMMs next to other busy ranks costs more than it gains)
+        self.blas_threads = env_int("TESSERA_BLAS_THREADS", 1)
+        self.compute_seconds = 0.0
+        self.closed = False
+        self.epoch = 0                # barriers so far (counters are reused across them)
+        self._dirty: dict = {}        # uid -> "acc" | "local": written since the last barrier
+        self._read: set = set()       # uids read since the last barrier
+
+    # ---------------------------------------------------------------- generic tasks
+    def run(self, tasks) -> None:
+        """Run independent callables here, on this rank (rank-local work)."""
+        for task in tasks:
+            task()
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "ranks": self.world.size}
+
+    def close(self) -> None:
+        self.store.close()
+        self.closed = True
+
+    # ---------------------------------------------------------------- plans
+    def execute_plan(self, plan, context) -> None:
+        self.store.collect()          # collective: also orders tensor creation before use
+        self.epoch += 1               # ... and counts as a barrier
+        self._dirty, self._read = {}, set()
+        for step in plan.steps:
+            self._check_distributed(step)
+            snap = self.account.begin()
+            t0, c0 = time.perf_counter(), self.compute_seconds
+            if self._needs_barrier(step):      # decided alike on every rank (SPMD state)
+                self.barrier()
+            if not (step.kind == "zero" and step.out.tensor.version == 0):
+                self.run_step(step)            # (a tensor never written here is zero already)
+            self._wrote(step)
+            dt = time.perf_counter() - t0
+            self.account.end(step.label, snap, dt, self.compute_seconds - c0, step.flops)
+            context.record_step(step, dt)
+        if self._dirty:
+            snap = self.account.begin()
+            t0 = time.perf_counter()
+            self.barrier()
+            self.account.end(plan.labels[-1] if plan.labels else "sync", snap, time.perf_counter() - t0,
+                             count_call=False)
+
+    def barrier(self) -> None:
+        self.world.barrier()
+        self.epoch += 1
+        self._dirty.clear()
+        self._read.clear()
+
+    @staticmethod
+    def _reads(step) -> list:
+        return [r.tensor for r in step.inputs] + ([step.divisor.tensor] if step.divisor is not None else [])
+
+    def _needs_barrier(self, step) -> bool:
+        dirty = self._dirty
+        if any(t.uid in dirty for t in self._reads(step)):
+            return True                      # read after write
+        out = step.out.tensor.uid
+        if out in self._read:
+            return True                      # write after read
+        state = dirty.get(out)
+        if step.kind == "contract":
+            return state == "local"          # accumulates racing the owners' in-place writes
+        return state == "acc"                # in-place writes racing others' accumulates
+
+    def _wrote(self, step) -> None:
+        out = step.out.tensor
+        out.version += 1                     # on every rank: version counts steps that wrote
+        self._dirty[out.uid] = "acc" if step.kind == "contract" else self._dirty.get(out.uid, "local")
+        self._read.update(t.uid for t in self._reads(step))
+
+    def _check_distributed(self, step) -> None:
+        for ref in (step.out, *step.inputs, *([step.divisor] if step.divisor is not None else [])):
+            if ref.tensor.dist is None:
+                raise ShapeError(
+                    f"tensor {ref.tensor.name!r} in '{step.label}' is not distributed but the "
+                    f"{self.name} backend runs on distributed tensors; create every tensor inside "
+                    "the distributed context (with Context(...): ...) that runs it.")
+
+    def run_step(self, step) -> None:
+        if step.kind == "zero":
+            step.out.tensor.zero_()
+        elif step.kind == "add":
+            self.add_step(step)
+        elif step.kind == "hadamard":
+            self.hadamard_step(step)
+        elif step.kind == "contract":
+            self.contract_step(step)
+        else:  # the planner makes no other kind
+            raise AssertionError(step.kind)
+
+    # ---------------------------------------------------------------- owner computes
+    def fetch_blocks(self, requests) -> dict:
+        """Blocks for [(tensor, key), ...] as {(uid, key): block}; owned blocks are views.
+
+        A request may name part of a block, ``(tensor, key, (axis, lo, hi))``: the rows
+        lo..hi (block-local) along one axis, returned under ``(uid, key, (axis, lo, hi))``.
+        Called by every rank at the same point; subclasses decide how remote blocks travel."""
+        raise NotImplementedError
+
+    def add_step(self, step) -> None:
+        """out[okey] += scale * A[perm] (/ D[perm]) on the owner of every output block."""
+        out = step.out.tensor
+        a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
+        srcs = {okey: add_source(step, okey) for okey in out.blocks}
+        req = [(a, s[0]) for s in srcs.values()]
+        if d is not None:
+            req += [(d, s[1]) for s in srcs.values()]
+        blocks = self.fetch_blocks(req)
+        t0 = time.perf_counter()
+        perm = step.perms["a"]
+        for okey, (akey, dkey) in srcs.items():
+            blk = blocks[(a.uid, akey)].transpose(perm)
+            if d is not None:
+                blk = blk / blocks[(d.uid, dkey)].transpose(step.perms["d"])
+            view = out.blocks[okey]
+            if step.scale == 1.0:
+                view += blk
+            else:
+                view += step.scale * blk
+        self.compute_seconds += time.perf_counter() - t0
+
+    def hadamard_step(self, step) -> None:
+        out = step.out.tensor
+        a, b = step.inputs[0].tensor, step.inputs[1].tensor
+        pairs = {k: v for k, v in hadamard_pairs(step).items() if k in out.blocks}
+        req = [(a, ka) for v in pairs.values() for ka, _ in v] + [(b, kb) for v in pairs.values() for _, kb in v]
+        blocks = self.fetch_blocks(req)
+        t0 = time.perf_counter()
+        expr = step.perms["einsum"]
+        for okey, plist in pairs.items():
+            view = out.blocks[okey]
+            for ka, kb in plist:
+                view += step.scale * np.einsum(expr, blocks[(a.uid, ka)], blocks[(b.uid, kb)])
+        self.compute_seconds += time.perf_counter() - t0
+
+    def contract_step(self, step) -> None:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- independent block tasks
+    def run_block_tasks(self, costs, need, work, chunk: int = 1) -> np.ndarray:
+        """Run tasks 0..n-1 spread over the ranks; returns every task's result (a float)
+        on every rank. ``need(i)`` lists the (tensor, key) blocks task i reads that are
+        not at hand yet; ``work(i, blocks)`` computes it from {(uid, key): block}.
+        Collective. Results are summed over ranks, so the caller may add them in a fixed
+        order: the total does not depend on who ran what."""
+        results = np.zeros(len(costs))
+        for i in self.task_order(costs, chunk):
+            blocks = self.fetch_blocks(need(i) if i is not None else [])
+            if i is not None:
+                c0 = time.perf_counter()
+                results[i] = work(i, blocks)
+                self.compute_seconds += time.perf_counter() - c0
+        if self.world.size > 1:
+            results = self.world.allreduce(results, "sum")
+        return results
+
+    def task_order(self, costs, chunk: int):
+        """Task indices for this rank (None: take part in a collective round, no task)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- helpers
+    @staticmethod
+    def lpt_partition(costs, nranks: int) -> list:
+        """Static partition of tasks by estimated cost: [[task, ...] per rank] (deterministic)."""
+        order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+        loads = [0.0] * nranks
+        queues = [[] for _ in range(nranks)]
+        for i in order:
+            r = min(range(nranks), key=lambda q: (loads[q], q))
+            queues[r].append(i)
+            loads[r] += costs[i]
+        return queues
+
+
+def check_choice(kind: str, value, allowed) -> str:
+    if value not in allowed:
+        raise InputError(f"unknown {kind} {value!r}; choose one of: {', '.join(allowed)}")
+    return value
+
+
+def env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        raise InputError(f"{name} must be an integer, got {os.environ.get(name)!r}") from None

@@ -1,0 +1,267 @@
+"""Distributed storage of BlockTensors over the runtime's global arrays.
+
+``TensorStore`` is the storage a distributed context installs (``use_storage``): every
+BlockTensor created while it is current gets a ``DistHandle`` (``tensor.dist``) and its
+``blocks`` become views of the blocks this rank owns in a GlobalArray.
+
+Ownership is a deterministic function of a tensor's structure, so every rank computes
+the same map without communication:
+- ``balanced``: greedy longest-processing-time over the allowed blocks by size, with
+  the rank labels rotated by a structural hash so that many small tensors do not all
+  put their largest block on rank 0;
+- ``pairs`` (integrals): groups of blocks that share their first two tiles, in
+  (first, second) tile order, cut into contiguous runs of near-equal size, one per
+  rank: a group (one first-pair slab of the AO->MO transform) lives on one rank, and a
+  rank's groups share few first tiles, so each rank transforms its share.
+
+Collective lifetime. Creating a GlobalArray is collective; tensors are created in the
+same order on every rank (SPMD), so creation in the constructor is safe. Freeing is the
+delicate part: a tensor dropped by CPython's reference counting releases its array to a
+*pending* list; at the start of each plan execution (a collective point that every rank
+reaches in the same order) the ranks agree, with one allgather, on the arrays released
+everywhere, and only those are reused, for the next tensor of the same structure and
+placement (lowest array id first, so every rank picks the same one). Arrays are never
+freed before ``World.stop()``; the pool bounds their number by the peak of live tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+import zlib
+from collections import OrderedDict
+
+import numpy as np
+
+from tessera.errors import RuntimeLayerError, ShapeError
+from tessera.runtime import GlobalArray, World
+from tessera.runtime.distribution import assign_owners
+
+log = logging.getLogger(__name__)
+
+PLACEMENTS = ("balanced", "pairs")
+
+
+def structure_signature(spaces, irrep) -> int:
+    """A stable integer from a structure (tile sizes and irreps), the same on every rank."""
+    data = repr((irrep, [[(t.size, t.irrep) for t in s.tiles] for s in spaces])).encode()
+    return zlib.crc32(data)
+
+
+def owner_map(spaces, irrep, keys, nranks: int, placement: str) -> dict:
+    """{key: rank} for the allowed ``keys`` of a structure (deterministic)."""
+    if placement not in PLACEMENTS:
+        raise ShapeError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)}")
+    if nranks == 1:
+        return {k: 0 for k in keys}
+    sizes = {k: int(np.prod([s.tiles[t].size for s, t in zip(spaces, k)], dtype=np.int64)) for k in keys}
+    shift = structure_signature(spaces, irrep) % nranks
+    if placement == "pairs" and len(spaces) >= 3:
+        groups: dict = {}
+        for k in keys:
+            groups.setdefault(k[:2], []).append(k)
+        gkeys = sorted(groups)
+        gcost = [sum(sizes[k] for k in groups[g]) for g in gkeys]
+        gown = contiguous_runs(gcost, nranks)
+        return {k: (gown[n] + shift) % nranks for n, g in enumerate(gkeys) for k in groups[g]}
+    own = assign_owners(list(keys), nranks, "balanced", [sizes[k] for k in keys])
+    return {k: (r + shift) % nranks for k, r in own.items()}
+
+
+def contiguous_runs(costs, nranks: int) -> list:
+    """Rank of each item when the items, in order, are cut into ``nranks`` contiguous runs
+    of near-equal total cost (each cut where the running sum is closest to its target)."""
+    total = float(sum(costs)) or 1.0
+    out, run, r = [], 0.0, 0
+    for c in costs:
+        # move to the next rank when this item sits more after the target than before it
+        while r < nranks - 1 and run + c / 2.0 > total * (r + 1) / nranks:
+            r += 1
+        out.append(r)
+        run += c
+    return out
+
+
+class DistHandle:
+    """``tensor.dist``: ownership, remote access and reductions for one distributed tensor."""
+
+    def __init__(self, store: "TensorStore", ga: GlobalArray, name: str):
+        self.store = store
+        self.ga = ga
+        self.name = name
+        self.world = store.world
+
+    @property
+    def all_keys(self) -> tuple:
+        return self.ga.keys
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    def owner(self, key) -> int:
+        return self.ga.owner(key)
+
+    def is_local(self, key) -> bool:
+        return key in self.ga and self.ga.owner(key) == self.world.rank
+
+    def fetch(self, key) -> np.ndarray:
+        """A copy of one block, from wherever it lives (one-sided get)."""
+        return self.ga.get(key)
+
+    def fetch_many(self, keys) -> dict:
+        """{key: block} for ``keys`` (unknown keys are skipped). Called by every rank at
+        the same point (SPMD): the collective backend answers with one all-to-all."""
+        keys = [k for k in keys if k in self.ga]
+        return self.store.fetcher(self, keys)
+
+    def accumulate(self, key, array, scale: float = 1.0) -> None:
+        self.ga.acc(key, array, scale)
+
+    def allreduce(self, value, op: str = "sum"):
+        if self.world.size == 1:
+            return value
+        if isinstance(value, np.ndarray):
+            return self.world.allreduce(value, op)
+        return type(value)(self.world.allreduce(value, op)) if isinstance(value, (int, float)) \
+            else self.world.allreduce(value, op)
+
+    def sync(self) -> None:
+        """Collective: every update to this tensor issued before is visible after."""
+        self.ga.sync()
+
+    def local_nbytes(self) -> int:
+        return self.ga.nbytes_local()
+
+
+def onesided_fetch(handle: DistHandle, keys) -> dict:
+    """Non-blocking gets of every block, then wait: the one-sided ``fetch_many``."""
+    me = handle.world.rank
+    out, pending = {}, []
+    for k in keys:
+        if handle.ga.owner(k) == me:
+            out[k] = handle.ga.local_view(k).copy()
+        else:
+            pending.append((k, handle.ga.iget(k)))
+    for k, h in pending:
+        out[k] = h.wait()
+    return out
+
+
+class TensorStore:
+    """The storage callable for ``use_storage`` plus the pool of global arrays."""
+
+    def __init__(self, world: World | None = None, fetcher=onesided_fetch):
+        self.world = world or World.get()
+        self.fetcher = fetcher
+        self._free: dict = {}          # structure key -> [GlobalArray], agreed free, by eid
+        self._pending: list = []       # (structure key, GlobalArray) released here
+        self._owners: dict = {}        # structure key -> owner map
+        self.by_eid: dict = {}         # array id (the same on every rank) -> GlobalArray
+        self.arrays = 0                # global arrays created
+        self.reused = 0
+        self.closed = False
+
+    # -- the storage protocol of BlockTensor --------------------------------------------
+    def __call__(self, tensor, placement: str):
+        if self.closed:
+            raise RuntimeLayerError(
+                f"tensor {tensor.name!r} created after its distributed context was closed; "
+                "create tensors inside the context (with Context(...)) that runs them.")
+        skey = (tensor.spaces, tensor.irrep, placement)
+        free = self._free.get(skey)
+        if free:
+            ga = free.pop(0)
+            ga.apply_local(lambda key, view: view.fill(0.0))
+            self.reused += 1
+        else:
+            ga = self._create(tensor, placement, skey)
+        handle = DistHandle(self, ga, tensor.name)
+        tensor.blocks = {k: ga.local_view(k) for k in ga.local_keys()}
+        weakref.finalize(tensor, self._pending.append, (skey, ga))
+        return handle
+
+    def _create(self, tensor, placement, skey) -> GlobalArray:
+        keys = tensor.allowed_keys()
+        owners = self._owners.get(skey)
+        if owners is None:
+            owners = owner_map(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
+            self._owners[skey] = owners
+        tiling = [[t.size for t in s.tiles] for s in tensor.spaces]   # no keys: an empty array
+        self.arrays += 1
+        ga = GlobalArray(tiling, keys=keys, owners=owners, name=tensor.name or "tensor", world=self.world)
+        self.by_eid[ga.eid] = ga
+        return ga
+
+    def owners(self, spaces, irrep, placement="balanced") -> dict:
+        from tessera.tensor.block_tensor import allowed_keys
+        skey = (tuple(spaces), irrep, placement)
+        if skey not in self._owners:
+            self._owners[skey] = owner_map(tuple(spaces), irrep, allowed_keys(spaces, irrep),
+                                           self.world.size, placement)
+        return self._owners[skey]
+
+    # -- collective points ----------------------------------------------------------------
+    def collect(self) -> None:
+        """Collective: make the arrays that every rank has released reusable."""
+        mine = sorted(ga.eid for _, ga in self._pending)
+        if self.world.size > 1:
+            everyone = self.world.allgather(mine)
+            common = set(everyone[0]).intersection(*map(set, everyone[1:]))
+        else:
+            common = set(mine)
+        if not common:
+            return
+        keep = []
+        for skey, ga in self._pending:
+            if ga.eid in common:
+                self._free.setdefault(skey, []).append(ga)
+            else:
+                keep.append((skey, ga))
+        self._pending[:] = keep
+        for lst in self._free.values():
+            lst.sort(key=lambda g: g.eid)
+
+    def close(self) -> None:
+        """Collective: free the arrays no tensor uses any more; arrays of tensors still
+        alive stay until World.stop()."""
+        if self.closed:
+            return
+        self.collect()
+        for lst in self._free.values():
+            for ga in lst:
+                self.by_eid.pop(ga.eid, None)
+                ga.free()
+        self._free.clear()
+        self.closed = True
+
+
+class BlockCache:
+    """Blocks fetched from other ranks, least recently used first out, bounded in bytes."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit = int(limit_bytes)
+        self.bytes = 0
+        self._d: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        blk = self._d.get(key)
+        if blk is not None:
+            self._d.move_to_end(key)
+        return blk
+
+    def put(self, key, blk) -> None:
+        if key in self._d:
+            return
+        self._d[key] = blk
+        self.bytes += blk.nbytes
+        while self.bytes > self.limit and len(self._d) > 1:
+            _, old = self._d.popitem(last=False)
+            self.bytes -= old.nbytes
+
+    def __contains__(self, key) -> bool:
+        return key in self._d
+
+    def clear(self) -> None:
+        self._d.clear()
+        self.bytes = 0

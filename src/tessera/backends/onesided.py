@@ -1,0 +1,308 @@
+"""``mpi-onesided``: block tasks that get their inputs from the owners and accumulate results.
+
+The TCE model (NWChem's Tensor Contraction Engine): tensors live in global arrays; a
+contraction step is a list of block tasks (``plan.blocktasks``); any rank may run any
+task: it gets the input blocks it needs (one-sided, from whoever owns them), multiplies
+them, and accumulates the result block into the owner's memory (atomic per element).
+
+Schedules (who runs which task):
+- ``nxtval``: a global counter hands out tasks (chunks of tasks) in order;
+- ``steal``: a static partition by estimated cost (longest processing time first),
+  then each rank drains its own queue and steals from the others' (per-rank counters).
+
+Loop orders (how blocks travel), as in TCE:
+- ``original``: per output block, get both inputs of every contributing product, GEMM
+  into a local buffer, accumulate the output block once;
+- ``inverted``: per block of the reused input (the operand with more bytes), get it
+  once, then for every partner get it, GEMM and accumulate that product's result:
+  fewer gets than ``original``, more accumulates;
+- ``cached``: a batch of output tasks (all tasks of one row of blocks of the operand with
+  more bytes, as ``inverted`` reuses it) first fetches the distinct input blocks it
+  needs into a local cache (kept across batches of the step, bounded, least recently
+  used out), then computes and accumulates once per output block: every block of the
+  larger operand is fetched once in all, the other's at most once per rank: the fewest
+  gets.
+Gets are non-blocking: the next product's blocks are in flight during the current
+GEMM (original, inverted) or a whole batch is in flight at once (cached). Blocks the
+rank owns are read in place, never fetched.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tessera.backends.dist_base import (DEFAULT_CACHE_MB, DistributedExecutor, check_choice,
+                                        part_range, part_slice)
+from tessera.backends.distributed import BlockCache
+from tessera.plan.blocktasks import contraction_tasks
+from tessera.runtime import TaskCounter
+
+VARIANTS = ("original", "inverted", "cached")
+SCHEDULES = ("nxtval", "steal")
+NCOUNTERS = 4     # counters used in turn, so that steps need no barrier to reset one
+
+
+class OneSidedExecutor(DistributedExecutor):
+    name = "mpi-onesided"
+
+    def __init__(self, variant: str = "cached", schedule: str = "nxtval", cache_mb: int = DEFAULT_CACHE_MB,
+                 chunk: int | None = None, world=None):
+        super().__init__(world)
+        self.variant = check_choice("variant (mpi-onesided)", variant, VARIANTS)
+        self.schedule = check_choice("schedule", schedule, SCHEDULES)
+        self.cache_bytes = int(cache_mb) << 20
+        self.chunk = chunk
+        kind = "global" if self.schedule == "nxtval" else "per_rank"
+        self.counters = [TaskCounter(kind=kind, world=self.world) for _ in range(NCOUNTERS)]
+        self._bases = [[0] * self.world.size for _ in range(NCOUNTERS)]   # next ticket per counter/queue
+        self._used = [-1] * NCOUNTERS      # barrier epoch in which each counter was last used
+        self._inverted: dict = {}
+
+    def describe(self) -> dict:
+        return {**super().describe(), "variant": self.variant, "schedule": self.schedule}
+
+    # ---------------------------------------------------------------- scheduling
+    def _counter(self) -> int:
+        """A counter not used since the last barrier (a barrier first if all four were).
+
+        Counters are never reset. Each step hands out tickets from the counter's current
+        base: the successful fetches take ceil(n/chunk) tickets and every rank stops after
+        exactly one failing fetch per queue, so after the step the counter stands at
+        base + chunk * (ceil(n/chunk) + ranks), which every rank computes alike. A
+        counter is reused only after a barrier, when every fetch of its last step is done.
+        """
+        for k in range(NCOUNTERS):
+            if self._used[k] != self.epoch:
+                self._used[k] = self.epoch
+                return k
+        self.barrier()
+        self._used[0] = self.epoch
+        return 0
+
+    def batches(self, costs, chunk: int = 1):
+        """Lists of task indices for this rank; every task goes to exactly one rank."""
+        n = len(costs)
+        size, me = self.world.size, self.world.rank
+        k = self._counter()
+        ctr, bases = self.counters[k], self._bases[k]
+        if self.schedule == "nxtval":
+            base = bases[0]
+            bases[0] = base + chunk * (-(-n // chunk) + size)
+            while True:
+                start = ctr.fetch_add(chunk) - base
+                if start >= n:
+                    return
+                yield list(range(start, min(start + chunk, n)))
+        else:
+            queues = self.lpt_partition(costs, size)
+            old = list(bases)
+            for q in range(size):
+                bases[q] = old[q] + chunk * (-(-len(queues[q]) // chunk) + size)
+            for q in [me] + [(me + j) % size for j in range(1, size)]:
+                while True:
+                    start = ctr.fetch_add(chunk, q) - old[q]
+                    if start >= len(queues[q]):
+                        break
+                    yield queues[q][start:start + chunk]
+
+    def _chunk(self, n: int) -> int:
+        if self.chunk:
+            return int(self.chunk)
+        return max(1, min(32, n // (8 * self.world.size)))
+
+    def task_order(self, costs, chunk: int):
+        for batch in self.batches(costs, chunk):
+            yield from batch
+
+    # ---------------------------------------------------------------- block access
+    def fetch_blocks(self, requests) -> dict:
+        out, pending = {}, []
+        seen = set()
+        for t, key, *part in requests:
+            part = part[0] if part else None
+            k = (t.uid, key) if part is None else (t.uid, key, part)
+            if k in seen:
+                continue
+            seen.add(k)
+            view = t.blocks.get(key)
+            if view is not None:
+                out[k] = view if part is None else view[part_slice(view.ndim, part)]
+            elif part is None:
+                pending.append((k, t.dist.ga.iget(key)))
+            else:
+                pending.append((k, t.dist.ga.iget_patch(*part_range(t.dist.ga, key, part))))
+        for k, h in pending:
+            out[k] = h.wait()
+        return out
+
+    # ---------------------------------------------------------------- contraction
+    def contract_step(self, step) -> None:
+        tasks = contraction_tasks(step)
+        A, B = step.inputs[0].tensor, step.inputs[1].tensor
+        out = step.out.tensor
+        if self.variant == "inverted":
+            self._inverted_loop(step, tasks, A, B, out)
+        elif self.variant == "cached":
+            self._cached_loop(step, tasks, A, B, out)
+        else:
+            self._original_loop(step, tasks, A, B, out)
+
+    @staticmethod
+    def _issue(t, key):
+        view = t.blocks.get(key)
+        return view if view is not None else t.dist.ga.iget(key)
+
+    @staticmethod
+    def _ready(x):
+        return x if isinstance(x, np.ndarray) else x.wait()
+
+    def _original_loop(self, step, tasks, A, B, out) -> None:
+        pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
+        ga_out, scale = out.dist.ga, step.scale
+        costs = [t.flops + 1 for t in tasks]
+        compute = 0.0
+        for batch in self.batches(costs, 1):
+            for ti in batch:
+                t = tasks[ti]
+                prods = t.products
+                cur = (self._issue(A, prods[0].a), self._issue(B, prods[0].b))
+                acc = None
+                for q, p in enumerate(prods):
+                    a_blk, b_blk = self._ready(cur[0]), self._ready(cur[1])
+                    if q + 1 < len(prods):        # next pair in flight during this GEMM
+                        cur = (self._issue(A, prods[q + 1].a), self._issue(B, prods[q + 1].b))
+                    c0 = time.perf_counter()
+                    prod = a_blk.transpose(pa).reshape(t.m, p.k) @ b_blk.transpose(pb).reshape(p.k, t.n)
+                    if acc is None:
+                        acc = prod
+                    else:
+                        acc += prod
+                    compute += time.perf_counter() - c0
+                ga_out.acc(t.out, np.ascontiguousarray(acc.reshape(t.out_shape).transpose(pc)), scale)
+        self.compute_seconds += compute
+
+    def _inverted_groups(self, step, tasks, A, B) -> tuple:
+        reuse_a = A.nbytes >= B.nbytes
+        key = (id(tasks), reuse_a)
+        hit = self._inverted.get(key)
+        if hit is not None and hit[0] is tasks:
+            return hit[1], reuse_a
+        groups: dict = {}
+        for t in tasks:
+            for p in t.products:
+                groups.setdefault(p.a if reuse_a else p.b, []).append((t, p))
+        glist = sorted(groups.items())
+        self._inverted[key] = (tasks, glist)
+        return glist, reuse_a
+
+    def _inverted_loop(self, step, tasks, A, B, out) -> None:
+        pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
+        ga_out, scale = out.dist.ga, step.scale
+        groups, reuse_a = self._inverted_groups(step, tasks, A, B)
+        costs = [sum(2 * t.m * p.k * t.n for t, p in items) + 1 for _, items in groups]
+        compute = 0.0
+        for batch in self.batches(costs, 1):
+            for gi in batch:
+                rkey, items = groups[gi]
+                fixed = self._ready(self._issue(A if reuse_a else B, rkey))
+                t0, p0 = items[0]
+                if reuse_a:
+                    fm = fixed.transpose(pa).reshape(t0.m, p0.k)
+                else:
+                    fm = fixed.transpose(pb).reshape(p0.k, t0.n)
+                other = B if reuse_a else A
+                cur = self._issue(other, items[0][1].b if reuse_a else items[0][1].a)
+                handles = []
+                for q, (t, p) in enumerate(items):
+                    blk = self._ready(cur)
+                    if q + 1 < len(items):
+                        nxt = items[q + 1][1]
+                        cur = self._issue(other, nxt.b if reuse_a else nxt.a)
+                    c0 = time.perf_counter()
+                    if reuse_a:
+                        prod = fm @ blk.transpose(pb).reshape(p.k, t.n)
+                    else:
+                        prod = blk.transpose(pa).reshape(t.m, p.k) @ fm
+                    res = np.ascontiguousarray(prod.reshape(t.out_shape).transpose(pc))
+                    compute += time.perf_counter() - c0
+                    handles.append(ga_out.iacc(t.out, res, scale))    # one accumulate per product
+                for h in handles:
+                    h.wait()
+        self.compute_seconds += compute
+
+    def _cached_loop(self, step, tasks, A, B, out) -> None:
+        pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
+        ga_out, scale = out.dist.ga, step.scale
+        groups = self._cached_groups(tasks, A, B)
+        costs = [sum(tasks[i].flops for i in g) + 1 for g in groups]
+        cache = BlockCache(self.cache_bytes)      # (which, key) -> block as a GEMM operand
+        compute = 0.0
+        for gbatch in self.batches(costs, 1):
+            batch = [i for g in gbatch for i in groups[g]]
+            have: dict = {}
+            pending = []
+            for ti in batch:                         # prefetch the batch's distinct blocks
+                t = tasks[ti]
+                for p in t.products:
+                    for which, ten, key, shape in ((0, A, p.a, (t.m, p.k)), (1, B, p.b, (p.k, t.n))):
+                        k = (which, key)
+                        if k in have:
+                            continue
+                        mat = cache.get(k)
+                        if mat is not None:
+                            have[k] = mat
+                            continue
+                        blk = ten.blocks.get(key)
+                        if blk is None:
+                            pending.append((k, shape, ten.dist.ga.iget(key)))
+                            have[k] = None
+                        else:
+                            have[k] = self._operand(blk, pa if which == 0 else pb, shape)
+                            cache.put(k, have[k])
+            for k, shape, h in pending:
+                blk = h.wait()
+                c0 = time.perf_counter()
+                have[k] = self._operand(blk, pa if k[0] == 0 else pb, shape)
+                compute += time.perf_counter() - c0
+                cache.put(k, have[k])
+            handles = []
+            for ti in batch:
+                t = tasks[ti]
+                c0 = time.perf_counter()
+                acc = None
+                for p in t.products:
+                    prod = have[(0, p.a)] @ have[(1, p.b)]
+                    if acc is None:
+                        acc = prod
+                    else:
+                        acc += prod
+                res = np.ascontiguousarray(acc.reshape(t.out_shape).transpose(pc))
+                compute += time.perf_counter() - c0
+                handles.append(ga_out.iacc(t.out, res, scale))       # once per output block
+            for h in handles:
+                h.wait()
+        self.compute_seconds += compute
+
+    def _cached_groups(self, tasks, A, B) -> list:
+        """Batches of output tasks that share the operand with more bytes: one row of
+        blocks of A (or one column of B). A batch runs on one rank, so every block of that
+        operand is fetched once in all; the other operand's blocks come from the rank's
+        cache when its batches share them."""
+        by_row = A.nbytes >= B.nbytes
+        key = ("cached", id(tasks), by_row)
+        hit = self._inverted.get(key)
+        if hit is not None and hit[0] is tasks:
+            return hit[1]
+        groups: dict = {}
+        for i, t in enumerate(tasks):
+            groups.setdefault((t.sector, t.r) if by_row else (t.sector, t.c), []).append(i)
+        glist = [groups[k] for k in sorted(groups)]
+        self._inverted[key] = (tasks, glist)
+        return glist
+
+    @staticmethod
+    def _operand(blk, perm, shape) -> np.ndarray:
+        """A block as a contiguous GEMM operand (permuted once, reused by every product)."""
+        return np.ascontiguousarray(blk.transpose(perm)).reshape(shape)

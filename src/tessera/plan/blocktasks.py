@@ -1,0 +1,103 @@
+"""Block tasks of a planned step: which blocks of A and B meet to update which block of C.
+
+A contraction step (see ``planner``) is one GEMM per symmetry sector when all blocks are
+at hand. When blocks are spread over processes, the same step is a list of block tasks:
+for every output tile pair (r, c) of a sector, the products A[r, k] x B[k, c] over the
+sector's inner tile tuples k. The sector layouts (``layout``) list exactly the
+symmetry-allowed combinations, so nothing forbidden is ever enumerated. Keys are given
+in each tensor's own axis order; ``perm_a`` / ``perm_b`` bring a block to
+(external, contracted) / (contracted, external) order, ``perm_c`` the (r, c) product to
+the output's order. No data and no processes here: only structure, cached per layout.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+
+class Product(NamedTuple):
+    """One GEMM of a block task: A block (m x k after permutation) times B block (k x n)."""
+
+    a: tuple
+    b: tuple
+    k: int
+    inner: int          # position of the inner tuple in the sector's inner layout
+
+
+class OutputTask(NamedTuple):
+    """All products that update one output block."""
+
+    out: tuple            # output key (output axis order)
+    sector: int           # index into step.sectors
+    r: int                # row tuple position
+    c: int                # column tuple position
+    m: int
+    n: int
+    out_shape: tuple      # shape of the (r, c) product before perm_c
+    products: tuple       # Product, ...
+
+    @property
+    def flops(self) -> int:
+        return sum(2 * self.m * p.k * self.n for p in self.products)
+
+
+def _invert(tkey, perm) -> tuple:
+    """Key in a tensor's own axis order from its key permuted by ``perm``."""
+    key = [0] * len(perm)
+    for n, p in enumerate(perm):
+        key[p] = tkey[n]
+    return tuple(key)
+
+
+def contraction_tasks(step) -> tuple:
+    """OutputTasks of a ``contract`` step (every allowed output tile pair with products)."""
+    perms = step.perms
+    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    return _tasks(sig, perms["a"], perms["b"], perms["c"])
+
+
+@lru_cache(maxsize=4096)
+def _tasks(sig, perm_a, perm_b, perm_c) -> tuple:
+    identity = perm_c == tuple(range(len(perm_c)))
+    out = []
+    for n, (_, rows, inner, cols) in enumerate(sig):
+        akeys = [[_invert(rk + kk, perm_a) for kk in inner.tuples] for rk in rows.tuples]
+        bkeys = [[_invert(kk + ck, perm_b) for ck in cols.tuples] for kk in inner.tuples]
+        for r, rk in enumerate(rows.tuples):
+            for c, ck in enumerate(cols.tuples):
+                key = rk + ck
+                okey = key if identity else tuple(key[p] for p in perm_c)
+                prods = tuple(Product(akeys[r][q], bkeys[q][c], inner.sizes[q], q)
+                              for q in range(len(inner.tuples)))
+                out.append(OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c],
+                                      rows.shapes[r] + cols.shapes[c], prods))
+    return tuple(out)
+
+
+def hadamard_pairs(step) -> dict:
+    """{output key: [(a key, b key), ...]} of a ``hadamard`` step over all allowed blocks."""
+    a, b = step.inputs
+    out = step.out
+    shared = [ch for ch in a.indices if ch in b.indices]
+    pos_a = [a.indices.index(ch) for ch in shared]
+    pos_b = [b.indices.index(ch) for ch in shared]
+    b_by: dict = {}
+    for kb in b.tensor.allowed_keys():
+        b_by.setdefault(tuple(kb[p] for p in pos_b), []).append(kb)
+    pairs: dict = {}
+    for ka in a.tensor.allowed_keys():
+        for kb in b_by.get(tuple(ka[p] for p in pos_a), ()):
+            tile = dict(zip(a.indices, ka))
+            tile.update(zip(b.indices, kb))
+            okey = tuple(tile[ch] for ch in out.indices)
+            if out.tensor.is_allowed(okey):
+                pairs.setdefault(okey, []).append((ka, kb))
+    return pairs
+
+
+def add_source(step, okey) -> tuple:
+    """(A key, divisor key or None) that an ``add`` step reads for output block ``okey``."""
+    akey = _invert(okey, step.perms["a"])
+    dkey = _invert(okey, step.perms["d"]) if step.divisor is not None else None
+    return akey, dkey

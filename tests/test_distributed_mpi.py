@@ -1,0 +1,164 @@
+"""Distributed CCSD(T) under `mpiexec -n K`, K = 1..4, against the serial backend.
+
+One launch of tests/mpi/ccsd_checks.py per rank count runs, for water (C2v) and H2O2
+(C1) in 6-31G, every executor x loop order x schedule for a fixed number of CCSD
+iterations plus (T), and (at 2 and 4 ranks) two combinations to convergence. The serial
+backend runs the same iterations here, in the test process. Checked: energies (HF,
+CCSD, (T)) to 1e-8 Eh; T2 + integrals per rank within 1.5x of the mean at 4 ranks, no
+rank holding a whole four-index tensor at 2+ ranks; the get/accumulate counts the loop
+orders imply (cached < inverted < original gets; inverted more accumulates); no
+one-sided operation in mpi-collective; and the CLI's JSON and rank-0-only output.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpirun import run_mpi, run_mpi_raw
+
+sys.path.insert(0, str(Path(__file__).parent / "mpi"))
+import ccsd_checks  # noqa: E402  (molecules, tiles and combinations shared with the script)
+
+from tessera.backends.context import Context  # noqa: E402
+from tessera.chem.ccsd import CCSD  # noqa: E402
+from tessera.chem.integrals import transform  # noqa: E402
+from tessera.chem.molecule import Molecule  # noqa: E402
+from tessera.chem.pyscf_reference import rhf_reference  # noqa: E402
+from tessera.chem.triples import triples_correction  # noqa: E402
+from tessera.errors import ConvergenceError  # noqa: E402
+
+SCRIPT = Path(__file__).parent / "mpi" / "ccsd_checks.py"
+REPO = Path(__file__).resolve().parents[1]
+TESSERA = Path(sys.executable).parent / "tessera"
+RANKS = (1, 2, 3, 4)
+CONVERGED_AT = (2, 4)
+ITERS = 3
+E_TOL = 1e-8
+TIMEOUT = 420
+
+_runs: dict = {}
+_serial: dict = {}
+
+
+def launch(nranks):
+    if nranks not in _runs:
+        args = ["--iters", str(ITERS)]
+        if nranks not in CONVERGED_AT:
+            args.append("--no-converged")
+        _runs[nranks] = run_mpi(SCRIPT, nranks, args=args, timeout=TIMEOUT)
+    return _runs[nranks]
+
+
+def serial(name):
+    """HF, then CCSD after ITERS iterations and converged, each with (T): serial backend."""
+    if name not in _serial:
+        xyz, basis, tile = ccsd_checks.MOLECULES[name]
+        ref = rhf_reference(Molecule.from_xyz(str(ccsd_checks.EXAMPLES / xyz), basis=basis).to_pyscf())
+        out = {"e_hf": ref.e_hf}
+        with Context("serial") as ctx:
+            ints = transform(ref, 0, tile)
+            for label, conv, iters in (("fixed", 1e-14, ITERS), ("converged", 1e-9, 60)):
+                try:
+                    cc = CCSD(conv=conv, max_iter=iters).kernel(ints, ctx)
+                except ConvergenceError as err:
+                    cc = err.result
+                tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
+                out[label] = (cc.e_corr, tr.energy, len(cc.iterations))
+        _serial[name] = out
+    return _serial[name]
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_energies_equal_serial(nranks):
+    out = launch(nranks)
+    assert out["nranks"] == nranks
+    for name in ccsd_checks.MOLECULES:
+        ref = serial(name)
+        assert abs(out["runs"][f"{name}/hf"]["e_hf"] - ref["e_hf"]) < E_TOL
+        for backend, variant, schedule in ccsd_checks.COMBOS:
+            run = out["runs"][f"{name}/{backend}/{variant}/{schedule}"]
+            e_cc, e_t, iters = ref["fixed"]
+            assert run["iterations"] == iters
+            assert abs(run["e_ccsd"] - e_cc) < E_TOL, (name, backend, variant, schedule, run["e_ccsd"], e_cc)
+            assert abs(run["e_t"] - e_t) < E_TOL, (name, backend, variant, schedule, run["e_t"], e_t)
+        if nranks in CONVERGED_AT:
+            for backend, variant, schedule in ccsd_checks.CONVERGED:
+                run = out["runs"][f"{name}/{backend}/{variant}/{schedule}/converged"]
+                e_cc, e_t, iters = ref["converged"]
+                assert run["converged"] and run["iterations"] == iters
+                assert abs(run["e_ccsd"] - e_cc) < E_TOL and abs(run["e_t"] - e_t) < E_TOL
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_tensor_operations_equal_einsum(nranks):
+    """CCSD contraction patterns, a batch with permutations, a denominator and aliasing,
+    dot and norm on random block-sparse tensors: every executor agrees with numpy."""
+    ops = launch(nranks)["tensor_ops"]
+    assert len(ops) == len(ccsd_checks.COMBOS)
+    for combo, err in ops.items():
+        assert err < 1e-12, (combo, err)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_memory_spread_over_ranks(nranks):
+    out = launch(nranks)
+    for key, run in out["runs"].items():
+        if "memory_total" not in run:
+            continue
+        assert len(run["memory_total"]) == nranks
+        if nranks == 4:
+            assert run["memory_max_over_mean"] <= 1.5, (key, run["memory_total"])
+        if nranks >= 2:
+            assert run["largest_share"] < 1.0, key     # no rank holds a whole 4-index tensor
+
+
+@pytest.mark.parametrize("nranks", (2, 3, 4))
+def test_loop_orders_move_what_they_should(nranks):
+    out = launch(nranks)
+    for name in ccsd_checks.MOLECULES:
+        for schedule in ("nxtval", "steal"):
+            r = {v: out["runs"][f"{name}/mpi-onesided/{v}/{schedule}"] for v in ("original", "inverted", "cached")}
+            assert r["cached"]["gets"] < r["inverted"]["gets"] < r["original"]["gets"], (name, schedule, r)
+            assert r["inverted"]["accs"] > r["original"]["accs"] == r["cached"]["accs"], (name, schedule)
+            assert all(x["collective_bytes"] == 0 for x in r.values())
+        coll = out["runs"][f"{name}/mpi-collective/summa/None"]
+        assert coll["gets"] == 0 and coll["accs"] == 0 and coll["triples_onesided_ops"] == 0
+        assert coll["collective_bytes"] > 0
+        fields = set(coll["per_term_fields"])
+        assert {"update", "gets", "accs", "get_bytes", "acc_bytes", "bytes_moved", "collectives"} <= fields
+
+
+def test_cli_json_and_rank0_output(tmp_path):
+    out = tmp_path / "r.json"
+    run = run_mpi_raw(TESSERA, 2, args=["run", "examples/water.xyz", "--basis", "6-31g", "--method", "ccsd(t)",
+                                        "--backend", "mpi-onesided", "--variant", "cached", "--schedule", "steal",
+                                        "--tile", "3", "--json", str(out)], timeout=TIMEOUT)
+    assert run.returncode == 0, run.describe()
+    assert run.stdout.count("E(CCSD) correlation") == 1          # rank 0 prints, once
+    data = json.loads(out.read_text())
+    assert data["backend"] == "mpi-onesided" and data["variant"] == "cached" and data["schedule"] == "steal"
+    assert data["ranks"] == 2 and data["tile"] == 3
+    ref = serial("water")
+    assert abs(data["energies"]["ccsd_correlation"] - ref["converged"][0]) < E_TOL
+    assert abs(data["energies"]["t_correction"] - ref["converged"][1]) < E_TOL
+    comm = data["communication"]
+    assert comm["per_term"] and comm["total"]["gets"] > 0 and comm["total"]["accs"] > 0
+    assert sum(r["gets"] for r in comm["per_term"]) == comm["total"]["gets"]
+    assert any(r["update"].startswith("R2[ijab] +=") for r in comm["per_term"])
+    mem = data["memory_per_rank"]
+    assert len(mem["t2"]) == 2 and len(mem["integrals"]) == 2 and mem["max_over_mean"] < 1.5
+    assert "Traceback" not in run.stderr
+
+
+def test_cli_auto_plan_only_and_bad_options():
+    run = run_mpi_raw(TESSERA, 2, args=["run", "examples/water.xyz", "--basis", "6-31g", "--plan-only"],
+                      timeout=TIMEOUT, env=None)
+    assert run.returncode == 0, run.describe()
+    assert run.stdout.count("auto decision on 2 rank(s)") == 1
+    assert "est. s/iter" in run.stdout
+    bad = run_mpi_raw(TESSERA, 2, args=["run", "examples/water.xyz", "--basis", "6-31g", "--backend",
+                                        "mpi-onesided", "--variant", "sideways"], timeout=TIMEOUT)
+    assert bad.returncode == 2
+    assert bad.stderr.count("error: ") == 1 and "sideways" in bad.stderr and "Traceback" not in bad.stderr
