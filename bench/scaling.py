@@ -11,9 +11,9 @@ scaling: the same molecule (CCSD(T), cc-pVDZ) with the serial backend, then at 1
   E = T_compute / (T_total x ranks) (T_compute: block arithmetic summed over ranks;
   T_total: wall time of CCSD + (T)), bytes moved per rank; then 4 ranks (on this
   2-core machine: oversubscribed, so for the communication counts, not the speed).
-counts: per loop order (original, inverted, cached; nxtval) and mpi-collective, two
-  CCSD iterations of water trimer and tetramer (cc-pVDZ) at 2 and 4 ranks: gets,
-  accumulates, bytes moved (one-sided and collective), summed over ranks.
+counts: per loop order (original, inverted, cached; nxtval) and mpi-collective (summa,
+  2.5d), two CCSD iterations of water trimer and tetramer (cc-pVDZ) at 2 and 4 ranks:
+  gets, accumulates, bytes moved (one-sided and collective), summed over ranks.
 peers: CCSD(T) wall time of Tessera at 2 ranks (auto), NWChem's TCE at 2 ranks
   (``mpirun -np 2``, Debian package nwchem; the script says what is missing when it is
   absent) and PySCF (2 threads), with ratios.
@@ -119,7 +119,8 @@ def counts(args) -> dict:
         xyz = MOLECULES.get(name, name)
         for n in [int(x) for x in args.ranks.split(",")]:
             for backend, variant in [("mpi-onesided", "original"), ("mpi-onesided", "inverted"),
-                                     ("mpi-onesided", "cached"), ("mpi-collective", "summa")]:
+                                     ("mpi-onesided", "cached"), ("mpi-collective", "summa"),
+                                     ("mpi-collective", "2.5d")]:
                 extra = ["--variant", variant] + (["--schedule", "nxtval"] if backend == "mpi-onesided" else [])
                 d = tessera(xyz, n, ["--backend", backend, "--method", "ccsd", "--max-iter", "2",
                                      "--tile", str(args.tile), *extra])

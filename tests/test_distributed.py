@@ -3,18 +3,22 @@
 (The MPI runs themselves are in tests/test_distributed_mpi.py.)
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 import tessera as ts
 from tessera import BlockTensor, IndexSpace
-from tessera.backends.auto import check_options, decide, grid_shape, render, structure_stats
-from tessera.backends.collective import _summa_layout
+from tessera.backends.auto import (check_options, decide, default_layers, grid_3d, grid_shape, render,
+                                   structure_stats)
+from tessera.backends.collective import CollectiveExecutor, _summa_layout
 from tessera.backends.context import PlanningContext
+from tessera.backends.dist_base import part_slice
 from tessera.backends.distributed import contiguous_runs, owner_map
 from tessera.chem.integrals import make_spaces
 from tessera.errors import InputError
-from tessera.plan.blocktasks import contraction_tasks, hadamard_pairs
+from tessera.plan.blocktasks import _invert, contraction_tasks, hadamard_pairs
 
 
 def spaces(seed, nirrep=4):
@@ -90,43 +94,166 @@ def test_hadamard_pairs_match_allowed_blocks():
     assert all(p == [(k, k)] for k, p in pairs.items())
 
 
-@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 6])
-def test_summa_layout_places_every_block_once(nranks):
-    o, v = spaces(7)
-    rng = np.random.default_rng(2)
-    W, tau = BlockTensor.random((v,) * 4, 0, rng=rng), BlockTensor.random((o, o, v, v), 0, rng=rng)
+def contraction_step(expr, seed):
+    """A planned contraction of random tensors; seed 0: one occupied tile of 5 orbitals
+    in one irrep (a sector with a single occupied inner tuple)."""
+    if seed == 0:
+        o = IndexSpace.from_irreps("o", [0] * 5, 5)
+        v = IndexSpace.from_irreps("v", np.random.default_rng(0).integers(0, 2, 9), 3)
+    else:
+        o, v = spaces(seed)
+    rng = np.random.default_rng(seed)
+    ins = expr.split("->")[0].split(",")
+    tens = [BlockTensor.random(tuple(o if c in "ijklm" else v for c in s), int(rng.integers(0, 4)) if seed else 0,
+                               rng=rng) for s in ins]
     ctx = PlanningContext()
     with ctx:
-        ts.einsum("acbd,ijcd->ijab", W, tau)
+        ts.einsum(expr, *tens)
     (step,) = ctx.plans[0].steps
+    return step, tens
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 6])
+def test_summa_layout_places_every_block_once(nranks):
+    step, (W, tau) = contraction_step("acbd,ijcd->ijab", 7)
     pr, pc = grid_shape(nranks)
     assert pr * pc == nranks and pr <= pc
     sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
     lay = _summa_layout(sig, step.perms["a"], step.perms["b"], pr, pc)
-    a_keys = [k for k, _, _ in lay["a_homes"]]
+    a_keys = [k for k, _, _, _, _ in lay["a_homes"]]
     assert len(a_keys) == len(set(a_keys)) and set(a_keys) <= set(W.allowed_keys() + tau.allowed_keys())
+    assert {(part, layer) for _, part, layer, _, _ in lay["a_homes"] + lay["b_homes"]} == {(None, 0)}
     outs = sum(len(lay["out"][n][r][c]) for n in range(len(sig)) for r in range(pr) for c in range(pc))
     assert outs == len(contraction_tasks(step))
 
 
-def test_cost_model_decides_and_renders():
+def test_default_layers_and_grids():
+    assert [default_layers(p) for p in (1, 2, 3, 4, 6, 8, 12, 16, 27, 64)] == [1, 2, 3, 2, 2, 2, 3, 4, 3, 4]
+    for p in range(1, 33):
+        for variant in ("summa", "2.5d"):
+            pr, pc, c = grid_3d(p, variant)
+            assert pr * pc * c == p and pr <= pc and (c == 1 or variant == "2.5d")
+
+
+@pytest.mark.parametrize("expr, seed", [("acbd,ijcd->ijab", 11), ("akic,kjcb->ijab", 12),
+                                        ("kcld,ilcd->ki", 13), ("iajm,mkbc->ijkabc", 14),
+                                        ("kdac,kb->abcd", 0), ("ka,kb->ab", 0), ("ia,jb->ijab", 15)])
+@pytest.mark.parametrize("pr, pc, layers", [(1, 1, 1), (1, 2, 2), (2, 2, 1), (1, 1, 4), (1, 3, 2), (2, 2, 3)])
+def test_25d_layout_covers_every_inner_panel_once(expr, seed, pr, pc, layers):
+    """For random sector signatures: over all layers every inner tuple (or its parts, when
+    one tuple is larger than a layer's share: seed 0 has a single occupied tile) lies in
+    exactly one (layer, panel), the panels tile the inner dimension without overlap,
+    every input block (part) has one home in the layer of its unit, and running the
+    layout (each layer's SUMMA, then the sum over layers at the owners, emulated here)
+    gives numpy.einsum."""
+    step, (A, B) = contraction_step(expr, seed)
+    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    pa, pb, pcp = step.perms["a"], step.perms["b"], step.perms["c"]
+    assert sig, "no sector: the test would check nothing"
+    lay = _summa_layout(sig, pa, pb, pr, pc, layers)
+    npanel = lay["npanel"]
+    homes_a = {(k, part): (l_, r, c) for k, part, l_, r, c in lay["a_homes"]}
+    homes_b = {(k, part): (l_, r, c) for k, part, l_, r, c in lay["b_homes"]}
+    assert len(homes_a) == len(lay["a_homes"]) and len(homes_b) == len(lay["b_homes"])
+    split = False
+    for n, (_, rows, inner, cols) in enumerate(sig):
+        units, place = lay["units"][n], lay["inner_panel"][n]
+        assert len(place) == len(units)
+        assert sum(map(sum, lay["panel_inner"][n])) == inner.total
+        # every orbital row of every inner tuple in exactly one unit
+        first = [shape[0] if shape else 1 for shape in inner.shapes]     # an outer product: ()
+        rows_of = {q: [] for q in range(len(inner.tuples))}
+        for q, part in units:
+            rows_of[q] += list(range(*part)) if part else list(range(first[q]))
+        assert rows_of == {q: list(range(first[q])) for q in rows_of}
+        split |= any(part is not None for _, part in units)
+        covered = {}
+        for l_ in range(layers):
+            for p in range(npanel):
+                spans = sorted({(io, ks) for g in range(pr) for _, _, _, io, _, ks in lay["a_pack"][n][l_][p][g]})
+                here = [u for u, lp in enumerate(place) if lp == (l_, p)]
+                pos = 0
+                for io, ks in spans:       # contiguous, no overlap
+                    assert io == pos
+                    pos += ks
+                assert pos == lay["panel_inner"][n][l_][p]
+                for u in here:
+                    covered[u] = covered.get(u, 0) + 1
+            assert lay["active"][n][l_] == (sum(lay["panel_inner"][n][l_]) > 0)
+        assert covered == {u: 1 for u in range(len(units))}
+        loads = [sum(lay["panel_inner"][n][l_]) for l_ in range(layers)]
+        assert max(loads) - min(loads) <= max(inner.sizes)          # greedy by size
+        if layers > 1 and len(inner.tuples) == 1 and first[0] >= layers:
+            assert min(loads) > 0                                    # a single tuple is cut
+        for r, rk in enumerate(rows.tuples):
+            for u, (q, part) in enumerate(units):
+                apart = None if part is None else (pa[len(rk)], *part)
+                assert homes_a[(_invert(rk + inner.tuples[q], pa), apart)][0] == place[u][0]
+    if expr == "ka,kb->ab" and layers > 1:
+        assert split
+    # emulate every rank of the grid with the executor's own packing
+    ga = SimpleNamespace(eid=1)
+    shim_a, shim_b = SimpleNamespace(dist=SimpleNamespace(ga=ga)), SimpleNamespace(dist=SimpleNamespace(ga=ga))
+    def home(t, homes):
+        out = {}
+        for k, part in homes:
+            blk = t.blocks.get(k, np.zeros(t.block_shape(k)))
+            out[(1, k) if part is None else (1, k, part)] = blk if part is None else \
+                blk[part_slice(blk.ndim, part)]
+        return out
+
+    home_a, home_b = home(A, homes_a), home(B, homes_b)
+    out = {}
+    for l_ in range(layers):
+        for gr in range(pr):
+            for gc in range(pc):
+                cmat = [np.zeros((lay["row_total"][n][gr], lay["col_total"][n][gc])) for n in range(len(sig))]
+                for p in range(npanel):
+                    abuf = np.empty(lay["a_panel_size"][l_][p][gr])
+                    bbuf = np.empty(lay["b_panel_size"][l_][p][gc])
+                    CollectiveExecutor._pack_a(abuf, lay, l_, p, gr, shim_a, home_a, pa)
+                    CollectiveExecutor._pack_b(bbuf, lay, l_, p, gc, shim_b, home_b, pb)
+                    aoff = boff = 0
+                    for n in range(len(sig)):
+                        m, k, nc = lay["row_total"][n][gr], lay["panel_inner"][n][l_][p], lay["col_total"][n][gc]
+                        cmat[n] += abuf[aoff:aoff + m * k].reshape(m, k) @ bbuf[boff:boff + k * nc].reshape(k, nc)
+                        aoff, boff = aoff + m * k, boff + k * nc
+                for n, (_, rows, _, cols) in enumerate(sig):
+                    for r, c, ro, co in lay["out"][n][gr][gc]:
+                        okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pcp)
+                        blk = cmat[n][ro:ro + rows.sizes[r], co:co + cols.sizes[c]]
+                        res = blk.reshape(rows.shapes[r] + cols.shapes[c]).transpose(pcp)
+                        out[okey] = out.get(okey, 0) + res
+    C = step.out.tensor.like()
+    for okey, blk in out.items():
+        C.set_block(okey, blk)
+    ref = np.einsum(expr, A.to_dense(), B.to_dense())
+    assert np.allclose(C.to_dense(), ref, atol=1e-12 * max(1.0, np.abs(ref).max()))
+
+
+def test_cost_model_replicates_only_when_memory_allows(monkeypatch):
+    """2.5d (c > 1 layers) is a candidate at 4 ranks; with too little memory per rank for
+    its larger output rectangle it is not chosen (unless asked for), and --plan-only's
+    table shows the layers and the memory estimate."""
     rng = np.random.default_rng(4)
     orbsym = np.sort(rng.integers(0, 4, 30))
-    stats = structure_stats(orbsym, 8, 0, 6, 4)
-    assert stats["flops"] > 0 and stats["products"] >= stats["out_tasks"] > 0
-    assert stats["memory_max_over_mean"] >= 1.0
-    d = decide(orbsym, 8, 0, 4, rate=5e9)
-    assert d["backend"] in ("mpi-onesided", "mpi-collective") and d["tile"] > 0
-    assert (d["schedule"] is None) == (d["backend"] == "mpi-collective")
-    assert d["candidates"][0]["seconds"] == d["estimated_seconds_per_iteration"]
-    assert "auto decision on 4 rank(s)" in render(d)
-    forced = decide(orbsym, 8, 0, 2, backend="mpi-onesided", variant="inverted", schedule="steal", tile=5,
-                    rate=5e9)
-    assert (forced["backend"], forced["variant"], forced["schedule"], forced["tile"]) == \
-        ("mpi-onesided", "inverted", "steal", 5)
-    # the model's cached variant never estimates more gets than original
-    c = {x["variant"]: x for x in decide(orbsym, 8, 0, 4, backend="mpi-onesided", tile=4, rate=5e9)["candidates"]}
-    assert c["cached"]["gets"] <= c["original"]["gets"] and c["inverted"]["accs"] >= c["original"]["accs"]
+    d = decide(orbsym, 8, 0, 4, backend="mpi-collective", tile=6, rate=5e9)
+    cand = {c["variant"]: c for c in d["candidates"]}
+    assert set(cand) == {"summa", "2.5d"} and cand["2.5d"]["layers"] == 2 and cand["summa"]["layers"] == 1
+    assert cand["2.5d"]["bcast_bytes_per_rank"] < cand["summa"]["bcast_bytes_per_rank"]
+    assert cand["2.5d"]["memory_per_rank"] > cand["summa"]["memory_per_rank"]
+    assert "c=2" in render(d) and "MiB allowed" in render(d)
+    between = (cand["2.5d"]["memory_per_rank"] + cand["summa"]["memory_per_rank"]) / 2
+    monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", str(between / 2**20))
+    tight = decide(orbsym, 8, 0, 4, backend="mpi-collective", tile=6, rate=5e9)
+    assert tight["variant"] == "summa" and tight["layers"] == 1 and tight["grid"] == [2, 2, 1]
+    assert not {c["variant"]: c for c in tight["candidates"]}["2.5d"]["fits_memory"]
+    forced = decide(orbsym, 8, 0, 4, backend="mpi-collective", variant="2.5d", tile=6, rate=5e9)
+    assert forced["variant"] == "2.5d" and forced["grid"] == [1, 2, 2]
+    monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", "1e9")
+    roomy = decide(orbsym, 8, 0, 4, backend="auto", tile=6, rate=5e9)
+    assert all(c["fits_memory"] for c in roomy["candidates"])
+    assert decide(orbsym, 8, 0, 3, backend="mpi-collective", tile=6, rate=5e9)["candidates"][0]["layers"] in (1, 3)
 
 
 @pytest.mark.parametrize("backend, variant, schedule", [

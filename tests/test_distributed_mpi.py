@@ -7,7 +7,8 @@ backend runs the same iterations here, in the test process. Checked: energies (H
 CCSD, (T)) to 1e-8 Eh; T2 + integrals per rank within 1.5x of the mean at 4 ranks, no
 rank holding a whole four-index tensor at 2+ ranks; the get/accumulate counts the loop
 orders imply (cached < inverted < original gets; inverted more accumulates); no
-one-sided operation in mpi-collective; and the CLI's JSON and rank-0-only output.
+one-sided operation in mpi-collective (summa and 2.5d); 2.5d's layers and its broadcast
+bytes per rank against SUMMA's; and the CLI's JSON and rank-0-only output.
 """
 
 import json
@@ -96,7 +97,7 @@ def test_tensor_operations_equal_einsum(nranks):
     """CCSD contraction patterns, a batch with permutations, a denominator and aliasing,
     dot and norm on random block-sparse tensors: every executor agrees with numpy."""
     ops = launch(nranks)["tensor_ops"]
-    assert len(ops) == len(ccsd_checks.COMBOS)
+    assert len(ops) == len(ccsd_checks.COMBOS) + 1 and f"mpi-collective/2.5d/layers={nranks}" in ops
     for combo, err in ops.items():
         assert err < 1e-12, (combo, err)
 
@@ -123,11 +124,43 @@ def test_loop_orders_move_what_they_should(nranks):
             assert r["cached"]["gets"] < r["inverted"]["gets"] < r["original"]["gets"], (name, schedule, r)
             assert r["inverted"]["accs"] > r["original"]["accs"] == r["cached"]["accs"], (name, schedule)
             assert all(x["collective_bytes"] == 0 for x in r.values())
-        coll = out["runs"][f"{name}/mpi-collective/summa/None"]
-        assert coll["gets"] == 0 and coll["accs"] == 0 and coll["triples_onesided_ops"] == 0
-        assert coll["collective_bytes"] > 0
-        fields = set(coll["per_term_fields"])
-        assert {"update", "gets", "accs", "get_bytes", "acc_bytes", "bytes_moved", "collectives"} <= fields
+        for variant in ("summa", "2.5d"):
+            coll = out["runs"][f"{name}/mpi-collective/{variant}/None"]
+            assert coll["gets"] == 0 and coll["accs"] == 0 and coll["triples_onesided_ops"] == 0
+            assert coll["collective_bytes"] > 0
+            fields = set(coll["per_term_fields"])
+            assert {"update", "gets", "accs", "get_bytes", "acc_bytes", "bytes_moved", "collectives"} <= fields
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_25d_layers_and_broadcast_bytes(nranks):
+    """mpi-collective 2.5d: c = default_layers(P) layers (1, 2, 3, 2 at 1..4 ranks; the
+    energies are checked with every combination above). The broadcast bytes per rank come
+    from the step accounting; at 4 ranks (2 layers of a 1 x 2 grid) every rank broadcasts
+    less than with SUMMA on 2 x 2; with one rank per layer (2 and 3 ranks) nothing is
+    broadcast, the inputs move only by the all-to-alls."""
+    out = launch(nranks)
+    for name in ccsd_checks.MOLECULES:
+        summa = out["runs"][f"{name}/mpi-collective/summa/None"]
+        d25 = out["runs"][f"{name}/mpi-collective/2.5d/None"]
+        layers = {1: 1, 2: 2, 3: 3, 4: 2}[nranks]
+        assert d25["executor"]["layers"] == layers and summa["executor"]["layers"] == 1
+        pr, pc = d25["executor"]["grid"]
+        assert pr * pc * layers == nranks
+        for run in (summa, d25):
+            assert len(run["bcast_bytes_per_rank"]) == nranks
+            assert sum(run["bcast_bytes_per_rank"]) == run["bcast_bytes_per_term"]
+        if nranks == 4:
+            assert summa["executor"]["grid"] == [2, 2] and [pr, pc] == [1, 2]
+            assert min(summa["bcast_bytes_per_rank"]) > 0
+            assert max(d25["bcast_bytes_per_rank"]) < min(summa["bcast_bytes_per_rank"]), (name, d25, summa)
+        elif nranks in (2, 3):
+            assert d25["bcast_bytes_per_rank"] == [0] * nranks
+        if nranks == 1:
+            assert summa["bcast_bytes_per_rank"] == d25["bcast_bytes_per_rank"] == [0]
+    errors = out["layer_options"]["errors"]      # explicit layers=P ran in the tensor operations
+    assert "do not divide" in errors["not_divisor"] and f"{nranks + 1} layer(s)" in errors["not_divisor"]
+    assert "variant 2.5d" in errors["summa_layers"]
 
 
 def test_cli_json_and_rank0_output(tmp_path):
@@ -157,7 +190,11 @@ def test_cli_auto_plan_only_and_bad_options():
                       timeout=TIMEOUT, env=None)
     assert run.returncode == 0, run.describe()
     assert run.stdout.count("auto decision on 2 rank(s)") == 1
-    assert "est. s/iter" in run.stdout
+    assert "est. s/iter" in run.stdout and "MiB allowed" in run.stdout
+    coll = run_mpi_raw(TESSERA, 2, args=["run", "examples/water.xyz", "--basis", "6-31g", "--plan-only",
+                                         "--backend", "mpi-collective"], timeout=TIMEOUT)
+    assert coll.returncode == 0, coll.describe()
+    assert "backend mpi-collective" in coll.stdout and "2.5d c=2" in coll.stdout   # 2 layers of 1 x 1
     bad = run_mpi_raw(TESSERA, 2, args=["run", "examples/water.xyz", "--basis", "6-31g", "--backend",
                                         "mpi-onesided", "--variant", "sideways"], timeout=TIMEOUT)
     assert bad.returncode == 2

@@ -6,8 +6,9 @@ a fixed number of iterations (``--iters``; the serial backend in the test does t
 so the energies must agree to rounding) and (T) on those amplitudes, and two
 combinations run CCSD to convergence. Rank 0 prints one JSON object with, per run: the
 energies, the gets/accumulates/bytes of the contraction steps summed over ranks, the
-bytes held per rank for T2 and the integrals, and the largest share of a four-index
-tensor on one rank. tests/test_distributed_mpi.py compares it with the serial backend.
+broadcast bytes per rank (mpi-collective: grid rows and columns, from the step
+accounting), the executor's description (grid, layers), the bytes held per rank for T2
+and the integrals, and the largest share of a four-index tensor on one rank. tests/test_distributed_mpi.py compares it with the serial backend.
 """
 
 import argparse
@@ -37,7 +38,7 @@ MOLECULES = {            # name -> (xyz, basis, tile): tiles small enough for ma
     "h2o2_c1": ("h2o2_distorted.xyz", "6-31g", 8),
 }
 COMBOS = [("mpi-onesided", v, s) for v in ("original", "inverted", "cached") for s in ("nxtval", "steal")] \
-    + [("mpi-collective", "summa", None)]
+    + [("mpi-collective", "summa", None), ("mpi-collective", "2.5d", None)]
 CONVERGED = [("mpi-onesided", "cached", "nxtval"), ("mpi-collective", "summa", None)]
 
 
@@ -47,13 +48,33 @@ PATTERNS = ["kcld,ilcd->ki", "kcld,ld->kc", "kilj->klij", "lckd,ilad->akic", "kc
             "kdac,kb,ijcd->ijab", "ijab,ijab->ijab", "iajm,mkbc->ijkabc"]
 
 
+def layer_options(world) -> dict:
+    """2.5d with an explicit layer count: every rank its own layer (1 x 1 x P), and the
+    errors for a count that does not divide P and for layers with summa."""
+    from tessera.errors import InputError
+    out = {"explicit": {"variant": "2.5d", "layers": world.size}, "errors": {}}
+    for name, opts in (("not_divisor", {"variant": "2.5d", "layers": world.size + 1}),
+                       ("summa_layers", {"variant": "summa", "layers": 2})):
+        try:
+            Context("mpi-collective", **opts).close()
+            out["errors"][name] = None
+        except InputError as err:
+            out["errors"][name] = str(err)
+    return out
+
+
 def tensor_ops(world) -> dict:
-    """Max |error| against numpy.einsum per combination, over the patterns and a batch with
+    """Max |error| against numpy.einsum per combination (and for 2.5d with P layers, under
+    the key ``mpi-collective/2.5d/layers=P``), over the patterns and a batch with
     permutations, division by a denominator, aliasing, dot and norm."""
     from tessera.chem.integrals import denominator
     errors = {}
-    for backend, variant, schedule in COMBOS:
-        opts = {"variant": variant} if schedule is None else {"variant": variant, "schedule": schedule}
+    extra = [("mpi-collective", "2.5d", f"layers={world.size}")]
+    for backend, variant, schedule in COMBOS + extra:
+        if schedule is not None and schedule.startswith("layers="):
+            opts = {"variant": variant, "layers": int(schedule.split("=")[1])}
+        else:
+            opts = {"variant": variant} if schedule is None else {"variant": variant, "schedule": schedule}
         ctx = Context(backend, **opts)
         rng = np.random.default_rng(7)
         o = IndexSpace.from_irreps("o", rng.integers(0, 4, 7), 3)
@@ -113,6 +134,7 @@ def one_run(world, ref, tile, backend, variant, schedule, iters, conv):
             share = max(t.local_nbytes / t.nbytes for t in [cc.t2, *ints.tensors.values()])
             mem = _memory_per_rank(ctx, cc.t2, ints)
             comm = ctx.executor.account.summary(world)
+            executor = ctx.executor.describe()
             onesided_in_triples = sum(r.count for r in world.comm_log.records(since=snap)
                                       if r.op in ("get", "acc", "put"))
             onesided_in_triples = world.allreduce(onesided_in_triples, "sum")
@@ -130,6 +152,12 @@ def one_run(world, ref, tile, backend, variant, schedule, iters, conv):
         out["bytes_moved"] = sum(r["bytes_moved"] for r in contract)
         out["collective_bytes"] = sum(c["bytes"] for r in contract for c in r["collectives"].values())
         out["per_term_fields"] = sorted(comm["per_term"][0]) if comm["per_term"] else []
+        # broadcast bytes (grid rows and columns) per rank, from the step accounting
+        out["bcast_bytes_per_rank"] = [sum(c["bytes"] for op, c in r["collectives"].items()
+                                           if op in ("bcast_row", "bcast_col")) for r in comm["per_rank"]]
+        out["bcast_bytes_per_term"] = sum(c["bytes"] for r in contract for op, c in r["collectives"].items()
+                                          if op in ("bcast_row", "bcast_col"))
+        out["executor"] = executor
     return out
 
 
@@ -144,6 +172,7 @@ def main():
     runs = {}
     t_start = time.perf_counter()
     ops = tensor_ops(world)
+    layers = layer_options(world)
     for name in args.molecules.split(","):
         ref = reference(world, name)
         tile = MOLECULES[name][2]
@@ -155,7 +184,7 @@ def main():
             key = f"{name}/{backend}/{variant}/{schedule}/converged"
             runs[key] = one_run(world, ref, tile, backend, variant, schedule, 60, args.conv)
     if world.rank == 0:
-        print(json.dumps({"nranks": world.size, "runs": runs, "tensor_ops": ops,
+        print(json.dumps({"nranks": world.size, "runs": runs, "tensor_ops": ops, "layer_options": layers,
                           "seconds": time.perf_counter() - t_start}),
               flush=True)
 

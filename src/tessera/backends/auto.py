@@ -16,8 +16,16 @@ with the gets, accumulates and bytes the loop order implies (``original``: both 
 of every product, one accumulate per output block; ``inverted``: the reused operand
 once, the other per product, one accumulate per product; ``cached``: every distinct
 remote block once per rank; ``mpi-collective``: the SUMMA panels broadcast along
-process rows and columns, plus the redistribution into and out of the SUMMA layout).
-Candidates whose T2 + integrals are spread with a max/mean above 1.5 are dropped. The
+process rows and columns, plus the redistribution into and out of the SUMMA layout;
+variant ``2.5d`` on a pr x pc x c grid: panels broadcast within a layer's smaller grid,
+c partial outputs to the owners). Each candidate also gets a memory estimate per rank
+(T2 + integrals of the fullest rank, plus the working set of the largest contraction
+step: for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the
+homes of the inputs and one panel each; for ``cached`` its block cache), compared with
+``memory_budget`` (TESSERA_MEMORY_PER_RANK_MB, default half the machine's memory shared
+by the ranks). Candidates that do not fit are dropped (unless --variant names them), so
+replication (c > 1) is chosen only where memory allows; so are candidates whose T2 +
+integrals are spread with a max/mean above 1.5. The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
 shared-memory figures measured on the development machine (docs/distributed.md). Every
 choice can be overridden (``--backend``, ``--variant``, ``--schedule``, ``--tile``);
@@ -27,6 +35,7 @@ choice can be overridden (``--backend``, ``--variant``, ``--schedule``, ``--tile
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -44,7 +53,7 @@ BALANCE_LIMIT = 1.5
 
 ONESIDED_VARIANTS = ("original", "inverted", "cached")
 SCHEDULES = ("nxtval", "steal")
-COLLECTIVE_VARIANTS = ("summa",)
+COLLECTIVE_VARIANTS = ("summa", "2.5d")
 
 
 def resolve(nranks: int, **options):
@@ -89,7 +98,8 @@ def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int) -> 
         eq.residual(ints, t1, t2)
     s = {"flops": 0, "products": 0, "out_tasks": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
          "distinct_bytes": 0, "inv_gets": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
-         "other_bytes": 0, "summa_bytes": 0, "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0}
+         "other_bytes": 0, "summa_bytes": 0, "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0,
+         "collective_steps": [], "max_step_distinct_bytes": 0}
     pr, pc = grid_shape(nranks)
     for plan in ctx.plans:
         for step in plan.steps:
@@ -117,14 +127,16 @@ def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int) -> 
                         seen_b.add(p.b)
                         bytes_b += 8 * p.k * t.n
             s["distinct_bytes"] += bytes_a + bytes_b
+            s["max_step_distinct_bytes"] = max(s["max_step_distinct_bytes"], bytes_a + bytes_b)
             s["distinct_blocks"] += len(seen_a) + len(seen_b)
             reuse_a = bytes_a >= bytes_b
             s["inv_gets"] += len(seen_a if reuse_a else seen_b)
             s["inv_bytes"] += (bytes_a if reuse_a else bytes_b)
             s["inv_bytes"] += sum(8 * (p.k * t.n if reuse_a else t.m * p.k) for t in tasks for p in t.products)
             # SUMMA: A panels reach pc ranks, B panels pr ranks; plus in/out redistribution
-            s["summa_bytes"] += bytes_a * (pc - 1) + bytes_b * (pr - 1) + bytes_a + bytes_b \
-                + sum(8 * t.m * t.n for t in tasks)
+            out_bytes = sum(8 * t.m * t.n for t in tasks)
+            s["summa_bytes"] += bytes_a * (pc - 1) + bytes_b * (pr - 1) + bytes_a + bytes_b + out_bytes
+            s["collective_steps"].append((bytes_a, bytes_b, out_bytes))
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
     # memory balance of T2 + integrals
@@ -160,19 +172,76 @@ def grid_shape(nranks: int) -> tuple:
     return pr, nranks // pr
 
 
+def default_layers(nranks: int) -> int:
+    """Layers c of ``mpi-collective`` variant 2.5d on P ranks: the smallest divisor of P
+    not below P^(1/3) (Solomonik & Demmel's upper end c = P^(1/3), on a divisor): 1 on
+    1 rank, 2 on 2, 3 on 3, 2 on 4 (a 1 x 2 grid per layer), 2 on 8, 4 on 16."""
+    for c in range(1, nranks + 1):
+        if nranks % c == 0 and c ** 3 >= nranks:
+            return c
+    return 1
+
+
+def grid_3d(nranks: int, variant: str) -> tuple:
+    """(pr, pc, layers) of ``mpi-collective`` with this variant on P ranks."""
+    c = default_layers(nranks) if variant == "2.5d" else 1
+    return (*grid_shape(nranks // c), c)
+
+
+def memory_budget(nranks: int) -> float:
+    """Bytes a rank may use: TESSERA_MEMORY_PER_RANK_MB if set, else half the physical
+    memory of this machine shared by the ranks (all assumed on one node: on several
+    nodes this is conservative)."""
+    env = os.environ.get("TESSERA_MEMORY_PER_RANK_MB")
+    if env:
+        try:
+            return float(env) * 2**20
+        except ValueError:
+            raise InputError(f"TESSERA_MEMORY_PER_RANK_MB must be a number of MiB, got {env!r}") from None
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        phys = 8 * 2**30
+    return 0.5 * phys / max(1, nranks)
+
+
+def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
+    """What ``mpi-collective`` moves and holds per CCSD iteration on a pr x pc x c grid:
+    ``bcast_bytes`` (A blocks reach the pc - 1 other ranks of their layer's grid row, B
+    blocks the pr - 1 of their grid column), ``exchange_bytes`` (inputs to their homes,
+    c partial outputs to the owners), summed over ranks, and ``working_bytes`` per rank
+    (largest step: twice the output rectangle, c times SUMMA's, for the GEMMs and the
+    send buffers; the homes twice; one A and one B panel)."""
+    pr, pc, c = grid_3d(nranks, variant)
+    npanel = max(pr, pc)
+    bcast = exch = work = 0.0
+    for a, b, out in s["collective_steps"]:
+        bcast += a * (pc - 1) + b * (pr - 1)
+        exch += a + b + c * out
+        work = max(work, 2 * out * c / nranks + 2 * (a + b) / nranks
+                   + a / (pr * c * npanel) + b / (pc * c * npanel))
+    return {"grid": (pr, pc, c), "bcast_bytes": bcast, "exchange_bytes": exch, "working_bytes": work}
+
+
 def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float) -> dict:
-    """Estimated seconds per CCSD iteration and what moves, per rank (see module docstring)."""
+    """Estimated seconds per CCSD iteration, what moves and the memory, per rank (see
+    module docstring)."""
     P = nranks
     remote = (P - 1) / P
     compute = s["makespan_flops"] / rate          # per step, the busiest rank's flops
     overhead = s["products"] / P * T_TASK + s["other_steps"] * 3 * T_COLL
     other_bytes = s["other_bytes"] * remote / P
+    base = s["memory_per_rank_max"]               # T2 + integrals of the fullest rank
     if backend == "mpi-collective":
-        coll = s["contract_steps"] * (2 + 2 * max(grid_shape(P))) + s["other_steps"]
-        moved = s["summa_bytes"] / P + other_bytes
+        tr = collective_traffic(s, P, variant)
+        pr, pc, c = tr["grid"]
+        coll = s["contract_steps"] * (2 + 2 * max(pr, pc)) + s["other_steps"]
+        moved = (tr["bcast_bytes"] + tr["exchange_bytes"]) / P + other_bytes
         seconds = compute + overhead + coll * T_COLL + moved / BANDWIDTH
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
-                "bytes_per_rank": moved}
+                "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes"] / P, "layers": c,
+                "memory_per_rank": base + tr["working_bytes"]}
+    cache = min(512 * 2**20, s["max_step_distinct_bytes"]) if variant == "cached" else 0
     if variant == "original":
         gets = 2 * s["products"] * remote
         accs = s["out_tasks"]
@@ -190,7 +259,8 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float) -> d
     seconds = (compute + overhead + (gets * T_GET + accs * T_ACC) / P
                + (moved / P + other_bytes) / BANDWIDTH + s["contract_steps"] * 4 * T_COLL)
     return {"seconds": seconds, "compute": compute, "gets": gets, "accs": accs,
-            "collectives": s["contract_steps"] * 2 + s["other_steps"], "bytes_per_rank": moved / P + other_bytes}
+            "collectives": s["contract_steps"] * 2 + s["other_steps"], "bytes_per_rank": moved / P + other_bytes,
+            "bcast_bytes_per_rank": 0.0, "layers": None, "memory_per_rank": base + cache}
 
 
 def check_options(backend: str, variant=None, schedule=None) -> None:
@@ -211,11 +281,12 @@ def check_options(backend: str, variant=None, schedule=None) -> None:
                          "schedules (nxtval, steal) belong to mpi-onesided")
     if backend != "mpi-collective" and variant is not None and variant not in ONESIDED_VARIANTS + COLLECTIVE_VARIANTS:
         raise InputError(f"unknown variant {variant!r}; choose one of: "
-                         f"{', '.join(ONESIDED_VARIANTS)} (mpi-onesided) or summa (mpi-collective)")
+                         f"{', '.join(ONESIDED_VARIANTS)} (mpi-onesided) or {', '.join(COLLECTIVE_VARIANTS)} "
+                         "(mpi-collective)")
     if schedule is not None and schedule not in SCHEDULES:
         raise InputError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
     if backend == "auto" and schedule is not None and variant in COLLECTIVE_VARIANTS:
-        raise InputError("--schedule belongs to mpi-onesided; variant summa is mpi-collective's")
+        raise InputError(f"--schedule belongs to mpi-onesided; variant {variant} is mpi-collective's")
 
 
 def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto", tile=None,
@@ -230,12 +301,16 @@ def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto
         backend = "mpi-collective"
     if backend == "auto" and variant in ONESIDED_VARIANTS:
         backend = "mpi-onesided"
+    collective = [("mpi-collective", "summa")]
+    if default_layers(nranks) > 1:
+        collective.append(("mpi-collective", "2.5d"))
     if backend == "mpi-collective":
-        combos = [("mpi-collective", "summa")]
+        combos = [("mpi-collective", variant)] if variant else collective
     elif backend == "mpi-onesided":
         combos = [("mpi-onesided", variant)] if variant else [("mpi-onesided", v) for v in ONESIDED_VARIANTS]
     else:
-        combos = [("mpi-onesided", v) for v in ONESIDED_VARIANTS] + [("mpi-collective", "summa")]
+        combos = [("mpi-onesided", v) for v in ONESIDED_VARIANTS] + collective
+    budget = memory_budget(nranks)
     candidates = []
     seen_tiles = set()
     for t in tiles:
@@ -250,30 +325,51 @@ def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto
             candidates.append({"backend": b, "variant": var, "tile": t,
                                "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
                                "flops": s["flops"], "block_products": s["products"],
+                               "fits_memory": e["memory_per_rank"] <= budget,
                                **{k: (round(x, 6) if isinstance(x, float) else x) for k, x in e.items()}})
         if too_fine:
             break
-    ok = [c for c in candidates if c["memory_max_over_mean"] <= BALANCE_LIMIT or tile]
-    pool = ok or candidates
+    # a candidate must spread the tensors evenly (unless the tile was given) and fit in
+    # memory per rank (unless the variant was given): 2.5d's c-times larger output
+    # rectangle is the reason it may not
+    ok = [c for c in candidates if (c["memory_max_over_mean"] <= BALANCE_LIMIT or tile)
+          and (c["fits_memory"] or variant)]
+    pool = ok or [c for c in candidates if c["fits_memory"] or variant] \
+        or [c for c in candidates if c["layers"] in (None, 1)] or candidates
     best = min(pool, key=lambda c: (c["seconds"], -c["tile"]))
     sched = None
     if best["backend"] == "mpi-onesided":
         sched = schedule or "nxtval"
     return {"backend": best["backend"], "variant": best["variant"], "schedule": sched,
-            "tile": best["tile"], "ranks": nranks, "gemm_rate": rate,
+            "tile": best["tile"], "ranks": nranks, "gemm_rate": rate, "layers": best["layers"],
+            "grid": list(grid_3d(nranks, best["variant"])) if best["backend"] == "mpi-collective" else None,
+            "memory_budget_per_rank": budget, "estimated_memory_per_rank": best["memory_per_rank"],
             "estimated_seconds_per_iteration": best["seconds"],
             "candidates": sorted(candidates, key=lambda c: c["seconds"])}
 
 
 def render(decision: dict, limit: int = 12) -> str:
     """The decision and the best candidates as a table."""
+    grid = ""
+    if decision.get("grid"):
+        pr, pc, c = decision["grid"]
+        grid = f" (grid {pr} x {pc}" + (f" x {c} layers)" if c > 1 else ")")
     lines = [f"auto decision on {decision['ranks']} rank(s): backend {decision['backend']}, "
-             f"variant {decision['variant']}, schedule {decision['schedule']}, tile {decision['tile']} "
-             f"(measured DGEMM rate {decision['gemm_rate'] / 1e9:.1f} GFLOP/s)",
+             f"variant {decision['variant']}{grid}, schedule {decision['schedule']}, tile {decision['tile']} "
+             f"(measured DGEMM rate {decision['gemm_rate'] / 1e9:.1f} GFLOP/s; memory per rank: estimated "
+             f"{decision.get('estimated_memory_per_rank', 0) / 2**20:.0f} MiB of "
+             f"{decision.get('memory_budget_per_rank', 0) / 2**20:.0f} MiB allowed)",
              f"{'backend':15s} {'variant':9s} {'tile':>4s} {'est. s/iter':>11s} {'compute':>8s} "
-             f"{'gets':>9s} {'accs':>8s} {'coll.':>6s} {'MB/rank':>8s} {'mem max/mean':>12s}"]
+             f"{'gets':>9s} {'accs':>8s} {'coll.':>6s} {'MB/rank':>8s} {'bcast MB':>8s} {'mem MiB':>8s} "
+             f"{'mem max/mean':>12s}"]
     for c in decision["candidates"][:limit]:
-        lines.append(f"{c['backend']:15s} {c['variant']:9s} {c['tile']:4d} {c['seconds']:11.3f} "
+        var = c["variant"] + (f" c={c['layers']}" if c.get("layers", 1) not in (None, 1) else "")
+        mem = f"{c.get('memory_per_rank', 0) / 2**20:7.0f}" + (" " if c.get("fits_memory", True) else "!")
+        lines.append(f"{c['backend']:15s} {var:9s} {c['tile']:4d} {c['seconds']:11.3f} "
                      f"{c['compute']:8.3f} {c['gets']:9.0f} {c['accs']:8.0f} {c['collectives']:6d} "
-                     f"{c['bytes_per_rank'] / 2**20:8.1f} {c['memory_max_over_mean']:12.2f}")
+                     f"{c['bytes_per_rank'] / 2**20:8.1f} {c.get('bcast_bytes_per_rank', 0) / 2**20:8.1f} "
+                     f"{mem:>8s} {c['memory_max_over_mean']:12.2f}")
+    if any(not c.get("fits_memory", True) for c in decision["candidates"][:limit]):
+        lines.append("! estimated memory per rank above the allowed (TESSERA_MEMORY_PER_RANK_MB, default half "
+                     "the machine's memory shared by the ranks): not chosen unless --variant asks for it")
     return "\n".join(lines)

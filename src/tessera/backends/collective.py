@@ -2,35 +2,54 @@
 
 Every rank takes part in every step. No one-sided operation is used: the tensors still
 live in the ranks' memory (the same distributed storage as ``mpi-onesided``), but
-blocks travel only by all-to-all exchanges and broadcasts (``CollectiveComm``).
+blocks travel only by all-to-all exchanges and broadcasts (``CollectiveComm``, on the
+runtime's ``World.alltoallv`` and ``World.split`` groups).
 
-Contraction (SUMMA, van de Geijn & Watts 1997, per symmetry sector): the ranks form a
-pr x pc grid. Row tile tuples of each sector are dealt to grid rows, column tuples to
-grid columns (balanced by size), inner tuples to panels. (1) One all-to-all moves every
-A block from its owner to the rank of its grid row that holds its panel, and every B
-block to the rank of its grid column that holds its panel. (2) For each panel the
-holders broadcast it, A along their grid row and B along their grid column (all
-sectors in one message), and every rank adds A_panel @ B_panel into its output
-rectangle: one GEMM per sector and panel. (3) One all-to-all sends each output block
-to its owner, who adds it in place. Owner-computes steps (permuted additions, Hadamard
-products) get their inputs by one all-to-all.
+Contraction (SUMMA, van de Geijn & Watts 1997, per symmetry sector; 2.5D, Solomonik &
+Demmel 2011): the ranks form a pr x pc x c grid of c layers, each a pr x pc SUMMA grid
+(rank = layer * pr * pc + row * pc + col). Row tile tuples of each sector are dealt to
+grid rows, column tuples to grid columns (balanced by size; the same in every layer),
+inner tuples to the layers and, within a layer, to max(pr, pc) panels; with c > 1 an
+inner tuple larger than a layer's share is cut into parts along its first tile
+(``_inner_units``: partial blocks), so one occupied tile still spreads over the layers.
+(1) One all-to-all moves every A block (part) from its owner to the rank of its layer
+and grid row that holds its panel, and every B block (part) to the rank of its layer and
+grid column that holds its panel (one home each: inputs are not replicated). (2) Each layer
+runs SUMMA over its own panels: for each panel the holders broadcast it, A along their
+grid row and B along their grid column (all sectors in one message), and every rank adds
+A_panel @ B_panel into its output rectangle: one GEMM per sector and panel. (3) One
+all-to-all sends each output block piece to the block's owner, who adds it in place;
+the owners' additions are the reduction over layers (a layer with no inner tuple of a
+sector sends nothing for it).
 
-Variant ``summa`` is the only one; replication of an input across grid layers (2.5D)
-is not implemented.
+Variants: ``summa`` (c = 1: a pr x pc grid of all ranks) and ``2.5d`` (c layers; by
+default ``auto.default_layers(P)``, the smallest divisor of P not below P^(1/3), or
+``layers=c`` for any divisor c of P). Per rank the broadcast volume shrinks (A panels
+reach pc - 1 ranks of a grid 1/c the size, over 1/c of the inner tuples), while each
+rank holds an output rectangle c times larger than with SUMMA on the same ranks: the
+memory cost of replication, which the cost model (``auto``) checks before choosing c > 1.
+Owner-computes steps (permuted additions, Hadamard products) get their inputs by one
+all-to-all.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
+import zlib
 from functools import lru_cache
 
 import numpy as np
 
+from tessera.backends.auto import default_layers, grid_shape
 from tessera.backends.dist_base import DistributedExecutor, check_choice, part_range, part_slice
-from tessera.backends.auto import grid_shape
+from tessera.errors import InputError
 from tessera.plan.blocktasks import _invert
 
-VARIANTS = ("summa",)
+log = logging.getLogger("tessera.backends")
+
+VARIANTS = ("summa", "2.5d")
 
 
 def _deal(sizes, nbins: int) -> list:
@@ -45,56 +64,68 @@ def _deal(sizes, nbins: int) -> list:
     return out
 
 
+def _rotated(bins: list, nbins: int, shift: int) -> list:
+    """``bins`` relabelled by ``shift`` (the greedy deal favours bin 0 on ties: rotating it
+    per sector spreads the remainders of many small sectors over the ranks)."""
+    return [(b + shift) % nbins for b in bins]
+
+
+def _deal_layers(sizes, layers: int, npanel: int, shift: int = 0) -> list:
+    """(layer, panel) of each inner tuple: dealt to layers by size (labels rotated by
+    ``shift``), then within each layer to its panels by size (with one layer:
+    ``_deal(sizes, npanel)``)."""
+    layer = _rotated(_deal(sizes, layers), layers, shift) if layers > 1 else [0] * len(sizes)
+    out = [(0, 0)] * len(sizes)
+    for lay in range(layers):
+        members = [q for q, l_ in enumerate(layer) if l_ == lay]
+        for q, p in zip(members, _deal([sizes[q] for q in members], npanel)):
+            out[q] = (lay, p)
+    return out
+
+
 class CollectiveComm:
-    """All-to-all and grid broadcasts over the workers, recorded in the comm log.
+    """The process grid of ``mpi-collective``: pr x pc x c ranks (c layers), with a
+    runtime group per grid row and per grid column of each layer. All-to-all over the
+    workers (``World.alltoallv``, op ``alltoallv``) and broadcasts along a row or column
+    (``Group.bcast``, ops ``bcast_row`` and ``bcast_col``, peer: the root's World rank)
+    are recorded in the comm log by the runtime."""
 
-    The runtime offers no sub-communicators or all-to-all (see docs/distributed.md), so
-    they are made here from ``world.comm`` and every call is recorded with
-    ``world.comm_log.add`` (op names ``alltoallv``, ``bcast_row``, ``bcast_col``,
-    ``allgather``)."""
-
-    def __init__(self, world):
+    def __init__(self, world, layers: int = 1):
         self.world = world
         self.size, self.rank = world.size, world.rank
-        self.pr, self.pc = grid_shape(self.size)
-        self.my_row, self.my_col = divmod(self.rank, self.pc)
-        comm = world.comm
-        self.row_comm = comm.Split(self.my_row, self.my_col)    # same grid row, rank = column
-        self.col_comm = comm.Split(self.my_col, self.my_row)    # same grid column, rank = row
+        if layers < 1 or self.size % layers:
+            raise InputError(f"mpi-collective: {layers} layer(s) do not divide {self.size} rank(s); "
+                             "a 2.5D grid is pr x pc x layers ranks. Choose a divisor of the rank count "
+                             "(or variant summa).")
+        self.layers = layers
+        self.pr, self.pc = grid_shape(self.size // layers)
+        self.my_layer, rest = divmod(self.rank, self.pr * self.pc)
+        self.my_row, self.my_col = divmod(rest, self.pc)
+        # same layer and grid row, group rank = column; same layer and column, rank = row
+        self.row_group = world.split(self.my_layer * self.pr + self.my_row, self.my_col)
+        self.col_group = world.split(self.my_layer * self.pc + self.my_col, self.my_row)
         self.log = world.comm_log
 
-    def grid_rank(self, row: int, col: int) -> int:
-        return row * self.pc + col
+    def grid_rank(self, row: int, col: int, layer: int | None = None) -> int:
+        """World rank of grid position (row, col) in ``layer`` (default: this rank's)."""
+        return ((self.my_layer if layer is None else layer) * self.pr + row) * self.pc + col
 
     def alltoallv(self, send: list, recv_counts: list) -> list:
         """send[d] = flat float64 array for rank d, recv_counts[s] = elements from rank s
         (every rank knows them from the structure); returns recv[s]."""
-        t0 = time.perf_counter()
-        counts = [int(a.size) for a in send]
-        sbuf = np.concatenate(send) if sum(counts) else np.zeros(1)
-        sdis = [0] + np.cumsum(counts)[:-1].tolist()
-        rc = [int(c) for c in recv_counts]
-        rdis = [0] + np.cumsum(rc)[:-1].tolist()
-        rbuf = np.empty(max(1, sum(rc)))
-        self.world.comm.Alltoallv([sbuf, (counts, sdis)], [rbuf, (rc, rdis)])
-        sent = 8 * (sum(counts) - counts[self.rank])
-        self.log.add("alltoallv", -1, sent, time.perf_counter() - t0)
-        return [rbuf[d:d + c] for d, c in zip(rdis, rc)]
+        return self.world.alltoallv(send, recv_counts)
 
     def bcast(self, buf: np.ndarray, root: int, axis: str) -> None:
-        comm = self.row_comm if axis == "row" else self.col_comm
-        if comm.Get_size() == 1 or buf.size == 0:
-            return
-        t0 = time.perf_counter()
-        comm.Bcast(buf, root=root)
-        peer = self.grid_rank(self.my_row, root) if axis == "row" else self.grid_rank(root, self.my_col)
-        self.log.add(f"bcast_{axis}", peer, buf.nbytes, time.perf_counter() - t0)
+        """Broadcast ``buf`` in place along this rank's grid row (root: a column) or grid
+        column (root: a row) of its layer."""
+        group = self.row_group if axis == "row" else self.col_group
+        group.bcast(buf, root, op_name=f"bcast_{axis}")
 
     def free(self) -> None:
-        for c in (self.row_comm, self.col_comm):
-            if c is not None:
-                c.Free()
-        self.row_comm = self.col_comm = None
+        for g in (self.row_group, self.col_group):
+            if g is not None:
+                g.free()
+        self.row_group = self.col_group = None
 
 
 def exchange(cc: CollectiveComm, items) -> dict:
@@ -153,16 +184,30 @@ def request_exchange(cc: CollectiveComm, arrays: dict, requests) -> dict:
 class CollectiveExecutor(DistributedExecutor):
     name = "mpi-collective"
 
-    def __init__(self, variant: str = "summa", world=None, schedule=None):
+    def __init__(self, variant: str = "summa", world=None, schedule=None, layers: int | None = None):
         super().__init__(world, fetcher=self._fetch_many)
         if schedule is not None:
             check_choice("schedule (mpi-collective is bulk-synchronous and has none)", schedule, ())
         self.variant = check_choice("variant (mpi-collective)", variant, VARIANTS)
-        self.cc = CollectiveComm(self.world)
+        size = self.world.size
+        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int)):
+            raise InputError(f"mpi-collective: layers must be an integer, got {layers!r}")
+        if self.variant == "summa":
+            if layers not in (None, 1):
+                raise InputError(f"mpi-collective: layers={layers} replicate the output over grid layers, "
+                                 "which is variant 2.5d; variant summa has one layer. Use variant='2.5d'.")
+            layers = 1
+        elif layers is None:
+            layers = default_layers(size)
+        self.cc = CollectiveComm(self.world, layers)
+        if self.variant == "2.5d" and layers == 1:
+            log.info("mpi-collective 2.5d on %d rank(s): one layer (no replication; the same steps as summa)",
+                     size)
         self._known: dict = {}
 
     def describe(self) -> dict:
-        return {**super().describe(), "variant": self.variant, "grid": [self.cc.pr, self.cc.pc]}
+        return {**super().describe(), "variant": self.variant, "grid": [self.cc.pr, self.cc.pc],
+                "layers": self.cc.layers}
 
     def close(self) -> None:
         if not self.closed:
@@ -239,36 +284,42 @@ class CollectiveExecutor(DistributedExecutor):
                                                                blocks[(ga_b.eid, kb)])
         self.compute_seconds += time.perf_counter() - t0
 
-    # ---------------------------------------------------------------- SUMMA
+    # ---------------------------------------------------------------- SUMMA / 2.5D
     def contract_step(self, step) -> None:
         cc = self.cc
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
         pa, pb, pc_ = step.perms["a"], step.perms["b"], step.perms["c"]
         sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-        lay = _summa_layout(sig, pa, pb, cc.pr, cc.pc)
-        me_row, me_col = cc.my_row, cc.my_col
-        # (1) blocks to their SUMMA homes
-        items = [(A.dist.ga, akey, cc.grid_rank(hr, hc)) for akey, hr, hc in lay["a_homes"]]
-        items += [(B.dist.ga, bkey, cc.grid_rank(hr, hc)) for bkey, hr, hc in lay["b_homes"]]
+        lay = _summa_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers)
+        me_row, me_col, me_layer = cc.my_row, cc.my_col, cc.my_layer
+        # (1) blocks (or parts: a cut inner tuple) to their homes, one each, in the layer
+        # of their inner unit
+        items = [(A.dist.ga, akey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
+                 for akey, part, hl, hr, hc in lay["a_homes"]]
+        items += [(B.dist.ga, bkey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
+                  for bkey, part, hl, hr, hc in lay["b_homes"]]
         home = exchange(cc, items)
-        # (2) panels: A along grid rows, B along grid columns
+        # (2) this layer's panels: A along grid rows, B along grid columns
         nsec = len(sig)
-        cmat = [np.zeros((lay["row_total"][n][me_row], lay["col_total"][n][me_col])) for n in range(nsec)]
+        active = lay["active"]
+        cmat = [np.zeros((lay["row_total"][n][me_row], lay["col_total"][n][me_col]) if active[n][me_layer]
+                         else (0, 0)) for n in range(nsec)]
         compute = 0.0
         for p in range(lay["npanel"]):
             a_root, b_root = p % cc.pc, p % cc.pr
-            abuf = np.empty(lay["a_panel_size"][p][me_row])
+            abuf = np.empty(lay["a_panel_size"][me_layer][p][me_row])
             if me_col == a_root:
-                self._pack_a(abuf, lay, p, me_row, A, home, pa)
+                self._pack_a(abuf, lay, me_layer, p, me_row, A, home, pa)
             cc.bcast(abuf, a_root, "row")
-            bbuf = np.empty(lay["b_panel_size"][p][me_col])
+            bbuf = np.empty(lay["b_panel_size"][me_layer][p][me_col])
             if me_row == b_root:
-                self._pack_b(bbuf, lay, p, me_col, B, home, pb)
+                self._pack_b(bbuf, lay, me_layer, p, me_col, B, home, pb)
             cc.bcast(bbuf, b_root, "col")
             c0 = time.perf_counter()
             aoff = boff = 0
             for n in range(nsec):
-                m, k, ncol = lay["row_total"][n][me_row], lay["panel_inner"][n][p], lay["col_total"][n][me_col]
+                m, k = lay["row_total"][n][me_row], lay["panel_inner"][n][me_layer][p]
+                ncol = lay["col_total"][n][me_col]
                 am = abuf[aoff:aoff + m * k].reshape(m, k)
                 bm = bbuf[boff:boff + k * ncol].reshape(k, ncol)
                 aoff += m * k
@@ -276,11 +327,14 @@ class CollectiveExecutor(DistributedExecutor):
                 if m and k and ncol:
                     cmat[n] += am @ bm
             compute += time.perf_counter() - c0
-        # (3) output blocks to their owners
+        # (3) output pieces to the owners of the output blocks (they add: the reduction
+        # over layers); a layer without inner tuples in a sector has nothing to send
         send = [[] for _ in range(cc.size)]
         expect = [[] for _ in range(cc.size)]
         c0 = time.perf_counter()
         for n, (_, rows, inner, cols) in enumerate(sig):
+            if not active[n][me_layer]:
+                continue
             for r, c, ro, co in lay["out"][n][me_row][me_col]:
                 blk = cmat[n][ro:ro + rows.sizes[r], co:co + cols.sizes[c]]
                 okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
@@ -292,15 +346,18 @@ class CollectiveExecutor(DistributedExecutor):
                     send[dest].append(np.ascontiguousarray(res).ravel())
         compute += time.perf_counter() - c0
         for n, (_, rows, inner, cols) in enumerate(sig):
-            for gr in range(cc.pr):
-                for gc in range(cc.pc):
-                    src = cc.grid_rank(gr, gc)
-                    if src == cc.rank:
-                        continue
-                    for r, c, _, _ in lay["out"][n][gr][gc]:
-                        okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
-                        if C.dist.owner(okey) == cc.rank:
-                            expect[src].append(okey)
+            for gl in range(cc.layers):
+                if not active[n][gl]:
+                    continue
+                for gr in range(cc.pr):
+                    for gc in range(cc.pc):
+                        src = cc.grid_rank(gr, gc, gl)
+                        if src == cc.rank:
+                            continue
+                        for r, c, _, _ in lay["out"][n][gr][gc]:
+                            okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
+                            if C.dist.owner(okey) == cc.rank:
+                                expect[src].append(okey)
         counts = [sum(C.blocks[k].size for k in keys) for keys in expect]
         recv = cc.alltoallv([np.concatenate(s) if s else np.zeros(0) for s in send], counts)
         c0 = time.perf_counter()
@@ -314,38 +371,80 @@ class CollectiveExecutor(DistributedExecutor):
         self.compute_seconds += compute
 
     @staticmethod
-    def _pack_a(buf, lay, p, grow, A, home, pa) -> None:
+    def _pack_a(buf, lay, layer, p, grow, A, home, pa) -> None:
         off = 0
         for n, entries in enumerate(lay["a_pack"]):
-            m, k = lay["row_total"][n][grow], lay["panel_inner"][n][p]
+            m, k = lay["row_total"][n][grow], lay["panel_inner"][n][layer][p]
             mat = buf[off:off + m * k].reshape(m, k)
-            for akey, ro, io, rs, ks in entries[p][grow]:
-                mat[ro:ro + rs, io:io + ks] = home[(A.dist.ga.eid, akey)].transpose(pa).reshape(rs, ks)
+            for akey, part, ro, io, rs, ks in entries[layer][p][grow]:
+                blk = home[(A.dist.ga.eid, akey) if part is None else (A.dist.ga.eid, akey, part)]
+                mat[ro:ro + rs, io:io + ks] = blk.transpose(pa).reshape(rs, ks)
             off += m * k
 
     @staticmethod
-    def _pack_b(buf, lay, p, gcol, B, home, pb) -> None:
+    def _pack_b(buf, lay, layer, p, gcol, B, home, pb) -> None:
         off = 0
         for n, entries in enumerate(lay["b_pack"]):
-            k, ncol = lay["panel_inner"][n][p], lay["col_total"][n][gcol]
+            k, ncol = lay["panel_inner"][n][layer][p], lay["col_total"][n][gcol]
             mat = buf[off:off + k * ncol].reshape(k, ncol)
-            for bkey, io, co, ks, cs in entries[p][gcol]:
-                mat[io:io + ks, co:co + cs] = home[(B.dist.ga.eid, bkey)].transpose(pb).reshape(ks, cs)
+            for bkey, part, io, co, ks, cs in entries[layer][p][gcol]:
+                blk = home[(B.dist.ga.eid, bkey) if part is None else (B.dist.ga.eid, bkey, part)]
+                mat[io:io + ks, co:co + cs] = blk.transpose(pb).reshape(ks, cs)
             off += k * ncol
 
 
+def _inner_units(inner, layers: int) -> list:
+    """The inner tuples of a sector cut into units for the layers: ``(q, part)`` with
+    ``part = None`` (the whole tuple) or ``(lo, hi)``, rows of the tuple's first inner
+    tile. With one layer every tuple is one unit. With c layers a tuple larger than a
+    layer's share (total / c) is cut into ceil(size / share) near-equal parts along its
+    first tile (at most one part per orbital), so that a sector with fewer inner tuples
+    than layers (e.g. one occupied tile) still spreads over the layers. An outer product
+    (no inner index) is one unit."""
+    if layers == 1:
+        return [(q, None) for q in range(len(inner.tuples))]
+    share = inner.total / layers
+    units = []
+    for q, shape in enumerate(inner.shapes):
+        m = min(shape[0], math.ceil(inner.sizes[q] / share)) if shape and share > 0 else 1
+        if m <= 1:
+            units.append((q, None))
+            continue
+        cuts = [round(i * shape[0] / m) for i in range(m + 1)]
+        units += [(q, (lo, hi)) for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+    return units
+
+
 @lru_cache(maxsize=2048)
-def _summa_layout(sig, pa, pb, pr: int, pc: int) -> dict:
-    """Where every block of a contraction goes in the pr x pc SUMMA layout (structure only)."""
+def _summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
+    """Where every block of a contraction goes on the pr x pc x layers grid (structure
+    only). Per sector n: ``row_total[n][grid row]``, ``col_total[n][grid col]`` (output
+    rectangle, the same in every layer); ``units[n]`` = [(q, part)] the inner tuples (or
+    parts of them, see ``_inner_units``) and ``inner_panel[n][u] = (layer, panel)`` of
+    unit u; ``panel_inner[n][layer][panel]`` (inner width of a panel), ``active[n][layer]``
+    (the layer has inner work); ``a_pack[n][layer][panel][grid row]`` and
+    ``b_pack[n][layer][panel][grid col]``: (key, part, row/inner offset, inner/col offset,
+    rows, cols) of the blocks in a panel; ``out[n][grid row][grid col]``: output tile pairs
+    and offsets. ``a_homes``/``b_homes``: (key, part, layer, grid row, grid col) of every
+    input block (part) -- part is None or (axis, lo, hi) of the block, as ``exchange``
+    takes it; ``a_panel_size[layer][panel][grid row]``, ``b_panel_size[layer][panel][grid
+    col]``: elements of the broadcast panels."""
     npanel = max(pr, pc)
-    lay = {"npanel": npanel, "row_total": [], "col_total": [], "panel_inner": [], "a_homes": [],
-           "b_homes": [], "a_pack": [], "b_pack": [], "out": []}
-    a_panel = [[0] * pr for _ in range(npanel)]
-    b_panel = [[0] * pc for _ in range(npanel)]
-    for _, rows, inner, cols in sig:
-        grow = _deal(rows.sizes, pr)
-        gcol = _deal(cols.sizes, pc)
-        panel = _deal(inner.sizes, npanel)
+    lay = {"npanel": npanel, "layers": layers, "row_total": [], "col_total": [], "panel_inner": [],
+           "units": [], "inner_panel": [], "active": [], "a_homes": [], "b_homes": [], "a_pack": [],
+           "b_pack": [], "out": []}
+    a_panel = [[[0] * pr for _ in range(npanel)] for _ in range(layers)]
+    b_panel = [[[0] * pc for _ in range(npanel)] for _ in range(layers)]
+    for n, (_, rows, inner, cols) in enumerate(sig):
+        # rotate the deals by a stable number from the sector's structure, so that the
+        # remainders of steps with few tuples do not all land on grid row/column/layer 0
+        shift = zlib.crc32(repr((n, rows.tuples, inner.tuples, cols.tuples, pa, pb)).encode())
+        grow = _rotated(_deal(rows.sizes, pr), pr, shift)
+        gcol = _rotated(_deal(cols.sizes, pc), pc, shift // pr)
+        units = _inner_units(inner, layers)
+        usize = [inner.sizes[q] if part is None else inner.sizes[q] // inner.shapes[q][0] * (part[1] - part[0])
+                 for q, part in units]
+        place = _deal_layers(usize, layers, npanel, shift // (pr * pc))
         roff, rtot = [0] * len(rows.tuples), [0] * pr
         for r, g in enumerate(grow):
             roff[r] = rtot[g]
@@ -354,36 +453,42 @@ def _summa_layout(sig, pa, pb, pr: int, pc: int) -> dict:
         for c, g in enumerate(gcol):
             coff[c] = ctot[g]
             ctot[g] += cols.sizes[c]
-        ioff, itot = [0] * len(inner.tuples), [0] * npanel
-        for q, p in enumerate(panel):
-            ioff[q] = itot[p]
-            itot[p] += inner.sizes[q]
-        apack = [[[] for _ in range(pr)] for _ in range(npanel)]
-        bpack = [[[] for _ in range(pc)] for _ in range(npanel)]
+        ioff, itot = [0] * len(units), [[0] * npanel for _ in range(layers)]
+        for u, (l_, p) in enumerate(place):
+            ioff[u] = itot[l_][p]
+            itot[l_][p] += usize[u]
+        apack = [[[[] for _ in range(pr)] for _ in range(npanel)] for _ in range(layers)]
+        bpack = [[[[] for _ in range(pc)] for _ in range(npanel)] for _ in range(layers)]
         for r, rk in enumerate(rows.tuples):
-            for q, kk in enumerate(inner.tuples):
-                akey = _invert(rk + kk, pa)
-                p = panel[q]
-                lay["a_homes"].append((akey, grow[r], p % pc))
-                apack[p][grow[r]].append((akey, roff[r], ioff[q], rows.sizes[r], inner.sizes[q]))
-        for q, kk in enumerate(inner.tuples):
+            for u, (q, part) in enumerate(units):
+                akey = _invert(rk + inner.tuples[q], pa)
+                apart = None if part is None else (pa[len(rk)], *part)   # A's axis of the first inner tile
+                l_, p = place[u]
+                lay["a_homes"].append((akey, apart, l_, grow[r], p % pc))
+                apack[l_][p][grow[r]].append((akey, apart, roff[r], ioff[u], rows.sizes[r], usize[u]))
+        for u, (q, part) in enumerate(units):
             for c, ck in enumerate(cols.tuples):
-                bkey = _invert(kk + ck, pb)
-                p = panel[q]
-                lay["b_homes"].append((bkey, p % pr, gcol[c]))
-                bpack[p][gcol[c]].append((bkey, ioff[q], coff[c], inner.sizes[q], cols.sizes[c]))
+                bkey = _invert(inner.tuples[q] + ck, pb)
+                bpart = None if part is None else (pb[0], *part)         # B's axis of the first inner tile
+                l_, p = place[u]
+                lay["b_homes"].append((bkey, bpart, l_, p % pr, gcol[c]))
+                bpack[l_][p][gcol[c]].append((bkey, bpart, ioff[u], coff[c], usize[u], cols.sizes[c]))
         out = [[[] for _ in range(pc)] for _ in range(pr)]
         for r in range(len(rows.tuples)):
             for c in range(len(cols.tuples)):
                 out[grow[r]][gcol[c]].append((r, c, roff[r], coff[c]))
-        for p in range(npanel):
-            for g in range(pr):
-                a_panel[p][g] += rtot[g] * itot[p]
-            for g in range(pc):
-                b_panel[p][g] += itot[p] * ctot[g]
+        for l_ in range(layers):
+            for p in range(npanel):
+                for g in range(pr):
+                    a_panel[l_][p][g] += rtot[g] * itot[l_][p]
+                for g in range(pc):
+                    b_panel[l_][p][g] += itot[l_][p] * ctot[g]
         lay["row_total"].append(rtot)
         lay["col_total"].append(ctot)
         lay["panel_inner"].append(itot)
+        lay["units"].append(units)
+        lay["inner_panel"].append(place)
+        lay["active"].append([sum(itot[l_]) > 0 for l_ in range(layers)])
         lay["a_pack"].append(apack)
         lay["b_pack"].append(bpack)
         lay["out"].append(out)

@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="auto (default: threads on one process, a cost-model choice under mpiexec) | serial | threads | mpi-onesided | mpi-collective")
         s.add_argument("--variant", default=None,
                        help="mpi-onesided loop order: original | inverted | cached (default cached); "
-                            "mpi-collective: summa")
+                            "mpi-collective: summa | 2.5d (default: the cost model's choice)")
         s.add_argument("--schedule", default=None, help="mpi-onesided task schedule: nxtval | steal "
                                                         "(default nxtval)")
         s.add_argument("--tile", type=int, default=None,

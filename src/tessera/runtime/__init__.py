@@ -1,7 +1,8 @@
 """Tessera's runtime: the only layer that talks to MPI.
 
-World (communicators, progress mode, clean stop), GlobalArray (distributed blocks over
-MPI one-sided operations), TaskCounter (atomic fetch-and-add), CommLog (communication
+World (communicators, progress mode, clean stop, recorded collectives incl. all-to-all),
+Group (sub-communicators made by `World.split`), GlobalArray (distributed blocks over MPI
+one-sided operations), TaskCounter (atomic fetch-and-add), CommLog (communication
 accounting). Importing this package does not initialise MPI; `World.get()` does.
 See docs/runtime.md.
 """
@@ -10,6 +11,7 @@ from tessera.runtime.commlog import CommLog, CommRecord, CommSummary, OpTotal
 from tessera.runtime.counter import TaskCounter
 from tessera.runtime.distribution import assign_owners
 from tessera.runtime.global_array import GlobalArray, Handle
+from tessera.runtime.group import Group
 from tessera.runtime.layout import BlockLayout, Piece
 from tessera.runtime.options import RuntimeOptions
 from tessera.runtime.world import World
@@ -20,6 +22,7 @@ __all__ = [
     "CommRecord",
     "CommSummary",
     "GlobalArray",
+    "Group",
     "Handle",
     "OpTotal",
     "Piece",

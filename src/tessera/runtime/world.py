@@ -9,8 +9,12 @@ their serve loop inside `World.get()` and leave the process (SystemExit(0)) when
 workers stop; they never return to user code. `world.full_comm` includes the ghosts
 and is for inspection only.
 
-`stop()` (collective; also registered with `atexit`) frees every live window and
-counter, stops the progress thread, releases the ghosts and frees the communicators,
+Collectives over the workers (`barrier`, `bcast`, `allreduce`, `allgather`, `gather`,
+`alltoallv`) are recorded in `world.comm_log`; `split(color, key)` makes a `Group`
+(sub-communicator of the workers, runtime/group.py) whose collectives are recorded too.
+
+`stop()` (collective; also registered with `atexit`) frees every live window, counter
+and group, stops the progress thread, releases the ghosts and frees the communicators,
 so that MPI_Finalize (run by mpi4py at exit) finds nothing left. A process runs one
 World; after `stop()` `World.get()` is an error.
 """
@@ -29,6 +33,7 @@ import numpy as np
 from tessera.errors import RuntimeLayerError
 from tessera.runtime._mpi import SubarrayTypes, load_mpi
 from tessera.runtime.commlog import CommLog
+from tessera.runtime.group import Group
 from tessera.runtime.options import ENV_GHOSTS, RuntimeOptions
 from tessera.runtime.progress import CONTROL_TAG, GhostServer, ProgressThread
 
@@ -94,6 +99,7 @@ class World:
         self._types = SubarrayTypes()
         self._old_excepthook = None
         self._comms: list = []
+        self._groups: list = []          # live Groups (split), freed at stop()
 
     # -- start ------------------------------------------------------------------------
     def _start(self) -> None:
@@ -247,6 +253,8 @@ class World:
         for obj in sorted(self._live.values(), key=lambda o: o.eid):
             obj.free()
         self._types.clear()
+        for group in list(self._groups):
+            group.free()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
@@ -346,6 +354,66 @@ class World:
         parts = self.comm.gather(data, root=root)
         self.comm_log.add("gather", root, len(data), time.perf_counter() - t0)
         return None if parts is None else [pickle.loads(p) for p in parts]
+
+    def alltoallv(self, send: list, recv_counts: list) -> list:
+        """Personalised all-to-all of float64 data over the workers.
+
+        ``send[d]``: the flat float64 array for rank d (every rank, itself included);
+        ``recv_counts[s]``: how many elements rank s sends here (the caller knows them,
+        e.g. from the structure of the data: a mismatch is an MPI error). Returns
+        ``recv[s]`` for every rank s (views into one buffer; ``recv[me]`` is a copy of
+        ``send[me]``). Recorded as ``alltoallv`` (peer -1) with the bytes sent to other
+        ranks."""
+        self._check_running()
+        size = self.size
+        if len(send) != size or len(recv_counts) != size:
+            raise RuntimeLayerError(
+                f"alltoallv needs one send array and one receive count per rank ({size}); got "
+                f"{len(send)} send array(s) and {len(recv_counts)} count(s)."
+            )
+        parts = []
+        for d, a in enumerate(send):
+            a = np.asarray(a)
+            if a.dtype != np.float64:
+                raise RuntimeLayerError(
+                    f"alltoallv sends float64 data; send[{d}] has dtype {a.dtype}. Convert it "
+                    "first (a.astype(np.float64))."
+                )
+            parts.append(a.ravel())
+        counts = [int(a.size) for a in parts]
+        rc = [int(c) for c in recv_counts]
+        if min(rc, default=0) < 0:
+            raise RuntimeLayerError(f"alltoallv receive counts must be >= 0, got {rc}.")
+        t0 = time.perf_counter()
+        sbuf = np.concatenate(parts) if sum(counts) else np.zeros(1)
+        sdis = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        rdis = np.concatenate([[0], np.cumsum(rc)[:-1]]).astype(int).tolist()
+        rbuf = np.empty(max(1, sum(rc)))
+        self.comm.Alltoallv([sbuf, (counts, sdis)], [rbuf, (rc, rdis)])
+        sent = 8 * (sum(counts) - counts[self.rank])
+        self.comm_log.add("alltoallv", -1, sent, time.perf_counter() - t0)
+        return [rbuf[d:d + c] for d, c in zip(rdis, rc)]
+
+    # -- sub-communicators ------------------------------------------------------------
+    def split(self, color: int, key: int = 0) -> Group:
+        """Collective over the workers: the group of workers that pass the same ``color``
+        (a non-negative int), ranked by ``key`` (ties: World rank). Freed by
+        ``Group.free()`` or at ``stop()``. See ``tessera.runtime.group``."""
+        self._check_running()
+        if not isinstance(color, (int, np.integer)) or isinstance(color, bool) or color < 0:
+            raise RuntimeLayerError(
+                f"split color must be a non-negative integer, got {color!r}; ranks that pass "
+                "the same color form one group."
+            )
+        if not isinstance(key, (int, np.integer)) or isinstance(key, bool):
+            raise RuntimeLayerError(f"split key must be an integer, got {key!r} (it orders the group).")
+        comm = self.comm.Split(int(color), int(key))
+        group = Group(self, comm, int(color), int(key))
+        self._groups.append(group)
+        return group
+
+    def _forget_group(self, group) -> None:
+        self._groups = [g for g in self._groups if g is not group]
 
     # -- description ------------------------------------------------------------------
     def describe(self) -> dict:
