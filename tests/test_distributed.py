@@ -18,7 +18,7 @@ from tessera.backends.dist_base import part_slice
 from tessera.backends.distributed import contiguous_runs, owner_map
 from tessera.chem.integrals import make_spaces
 from tessera.errors import InputError
-from tessera.plan.blocktasks import _invert, contraction_tasks, hadamard_pairs
+from tessera.plan.blocktasks import invert_key, contraction_tasks, hadamard_pairs
 
 
 def spaces(seed, nirrep=4):
@@ -188,7 +188,7 @@ def test_25d_layout_covers_every_inner_panel_once(expr, seed, pr, pc, layers):
         for r, rk in enumerate(rows.tuples):
             for u, (q, part) in enumerate(units):
                 apart = None if part is None else (pa[len(rk)], *part)
-                assert homes_a[(_invert(rk + inner.tuples[q], pa), apart)][0] == place[u][0]
+                assert homes_a[(invert_key(rk + inner.tuples[q], pa), apart)][0] == place[u][0]
     if expr == "ka,kb->ab" and layers > 1:
         assert split
     # emulate every rank of the grid with the executor's own packing

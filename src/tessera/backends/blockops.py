@@ -12,6 +12,7 @@ from functools import partial
 import numpy as np
 
 from tessera.errors import SymmetryError
+from tessera.plan.blocktasks import invert_key
 
 # rows of one GEMM task: enough work per task for BLAS, enough tasks for the pool
 _TASK_FLOPS = 2e7
@@ -99,18 +100,11 @@ def _add_one(step, keys, perm) -> None:
         okey = tuple(key[p] for p in perm)
         blk = a.blocks[key].transpose(perm)
         if div is not None:
-            dblk = div.tensor.blocks.get(_invert(okey, step.perms["d"]))
+            dblk = div.tensor.blocks.get(invert_key(okey, step.perms["d"]))
             if dblk is None:
                 raise SymmetryError(f"denominator {div.tensor.name!r} has no block for {okey}")
             blk = blk / dblk.transpose(step.perms["d"])
         out.accumulate_block(okey, blk, step.scale)
-
-
-def _invert(okey, perm) -> tuple:
-    key = [0] * len(perm)
-    for n, p in enumerate(perm):
-        key[p] = okey[n]
-    return tuple(key)
 
 
 def hadamard_tasks(step) -> list:

@@ -45,7 +45,7 @@ import numpy as np
 from tessera.backends.auto import default_layers, grid_shape
 from tessera.backends.dist_base import DistributedExecutor, check_choice, part_range, part_slice
 from tessera.errors import InputError
-from tessera.plan.blocktasks import _invert
+from tessera.plan.blocktasks import invert_key
 
 log = logging.getLogger("tessera.backends")
 
@@ -461,14 +461,14 @@ def _summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
         bpack = [[[[] for _ in range(pc)] for _ in range(npanel)] for _ in range(layers)]
         for r, rk in enumerate(rows.tuples):
             for u, (q, part) in enumerate(units):
-                akey = _invert(rk + inner.tuples[q], pa)
+                akey = invert_key(rk + inner.tuples[q], pa)
                 apart = None if part is None else (pa[len(rk)], *part)   # A's axis of the first inner tile
                 l_, p = place[u]
                 lay["a_homes"].append((akey, apart, l_, grow[r], p % pc))
                 apack[l_][p][grow[r]].append((akey, apart, roff[r], ioff[u], rows.sizes[r], usize[u]))
         for u, (q, part) in enumerate(units):
             for c, ck in enumerate(cols.tuples):
-                bkey = _invert(inner.tuples[q] + ck, pb)
+                bkey = invert_key(inner.tuples[q] + ck, pb)
                 bpart = None if part is None else (pb[0], *part)         # B's axis of the first inner tile
                 l_, p = place[u]
                 lay["b_homes"].append((bkey, bpart, l_, p % pr, gcol[c]))

@@ -20,8 +20,15 @@ dense v^3 array.  The twelve W0 terms are sector GEMMs accumulated in place (bet
 four per choice of single index (a, b or c); index maps (cyclic shifts and a pair swap
 of abc) join the three layouts and apply r3.  With one virtual irrep (C1) the layouts
 are [v, v, v] arrays, eight terms land in W[abc] directly and the moves are transposes.
-Tasks are the unique triples of occupied tiles (one irrep each), run by the context's
-executor; each task keeps private buffers of a few packed v^3 / nirrep arrays.
+
+Public kernel API (used by ``chem.triples_distributed`` too): :class:`VirtualLayout`
+(packed layouts), :class:`RowSlab` (the operands of a range of occupied orbitals, built
+from the rows of the blocks whose first index is occupied), :class:`KernelInputs` (what
+the kernel reads, per occupied orbital) and :class:`TripleKernel` (E(T) of the orbital
+triples of a task).  The kernel only reads the rows of the orbitals it is given, so
+the same code runs on whole local tensors and on one task's fetched rows.
+Tasks here are the unique triples of occupied tiles (one irrep each), run by the
+context's executor; each task keeps private buffers of a few packed v^3 / nirrep arrays.
 """
 
 from __future__ import annotations
@@ -37,10 +44,13 @@ from threadpoolctl import threadpool_limits
 
 from tessera.errors import InputError, ShapeError
 
-__all__ = ["TriplesResult", "triples_correction"]
+__all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
+           "occupied_tiles", "default_occ_tile", "check_occ_tile", "VirtualLayout", "RowSlab",
+           "SwappedRows", "KernelInputs", "TripleKernel"]
 
 _log = logging.getLogger(__name__)
-_NIRREP = 8                       # irrep labels are bits of D2h and its subgroups
+NIRREP = 8                        # irrep labels are bits of D2h and its subgroups
+SOURCES = ("ovvv", "t2", "ovov", "ovoo")   # the four-index tensors (T) reads, occupied index first
 
 
 @dataclass(frozen=True)
@@ -51,15 +61,16 @@ class TriplesResult:
     seconds: float                # wall time of the whole correction
 
 
-# --------------------------------------------------------------------------- layout
-def _ranges(space, what: str) -> np.ndarray:
-    """(start, stop) of every irrep's positions in ``space``; each irrep contiguous."""
-    rng = np.zeros((_NIRREP, 2), dtype=np.int64)
+# --------------------------------------------------------------------------- layouts
+def irrep_ranges(space, what: str) -> np.ndarray:
+    """[NIRREP, 2] (start, stop) of every irrep's positions in ``space`` (each irrep must be
+    contiguous, as IndexSpace.from_irreps makes them); (0, 0) for an absent irrep."""
+    rng = np.zeros((NIRREP, 2), dtype=np.int64)
     irreps = space.irreps
-    if len(irreps) and not 0 <= irreps.min() <= irreps.max() < _NIRREP:
+    if len(irreps) and not 0 <= irreps.min() <= irreps.max() < NIRREP:
         raise InputError(f"{what} irrep labels {sorted(set(irreps.tolist()))} are not D2h bit labels "
                          f"0..7; use an Abelian point group (e.g. D2h for linear molecules)")
-    for g in range(_NIRREP):
+    for g in range(NIRREP):
         pos = np.flatnonzero(irreps == g)
         if len(pos):
             if pos[-1] - pos[0] + 1 != len(pos):
@@ -69,16 +80,36 @@ def _ranges(space, what: str) -> np.ndarray:
     return rng
 
 
-class _VirtualLayout:
-    """Packed (single, pair) layouts of the virtual triples of each total irrep G."""
+def occupied_tiles(orange: np.ndarray, tile: int) -> list:
+    """(start, stop, irrep) of occupied tiles of one irrep and at most ``tile`` orbitals."""
+    tiles = []
+    for g in np.argsort(orange[:, 0], kind="stable"):
+        a, b = orange[g]
+        tiles += [(int(s), int(min(s + tile, b)), int(g)) for s in range(a, b, tile)]
+    return tiles
 
-    def __init__(self, vrange: np.ndarray, irreps: np.ndarray, ev: np.ndarray):
-        self.vr, self.irrep, self.ev, self.maps = vrange, irreps, ev, {}
+
+class VirtualLayout:
+    """Packed layouts of the kernel, built from the irrep ranges of both spaces.
+
+    Virtual pairs of irrep h: (t, u) with g_t^g_u = h, by g_t, then t, then u; the block
+    of g_t starts at ``poff[h, g_t]``, ``npair[h]`` pairs in all.  Mixed pairs (virtual s,
+    occupied m) of irrep h: by g_s, then s, then m; offset ``vooff[h, g_s]``, ``nvo[h]`` in
+    all.  Virtual triples of irrep G: one block per irrep g_s of the single index,
+    [n_s, pairs of G^g_s], at ``foff[G, g_s]``, ``ntrip[G]`` in all.  ``prepare(G)`` adds
+    the index maps and energies the kernel needs for G (``maps[G]``).
+    """
+
+    def __init__(self, vrange: np.ndarray, irreps: np.ndarray, ev: np.ndarray, orange: np.ndarray):
+        self.vr, self.orange, self.irrep, self.ev, self.maps = vrange, orange, irreps, ev, {}
         self.n = n = vrange[:, 1] - vrange[:, 0]
-        xor = np.bitwise_xor.outer(np.arange(_NIRREP), np.arange(_NIRREP))
-        offsets = (lambda sz: np.vstack([np.zeros(_NIRREP, np.int64), np.cumsum(sz, axis=0)[:-1]]).T)
+        self.no = no = orange[:, 1] - orange[:, 0]
+        xor = np.bitwise_xor.outer(np.arange(NIRREP), np.arange(NIRREP))
+        offsets = (lambda sz: np.vstack([np.zeros(NIRREP, np.int64), np.cumsum(sz, axis=0)[:-1]]).T)
         sizes = n[:, None] * n[xor]                  # pairs (t, u) of irrep h: [g_t, h] blocks
         self.npair, self.poff = sizes.sum(axis=0), offsets(sizes)              # poff[h, g_t]
+        sizes = n[:, None] * no[xor]                 # pairs (s, m) of irrep h: [g_s, h] blocks
+        self.nvo, self.vooff = sizes.sum(axis=0), offsets(sizes)               # vooff[h, g_s]
         sizes = n[:, None] * self.npair[xor]         # triples of irrep G: [g_s, G] blocks
         self.ntrip, self.foff = sizes.sum(axis=0), offsets(sizes)              # foff[G, g_s]
         self.rel = np.arange(len(irreps)) - vrange[irreps, 0]
@@ -86,12 +117,12 @@ class _VirtualLayout:
     def blocks(self, G: int) -> list:
         """(g_s, offset, n_single, n_pairs) of the non-empty single-irrep blocks of G."""
         return [(gs, int(self.foff[G, gs]), int(self.n[gs]), int(self.npair[G ^ gs]))
-                for gs in range(_NIRREP) if self.n[gs] and self.npair[G ^ gs]]
+                for gs in range(NIRREP) if self.n[gs] and self.npair[G ^ gs]]
 
     def pair_positions(self, h: int) -> tuple:
         """Virtual positions (t, u) of the packed pairs of irrep h."""
         ts, us = [], []
-        for gt in range(_NIRREP):
+        for gt in range(NIRREP):
             gu = gt ^ h
             t = np.arange(self.vr[gt, 0], self.vr[gt, 1])
             u = np.arange(self.vr[gu, 0], self.vr[gu, 1])
@@ -106,143 +137,298 @@ class _VirtualLayout:
         return (self.foff[G, gs] + self.rel[s] * self.npair[h] + self.poff[h, self.irrep[t]]
                 + self.rel[t] * self.n[gu] + self.rel[u])
 
-    def prepare(self, G: int, nvir: int) -> None:
-        """Maps of G: cyclic shifts (rot, rot2) and pair swap of abc, e_a+e_b+e_c, pairs."""
-        ss, ts, us, p3, blocks, q0 = [], [], [], [], [], 0
+    def swap_pairs(self, src: np.ndarray, h: int, out: np.ndarray) -> None:
+        """out[:, (u, t)] = src[:, (t, u)] over the packed pairs of irrep h ([rows, npair[h]])."""
+        rows = src.shape[0]
+        for gt in range(NIRREP):
+            gu = gt ^ h
+            nt, nu = int(self.n[gt]), int(self.n[gu])
+            if nt and nu:
+                a, b = int(self.poff[h, gt]), int(self.poff[h, gu])
+                out[:, b:b + nu * nt].reshape(rows, nu, nt)[...] = \
+                    src[:, a:a + nt * nu].reshape(rows, nt, nu).transpose(0, 2, 1)
+
+    def prepare(self, G: int) -> None:
+        """Maps of G: cyclic shifts (rot, rot2) and pair swap of abc, e_a+e_b+e_c, blocks."""
+        if G in self.maps:
+            return
+        ss, ts, us, blocks = [], [], [], []
         for gs, off, ns, npair in self.blocks(G):
             t, u = self.pair_positions(G ^ gs)
-            s = np.arange(self.vr[gs, 0], self.vr[gs, 1])
-            ss.append(np.repeat(s, npair))
+            ss.append(np.repeat(np.arange(self.vr[gs, 0], self.vr[gs, 1]), npair))
             ts.append(np.tile(t, ns))
             us.append(np.tile(u, ns))
-            p3.append((np.arange(3)[:, None] * nvir * nvir + t * nvir + u).ravel())
-            blocks.append((gs, off, ns, npair, q0))
-            q0 += 3 * npair
+            blocks.append((gs, off, ns, npair))
         cat = (lambda x: np.concatenate(x) if x else np.zeros(0, np.int64))
         s, t, u = cat(ss), cat(ts), cat(us)
         dense = len(blocks) == 1 and len(set(self.irrep.tolist())) == 1
-        maps = dict(e3=self.ev[s] + self.ev[t] + self.ev[u], pairs3=cat(p3), blocks=blocks,
-                    dense=bool(dense))
+        maps = dict(e3=self.ev[s] + self.ev[t] + self.ev[u], blocks=blocks, dense=bool(dense),
+                    block_of={gs: (off, ns, npair) for gs, off, ns, npair in blocks})
         if not dense:       # packed: index maps; dense: the same moves are transposes
             maps.update(rot=self.index(G, t, u, s), rot2=self.index(G, u, s, t),
                         swap=self.index(G, s, u, t))
         self.maps[G] = maps
 
 
-# --------------------------------------------------------------------------- inputs
+# --------------------------------------------------------------------------- operands
+class RowSlab:
+    """The kernel's operands for the occupied orbitals x0..x1 (one irrep g), packed.
+
+    Lists indexed by an irrep, entries [x1 - x0, ...] (None for an absent irrep):
+    ``ov1[g_f]`` [n_f, pairs of g^g_f] = (x p|q f) at pair (p, q);
+    ``t2r[g_y]`` [n_y, pairs of g^g_y] = t2[x y p q];
+    ``ooL[g_y]`` [n_y, mixed pairs of g^g_y] = (x s|y m) at (s, m);
+    ``ovov[g_y]`` [n_y, pairs of g^g_y] = (x a|y b);
+    optionally (``add_swapped``) ``ov2`` and ``t2s``: ov1 and t2r with the pairs swapped.
+    Every entry holds exactly the symmetry-allowed elements of those rows once.
+    """
+
+    def __init__(self, x0: int, x1: int, g: int, ov1, t2r, ooL, ovov):
+        self.x0, self.x1, self.g = x0, x1, g
+        self.ov1, self.t2r, self.ooL, self.ovov = ov1, t2r, ooL, ovov
+        self.ov2 = self.t2s = None
+
+    @classmethod
+    def from_blocks(cls, lay: VirtualLayout, o, v, x0: int, x1: int, parts: dict) -> "RowSlab":
+        """``parts[name]`` (name in SOURCES): (key, rows) for every stored block of that tensor
+        whose first (occupied) tile holds x0..x1; ``rows[r]`` is orbital x0 + r of the block.
+        Missing blocks are zero."""
+        n, no, tx = lay.n, lay.no, x1 - x0
+        g = int(o.irreps[x0])
+        poff, vooff = lay.poff, lay.vooff
+        zeros = (lambda cnt, width: [np.zeros((tx, int(cnt[h]), int(width[g ^ h]))) if cnt[h]
+                                     else None for h in range(NIRREP)])
+        ov1, t2r = zeros(n, lay.npair), zeros(no, lay.npair)
+        ooL, ovov = zeros(no, lay.nvo), zeros(no, lay.npair)
+
+        def rel(space, rng, t):
+            tl = space.tiles[t]
+            a = tl.offset - int(rng[tl.irrep, 0])
+            return tl.irrep, slice(a, a + tl.size)
+
+        vt = (lambda t: rel(v, lay.vr, t))
+        ot = (lambda t: rel(o, lay.orange, t))
+        for key, blk in parts.get("ovvv", ()):             # blk[x p q f]
+            (gp, ps), (gq, qs), (gf, fs) = vt(key[1]), vt(key[2]), vt(key[3])
+            p0 = int(poff[gp ^ gq, gp])
+            seg = ov1[gf][:, :, p0:p0 + n[gp] * n[gq]].reshape(tx, n[gf], n[gp], n[gq])
+            seg[:, fs, ps, qs] = blk.transpose(0, 3, 1, 2)
+        for key, blk in parts.get("t2", ()):               # blk[x y p q]
+            (gy, ys), (gp, ps), (gq, qs) = ot(key[1]), vt(key[2]), vt(key[3])
+            p0 = int(poff[gp ^ gq, gp])
+            seg = t2r[gy][:, :, p0:p0 + n[gp] * n[gq]].reshape(tx, no[gy], n[gp], n[gq])
+            seg[:, ys, ps, qs] = blk
+        for key, blk in parts.get("ovov", ()):             # blk[x a y b]
+            (ga, as_), (gy, ys), (gb, bs) = vt(key[1]), ot(key[2]), vt(key[3])
+            p0 = int(poff[ga ^ gb, ga])
+            seg = ovov[gy][:, :, p0:p0 + n[ga] * n[gb]].reshape(tx, no[gy], n[ga], n[gb])
+            seg[:, ys, as_, bs] = blk.transpose(0, 2, 1, 3)
+        for key, blk in parts.get("ovoo", ()):             # blk[x s y m]
+            (gs, ss), (gy, ys), (gm, ms) = vt(key[1]), ot(key[2]), ot(key[3])
+            q0 = int(vooff[gs ^ gm, gs])
+            seg = ooL[gy][:, :, q0:q0 + n[gs] * no[gm]].reshape(tx, no[gy], n[gs], no[gm])
+            seg[:, ys, ss, ms] = blk.transpose(0, 2, 1, 3)
+        return cls(x0, x1, g, ov1, t2r, ooL, ovov)
+
+    def add_swapped(self, lay: VirtualLayout) -> "RowSlab":
+        """Store ov2 and t2s (pair-swapped ov1, t2r) too: the serial path's fast form."""
+        def swapped(arrs):
+            out = []
+            for h2, a in enumerate(arrs):
+                if a is None:
+                    out.append(None)
+                    continue
+                b = np.empty_like(a)
+                lay.swap_pairs(a.reshape(-1, a.shape[-1]), self.g ^ h2, b.reshape(-1, a.shape[-1]))
+                out.append(b)
+            return out
+        self.ov2, self.t2s = swapped(self.ov1), swapped(self.t2r)
+        return self
+
+    def nbytes(self) -> dict:
+        """Bytes held per source tensor (ov2 counts for ovvv, t2s for t2)."""
+        size = (lambda *lists: sum(a.nbytes for lst in lists if lst is not None
+                                   for a in lst if a is not None))
+        return {"ovvv": size(self.ov1, self.ov2), "t2": size(self.t2r, self.t2s),
+                "ovov": size(self.ovov), "ovoo": size(self.ooL)}
+
+
+class SwappedRows:
+    """``rows`` (a per-orbital table of ov1 or t2r) with the pairs swapped, made on access
+    into one scratch buffer; the last orbital asked for is kept (one at a time in use)."""
+
+    def __init__(self, rows, irrep, lay: VirtualLayout, scratch: np.ndarray):
+        self.rows, self.irrep, self.lay, self.buf = rows, irrep, lay, scratch
+        self.last, self.cur = None, None
+
+    def __getitem__(self, x):
+        if x == self.last:
+            return self.cur
+        out, pos, gx = [], 0, self.irrep[x]
+        for h2, a in enumerate(self.rows[x]):
+            if a is None:
+                out.append(None)
+                continue
+            dst = self.buf[pos:pos + a.size].reshape(a.shape)
+            pos += a.size
+            self.lay.swap_pairs(a, gx ^ h2, dst)
+            out.append(dst)
+        self.last, self.cur = x, out
+        return out
+
+
 def _array(t) -> np.ndarray:
-    """A BlockTensor as one array in space-position (tile) order; used for o^2 v^2 and smaller."""
+    """A local BlockTensor as one array in space-position (tile) order (t1 and smaller)."""
     out = np.zeros(tuple(s.dim for s in t.spaces))
     for key, blk in t.blocks.items():
         out[tuple(s.slice(k) for s, k in zip(t.spaces, key))] = blk
     return out
 
 
-class _Inputs:
-    """Irrep-blocked, read-only operands shared by all tasks (built once)."""
+class KernelInputs:
+    """What :class:`TripleKernel` reads, per occupied orbital x (a position in the space).
 
-    def __init__(self, ints, t1, t2):
+    ``lay`` (a :class:`VirtualLayout`, prepared for the task's G), ``eo`` [o] and ``t1``
+    [o, v] by position, ``irrep`` (list: irrep of each position; ``rel`` its place among
+    its irrep's orbitals, derived).  Per-orbital tables, ``table[x][g]`` as in
+    :class:`RowSlab`: ``ov1``, ``ov2``, ``t2r``, ``t2s``, ``ooL``, ``ovov``; any object
+    with ``[x]`` will do (e.g. :class:`SwappedRows`), and orbitals the kernel is not run
+    on may be missing (None).  The kernel reads rows of i, j, k only (over all y).
+    """
+
+    def __init__(self, lay, eo, t1, irrep, *, ov1, ov2, t2r, t2s, ooL, ovov):
+        self.lay, self.eo, self.t1 = lay, eo, t1
+        self.irrep = [int(g) for g in irrep]
+        self.rel = [x - int(lay.orange[g, 0]) for x, g in enumerate(self.irrep)]
+        self.ov1, self.ov2, self.t2r, self.t2s, self.ooL, self.ovov = ov1, ov2, t2r, t2s, ooL, ovov
+
+    @classmethod
+    def from_slabs(cls, lay, eo, t1, irrep, slabs, scratch=None) -> "KernelInputs":
+        """Tables from :class:`RowSlab` s (views, no copies).  With ``scratch`` = two flat
+        buffers, ov2 and t2s are :class:`SwappedRows` made on access (the slabs need not
+        carry them); otherwise the slabs must have ``add_swapped`` done."""
+        nocc = len(irrep)
+        tables = {name: [None] * nocc for name in ("ov1", "ov2", "t2r", "t2s", "ooL", "ovov")}
+        for s in slabs:
+            for name, table in tables.items():
+                arrs = getattr(s, name)
+                if arrs is not None:
+                    for x in range(s.x0, s.x1):
+                        table[x] = [None if a is None else a[x - s.x0] for a in arrs]
+        inp = cls(lay, eo, t1, irrep, **tables)
+        if scratch is not None:
+            inp.ov2 = SwappedRows(inp.ov1, inp.irrep, lay, scratch[0])
+            inp.t2s = SwappedRows(inp.t2r, inp.irrep, lay, scratch[1])
+        return inp
+
+    @classmethod
+    def from_tensors(cls, ints, t1, t2) -> "KernelInputs":
+        """From whole local tensors: MO integrals (ovvv, ovov, ovoo), t1 (o, v), t2 (o, o, v, v)."""
         o, v = ints.o, ints.v
-        self.orange, vr = _ranges(o, "occupied"), _ranges(v, "virtual")
-        self.nocc, self.nvir = o.dim, v.dim
-        self.eo = np.asarray(ints.eo, float)[o.orbitals]
-        self.ov_irrep = o.irreps
-        self.lay = lay = _VirtualLayout(vr, v.irreps, np.asarray(ints.ev, float)[v.orbitals])
-        self.orel = np.arange(o.dim) - self.orange[o.irreps, 0]
-        self.nv_by_irrep = nv = lay.n
-        self.no_by_irrep = no = self.orange[:, 1] - self.orange[:, 0]
-        self.t1 = _array(t1)
-        t2d = _array(t2)                                                    # t2[i j a b]
-        ovoo = _array(ints.ovoo)                                            # (ia|jm)
-        self.ovov = np.ascontiguousarray(_array(ints.ovov).transpose(0, 2, 1, 3))  # [i j a b]
-        vsl = {g: slice(*vr[g]) for g in range(_NIRREP) if nv[g]}
-        osl = {g: slice(*self.orange[g]) for g in range(_NIRREP) if no[g]}
-        # term 1 left: t2f[g_f][z, y, r, f of g_f];  term 2 left: ooL[g_m][x, y, p, m of g_m]
-        self.t2f = {g: np.ascontiguousarray(t2d[..., sl]) for g, sl in vsl.items()}
-        self.ooL = {g: np.ascontiguousarray(ovoo[..., sl].transpose(0, 2, 1, 3))
-                    for g, sl in osl.items()}
-        # term 1 right: ov1[g_x, g_f][x, f, (p q)] = (xp|qf); ov2 the same at the pair (q p)
-        self.ov1 = {(gx, gf): np.zeros((no[gx], nv[gf], lay.npair[gx ^ gf]))
-                    for gx in osl for gf in vsl}
-        self.ov2 = {key: np.zeros_like(a) for key, a in self.ov1.items()}
-        for key, blk in ints.ovvv.blocks.items():                         # blk[x p q f]
-            tx, tp, tq, tf = (sp.tiles[n] for sp, n in zip(ints.ovvv.spaces, key))
-            gx, gp, gq, gf = tx.irrep, tp.irrep, tq.irrep, tf.irrep
-            xs, ps, qs, fs = (slice(tl.offset - rng[tl.irrep, 0], tl.offset - rng[tl.irrep, 0] + tl.size)
-                              for tl, rng in ((tx, self.orange), (tp, vr), (tq, vr), (tf, vr)))
-            for table, g1, g2, sl1, sl2, perm in ((self.ov1, gp, gq, ps, qs, (0, 3, 1, 2)),
-                                                  (self.ov2, gq, gp, qs, ps, (0, 3, 2, 1))):
-                p0 = lay.poff[gp ^ gq, g1]
-                seg = table[gx, gf][:, :, p0:p0 + nv[g1] * nv[g2]]
-                seg.reshape(no[gx], nv[gf], nv[g1], nv[g2])[xs, fs, sl1, sl2] = blk.transpose(perm)
-        # term 2 right: t2p1[g_z, g_m][z, m, (q r)] = t2[m z q r]; t2p2 at the pair (r q)
-        self.t2p1, self.t2p2 = {}, {}
-        for gz in osl:
-            for gm in osl:
-                h, shape = gz ^ gm, (no[gz], no[gm], -1)
-                pairs = [(vsl[gq], vsl[gq ^ h]) for gq in vsl if nv[gq ^ h]]
-                join = (lambda parts: np.concatenate(parts, axis=2) if parts
-                        else np.zeros(shape[:2] + (0,)))
-                self.t2p1[gz, gm] = join([t2d[osl[gm], osl[gz], q, r].transpose(1, 0, 2, 3)
-                                          .reshape(shape) for q, r in pairs])
-                self.t2p2[gz, gm] = join([t2d[osl[gz], osl[gm], q, r].reshape(shape)
-                                          for q, r in pairs])
+        orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
+        lay = VirtualLayout(vrange, v.irreps, np.asarray(ints.ev, float)[v.orbitals], orange)
+        by_tile = {name: {} for name in SOURCES}
+        for name, t in zip(SOURCES, (ints.ovvv, t2, ints.ovov, ints.ovoo)):
+            for key, blk in t.blocks.items():
+                by_tile[name].setdefault(key[0], []).append((key, blk))
+        slabs = [RowSlab.from_blocks(lay, o, v, tl.offset, tl.offset + tl.size,
+                                     {name: d.get(n, ()) for name, d in by_tile.items()}).add_swapped(lay)
+                 for n, tl in enumerate(o.tiles)]
+        return cls.from_slabs(lay, np.asarray(ints.eo, float)[o.orbitals], _array(t1), o.irreps, slabs)
 
 
 # --------------------------------------------------------------------------- kernel
-class _Kernel:
-    """E(T) contributions of the orbital triples of one task, in its thread's buffers."""
+class TripleKernel:
+    """E(T) contributions of the orbital triples of one task (all of total irrep G).
 
-    def __init__(self, inp: _Inputs, G: int, pool: list):
+    ``pool``: 8 flat buffers of at least ``lay.ntrip[G]`` (``new_pool``), reused by the
+    tasks of one thread; ``flops`` counts the GEMM flops done."""
+
+    def __init__(self, inp: KernelInputs, G: int, pool: list):
         self.inp, self.G = inp, G
-        self.maps = inp.lay.maps[G]
+        lay = inp.lay
+        self.maps = lay.maps[G]
         self.dense = self.maps["dense"]
-        n = int(inp.lay.ntrip[G])
+        n = int(lay.ntrip[G])
         self.buf = [a[:n] for a in pool[:5 if self.dense else 8]]   # the thread's buffers
+        self.irr, self.rel = inp.irrep, inp.rel
+        self.poff, self.vooff = lay.poff.tolist(), lay.vooff.tolist()
+        self.nv, self.no, self.vr = lay.n.tolist(), lay.no.tolist(), lay.vr.tolist()
+        self.nvir = len(lay.irrep)
         self.flops = 0
+
+    @staticmethod
+    def new_pool(lay: VirtualLayout) -> list:
+        return [np.empty(int(lay.ntrip.max())) for _ in range(8)]   # (new pages are slow)
+
+    def tile_energy(self, I, J, K) -> float:
+        """Weighted E(T) (with the 1/3) of the orbital triples i >= j >= k, i in range(*I),
+        j in range(*J), k in range(*K)."""
+        energy = 0.0
+        for i in range(*I):
+            for j in range(J[0], min(J[1], i + 1)):
+                for k in range(K[0], min(K[1], j + 1)):
+                    weight = 1 if i == k else (3 if i == j or j == k else 6)
+                    energy += weight * self.energy(i, j, k)
+        return energy / 3.0
 
     def _accumulate(self, out, os_, ot, ou) -> None:
         """out = the 4 W0 terms with (o_s, s) single, pair (t, u); blocks [s, (t, u)]."""
-        inp, g = self.inp, self.inp.ov_irrep
-        gs_ = g[os_]
-        for gs, off, ns, npair, _ in self.maps["blocks"]:
+        inp, g, rel = self.inp, self.irr, self.rel
+        poff, vooff, nv, no = self.poff, self.vooff, self.nv, self.no
+        hu, ht = g[os_] ^ g[ou], g[os_] ^ g[ot]
+        t2row, oorow = inp.t2r[os_], inp.ooL[os_]
+        f_u, f_t = t2row[g[ou]][rel[ou]], t2row[g[ot]][rel[ot]]      # t2[o_s o_u (s f)], t2[o_s o_t (s f)]
+        m_t, m_u = oorow[g[ot]][rel[ot]], oorow[g[ou]][rel[ou]]      # (o_s s|o_t m), (o_s s|o_u m)
+        ov1, ov2, t2p1, t2p2 = inp.ov1[ot], inp.ov2[ou], inp.t2s[ou], inp.t2r[ot]
+        for gs, off, ns, npair in self.maps["blocks"]:
             c = out[off:off + ns * npair].reshape(ns, npair).T
-            v0, v1 = inp.lay.vr[gs]
             beta = 0.0
             # sum_f (o_t t|u f) t2[o_s o_u s f]  and  sum_f (o_u u|t f) t2[o_s o_t s f]
-            terms = [(1.0, inp.t2f[gf][os_, y, v0:v1], table[g[x], gf][inp.orel[x]])
-                     for x, y, table in ((ot, ou, inp.ov1), (ou, ot, inp.ov2))
-                     for gf in (gs ^ gs_ ^ g[y],) if inp.nv_by_irrep[gf]]
+            for left, h, right in ((f_u, hu, ov1), (f_t, ht, ov2)):
+                nf = nv[gs ^ h]
+                if nf:
+                    p0 = poff[h][gs]
+                    dgemm(1.0, right[gs ^ h].T, left[p0:p0 + ns * nf].reshape(ns, nf).T,
+                          beta=beta, c=c, overwrite_c=1)
+                    self.flops += 2 * ns * npair * nf
+                    beta = 1.0
             # -sum_m (o_s s|o_t m) t2[m o_u t u]  and  -sum_m (o_s s|o_u m) t2[m o_t u t]
-            terms += [(-1.0, inp.ooL[gm][os_, y, v0:v1], table[g[z], gm][inp.orel[z]])
-                      for y, z, table in ((ot, ou, inp.t2p1), (ou, ot, inp.t2p2))
-                      for gm in (gs ^ gs_ ^ g[y],) if inp.no_by_irrep[gm]]
-            for alpha, left, right in terms:              # left [s, K], right [K, (t, u)]
-                dgemm(alpha, right.T, left.T, beta=beta, c=c, overwrite_c=1)
-                self.flops += 2 * ns * npair * left.shape[1]
-                beta = 1.0
+            for left, h, right in ((m_t, ht, t2p1), (m_u, hu, t2p2)):
+                nm = no[gs ^ h]
+                if nm:
+                    q0 = vooff[h][gs]
+                    dgemm(-1.0, right[gs ^ h].T, left[q0:q0 + ns * nm].reshape(ns, nm).T,
+                          beta=beta, c=c, overwrite_c=1)
+                    self.flops += 2 * ns * npair * nm
+                    beta = 1.0
             if beta == 0.0:
                 c[...] = 0.0
 
-    def _pair_vectors(self, i, j, k) -> tuple:
-        """Per block [3, pairs]: P = (jt|ku), (kt|iu), (it|ju) and P - 2 (ju|kt), (ku|it), (iu|jt).
+    def _pair_rows(self, i, j, k) -> tuple:
+        """P_l = (jt|ku), (kt|iu), (it|ju) and Pz_l = P_l - 2 (ju|kt), (ku|it), (iu|jt), each
+        over the packed pairs (t, u) of the block whose single irrep is that of i, j, k.
 
-        P makes V_l = t1[o_s s] (o_t t|o_u u) rank 1 in the cyclic layouts; the pair-swapped
-        part is V[acb], which Zs = Yc[acb] meets as Yc meets V.
+        V_l = t1[o_s s] P_l[(t, u)] is rank 1 in the cyclic layout l (o_s = i, j, k; t1 is
+        zero unless g_s = g_{o_s}); the pair-swapped part is V[acb], which Zs = Yc[acb]
+        meets as Yc meets V.
         """
-        o2 = self.inp.ovov.reshape(-1, self.inp.nvir ** 2)
-        no, pairs = self.inp.nocc, self.maps["pairs3"]
-        p = o2[[j * no + k, k * no + i, i * no + j]].ravel()[pairs]
-        return p, p - 2.0 * o2[[k * no + j, i * no + k, j * no + i]].ravel()[pairs]
+        ov, g, r = self.inp.ovov, self.irr, self.rel
+        a, b = ov[j][g[k]][r[k]], ov[k][g[j]][r[j]]
+        c, d = ov[k][g[i]][r[i]], ov[i][g[k]][r[k]]
+        e, f = ov[i][g[j]][r[j]], ov[j][g[i]][r[i]]
+        return (a, c, e), (a - 2.0 * b, c - 2.0 * d, e - 2.0 * f)
 
-    def _u_dot_v(self, U, i, j, k, P) -> float:
-        """sum_l U.V_l with V_l = t1[o_s s] P_l[(t, u)] rank 1 in the cyclic layout l."""
-        t1, vr = self.inp.t1, self.inp.lay.vr
+    def _t1_dot(self, layouts) -> float:
+        """sum over (X, o, P) of t1[o, s] X[s, pairs] P[pairs] in the block of s's irrep g_o."""
+        t1, vr, block_of, g = self.inp.t1, self.vr, self.maps["block_of"], self.irr
         total = 0.0
-        for gs, off, ns, npair, q0 in self.maps["blocks"]:
-            v0, v1 = vr[gs]
-            uv = U[off:off + ns * npair].reshape(ns, npair) @ P[q0:q0 + 3 * npair].reshape(3, npair).T
-            total += float(np.vdot(t1[[i, j, k], v0:v1].T, uv))
+        for x, o, p in layouts:
+            blk = block_of.get(g[o])
+            if blk is not None:
+                off, ns, npair = blk
+                v0, v1 = vr[g[o]]
+                total += float(t1[o, v0:v1] @ (x[off:off + ns * npair].reshape(ns, npair) @ p))
         return total
 
     def energy(self, i: int, j: int, k: int) -> float:
@@ -257,7 +443,7 @@ class _Kernel:
 
     def _energy_dense(self, i, j, k) -> float:
         """One virtual irrep: layouts are [v, v, v] arrays and relayouts are transposes."""
-        nv, t1, ov = self.inp.nvir, self.inp.t1, self.inp.ovov
+        nv, t1 = self.nvir, self.inp.t1
         W, Sb, Y, U, T = self.buf
         cube = (lambda x: x.reshape(nv, nv, nv))
         if i == j:                                                # single a and b alike
@@ -273,16 +459,24 @@ class _Kernel:
         eo = self.inp.eo
         np.subtract(eo[i] + eo[j] + eo[k], self.maps["e3"], out=Y)
         np.divide(W, Y, out=Y)                                    # Y = W / D
-        P, Pz = self._pair_vectors(i, j, k)
-        e = 3.0 * (float(W @ Y) + t1[i] @ (Y.reshape(nv, -1) @ P[:nv * nv])
-                   + float(np.vdot(np.matmul(t1[j], cube(Y)), ov[i, k]))
-                   + float(np.vdot(Y.reshape(-1, nv) @ t1[k], ov[i, j])))
+        P, Pz = self._pair_rows(i, j, k)
+        ik = self.inp.ovov[i][self.irr[k]][self.rel[k]]           # (i a|k c)
+        nv2 = nv * nv
+        e = float(W @ Y)
+        if P[0].size == nv2:                                      # else zero by symmetry
+            e += float(t1[i] @ (Y.reshape(nv, -1) @ P[0]))
+        if ik.size == nv2:
+            e += float(np.vdot(np.matmul(t1[j], cube(Y)), ik.reshape(nv, nv)))
+        if P[2].size == nv2:
+            e += float(np.vdot(Y.reshape(-1, nv) @ t1[k], P[2].reshape(nv, nv)))
+        e *= 3.0
         np.copyto(cube(Sb), cube(Y).transpose(0, 2, 1))          # Y[acb]
         np.copyto(cube(T), cube(Y).transpose(1, 0, 2))           # Y[bac]
         np.add(cube(Y), cube(Sb).transpose(1, 0, 2), out=cube(U))  # + Y[bca]
         cube(U)[...] += cube(T).transpose(0, 2, 1)               # + Y[cab] = Yc
         np.copyto(cube(T), cube(U).transpose(0, 2, 1))           # Zs
-        return e + float(U @ W) - 2.0 * float(T @ W) + self._u_dot_v(U, i, j, k, Pz)
+        return e + float(U @ W) - 2.0 * float(T @ W) + self._t1_dot(((U, i, Pz[0]), (U, j, Pz[1]),
+                                                                     (U, k, Pz[2])))
 
     def _energy_packed(self, i, j, k) -> float:
         """Point-group symmetry: three cyclic layouts joined by index maps."""
@@ -308,47 +502,38 @@ class _Kernel:
         np.take(Y, m["rot2"], out=Y2, mode="wrap")                # Y[cab]
         np.add(Y, Y1, out=U)
         U += Y2                                                   # Yc
-        P, Pz = self._pair_vectors(i, j, k)
-        t1, vr = self.inp.t1, self.inp.lay.vr
-        e = 3.0 * float(W @ Y)
-        for gs, off, ns, npair, q0 in m["blocks"]:                # 3Y.V, V_l rank 1 per block
-            v0, v1 = vr[gs]
-            p = P[q0:q0 + 3 * npair].reshape(3, npair)
-            sl = slice(off, off + ns * npair)
-            for y, o, row in ((Y, i, 0), (Y2, j, 1), (Y1, k, 2)):
-                e += 3.0 * (t1[o, v0:v1] @ (y[sl].reshape(ns, npair) @ p[row]))
+        P, Pz = self._pair_rows(i, j, k)
+        e = 3.0 * (float(W @ Y) + self._t1_dot(((Y, i, P[0]), (Y2, j, P[1]), (Y1, k, P[2]))))
         Sa += Sb
         Sa += Sc                                                  # U.W = U.(Sa + Sb + Sc)
         np.take(U, m["swap"], out=Y1, mode="wrap")                # Zs
-        return e + float(U @ Sa) - 2.0 * float(Y1 @ Sa) + self._u_dot_v(U, i, j, k, Pz)
+        return e + float(U @ Sa) - 2.0 * float(Y1 @ Sa) + self._t1_dot(((U, i, Pz[0]), (U, j, Pz[1]),
+                                                                        (U, k, Pz[2])))
 
 
 # --------------------------------------------------------------------------- driver
-def _occ_tiles(orange: np.ndarray, tile: int) -> list:
-    """(start, stop, irrep) of occupied tiles of one irrep and at most ``tile`` orbitals."""
-    tiles = []
-    for g in np.argsort(orange[:, 0], kind="stable"):
-        a, b = orange[g]
-        tiles += [(int(s), int(min(s + tile, b)), int(g)) for s in range(a, b, tile)]
-    return tiles
-
-
-def _run_task(inp: _Inputs, I, J, K, results: list, slot: int, local) -> None:
+def _run_task(inp: KernelInputs, I, J, K, results: list, slot: int, local) -> None:
     """Weighted E(T) of the orbital triples i >= j >= k of the tiles I >= J >= K."""
     G = I[2] ^ J[2] ^ K[2]
     if not inp.lay.ntrip[G]:                     # no virtual triple of this irrep
         results[slot] = (0.0, 0)
         return
     if not hasattr(local, "pool"):               # one set per thread, reused by its tasks
-        local.pool = [np.empty(int(inp.lay.ntrip.max())) for _ in range(8)]   # (new pages are slow)
-    kern = _Kernel(inp, G, local.pool)
-    energy = 0.0
-    for i in range(*I[:2]):
-        for j in range(J[0], min(J[1], i + 1)):
-            for k in range(K[0], min(K[1], j + 1)):
-                weight = 1 if i == k else (3 if i == j or j == k else 6)
-                energy += weight * kern.energy(i, j, k)
-    results[slot] = (energy / 3.0, kern.flops)
+        local.pool = TripleKernel.new_pool(inp.lay)
+    kern = TripleKernel(inp, G, local.pool)
+    results[slot] = (kern.tile_energy(I[:2], J[:2], K[:2]), kern.flops)
+
+
+def default_occ_tile(nvir: int, nirrep: int) -> int:
+    """Occupied orbitals per task tile: one task's orbital triples ~ 2e6 virtual triples."""
+    return max(1, int((2e6 / max(1.0, nvir ** 3 / nirrep)) ** (1 / 3)))
+
+
+def check_occ_tile(occ_tile) -> None:
+    """InputError unless ``occ_tile`` is None or a positive integer."""
+    integer = isinstance(occ_tile, (int, np.integer)) and not isinstance(occ_tile, bool)
+    if occ_tile is not None and not (integer and occ_tile >= 1):
+        raise InputError(f"occ_tile must be a positive integer or None, got {occ_tile!r}")
 
 
 def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = None) -> TriplesResult:
@@ -374,18 +559,16 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
                                                      for t in (t1, t2, *ints.tensors.values())):
         raise InputError("triples_correction reads whole local tensors; with a distributed "
                          "context use chem.triples_distributed.triples_correction_distributed")
-    integer = isinstance(occ_tile, (int, np.integer)) and not isinstance(occ_tile, bool)
-    if occ_tile is not None and not (integer and occ_tile >= 1):
-        raise InputError(f"occ_tile must be a positive integer or None, got {occ_tile!r}")
-    inp = _Inputs(ints, t1, t2)
+    check_occ_tile(occ_tile)
+    inp = KernelInputs.from_tensors(ints, t1, t2)
     nirrep = len(set(v.irreps.tolist()) | set(o.irreps.tolist())) or 1
-    if occ_tile is None:     # one task's orbital triples ~ 2e6 virtual triples
-        occ_tile = max(1, int((2e6 / max(1.0, v.dim ** 3 / nirrep)) ** (1 / 3)))
-    tiles = _occ_tiles(inp.orange, int(occ_tile))
+    if occ_tile is None:
+        occ_tile = default_occ_tile(v.dim, nirrep)
+    tiles = occupied_tiles(inp.lay.orange, int(occ_tile))
     triples = [(I, J, K) for a, I in enumerate(tiles) for b, J in enumerate(tiles[:a + 1])
                for K in tiles[:b + 1]]
     for G in sorted({I[2] ^ J[2] ^ K[2] for I, J, K in triples}):
-        inp.lay.prepare(G, v.dim)
+        inp.lay.prepare(G)
     results: list = [None] * len(triples)
     cost = [(I[1] - I[0]) * (J[1] - J[0]) * (K[1] - K[0]) * inp.lay.ntrip[I[2] ^ J[2] ^ K[2]]
             for I, J, K in triples]

@@ -1,248 +1,260 @@
-"""(T) with distributed amplitudes and integrals: the same kernel, fed block by block.
+"""(T) with distributed amplitudes and integrals: the public kernel of ``chem.triples``,
+fed per task with the occupied rows it reads and nothing more.
 
-``chem.triples`` holds the physics (Raghavachari et al. 1989; the closed-shell form and
-the packed virtual-triple layouts): its ``_Kernel`` computes the contribution of one
-occupied orbital triple from irrep-blocked operands. This module runs that kernel when
-t2 and the integrals are spread over ranks: the work is split into tasks, one per
-triple of occupied tiles (I >= J >= K), handed out by the context's executor
-(``run_block_tasks``: NXTVAL or stealing for ``mpi-onesided``, bulk-synchronous rounds
-for ``mpi-collective``). A task gets the blocks of the occupied tiles it touches,
-builds the kernel's operands for just those orbitals (S, at most three tiles) and
-calls the kernel with orbital numbers local to S. Partial energies are summed over
-ranks in task order, so the result does not depend on the schedule.
+The physics, the packed layouts and the kernel are ``chem.triples``' (:class:`TripleKernel`
+on :class:`KernelInputs` built from :class:`RowSlab` s).  The work is split into tasks,
+one per triple of occupied *task tiles* I >= J >= K; a task tile is a run of at most
+``occ_tile`` orbitals inside one occupied tensor tile (default: ``nocc // 8``, at least
+1 and at most the serial default, so a task's orbitals are a small part of the
+occupied space).  The context's executor hands the tasks out (``run_block_tasks``: NXTVAL
+or stealing for ``mpi-onesided``, bulk-synchronous rounds for ``mpi-collective``).
 
-What one rank holds: t1 (o x v) and the orbital energies (replicated, small), and per
-occupied tensor tile X of a task (least recently used tiles dropped beyond six):
-(X a|b c) for all a, b, c (twice, in the kernel's two pair orders: 2 tX v^3),
-t2[m, X, a, b] for all m (o tX v^2), (i a|X b) and (i a|X m) for all i (o tX v^2,
-o^2 tX v); never o^3 v^3 or v^4. With a single occupied tile these slabs are whole
-tensors (as dense arrays): use tiles smaller than the occupied space.
+For each task tile X of a task that is not in its cache, a rank requests only the rows
+x in X (a partial-block request along axis 0) of every block whose first index is X's
+tensor tile: (x a|b c), t2[x, m, a, b], (x a|m b) and (x a|m n) for all m, n, a, b, c
+(t2 and the integrals already have the task's occupied index first).  It packs them
+into a RowSlab (the symmetry-allowed elements of those rows, once), drops the fetched
+copies, and runs the kernel over the task's orbital triples; the kernel's pair-swapped
+rows (ov2, t2s) are made per orbital on use, in a scratch buffer.  Partial energies are
+summed over ranks in task order, so the result does not depend on the schedule.
+
+What one rank holds: t1 (o x v) and the orbital energies (replicated, small); the
+kernel's buffers (8 packed v^3/nirrep arrays for one orbital triple, not counted
+below); and the (T) operands, whose peak is measured and returned
+(``peak_operand_bytes``, per source tensor ``peak_share``): the fetched copies of the
+rows of a task's uncached task tiles (until packed; blocks the rank owns arrive as
+views and are not counted), their RowSlabs (tX rows, i.e. tX/o, of each of ovvv, t2,
+ovov and ovoo per task tile), a cache of recent RowSlabs, and two scratch rows (one
+orbital's worth of ovvv and of t2).  The cache is bounded in bytes (``cache_mb``,
+default 256 MiB) and at rest to half of each tensor; before each fetch it drops least
+recently used slabs until cache + the task's fetched rows + their slabs + scratch are
+below every whole tensor.  That is always possible when the task alone fits: with
+n_S <= 3 occ_tile orbitals per task, 2 n_S + 1 rows < o, which the default occ_tile
+gives for nocc >= 8 (H2O2 all-electron, o = 9: at most 8/9 of any tensor, total
+bytes over the four tensors 2-3x whole ovvv).  With fewer occupied orbitals (water:
+5, so n_S = 3 even with one-orbital task tiles) a rank can hold as many bytes from one
+tensor as the whole tensor has (a fetched and a packed copy of 3 of its 5 rows), and
+when one task tile is the whole occupied space (nocc = 1) a rank necessarily holds
+whole o-slabs.  Never o^3 v^3 or v^4 data.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from tessera.chem import triples as serial
+from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel,
+                                  TriplesResult, VirtualLayout, check_occ_tile, default_occ_tile,
+                                  irrep_ranges)
 from tessera.errors import InputError, ShapeError
 
 _log = logging.getLogger(__name__)
-_NIRREP = serial._NIRREP
-TILE_CACHE = 6        # occupied tiles whose derived operands a rank keeps
+DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (also capped per tensor)
 
 
-def _build(cls, **known):
-    """``cls(...)`` with its parameters taken by name from ``known``: the private classes of
-    chem.triples change while it is developed, and a missing argument should say so."""
-    params = [p for p in inspect.signature(cls).parameters]
-    unknown = [p for p in params if p not in known]
-    if unknown:
-        raise InputError(f"chem.triples.{cls.__name__} now needs {', '.join(unknown)}; "
-                         "chem/triples_distributed.py must be updated to provide it")
-    return cls(**{p: known[p] for p in params})
+@dataclass(frozen=True)
+class DistributedTriplesResult(TriplesResult):
+    """:class:`TriplesResult` plus what the ranks held (bytes of (T) operands: fetched rows,
+    RowSlabs, cache and scratch rows; the kernel's per-triple buffers are separate)."""
+
+    occ_tile: int = 0
+    peak_operand_bytes: int = 0                  # max over ranks
+    rank_peak_operand_bytes: tuple = ()          # per rank
+    peak_share: dict = field(default_factory=dict)   # source -> max over ranks of peak held / whole tensor
+    whole_bytes: dict = field(default_factory=dict)  # source -> bytes of the whole tensor
+    cache_bytes: int = 0                         # cache limit per rank (bytes)
+    kernel_buffer_bytes: int = 0                 # per rank
 
 
-class _Tile:
-    """Operands derived from one occupied tensor tile X (positions start..stop, irrep g)."""
+class _Ledger:
+    """Bytes held per source tensor now, and the peaks (total and per source)."""
 
-    def __init__(self, g, start, stop, ov1, ov2, t2col, ovov, ovoo):
-        self.g, self.start, self.stop = g, start, stop
-        self.ov1, self.ov2 = ov1, ov2      # {g_f: [tX, n_v(g_f), pairs]} (kernel's ov1/ov2 rows)
-        self.t2col = t2col                 # t2[m, x, a, b], all m, x in X   [o, tX, v, v]
-        self.ovov = ovov                   # (i a | x b)                      [o, v, tX, v]
-        self.ovoo = ovoo                   # (i a | x m)                      [o, v, tX, o]
+    def __init__(self):
+        self.now = dict.fromkeys(SOURCES, 0)
+        self.peak = 0
+        self.peak_by = dict.fromkeys(SOURCES, 0)
 
-
-class _LocalInputs:
-    """Duck-typed ``triples._Inputs`` for the orbitals S of one task (local numbering)."""
+    def add(self, nbytes: dict, sign: int = 1) -> None:
+        for s, b in nbytes.items():
+            self.now[s] += sign * b
+            if sign > 0:
+                self.peak_by[s] = max(self.peak_by[s], self.now[s])
+        if sign > 0:
+            self.peak = max(self.peak, sum(self.now.values()))
 
 
 class DistributedTriples:
-    """Builds tasks and local operands; the executor decides who runs what."""
+    """Task tiles, tasks and their requests; the executor decides who runs what."""
 
-    def __init__(self, ints, t1, t2, context, occ_tile):
-        self.ints, self.t1, self.t2 = ints, t1, t2
-        self.ctx = context
+    def __init__(self, ints, t1, t2, occ_tile, cache_mb):
         o, v = ints.o, ints.v
         self.o, self.v = o, v
-        self.orange, self.vrange = serial._ranges(o, "occupied"), serial._ranges(v, "virtual")
-        self.lay = _build(serial._VirtualLayout, vrange=self.vrange, irreps=v.irreps,
-                          ev=np.asarray(ints.ev, float)[v.orbitals])
-        self.nv = self.lay.n
-        self.no = self.orange[:, 1] - self.orange[:, 0]
+        self.tensors = dict(zip(SOURCES, (ints.ovvv, t2, ints.ovov, ints.ovoo)))
+        self.source_of = {t.uid: name for name, t in self.tensors.items()}
+        orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
+        self.lay = lay = VirtualLayout(vrange, v.irreps, np.asarray(ints.ev, float)[v.orbitals], orange)
         self.eo = np.asarray(ints.eo, float)[o.orbitals]
         self.t1d = t1.to_dense()[np.ix_(o.orbitals, v.orbitals)]        # in space positions
-        self.cache: OrderedDict = OrderedDict()          # tensor tile -> _Tile
+        self.irrep = o.irreps.tolist()
         nirrep = len(set(v.irreps.tolist()) | set(o.irreps.tolist())) or 1
         if occ_tile is None:
-            occ_tile = max(1, int((2e6 / max(1.0, v.dim ** 3 / nirrep)) ** (1 / 3)))
-        # task tiles: tensor tiles (irrep-pure, in position order) cut to <= occ_tile
+            occ_tile = max(1, min(default_occ_tile(v.dim, nirrep), o.dim // 8))
+        self.occ_tile = int(occ_tile)
+        # task tiles: (start, stop, irrep, tensor tile, part or None) inside one tensor tile
         self.tiles = []
         for n, tl in enumerate(o.tiles):
-            for s0 in range(tl.offset, tl.offset + tl.size, occ_tile):
-                self.tiles.append((s0, min(s0 + occ_tile, tl.offset + tl.size), tl.irrep, n))
+            for s0 in range(tl.offset, tl.offset + tl.size, self.occ_tile):
+                s1 = min(s0 + self.occ_tile, tl.offset + tl.size)
+                part = None if s1 - s0 == tl.size else (0, s0 - tl.offset, s1 - tl.offset)
+                self.tiles.append((s0, s1, tl.irrep, n, part))
         self.triples = [(a, b, c) for a in range(len(self.tiles)) for b in range(a + 1) for c in range(b + 1)]
-        for G in sorted({self.tiles[a][2] ^ self.tiles[b][2] ^ self.tiles[c][2] for a, b, c in self.triples}):
-            self.lay.prepare(G, v.dim)
+        self.G = [self.tiles[a][2] ^ self.tiles[b][2] ^ self.tiles[c][2] for a, b, c in self.triples]
+        for G in sorted(set(self.G)):
+            lay.prepare(G)
+        self.keys = {name: {} for name in SOURCES}     # source -> tensor tile -> keys with it first
+        for name, t in self.tensors.items():
+            for key in t.allowed_keys():
+                self.keys[name].setdefault(key[0], []).append(key)
+        self._budget(cache_mb)
+        self.cache: OrderedDict = OrderedDict()          # task tile -> RowSlab
+        self.cached = dict.fromkeys(SOURCES, 0)
+        self.held = _Ledger()
+        self.held.add(self.scratch_bytes)
+        self.scratch = (np.empty(self.scratch_bytes["ovvv"] // 8), np.empty(self.scratch_bytes["t2"] // 8))
+        self.pool = TripleKernel.new_pool(lay)           # the kernel's buffers, reused by every task
         self.flops = 0
-        self.pool = None
 
-    # ------------------------------------------------------------------ blocks per tile
-    def _tile_keys(self, n: int) -> list:
-        """(tensor, key) of every block that tile n of the occupied space contributes."""
-        out = []
-        for t, pos in ((self.ints.ovvv, 0), (self.t2, 1), (self.ints.ovov, 2), (self.ints.ovoo, 2)):
-            out += [(t, k) for k in t.allowed_keys() if k[pos] == n]
-        return out
+    # ------------------------------------------------------------------ sizes
+    def _row_elements(self, g: int) -> dict:
+        """Elements of one packed row (an occupied orbital of irrep g) of each source."""
+        lay, r = self.lay, range(NIRREP)
+        return {"ovvv": int(sum(lay.n[h] * lay.npair[g ^ h] for h in r)),
+                "t2": int(sum(lay.no[h] * lay.npair[g ^ h] for h in r)),
+                "ovov": int(sum(lay.no[h] * lay.npair[g ^ h] for h in r)),
+                "ovoo": int(sum(lay.no[h] * lay.nvo[g ^ h] for h in r))}
+
+    def _budget(self, cache_mb) -> None:
+        """Bytes per task tile and source, scratch rows, whole tensors; ``bounded``: even a
+        task that fetches all its rows stays below every whole tensor; the cache limits."""
+        rows = {g: self._row_elements(g) for g in set(self.irrep)}
+        self.tile_bytes = [{s: 8 * (t[1] - t[0]) * rows[t[2]][s] for s in SOURCES} for t in self.tiles]
+        self.scratch_bytes = {s: 0 for s in SOURCES}
+        for s in ("ovvv", "t2"):
+            self.scratch_bytes[s] = 8 * max(r[s] for r in rows.values())
+        self.whole = {s: int(t.nbytes) for s, t in self.tensors.items()}
+        self.worst = {s: 2 * sum(sorted(tb[s] for tb in self.tile_bytes)[-3:]) + self.scratch_bytes[s]
+                      for s in SOURCES}
+        self.bounded = all(self.worst[s] < self.whole[s] for s in SOURCES)
+        self.cache_limit = int((DEFAULT_CACHE_MB if cache_mb is None else cache_mb) * 2 ** 20)
+        # at rest the cache keeps at most half of each tensor; before a fetch it shrinks
+        # until cache + the task's fetched rows + their slabs + scratch < the whole tensor
+        self.cache_cap = {s: min(self.whole[s] // 2, self.whole[s] - self.scratch_bytes[s] - 1)
+                          for s in SOURCES}
+
+    # ------------------------------------------------------------------ tasks
+    def cost(self, task: int) -> float:
+        a, b, c = self.triples[task]
+        size = np.prod([self.tiles[x][1] - self.tiles[x][0] for x in (a, b, c)])
+        return float(size * max(1, int(self.lay.ntrip[self.G[task]])))
 
     def need(self, task: int) -> list:
-        wanted = {self.tiles[x][3] for x in self.triples[task]}
-        return [req for n in sorted(wanted) if n not in self.cache for req in self._tile_keys(n)]
+        """Rows of the blocks of the task's uncached task tiles (partial requests); first
+        drops cached slabs (least recently used, not the task's) until what arrives fits."""
+        if not self.lay.ntrip[self.G[task]]:
+            return []
+        wanted = sorted(set(self.triples[task]))
+        new = [x for x in wanted if x not in self.cache]
+        room = {s: 2 * sum(self.tile_bytes[x][s] for x in new) + self.scratch_bytes[s] for s in SOURCES}
+        self._evict(lambda: any(self.cached[s] + room[s] >= self.whole[s] for s in SOURCES), wanted)
+        out = []
+        for x in new:
+            n, part = self.tiles[x][3], self.tiles[x][4]
+            for name, t in self.tensors.items():
+                out += [(t, key) if part is None else (t, key, part) for key in self.keys[name].get(n, ())]
+        return out
 
-    def _build_tile(self, n: int, blocks: dict) -> _Tile:
-        o, v, lay, nv = self.o, self.v, self.lay, self.nv
-        tl = o.tiles[n]
-        tx, g = tl.size, tl.irrep
-        vr = self.vrange
-        ov1, ov2 = {}, {}
-        for gf in range(_NIRREP):
-            if nv[gf]:
-                h = g ^ gf
-                ov1[gf] = np.zeros((tx, int(nv[gf]), int(lay.npair[h])))
-                ov2[gf] = np.zeros((tx, int(nv[gf]), int(lay.npair[h])))
-        ovvv = self.ints.ovvv
-        for key in ovvv.allowed_keys():
-            if key[0] != n:
-                continue
-            blk = blocks[(ovvv.uid, key)]
-            tiles = [sp.tiles[k] for sp, k in zip(ovvv.spaces, key)]
-            gp, gq, gf = (t.irrep for t in tiles[1:])
-            h = gp ^ gq
-            ps, qs, fs = (slice(t.offset - vr[t.irrep, 0], t.offset - vr[t.irrep, 0] + t.size) for t in tiles[1:])
-            seg1 = ov1[gf][:, :, lay.poff[h, gp]:lay.poff[h, gp] + nv[gp] * nv[gq]]
-            seg1.reshape(tx, nv[gf], nv[gp], nv[gq])[:, fs, ps, qs] = blk.transpose(0, 3, 1, 2)
-            seg2 = ov2[gf][:, :, lay.poff[h, gq]:lay.poff[h, gq] + nv[gq] * nv[gp]]
-            seg2.reshape(tx, nv[gf], nv[gq], nv[gp])[:, fs, qs, ps] = blk.transpose(0, 3, 2, 1)
-        t2col = np.zeros((o.dim, tx, v.dim, v.dim))
-        ovov = np.zeros((o.dim, v.dim, tx, v.dim))
-        ovoo = np.zeros((o.dim, v.dim, tx, o.dim))
-        for t, arr, pos in ((self.t2, t2col, 1), (self.ints.ovov, ovov, 2), (self.ints.ovoo, ovoo, 2)):
-            for key in t.allowed_keys():
-                if key[pos] == n:
-                    sl = tuple(slice(None) if a == pos else sp.slice(k) for a, (sp, k) in enumerate(zip(t.spaces, key)))
-                    arr[sl] = blocks[(t.uid, key)]
-        return _Tile(g, tl.offset, tl.offset + tx, ov1, ov2, t2col, ovov, ovoo)
+    def _evict(self, over, keep) -> None:
+        """Drop least recently used slabs not in ``keep`` while ``over()``."""
+        for y in [y for y in self.cache if y not in keep]:
+            if not over():
+                return
+            del self.cache[y]
+            for s in SOURCES:
+                self.cached[s] -= self.tile_bytes[y][s]
+            self.held.add(self.tile_bytes[y], -1)
 
-    def _tile(self, n: int, blocks: dict) -> _Tile:
-        hit = self.cache.get(n)
-        if hit is not None:
-            self.cache.move_to_end(n)
-            return hit
-        tile = self._build_tile(n, blocks)
-        self.cache[n] = tile
-        while len(self.cache) > TILE_CACHE:
-            self.cache.popitem(last=False)
-        return tile
+    def _slab(self, x: int, blocks: dict) -> RowSlab:
+        s0, s1, _, n, part = self.tiles[x]
+        parts = {}
+        for name, t in self.tensors.items():
+            tag = (lambda key: (t.uid, key)) if part is None else (lambda key: (t.uid, key, part))
+            parts[name] = [(key, blocks[tag(key)]) for key in self.keys[name].get(n, ())]
+        return RowSlab.from_blocks(self.lay, self.o, self.v, s0, s1, parts)
 
-    # ------------------------------------------------------------------ one task
-    def _inputs(self, S: np.ndarray, tiles: dict) -> _LocalInputs:
-        """The kernel's operands for orbital positions S (sorted), numbered 0..|S|-1."""
-        o, v, nv = self.o, self.v, self.nv
-        inp = _LocalInputs()
-        ns = len(S)
-        owner = [next(tl for tl in tiles.values() if tl.start <= p < tl.stop) for p in S]
-        loc = [p - tl.start for p, tl in zip(S, owner)]
-        irr = o.irreps[S]
-        inp.nocc, inp.nvir = ns, v.dim
-        inp.eo = self.eo[S]
-        inp.t1 = np.ascontiguousarray(self.t1d[S])
-        inp.ov_irrep = irr
-        inp.orel = np.array([int(np.sum(irr[:n] == irr[n])) for n in range(ns)], dtype=np.int64)
-        inp.lay = self.lay
-        inp.orange = self.orange
-        inp.nv_by_irrep, inp.no_by_irrep = nv, self.no
-        inp.ovov = np.empty((ns, ns, v.dim, v.dim))
-        for b in range(ns):
-            inp.ovov[:, b] = owner[b].ovov[S, :, loc[b], :]
-        present = [g for g in range(_NIRREP) if nv[g]]
-        opresent = [g for g in range(_NIRREP) if self.no[g]]
-        vsl = {g: slice(*self.vrange[g]) for g in present}
-        osl = {g: slice(*self.orange[g]) for g in opresent}
-        inp.t2f = {}
-        for gf in present:
-            arr = np.empty((ns, ns, v.dim, int(nv[gf])))
-            for y in range(ns):
-                arr[:, y] = owner[y].t2col[S, loc[y], :, vsl[gf]]
-            inp.t2f[gf] = arr
-        inp.ooL = {}
-        for gm in opresent:
-            arr = np.empty((ns, ns, v.dim, int(self.no[gm])))
-            for y in range(ns):
-                arr[:, y] = owner[y].ovoo[S, :, loc[y], osl[gm]]
-            inp.ooL[gm] = arr
-        inp.ov1, inp.ov2, inp.t2p1, inp.t2p2 = {}, {}, {}, {}
-        for gx in sorted(set(irr.tolist())):
-            members = [n for n in range(ns) if irr[n] == gx]
-            for gf in present:
-                inp.ov1[gx, gf] = np.concatenate([owner[n].ov1[gf][loc[n]:loc[n] + 1] for n in members])
-                inp.ov2[gx, gf] = np.concatenate([owner[n].ov2[gf][loc[n]:loc[n] + 1] for n in members])
-            for gm in opresent:
-                h = gx ^ gm
-                p1, p2 = [], []
-                for n in members:
-                    col = owner[n].t2col[osl[gm], loc[n]]                       # [m, q, r]
-                    r1, r2 = [], []
-                    for gq in present:
-                        gr = gq ^ h
-                        if not nv[gr]:
-                            continue
-                        r1.append(col[:, vsl[gq], vsl[gr]].reshape(col.shape[0], -1))   # t2[m z q r]
-                        r2.append(col[:, vsl[gr], vsl[gq]].transpose(0, 2, 1).reshape(col.shape[0], -1))
-                    nm = int(self.no[gm])
-                    p1.append(np.concatenate(r1, axis=1) if r1 else np.zeros((nm, 0)))
-                    p2.append(np.concatenate(r2, axis=1) if r2 else np.zeros((nm, 0)))
-                inp.t2p1[gx, gm] = np.ascontiguousarray(np.stack(p1))
-                inp.t2p2[gx, gm] = np.ascontiguousarray(np.stack(p2))
-        return inp
+    def _admit(self, x: int, slab: RowSlab, keep) -> bool:
+        """Put a new slab into the cache, dropping least recently used slabs (never one of
+        ``keep``) while over a limit; False when it does not fit (the task drops it)."""
+        over = (lambda: sum(self.cached.values()) > self.cache_limit
+                or any(self.cached[s] > self.cache_cap[s] for s in SOURCES))
+        self.cache[x] = slab
+        for s in SOURCES:
+            self.cached[s] += self.tile_bytes[x][s]
+        self._evict(over, keep)
+        if over():
+            del self.cache[x]
+            for s in SOURCES:
+                self.cached[s] -= self.tile_bytes[x][s]
+            return False
+        return True
 
     def work(self, task: int, blocks: dict) -> float:
         a, b, c = self.triples[task]
-        I, J, K = self.tiles[a], self.tiles[b], self.tiles[c]
-        wanted = sorted({I[3], J[3], K[3]})
-        for n in wanted:                 # keep this task's cached tiles from being dropped
-            if n in self.cache:
-                self.cache.move_to_end(n)
-        tiles = {n: self._tile(n, blocks) for n in wanted}
-        S = np.array(sorted(set(range(I[0], I[1])) | set(range(J[0], J[1])) | set(range(K[0], K[1]))))
-        local = {int(p): n for n, p in enumerate(S)}
-        inp = self._inputs(S, tiles)
-        if self.pool is None:            # the kernel's buffers, reused by this rank's tasks
-            self.pool = [np.empty(int(self.lay.ntrip.max())) for _ in range(8)]
-        kern = _build(serial._Kernel, inp=inp, G=I[2] ^ J[2] ^ K[2], pool=self.pool)
-        energy = 0.0
-        for i in range(I[0], I[1]):
-            for j in range(J[0], min(J[1], i + 1)):
-                for k in range(K[0], min(K[1], j + 1)):
-                    weight = 1 if i == k else (3 if i == j or j == k else 6)
-                    energy += weight * kern.energy(local[i], local[j], local[k])
+        G = self.G[task]
+        if not self.lay.ntrip[G]:
+            return 0.0
+        fetched = dict.fromkeys(SOURCES, 0)     # copies that arrived (owned blocks come as views)
+        for k, arr in blocks.items():
+            name = self.source_of[k[0]]
+            if k[1] not in self.tensors[name].blocks:
+                fetched[name] += arr.nbytes
+        self.held.add(fetched)
+        wanted = sorted({a, b, c})
+        slabs, new = {}, []
+        for x in wanted:
+            slab = self.cache.get(x)
+            if slab is None:
+                slab = self._slab(x, blocks)
+                self.held.add(self.tile_bytes[x])
+                new.append(x)
+            else:
+                self.cache.move_to_end(x)
+            slabs[x] = slab
+        blocks.clear()                   # the fetched rows are packed: let them go
+        self.held.add(fetched, -1)
+        transient = [x for x in new if not self._admit(x, slabs[x], wanted)]
+        inp = KernelInputs.from_slabs(self.lay, self.eo, self.t1d, self.irrep, slabs.values(),
+                                      scratch=self.scratch)
+        kern = TripleKernel(inp, G, self.pool)
+        I, J, K = (self.tiles[x][:2] for x in (a, b, c))
+        energy = kern.tile_energy(I, J, K)
         self.flops += kern.flops
-        return energy / 3.0
-
-    def cost(self, task: int) -> float:
-        a, b, c = self.triples[task]
-        return float(np.prod([self.tiles[x][1] - self.tiles[x][0] for x in (a, b, c)]))
+        for x in transient:
+            self.held.add(self.tile_bytes[x], -1)
+        return energy
 
 
-def triples_correction_distributed(ints, t1, t2, *, context=None, occ_tile: int | None = None):
-    """E(T) of distributed CCSD amplitudes; the signature and result of
-    :func:`tessera.chem.triples.triples_correction` (collective: every rank calls it and
-    gets the same energy)."""
+def triples_correction_distributed(ints, t1, t2, *, context=None, occ_tile: int | None = None,
+                                   cache_mb: float | None = None) -> DistributedTriplesResult:
+    """E(T) of distributed CCSD amplitudes; the arguments of
+    :func:`tessera.chem.triples.triples_correction` plus ``cache_mb`` (per-rank cache of
+    packed rows, default 256 MiB).  Collective: every rank calls it and gets the same
+    result, a :class:`DistributedTriplesResult` (a TriplesResult with the bytes the
+    ranks held)."""
     from tessera.backends.context import current_context
 
     t_start = time.perf_counter()
@@ -254,10 +266,10 @@ def triples_correction_distributed(ints, t1, t2, *, context=None, occ_tile: int 
     if t1.spaces != (o, v) or t2.spaces != (o, o, v, v) or t1.irrep or t2.irrep:
         raise ShapeError("t1 must be a BlockTensor over (ints.o, ints.v) and t2 over "
                          "(ints.o, ints.o, ints.v, ints.v), both of irrep 0")
-    if occ_tile is not None and (isinstance(occ_tile, bool) or not isinstance(occ_tile, (int, np.integer))
-                                 or occ_tile < 1):
-        raise InputError(f"occ_tile must be a positive integer or None, got {occ_tile!r}")
-    job = DistributedTriples(ints, t1, t2, context, occ_tile)
+    check_occ_tile(occ_tile)
+    if cache_mb is not None and not (isinstance(cache_mb, (int, float)) and cache_mb >= 0):
+        raise InputError(f"cache_mb must be a number >= 0 or None, got {cache_mb!r}")
+    job = DistributedTriples(ints, t1, t2, occ_tile, cache_mb)
     costs = [job.cost(i) for i in range(len(job.triples))]
     ex = context.executor
     snap = ex.account.begin()
@@ -266,9 +278,20 @@ def triples_correction_distributed(ints, t1, t2, *, context=None, occ_tile: int 
     with threadpool_limits(limits=ex.blas_threads, user_api="blas"):
         results = ex.run_block_tasks(costs, job.need, job.work, chunk)
     energy = float(sum(results.tolist()))               # task order: schedule-independent
-    flops = int(ex.world.allreduce(job.flops, "sum")) if ex.world.size > 1 else job.flops
+    world = ex.world
+    mine = (job.held.peak, job.held.peak_by)
+    everyone = world.allgather(mine) if world.size > 1 else [mine]
+    flops = int(world.allreduce(job.flops, "sum")) if world.size > 1 else job.flops
     seconds = time.perf_counter() - t_start
     ex.account.end("(T) triples", snap, seconds, ex.compute_seconds - c0, flops)
-    _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP, %.2f s", energy, len(costs),
-              flops / 1e9, seconds)
-    return serial.TriplesResult(energy, flops, len(costs), seconds)
+    peaks = tuple(int(p) for p, _ in everyone)
+    share = {s: max(by[s] for _, by in everyone) / max(1, job.whole[s]) for s in SOURCES}
+    _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP, %.2f s; occ_tile %d, peak (T) operands "
+              "%.3g MB/rank (largest share of one tensor %.2f%s)", energy, len(costs), flops / 1e9,
+              seconds, job.occ_tile, max(peaks) / 1e6, max(share.values()),
+              "" if job.bounded else "; occupied space too small for task rows below whole tensors")
+    return DistributedTriplesResult(energy, flops, len(costs), seconds, occ_tile=job.occ_tile,
+                                    peak_operand_bytes=max(peaks), rank_peak_operand_bytes=peaks,
+                                    peak_share=share, whole_bytes=dict(job.whole),
+                                    cache_bytes=job.cache_limit,
+                                    kernel_buffer_bytes=int(sum(a.nbytes for a in job.pool)))

@@ -42,7 +42,7 @@ class OutputTask(NamedTuple):
         return sum(2 * self.m * p.k * self.n for p in self.products)
 
 
-def _invert(tkey, perm) -> tuple:
+def invert_key(tkey, perm) -> tuple:
     """Key in a tensor's own axis order from its key permuted by ``perm``."""
     key = [0] * len(perm)
     for n, p in enumerate(perm):
@@ -62,8 +62,8 @@ def _tasks(sig, perm_a, perm_b, perm_c) -> tuple:
     identity = perm_c == tuple(range(len(perm_c)))
     out = []
     for n, (_, rows, inner, cols) in enumerate(sig):
-        akeys = [[_invert(rk + kk, perm_a) for kk in inner.tuples] for rk in rows.tuples]
-        bkeys = [[_invert(kk + ck, perm_b) for ck in cols.tuples] for kk in inner.tuples]
+        akeys = [[invert_key(rk + kk, perm_a) for kk in inner.tuples] for rk in rows.tuples]
+        bkeys = [[invert_key(kk + ck, perm_b) for ck in cols.tuples] for kk in inner.tuples]
         for r, rk in enumerate(rows.tuples):
             for c, ck in enumerate(cols.tuples):
                 key = rk + ck
@@ -98,6 +98,6 @@ def hadamard_pairs(step) -> dict:
 
 def add_source(step, okey) -> tuple:
     """(A key, divisor key or None) that an ``add`` step reads for output block ``okey``."""
-    akey = _invert(okey, step.perms["a"])
-    dkey = _invert(okey, step.perms["d"]) if step.divisor is not None else None
+    akey = invert_key(okey, step.perms["a"])
+    dkey = invert_key(okey, step.perms["d"]) if step.divisor is not None else None
     return akey, dkey
