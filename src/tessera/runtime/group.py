@@ -33,6 +33,18 @@ def reduce_op(MPI, op: str):
     return getattr(MPI, op.upper())
 
 
+def allreduce_on(comm, MPI, value, op: str) -> tuple:
+    """(result, bytes per rank) of an element-wise reduction over ``comm``: an ndarray
+    (the result is a new array) or a scalar."""
+    mpi_op = reduce_op(MPI, op)
+    if isinstance(value, np.ndarray):
+        src = np.ascontiguousarray(value)
+        out = np.empty_like(src)
+        comm.Allreduce(src, out, op=mpi_op)
+        return out, src.nbytes
+    return comm.allreduce(value, op=mpi_op), np.asarray(value).nbytes
+
+
 class Group:
     """Sub-communicator of the workers (see module docstring)."""
 
@@ -94,16 +106,8 @@ class Group:
         """Element-wise reduction over the members: an ndarray (returns a new array) or a
         scalar."""
         self._check()
-        mpi_op = reduce_op(self.world._MPI, op)
         t0 = time.perf_counter()
-        if isinstance(value, np.ndarray):
-            src = np.ascontiguousarray(value)
-            out = np.empty_like(src)
-            self._comm.Allreduce(src, out, op=mpi_op)
-            nbytes = src.nbytes
-        else:
-            out = self._comm.allreduce(value, op=mpi_op)
-            nbytes = np.asarray(value).nbytes
+        out, nbytes = allreduce_on(self._comm, self.world._MPI, value, op)
         if self.size > 1:
             self.world.comm_log.add(op_name, -1, nbytes, time.perf_counter() - t0)
         return out

@@ -33,14 +33,13 @@ import numpy as np
 from tessera.errors import RuntimeLayerError
 from tessera.runtime._mpi import SubarrayTypes, load_mpi
 from tessera.runtime.commlog import CommLog
-from tessera.runtime.group import Group
+from tessera.runtime.group import Group, allreduce_on
 from tessera.runtime.options import ENV_GHOSTS, RuntimeOptions
 from tessera.runtime.progress import CONTROL_TAG, GhostServer, ProgressThread
 
 log = logging.getLogger("tessera.runtime")
 
 _HEAVY_YIELD = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
-_REDUCE_OPS = ("sum", "prod", "max", "min", "land", "lor", "band", "bor")
 
 
 class World:
@@ -321,20 +320,8 @@ class World:
     def allreduce(self, value, op: str = "sum"):
         """Element-wise reduction of an ndarray (returns a new array) or a scalar."""
         self._check_running()
-        if op not in _REDUCE_OPS:
-            raise RuntimeLayerError(
-                f"unknown reduction {op!r}; expected one of {', '.join(_REDUCE_OPS)}."
-            )
-        mpi_op = getattr(self._MPI, op.upper())
         t0 = time.perf_counter()
-        if isinstance(value, np.ndarray):
-            src = np.ascontiguousarray(value)
-            out = np.empty_like(src)
-            self.comm.Allreduce(src, out, op=mpi_op)
-            nbytes = src.nbytes
-        else:
-            out = self.comm.allreduce(value, op=mpi_op)
-            nbytes = np.asarray(value).nbytes
+        out, nbytes = allreduce_on(self.comm, self._MPI, value, op)
         self.comm_log.add("allreduce", -1, nbytes, time.perf_counter() - t0)
         return out
 
