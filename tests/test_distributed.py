@@ -10,8 +10,7 @@ import pytest
 
 import tessera as ts
 from tessera import BlockTensor, IndexSpace
-from tessera.backends.auto import (check_options, decide, default_layers, grid_3d, grid_shape, render,
-                                   structure_stats)
+from tessera.backends.auto import check_options, decide, default_layers, grid_3d, grid_shape, render
 from tessera.backends.collective import CollectiveExecutor, _summa_layout
 from tessera.backends.context import PlanningContext
 from tessera.backends.dist_base import part_slice

@@ -139,13 +139,18 @@ def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int) -> 
             s["collective_steps"].append((bytes_a, bytes_b, out_bytes))
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
-    # memory balance of T2 + integrals
+    # memory balance of T2 + integrals, and the largest share of one tensor on one rank
     loads = [0] * nranks
+    s["max_tensor_share"] = 0.0
     for letters, placement in [("oovv", "balanced")] + [(c, "pairs") for c in CLASSES]:
         sp = tuple(o if c == "o" else v for c in letters)
         keys = BlockTensor(sp, 0).allowed_keys()
+        mine = [0] * nranks
         for k, r in owner_map(sp, 0, keys, nranks, placement).items():
-            loads[r] += 8 * int(np.prod([x.tiles[t].size for x, t in zip(sp, k)]))
+            mine[r] += 8 * int(np.prod([x.tiles[t].size for x, t in zip(sp, k)]))
+        loads = [a + b for a, b in zip(loads, mine)]
+        if sum(mine):
+            s["max_tensor_share"] = max(s["max_tensor_share"], max(mine) / sum(mine))
     mean = sum(loads) / nranks
     s["memory_per_rank_max"] = max(loads)
     s["memory_max_over_mean"] = max(loads) / mean if mean else 1.0
@@ -324,15 +329,18 @@ def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto
             e = estimate(s, nranks, b, var, rate)
             candidates.append({"backend": b, "variant": var, "tile": t,
                                "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
+                               "max_tensor_share": round(s["max_tensor_share"], 3),
                                "flops": s["flops"], "block_products": s["products"],
                                "fits_memory": e["memory_per_rank"] <= budget,
                                **{k: (round(x, 6) if isinstance(x, float) else x) for k, x in e.items()}})
         if too_fine:
             break
-    # a candidate must spread the tensors evenly (unless the tile was given) and fit in
-    # memory per rank (unless the variant was given): 2.5d's c-times larger output
-    # rectangle is the reason it may not
-    ok = [c for c in candidates if (c["memory_max_over_mean"] <= BALANCE_LIMIT or tile)
+    # a candidate must spread the tensors evenly, with no four-index tensor whole on one
+    # rank (unless the tile was given), and fit in memory per rank (unless the variant was
+    # given): 2.5d's c-times larger output rectangle is the reason it may not
+    ok = [c for c in candidates
+          if (tile or (c["memory_max_over_mean"] <= BALANCE_LIMIT
+                       and (c["max_tensor_share"] < 1.0 or nranks == 1)))
           and (c["fits_memory"] or variant)]
     pool = ok or [c for c in candidates if c["fits_memory"] or variant] \
         or [c for c in candidates if c["layers"] in (None, 1)] or candidates

@@ -76,7 +76,8 @@ class DIIS:
 
 
 def _pack(t1, t2, keys) -> np.ndarray:
-    return np.concatenate([t.blocks[k].ravel() for t, ks in zip((t1, t2), keys) for k in ks])
+    """The blocks of t1 and t2 held here as one vector (empty on a rank that owns none)."""
+    return np.concatenate([np.zeros(0)] + [t.blocks[k].ravel() for t, ks in zip((t1, t2), keys) for k in ks])
 
 
 def _unpack(vec, t1, t2, keys) -> None:

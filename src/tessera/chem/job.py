@@ -139,11 +139,12 @@ class Job:
             return self._finish(result, t_start)
 
         ctx = Context(backend, **exec_options)
-        try:
-            with ctx:
-                self._correlated(ctx, ref, nfrozen, tile, method, result)
-        finally:
-            ctx.close()
+        with ctx:
+            self._correlated(ctx, ref, nfrozen, tile, method, result)
+        # Not in a ``finally``: closing a distributed context is collective, and an error
+        # raised on some ranks only must reach the caller (which ends every rank) rather
+        # than wait in that collective for ranks that are still computing.
+        ctx.close()
         return self._finish(result, t_start)
 
     def _correlated(self, ctx, ref, nfrozen, tile, method, result) -> None:
@@ -186,6 +187,10 @@ class Job:
             energies["t_correction"] = tr.energy
             energies["total"] = ref.e_hf + cc.e_corr + tr.energy
             data["flops"]["triples"] = tr.flops
+            if ctx.distributed:
+                data["memory_per_rank"]["triples"] = {
+                    "peak_operand_bytes": list(tr.rank_peak_operand_bytes),
+                    "peak_share_of_whole": tr.peak_share, "occ_tile": tr.occ_tile}
         data["profile"] = [{"update": lab, "calls": n, "seconds": s, "flops": f}
                            for lab, n, s, f in ctx.report()[:25]]
         if ctx.distributed:

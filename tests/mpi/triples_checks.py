@@ -1,0 +1,110 @@
+"""Distributed (T) under `mpiexec -n K` against the serial kernel on the same amplitudes.
+
+For each molecule (H2O2 distorted to C1 in 6-31G with a tile of 16, so the occupied
+space (9) and the virtual space (13) are one tensor tile each and every four-index
+tensor is a single block; water in C2v, 6-31G, tile 4) rank 0 runs the RHF reference
+and a few serial CCSD iterations (not converged: any amplitudes will do) and the serial
+``triples_correction`` on them, and broadcasts t1, t2 and that energy. Then, for each
+executor (mpi-onesided with nxtval and with steal, mpi-collective), the transform runs
+in that context, t1 and t2 become distributed tensors (from the same dense arrays) and
+``triples_correction_distributed`` runs with the default occ_tile and with occ_tile 4.
+Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
+rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
+the bytes moved by one-sided gets during (T).
+tests/test_triples_mpi.py checks them.
+"""
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from tessera import BlockTensor
+from tessera.backends.context import Context
+from tessera.chem.ccsd import CCSD
+from tessera.chem.integrals import transform
+from tessera.chem.molecule import Molecule
+from tessera.chem.pyscf_reference import rhf_reference
+from tessera.chem.triples import triples_correction
+from tessera.chem.triples_distributed import triples_correction_distributed
+from tessera.errors import ConvergenceError
+from tessera.runtime import World
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+MOLECULES = {            # name -> (xyz, basis, MO tile)
+    "h2o2_c1": ("h2o2_distorted.xyz", "6-31g", 16),
+    "water_c2v": ("water.xyz", "6-31g", 4),
+}
+COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
+          ("mpi-collective", "summa", None)]
+OCC_TILES = (None, 4)
+
+
+def serial_reference(world, name, iters):
+    """(ref, t1, t2 dense, {occ_tile: E(T)}), computed on rank 0 and broadcast."""
+    xyz, basis, tile = MOLECULES[name]
+    mol = Molecule.from_xyz(str(EXAMPLES / xyz), basis=basis).to_pyscf()
+    out = None
+    if world.rank == 0:
+        ref = rhf_reference(mol)
+        with Context("serial") as ctx:
+            ints = transform(ref, 0, tile)
+            try:
+                cc = CCSD(conv=1e-14, max_iter=iters).kernel(ints, ctx)
+            except ConvergenceError as err:
+                cc = err.result
+            e_t = {str(ot): triples_correction(ints, cc.t1, cc.t2, context=ctx, occ_tile=ot).energy
+                   for ot in OCC_TILES}
+            out = (replace(ref, mol=None), cc.t1.to_dense(), cc.t2.to_dense(), e_t,
+                   ints.o.dim, ints.v.dim, len(ints.o.tiles))
+        ctx.close()
+    ref, t1, t2, e_t, nocc, nvir, otiles = world.bcast(out, root=0)
+    return replace(ref, mol=mol), t1, t2, e_t, {"nocc": nocc, "nvir": nvir, "occ_tensor_tiles": otiles}
+
+
+def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
+    opts = {"variant": variant} if schedule is None else {"variant": variant, "schedule": schedule}
+    ctx = Context(backend, **opts)
+    runs = {}
+    try:
+        with ctx:
+            ints = transform(ref, 0, tile)
+            t1 = BlockTensor.from_dense(t1d, (ints.o, ints.v), name="t1")
+            t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2")
+            for ot in OCC_TILES:
+                snap = world.comm_log.snapshot()
+                res = triples_correction_distributed(ints, t1, t2, context=ctx, occ_tile=ot)
+                gets = sum(r.nbytes for r in world.comm_log.records(since=snap) if r.op == "get")
+                runs[str(ot)] = {"e_t": res.energy, "occ_tile": res.occ_tile, "tasks": res.tasks,
+                                 "peak_operand_bytes": list(res.rank_peak_operand_bytes),
+                                 "peak_share": res.peak_share, "whole_bytes": res.whole_bytes,
+                                 "kernel_buffer_bytes": res.kernel_buffer_bytes,
+                                 "get_bytes": int(world.allreduce(gets, "sum"))}
+    finally:
+        ctx.close()
+    return runs
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--iters", type=int, default=2, help="serial CCSD iterations for the amplitudes")
+    p.add_argument("--molecules", default=",".join(MOLECULES))
+    args = p.parse_args()
+    world = World.get()
+    t_start = time.perf_counter()
+    out = {}
+    for name in args.molecules.split(","):
+        ref, t1, t2, e_ref, dims = serial_reference(world, name, args.iters)
+        out[name] = {"e_serial": e_ref, **dims, "runs": {}}
+        for backend, variant, schedule in COMBOS:
+            out[name]["runs"][f"{backend}/{schedule}"] = one_run(world, ref, MOLECULES[name][2], t1, t2,
+                                                                 backend, variant, schedule)
+    if world.rank == 0:
+        print(json.dumps({"nranks": world.size, "molecules": out,
+                          "seconds": time.perf_counter() - t_start}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

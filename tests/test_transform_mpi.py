@@ -1,0 +1,82 @@
+"""Distributed AO->MO transform under `mpiexec -n K`, K = 1..4, against the serial one.
+
+One launch of tests/mpi/transform_checks.py per rank count (water C2v and H2O2 C1 in
+6-31G, frozen core on and off, small tiles, small and default slabs, both MPI backends).
+Checked: every block of every class equals the serial transform to 1e-10 and every
+block was compared; each rank computed only its share of the AO integrals (the shares
+add up to the 4-fold packed total, npair^2, and at 4 ranks none exceeds 1.5x the mean);
+only puts moved data (no gets, no accumulates: nothing is gathered); the temporary
+arrays are freed; no rank holds a whole class tensor at 2+ ranks; no MPI warnings.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpirun import run_mpi
+
+sys.path.insert(0, str(Path(__file__).parent / "mpi"))
+import transform_checks  # noqa: E402  (cases shared with the MPI script)
+
+SCRIPT = Path(__file__).parent / "mpi" / "transform_checks.py"
+RANKS = (1, 2, 3, 4)
+TIMEOUT = 240
+TOL = 1e-10
+
+_runs: dict = {}
+
+
+def launch(nranks):
+    if nranks not in _runs:
+        _runs[nranks] = run_mpi(SCRIPT, nranks, timeout=TIMEOUT)
+    return _runs[nranks]
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_blocks_equal_serial(nranks):
+    out = launch(nranks)
+    assert out["nranks"] == nranks
+    assert len(out["cases"]) == len(transform_checks.CASES)
+    for name, case in out["cases"].items():
+        assert case["max_error"] < TOL, (name, case["max_error"])
+        assert case["blocks_compared"] == case["blocks_expected"] > 0, name
+        assert case["half_arrays_alive"] == 0, name
+        if nranks >= 2:
+            assert case["largest_share"] < 1.0, name
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_each_rank_computes_its_share(nranks):
+    out = launch(nranks)
+    for name, case in out["cases"].items():
+        stats = case["stats"]
+        assert len(stats) == nranks and all(s["ranks"] == nranks for s in stats)
+        total = stats[0]["ao_integrals_total"]
+        npair = stats[0]["ao_pairs"]
+        assert total == npair * npair
+        computed = [s["ao_integrals_computed"] for s in stats]
+        assert sum(computed) == total, (name, computed)        # each AO pair once, over all ranks
+        assert sum(s["ao_pair_columns"] for s in stats) == npair
+        if nranks == 4:
+            assert max(computed) <= 1.5 * total / nranks, (name, computed)
+        if nranks >= 2:
+            assert max(computed) < total
+            held = [s["half_bytes_held"] for s in stats]
+            assert all(h > 0 for h in held) and max(held) < sum(held), (name, held)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_only_puts_move_data(nranks):
+    out = launch(nranks)
+    for name, case in out["cases"].items():
+        ops = case["onesided_ops"]
+        assert ops["get"] == 0 and ops["acc"] == 0, (name, ops)
+        assert ops["put"] > 0, (name, ops)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_no_mpi_warnings(nranks):
+    err = launch(nranks)["_stderr"]
+    for bad in ("WARN", "Warning", "leak", "Traceback"):
+        assert bad not in err, err[-2000:]

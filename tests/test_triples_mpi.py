@@ -1,0 +1,78 @@
+"""Distributed (T) under `mpiexec -n K`, K = 1, 2, 4, against the serial kernel.
+
+One launch of tests/mpi/triples_checks.py per rank count: H2O2 distorted to C1 (one
+occupied and one virtual tensor tile, so every four-index tensor is one block) and
+water in C2v, each with mpi-onesided (nxtval, steal) and mpi-collective, default
+occ_tile and occ_tile 4, on the same t1/t2 as the serial ``triples_correction``.
+Checked: E(T) equal to 1e-9; for H2O2 with the default occ_tile, task tiles smaller
+than the occupied space and, on every rank, the peak bytes held that come from each of
+ovvv, t2, (ov|ov) and (ov|oo) (fetched rows, packed rows, cache, scratch) below the
+bytes of that whole tensor; one-sided gets only from mpi-onesided and only with 2+ ranks.
+(The sum over the four tensors is not below whole ovvv or whole t2 for molecules this
+small: the kernel needs the ovvv rows of three orbitals, 3 v^3, and t2 is o^2 v^2.)
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpirun import run_mpi
+
+sys.path.insert(0, str(Path(__file__).parent / "mpi"))
+import triples_checks  # noqa: E402  (molecules and combinations shared with the script)
+
+SCRIPT = Path(__file__).parent / "mpi" / "triples_checks.py"
+RANKS = (1, 2, 4)
+E_TOL = 1e-9
+TIMEOUT = 300
+
+_runs: dict = {}
+
+
+def launch(nranks):
+    if nranks not in _runs:
+        _runs[nranks] = run_mpi(SCRIPT, nranks, timeout=TIMEOUT)
+    return _runs[nranks]
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_distributed_triples_equal_serial(nranks):
+    out = launch(nranks)
+    assert out["nranks"] == nranks
+    assert set(out["molecules"]) == set(triples_checks.MOLECULES)
+    for name, mol in out["molecules"].items():
+        assert len(mol["runs"]) == len(triples_checks.COMBOS)
+        for combo, runs in mol["runs"].items():
+            assert set(runs) == {str(ot) for ot in triples_checks.OCC_TILES}
+            for ot, run in runs.items():
+                e_ref = mol["e_serial"][ot]
+                assert abs(run["e_t"] - e_ref) < E_TOL, (name, combo, ot, run["e_t"], e_ref)
+                assert run["tasks"] > 0 and len(run["peak_operand_bytes"]) == nranks
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_no_rank_holds_a_whole_tensor_for_triples(nranks):
+    mol = launch(nranks)["molecules"]["h2o2_c1"]
+    assert mol["occ_tensor_tiles"] == 1            # the case that used to fetch whole tensors
+    for combo, runs in mol["runs"].items():
+        run = runs["None"]
+        assert 1 <= run["occ_tile"] < mol["nocc"]
+        whole = run["whole_bytes"]
+        assert set(whole) == {"ovvv", "t2", "ovov", "ovoo"}
+        for source, share in run["peak_share"].items():
+            assert 0 < share < 1.0, (combo, source, share)   # max over ranks of held / whole
+        # per rank: below the sum of the four tensors, and the kernel's buffers are v^3-sized
+        assert all(0 < p < sum(whole.values()) for p in run["peak_operand_bytes"]), (combo, run)
+        assert run["kernel_buffer_bytes"] < whole["ovvv"]
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+def test_rows_travel_by_the_executors_means(nranks):
+    for name, mol in launch(nranks)["molecules"].items():
+        for combo, runs in mol["runs"].items():
+            for ot, run in runs.items():
+                if combo.startswith("mpi-collective") or nranks == 1:
+                    assert run["get_bytes"] == 0, (name, combo, ot)
+                else:
+                    assert run["get_bytes"] > 0, (name, combo, ot)
