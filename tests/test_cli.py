@@ -65,13 +65,15 @@ def test_not_converged_still_writes_json(tmp_path, capsys):
 
 @pytest.mark.parametrize("which", ["one", "all"])
 def test_error_on_some_ranks_ends_the_whole_mpi_run(which):
-    """An error raised on one rank after MPI started aborts every rank (exit 2, one message)
-    instead of leaving the others waiting in a collective."""
+    """An error raised on one rank after MPI started aborts every rank (MPI_Abort with 2,
+    one message) instead of leaving the others waiting in a collective. mpiexec's own
+    status is then 2 or the signal it ended the other ranks with: only non-zero is sure."""
     from mpirun import run_mpi_raw
     script = Path(__file__).parent / "mpi" / "cli_rank_error.py"
     run = run_mpi_raw(script, 3, args=[which], timeout=90)
     assert not run.timed_out, run.describe()
-    assert run.returncode == 2, run.describe()
+    assert run.returncode != 0, run.describe()
+    assert "MPI_Abort" in run.stderr, run.describe()
     assert "passed_barrier" not in run.stdout
     lines = [ln for ln in run.stderr.splitlines() if ln.startswith("error: deliberate failure")]
     expected = "error: deliberate failure on rank 1 (on rank 1)" if which == "one" else \

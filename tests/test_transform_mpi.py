@@ -9,6 +9,7 @@ only puts moved data (no gets, no accumulates: nothing is gathered); the tempora
 arrays are freed; no rank holds a whole class tensor at 2+ ranks; no MPI warnings.
 """
 
+import functools
 import sys
 from pathlib import Path
 
@@ -24,13 +25,10 @@ RANKS = (1, 2, 3, 4)
 TIMEOUT = 240
 TOL = 1e-10
 
-_runs: dict = {}
-
-
+@functools.cache
 def launch(nranks):
-    if nranks not in _runs:
-        _runs[nranks] = run_mpi(SCRIPT, nranks, timeout=TIMEOUT)
-    return _runs[nranks]
+    """One launch of the script per rank count, shared by the tests."""
+    return run_mpi(SCRIPT, nranks, timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("nranks", RANKS)

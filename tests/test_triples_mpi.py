@@ -12,6 +12,7 @@ bytes of that whole tensor; one-sided gets only from mpi-onesided and only with 
 small: the kernel needs the ovvv rows of three orbitals, 3 v^3, and t2 is o^2 v^2.)
 """
 
+import functools
 import sys
 from pathlib import Path
 
@@ -27,13 +28,10 @@ RANKS = (1, 2, 4)
 E_TOL = 1e-9
 TIMEOUT = 300
 
-_runs: dict = {}
-
-
+@functools.cache
 def launch(nranks):
-    if nranks not in _runs:
-        _runs[nranks] = run_mpi(SCRIPT, nranks, timeout=TIMEOUT)
-    return _runs[nranks]
+    """One launch of the script per rank count, shared by the tests."""
+    return run_mpi(SCRIPT, nranks, timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("nranks", RANKS)
