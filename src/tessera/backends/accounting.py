@@ -11,7 +11,6 @@ every collective. ``bytes_moved`` counts bytes between ranks only.
 
 from __future__ import annotations
 
-ONE_SIDED = ("get", "put", "acc", "fetch_add")
 
 
 def _blank() -> dict:

@@ -9,7 +9,8 @@ each executor the model estimates, per rank:
                                                        busiest rank (tasks dealt largest first)
        + tasks/P * t_task                              Python work per block product
        + (gets * t_get + accs * t_acc) / P             one-sided operations (onesided)
-       + collectives * t_coll                          collective calls (collective)
+       + collectives * t_coll                          collective calls (barriers and counter
+                                                       setup per step; SUMMA broadcasts)
        + bytes moved / P / bandwidth                   data movement
 
 with the gets, accumulates and bytes the loop order implies (``original``: both inputs
@@ -34,6 +35,7 @@ choice can be overridden (``--backend``, ``--variant``, ``--schedule``, ``--tile
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -41,6 +43,8 @@ import time
 import numpy as np
 
 from tessera.errors import InputError
+
+log = logging.getLogger(__name__)
 
 T_TASK = 25e-6        # s of Python and numpy overhead per block product
 T_GET = 15e-6         # s per one-sided get (issue + wait)
@@ -57,12 +61,21 @@ COLLECTIVE_VARIANTS = ("summa", "2.5d")
 
 
 def resolve(nranks: int, **options):
-    """Executor for ``Context("auto")`` without a molecule: threads on one rank, else
-    mpi-onesided with the cached loop order and nxtval (the model's usual winner)."""
+    """Executor for ``Context("auto")`` without a molecule: threads on one rank (which
+    takes no MPI option), else the executor the variant belongs to, by default
+    mpi-onesided with the cached loop order and nxtval (the model's usual winner); every
+    other option is passed on."""
+    variant, schedule = options.get("variant"), options.get("schedule")
+    check_options("auto", variant, schedule)
     if nranks <= 1:
+        given = sorted(k for k, v in options.items() if v is not None)
+        if given:
+            raise InputError(f"backend 'auto' on one process runs 'threads', which takes no option "
+                             f"{', '.join(given)}; start several ranks with mpiexec, or name an MPI backend")
         return "threads", {}
-    return "mpi-onesided", {"variant": options.get("variant") or "cached",
-                            "schedule": options.get("schedule") or "nxtval"}
+    if variant in COLLECTIVE_VARIANTS:
+        return "mpi-collective", options
+    return "mpi-onesided", {**options, "variant": variant or "cached", "schedule": schedule or "nxtval"}
 
 
 def gemm_rate() -> float:
@@ -87,7 +100,7 @@ def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int) -> 
     from tessera.chem import ccsd_equations as eq
     from tessera.chem.integrals import CLASSES, MOIntegrals, make_spaces
     from tessera.plan.blocktasks import contraction_tasks
-    from tessera.tensor.block_tensor import BlockTensor
+    from tessera.tensor.block_tensor import BlockTensor, allowed_keys
 
     o, v = make_spaces(orbsym, nocc, nfrozen, tile)
     ctx = PlanningContext()
@@ -144,7 +157,7 @@ def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int) -> 
     s["max_tensor_share"] = 0.0
     for letters, placement in [("oovv", "balanced")] + [(c, "pairs") for c in CLASSES]:
         sp = tuple(o if c == "o" else v for c in letters)
-        keys = BlockTensor(sp, 0).allowed_keys()
+        keys = allowed_keys(sp, 0)
         mine = [0] * nranks
         for k, r in owner_map(sp, 0, keys, nranks, placement).items():
             mine[r] += 8 * int(np.prod([x.tiles[t].size for x, t in zip(sp, k)]))
@@ -344,6 +357,11 @@ def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto
           and (c["fits_memory"] or variant)]
     pool = ok or [c for c in candidates if c["fits_memory"] or variant] \
         or [c for c in candidates if c["layers"] in (None, 1)] or candidates
+    if not ok:
+        log.warning("no candidate meets every condition (max/mean <= %.1f, no four-index tensor "
+                    "whole on one rank, estimated memory within %d MiB per rank); running the "
+                    "fastest of the rest. Set --tile, --variant or TESSERA_MEMORY_PER_RANK_MB to choose.",
+                    BALANCE_LIMIT, int(budget) >> 20)
     best = min(pool, key=lambda c: (c["seconds"], -c["tile"]))
     sched = None
     if best["backend"] == "mpi-onesided":

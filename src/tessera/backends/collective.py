@@ -203,7 +203,6 @@ class CollectiveExecutor(DistributedExecutor):
         if self.variant == "2.5d" and layers == 1:
             log.info("mpi-collective 2.5d on %d rank(s): one layer (no replication; the same steps as summa)",
                      size)
-        self._known: dict = {}
 
     def describe(self) -> dict:
         return {**super().describe(), "variant": self.variant, "grid": [self.cc.pr, self.cc.pc],

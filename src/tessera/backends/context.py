@@ -55,16 +55,6 @@ class Context:
         self.executor.close()
         self._cache.clear()
 
-    # ---------------------------------------------------------------- ranks
-    @property
-    def rank(self) -> int:
-        """This process's rank in the executor's world (0 when not distributed)."""
-        return self.executor.world.rank if self.distributed else 0
-
-    @property
-    def nranks(self) -> int:
-        return self.executor.world.size if self.distributed else 1
-
     def record_step(self, step, seconds: float) -> None:
         st = self.stats.setdefault(step.label, [0, 0.0, 0])
         st[0] += 1

@@ -44,10 +44,6 @@ def part_range(ga, key, part) -> tuple:
 DEFAULT_CACHE_MB = 512
 
 
-def local_ranks(world) -> int:
-    return world.node_comm.Get_size() if getattr(world, "node_comm", None) is not None else 1
-
-
 class DistributedExecutor:
     """Base of the MPI executors (see module docstring)."""
 
@@ -92,8 +88,7 @@ class DistributedExecutor:
             t0, c0 = time.perf_counter(), self.compute_seconds
             if self._needs_barrier(step):      # decided alike on every rank (SPMD state)
                 self.barrier()
-            if not (step.kind == "zero" and step.out.tensor.version == 0):
-                self.run_step(step)            # (a tensor never written here is zero already)
+            self.run_step(step)
             self._wrote(step)
             dt = time.perf_counter() - t0
             self.account.end(step.label, snap, dt, self.compute_seconds - c0, step.flops)

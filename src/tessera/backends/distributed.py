@@ -20,8 +20,9 @@ delicate part: a tensor dropped by CPython's reference counting releases its arr
 *pending* list; at the start of each plan execution (a collective point that every rank
 reaches in the same order) the ranks agree, with one allgather, on the arrays released
 everywhere, and only those are reused, for the next tensor of the same structure and
-placement (lowest array id first, so every rank picks the same one). Arrays are never
-freed before ``World.stop()``; the pool bounds their number by the peak of live tensors.
+placement (lowest array id first, so every rank picks the same one). ``close()`` (the
+context's end, collective) frees the pooled arrays; arrays of tensors still alive are
+freed at ``World.stop()``. The pool bounds their number by the peak of live tensors.
 """
 
 from __future__ import annotations
@@ -91,19 +92,8 @@ class DistHandle:
         self.name = name
         self.world = store.world
 
-    @property
-    def all_keys(self) -> tuple:
-        return self.ga.keys
-
-    @property
-    def rank(self) -> int:
-        return self.world.rank
-
     def owner(self, key) -> int:
         return self.ga.owner(key)
-
-    def is_local(self, key) -> bool:
-        return key in self.ga and self.ga.owner(key) == self.world.rank
 
     def fetch(self, key) -> np.ndarray:
         """A copy of one block, from wherever it lives (one-sided get)."""
@@ -119,12 +109,7 @@ class DistHandle:
         self.ga.acc(key, array, scale)
 
     def allreduce(self, value, op: str = "sum"):
-        if self.world.size == 1:
-            return value
-        if isinstance(value, np.ndarray):
-            return self.world.allreduce(value, op)
-        return type(value)(self.world.allreduce(value, op)) if isinstance(value, (int, float)) \
-            else self.world.allreduce(value, op)
+        return value if self.world.size == 1 else self.world.allreduce(value, op)
 
     def sync(self) -> None:
         """Collective: every update to this tensor issued before is visible after."""
@@ -158,8 +143,6 @@ class TensorStore:
         self._pending: list = []       # (structure key, GlobalArray) released here
         self._owners: dict = {}        # structure key -> owner map
         self.by_eid: dict = {}         # array id (the same on every rank) -> GlobalArray
-        self.arrays = 0                # global arrays created
-        self.reused = 0
         self.closed = False
 
     # -- the storage protocol of BlockTensor --------------------------------------------
@@ -173,7 +156,6 @@ class TensorStore:
         if free:
             ga = free.pop(0)
             ga.apply_local(lambda key, view: view.fill(0.0))
-            self.reused += 1
         else:
             ga = self._create(tensor, placement, skey)
         handle = DistHandle(self, ga, tensor.name)
@@ -188,23 +170,15 @@ class TensorStore:
             owners = owner_map(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
             self._owners[skey] = owners
         tiling = [[t.size for t in s.tiles] for s in tensor.spaces]   # no keys: an empty array
-        self.arrays += 1
         ga = GlobalArray(tiling, keys=keys, owners=owners, name=tensor.name or "tensor", world=self.world)
         self.by_eid[ga.eid] = ga
         return ga
 
-    def owners(self, spaces, irrep, placement="balanced") -> dict:
-        from tessera.tensor.block_tensor import allowed_keys
-        skey = (tuple(spaces), irrep, placement)
-        if skey not in self._owners:
-            self._owners[skey] = owner_map(tuple(spaces), irrep, allowed_keys(spaces, irrep),
-                                           self.world.size, placement)
-        return self._owners[skey]
-
     # -- collective points ----------------------------------------------------------------
     def collect(self) -> None:
         """Collective: make the arrays that every rank has released reusable."""
-        mine = sorted(ga.eid for _, ga in self._pending)
+        pending = list(self._pending)   # tensors freed meanwhile append; they wait for the next call
+        mine = sorted(ga.eid for _, ga in pending)
         if self.world.size > 1:
             everyone = self.world.allgather(mine)
             common = set(everyone[0]).intersection(*map(set, everyone[1:]))
@@ -212,13 +186,10 @@ class TensorStore:
             common = set(mine)
         if not common:
             return
-        keep = []
-        for skey, ga in self._pending:
+        for skey, ga in pending:
             if ga.eid in common:
                 self._free.setdefault(skey, []).append(ga)
-            else:
-                keep.append((skey, ga))
-        self._pending[:] = keep
+        self._pending[:] = [(skey, ga) for skey, ga in self._pending if ga.eid not in common]
         for lst in self._free.values():
             lst.sort(key=lambda g: g.eid)
 

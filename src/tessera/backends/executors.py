@@ -61,11 +61,17 @@ class ThreadsExecutor:
 def launched_ranks() -> int:
     """Ranks this process was started with by mpiexec (1 without it), read from the
     launcher's environment, so that asking does not start MPI."""
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
         value = os.environ.get(var)
         if value and value.isdigit():
             return int(value)
     return 1
+
+
+def runs_distributed(backend: str) -> bool:
+    """Whether ``backend`` runs over MPI ranks here: an MPI backend, or ``auto`` when
+    mpiexec started several ranks (does not start MPI)."""
+    return backend in MPI_BACKENDS or (backend == "auto" and launched_ranks() > 1)
 
 
 def _onesided(**options):
@@ -93,10 +99,10 @@ MPI_BACKENDS = ("mpi-onesided", "mpi-collective")
 def make_executor(name: str, **options):
     if name not in EXECUTORS:
         raise InputError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
-    if name in ("serial", "threads") and any(v is not None for v in options.values()) \
-            and set(options) - {"workers"}:
-        bad = ", ".join(sorted(k for k, v in options.items() if v is not None and k != "workers"))
-        raise InputError(f"backend {name!r} takes no option {bad}; variants, schedules and caches "
-                         "belong to the MPI backends (mpi-onesided, mpi-collective)")
     options = {k: v for k, v in options.items() if v is not None}
+    if name in ("serial", "threads"):
+        bad = sorted(set(options) - ({"workers"} if name == "threads" else set()))
+        if bad:
+            raise InputError(f"backend {name!r} takes no option {', '.join(bad)}; variants, schedules "
+                             "and caches belong to the MPI backends (mpi-onesided, mpi-collective)")
     return EXECUTORS[name](**options)

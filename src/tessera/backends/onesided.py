@@ -48,12 +48,11 @@ class OneSidedExecutor(DistributedExecutor):
     name = "mpi-onesided"
 
     def __init__(self, variant: str = "cached", schedule: str = "nxtval", cache_mb: int = DEFAULT_CACHE_MB,
-                 chunk: int | None = None, world=None):
+                 world=None):
         super().__init__(world)
         self.variant = check_choice("variant (mpi-onesided)", variant, VARIANTS)
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
         self.cache_bytes = int(cache_mb) << 20
-        self.chunk = chunk
         kind = "global" if self.schedule == "nxtval" else "per_rank"
         self.counters = [TaskCounter(kind=kind, world=self.world) for _ in range(NCOUNTERS)]
         self._bases = [[0] * self.world.size for _ in range(NCOUNTERS)]   # next ticket per counter/queue
@@ -106,11 +105,6 @@ class OneSidedExecutor(DistributedExecutor):
                     if start >= len(queues[q]):
                         break
                     yield queues[q][start:start + chunk]
-
-    def _chunk(self, n: int) -> int:
-        if self.chunk:
-            return int(self.chunk)
-        return max(1, min(32, n // (8 * self.world.size)))
 
     def task_order(self, costs, chunk: int):
         for batch in self.batches(costs, chunk):
@@ -183,7 +177,7 @@ class OneSidedExecutor(DistributedExecutor):
                 ga_out.acc(t.out, np.ascontiguousarray(acc.reshape(t.out_shape).transpose(pc)), scale)
         self.compute_seconds += compute
 
-    def _inverted_groups(self, step, tasks, A, B) -> tuple:
+    def _inverted_groups(self, tasks, A, B) -> tuple:
         reuse_a = A.nbytes >= B.nbytes
         key = (id(tasks), reuse_a)
         hit = self._inverted.get(key)
@@ -200,7 +194,7 @@ class OneSidedExecutor(DistributedExecutor):
     def _inverted_loop(self, step, tasks, A, B, out) -> None:
         pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
         ga_out, scale = out.dist.ga, step.scale
-        groups, reuse_a = self._inverted_groups(step, tasks, A, B)
+        groups, reuse_a = self._inverted_groups(tasks, A, B)
         costs = [sum(2 * t.m * p.k * t.n for t, p in items) + 1 for _, items in groups]
         compute = 0.0
         for batch in self.batches(costs, 1):

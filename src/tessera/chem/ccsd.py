@@ -120,7 +120,9 @@ class CCSD:
         keys = (sorted(t1.local_keys()), sorted(t2.local_keys()))
         e_old = eq.correlation_energy(ints, t1, t2)
         log.info("MP2 correlation energy %.12f", e_old)
-        diis = DIIS(self.diis_space, reduce=t2.global_sum)
+        # reduce through the handle, not a bound method of t2: that would keep the first
+        # t2 (and its distributed storage) alive for the whole run
+        diis = DIIS(self.diis_space, reduce=t2.dist.allreduce if t2.dist is not None else None)
         history, flops = [], 0
         converged = False
         for it in range(1, self.max_iter + 1):

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from tessera.backends.context import Context
-from tessera.backends.executors import MPI_BACKENDS, launched_ranks
+from tessera.backends.executors import runs_distributed
 from tessera.chem.ccsd import CCSD
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
@@ -57,11 +57,18 @@ class RunOptions:
             raise InputError(f"--conv must be positive, got {self.conv}")
         if self.max_iter < 1:
             raise InputError(f"--max-iter must be at least 1, got {self.max_iter}")
-        from tessera.backends.executors import BACKENDS
+        from tessera.backends.auto import check_options
+        from tessera.backends.executors import BACKENDS, MPI_BACKENDS, launched_ranks
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}")
-        from tessera.backends.auto import check_options
         check_options(self.backend, self.variant, self.schedule)
+        ranks = launched_ranks()
+        if ranks > 1 and self.backend not in MPI_BACKENDS + ("auto",):
+            raise InputError(f"backend {self.backend!r} runs in one process, but mpiexec started {ranks}; "
+                             "use --backend auto, mpi-onesided or mpi-collective, or run without mpiexec")
+        if ranks == 1 and self.backend == "auto" and (self.variant or self.schedule):
+            raise InputError("--variant and --schedule need several ranks with --backend auto (one "
+                             "process runs threads); start with mpiexec or name an MPI backend")
 
 
 @dataclass
@@ -103,7 +110,7 @@ class Job:
         molecule.check_closed_shell()
         mol = molecule.to_pyscf(symmetry=opt.symmetry)
         timings: dict = {}
-        distributed = opt.backend in MPI_BACKENDS or (opt.backend == "auto" and launched_ranks() > 1)
+        distributed = runs_distributed(opt.backend)
         world = None
         if distributed:
             from tessera.runtime import World

@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--backend", default="auto",
                        help="auto (default: threads on one process, a cost-model choice under mpiexec) | serial | threads | mpi-onesided | mpi-collective")
         s.add_argument("--variant", default=None,
-                       help="mpi-onesided loop order: original | inverted | cached (default cached); "
+                       help="mpi-onesided loop order: original | inverted | cached; "
                             "mpi-collective: summa | 2.5d (default: the cost model's choice)")
         s.add_argument("--schedule", default=None, help="mpi-onesided task schedule: nxtval | steal "
                                                         "(default nxtval)")
@@ -51,12 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _options(args):
-    from tessera.backends.executors import BACKENDS
     from tessera.chem.job import RunOptions
-    if args.backend not in BACKENDS:
-        raise TesseraError(f"unknown backend {args.backend!r}; choose one of: {', '.join(BACKENDS)}")
-    if args.tile is not None and args.tile <= 0:
-        raise TesseraError(f"--tile must be a positive integer, got {args.tile}")
     return RunOptions(geometry=args.geometry, basis=args.basis, method=args.method, charge=args.charge,
                       frozen_core=args.frozen_core, backend=args.backend, tile=args.tile, conv=args.conv,
                       variant=args.variant, schedule=args.schedule,
@@ -124,8 +119,8 @@ def print_communication(data: dict, limit: int = 12) -> None:
 
 def _rank(backend: str) -> int:
     """This process's rank when the backend runs over MPI (0 otherwise); starts MPI only then."""
-    from tessera.backends.executors import MPI_BACKENDS, launched_ranks
-    if backend in MPI_BACKENDS or (backend == "auto" and launched_ranks() > 1):
+    from tessera.backends.executors import runs_distributed
+    if runs_distributed(backend):
         from tessera.runtime import World
         return World.get().rank
     return 0

@@ -15,7 +15,7 @@ def print_plan(options, rank: int = 0) -> None:
     model's decision for the number of ranks this was started with, and its estimates."""
     if rank != 0:
         return
-    from tessera.backends.executors import MPI_BACKENDS, launched_ranks
+    from tessera.backends.executors import launched_ranks, runs_distributed
     molecule = Molecule.from_xyz(options.geometry, charge=options.charge, basis=options.basis)
     molecule.check_closed_shell()
     mol = molecule.to_pyscf(symmetry=options.symmetry)
@@ -23,7 +23,7 @@ def print_plan(options, rank: int = 0) -> None:
     nfrozen = _frozen_core(mol) if options.frozen_core else 0
     tile = options.tile or 32
     nranks = launched_ranks()
-    if options.backend in MPI_BACKENDS or (options.backend == "auto" and nranks > 1):
+    if runs_distributed(options.backend):
         from tessera.backends.auto import decide, render
         decision = decide(ref.orbsym, ref.nocc, nfrozen, nranks, backend=options.backend, tile=options.tile,
                           variant=options.variant, schedule=options.schedule)

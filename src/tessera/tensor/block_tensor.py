@@ -14,8 +14,8 @@ Writes to owned blocks are in place (a view is never replaced); other blocks are
 reached through the handle (``get_block`` fetches, ``accumulate_block`` accumulates to
 the owner). Reductions (``norm``, ``vdot``, ``max_abs``) sum over the processes. The
 handle is supplied by the backend; this module knows only its methods:
-``owner(key)``, ``is_local(key)``, ``fetch(key)``, ``fetch_many(keys)``,
-``accumulate(key, array, scale)``, ``allreduce(value, op)``, ``all_keys``.
+``owner(key)``, ``fetch(key)``, ``fetch_many(keys)``, ``accumulate(key, array, scale)``,
+``allreduce(value, op)``, ``sync()``, ``local_nbytes()``.
 """
 
 from __future__ import annotations
@@ -45,10 +45,6 @@ def use_storage(storage):
 
 def reset_storage(token) -> None:
     _storage.reset(token)
-
-
-def current_storage():
-    return _storage.get()
 
 
 @dataclass(frozen=True)
@@ -144,10 +140,6 @@ class BlockTensor:
         """An empty (zero) tensor with the same spaces, irrep, symmetry and placement."""
         return BlockTensor(self.spaces, self.irrep, name=name or self.name, symmetry=self.symmetry,
                            placement=self.placement)
-
-    @property
-    def distributed(self) -> bool:
-        return self.dist is not None
 
     def owned_keys(self) -> list:
         """The allowed keys this process stores: all of them for a local tensor, the
