@@ -40,6 +40,10 @@ def test_malformed_xyz(tmp_path, capsys, text, needle):
     ([WATER, "--tile", "0"], "tile"),
     ([WATER, "--tile", "-4"], "tile"),
     ([WATER, "--charge", "1"], "electrons"),
+    ([WATER, "--variant", "cached"], "several ranks"),                 # auto in one process
+    ([WATER, "--backend", "threads", "--schedule", "steal"], "threads"),
+    ([WATER, "--backend", "mpi-onesided", "--variant", "summa"], "summa"),
+    ([WATER, "--backend", "mpi-collective", "--schedule", "nxtval"], "schedule"),
 ])
 def test_bad_options(capsys, args, needle):
     code, _, err = run(capsys, "run", *args)
@@ -79,3 +83,23 @@ def test_error_on_some_ranks_ends_the_whole_mpi_run(which):
     expected = "error: deliberate failure on rank 1 (on rank 1)" if which == "one" else \
         "error: deliberate failure on rank 0"
     assert lines == [expected], run.describe()
+
+
+def test_one_process_backend_under_mpiexec_is_an_error(monkeypatch, capsys):
+    """serial/threads started by mpiexec on several ranks would run independent copies
+    that all write the same JSON: refused before anything runs."""
+    monkeypatch.setenv("PMI_SIZE", "2")
+    code, _, err = run(capsys, "run", WATER, "--backend", "threads")
+    assert code == 2 and "mpiexec started 2" in err
+
+
+def test_auto_context_routes_by_variant():
+    """Context("auto") picks the executor the variant belongs to, and passes options on."""
+    from tessera.backends.auto import resolve
+    from tessera.errors import InputError
+    assert resolve(4, variant="summa") == ("mpi-collective", {"variant": "summa"})
+    assert resolve(4, variant="2.5d", layers=2) == ("mpi-collective", {"variant": "2.5d", "layers": 2})
+    assert resolve(4) == ("mpi-onesided", {"variant": "cached", "schedule": "nxtval"})
+    assert resolve(1) == ("threads", {})
+    with pytest.raises(InputError, match="variant"):
+        resolve(1, variant="cached")
