@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_info
 from tessera.backends.context import Context
 from tessera.chem.ccsd import CCSD
 from tessera.chem.integrals import transform
-from tessera.chem.job import _frozen_core
+from tessera.chem.job import frozen_core_orbitals
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples import triples_correction
@@ -86,7 +86,7 @@ def main(argv=None):
     for path in args.molecules:
         molecule = Molecule.from_xyz(path, basis=args.basis)
         mol = molecule.to_pyscf()
-        nfz = _frozen_core(mol) if args.frozen_core else 0
+        nfz = frozen_core_orbitals(mol) if args.frozen_core else 0
         p = run_pyscf(mol, nfz, args.conv, triples)
         t = run_tessera(mol, nfz, args.conv, triples, args.backend, args.tile)
         row = {"molecule": path, "point_group": mol.groupname, "nao": mol.nao, "frozen": nfz,

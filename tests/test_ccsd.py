@@ -11,7 +11,7 @@ from pyscf import cc, scf
 from tessera.backends.context import Context
 from tessera.chem.ccsd import CCSD
 from tessera.chem.integrals import transform
-from tessera.chem.job import _frozen_core
+from tessera.chem.job import frozen_core_orbitals
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.errors import ConvergenceError
@@ -37,7 +37,7 @@ def systems():
         mf.kernel()
         assert abs(ref.e_hf - mf.e_tot) < 1e-9
         energies = {}
-        for nfz in (0, _frozen_core(mol)):
+        for nfz in (0, frozen_core_orbitals(mol)):
             mycc = cc.CCSD(mf, frozen=nfz or None)
             mycc.conv_tol = 1e-10
             mycc.kernel()

@@ -25,7 +25,7 @@ from tessera import BlockTensor, IndexSpace
 from tessera.backends.context import Context
 from tessera.chem.ccsd import CCSD
 from tessera.chem.integrals import transform
-from tessera.chem.job import _memory_per_rank
+from tessera.chem.job import memory_per_rank
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples_distributed import triples_correction_distributed
@@ -132,7 +132,7 @@ def one_run(world, ref, tile, backend, variant, schedule, iters, conv):
             snap = world.comm_log.snapshot()
             tr = triples_correction_distributed(ints, cc.t1, cc.t2, context=ctx)
             share = max(t.local_nbytes / t.nbytes for t in [cc.t2, *ints.tensors.values()])
-            mem = _memory_per_rank(ctx, cc.t2, ints)
+            mem = memory_per_rank(ctx, cc.t2, ints)
             comm = ctx.executor.account.summary(world)
             executor = ctx.executor.describe()
             onesided_in_triples = sum(r.count for r in world.comm_log.records(since=snap)

@@ -119,7 +119,7 @@ class Job:
         t0 = time.perf_counter()
         ref = self._scf(mol, world)
         timings["scf"] = time.perf_counter() - t0
-        nfrozen = _frozen_core(mol) if opt.frozen_core else 0
+        nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
         backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, world)
         data = {
             "molecule": {"atoms": [[s, list(xyz)] for s, xyz in molecule.atoms], "charge": opt.charge,
@@ -181,7 +181,7 @@ class Job:
         }
         data["flops"] = {"ccsd_per_iteration": cc.flops_per_iteration}
         if ctx.distributed:
-            data["memory_per_rank"] = _memory_per_rank(ctx, cc.t2, ints)
+            data["memory_per_rank"] = memory_per_rank(ctx, cc.t2, ints)
         if method == "ccsd(t)" and result.converged:
             t0 = time.perf_counter()
             if ctx.distributed:
@@ -250,7 +250,7 @@ class Job:
         return result
 
 
-def _memory_per_rank(ctx, t2, ints) -> dict:
+def memory_per_rank(ctx, t2, ints) -> dict:
     """Bytes of T2 and of the MO integrals held by each rank (collective)."""
     mine = (t2.local_nbytes, sum(t.local_nbytes for t in ints.tensors.values()))
     parts = ctx.executor.world.allgather(mine)
@@ -263,6 +263,7 @@ def _memory_per_rank(ctx, t2, ints) -> dict:
             "whole_t2_bytes": t2.nbytes, "whole_integrals_bytes": 8 * ints.stored_elements}
 
 
-def _frozen_core(mol) -> int:
+def frozen_core_orbitals(mol) -> int:
+    """Doubly occupied core orbitals to freeze (PySCF's chemcore: 1s on Li-Ne, ...)."""
     from pyscf.data import elements
     return int(elements.chemcore(mol))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tessera.backends.context import PlanningContext
 from tessera.chem import ccsd_equations as eq
 from tessera.chem.integrals import transform
-from tessera.chem.job import _frozen_core
+from tessera.chem.job import frozen_core_orbitals
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 
@@ -20,7 +20,7 @@ def print_plan(options, rank: int = 0) -> None:
     molecule.check_closed_shell()
     mol = molecule.to_pyscf(symmetry=options.symmetry)
     ref = rhf_reference(mol)
-    nfrozen = _frozen_core(mol) if options.frozen_core else 0
+    nfrozen = frozen_core_orbitals(mol) if options.frozen_core else 0
     tile = options.tile or 32
     nranks = launched_ranks()
     if runs_distributed(options.backend):
