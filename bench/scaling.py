@@ -6,7 +6,7 @@
     .venv/bin/python bench/scaling.py all
 
 scaling: the same molecule (CCSD(T), cc-pVDZ) with the serial backend, then at 1 and 2
-  ranks for each executor (mpi-onesided cached/nxtval, mpi-collective); wall time,
+  ranks for each executor (mpi-onesided cached/nxtval, mpi-collective summa and 2.5d); wall time,
   speedup over the same executor at 1 rank, computational efficiency
   E = T_compute / (T_total x ranks) (T_compute: block arithmetic summed over ranks;
   T_total: wall time of CCSD + (T)), bytes moved per rank; then 4 ranks (on this
@@ -44,7 +44,9 @@ MOLECULES = {"water": "examples/water.xyz", "trimer": "examples/water_trimer.xyz
 NWCHEM_SYMMETRY = {"trimer": None, "tetramer": "c2", "water": "c2v"}   # Tessera's Abelian groups
 ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
        "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "MPIR_CVAR_POLLS_BEFORE_YIELD": "100"}
-EXECUTORS = [("mpi-onesided", ["--variant", "cached", "--schedule", "nxtval"]), ("mpi-collective", [])]
+EXECUTORS = [("mpi-onesided cached", "mpi-onesided", ["--variant", "cached", "--schedule", "nxtval"]),
+             ("mpi-collective summa", "mpi-collective", ["--variant", "summa"]),
+             ("mpi-collective 2.5d", "mpi-collective", ["--variant", "2.5d"])]
 
 
 def load() -> float:
@@ -91,16 +93,16 @@ def scaling(args) -> dict:
     base = tessera(xyz, None, ["--backend", "serial", "--method", "ccsd(t)"])
     rows["serial"] = efficiency(base)
     print(f"serial: {base['wall_seconds']:.1f} s (load {base['load_average']:.1f})", flush=True)
-    for backend, extra in EXECUTORS:
+    for label, backend, extra in EXECUTORS:
         for n in (1, 2, 4):
             d = tessera(xyz, n, ["--backend", backend, "--method", "ccsd(t)", *extra])
-            rows[f"{backend}/{n}"] = efficiency(d)
-            rows[f"{backend}/{n}"]["tile"] = d["tile"]
-            print(f"{backend} x{n}: {d['wall_seconds']:.1f} s (load {d['load_average']:.1f})", flush=True)
-    for backend, _ in EXECUTORS:
-        t1 = rows[f"{backend}/1"]["ccsd+triples"]
+            rows[f"{label}/{n}"] = efficiency(d)
+            rows[f"{label}/{n}"]["tile"] = d["tile"]
+            print(f"{label} x{n}: {d['wall_seconds']:.1f} s (load {d['load_average']:.1f})", flush=True)
+    for label, _, _ in EXECUTORS:
+        t1 = rows[f"{label}/1"]["ccsd+triples"]
         for n in (1, 2, 4):
-            r = rows[f"{backend}/{n}"]
+            r = rows[f"{label}/{n}"]
             r["speedup"] = t1 / r["ccsd+triples"] if r["ccsd+triples"] else None
     print(f"\nScaling, {xyz} cc-pVDZ CCSD(T) (speedup and E over CCSD+(T); 4 ranks oversubscribed on "
           f"{os.cpu_count()} cores)")
