@@ -71,7 +71,7 @@ def one_case(world, ref, case) -> dict:
             err, compared = 0.0, 0
             for name, t in ints.tensors.items():
                 ref_t = serial.tensors[name]
-                assert t.distributed
+                assert t.dist is not None
                 for key in t.owned_keys():
                     err = max(err, float(np.abs(t.blocks[key] - ref_t.blocks[key]).max()))
                     compared += 1
