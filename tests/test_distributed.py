@@ -255,6 +255,23 @@ def test_cost_model_replicates_only_when_memory_allows(monkeypatch):
     assert decide(orbsym, 8, 0, 3, backend="mpi-collective", tile=6, rate=5e9)["candidates"][0]["layers"] in (1, 3)
 
 
+def test_cost_model_never_leaves_a_four_index_tensor_whole_on_a_rank():
+    """C1, 10 occupied / 30 virtual orbitals, 2 ranks: every tile >= 10 makes the occupied
+    space one tile (oooo one block, whole on one rank), so the decision must split the
+    occupied space (its own, smaller occupied tile) and say so in the table."""
+    from tessera.chem.integrals import make_spaces
+    orbsym = np.zeros(40, dtype=int)
+    d = decide(orbsym, 10, 0, 2, rate=5e9)
+    assert d["occ_tile"] < 10
+    o, v = make_spaces(orbsym, 10, 0, d["tile"], d["occ_tile"])
+    assert len(o.tiles) >= 2 and max(t.size for t in o.tiles) <= d["occ_tile"]
+    assert max(t.size for t in v.tiles) <= d["tile"]
+    chosen = [c for c in d["candidates"] if c["tile"] == d["tile"] and c["occ_tile"] == d["occ_tile"]]
+    assert chosen and all(c["max_tensor_share"] < 1.0 for c in chosen)
+    if d["occ_tile"] != d["tile"]:
+        assert f"{d['tile']}/{d['occ_tile']}" in render(d)
+
+
 @pytest.mark.parametrize("backend, variant, schedule", [
     ("threads", "cached", None), ("serial", None, "nxtval"), ("mpi-onesided", "summa", None),
     ("mpi-onesided", "sideways", None), ("mpi-collective", "cached", None), ("mpi-collective", None, "steal"),

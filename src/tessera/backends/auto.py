@@ -93,8 +93,8 @@ def gemm_rate() -> float:
     return float(min(50e9, max(1e9, 2 * 256 ** 3 / max(best, 1e-9))))
 
 
-def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int) -> dict:
-    """Counts of one CCSD iteration with this tile size (structure only, no data)."""
+def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int, occ_tile: int | None = None) -> dict:
+    """Counts of one CCSD iteration with these tile sizes (structure only, no data)."""
     from tessera.backends.context import PlanningContext
     from tessera.backends.distributed import owner_map
     from tessera.chem import ccsd_equations as eq
@@ -102,7 +102,7 @@ def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int) -> 
     from tessera.plan.blocktasks import contraction_tasks
     from tessera.tensor.block_tensor import BlockTensor, allowed_keys
 
-    o, v = make_spaces(orbsym, nocc, nfrozen, tile)
+    o, v = make_spaces(orbsym, nocc, nfrozen, tile, occ_tile)
     ctx = PlanningContext()
     with ctx:
         tensors = {n: BlockTensor(tuple(o if c == "o" else v for c in n), 0, name=n) for n in CLASSES}
@@ -331,8 +331,13 @@ def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto
     budget = memory_budget(nranks)
     candidates = []
     seen_tiles = set()
-    for t in tiles:
-        s = structure_stats(orbsym, nocc, nfrozen, t, nranks)
+    # with several ranks each tile is also tried with the occupied space cut in two or
+    # more tiles: a single occupied tile leaves oooo whole on one rank
+    half_occ = max(1, -(-(nocc - nfrozen) // 2))
+    pairs = [(t, t) for t in tiles] if tile or nranks == 1 else \
+        [p for t in tiles for p in dict.fromkeys([(t, t), (t, min(t, half_occ))])]
+    for t, ot in pairs:
+        s = structure_stats(orbsym, nocc, nfrozen, t, nranks, ot)
         key = (tuple(s["tiles"]["o"]), tuple(s["tiles"]["v"]))
         if key in seen_tiles:          # a larger tile that changes nothing
             continue
@@ -340,7 +345,7 @@ def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto
         too_fine = s["products"] > MAX_PRODUCTS and not tile
         for b, var in combos:
             e = estimate(s, nranks, b, var, rate)
-            candidates.append({"backend": b, "variant": var, "tile": t,
+            candidates.append({"backend": b, "variant": var, "tile": t, "occ_tile": ot,
                                "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
                                "max_tensor_share": round(s["max_tensor_share"], 3),
                                "flops": s["flops"], "block_products": s["products"],
@@ -367,11 +372,17 @@ def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto
     if best["backend"] == "mpi-onesided":
         sched = schedule or "nxtval"
     return {"backend": best["backend"], "variant": best["variant"], "schedule": sched,
-            "tile": best["tile"], "ranks": nranks, "gemm_rate": rate, "layers": best["layers"],
+            "tile": best["tile"], "occ_tile": best["occ_tile"], "ranks": nranks, "gemm_rate": rate, "layers": best["layers"],
             "grid": list(grid_3d(nranks, best["variant"])) if best["backend"] == "mpi-collective" else None,
             "memory_budget_per_rank": budget, "estimated_memory_per_rank": best["memory_per_rank"],
             "estimated_seconds_per_iteration": best["seconds"],
             "candidates": sorted(candidates, key=lambda c: c["seconds"])}
+
+
+def _tiles(c: dict) -> str:
+    """'32', or '32/8' when the occupied tile differs."""
+    ot = c.get("occ_tile", c["tile"])
+    return f"{c['tile']}" if ot == c["tile"] else f"{c['tile']}/{ot}"
 
 
 def render(decision: dict, limit: int = 12) -> str:
@@ -381,17 +392,18 @@ def render(decision: dict, limit: int = 12) -> str:
         pr, pc, c = decision["grid"]
         grid = f" (grid {pr} x {pc}" + (f" x {c} layers)" if c > 1 else ")")
     lines = [f"auto decision on {decision['ranks']} rank(s): backend {decision['backend']}, "
-             f"variant {decision['variant']}{grid}, schedule {decision['schedule']}, tile {decision['tile']} "
+             f"variant {decision['variant']}{grid}, schedule {decision['schedule']}, "
+             f"tile {_tiles(decision)} "
              f"(measured DGEMM rate {decision['gemm_rate'] / 1e9:.1f} GFLOP/s; memory per rank: estimated "
              f"{decision.get('estimated_memory_per_rank', 0) / 2**20:.0f} MiB of "
              f"{decision.get('memory_budget_per_rank', 0) / 2**20:.0f} MiB allowed)",
-             f"{'backend':15s} {'variant':9s} {'tile':>4s} {'est. s/iter':>11s} {'compute':>8s} "
+             f"{'backend':15s} {'variant':9s} {'tile':>5s} {'est. s/iter':>11s} {'compute':>8s} "
              f"{'gets':>9s} {'accs':>8s} {'coll.':>6s} {'MB/rank':>8s} {'bcast MB':>8s} {'mem MiB':>8s} "
              f"{'mem max/mean':>12s}"]
     for c in decision["candidates"][:limit]:
         var = c["variant"] + (f" c={c['layers']}" if c.get("layers", 1) not in (None, 1) else "")
         mem = f"{c.get('memory_per_rank', 0) / 2**20:7.0f}" + (" " if c.get("fits_memory", True) else "!")
-        lines.append(f"{c['backend']:15s} {var:9s} {c['tile']:4d} {c['seconds']:11.3f} "
+        lines.append(f"{c['backend']:15s} {var:9s} {_tiles(c):>5s} {c['seconds']:11.3f} "
                      f"{c['compute']:8.3f} {c['gets']:9.0f} {c['accs']:8.0f} {c['collectives']:6d} "
                      f"{c['bytes_per_rank'] / 2**20:8.1f} {c.get('bcast_bytes_per_rank', 0) / 2**20:8.1f} "
                      f"{mem:>8s} {c['memory_max_over_mean']:12.2f}")

@@ -53,8 +53,9 @@ class MOIntegrals:
         return sum(t.dense_elements for t in self.tensors.values())
 
 
-def make_spaces(orbsym, nocc: int, nfrozen: int, tile: int) -> tuple:
-    """Active occupied and virtual spaces, orbitals grouped by irrep, tiles <= ``tile``.
+def make_spaces(orbsym, nocc: int, nfrozen: int, tile: int, occ_tile: int | None = None) -> tuple:
+    """Active occupied and virtual spaces, orbitals grouped by irrep, tiles <= ``tile``
+    (occupied tiles <= ``occ_tile`` when given).
 
     The orbitals of an irrep are split into the fewest tiles of at most ``tile`` and of
     near-equal size (13 orbitals with tile 12 give 7 + 6, not 12 + 1), which keeps block
@@ -64,9 +65,11 @@ def make_spaces(orbsym, nocc: int, nfrozen: int, tile: int) -> tuple:
     if not 0 <= nfrozen < nocc:
         raise InputError(f"cannot freeze {nfrozen} of {nocc} occupied orbitals; "
                          "expected 0 <= frozen core < occupied")
-    if not isinstance(tile, (int, np.integer)) or isinstance(tile, bool) or tile <= 0:
-        raise InputError(f"tile size must be a positive integer, got {tile!r}; use e.g. --tile 32")
-    return _even_space("o", orbsym[nfrozen:nocc], int(tile)), _even_space("v", orbsym[nocc:], int(tile))
+    occ_tile = tile if occ_tile is None else occ_tile
+    for t in (tile, occ_tile):
+        if not isinstance(t, (int, np.integer)) or isinstance(t, bool) or t <= 0:
+            raise InputError(f"tile size must be a positive integer, got {t!r}; use e.g. --tile 32")
+    return _even_space("o", orbsym[nfrozen:nocc], int(occ_tile)), _even_space("v", orbsym[nocc:], int(tile))
 
 
 def _even_space(name: str, irreps, tile: int) -> IndexSpace:
@@ -96,16 +99,18 @@ _SYMMETRY = {   # permutational symmetry carried as metadata (real orbitals)
 SLAB_BYTES = 64 * 2**20   # working slab of the distributed transform (see module docstring)
 
 
-def transform(ref, nfrozen: int, tile: int, *, slab_bytes: int | None = None) -> MOIntegrals:
+def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
+              slab_bytes: int | None = None) -> MOIntegrals:
     """MO integrals of the active orbitals of ``ref`` as frozen BlockTensors.
 
     Local tensors: the MO integrals come from PySCF's in-core ``ao2mo`` in 4-fold packed
     form (pairs p>=q); each class is cut from it one first-index tile at a time, keeping
     only allowed blocks, so no dense four-index array of any class is ever built.
     Distributed tensors: see the module docstring; ``slab_bytes`` (default SLAB_BYTES)
-    bounds its working arrays and is used only there.
+    bounds its working arrays and is used only there. ``occ_tile`` (default ``tile``)
+    bounds the occupied tiles.
     """
-    o, v = make_spaces(ref.orbsym, ref.nocc, nfrozen, tile)
+    o, v = make_spaces(ref.orbsym, ref.nocc, nfrozen, tile, occ_tile)
     coeff = ref.mo_coeff[:, nfrozen:]
     nocc = ref.nocc - nfrozen
     index = {"o": o.orbitals, "v": v.orbitals + nocc}            # space position -> active MO

@@ -121,12 +121,13 @@ class Job:
         timings["scf"] = time.perf_counter() - t0
         nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
         backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, world)
+        occ_tile = decision["occ_tile"] if decision is not None else None
         data = {
             "molecule": {"atoms": [[s, list(xyz)] for s, xyz in molecule.atoms], "charge": opt.charge,
                          "point_group_full": molecule.point_group_full},
             "basis": opt.basis, "point_group": ref.point_group, "nao": int(mol.nao),
             "nocc": int(ref.nocc), "nvir": int(ref.nvir), "frozen_core": nfrozen,
-            "backend": backend, "tile": tile, "method": method, "scf": opt.scf,
+            "backend": backend, "tile": tile, "occ_tile": occ_tile or tile, "method": method, "scf": opt.scf,
             "ranks": world.size if world is not None else 1,
             "occupied_per_irrep": _per_irrep(ref.orbsym[:ref.nocc], ref.irrep_names),
             "virtual_per_irrep": _per_irrep(ref.orbsym[ref.nocc:], ref.irrep_names),
@@ -147,18 +148,18 @@ class Job:
 
         ctx = Context(backend, **exec_options)
         with ctx:
-            self._correlated(ctx, ref, nfrozen, tile, method, result)
+            self._correlated(ctx, ref, nfrozen, (tile, occ_tile), method, result)
         # Not in a ``finally``: closing a distributed context is collective, and an error
         # raised on some ranks only must reach the caller (which ends every rank) rather
         # than wait in that collective for ranks that are still computing.
         ctx.close()
         return self._finish(result, t_start)
 
-    def _correlated(self, ctx, ref, nfrozen, tile, method, result) -> None:
+    def _correlated(self, ctx, ref, nfrozen, tiles, method, result) -> None:
         opt, data = self.options, result.data
         timings, energies = data["timings"], data["energies"]
         t0 = time.perf_counter()
-        ints = transform(ref, nfrozen, tile)
+        ints = transform(ref, nfrozen, tiles[0], occ_tile=tiles[1])
         timings["transform"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()

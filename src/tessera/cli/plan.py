@@ -21,17 +21,17 @@ def print_plan(options, rank: int = 0) -> None:
     mol = molecule.to_pyscf(symmetry=options.symmetry)
     ref = rhf_reference(mol)
     nfrozen = frozen_core_orbitals(mol) if options.frozen_core else 0
-    tile = options.tile or 32
+    tile, occ_tile = options.tile or 32, None
     nranks = launched_ranks()
     if runs_distributed(options.backend):
         from tessera.backends.auto import decide, render
         decision = decide(ref.orbsym, ref.nocc, nfrozen, nranks, backend=options.backend, tile=options.tile,
                           variant=options.variant, schedule=options.schedule)
         print(render(decision))
-        tile = decision["tile"]
+        tile, occ_tile = decision["tile"], decision["occ_tile"]
     elif options.backend == "auto":
         print("auto decision on 1 rank: backend threads (one process: shared memory)")
-    ints = transform(ref, nfrozen, tile)
+    ints = transform(ref, nfrozen, tile, occ_tile=occ_tile)
     t1 = eq.new(ints, "ov", "t1").fill_zero_blocks()
     t2 = eq.new(ints, "oovv", "t2").fill_zero_blocks()
     ctx = PlanningContext()
