@@ -32,6 +32,7 @@ OpenMP run one thread per rank. Override any of them through `env`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -154,3 +155,12 @@ def run_mpi(script_path, nprocs: int | None, args=(), timeout: float = 120.0,
         raise MPIRunError(f"MPI run printed no JSON object on stdout\n{run.describe()}")
     result["_stderr"] = run.stderr
     return result
+
+
+def cached_launcher(script_path, timeout: float = 120.0, args=()):
+    """``launch(nprocs)``: one run of the script per rank count, shared by the tests of a
+    module (the result is reused, the script runs once)."""
+    @functools.cache
+    def launch(nprocs):
+        return run_mpi(script_path, nprocs, args=args, timeout=timeout)
+    return launch

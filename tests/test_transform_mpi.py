@@ -9,13 +9,12 @@ only puts moved data (no gets, no accumulates: nothing is gathered); the tempora
 arrays are freed; no rank holds a whole class tensor at 2+ ranks; no MPI warnings.
 """
 
-import functools
 import sys
 from pathlib import Path
 
 import pytest
 
-from mpirun import run_mpi
+from mpirun import cached_launcher
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi"))
 import transform_checks  # noqa: E402  (cases shared with the MPI script)
@@ -25,10 +24,7 @@ RANKS = (1, 2, 3, 4)
 TIMEOUT = 240
 TOL = 1e-10
 
-@functools.cache
-def launch(nranks):
-    """One launch of the script per rank count, shared by the tests."""
-    return run_mpi(SCRIPT, nranks, timeout=TIMEOUT)
+launch = cached_launcher(SCRIPT, TIMEOUT)
 
 
 @pytest.mark.parametrize("nranks", RANKS)

@@ -12,13 +12,12 @@ bytes of that whole tensor; one-sided gets only from mpi-onesided and only with 
 small: the kernel needs the ovvv rows of three orbitals, 3 v^3, and t2 is o^2 v^2.)
 """
 
-import functools
 import sys
 from pathlib import Path
 
 import pytest
 
-from mpirun import run_mpi
+from mpirun import cached_launcher
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi"))
 import triples_checks  # noqa: E402  (molecules and combinations shared with the script)
@@ -28,10 +27,7 @@ RANKS = (1, 2, 4)
 E_TOL = 1e-9
 TIMEOUT = 300
 
-@functools.cache
-def launch(nranks):
-    """One launch of the script per rank count, shared by the tests."""
-    return run_mpi(SCRIPT, nranks, timeout=TIMEOUT)
+launch = cached_launcher(SCRIPT, TIMEOUT)
 
 
 @pytest.mark.parametrize("nranks", RANKS)

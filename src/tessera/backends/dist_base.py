@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 
 import numpy as np
 
@@ -44,8 +45,9 @@ def part_range(ga, key, part) -> tuple:
 DEFAULT_CACHE_MB = 512
 
 
-class DistributedExecutor:
-    """Base of the MPI executors (see module docstring)."""
+class DistributedExecutor(ABC):
+    """Base of the MPI executors (see module docstring); ``OneSidedExecutor`` and
+    ``CollectiveExecutor`` supply how blocks travel, contractions and task order."""
 
     distributed = True
     name = "mpi"
@@ -149,13 +151,13 @@ class DistributedExecutor:
             raise AssertionError(step.kind)
 
     # ---------------------------------------------------------------- owner computes
+    @abstractmethod
     def fetch_blocks(self, requests) -> dict:
         """Blocks for [(tensor, key), ...] as {(uid, key): block}; owned blocks are views.
 
         A request may name part of a block, ``(tensor, key, (axis, lo, hi))``: the rows
         lo..hi (block-local) along one axis, returned under ``(uid, key, (axis, lo, hi))``.
         Called by every rank at the same point; subclasses decide how remote blocks travel."""
-        raise NotImplementedError
 
     def add_step(self, step) -> None:
         """out[okey] += scale * A[perm] (/ D[perm]) on the owner of every output block."""
@@ -193,8 +195,9 @@ class DistributedExecutor:
                 view += step.scale * np.einsum(expr, blocks[(a.uid, ka)], blocks[(b.uid, kb)])
         self.compute_seconds += time.perf_counter() - t0
 
+    @abstractmethod
     def contract_step(self, step) -> None:
-        raise NotImplementedError
+        """Run a ``contract`` step: one-sided block tasks or collective SUMMA."""
 
     # ---------------------------------------------------------------- independent block tasks
     def run_block_tasks(self, costs, need, work, chunk: int = 1) -> np.ndarray:
@@ -214,9 +217,9 @@ class DistributedExecutor:
             results = self.world.allreduce(results, "sum")
         return results
 
+    @abstractmethod
     def task_order(self, costs, chunk: int):
         """Task indices for this rank (None: take part in a collective round, no task)."""
-        raise NotImplementedError
 
     # ---------------------------------------------------------------- helpers
     @staticmethod
