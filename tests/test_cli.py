@@ -95,7 +95,7 @@ def test_one_process_backend_under_mpiexec_is_an_error(monkeypatch, capsys):
 
 def test_auto_context_routes_by_variant():
     """Context("auto") picks the executor the variant belongs to, and passes options on."""
-    from tessera.backends.auto import resolve
+    from tessera.backends.registry import resolve_auto as resolve
     from tessera.errors import InputError
     assert resolve(4, variant="summa") == ("mpi-collective", {"variant": "summa"})
     assert resolve(4, variant="2.5d", layers=2) == ("mpi-collective", {"variant": "2.5d", "layers": 2})

@@ -10,11 +10,13 @@ import pytest
 
 import tessera as ts
 from tessera import BlockTensor, IndexSpace
-from tessera.backends.auto import check_options, decide, default_layers, grid_3d, grid_shape, render
+from tessera.backends.auto import decide, grid_of, render
+from tessera.backends.registry import check_options
+from tessera.chem.ccsd import CCSDStructure
 from tessera.backends.collective import CollectiveExecutor, _summa_layout
 from tessera.backends.context import PlanningContext
-from tessera.backends.dist_base import part_slice
-from tessera.backends.distributed import contiguous_runs, owner_map
+from tessera.backends.tasks import part_slice
+from tessera.runtime.distribution import block_owners as owner_map, contiguous_runs, default_layers, grid_shape
 from tessera.chem.integrals import make_spaces
 from tessera.errors import InputError
 from tessera.plan.blocktasks import invert_key, contraction_tasks, hadamard_pairs
@@ -130,7 +132,7 @@ def test_default_layers_and_grids():
     assert [default_layers(p) for p in (1, 2, 3, 4, 6, 8, 12, 16, 27, 64)] == [1, 2, 3, 2, 2, 2, 3, 4, 3, 4]
     for p in range(1, 33):
         for variant in ("summa", "2.5d"):
-            pr, pc, c = grid_3d(p, variant)
+            pr, pc, c = grid_of(p, variant)
             assert pr * pc * c == p and pr <= pc and (c == 1 or variant == "2.5d")
 
 
@@ -236,7 +238,7 @@ def test_cost_model_replicates_only_when_memory_allows(monkeypatch):
     table shows the layers and the memory estimate."""
     rng = np.random.default_rng(4)
     orbsym = np.sort(rng.integers(0, 4, 30))
-    d = decide(orbsym, 8, 0, 4, backend="mpi-collective", tile=6, rate=5e9)
+    d = decide(CCSDStructure(orbsym, 8, 0), 4, backend="mpi-collective", tile=6, rate=5e9)
     cand = {c["variant"]: c for c in d["candidates"]}
     assert set(cand) == {"summa", "2.5d"} and cand["2.5d"]["layers"] == 2 and cand["summa"]["layers"] == 1
     assert cand["2.5d"]["bcast_bytes_per_rank"] < cand["summa"]["bcast_bytes_per_rank"]
@@ -244,15 +246,15 @@ def test_cost_model_replicates_only_when_memory_allows(monkeypatch):
     assert "c=2" in render(d) and "MiB allowed" in render(d)
     between = (cand["2.5d"]["memory_per_rank"] + cand["summa"]["memory_per_rank"]) / 2
     monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", str(between / 2**20))
-    tight = decide(orbsym, 8, 0, 4, backend="mpi-collective", tile=6, rate=5e9)
+    tight = decide(CCSDStructure(orbsym, 8, 0), 4, backend="mpi-collective", tile=6, rate=5e9)
     assert tight["variant"] == "summa" and tight["layers"] == 1 and tight["grid"] == [2, 2, 1]
     assert not {c["variant"]: c for c in tight["candidates"]}["2.5d"]["fits_memory"]
-    forced = decide(orbsym, 8, 0, 4, backend="mpi-collective", variant="2.5d", tile=6, rate=5e9)
+    forced = decide(CCSDStructure(orbsym, 8, 0), 4, backend="mpi-collective", variant="2.5d", tile=6, rate=5e9)
     assert forced["variant"] == "2.5d" and forced["grid"] == [1, 2, 2]
     monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", "1e9")
-    roomy = decide(orbsym, 8, 0, 4, backend="auto", tile=6, rate=5e9)
+    roomy = decide(CCSDStructure(orbsym, 8, 0), 4, backend="auto", tile=6, rate=5e9)
     assert all(c["fits_memory"] for c in roomy["candidates"])
-    assert decide(orbsym, 8, 0, 3, backend="mpi-collective", tile=6, rate=5e9)["candidates"][0]["layers"] in (1, 3)
+    assert decide(CCSDStructure(orbsym, 8, 0), 3, backend="mpi-collective", tile=6, rate=5e9)["candidates"][0]["layers"] in (1, 3)
 
 
 def test_cost_model_never_leaves_a_four_index_tensor_whole_on_a_rank():
@@ -261,7 +263,7 @@ def test_cost_model_never_leaves_a_four_index_tensor_whole_on_a_rank():
     occupied space (its own, smaller occupied tile) and say so in the table."""
     from tessera.chem.integrals import make_spaces
     orbsym = np.zeros(40, dtype=int)
-    d = decide(orbsym, 10, 0, 2, rate=5e9)
+    d = decide(CCSDStructure(orbsym, 10, 0), 2, rate=5e9)
     assert d["occ_tile"] < 10
     o, v = make_spaces(orbsym, 10, 0, d["tile"], d["occ_tile"])
     assert len(o.tiles) >= 2 and max(t.size for t in o.tiles) <= d["occ_tile"]

@@ -11,12 +11,11 @@ from pyscf import gto, scf
 from pyscf.scf import hf_symm
 
 from tessera.chem.scf.blocking import default_block_nbf, make_blocks
-from tessera.chem.scf.diis import DIIS
+from tessera.chem.diis import DIIS
 from tessera.chem.scf.integrals import BlockERI, schwarz_bounds
 from tessera.chem.scf.kernel import assemble, contract_block
-from tessera.chem.scf.schedule import Dispenser
 from tessera.chem.scf.symmetry import symmetry_basis
-from tessera.chem.scf.tasks import PARTIAL, make_tasks, static_partition
+from tessera.chem.scf.tasks import PARTIAL, make_tasks
 from tessera.errors import InputError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -140,63 +139,6 @@ def test_screening_skips_exactly_the_quartets_below_threshold(trimer):
     assert tasks.n_shell_quartets_skipped == int(np.count_nonzero(prod[iu] < thr)) > 0
     assert tasks.n_block_quartets_skipped > 0          # whole tasks dropped
     assert np.any(tasks.kind == PARTIAL)
-
-
-def test_static_partition_is_contiguous_and_balanced():
-    cost = np.random.default_rng(11).uniform(1, 100, 1000)
-    for n in (1, 2, 3, 4, 7):
-        b = static_partition(cost, n)
-        assert b[0] == 0 and b[-1] == len(cost) and np.all(np.diff(b) >= 0)
-        shares = np.add.reduceat(cost, b[:-1])
-        assert shares.max() / shares.mean() < 1.02
-
-
-class _SimulatedCounters:
-    """In-process stand-in for per-rank fetch-and-add counters (a dict of ints), used to
-    interleave several dispensers in one process."""
-
-    def __init__(self, size):
-        self.v = [0] * size
-
-    def view(self, me):
-        counters = self
-
-        class View:
-            def next(self, target=None):
-                return self.fetch_add(1, target)
-
-            def fetch_add(self, n, target=None):
-                t = me if target is None else target
-                old = counters.v[t]
-                counters.v[t] += n
-                return old
-        return View()
-
-
-@pytest.mark.parametrize("size", [1, 2, 3, 4])
-def test_steal_dispenser_hands_out_every_task_once(size):
-    cost = np.random.default_rng(size).uniform(1, 10, 97)
-    bounds = static_partition(cost, size)
-    counters = _SimulatedCounters(size)
-    disps = [Dispenser("steal", bounds, None, r, size, counter=counters.view(r))
-             for r in range(size)]
-    gens = [d.chunks() for d in disps]
-    speed = [1, 3, 1, 2][:size]          # rank 1 is fast: it steals from the others
-    got, live = [], list(range(size))
-    while live:
-        for r in list(live):
-            for _ in range(speed[r]):
-                chunk = next(gens[r], None)
-                if chunk is None:
-                    live.remove(r)
-                    break
-                got.extend(int(t) for t in chunk)
-    assert sorted(got) == list(range(len(cost)))
-    assert sum(d.stats.tasks for d in disps) == len(cost)
-    if size > 1:
-        assert disps[1].stats.stolen > 0 and disps[1].stats.counter_remote > 0
-    for d in disps:
-        assert d.stats.counter_local >= 1
 
 
 def test_diis_extrapolates_linear_error_exactly():

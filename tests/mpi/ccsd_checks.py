@@ -133,7 +133,7 @@ def one_run(world, ref, tile, backend, variant, schedule, iters, conv):
             tr = triples_correction_distributed(ints, cc.t1, cc.t2, context=ctx)
             share = max(t.local_nbytes / t.nbytes for t in [cc.t2, *ints.tensors.values()])
             mem = memory_per_rank(ctx, cc.t2, ints)
-            comm = ctx.executor.account.summary(world)
+            comm = ctx.executor.account.summary()
             executor = ctx.executor.describe()
             onesided_in_triples = sum(r.count for r in world.comm_log.records(since=snap)
                                       if r.op in ("get", "acc", "put"))

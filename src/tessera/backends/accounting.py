@@ -2,7 +2,7 @@
 
 Around each step the executor takes ``world.comm_log.snapshot()`` and afterwards adds the
 difference, keyed by the step's label (the update's expression text), to a per-term
-table. At the end ``summary(world)`` (collective) sums the ranks' tables on rank 0:
+table. At the end ``summary()`` (collective) sums the ranks' tables on rank 0:
 per term and in total the number of one-sided gets and accumulates (of which
 ``local_accs`` went to the caller's own blocks: still an MPI accumulate, no bytes
 between ranks), the bytes they moved, counter operations, and the bytes and calls of
@@ -45,10 +45,10 @@ class CommAccount:
         row["flops"] += flops
         row["calls"] += 1 if count_call else 0
 
-    def summary(self, world) -> dict | None:
+    def summary(self) -> dict | None:
         """Collective: per-term and total counts summed over ranks, on rank 0 (else None)."""
         mine = {"terms": self.terms, "order": self.order}
-        parts = world.gather(mine, root=0)
+        parts = self.world.gather(mine, root=0)
         if parts is None:
             return None
         order = []

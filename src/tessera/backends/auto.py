@@ -1,8 +1,9 @@
 """``auto``: pick the executor, loop order, schedule and tile size from a cost model.
 
-One rank: ``threads``. Several ranks: for every candidate tile size the CCSD iteration
-is planned on structure alone (no integrals: empty tensors in a planning context),
-every contraction step is expanded into its block tasks (``plan.blocktasks``), and for
+One rank: ``threads``. Several ranks: for every candidate tile size the caller's
+``structure(tile, occ_tile)`` plans one iteration of its method on structure alone (no
+data: empty tensors in a planning context) and names the tensors a run stores; every
+contraction step is expanded into its block tasks (``plan.blocktasks``), and for
 each executor the model estimates, per rank:
 
   time = makespan / gemm_rate                          compute: per step, the flops of the
@@ -36,13 +37,15 @@ choice can be overridden (``--backend``, ``--variant``, ``--schedule``, ``--tile
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 
 import numpy as np
 
+from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
+from tessera.plan.blocktasks import contraction_tasks
+from tessera.runtime.distribution import block_owners, default_layers, grid_3d, grid_shape, makespan
 
 log = logging.getLogger(__name__)
 
@@ -55,27 +58,8 @@ TILES = (48, 32, 24, 16, 12, 8)     # tried from large to small ...
 MAX_PRODUCTS = 60000                # ... down to the first with more block products per iteration
 BALANCE_LIMIT = 1.5
 
-ONESIDED_VARIANTS = ("original", "inverted", "cached")
-SCHEDULES = ("nxtval", "steal")
-COLLECTIVE_VARIANTS = ("summa", "2.5d")
-
-
-def resolve(nranks: int, **options):
-    """Executor for ``Context("auto")`` without a molecule: threads on one rank (which
-    takes no MPI option), else the executor the variant belongs to, by default
-    mpi-onesided with the cached loop order and nxtval (the model's usual winner); every
-    other option is passed on."""
-    variant, schedule = options.get("variant"), options.get("schedule")
-    check_options("auto", variant, schedule)
-    if nranks <= 1:
-        given = sorted(k for k, v in options.items() if v is not None)
-        if given:
-            raise InputError(f"backend 'auto' on one process runs 'threads', which takes no option "
-                             f"{', '.join(given)}; start several ranks with mpiexec, or name an MPI backend")
-        return "threads", {}
-    if variant in COLLECTIVE_VARIANTS:
-        return "mpi-collective", options
-    return "mpi-onesided", {**options, "variant": variant or "cached", "schedule": schedule or "nxtval"}
+ONESIDED_VARIANTS = VARIANTS["mpi-onesided"]
+COLLECTIVE_VARIANTS = VARIANTS["mpi-collective"]
 
 
 def gemm_rate() -> float:
@@ -93,28 +77,16 @@ def gemm_rate() -> float:
     return float(min(50e9, max(1e9, 2 * 256 ** 3 / max(best, 1e-9))))
 
 
-def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int, occ_tile: int | None = None) -> dict:
-    """Counts of one CCSD iteration with these tile sizes (structure only, no data)."""
-    from tessera.backends.context import PlanningContext
-    from tessera.backends.distributed import owner_map
-    from tessera.chem import ccsd_equations as eq
-    from tessera.chem.integrals import CLASSES, MOIntegrals, make_spaces
-    from tessera.plan.blocktasks import contraction_tasks
-    from tessera.tensor.block_tensor import BlockTensor, allowed_keys
-
-    o, v = make_spaces(orbsym, nocc, nfrozen, tile, occ_tile)
-    ctx = PlanningContext()
-    with ctx:
-        tensors = {n: BlockTensor(tuple(o if c == "o" else v for c in n), 0, name=n) for n in CLASSES}
-        ints = MOIntegrals(o, v, np.zeros(o.dim), np.zeros(v.dim), tensors, nfrozen)
-        t1, t2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
-        eq.residual(ints, t1, t2)
+def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
+    """Counts of one iteration with these tile sizes, from ``structure(tile, occ_tile)``:
+    its ``plans`` (structure only, no data) and the ``tensors`` a run stores."""
+    run = structure(tile, occ_tile)
     s = {"flops": 0, "products": 0, "out_tasks": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
          "distinct_bytes": 0, "inv_gets": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
          "other_bytes": 0, "summa_bytes": 0, "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0,
          "collective_steps": [], "max_step_distinct_bytes": 0}
     pr, pc = grid_shape(nranks)
-    for plan in ctx.plans:
+    for plan in run.plans:
         for step in plan.steps:
             if step.kind != "contract":
                 s["other_steps"] += 1
@@ -122,7 +94,7 @@ def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int, occ
                 continue
             s["contract_steps"] += 1
             tasks = contraction_tasks(step)
-            s["makespan_flops"] += _makespan([t.flops for t in tasks], nranks)
+            s["makespan_flops"] += makespan([t.flops for t in tasks], nranks)
             bytes_a = bytes_b = 0
             seen_a, seen_b = set(), set()
             for t in tasks:
@@ -152,58 +124,26 @@ def structure_stats(orbsym, nocc: int, nfrozen: int, tile: int, nranks: int, occ
             s["collective_steps"].append((bytes_a, bytes_b, out_bytes))
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
-    # memory balance of T2 + integrals, and the largest share of one tensor on one rank
+    # memory balance of the stored tensors, and the largest share of one tensor on one rank
     loads = [0] * nranks
     s["max_tensor_share"] = 0.0
-    for letters, placement in [("oovv", "balanced")] + [(c, "pairs") for c in CLASSES]:
-        sp = tuple(o if c == "o" else v for c in letters)
-        keys = allowed_keys(sp, 0)
+    for t in run.tensors:
         mine = [0] * nranks
-        for k, r in owner_map(sp, 0, keys, nranks, placement).items():
-            mine[r] += 8 * int(np.prod([x.tiles[t].size for x, t in zip(sp, k)]))
+        for k, r in block_owners(t.spaces, t.irrep, t.allowed_keys(), nranks, t.placement).items():
+            mine[r] += 8 * int(np.prod(t.block_shape(k)))
         loads = [a + b for a, b in zip(loads, mine)]
         if sum(mine):
             s["max_tensor_share"] = max(s["max_tensor_share"], max(mine) / sum(mine))
     mean = sum(loads) / nranks
     s["memory_per_rank_max"] = max(loads)
     s["memory_max_over_mean"] = max(loads) / mean if mean else 1.0
-    s["tiles"] = {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]}
+    s["tiles"] = run.tiles
     return s
 
 
-def _makespan(costs, nranks: int) -> float:
-    """Largest per-rank load when tasks are dealt largest first to the least loaded rank."""
-    if nranks == 1 or not costs:
-        return float(sum(costs))
-    loads = [0.0] * nranks
-    for c in sorted(costs, reverse=True):
-        i = loads.index(min(loads))
-        loads[i] += c
-    return max(loads)
-
-
-def grid_shape(nranks: int) -> tuple:
-    """(rows, cols) of the most square process grid, rows <= cols."""
-    pr = int(math.isqrt(nranks))
-    while nranks % pr:
-        pr -= 1
-    return pr, nranks // pr
-
-
-def default_layers(nranks: int) -> int:
-    """Layers c of ``mpi-collective`` variant 2.5d on P ranks: the smallest divisor of P
-    not below P^(1/3) (Solomonik & Demmel's upper end c = P^(1/3), on a divisor): 1 on
-    1 rank, 2 on 2, 3 on 3, 2 on 4 (a 1 x 2 grid per layer), 2 on 8, 4 on 16."""
-    for c in range(1, nranks + 1):
-        if nranks % c == 0 and c ** 3 >= nranks:
-            return c
-    return 1
-
-
-def grid_3d(nranks: int, variant: str) -> tuple:
+def grid_of(nranks: int, variant: str) -> tuple:
     """(pr, pc, layers) of ``mpi-collective`` with this variant on P ranks."""
-    c = default_layers(nranks) if variant == "2.5d" else 1
-    return (*grid_shape(nranks // c), c)
+    return grid_3d(nranks, default_layers(nranks) if variant == "2.5d" else 1)
 
 
 def memory_budget(nranks: int) -> float:
@@ -230,7 +170,7 @@ def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
     c partial outputs to the owners), summed over ranks, and ``working_bytes`` per rank
     (largest step: twice the output rectangle, c times SUMMA's, for the GEMMs and the
     send buffers; the homes twice; one A and one B panel)."""
-    pr, pc, c = grid_3d(nranks, variant)
+    pr, pc, c = grid_of(nranks, variant)
     npanel = max(pr, pc)
     bcast = exch = work = 0.0
     for a, b, out in s["collective_steps"]:
@@ -281,44 +221,20 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float) -> d
             "bcast_bytes_per_rank": 0.0, "layers": None, "memory_per_rank": base + cache}
 
 
-def check_options(backend: str, variant=None, schedule=None) -> None:
-    """Unknown or misplaced --variant / --schedule are errors (checked on every rank)."""
-    if backend in ("serial", "threads"):
-        if variant is not None or schedule is not None:
-            raise InputError(f"--variant and --schedule belong to the MPI backends; backend {backend!r} "
-                             "takes neither (use --backend mpi-onesided or mpi-collective)")
-        return
-    if backend == "mpi-onesided" and variant is not None and variant not in ONESIDED_VARIANTS:
-        raise InputError(f"unknown variant {variant!r} for mpi-onesided; choose one of: "
-                         f"{', '.join(ONESIDED_VARIANTS)}")
-    if backend == "mpi-collective" and variant not in (None, *COLLECTIVE_VARIANTS):
-        raise InputError(f"unknown variant {variant!r} for mpi-collective; choose one of: "
-                         f"{', '.join(COLLECTIVE_VARIANTS)}")
-    if backend == "mpi-collective" and schedule is not None:
-        raise InputError("mpi-collective is bulk-synchronous and takes no --schedule; "
-                         "schedules (nxtval, steal) belong to mpi-onesided")
-    if backend != "mpi-collective" and variant is not None and variant not in ONESIDED_VARIANTS + COLLECTIVE_VARIANTS:
-        raise InputError(f"unknown variant {variant!r}; choose one of: "
-                         f"{', '.join(ONESIDED_VARIANTS)} (mpi-onesided) or {', '.join(COLLECTIVE_VARIANTS)} "
-                         "(mpi-collective)")
-    if schedule is not None and schedule not in SCHEDULES:
-        raise InputError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
-    if backend == "auto" and schedule is not None and variant in COLLECTIVE_VARIANTS:
-        raise InputError(f"--schedule belongs to mpi-onesided; variant {variant} is mpi-collective's")
-
-
-def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto", tile=None,
+def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
            variant=None, schedule=None, rate: float | None = None) -> dict:
-    """The executor, options and tile for a run on ``nranks`` ranks, with the estimates."""
+    """The executor, options and tile for a run on ``nranks`` ranks, with the estimates.
+
+    ``structure(tile, occ_tile)`` returns the run's structure at those tile sizes:
+    ``plans`` (one iteration, planned without data), ``tensors`` (what a run stores) and
+    ``tiles`` ({"o": sizes, "v": sizes}); ``structure.nocc`` is the active occupied count."""
     if backend not in ("auto", "mpi-onesided", "mpi-collective"):
         raise InputError(f"backend {backend!r} is not decided by the cost model")
-    check_options(backend, variant, schedule)
+    check_options(backend, variant, schedule, ranks=max(2, nranks))
     rate = rate or gemm_rate()
     tiles = [tile] if tile else list(TILES)
-    if backend == "auto" and variant in COLLECTIVE_VARIANTS:
-        backend = "mpi-collective"
-    if backend == "auto" and variant in ONESIDED_VARIANTS:
-        backend = "mpi-onesided"
+    if backend == "auto" and variant is not None:
+        backend = backend_of_variant(variant)
     collective = [("mpi-collective", "summa")]
     if default_layers(nranks) > 1:
         collective.append(("mpi-collective", "2.5d"))
@@ -333,11 +249,11 @@ def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto
     seen_tiles = set()
     # with several ranks each tile is also tried with the occupied space cut in two or
     # more tiles: a single occupied tile leaves oooo whole on one rank
-    half_occ = max(1, -(-(nocc - nfrozen) // 2))
+    half_occ = max(1, -(-structure.nocc // 2))
     pairs = [(t, t) for t in tiles] if tile or nranks == 1 else \
         [p for t in tiles for p in dict.fromkeys([(t, t), (t, min(t, half_occ))])]
     for t, ot in pairs:
-        s = structure_stats(orbsym, nocc, nfrozen, t, nranks, ot)
+        s = structure_stats(structure, t, ot, nranks)
         key = (tuple(s["tiles"]["o"]), tuple(s["tiles"]["v"]))
         if key in seen_tiles:          # a larger tile that changes nothing
             continue
@@ -373,7 +289,7 @@ def decide(orbsym, nocc: int, nfrozen: int, nranks: int, *, backend: str = "auto
         sched = schedule or "nxtval"
     return {"backend": best["backend"], "variant": best["variant"], "schedule": sched,
             "tile": best["tile"], "occ_tile": best["occ_tile"], "ranks": nranks, "gemm_rate": rate, "layers": best["layers"],
-            "grid": list(grid_3d(nranks, best["variant"])) if best["backend"] == "mpi-collective" else None,
+            "grid": list(grid_of(nranks, best["variant"])) if best["backend"] == "mpi-collective" else None,
             "memory_budget_per_rank": budget, "estimated_memory_per_rank": best["memory_per_rank"],
             "estimated_seconds_per_iteration": best["seconds"],
             "candidates": sorted(candidates, key=lambda c: c["seconds"])}

@@ -42,26 +42,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from tessera.backends.auto import default_layers, grid_shape
-from tessera.backends.dist_base import DistributedExecutor, check_choice, part_range, part_slice
+from tessera.backends.dist_base import DistributedExecutor, part_range
+from tessera.backends.registry import DEFAULT_VARIANT, check_options
+from tessera.backends.schedule import partition
+from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
 from tessera.plan.blocktasks import invert_key
+from tessera.runtime.distribution import default_layers, grid_shape, largest_first
 
 log = logging.getLogger("tessera.backends")
-
-VARIANTS = ("summa", "2.5d")
-
-
-def _deal(sizes, nbins: int) -> list:
-    """Bin of each item: greedy by size, largest first (deterministic)."""
-    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
-    loads = [0] * nbins
-    out = [0] * len(sizes)
-    for i in order:
-        b = min(range(nbins), key=lambda q: (loads[q], q))
-        out[i] = b
-        loads[b] += sizes[i]
-    return out
 
 
 def _rotated(bins: list, nbins: int, shift: int) -> list:
@@ -73,12 +62,12 @@ def _rotated(bins: list, nbins: int, shift: int) -> list:
 def _deal_layers(sizes, layers: int, npanel: int, shift: int = 0) -> list:
     """(layer, panel) of each inner tuple: dealt to layers by size (labels rotated by
     ``shift``), then within each layer to its panels by size (with one layer:
-    ``_deal(sizes, npanel)``)."""
-    layer = _rotated(_deal(sizes, layers), layers, shift) if layers > 1 else [0] * len(sizes)
+    ``largest_first(sizes, npanel)``)."""
+    layer = _rotated(largest_first(sizes, layers), layers, shift) if layers > 1 else [0] * len(sizes)
     out = [(0, 0)] * len(sizes)
     for lay in range(layers):
         members = [q for q, l_ in enumerate(layer) if l_ == lay]
-        for q, p in zip(members, _deal([sizes[q] for q in members], npanel)):
+        for q, p in zip(members, largest_first([sizes[q] for q in members], npanel)):
             out[q] = (lay, p)
     return out
 
@@ -184,11 +173,11 @@ def request_exchange(cc: CollectiveComm, arrays: dict, requests) -> dict:
 class CollectiveExecutor(DistributedExecutor):
     name = "mpi-collective"
 
-    def __init__(self, variant: str = "summa", world=None, schedule=None, layers: int | None = None):
+    def __init__(self, variant: str = DEFAULT_VARIANT["mpi-collective"], world=None, schedule=None,
+                 layers: int | None = None):
         super().__init__(world, fetcher=self._fetch_many)
-        if schedule is not None:
-            check_choice("schedule (mpi-collective is bulk-synchronous and has none)", schedule, ())
-        self.variant = check_choice("variant (mpi-collective)", variant, VARIANTS)
+        check_options(self.name, variant, schedule, ranks=max(2, self.world.size))
+        self.variant = variant
         size = self.world.size
         if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int)):
             raise InputError(f"mpi-collective: layers must be an integer, got {layers!r}")
@@ -213,14 +202,12 @@ class CollectiveExecutor(DistributedExecutor):
             self.cc.free()
         super().close()
 
-    def task_order(self, costs, chunk: int):
-        """Static partition into contiguous runs of near-equal cost (neighbouring tasks
+    def task_order(self, task_set):
+        """The static schedule, contiguous runs of near-equal cost (neighbouring tasks
         share inputs); one task per rank per round, every rank in every round."""
-        from tessera.backends.distributed import contiguous_runs
-        owner = contiguous_runs(list(costs), self.world.size)
-        mine = [i for i, r in enumerate(owner) if r == self.world.rank]
-        rounds = max(owner.count(r) for r in range(self.world.size)) if costs else 0
-        for k in range(rounds):
+        queues = partition(task_set.costs, self.world.size, "contiguous")
+        mine = queues[self.world.rank]
+        for k in range(max(map(len, queues), default=0)):
             yield mine[k] if k < len(mine) else None
 
     # ---------------------------------------------------------------- block access
@@ -438,8 +425,8 @@ def _summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
         # rotate the deals by a stable number from the sector's structure, so that the
         # remainders of steps with few tuples do not all land on grid row/column/layer 0
         shift = zlib.crc32(repr((n, rows.tuples, inner.tuples, cols.tuples, pa, pb)).encode())
-        grow = _rotated(_deal(rows.sizes, pr), pr, shift)
-        gcol = _rotated(_deal(cols.sizes, pc), pc, shift // pr)
+        grow = _rotated(largest_first(rows.sizes, pr), pr, shift)
+        gcol = _rotated(largest_first(cols.sizes, pc), pc, shift // pr)
         units = _inner_units(inner, layers)
         usize = [inner.sizes[q] if part is None else inner.sizes[q] // inner.shapes[q][0] * (part[1] - part[0])
                  for q, part in units]

@@ -18,7 +18,10 @@ from collections import OrderedDict
 from threadpoolctl import threadpool_limits
 
 from tessera.backends import blockops
-from tessera.backends.executors import make_executor
+from tessera.backends.registry import DEFAULT_BACKEND, make_executor, runs_distributed
+from tessera.backends.tasks import run_local
+from tessera.errors import TesseraError
+from tessera.expr import terms
 from tessera.plan.planner import plan_updates
 from tessera.tensor.block_tensor import reset_storage, use_storage
 
@@ -29,7 +32,7 @@ _default = None
 class Context:
     """Runs plans with one executor; keeps per-update time and flops."""
 
-    def __init__(self, backend: str = "threads", *, cache_bytes: int = 2 << 30, **executor_options):
+    def __init__(self, backend: str = DEFAULT_BACKEND, *, cache_bytes: int = 2 << 30, **executor_options):
         self.backend = backend
         self.executor = make_executor(backend, **executor_options)
         self.cache_bytes = cache_bytes
@@ -38,6 +41,10 @@ class Context:
         self.flops = 0
         self._tokens: list = []
         self.distributed = bool(getattr(self.executor, "distributed", False))
+
+    @property
+    def ranks(self) -> "Ranks":
+        return Ranks(self.executor.world if self.distributed else None)
 
     # ---------------------------------------------------------------- current context
     def __enter__(self):
@@ -56,15 +63,28 @@ class Context:
         self._cache.clear()
 
     def record_step(self, step, seconds: float) -> None:
-        st = self.stats.setdefault(step.label, [0, 0.0, 0])
+        self.record(step.label, seconds, step.flops)
+
+    def record(self, label: str, seconds: float, flops: int = 0) -> None:
+        st = self.stats.setdefault(label, [0, 0.0, 0])
         st[0] += 1
         st[1] += seconds
-        st[2] += step.flops
-        self.flops += step.flops
+        st[2] += flops
+        self.flops += flops
 
     # ---------------------------------------------------------------- execution
-    def plan(self, updates):
-        return plan_updates(updates)
+    def run_tasks(self, task_set):
+        """Run a :class:`~tessera.backends.tasks.TaskSet` on this context's executor;
+        returns every task's result (on every rank). Time and flops are recorded under
+        ``task_set.name``."""
+        t0 = time.perf_counter()
+        with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
+            if self.distributed:
+                results = self.executor.run_tasks(task_set)
+            else:
+                results = run_local(self.executor, task_set)
+        self.record(task_set.name, time.perf_counter() - t0, task_set.flops() if task_set.flops else 0)
+        return results
 
     def execute(self, updates) -> None:
         if self.distributed:      # plan temporaries are created on the executor's storage
@@ -138,6 +158,9 @@ def current_context() -> Context:
     return ctx
 
 
+terms.set_runner(lambda updates: current_context().execute(updates))
+
+
 class PlanningContext(Context):
     """Records the plan of every batch of equations instead of running it."""
 
@@ -151,3 +174,49 @@ class PlanningContext(Context):
 
     def execute(self, updates) -> None:
         self.plans.append(plan_updates(updates))
+
+
+class Ranks:
+    """The processes of a distributed run, as drivers see them: this rank, their number,
+    a value computed on one rank and shared, reductions. Collective methods must be
+    called by every rank in the same order."""
+
+    def __init__(self, world=None):
+        self._world = world          # None: one process, no MPI
+        self.rank, self.size = (0, 1) if world is None else (world.rank, world.size)
+
+    def share(self, compute, root: int = 0):
+        """``compute()`` on rank ``root`` only, its result on every rank. A TesseraError it
+        raises is raised on every rank, so that all stop alike."""
+        if self._world is None:
+            return compute()
+        value = None
+        if self.rank == root:
+            try:
+                value = compute()
+            except TesseraError as err:
+                value = _Raised(err)
+        value = self._world.bcast(value, root=root)
+        if isinstance(value, _Raised):
+            raise value.error
+        return value
+
+    def allreduce(self, value, op: str = "sum"):
+        return value if self.size == 1 else self._world.allreduce(value, op)
+
+    def allgather(self, value) -> list:
+        return [value] if self.size == 1 else self._world.allgather(value)
+
+
+class _Raised:
+    def __init__(self, error):
+        self.error = error
+
+
+def ranks_of(backend: str) -> Ranks:
+    """The ranks ``backend`` runs on here (starts MPI only for a distributed backend;
+    one process without MPI for serial, threads, auto without mpiexec)."""
+    if not runs_distributed(backend):
+        return Ranks()
+    from tessera.runtime import World
+    return Ranks(World.get())

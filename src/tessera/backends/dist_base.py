@@ -28,12 +28,6 @@ from tessera.errors import InputError, ShapeError
 from tessera.plan.blocktasks import add_source, hadamard_pairs
 
 
-def part_slice(ndim: int, part) -> tuple:
-    """The index of ``part = (axis, lo, hi)`` (rows lo..hi along one axis) in a block."""
-    axis, lo, hi = part
-    return (slice(None),) * axis + (slice(lo, hi),) + (slice(None),) * (ndim - axis - 1)
-
-
 def part_range(ga, key, part) -> tuple:
     """Global [lo, hi) of ``part`` of block ``key`` in ``ga`` (whole block for None)."""
     lo, hi = (list(x) for x in ga.block_range(key))
@@ -62,7 +56,6 @@ class DistributedExecutor(ABC):
         self.blas_threads = env_int("TESSERA_BLAS_THREADS", 1)
         self.compute_seconds = 0.0
         self.closed = False
-        self.epoch = 0                # barriers so far (counters are reused across them)
         self._dirty: dict = {}        # uid -> "acc" | "local": written since the last barrier
         self._read: set = set()       # uids read since the last barrier
 
@@ -82,8 +75,7 @@ class DistributedExecutor(ABC):
     # ---------------------------------------------------------------- plans
     def execute_plan(self, plan, context) -> None:
         self.store.collect()          # collective: also orders tensor creation before use
-        self.epoch += 1               # ... and counts as a barrier
-        self._dirty, self._read = {}, set()
+        self.synced()                 # ... and counts as a barrier
         for step in plan.steps:
             self._check_distributed(step)
             snap = self.account.begin()
@@ -104,7 +96,10 @@ class DistributedExecutor(ABC):
 
     def barrier(self) -> None:
         self.world.barrier()
-        self.epoch += 1
+        self.synced()
+
+    def synced(self) -> None:
+        """Every rank passed a common point: what was written before is complete."""
         self._dirty.clear()
         self._read.clear()
 
@@ -199,46 +194,25 @@ class DistributedExecutor(ABC):
     def contract_step(self, step) -> None:
         """Run a ``contract`` step: one-sided block tasks or collective SUMMA."""
 
-    # ---------------------------------------------------------------- independent block tasks
-    def run_block_tasks(self, costs, need, work, chunk: int = 1) -> np.ndarray:
-        """Run tasks 0..n-1 spread over the ranks; returns every task's result (a float)
-        on every rank. ``need(i)`` lists the (tensor, key) blocks task i reads that are
-        not at hand yet; ``work(i, blocks)`` computes it from {(uid, key): block}.
-        Collective. Results are summed over ranks, so the caller may add them in a fixed
-        order: the total does not depend on who ran what."""
-        results = np.zeros(len(costs))
-        for i in self.task_order(costs, chunk):
-            blocks = self.fetch_blocks(need(i) if i is not None else [])
+    # ---------------------------------------------------------------- task sets
+    def run_tasks(self, task_set) -> np.ndarray:
+        """Run a :class:`~tessera.backends.tasks.TaskSet` spread over the ranks; returns
+        every task's result on every rank (summed over ranks, so the caller may add them
+        in a fixed order). Collective."""
+        results = np.zeros(len(task_set))
+        for i in self.task_order(task_set):
+            blocks = self.fetch_blocks(task_set.need(i) if i is not None else [])
             if i is not None:
                 c0 = time.perf_counter()
-                results[i] = work(i, blocks)
+                results[i] = task_set.work(i, blocks)
                 self.compute_seconds += time.perf_counter() - c0
         if self.world.size > 1:
             results = self.world.allreduce(results, "sum")
         return results
 
     @abstractmethod
-    def task_order(self, costs, chunk: int):
+    def task_order(self, task_set):
         """Task indices for this rank (None: take part in a collective round, no task)."""
-
-    # ---------------------------------------------------------------- helpers
-    @staticmethod
-    def lpt_partition(costs, nranks: int) -> list:
-        """Static partition of tasks by estimated cost: [[task, ...] per rank] (deterministic)."""
-        order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
-        loads = [0.0] * nranks
-        queues = [[] for _ in range(nranks)]
-        for i in order:
-            r = min(range(nranks), key=lambda q: (loads[q], q))
-            queues[r].append(i)
-            loads[r] += costs[i]
-        return queues
-
-
-def check_choice(kind: str, value, allowed) -> str:
-    if value not in allowed:
-        raise InputError(f"unknown {kind} {value!r}; choose one of: {', '.join(allowed)}")
-    return value
 
 
 def env_int(name: str, default: int) -> int:

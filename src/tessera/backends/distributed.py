@@ -29,59 +29,13 @@ from __future__ import annotations
 
 import logging
 import weakref
-import zlib
 from collections import OrderedDict
 
-import numpy as np
-
-from tessera.errors import RuntimeLayerError, ShapeError
+from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, World
-from tessera.runtime.distribution import assign_owners
+from tessera.runtime.distribution import block_owners
 
 log = logging.getLogger(__name__)
-
-PLACEMENTS = ("balanced", "pairs")
-
-
-def structure_signature(spaces, irrep) -> int:
-    """A stable integer from a structure (tile sizes and irreps), the same on every rank."""
-    data = repr((irrep, [[(t.size, t.irrep) for t in s.tiles] for s in spaces])).encode()
-    return zlib.crc32(data)
-
-
-def owner_map(spaces, irrep, keys, nranks: int, placement: str) -> dict:
-    """{key: rank} for the allowed ``keys`` of a structure (deterministic)."""
-    if placement not in PLACEMENTS:
-        raise ShapeError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)}")
-    if nranks == 1:
-        return {k: 0 for k in keys}
-    sizes = {k: int(np.prod([s.tiles[t].size for s, t in zip(spaces, k)], dtype=np.int64)) for k in keys}
-    shift = structure_signature(spaces, irrep) % nranks
-    if placement == "pairs" and len(spaces) >= 3:
-        groups: dict = {}
-        for k in keys:
-            groups.setdefault(k[:2], []).append(k)
-        gkeys = sorted(groups)
-        gcost = [sum(sizes[k] for k in groups[g]) for g in gkeys]
-        gown = contiguous_runs(gcost, nranks)
-        return {k: (gown[n] + shift) % nranks for n, g in enumerate(gkeys) for k in groups[g]}
-    own = assign_owners(list(keys), nranks, "balanced", [sizes[k] for k in keys])
-    return {k: (r + shift) % nranks for k, r in own.items()}
-
-
-def contiguous_runs(costs, nranks: int) -> list:
-    """Rank of each item when the items, in order, are cut into ``nranks`` contiguous runs
-    of near-equal total cost (each cut where the running sum is closest to its target)."""
-    total = float(sum(costs)) or 1.0
-    out, run, r = [], 0.0, 0
-    for c in costs:
-        # move to the next rank when this item sits more after the target than before it
-        while r < nranks - 1 and run + c / 2.0 > total * (r + 1) / nranks:
-            r += 1
-        out.append(r)
-        run += c
-    return out
-
 
 class DistHandle:
     """``tensor.dist``: ownership, remote access and reductions for one distributed tensor."""
@@ -167,7 +121,7 @@ class TensorStore:
         keys = tensor.allowed_keys()
         owners = self._owners.get(skey)
         if owners is None:
-            owners = owner_map(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
+            owners = block_owners(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
             self._owners[skey] = owners
         tiling = [[t.size for t in s.tiles] for s in tensor.spaces]   # no keys: an empty array
         ga = GlobalArray(tiling, keys=keys, owners=owners, name=tensor.name or "tensor", world=self.world)

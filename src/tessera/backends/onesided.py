@@ -5,10 +5,10 @@ contraction step is a list of block tasks (``plan.blocktasks``); any rank may ru
 task: it gets the input blocks it needs (one-sided, from whoever owns them), multiplies
 them, and accumulates the result block into the owner's memory (atomic per element).
 
-Schedules (who runs which task):
-- ``nxtval``: a global counter hands out tasks (chunks of tasks) in order;
-- ``steal``: a static partition by estimated cost (longest processing time first),
-  then each rank drains its own queue and steals from the others' (per-rank counters).
+Schedules (who runs which task; ``backends.schedule``):
+- ``nxtval``: a global counter hands out tasks, largest estimated cost first;
+- ``steal``: a static partition by estimated cost (largest first), then each rank
+  drains its own queue and steals half of what another rank has left.
 
 Loop orders (how blocks travel), as in TCE:
 - ``original``: per output block, get both inputs of every contributing product, GEMM
@@ -33,81 +33,39 @@ import time
 
 import numpy as np
 
-from tessera.backends.dist_base import (DEFAULT_CACHE_MB, DistributedExecutor, check_choice,
-                                        part_range, part_slice)
+from tessera.backends.dist_base import DEFAULT_CACHE_MB, DistributedExecutor, part_range
 from tessera.backends.distributed import BlockCache
+from tessera.backends.registry import DEFAULT_SCHEDULE, DEFAULT_VARIANT, check_options
+from tessera.backends.schedule import Scheduler
+from tessera.backends.tasks import part_slice
 from tessera.plan.blocktasks import contraction_tasks
-from tessera.runtime import TaskCounter
-
-VARIANTS = ("original", "inverted", "cached")
-SCHEDULES = ("nxtval", "steal")
-NCOUNTERS = 4     # counters used in turn, so that steps need no barrier to reset one
 
 
 class OneSidedExecutor(DistributedExecutor):
     name = "mpi-onesided"
 
-    def __init__(self, variant: str = "cached", schedule: str = "nxtval", cache_mb: int = DEFAULT_CACHE_MB,
-                 world=None):
+    def __init__(self, variant: str = DEFAULT_VARIANT["mpi-onesided"], schedule: str = DEFAULT_SCHEDULE,
+                 cache_mb: int = DEFAULT_CACHE_MB, world=None):
         super().__init__(world)
-        self.variant = check_choice("variant (mpi-onesided)", variant, VARIANTS)
-        self.schedule = check_choice("schedule", schedule, SCHEDULES)
+        check_options(self.name, variant, schedule, ranks=max(2, self.world.size))
+        self.variant, self.schedule = variant, schedule
         self.cache_bytes = int(cache_mb) << 20
-        kind = "global" if self.schedule == "nxtval" else "per_rank"
-        self.counters = [TaskCounter(kind=kind, world=self.world) for _ in range(NCOUNTERS)]
-        self._bases = [[0] * self.world.size for _ in range(NCOUNTERS)]   # next ticket per counter/queue
-        self._used = [-1] * NCOUNTERS      # barrier epoch in which each counter was last used
+        self.scheduler = Scheduler(self.world, schedule, barrier=self.barrier)
         self._inverted: dict = {}
 
     def describe(self) -> dict:
         return {**super().describe(), "variant": self.variant, "schedule": self.schedule}
 
-    # ---------------------------------------------------------------- scheduling
-    def _counter(self) -> int:
-        """A counter not used since the last barrier (a barrier first if all four were).
+    def synced(self) -> None:
+        super().synced()
+        self.scheduler.synced()
 
-        Counters are never reset. Each step hands out tickets from the counter's current
-        base: the successful fetches take ceil(n/chunk) tickets and every rank stops after
-        exactly one failing fetch per queue, so after the step the counter stands at
-        base + chunk * (ceil(n/chunk) + ranks), which every rank computes alike. A
-        counter is reused only after a barrier, when every fetch of its last step is done.
-        """
-        for k in range(NCOUNTERS):
-            if self._used[k] != self.epoch:
-                self._used[k] = self.epoch
-                return k
-        self.barrier()
-        self._used[0] = self.epoch
-        return 0
-
-    def batches(self, costs, chunk: int = 1):
+    def batches(self, costs, chunk: int = 1, partition: str = "largest_first"):
         """Lists of task indices for this rank; every task goes to exactly one rank."""
-        n = len(costs)
-        size, me = self.world.size, self.world.rank
-        k = self._counter()
-        ctr, bases = self.counters[k], self._bases[k]
-        if self.schedule == "nxtval":
-            base = bases[0]
-            bases[0] = base + chunk * (-(-n // chunk) + size)
-            while True:
-                start = ctr.fetch_add(chunk) - base
-                if start >= n:
-                    return
-                yield list(range(start, min(start + chunk, n)))
-        else:
-            queues = self.lpt_partition(costs, size)
-            old = list(bases)
-            for q in range(size):
-                bases[q] = old[q] + chunk * (-(-len(queues[q]) // chunk) + size)
-            for q in [me] + [(me + j) % size for j in range(1, size)]:
-                while True:
-                    start = ctr.fetch_add(chunk, q) - old[q]
-                    if start >= len(queues[q]):
-                        break
-                    yield queues[q][start:start + chunk]
+        return self.scheduler.deal(costs, chunk, partition)
 
-    def task_order(self, costs, chunk: int):
-        for batch in self.batches(costs, chunk):
+    def task_order(self, task_set):
+        for batch in self.batches(task_set.costs, task_set.chunk, task_set.partition):
             yield from batch
 
     # ---------------------------------------------------------------- block access

@@ -1,10 +1,9 @@
 """Closed-shell CCSD driver: MP2 guess, Jacobi updates with DIIS, convergence control.
 
 The equations live in ``ccsd_equations``; this module only iterates them.
-DIIS: Pulay, Chem. Phys. Lett. 73, 393 (1980), on the amplitude vector. With
-distributed amplitudes each process keeps the part of the vector it stores; inner
-products are summed over processes (``BlockTensor.global_sum``), so every process
-gets the same DIIS coefficients.
+DIIS (``chem.diis``) on the amplitude vector. With distributed amplitudes each process
+keeps the part of the vector it stores; inner products are summed over processes, so
+every process gets the same DIIS coefficients.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import numpy as np
 
 import tessera as ts
 from tessera.chem import ccsd_equations as eq
+from tessera.chem.diis import DIIS
 from tessera.chem.integrals import denominator
 from tessera.errors import ConvergenceError, InputError
 
@@ -31,48 +31,6 @@ class CCSDResult:
     t1: object = field(repr=False)
     t2: object = field(repr=False)
     flops_per_iteration: int = 0
-
-
-class DIIS:
-    """Extrapolate amplitude vectors from the last ``space`` errors (Pulay 1980).
-
-    ``reduce`` sums a local array of inner products over the processes that hold parts
-    of the vectors (identity when the vectors are whole).
-    """
-
-    def __init__(self, space: int = 6, reduce=None):
-        self.space = space
-        self.reduce = reduce or (lambda x: x)
-        self.vectors: list = []
-        self.errors: list = []
-        self.gram = np.zeros((0, 0))
-
-    def update(self, vector: np.ndarray, error: np.ndarray) -> np.ndarray:
-        self.vectors.append(vector)
-        self.errors.append(error)
-        row = self.reduce(np.array([np.dot(e, error) for e in self.errors]))
-        n_old = self.gram.shape[0]
-        gram = np.zeros((n_old + 1, n_old + 1))
-        gram[:n_old, :n_old] = self.gram
-        gram[n_old, :] = gram[:, n_old] = row
-        if len(self.vectors) > self.space:
-            self.vectors.pop(0)
-            self.errors.pop(0)
-            gram = gram[1:, 1:]
-        self.gram = gram
-        n = len(self.vectors)
-        if n < 2:
-            return vector
-        b = -np.ones((n + 1, n + 1))
-        b[n, n] = 0.0
-        b[:n, :n] = gram
-        rhs = np.zeros(n + 1)
-        rhs[n] = -1.0
-        try:
-            c = np.linalg.solve(b, rhs)[:n]
-        except np.linalg.LinAlgError:
-            return vector
-        return sum(ci * v for ci, v in zip(c, self.vectors))
 
 
 def _pack(t1, t2, keys) -> np.ndarray:
@@ -159,3 +117,39 @@ class CCSD:
                 f"(wanted {self.conv:.0e} and {self.conv_residual:.0e}); raise --max-iter",
                 result)
         return result
+
+
+@dataclass(frozen=True)
+class IterationStructure:
+    """One CCSD iteration at given tile sizes, planned without data: the cost model's
+    and ``tessera plan``'s view of a run. ``plans``: the plans of one iteration;
+    ``tensors``: what a run stores (T2 and the integral classes, empty, with their
+    placement); ``tiles``: tile sizes per space."""
+    o: object
+    v: object
+    plans: list
+    tensors: list
+    tiles: dict
+
+
+class CCSDStructure:
+    """``structure(tile, occ_tile)`` for ``backends.auto.decide``: the CCSD iteration of
+    orbitals with irreps ``orbsym`` (``nocc`` occupied, ``nfrozen`` of them frozen)."""
+
+    def __init__(self, orbsym, nocc: int, nfrozen: int = 0):
+        self.orbsym, self.nfrozen = np.asarray(orbsym), int(nfrozen)
+        self.nocc = int(nocc) - self.nfrozen          # active occupied orbitals
+        self._nocc_all = int(nocc)
+
+    def __call__(self, tile: int, occ_tile: int | None = None) -> IterationStructure:
+        from tessera.backends.context import PlanningContext
+        from tessera.chem.integrals import CLASSES, MOIntegrals, class_tensor, make_spaces
+        o, v = make_spaces(self.orbsym, self._nocc_all, self.nfrozen, tile, occ_tile)
+        ctx = PlanningContext()
+        with ctx:
+            tensors = {name: class_tensor(name, o, v) for name in CLASSES}
+            ints = MOIntegrals(o, v, np.zeros(o.dim), np.zeros(v.dim), tensors, self.nfrozen)
+            t1, t2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
+            eq.residual(ints, t1, t2)
+        return IterationStructure(o, v, ctx.plans, [t2, *tensors.values()],
+                                  {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]})

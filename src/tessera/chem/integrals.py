@@ -96,6 +96,12 @@ _SYMMETRY = {   # permutational symmetry carried as metadata (real orbitals)
 }
 
 
+def class_tensor(name: str, o: IndexSpace, v: IndexSpace) -> BlockTensor:
+    """The (empty) tensor of integral class ``name`` (e.g. "ovvv") over the spaces o, v."""
+    return BlockTensor(tuple(o if ch == "o" else v for ch in name), 0, name=name,
+                       symmetry=_SYMMETRY[name], placement="pairs")
+
+
 SLAB_BYTES = 64 * 2**20   # working slab of the distributed transform (see module docstring)
 
 
@@ -114,8 +120,7 @@ def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
     coeff = ref.mo_coeff[:, nfrozen:]
     nocc = ref.nocc - nfrozen
     index = {"o": o.orbitals, "v": v.orbitals + nocc}            # space position -> active MO
-    tensors = {name: BlockTensor(tuple(o if ch == "o" else v for ch in name), 0, name=name,
-                                 symmetry=_SYMMETRY[name], placement="pairs") for name in CLASSES}
+    tensors = {name: class_tensor(name, o, v) for name in CLASSES}
     eo = ref.mo_energy[nfrozen:ref.nocc]
     ev = ref.mo_energy[ref.nocc:]
     if any(t.dist is not None for t in tensors.values()):

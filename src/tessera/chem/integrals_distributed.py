@@ -52,7 +52,7 @@ def ao_pair_units(ao_loc, nranks: int, max_cols: int) -> list:
     ncols)]; a unit's columns are the AO pairs (lam, sig) in libcint's order (lam-major;
     lam >= sig within a diagonal shell pair).
     """
-    from tessera.backends.distributed import contiguous_runs
+    from tessera.runtime.distribution import contiguous_runs
 
     size = np.diff(np.asarray(ao_loc, dtype=np.int64))
     pairs = [(l, s) for l in range(len(size)) for s in range(l + 1)]

@@ -17,12 +17,12 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from tessera.backends.context import Context
-from tessera.backends.executors import runs_distributed
-from tessera.chem.ccsd import CCSD
+from tessera.backends.context import Context, ranks_of
+from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
+from tessera.chem.ccsd import CCSD, CCSDStructure
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
-from tessera.errors import ConvergenceError, InputError, TesseraError
+from tessera.errors import ConvergenceError, InputError
 
 METHODS = ("hf", "ccsd", "ccsd(t)")
 SCF_CODES = ("pyscf", "tessera")
@@ -35,7 +35,7 @@ class RunOptions:
     method: str = "ccsd(t)"
     charge: int = 0
     frozen_core: bool = False
-    backend: str = "threads"
+    backend: str = DEFAULT_BACKEND
     tile: int | None = None          # None: 32, or chosen by the cost model under MPI
     variant: str | None = None       # mpi-onesided loop order; mpi-collective algorithm
     schedule: str | None = None      # mpi-onesided task schedule
@@ -57,18 +57,7 @@ class RunOptions:
             raise InputError(f"--conv must be positive, got {self.conv}")
         if self.max_iter < 1:
             raise InputError(f"--max-iter must be at least 1, got {self.max_iter}")
-        from tessera.backends.auto import check_options
-        from tessera.backends.executors import BACKENDS, MPI_BACKENDS, launched_ranks
-        if self.backend not in BACKENDS:
-            raise InputError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}")
         check_options(self.backend, self.variant, self.schedule)
-        ranks = launched_ranks()
-        if ranks > 1 and self.backend not in MPI_BACKENDS + ("auto",):
-            raise InputError(f"backend {self.backend!r} runs in one process, but mpiexec started {ranks}; "
-                             "use --backend auto, mpi-onesided or mpi-collective, or run without mpiexec")
-        if ranks == 1 and self.backend == "auto" and (self.variant or self.schedule):
-            raise InputError("--variant and --schedule need several ranks with --backend auto (one "
-                             "process runs threads); start with mpiexec or name an MPI backend")
 
 
 @dataclass
@@ -110,17 +99,13 @@ class Job:
         molecule.check_closed_shell()
         mol = molecule.to_pyscf(symmetry=opt.symmetry)
         timings: dict = {}
-        distributed = runs_distributed(opt.backend)
-        world = None
-        if distributed:
-            from tessera.runtime import World
-            world = World.get()
+        ranks = ranks_of(opt.backend)
 
         t0 = time.perf_counter()
-        ref = self._scf(mol, world)
+        ref = self._scf(mol, ranks)
         timings["scf"] = time.perf_counter() - t0
         nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
-        backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, world)
+        backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, ranks)
         occ_tile = decision["occ_tile"] if decision is not None else None
         data = {
             "molecule": {"atoms": [[s, list(xyz)] for s, xyz in molecule.atoms], "charge": opt.charge,
@@ -128,7 +113,7 @@ class Job:
             "basis": opt.basis, "point_group": ref.point_group, "nao": int(mol.nao),
             "nocc": int(ref.nocc), "nvir": int(ref.nvir), "frozen_core": nfrozen,
             "backend": backend, "tile": tile, "occ_tile": occ_tile or tile, "method": method, "scf": opt.scf,
-            "ranks": world.size if world is not None else 1,
+            "ranks": ranks.size,
             "occupied_per_irrep": _per_irrep(ref.orbsym[:ref.nocc], ref.irrep_names),
             "virtual_per_irrep": _per_irrep(ref.orbsym[ref.nocc:], ref.irrep_names),
         }
@@ -202,47 +187,37 @@ class Job:
         data["profile"] = [{"update": lab, "calls": n, "seconds": s, "flops": f}
                            for lab, n, s, f in ctx.report()[:25]]
         if ctx.distributed:
-            summary = ctx.executor.account.summary(ctx.executor.world)
+            summary = ctx.executor.account.summary()
             data["communication"] = summary
             data["executor"] = ctx.executor.describe()
 
-    def _resolve_backend(self, ref, nfrozen, world):
+    def _resolve_backend(self, ref, nfrozen, ranks):
         """(backend, executor options, tile, auto decision or None), the same on every rank."""
         opt = self.options
         options = {"variant": opt.variant, "schedule": opt.schedule}
-        if opt.backend in ("serial", "threads") or (opt.backend == "auto" and world is None):
+        if not runs_distributed(opt.backend):
             return ("threads" if opt.backend == "auto" else opt.backend), options, opt.tile or 32, None
         from tessera.backends.auto import decide
-        nranks = world.size
-
-        def choose():       # on rank 0; an error is shared so that every rank raises it
-            try:
-                return decide(ref.orbsym, ref.nocc, nfrozen, nranks, backend=opt.backend, tile=opt.tile,
-                              variant=opt.variant, schedule=opt.schedule)
-            except TesseraError as err:
-                return err
-        decision = world.bcast(choose() if world.rank == 0 else None, root=0)
-        if isinstance(decision, TesseraError):
-            raise decision
+        structure = CCSDStructure(ref.orbsym, ref.nocc, nfrozen)
+        decision = ranks.share(lambda: decide(structure, ranks.size, backend=opt.backend, tile=opt.tile,
+                                              variant=opt.variant, schedule=opt.schedule))
         options = {"variant": decision["variant"], "schedule": decision.get("schedule")}
         return decision["backend"], options, decision["tile"], decision
 
-    def _scf(self, mol, world=None):
+    def _scf(self, mol, ranks):
         """The RHF reference. Tessera's own SCF is collective (every rank takes part);
         PySCF's runs on rank 0 only. Under MPI rank 0's reference is then shared, so every
         rank uses bit-identical orbitals."""
         opt = self.options
-        ref = None
         if opt.scf == "pyscf":
             from tessera.chem.pyscf_reference import rhf_reference
-            if world is None or world.rank == 0:
-                ref = rhf_reference(mol)
-        else:
-            from tessera.chem.scf import rhf
-            ref = rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter)
-        if world is None or world.size == 1:
+            shared = ranks.share(lambda: replace(rhf_reference(mol), mol=None))
+            return replace(shared, mol=mol)
+        from tessera.chem.scf import rhf
+        ref = rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter)
+        if ranks.size == 1:
             return ref
-        shared = world.bcast(replace(ref, mol=None) if world.rank == 0 else None, root=0)
+        shared = ranks.share(lambda: replace(ref, mol=None))
         return replace(shared, mol=mol)
 
     def _finish(self, result: JobResult, t_start: float) -> JobResult:
@@ -254,7 +229,7 @@ class Job:
 def memory_per_rank(ctx, t2, ints) -> dict:
     """Bytes of T2 and of the MO integrals held by each rank (collective)."""
     mine = (t2.local_nbytes, sum(t.local_nbytes for t in ints.tensors.values()))
-    parts = ctx.executor.world.allgather(mine)
+    parts = ctx.ranks.allgather(mine)
     t2b = [p[0] for p in parts]
     intb = [p[1] for p in parts]
     total = [a + b for a, b in zip(t2b, intb)]

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from tessera.backends.tasks import TaskSet
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel,
                                   TriplesResult, VirtualLayout, check_occ_tile, default_occ_tile,
                                   irrep_ranges)
@@ -276,7 +277,7 @@ def triples_correction_distributed(ints, t1, t2, *, context=None, occ_tile: int 
     c0 = ex.compute_seconds
     chunk = max(1, min(8, len(costs) // (4 * ex.world.size)))
     with threadpool_limits(limits=ex.blas_threads, user_api="blas"):
-        results = ex.run_block_tasks(costs, job.need, job.work, chunk)
+        results = ex.run_tasks(TaskSet("(T) triples", costs, job.work, job.need, chunk))
     energy = float(sum(results.tolist()))               # task order: schedule-independent
     world = ex.world
     mine = (job.held.peak, job.held.peak_by)

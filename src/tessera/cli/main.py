@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from tessera.backends.registry import DEFAULT_BACKEND, DEFAULT_SCHEDULE
 from tessera.errors import TesseraError
 
 
@@ -27,13 +28,13 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--method", default="ccsd(t)", help="hf | ccsd | ccsd(t)")
         s.add_argument("--charge", type=int, default=0)
         s.add_argument("--frozen-core", action="store_true", help="freeze the chemical core orbitals")
-        s.add_argument("--backend", default="auto",
+        s.add_argument("--backend", default=DEFAULT_BACKEND,
                        help="auto (default: threads on one process, a cost-model choice under mpiexec) | serial | threads | mpi-onesided | mpi-collective")
         s.add_argument("--variant", default=None,
                        help="mpi-onesided loop order: original | inverted | cached; "
                             "mpi-collective: summa | 2.5d (default: the cost model's choice)")
         s.add_argument("--schedule", default=None, help="mpi-onesided task schedule: nxtval | steal "
-                                                        "(default nxtval)")
+                                                        f"(default {DEFAULT_SCHEDULE})")
         s.add_argument("--tile", type=int, default=None,
                        help="largest tile (orbitals per block edge); default 32, or chosen by the "
                             "cost model for the MPI backends")
@@ -119,11 +120,8 @@ def print_communication(data: dict, limit: int = 12) -> None:
 
 def _rank(backend: str) -> int:
     """This process's rank when the backend runs over MPI (0 otherwise); starts MPI only then."""
-    from tessera.backends.executors import runs_distributed
-    if runs_distributed(backend):
-        from tessera.runtime import World
-        return World.get().rank
-    return 0
+    from tessera.backends.context import ranks_of
+    return ranks_of(backend).rank
 
 
 def _run(args) -> int:

@@ -144,6 +144,21 @@ def _join_div(a, b):
 
 # --------------------------------------------------------------------- recording
 _batch: contextvars.ContextVar = contextvars.ContextVar("tessera_batch", default=None)
+_runner = None     # runs a list of updates on the current context; set by the backends
+
+
+def set_runner(run) -> None:
+    """Install ``run(updates)``, which executes updates (``tessera.backends.context`` does,
+    on import): the equation language itself knows no backend."""
+    global _runner
+    _runner = run
+
+
+def _run(updates) -> None:
+    if _runner is None:
+        raise ShapeError("no backend is loaded to run equations; import tessera (which loads "
+                         "tessera.backends.context) before recording updates")
+    _runner(updates)
 
 
 def record(update: Update) -> None:
@@ -152,8 +167,7 @@ def record(update: Update) -> None:
     if batch is not None:
         batch.append(update)
     else:
-        from tessera.backends.context import current_context
-        current_context().execute([update])
+        _run([update])
 
 
 def assign(tensor, indices: str, value) -> None:
@@ -179,6 +193,8 @@ class equations:
     def __exit__(self, exc_type, exc, tb):
         _batch.reset(self._token)
         if exc_type is None and self.updates:
-            from tessera.backends.context import current_context
-            (self.context or current_context()).execute(self.updates)
+            if self.context is not None:
+                self.context.execute(self.updates)
+            else:
+                _run(self.updates)
         return False

@@ -1,13 +1,28 @@
-"""Which rank owns which block: cyclic, contiguous, balanced by cost, or user-given.
+"""Every partitioner of Tessera: which rank (or bin) gets which item.
 
 Pure Python and deterministic: every rank computes the same map from the same input.
-Keys are taken in the order given (GlobalArray passes them sorted).
+
+- ``cyclic(n, P)``: item i to i mod P;
+- ``contiguous(n, P)``: n items cut into P consecutive runs of counts differing by <= 1;
+- ``largest_first(costs, P)``: greedy longest-processing-time (Graham 1969): items by
+  decreasing cost each go to the least loaded bin (ties: lowest bin); ``makespan`` is
+  the largest load it leaves;
+- ``contiguous_runs(costs, P)`` / ``run_bounds``: items in order cut into P consecutive
+  runs of near-equal total cost (GTFock's static partition of the task space, 1-D);
+- ``grid_shape``, ``default_layers``, ``grid_3d``: process grids of SUMMA and 2.5D;
+- ``assign_owners``: the block owner map of a GlobalArray built from the above;
+- ``block_owners``: the owner map of a distributed block tensor (placements ``balanced``
+  and ``pairs``).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+import zlib
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from tessera.errors import RuntimeLayerError
 
@@ -46,34 +61,107 @@ def assign_owners(
             f"costs were given but distribution is {distribution!r}; costs are used only by "
             "distribution='balanced'. Drop costs or choose 'balanced'."
         )
-    n = len(keys)
     if distribution == "cyclic":
-        return {k: i % nranks for i, k in enumerate(keys)}
-    if distribution == "contiguous":
-        base, extra = divmod(n, nranks)
-        out, i = {}, 0
-        for r in range(nranks):
-            for _ in range(base + (1 if r < extra else 0)):
-                out[keys[i]] = r
-                i += 1
-        return out
-    weights = _costs_list(keys, costs if costs is not None else default_costs)
-    order = sorted(range(n), key=lambda i: (-weights[i], i))
-    heap = [(0.0, r) for r in range(nranks)]
-    out = {}
-    for i in order:
+        ranks = cyclic(len(keys), nranks)
+    elif distribution == "contiguous":
+        ranks = contiguous(len(keys), nranks)
+    else:
+        ranks = largest_first(_costs_list(keys, costs if costs is not None else default_costs), nranks)
+    return dict(zip(keys, ranks))
+
+
+def cyclic(n: int, nbins: int) -> list:
+    """Bin of each of n items: i mod nbins."""
+    return [i % nbins for i in range(n)]
+
+
+def contiguous(n: int, nbins: int) -> list:
+    """Bin of each of n items cut into nbins consecutive runs whose lengths differ by <= 1."""
+    base, extra = divmod(n, nbins)
+    out = []
+    for r in range(nbins):
+        out += [r] * (base + (1 if r < extra else 0))
+    return out
+
+
+def largest_first(costs: Sequence[float], nbins: int) -> list:
+    """Bin of each item: largest cost first, each to the least loaded bin so far (ties:
+    the earlier item, the lowest bin). Graham's LPT rule: makespan <= 4/3 optimal."""
+    heap = [(0.0, r) for r in range(nbins)]
+    out = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
         load, r = heapq.heappop(heap)
-        out[keys[i]] = r
-        heapq.heappush(heap, (load + weights[i], r))
+        out[i] = r
+        heapq.heappush(heap, (load + float(costs[i]), r))
     return out
 
 
-def loads(owner_map: Mapping, nranks: int, weights: Mapping) -> list[float]:
-    """Total weight per rank of an owner map (for reporting balance)."""
-    out = [0.0] * nranks
-    for k, r in owner_map.items():
-        out[r] += float(weights[k])
+def bin_loads(bins: Sequence[int], costs: Sequence[float], nbins: int) -> list:
+    """Total cost per bin of an assignment."""
+    out = [0.0] * nbins
+    for b, c in zip(bins, costs):
+        out[b] += float(c)
     return out
+
+
+def makespan(costs: Sequence[float], nbins: int) -> float:
+    """Largest bin load of ``largest_first`` (the busiest rank's work)."""
+    if nbins == 1 or not len(costs):
+        return float(sum(costs))
+    return max(bin_loads(largest_first(costs, nbins), costs, nbins))
+
+
+def queues(bins: Sequence[int], nbins: int) -> list:
+    """[[item, ...] per bin] of an assignment, items in their order."""
+    out = [[] for _ in range(nbins)]
+    for i, b in enumerate(bins):
+        out[b].append(i)
+    return out
+
+
+def run_bounds(costs: Sequence[float], nbins: int) -> np.ndarray:
+    """Cut points of ``contiguous_runs``: bin r holds items [bounds[r], bounds[r+1]).
+
+    An item goes to the run in which the midpoint of its cost falls, the run targets being
+    r/nbins of the total; so each cut is where the running cost is closest to its target.
+    """
+    costs = np.asarray(costs, dtype=float)
+    if not len(costs):
+        return np.zeros(nbins + 1, dtype=np.int64)
+    cum = np.cumsum(costs)
+    targets = cum[-1] * np.arange(1, nbins) / nbins
+    inner = np.searchsorted(cum - 0.5 * costs, targets, side="right")
+    return np.concatenate(([0], inner, [len(costs)])).astype(np.int64)
+
+
+def contiguous_runs(costs: Sequence[float], nbins: int) -> list:
+    """Bin of each item when the items, in order, are cut into ``nbins`` consecutive runs of
+    near-equal total cost (``run_bounds``)."""
+    bounds = run_bounds(costs, nbins)
+    return np.repeat(np.arange(nbins), np.diff(bounds)).tolist()
+
+
+def grid_shape(nranks: int) -> tuple:
+    """(rows, cols) of the most square process grid, rows <= cols."""
+    pr = int(math.isqrt(nranks))
+    while nranks % pr:
+        pr -= 1
+    return pr, nranks // pr
+
+
+def default_layers(nranks: int) -> int:
+    """Layers c of a 2.5D grid on P ranks: the smallest divisor of P not below P^(1/3)
+    (Solomonik & Demmel's upper end c = P^(1/3), on a divisor): 1 on 1 rank, 2 on 2, 3 on
+    3, 2 on 4 (a 1 x 2 grid per layer), 2 on 8, 4 on 16."""
+    for c in range(1, nranks + 1):
+        if nranks % c == 0 and c ** 3 >= nranks:
+            return c
+    return 1
+
+
+def grid_3d(nranks: int, layers: int = 1) -> tuple:
+    """(pr, pc, layers): ``layers`` copies of the most square grid of P / layers ranks."""
+    return (*grid_shape(nranks // layers), layers)
 
 
 def _costs_list(keys, costs) -> list[float]:
@@ -130,3 +218,41 @@ def _check_owners(keys, nranks, owners) -> dict:
             f"{extra[0]!r}; expected only keys of existing blocks."
         )
     return out
+
+
+PLACEMENTS = ("balanced", "pairs")
+
+
+def structure_signature(spaces, irrep) -> int:
+    """A stable integer from a structure (tile sizes and irreps), the same on every rank."""
+    data = repr((irrep, [[(t.size, t.irrep) for t in s.tiles] for s in spaces])).encode()
+    return zlib.crc32(data)
+
+
+def block_owners(spaces, irrep, keys, nranks: int, placement: str) -> dict:
+    """{key: rank} for the allowed ``keys`` of a block tensor's structure (its index
+    spaces' tiles and its irrep), the same on every rank without communication:
+
+    - ``balanced``: largest block first to the least loaded rank, the rank labels rotated
+      by a structural hash so that many small tensors do not all put their largest block
+      on rank 0;
+    - ``pairs`` (integrals): groups of blocks that share their first two tiles, in
+      (first, second) tile order, cut into contiguous runs of near-equal size, one per
+      rank: a first-pair slab of the AO->MO transform lives on one rank.
+    """
+    if placement not in PLACEMENTS:
+        raise RuntimeLayerError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)}")
+    if nranks == 1:
+        return {k: 0 for k in keys}
+    sizes = {k: int(np.prod([s.tiles[t].size for s, t in zip(spaces, k)], dtype=np.int64)) for k in keys}
+    shift = structure_signature(spaces, irrep) % nranks
+    if placement == "pairs" and len(spaces) >= 3:
+        groups: dict = {}
+        for k in keys:
+            groups.setdefault(k[:2], []).append(k)
+        gkeys = sorted(groups)
+        gcost = [sum(sizes[k] for k in groups[g]) for g in gkeys]
+        gown = contiguous_runs(gcost, nranks)
+        return {k: (gown[n] + shift) % nranks for n, g in enumerate(gkeys) for k in groups[g]}
+    own = largest_first([sizes[k] for k in keys], nranks)
+    return {k: (r + shift) % nranks for k, r in zip(keys, own)}

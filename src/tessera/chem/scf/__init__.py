@@ -8,7 +8,7 @@ matrices in GlobalArrays, static / NXTVAL / work-stealing schedules.  See docs/s
 
 Modules: ``blocking`` (shell blocks), ``integrals`` (libcint block quartets, Schwarz
 bounds), ``tasks`` (task list, screening, static partition), ``kernel`` (J/K of one block
-quartet), ``schedule`` (who runs which task), ``fock`` (the distributed build), ``diis``,
+quartet), ``schedule`` (who runs which task), ``fock`` (the distributed build),
 ``symmetry`` (symmetry-adapted orbitals, irrep labels), ``stats``, ``driver`` (the SCF).
 """
 

@@ -19,7 +19,7 @@ import numpy as np
 from pyscf.scf import hf as pyscf_hf
 
 from tessera.chem.reference import Reference
-from tessera.chem.scf.diis import DIIS, commutator_error
+from tessera.chem.diis import DIIS
 from tessera.chem.scf.fock import MODES, FockBuilder
 from tessera.chem.scf.schedule import check_schedule
 from tessera.chem.scf.stats import summarize
@@ -41,6 +41,14 @@ def _check_molecule(mol) -> int:
     if nelec == 0:
         raise InputError("the molecule has no electrons; expected at least two")
     return nelec // 2
+
+
+def commutator_error(fock: np.ndarray, dm: np.ndarray, ovlp: np.ndarray,
+                     x: np.ndarray) -> np.ndarray:
+    """X^T (F D S - S D F) X: the SCF orbital-gradient matrix in an orthonormal basis
+    X = S^(-1/2) (Pulay 1982: DIIS error vector; zero at self-consistency)."""
+    fds = fock @ dm @ ovlp
+    return x.T @ (fds - fds.T) @ x
 
 
 def _orthonormalizer(ovlp: np.ndarray) -> np.ndarray:
@@ -103,7 +111,7 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
         mol.nao, builder.blocks.nblocks, len(builder.tasks),
         builder.tasks.n_block_quartets_skipped, builder.schedule, mode, screening,
         world.size, sym.group)
-    diis = DIIS(diis_space)
+    diis = DIIS(diis_space, max_condition=1e14)
     energies, errors, iter_wall = [], [], []
     e_last = None
     try:

@@ -1,0 +1,49 @@
+"""The executors of one process; the math of a task lives in the array ops (``blockops``).
+
+``serial`` runs tasks in order on one thread with single-threaded BLAS: the
+deterministic reference. ``threads`` runs them on a pool with dynamic scheduling; BLAS
+releases the GIL, and threadpoolctl keeps pool threads x BLAS threads <= cores.
+Executors are made by name in ``registry``.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from tessera.backends.registry import available_cores
+from tessera.errors import InputError
+
+
+class SerialExecutor:
+    name = "serial"
+    blas_threads = 1
+
+    def run(self, tasks) -> None:
+        for task in tasks:
+            task()
+
+    def close(self) -> None:
+        pass
+
+
+class ThreadsExecutor:
+    name = "threads"
+
+    def __init__(self, workers: int | None = None):
+        cores = available_cores()
+        self.workers = int(workers or cores)
+        if self.workers < 1:
+            raise InputError(f"threads executor needs at least 1 worker, got {workers}")
+        self.blas_threads = max(1, cores // self.workers)
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="tessera")
+
+    def run(self, tasks) -> None:
+        if len(tasks) <= 1:
+            for task in tasks:
+                task()
+            return
+        for f in [self._pool.submit(t) for t in tasks]:
+            f.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

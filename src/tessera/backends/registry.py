@@ -1,0 +1,144 @@
+"""Every backend, variant and schedule name, their defaults and option checks, once.
+
+The CLI, ``RunOptions`` and ``Context`` all call :func:`check_options`; executors are
+made by :func:`make_executor`, which imports an MPI executor only when it is chosen.
+
+- backends: ``auto`` (default: ``threads`` in one process, a cost-model choice under
+  mpiexec with several ranks), ``serial``, ``threads``, ``mpi-onesided``, ``mpi-collective``;
+- variants: ``mpi-onesided`` loop orders ``original | inverted | cached`` (default
+  ``cached``), ``mpi-collective`` algorithms ``summa | 2.5d`` (default ``summa``);
+- schedules (``backends.schedule``): ``static | nxtval | steal``; the executor
+  ``mpi-onesided`` takes ``nxtval`` (default) or ``steal``; task sets such as the Fock
+  build may also ask for ``static``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tessera.errors import InputError
+
+DEFAULT_BACKEND = "auto"
+BACKENDS = ("auto", "serial", "threads", "mpi-onesided", "mpi-collective")
+LOCAL_BACKENDS = ("serial", "threads")
+MPI_BACKENDS = ("mpi-onesided", "mpi-collective")
+VARIANTS = {"mpi-onesided": ("original", "inverted", "cached"), "mpi-collective": ("summa", "2.5d")}
+DEFAULT_VARIANT = {"mpi-onesided": "cached", "mpi-collective": "summa"}
+SCHEDULES = ("static", "nxtval", "steal")
+EXECUTOR_SCHEDULES = {"mpi-onesided": ("nxtval", "steal")}
+DEFAULT_SCHEDULE = "nxtval"
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def launched_ranks() -> int:
+    """Ranks this process was started with by mpiexec (1 without it), read from the
+    launcher's environment, so that asking does not start MPI."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        value = os.environ.get(var)
+        if value and value.isdigit():
+            return int(value)
+    return 1
+
+
+def runs_distributed(backend: str) -> bool:
+    """Whether ``backend`` runs over MPI ranks here: an MPI backend, or ``auto`` when
+    mpiexec started several ranks (does not start MPI)."""
+    return backend in MPI_BACKENDS or (backend == "auto" and launched_ranks() > 1)
+
+
+def backend_of_variant(variant) -> str | None:
+    """The MPI executor a variant belongs to (None for None or an unknown variant)."""
+    for backend, names in VARIANTS.items():
+        if variant in names:
+            return backend
+    return None
+
+
+def check_schedule(schedule: str) -> str:
+    if schedule not in SCHEDULES:
+        raise InputError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
+    return schedule
+
+
+def check_options(backend: str, variant=None, schedule=None, ranks: int | None = None) -> None:
+    """Unknown or misplaced backend, --variant, --schedule are one-line errors.
+
+    ``ranks`` (default: what mpiexec started) decides whether ``auto`` runs in one
+    process (threads, no MPI option) and whether a one-process backend is misplaced.
+    """
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    ranks = launched_ranks() if ranks is None else ranks
+    all_variants = [v for names in VARIANTS.values() for v in names]
+    if backend in LOCAL_BACKENDS:
+        if variant is not None or schedule is not None:
+            raise InputError(f"--variant and --schedule belong to the MPI backends; backend {backend!r} "
+                             "takes neither (use --backend mpi-onesided or mpi-collective)")
+        if ranks > 1:
+            raise InputError(f"backend {backend!r} runs in one process, but mpiexec started {ranks}; "
+                             "use --backend auto, mpi-onesided or mpi-collective, or run without mpiexec")
+        return
+    if backend == "auto" and ranks <= 1 and (variant is not None or schedule is not None):
+        raise InputError("--variant and --schedule need several ranks with --backend auto (one "
+                         "process runs threads); start with mpiexec or name an MPI backend")
+    if backend in VARIANTS and variant is not None and variant not in VARIANTS[backend]:
+        raise InputError(f"unknown variant {variant!r} for {backend}; choose one of: "
+                         f"{', '.join(VARIANTS[backend])}")
+    if backend == "auto" and variant is not None and variant not in all_variants:
+        raise InputError(f"unknown variant {variant!r}; choose one of: "
+                         + " or ".join(f"{', '.join(v)} ({b})" for b, v in VARIANTS.items()))
+    executor = backend if backend != "auto" else backend_of_variant(variant)
+    if schedule is not None:
+        if executor == "mpi-collective":
+            raise InputError("mpi-collective is bulk-synchronous and takes no --schedule; "
+                             "schedules (nxtval, steal) belong to mpi-onesided"
+                             + ("" if backend == "mpi-collective" else f" (variant {variant} is mpi-collective's)"))
+        allowed = EXECUTOR_SCHEDULES["mpi-onesided"]
+        if schedule not in allowed:
+            raise InputError(f"unknown schedule {schedule!r}; choose one of: {', '.join(allowed)}")
+
+
+def resolve_auto(nranks: int, variant=None, schedule=None, **options) -> tuple:
+    """(backend, options) of ``Context("auto")`` without a cost model: threads on one
+    rank, else the executor the variant belongs to, by default mpi-onesided with its
+    default loop order and schedule (the cost model's usual winner)."""
+    check_options("auto", variant, schedule, ranks=nranks)
+    if nranks <= 1:
+        given = sorted(k for k, v in options.items() if v is not None)
+        if given:
+            raise InputError(f"backend 'auto' on one process runs 'threads', which takes no option "
+                             f"{', '.join(given)}; start several ranks with mpiexec, or name an MPI backend")
+        return "threads", {}
+    backend = backend_of_variant(variant) or "mpi-onesided"
+    opts = {**options, "variant": variant or DEFAULT_VARIANT[backend]}
+    if backend == "mpi-onesided":
+        opts["schedule"] = schedule or DEFAULT_SCHEDULE
+    return backend, opts
+
+
+def make_executor(name: str, **options):
+    """The executor of backend ``name`` (options not given are left to its defaults)."""
+    options = {k: v for k, v in options.items() if v is not None}
+    if name not in BACKENDS:
+        raise InputError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    if name == "auto":
+        name, options = resolve_auto(launched_ranks(), **options)
+    if name in LOCAL_BACKENDS:
+        bad = sorted(set(options) - ({"workers"} if name == "threads" else set()))
+        if bad:
+            raise InputError(f"backend {name!r} takes no option {', '.join(bad)}; variants, schedules "
+                             "and caches belong to the MPI backends (mpi-onesided, mpi-collective)")
+        from tessera.backends.local import SerialExecutor, ThreadsExecutor
+        return SerialExecutor() if name == "serial" else ThreadsExecutor(**options)
+    check_options(name, options.get("variant"), options.get("schedule"), ranks=max(2, launched_ranks()))
+    if name == "mpi-onesided":
+        from tessera.backends.onesided import OneSidedExecutor
+        return OneSidedExecutor(**options)
+    from tessera.backends.collective import CollectiveExecutor
+    return CollectiveExecutor(**options)

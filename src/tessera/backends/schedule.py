@@ -1,0 +1,194 @@
+"""Who runs which task: ``static``, ``nxtval`` or ``steal``, one implementation each.
+
+Every parallel workload (contraction steps of ``mpi-onesided``, the Fock build, (T),
+the transform) gets its tasks from :meth:`Scheduler.deal`; the schedule decides:
+
+- ``static``: a cost-balanced partition (``partition="largest_first"``: Graham's LPT
+  rule; ``"contiguous"``: runs of consecutive tasks of near-equal cost, which keeps
+  neighbouring tasks, and the data they share, on one rank); each rank runs its own
+  queue and nothing else. No counter.
+- ``nxtval``: one global counter (NWChem's NXTVAL) hands out tasks in order of
+  decreasing cost, ``chunk`` tickets at a time; whoever asks first gets the next.
+- ``steal``: the static partition, then stealing (Liu, Patel, Chow, IPDPS 2014, Sec.
+  III-C; the same rule as UPC++/Cilk-style "steal half"): each rank drains its own queue
+  through a counter in its own memory (local fetch-and-adds, ``chunk`` at a time); when
+  it is empty the rank visits the others in ring order and steals *half of a victim's
+  remaining tasks* with one remote fetch-and-add on the victim's counter, until every
+  queue is empty.
+
+Counters are not reset between deals (a reset needs two barriers). A claim that runs
+past the end of a queue gives the excess back (a fetch-and-add of minus the excess), so
+after every rank has finished a deal a queue's counter stands exactly ``len(queue)``
+above where it started: every rank knows the next base without communication. A counter
+is used again only after a barrier (``synced``), when every claim of its last deal is
+complete; with ``NCOUNTERS`` counters in turn, consecutive deals need no barrier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tessera.backends.registry import check_schedule
+from tessera.runtime import TaskCounter
+from tessera.runtime.distribution import contiguous_runs, largest_first, queues
+
+NCOUNTERS = 4
+PARTITIONS = ("largest_first", "contiguous")
+
+
+@dataclass
+class DealStats:
+    """What this rank did in its deals (summed over deals)."""
+    tasks: int = 0                 # tasks run here
+    stolen: int = 0                # of which taken from another rank's queue
+    steals: int = 0                # successful steal operations
+    counter_local: int = 0         # fetch-and-adds on a counter in this rank's memory
+    counter_remote: int = 0        # fetch-and-adds on another rank's counter
+    victims: dict = field(default_factory=dict)   # victim rank -> tasks stolen
+
+    def as_dict(self) -> dict:
+        return {"tasks": self.tasks, "stolen": self.stolen, "steals": self.steals,
+                "counter_local": self.counter_local, "counter_remote": self.counter_remote,
+                "victims": dict(self.victims)}
+
+
+def partition(costs, nranks: int, how: str = "largest_first") -> list:
+    """[[task, ...] per rank] of the static partition (deterministic, the same on every rank)."""
+    if how not in PARTITIONS:
+        raise ValueError(f"unknown partition {how!r}; expected one of {PARTITIONS}")
+    bins = largest_first(costs, nranks) if how == "largest_first" else contiguous_runs(costs, nranks)
+    return queues(bins, nranks)
+
+
+class Deal:
+    """One hand-out of tasks on one rank: iterate for chunks (lists of task ids);
+    ``own`` is this rank's static queue (prefetch it), ``stats`` counts what happened."""
+
+    def __init__(self, scheduler: "Scheduler", costs, chunk: int, how: str):
+        self.s = scheduler
+        self.n = len(costs)
+        self.chunk = max(1, int(chunk))
+        self.stats = DealStats()
+        size, me = scheduler.size, scheduler.rank
+        name = scheduler.schedule
+        if name == "nxtval" or size == 1:
+            self.queues = None
+            self.order = sorted(range(self.n), key=lambda i: (-costs[i], i))
+            self.own = self.order if size == 1 else []
+        else:
+            self.queues = partition(costs, size, how)
+            self.own = self.queues[me]
+
+    def __iter__(self):
+        s = self.s
+        if s.size == 1:                                  # one rank: everything, no counter
+            for start in range(0, self.n, self.chunk):
+                yield self._got(self.order[start:start + self.chunk])
+            return
+        if s.schedule == "static":
+            for start in range(0, len(self.own), self.chunk):
+                yield self._got(self.own[start:start + self.chunk])
+            return
+        k = s.take_counter()
+        if s.schedule == "nxtval":
+            yield from self._claims(k, None, 0, self.order, self.chunk, steal=False)
+        else:
+            me = s.rank
+            yield from self._claims(k, me, me, self.own, self.chunk, steal=False)
+            for j in range(1, s.size):
+                victim = (me + j) % s.size
+                yield from self._claims(k, victim, victim, self.queues[victim], None, steal=True)
+        s.advance(k, [self.n] if self.queues is None else [len(q) for q in self.queues])
+
+    def _got(self, ids, victim=None):
+        self.stats.tasks += len(ids)
+        if victim is not None:
+            self.stats.stolen += len(ids)
+            self.stats.steals += 1
+            self.stats.victims[victim] = self.stats.victims.get(victim, 0) + len(ids)
+        return list(ids)
+
+    def _claims(self, k, target, q, queue, chunk, steal: bool):
+        """Claim tasks of ``queue`` through counter k's entry ``q`` (on rank ``target``; None:
+        the global counter) until it is empty: ``chunk`` at a time, or (chunk None) half
+        of what is left, read first. The excess of a claim past the end is given back."""
+        s, n = self.s, len(queue)
+        base = s.bases[k][q]
+        while True:
+            if chunk is None:
+                seen = s.fetch_add(k, 0, target, self.stats) - base
+                if seen >= n:
+                    return
+                want = max(1, (n - seen) // 2)
+            else:
+                want = chunk
+            start = s.fetch_add(k, want, target, self.stats) - base
+            excess = start + want - n
+            if excess > 0:
+                s.fetch_add(k, -min(excess, want), target, self.stats)
+            if start >= n:
+                return
+            yield self._got(queue[start:min(start + want, n)], target if steal else None)
+
+
+class Scheduler:
+    """The task hand-out of one executor (or of one workload) over ``world``'s ranks.
+
+    ``schedule``: static | nxtval | steal. ``barrier``: the owner's barrier, called when
+    all counters were used since the last one (the owner calls ``synced`` after each of its
+    barriers). Creating it is collective (its counters are RMA windows);
+    ``make_counter(kind)`` replaces ``TaskCounter`` (tests simulate ranks in one process)."""
+
+    def __init__(self, world, schedule: str, barrier=None, make_counter=None):
+        self.schedule = check_schedule(schedule)
+        self.world = world
+        self.rank, self.size = world.rank, world.size
+        self._barrier = barrier or world.barrier
+        self.counters = []
+        if self.size > 1 and schedule != "static":
+            kind = "global" if schedule == "nxtval" else "per_rank"
+            make = make_counter or (lambda kind: TaskCounter(kind=kind, world=world))
+            self.counters = [make(kind) for _ in range(NCOUNTERS)]
+        self.bases = [[0] * self.size for _ in range(NCOUNTERS)]
+        self.epoch = 0
+        self._used = [-1] * NCOUNTERS
+
+    def deal(self, costs, chunk: int = 1, partition: str = "largest_first") -> Deal:
+        """This rank's share of tasks 0..len(costs)-1 (iterate the result for chunks).
+        Collective in the sense that every rank must deal the same tasks in the same order."""
+        return Deal(self, list(costs), chunk, partition)
+
+    # -- counters (used by Deal) -----------------------------------------------------------
+    def take_counter(self) -> int:
+        for k in range(NCOUNTERS):
+            if self._used[k] != self.epoch:
+                self._used[k] = self.epoch
+                return k
+        self._barrier()
+        self.synced()
+        self._used[0] = self.epoch
+        return 0
+
+    def synced(self) -> None:
+        """The owner passed a barrier: every claim on every counter is complete."""
+        self.epoch += 1
+
+    def fetch_add(self, k: int, n: int, target, stats: DealStats) -> int:
+        host = 0 if target is None else target
+        if host == self.rank:
+            stats.counter_local += 1
+        else:
+            stats.counter_remote += 1
+        return int(self.counters[k].fetch_add(n, target))
+
+    def advance(self, k: int, lengths) -> None:
+        for q, n in enumerate(lengths):
+            self.bases[k][q] += n
+
+    def free(self) -> None:
+        """Collective: release the counters."""
+        for c in self.counters:
+            c.free()
+        self.counters = []

@@ -1,0 +1,91 @@
+"""Task sets: the one way a workload other than the equations runs in parallel.
+
+A :class:`TaskSet` is a list of independent tasks: per task an estimated cost, the
+blocks (or block parts) it reads, and the work. ``Context.run_tasks(task_set)`` runs it
+on whatever executor the context has:
+
+- ``serial`` / ``threads``: every task here, largest first (threads: on the pool, so
+  ``work`` must be thread-safe); the blocks a task needs are views of local tensors;
+- ``mpi-onesided``: tasks dealt by the executor's :class:`~tessera.backends.schedule.Scheduler`
+  (nxtval or steal); a task gets the remote blocks it needs one-sidedly;
+- ``mpi-collective``: a static partition run in bulk-synchronous rounds; the blocks of
+  a round travel in one all-to-all.
+
+Each task returns a float (an energy, a count, or 0.0); ``run_tasks`` returns the
+results of every task on every rank, so a caller can add them in task order and get a
+number that does not depend on who ran what. Requests are ``(tensor, key)`` or
+``(tensor, key, (axis, lo, hi))`` (rows lo..hi of one axis of the block); ``work``
+receives ``{(tensor.uid, key[, part]): block}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+def part_slice(ndim: int, part) -> tuple:
+    """The index of ``part = (axis, lo, hi)`` (rows lo..hi along one axis) in a block."""
+    axis, lo, hi = part
+    return (slice(None),) * axis + (slice(lo, hi),) + (slice(None),) * (ndim - axis - 1)
+
+
+def request_tag(request) -> tuple:
+    """The key under which a request's block is handed to ``work``."""
+    t, key, *part = request
+    return (t.uid, key) if not part or part[0] is None else (t.uid, key, part[0])
+
+
+def _no_blocks(_task: int) -> list:
+    return []
+
+
+@dataclass
+class TaskSet:
+    """Independent tasks (see the module docstring).
+
+    name: the label under which time and flops are accounted;
+    costs: an estimate per task (any unit), for the schedule;
+    work: ``work(i, blocks) -> float``;
+    need: ``need(i) -> [(tensor, key[, part])]`` the blocks task i reads;
+    chunk: tasks handed out per claim (dynamic schedules);
+    partition: static partition, ``largest_first`` or ``contiguous`` (neighbours together);
+    flops: ``flops() -> int`` this rank's flops after the run (for accounting), or None.
+    """
+
+    name: str
+    costs: Sequence[float]
+    work: Callable[[int, dict], float]
+    need: Callable[[int], list] = _no_blocks
+    chunk: int = 1
+    partition: str = "largest_first"
+    flops: Callable[[], int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+
+def local_blocks(requests) -> dict:
+    """Requests served from local tensors: views, no copies."""
+    out = {}
+    for req in requests:
+        t, key = req[0], req[1]
+        blk = t.blocks.get(key)
+        if blk is None:
+            blk = np.zeros(t.block_shape(key))
+        tag = request_tag(req)
+        out[tag] = blk if len(tag) == 2 else blk[part_slice(blk.ndim, tag[2])]
+    return out
+
+
+def run_local(executor, task_set: TaskSet) -> np.ndarray:
+    """Every task in this process, largest first, on a serial or threads executor."""
+    results = np.zeros(len(task_set))
+    order = sorted(range(len(task_set)), key=lambda i: (-task_set.costs[i], i))
+
+    def one(i):
+        results[i] = task_set.work(i, local_blocks(task_set.need(i)))
+    executor.run([(lambda i=i: one(i)) for i in order])
+    return results

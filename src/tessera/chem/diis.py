@@ -1,0 +1,68 @@
+"""Pulay's direct inversion in the iterative subspace (DIIS), for the SCF and for CCSD.
+
+P. Pulay, Chem. Phys. Lett. 73, 393 (1980); J. Comput. Chem. 3, 556 (1982). Keeps the
+last ``space`` (vector, error) pairs; the extrapolated vector is sum_i c_i v_i with the
+c_i minimising |sum_i c_i e_i| under sum_i c_i = 1 (a bordered Gram system). Vectors and
+errors are any NumPy arrays (Fock matrices, amplitude vectors). With distributed vectors
+each process passes the part it holds and ``reduce`` sums a local array of inner
+products over the processes, so every process gets the same coefficients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class DIIS:
+    """``update(vector, error)`` stores the pair and returns the extrapolated vector.
+
+    ``reduce``: sums an array of local inner products over processes (identity when the
+    vectors are whole). ``max_condition``: when set, the oldest pairs are dropped while
+    the (scaled) Gram system is worse conditioned than this; a singular system always
+    drops the oldest pair. Fewer than two pairs: the vector itself.
+    """
+
+    def __init__(self, space: int = 8, reduce=None, max_condition: float | None = None):
+        self.space = space
+        self.reduce = reduce or (lambda x: x)
+        self.max_condition = max_condition
+        self.vectors: list = []
+        self.errors: list = []
+        self.gram = np.zeros((0, 0))
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+    def update(self, vector: np.ndarray, error: np.ndarray) -> np.ndarray:
+        error = np.ravel(error)
+        self.vectors.append(vector)
+        self.errors.append(error)
+        row = self.reduce(np.array([np.dot(e, error) for e in self.errors]))
+        n_old = self.gram.shape[0]
+        gram = np.zeros((n_old + 1, n_old + 1))
+        gram[:n_old, :n_old] = self.gram
+        gram[n_old, :] = gram[:, n_old] = row
+        if len(self.vectors) > self.space:
+            self.vectors.pop(0)
+            self.errors.pop(0)
+            gram = gram[1:, 1:]
+        self.gram = gram
+        n = len(self.vectors)
+        while n >= 2:
+            b = -np.ones((n + 1, n + 1))
+            b[n, n] = 0.0
+            b[:n, :n] = gram[-n:, -n:]
+            scale = np.abs(np.diag(b[:n, :n])).max()
+            if scale > 0:                      # for conditioning; c does not change
+                b[:n, :n] /= scale
+            rhs = np.zeros(n + 1)
+            rhs[n] = -1.0
+            try:
+                c = np.linalg.solve(b, rhs)[:n]
+                if np.all(np.isfinite(c)) and (self.max_condition is None
+                                               or np.linalg.cond(b) < self.max_condition):
+                    return sum(ci * v for ci, v in zip(c, self.vectors[-n:]))
+            except np.linalg.LinAlgError:
+                pass
+            n -= 1
+        return vector
