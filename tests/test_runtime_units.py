@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tessera.errors import RuntimeLayerError
-from tessera.runtime.commlog import CommLog
+from tessera.profile.commlog import CommLog
 from tessera.runtime.distribution import assign_owners
 from tessera.runtime.layout import BlockLayout
 from tessera.runtime.options import RuntimeOptions

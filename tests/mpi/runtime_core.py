@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from tessera.backends.schedule import Scheduler
 from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, TaskCounter, World
 
@@ -221,46 +222,48 @@ def main():
 
     # ---- counters: NXTVAL and static partition + stealing --------------------------
     ntickets = 10000
-    nxt = TaskCounter("global", world=world, name="nxtval")
+    nxt_sched = Scheduler(world, "nxtval")
     world.barrier()
     t0 = time.perf_counter()
-    mine = list(nxt.iter_global(ntickets))
+    mine = [i for chunk in nxt_sched.deal([1.0] * ntickets) for i in chunk]
     t_nxt = time.perf_counter() - t0
     every = world.gather(mine)
     if rank == 0:
         allt = sorted(t for lst in every for t in lst)
         out["nxtval"] = {"n": len(allt), "exactly_once": allt == list(range(ntickets)),
                          "per_rank": [len(lst) for lst in every], "seconds": t_nxt}
-    nxt.reset()
-    again = list(nxt.iter_global(50, chunk=7))
+    again = [i for chunk in nxt_sched.deal([1.0] * 50, chunk=7) for i in chunk]   # counter reused
     every = world.gather(again)
     if rank == 0:
         allt = sorted(t for lst in every for t in lst)
         out["nxtval_reset_chunk"] = allt == list(range(50))
 
-    steal = TaskCounter("per_rank", world=world, name="steal")
-    counts = [40 + 5 * r for r in range(size)]
+    steal = Scheduler(world, "steal")
+    costs = [1.0] * sum(40 + 5 * r for r in range(size))
     slow = 1 % size
     done = []
-    for q, i in steal.iter_stealing(counts):
-        if rank == slow and size > 1:
-            time.sleep(0.004)
-        done.append((q, i))
+    deal = steal.deal(costs, partition="contiguous")
+    own_ids = set(deal.own)
+    for chunk in deal:
+        for i in chunk:
+            if rank == slow and size > 1:
+                time.sleep(0.004)
+            done.append((i in own_ids, i))
     every = world.gather(done)
-    steal.reset()
-    done2 = list(steal.iter_stealing(counts, chunk=3))
+    owns = world.gather(len(deal.own))
+    done2 = [i for chunk in steal.deal(costs, chunk=3) for i in chunk]
     every2 = world.gather(done2)
+    nxt_sched.free()
+    steal.free()
     if rank == 0:
-        expected = sorted((q, i) for q in range(size) for i in range(counts[q]))
-        got = sorted(tuple(t) for lst in every for t in lst)
-        got2 = sorted(tuple(t) for lst in every2 for t in lst)
+        expected = list(range(len(costs)))
         out["stealing"] = {
-            "exactly_once": got == expected,
-            "exactly_once_chunk3": got2 == expected,
+            "exactly_once": sorted(i for lst in every for _, i in lst) == expected,
+            "exactly_once_chunk3": sorted(i for lst in every2 for i in lst) == expected,
             "slow_rank": slow,
-            "slow_own_done": sum(1 for q, _ in every[slow] if q == slow),
-            "slow_own_count": counts[slow],
-            "stolen_by_rank": [sum(1 for q, _ in lst if q != r) for r, lst in enumerate(every)],
+            "slow_own_done": sum(1 for mine_, _ in every[slow] if mine_),
+            "slow_own_count": owns[slow],
+            "stolen_by_rank": [sum(1 for mine_, _ in lst if not mine_) for lst in every],
         }
 
     # ---- communication records of a scripted exchange ------------------------------
@@ -356,8 +359,10 @@ def main():
     expect("key_outside_grid", lambda: ga.get((9, 9, 9)))
     expect("key_wrong_ndim", lambda: ga.get((0, 0)))
     expect("sparse_put_patch_missing", lambda: sp.put_patch((0, 0), (5, 3), np.zeros((5, 3))))
+    nxt = TaskCounter("global", world=world, name="nxtval")
+    per_rank = TaskCounter("per_rank", world=world, name="steal")
     expect("global_counter_target", lambda: nxt.next(target=1 if size > 1 else 5))
-    expect("per_rank_counter_target", lambda: steal.next(target=size))
+    expect("per_rank_counter_target", lambda: per_rank.next(target=size))
     expect("bad_distribution", lambda: GlobalArray(TILING, distribution="random", world=world))
     expect("owner_out_of_range",
            lambda: GlobalArray(tiling2, keys=keys2, owners={k: size for k in keys2}, world=world))

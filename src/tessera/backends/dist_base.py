@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from tessera.backends.accounting import CommAccount
+from tessera.profile.terms import CommAccount
 from tessera.backends.distributed import TensorStore
 from tessera.errors import InputError, ShapeError
 from tessera.plan.blocktasks import add_source, hadamard_pairs

@@ -7,7 +7,7 @@ accounting). Importing this package does not initialise MPI; `World.get()` does.
 See docs/runtime.md.
 """
 
-from tessera.runtime.commlog import CommLog, CommRecord, CommSummary, OpTotal
+from tessera.profile.commlog import CommLog, CommRecord, CommSummary, OpTotal
 from tessera.runtime.counter import TaskCounter
 from tessera.runtime.distribution import assign_owners
 from tessera.runtime.global_array import GlobalArray, Handle

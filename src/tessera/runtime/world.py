@@ -32,7 +32,7 @@ import numpy as np
 
 from tessera.errors import RuntimeLayerError
 from tessera.runtime._mpi import SubarrayTypes, load_mpi
-from tessera.runtime.commlog import CommLog
+from tessera.profile.commlog import CommLog
 from tessera.runtime.group import Group, allreduce_on
 from tessera.runtime.options import ENV_GHOSTS, RuntimeOptions
 from tessera.runtime.progress import CONTROL_TAG, GhostServer, ProgressThread

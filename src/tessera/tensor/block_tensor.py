@@ -264,12 +264,6 @@ class BlockTensor:
                 t.store_block(k, b)
         return t
 
-    def scale_(self, factor: float) -> "BlockTensor":
-        for b in self.blocks.values():
-            b *= factor
-        self.version += 1
-        return self
-
     def zero_(self) -> "BlockTensor":
         if self.dist is None:
             self.blocks.clear()
@@ -277,19 +271,6 @@ class BlockTensor:
             for b in self.blocks.values():
                 b.fill(0.0)
         self.version += 1
-        return self
-
-    def axpy_(self, alpha: float, other: "BlockTensor") -> "BlockTensor":
-        """self += alpha * other (same spaces and irrep)."""
-        self._check_same(other)
-        if self.dist is None:
-            for k, b in other.blocks.items():
-                self.accumulate_block(k, b, alpha)
-        else:
-            theirs = self._partner_blocks(other)
-            for k, b in self.blocks.items():
-                b += alpha * theirs[k]
-            self.version += 1
         return self
 
     def _partner_blocks(self, other: "BlockTensor") -> dict:
