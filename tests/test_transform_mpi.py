@@ -34,6 +34,7 @@ def test_blocks_equal_serial(nranks):
     assert len(out["cases"]) == len(transform_checks.CASES)
     for name, case in out["cases"].items():
         assert case["max_error"] < TOL, (name, case["max_error"])
+        assert case["max_error_local_vs_pyscf"] < TOL, (name, case["max_error_local_vs_pyscf"])
         assert case["blocks_compared"] == case["blocks_expected"] > 0, name
         assert case["half_arrays_alive"] == 0, name
         if nranks >= 2:
@@ -66,7 +67,7 @@ def test_only_puts_move_data(nranks):
     for name, case in out["cases"].items():
         ops = case["onesided_ops"]
         assert ops["get"] == 0 and ops["acc"] == 0, (name, ops)
-        assert ops["put"] > 0, (name, ops)
+        assert ops["put"] > 0 or nranks == 1, (name, ops)     # one rank: every row is its own
 
 
 @pytest.mark.parametrize("nranks", RANKS)

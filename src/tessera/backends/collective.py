@@ -48,6 +48,7 @@ from tessera.backends.schedule import partition
 from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
 from tessera.plan.blocktasks import invert_key
+from tessera.runtime import distribution
 from tessera.runtime.distribution import default_layers, grid_shape, largest_first
 
 log = logging.getLogger("tessera.backends")
@@ -204,8 +205,12 @@ class CollectiveExecutor(DistributedExecutor):
 
     def task_order(self, task_set):
         """The static schedule, contiguous runs of near-equal cost (neighbouring tasks
-        share inputs); one task per rank per round, every rank in every round."""
-        queues = partition(task_set.costs, self.world.size, "contiguous")
+        share inputs) or the tasks' homes; one task per rank per round, every rank in
+        every round."""
+        if task_set.home is not None:
+            queues = distribution.queues(task_set.home, self.world.size)
+        else:
+            queues = partition(task_set.costs, self.world.size, "contiguous")
         mine = queues[self.world.rank]
         for k in range(max(map(len, queues), default=0)):
             yield mine[k] if k < len(mine) else None

@@ -62,6 +62,15 @@ class DistHandle:
     def accumulate(self, key, array, scale: float = 1.0) -> None:
         self.ga.acc(key, array, scale)
 
+    def put(self, key, array) -> None:
+        """Set a block wherever it lives (one-sided put; in place for an owned block)."""
+        self.ga.put(key, array)
+
+    def free(self) -> None:
+        """Collective: release the tensor's distributed memory now (not when the tensor
+        is garbage collected); the tensor must not be used afterwards."""
+        self.store.free(self)
+
     def allreduce(self, value, op: str = "sum"):
         return value if self.world.size == 1 else self.world.allreduce(value, op)
 
@@ -114,8 +123,15 @@ class TensorStore:
             ga = self._create(tensor, placement, skey)
         handle = DistHandle(self, ga, tensor.name)
         tensor.blocks = {k: ga.local_view(k) for k in ga.local_keys()}
-        weakref.finalize(tensor, self._pending.append, (skey, ga))
+        handle.release = weakref.finalize(tensor, self._pending.append, (skey, ga))
         return handle
+
+    def free(self, handle: DistHandle) -> None:
+        """Collective: free one tensor's array at once (every rank frees the same tensor
+        at the same point)."""
+        handle.release.detach()
+        self.by_eid.pop(handle.ga.eid, None)
+        handle.ga.free()
 
     def _create(self, tensor, placement, skey) -> GlobalArray:
         keys = tensor.allowed_keys()

@@ -60,12 +60,12 @@ class OneSidedExecutor(DistributedExecutor):
         super().synced()
         self.scheduler.synced()
 
-    def batches(self, costs, chunk: int = 1, partition: str = "largest_first"):
+    def batches(self, costs, chunk: int = 1, partition: str = "largest_first", home=None):
         """Lists of task indices for this rank; every task goes to exactly one rank."""
-        return self.scheduler.deal(costs, chunk, partition)
+        return self.scheduler.deal(costs, chunk, partition, home)
 
     def task_order(self, task_set):
-        for batch in self.batches(task_set.costs, task_set.chunk, task_set.partition):
+        for batch in self.batches(task_set.costs, task_set.chunk, task_set.partition, task_set.home):
             yield from batch
 
     # ---------------------------------------------------------------- block access

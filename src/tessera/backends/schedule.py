@@ -66,14 +66,17 @@ class Deal:
     """One hand-out of tasks on one rank: iterate for chunks (lists of task ids);
     ``own`` is this rank's static queue (prefetch it), ``stats`` counts what happened."""
 
-    def __init__(self, scheduler: "Scheduler", costs, chunk: int, how: str):
+    def __init__(self, scheduler: "Scheduler", costs, chunk: int, how: str, home=None):
         self.s = scheduler
         self.n = len(costs)
         self.chunk = max(1, int(chunk))
         self.stats = DealStats()
         size, me = scheduler.size, scheduler.rank
-        name = scheduler.schedule
-        if name == "nxtval" or size == 1:
+        self.schedule = "static" if home is not None else scheduler.schedule
+        if home is not None:
+            self.queues = queues(home, size)
+            self.own = self.queues[me]
+        elif self.schedule == "nxtval" or size == 1:
             self.queues = None
             self.order = sorted(range(self.n), key=lambda i: (-costs[i], i))
             self.own = self.order if size == 1 else []
@@ -83,16 +86,16 @@ class Deal:
 
     def __iter__(self):
         s = self.s
-        if s.size == 1:                                  # one rank: everything, no counter
+        if s.size == 1 and self.schedule != "static":    # one rank: everything, no counter
             for start in range(0, self.n, self.chunk):
                 yield self._got(self.order[start:start + self.chunk])
             return
-        if s.schedule == "static":
+        if self.schedule == "static":
             for start in range(0, len(self.own), self.chunk):
                 yield self._got(self.own[start:start + self.chunk])
             return
         k = s.take_counter()
-        if s.schedule == "nxtval":
+        if self.schedule == "nxtval":
             yield from self._claims(k, None, 0, self.order, self.chunk, steal=False)
         else:
             me = s.rank
@@ -155,10 +158,11 @@ class Scheduler:
         self.epoch = 0
         self._used = [-1] * NCOUNTERS
 
-    def deal(self, costs, chunk: int = 1, partition: str = "largest_first") -> Deal:
+    def deal(self, costs, chunk: int = 1, partition: str = "largest_first", home=None) -> Deal:
         """This rank's share of tasks 0..len(costs)-1 (iterate the result for chunks).
-        Collective in the sense that every rank must deal the same tasks in the same order."""
-        return Deal(self, list(costs), chunk, partition)
+        Collective in the sense that every rank must deal the same tasks in the same order.
+        ``home[i]``: the rank task i must run on (a static deal, whatever the schedule)."""
+        return Deal(self, list(costs), chunk, partition, home)
 
     # -- counters (used by Deal) -----------------------------------------------------------
     def take_counter(self) -> int:

@@ -52,7 +52,9 @@ class TaskSet:
     need: ``need(i) -> [(tensor, key[, part])]`` the blocks task i reads;
     chunk: tasks handed out per claim (dynamic schedules);
     partition: static partition, ``largest_first`` or ``contiguous`` (neighbours together);
-    flops: ``flops() -> int`` this rank's flops after the run (for accounting), or None.
+    flops: ``flops() -> int`` this rank's flops after the run (for accounting), or None;
+    home: ``home[i]`` the rank that must run task i (owner computes: its data is there),
+        or None for any rank; with homes the schedule is static, no task moves.
     """
 
     name: str
@@ -62,6 +64,7 @@ class TaskSet:
     chunk: int = 1
     partition: str = "largest_first"
     flops: Callable[[], int] | None = None
+    home: Sequence[int] | None = None
 
     def __len__(self) -> int:
         return len(self.costs)

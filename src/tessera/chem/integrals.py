@@ -3,11 +3,8 @@
 ``(pq|rs)`` classes over the active occupied (o) and virtual (v) spaces, each stored
 only at the blocks that point-group symmetry allows: oooo, ovoo, oovv, ovov, ovvv, vvvv.
 
-Serial (local tensors): PySCF's in-core ``ao2mo`` (libcint integrals, 8-fold packed);
-blocks are cut from its 4-fold packed result.
-
-Distributed (tensors created inside a distributed context): each rank computes a share of
-the AO integrals and transforms it; see ``chem/integrals_distributed.py``.
+The transformation is two task sets run on the current context (``chem/ao2mo.py``):
+one driver for local and distributed tensors alike.
 """
 
 from __future__ import annotations
@@ -15,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from pyscf import ao2mo
-
 from tessera.errors import InputError
 from tessera.tensor.block_tensor import BlockTensor, PermutationalSymmetry
 from tessera.tensor.space import IndexSpace, Tile
@@ -102,63 +97,36 @@ def class_tensor(name: str, o: IndexSpace, v: IndexSpace) -> BlockTensor:
                        symmetry=_SYMMETRY[name], placement="pairs")
 
 
-SLAB_BYTES = 64 * 2**20   # working slab of the distributed transform (see module docstring)
+SLAB_BYTES = 64 * 2**20   # working slab of the transform per thread (see chem/ao2mo.py)
 
 
 def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
-              slab_bytes: int | None = None) -> MOIntegrals:
+              slab_bytes: int | None = None, context=None) -> MOIntegrals:
     """MO integrals of the active orbitals of ``ref`` as frozen BlockTensors.
 
-    Local tensors: the MO integrals come from PySCF's in-core ``ao2mo`` in 4-fold packed
-    form (pairs p>=q); each class is cut from it one first-index tile at a time, keeping
-    only allowed blocks, so no dense four-index array of any class is ever built.
-    Distributed tensors: see the module docstring; ``slab_bytes`` (default SLAB_BYTES)
-    bounds its working arrays and is used only there. ``occ_tile`` (default ``tile``)
-    bounds the occupied tiles.
+    The tensors live on ``context``'s storage (default: the current context; spread over
+    the ranks for a distributed one) and are filled by its executor (``chem/ao2mo.py``);
+    ``slab_bytes`` (default SLAB_BYTES) bounds the working arrays per thread.
+    ``occ_tile`` (default ``tile``) bounds the occupied tiles.
     """
+    from tessera.backends.context import current_context
+    from tessera.chem.ao2mo import transform_classes
+
+    context = current_context() if context is None else context
+    if slab_bytes is None:
+        slab_bytes = SLAB_BYTES
+    if not isinstance(slab_bytes, (int, np.integer)) or isinstance(slab_bytes, bool) or slab_bytes <= 0:
+        raise InputError(f"slab_bytes must be a positive integer, got {slab_bytes!r}; "
+                         "leave it unset for the default (64 MiB)")
     o, v = make_spaces(ref.orbsym, ref.nocc, nfrozen, tile, occ_tile)
-    coeff = ref.mo_coeff[:, nfrozen:]
     nocc = ref.nocc - nfrozen
     index = {"o": o.orbitals, "v": v.orbitals + nocc}            # space position -> active MO
-    tensors = {name: class_tensor(name, o, v) for name in CLASSES}
-    eo = ref.mo_energy[nfrozen:ref.nocc]
-    ev = ref.mo_energy[ref.nocc:]
-    if any(t.dist is not None for t in tensors.values()):
-        if slab_bytes is None:
-            slab_bytes = SLAB_BYTES
-        if not isinstance(slab_bytes, (int, np.integer)) or slab_bytes <= 0:
-            raise InputError(f"slab_bytes must be a positive integer, got {slab_bytes!r}; "
-                             "leave it unset for the default (64 MiB)")
-        from tessera.chem.integrals_distributed import transform_distributed
-        stats = transform_distributed(ref.mol, np.ascontiguousarray(coeff), index, tensors,
-                                       int(slab_bytes))
-        for name, t in tensors.items():
-            tensors[name] = t.freeze()
-        return MOIntegrals(o, v, eo, ev, tensors, nfrozen, stats)
-    eri_ao = ref.mol.intor("int2e", aosym="s8")
-    packed = ao2mo.incore.full(eri_ao, coeff, compact=True)      # (npair, npair), p>=q
-    del eri_ao
-    for name in CLASSES:
-        sp = tuple(o if ch == "o" else v for ch in name)
-        t = tensors[name]
-        cols = pair_index(index[name[2]], index[name[3]]).ravel()
-        for tile0 in range(len(sp[0].tiles)):
-            rows = pair_index(index[name[0]][sp[0].slice(tile0)], index[name[1]]).ravel()
-            chunk = packed[np.ix_(rows, cols)].reshape(
-                sp[0].tiles[tile0].size, sp[1].dim, sp[2].dim, sp[3].dim)
-            for key in t.allowed_keys():
-                if key[0] == tile0:
-                    t.blocks[key] = np.ascontiguousarray(
-                        chunk[(slice(None),) + tuple(s.slice(k) for s, k in zip(sp[1:], key[1:]))])
-        tensors[name] = t.freeze()
-    return MOIntegrals(o, v, eo, ev, tensors, nfrozen)
-
-
-def pair_index(p, q) -> np.ndarray:
-    """Packed pair index of (p, q) for every p in ``p``, q in ``q`` (4-fold packing p>=q)."""
-    hi = np.maximum(p[:, None], q[None, :])
-    lo = np.minimum(p[:, None], q[None, :])
-    return hi * (hi + 1) // 2 + lo
+    with context:
+        tensors = {name: class_tensor(name, o, v) for name in CLASSES}
+        stats = transform_classes(context, ref.mol, ref.mo_coeff[:, nfrozen:], index, tensors, int(slab_bytes))
+    for t in tensors.values():
+        t.freeze()
+    return MOIntegrals(o, v, ref.mo_energy[nfrozen:ref.nocc], ref.mo_energy[ref.nocc:], tensors, nfrozen, stats)
 
 
 def denominator(spaces: tuple, energies: tuple, signs: tuple, name: str = "D") -> BlockTensor:

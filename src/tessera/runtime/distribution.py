@@ -11,8 +11,8 @@ Pure Python and deterministic: every rank computes the same map from the same in
   runs of near-equal total cost (GTFock's static partition of the task space, 1-D);
 - ``grid_shape``, ``default_layers``, ``grid_3d``: process grids of SUMMA and 2.5D;
 - ``assign_owners``: the block owner map of a GlobalArray built from the above;
-- ``block_owners``: the owner map of a distributed block tensor (placements ``balanced``
-  and ``pairs``).
+- ``block_owners``: the owner map of a distributed block tensor (placements ``balanced``,
+  ``pairs`` and ``("rows", owners)``).
 """
 
 from __future__ import annotations
@@ -238,8 +238,16 @@ def block_owners(spaces, irrep, keys, nranks: int, placement: str) -> dict:
       on rank 0;
     - ``pairs`` (integrals): groups of blocks that share their first two tiles, in
       (first, second) tile order, cut into contiguous runs of near-equal size, one per
-      rank: a first-pair slab of the AO->MO transform lives on one rank.
+      rank: a first-pair slab of the AO->MO transform lives on one rank;
+    - ``("rows", owners)``: every block of first tile i on rank ``owners[i]`` (a
+      tensor laid out to follow another's ownership).
     """
+    if isinstance(placement, tuple) and len(placement) == 2 and placement[0] == "rows":
+        rows = placement[1]
+        if len(rows) != len(spaces[0].tiles) or not all(0 <= r < nranks for r in rows):
+            raise RuntimeLayerError(f"placement 'rows' needs one rank in 0..{nranks - 1} per tile of "
+                                    f"the first space ({len(spaces[0].tiles)}), got {list(rows)}")
+        return {k: int(rows[k[0]]) for k in keys}
     if placement not in PLACEMENTS:
         raise RuntimeLayerError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)}")
     if nranks == 1:

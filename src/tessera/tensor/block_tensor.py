@@ -15,7 +15,7 @@ reached through the handle (``get_block`` fetches, ``accumulate_block`` accumula
 the owner). Reductions (``norm``, ``vdot``, ``max_abs``) sum over the processes. The
 handle is supplied by the backend; this module knows only its methods:
 ``owner(key)``, ``fetch(key)``, ``fetch_many(keys)``, ``accumulate(key, array, scale)``,
-``allreduce(value, op)``, ``sync()``, ``local_nbytes()``.
+``put(key, array)``, ``allreduce(value, op)``, ``sync()``, ``local_nbytes()``, ``free()``.
 """
 
 from __future__ import annotations
@@ -190,6 +190,23 @@ class BlockTensor:
                     "(each process fills its own), or use accumulate_block to add to a remote one.")
             view[...] = array
         self.version += 1
+
+    def put_block(self, key, array) -> None:
+        """Set a block wherever it is stored: ``store_block`` for a local tensor or an owned
+        block, a one-sided put to the owner for a block owned elsewhere."""
+        if self.dist is None or key in self.blocks:
+            self.store_block(key, array)
+        else:
+            self.dist.put(key, array)
+            self.version += 1
+
+    def release(self) -> None:
+        """Free the tensor's storage now (collective for a distributed tensor); the
+        tensor is empty afterwards and must not be used."""
+        if self.dist is not None:
+            self.dist.free()
+            self.dist = None
+        self.blocks = {}
 
     def accumulate_block(self, key, array, scale: float = 1.0) -> None:
         """blocks[key] += scale * array, creating the block when missing (no checks: hot path).

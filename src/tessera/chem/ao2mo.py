@@ -1,0 +1,248 @@
+"""The AO->MO integral transformation of ``chem.integrals`` as two task sets.
+
+One driver for every backend: the tasks run on the current context (serial, threads or
+over MPI ranks); the class tensors and the half-transformed intermediates are block
+tensors on the context's storage, so with a distributed context no rank computes or
+holds all AO integrals or a whole four-index tensor, and no data goes through one rank.
+
+1. *AO units* (task set ``transform: AO integrals``; any rank runs any unit). AO shell
+   pairs (lam >= sig) are cut into units of at most ``slab_bytes``/2 of integrals (a
+   diagonal shell pair alone). A task computes (lam sig|mu nu) for its unit and all
+   mu >= nu (libcint via ``moleintor.getints``: ``s2kl`` for off-diagonal shell pairs,
+   ``s4`` for a diagonal one, so over all units each AO pair lam >= sig is computed once:
+   the 4-fold packed set, npair^2 with npair = nao(nao+1)/2), half-transforms mu nu ->
+   p >= q over all active orbitals at once (``nr_e2``, s2), and writes the rows each
+   class needs into that class's half-transformed tensor H[(P Q) rows, unit]
+   (``put_block``: a one-sided put to the owner of the row group when distributed).
+2. *Row groups* (task set ``transform: finish``, owner computes: ``TaskSet.home``). The
+   rows of a first-pair group (P, Q) of a class live where the class tensor's (P, Q, R, S)
+   blocks live (H is laid out with placement ``("rows", owners)``); that rank finishes
+   lam sig -> r s per irrep of r (only symmetry-allowed (R, S); r >= s packed when both
+   indices run over the same orbitals) and stores the blocks.
+The H tensors are released (collective) before returning.
+
+Memory per rank, in doubles: its class blocks (~ stored total / ranks with the ``pairs``
+placement) + its rows of H, sum over classes of rows(P Q) x npair (~ (2 o^2 + 3 o v + v^2)
+npair / ranks; AO pairs carry no point-group symmetry, so with symmetry this can exceed
+the MO integrals) + per thread about ``slab_bytes`` of working arrays. Nothing scales as
+nao^4 or as a whole MO class on one of several ranks.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from pyscf import lib
+from pyscf.ao2mo import _ao2mo
+from pyscf.gto import moleintor
+
+from tessera.backends.tasks import TaskSet
+from tessera.tensor.block_tensor import BlockTensor
+from tessera.tensor.space import IndexSpace
+
+
+def pair_index(p, q) -> np.ndarray:
+    """Packed pair index of (p, q) for every p in ``p``, q in ``q`` (4-fold packing p>=q)."""
+    hi = np.maximum(p[:, None], q[None, :])
+    lo = np.minimum(p[:, None], q[None, :])
+    return hi * (hi + 1) // 2 + lo
+
+
+def ao_pair_units(ao_loc, max_cols: int) -> list:
+    """The AO integral work units: [(l, s0, s1, diagonal, ncols)].
+
+    Shell pairs (l, s), s <= l, in (l, s) order; a diagonal shell pair (s = l) is a unit
+    of its own, the others of one l are grouped into units of at most ``max_cols`` AO
+    pairs (at least one shell pair). A unit's columns are the AO pairs (lam, sig) in
+    libcint's order (lam-major; lam >= sig within a diagonal shell pair).
+    """
+    size = np.diff(np.asarray(ao_loc, dtype=np.int64))
+    units = []
+    for l in range(len(size)):
+        s0, ncols = 0, 0
+        for s in range(l):
+            cost = int(size[l] * size[s])
+            if ncols and ncols + cost > max_cols:
+                units.append((l, s0, s, False, ncols))
+                s0, ncols = s, 0
+            ncols += cost
+        if ncols:
+            units.append((l, s0, l, False, ncols))
+        units.append((l, l, l + 1, True, int(size[l] * (size[l] + 1) // 2)))
+    return units
+
+
+def _unit_tril(ao_loc, unit) -> np.ndarray:
+    """Packed AO-pair index lam(lam+1)/2 + sig of each column of a unit."""
+    l, s0, s1, diag, _ = unit
+    a0, a1 = int(ao_loc[l]), int(ao_loc[l + 1])
+    if diag:
+        lam, sig = np.tril_indices(a1 - a0)
+        lam, sig = lam + a0, sig + a0
+    else:
+        lam = np.repeat(np.arange(a0, a1), ao_loc[s1] - ao_loc[s0])
+        sig = np.tile(np.arange(ao_loc[s0], ao_loc[s1]), a1 - a0)
+    return lam * (lam + 1) // 2 + sig
+
+
+class _Half:
+    """The half-transformed rows of one class: H[(P Q) row group, unit]."""
+
+    def __init__(self, name, t, index, units_space):
+        groups: dict = {}
+        for key in t.allowed_keys():
+            groups.setdefault(key[:2], []).append(key)
+        self.name, self.t, self.gkeys = name, t, sorted(groups)
+        self.groups = [groups[g] for g in self.gkeys]
+        sp = t.spaces
+        self.rows = np.concatenate([pair_index(index[name[0]][sp[0].slice(P)],
+                                               index[name[1]][sp[1].slice(Q)]).ravel()
+                                    for P, Q in self.gkeys]) if self.gkeys else np.zeros(0, np.int64)
+        sizes = [sp[0].tiles[P].size * sp[1].tiles[Q].size for P, Q in self.gkeys]
+        self.bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        self.home = tuple(t.dist.owner(keys[0]) if t.dist is not None else 0 for keys in self.groups)
+        self.H = BlockTensor((IndexSpace.uniform(f"rows-{name}", sizes), units_space), 0,
+                             name=f"half-{name}", placement=("rows", self.home))
+
+
+class ClassTransform:
+    """Both task sets of one transformation (module docstring) and their counts."""
+
+    def __init__(self, mol, coeff, index, tensors, slab_bytes: int, nranks: int):
+        self.mol, self.coeff, self.index = mol, coeff, index
+        nao, self.nact = coeff.shape
+        self.npair = npair = nao * (nao + 1) // 2
+        self.nact_pair = self.nact * (self.nact + 1) // 2
+        self.intor = mol._add_suffix("int2e")
+        self.ao_loc = moleintor.make_loc(mol._bas, self.intor)
+        # units of at most slab/2 bytes, and enough of them to spread over the ranks
+        max_cols = max(1, min(slab_bytes // (16 * npair), npair // (4 * nranks)))
+        self.units = ao_pair_units(self.ao_loc, max_cols)
+        col_tril = np.concatenate([_unit_tril(self.ao_loc, u) for u in self.units])
+        self.col_of_tril = np.empty(npair, dtype=np.int64)
+        self.col_of_tril[col_tril] = np.arange(npair)                 # tril order -> column
+        units_space = IndexSpace.uniform("ao-pairs", [u[4] for u in self.units])
+        self.halves = [_Half(name, t, index, units_space) for name, t in tensors.items()
+                       if t.allowed_keys()]
+        self.row_chunk = max(1, slab_bytes // (16 * npair))
+        self.cintopt = moleintor.make_cintopt(mol._atm, mol._bas, mol._env, self.intor)
+        self.local = threading.local()              # per-thread scratch buffers
+        self.lock = threading.Lock()
+        self.computed = self.columns = 0            # this rank's AO integrals and AO-pair columns
+
+    def scratch(self, name: str, shape: tuple) -> np.ndarray:
+        bufs = self.local.__dict__.setdefault("bufs", {})
+        size = int(np.prod(shape))
+        buf = bufs.get(name)
+        if buf is None or buf.size < size:
+            buf = bufs[name] = np.empty(size)
+        return buf[:size].reshape(shape)
+
+    # -- task set 1: AO integrals of one unit, half-transformed, rows to their owners -------
+    def ao_tasks(self) -> TaskSet:
+        return TaskSet("transform: AO integrals", [u[4] for u in self.units], self.ao_unit)
+
+    def ao_unit(self, i: int, _blocks) -> float:
+        l, s0, s1, diag, n = self.units[i]
+        mol = self.mol
+        ao = moleintor.getints(self.intor, mol._atm, mol._bas, mol._env,
+                               (l, l + 1, s0, s1, 0, mol.nbas, 0, mol.nbas),
+                               aosym="s4" if diag else "s2kl", cintopt=self.cintopt).reshape(n, self.npair)
+        half = _ao2mo.nr_e2(ao, self.coeff, (0, self.nact, 0, self.nact), "s2kl", "s2",
+                            out=self.scratch("half", (n, self.nact_pair)))
+        with self.lock:
+            self.computed += ao.size
+            self.columns += n
+        del ao
+        half_t = lib.transpose(half, out=self.scratch("half_t", (self.nact_pair, n)))
+        for h in self.halves:
+            rows = np.take(half_t, h.rows, axis=0, mode="clip")
+            for g in range(len(h.groups)):
+                h.H.put_block((g, i), rows[h.bounds[g]:h.bounds[g + 1]])
+        return 0.0
+
+    # -- task set 2: finish the row groups where they live ------------------------------
+    def finish_tasks(self) -> TaskSet:
+        self.work = [(h, g) for h in self.halves for g in range(len(h.groups))]
+        costs = [(h.bounds[g + 1] - h.bounds[g]) * self.npair for h, g in self.work]
+        return TaskSet("transform: finish", costs, self.finish_group,
+                       home=[h.home[g] for h, g in self.work])
+
+    def finish_group(self, j: int, _blocks) -> float:
+        """(P Q | lam sig) rows of one first-pair group -> its blocks (P Q | R S)."""
+        h, g = self.work[j]
+        t, keys, name = h.t, h.groups[g], h.name
+        sp = t.spaces
+        npq = int(h.bounds[g + 1] - h.bounds[g])
+        parts = [h.H.blocks[(g, u)] for u in range(len(self.units))]
+        cz, cw = self.coeff[:, self.index[name[2]]], self.coeff[:, self.index[name[3]]]
+        same_space = name[2] == name[3]
+        by_irrep: dict = {}
+        for key in keys:
+            by_irrep.setdefault((sp[2].tiles[key[2]].irrep, sp[3].tiles[key[3]].irrep), []).append(key)
+        spans = [_irrep_spans(sp[2]), _irrep_spans(sp[3])]
+        out = {key: np.empty((npq,) + t.block_shape(key)[2:]) for key in keys}
+        for r0 in range(0, npq, self.row_chunk):
+            r1 = min(r0 + self.row_chunk, npq)
+            cols = np.concatenate([p[r0:r1] for p in parts], axis=1, out=self.scratch("cols", (r1 - r0, self.npair)))
+            tril = np.take(cols, self.col_of_tril, axis=1, mode="clip",        # AO pairs, packed order
+                           out=self.scratch("tril", (r1 - r0, self.npair)))
+            for (hz, hw), hkeys in by_irrep.items():
+                z0, z1 = spans[0][hz]
+                w0, w1 = spans[1][hw]
+                if same_space and (z0, z1) == (w0, w1):
+                    n = z1 - z0
+                    res = _ao2mo.nr_e2(tril, cz[:, z0:z1], (0, n, 0, n), "s2kl", "s2",
+                                       out=self.scratch("res", (r1 - r0, n * (n + 1) // 2)))
+                    for key in hkeys:
+                        rs = pair_index(np.arange(*_rel(sp[2], key[2], z0)), np.arange(*_rel(sp[3], key[3], z0)))
+                        out[key][r0:r1] = res[:, rs.ravel()].reshape((r1 - r0,) + rs.shape)
+                else:
+                    nz, nw = z1 - z0, w1 - w0
+                    res = _ao2mo.nr_e2(tril, np.hstack([cz[:, z0:z1], cw[:, w0:w1]]), (0, nz, nz, nz + nw),
+                                       "s2kl", "s1", out=self.scratch("res", (r1 - r0, nz * nw)))
+                    res = res.reshape(r1 - r0, nz, nw)
+                    for key in hkeys:
+                        out[key][r0:r1] = res[:, slice(*_rel(sp[2], key[2], z0)), slice(*_rel(sp[3], key[3], w0))]
+        for key, blk in out.items():
+            t.store_block(key, blk.reshape(t.block_shape(key)))
+        return 0.0
+
+
+def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int) -> dict:
+    """Fill the class tensors (local or distributed) on ``context``; collective under MPI.
+    Returns this rank's counts: AO integrals computed, AO-pair columns, bytes of
+    half-transformed rows held."""
+    ranks = context.ranks
+    job = ClassTransform(mol, np.ascontiguousarray(coeff), index, tensors, slab_bytes, ranks.size)
+    context.run_tasks(job.ao_tasks())
+    held = 0
+    for h in job.halves:
+        if h.H.dist is not None:
+            h.H.dist.sync()
+        held += h.H.local_nbytes
+    context.run_tasks(job.finish_tasks())
+    for h in job.halves:
+        h.H.release()
+    for t in tensors.values():
+        if t.dist is not None:
+            t.dist.sync()
+    return {"ao_integrals_computed": int(job.computed), "ao_integrals_total": int(job.npair ** 2),
+            "ao_pair_columns": int(job.columns), "ao_pairs": int(job.npair),
+            "half_bytes_held": int(held), "ranks": int(ranks.size)}
+
+
+def _irrep_spans(space) -> dict:
+    """{irrep: (first, stop)} positions spanning the tiles of each irrep."""
+    spans: dict = {}
+    for tl in space.tiles:
+        lo, hi = spans.get(tl.irrep, (tl.offset, tl.offset + tl.size))
+        spans[tl.irrep] = (min(lo, tl.offset), max(hi, tl.offset + tl.size))
+    return spans
+
+
+def _rel(space, tile: int, start: int) -> tuple:
+    """(first, stop) of a tile's positions relative to ``start``."""
+    s = space.slice(tile)
+    return s.start - start, s.stop - start
