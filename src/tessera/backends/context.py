@@ -41,6 +41,7 @@ class Context:
         self.flops = 0
         self._tokens: list = []
         self.distributed = bool(getattr(self.executor, "distributed", False))
+        self.deal_stats = None      # DealStats of the last run_tasks on this rank (see run_tasks)
 
     @property
     def ranks(self) -> "Ranks":
@@ -76,11 +77,15 @@ class Context:
     def run_tasks(self, task_set):
         """Run a :class:`~tessera.backends.tasks.TaskSet` on this context's executor;
         returns every task's result (on every rank). Time and flops are recorded under
-        ``task_set.name``."""
+        ``task_set.name``. ``self.deal_stats``: this rank's
+        :class:`~tessera.backends.schedule.DealStats` of the run when the executor dealt it
+        through a Scheduler (``mpi-onesided``), else None."""
         t0 = time.perf_counter()
+        self.deal_stats = None
         with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
             if self.distributed:
                 results = self.executor.run_tasks(task_set)
+                self.deal_stats = getattr(self.executor, "deal_stats", None)
             else:
                 results = run_local(self.executor, task_set)
         self.record(task_set.name, time.perf_counter() - t0, task_set.flops() if task_set.flops else 0)

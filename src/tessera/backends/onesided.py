@@ -51,6 +51,8 @@ class OneSidedExecutor(DistributedExecutor):
         self.variant, self.schedule = variant, schedule
         self.cache_bytes = int(cache_mb) << 20
         self.scheduler = Scheduler(self.world, schedule, barrier=self.barrier)
+        self._schedulers = {schedule: self.scheduler}   # schedule name -> Scheduler
+        self.deal_stats = None        # DealStats of the last task set's deal on this rank
         self._inverted: dict = {}
 
     def describe(self) -> dict:
@@ -58,14 +60,32 @@ class OneSidedExecutor(DistributedExecutor):
 
     def synced(self) -> None:
         super().synced()
-        self.scheduler.synced()
+        for s in self._schedulers.values():
+            s.synced()
+
+    def close(self) -> None:
+        if not self.closed:
+            for s in self._schedulers.values():
+                s.free()
+        super().close()
 
     def batches(self, costs, chunk: int = 1, partition: str = "largest_first"):
         """Lists of task indices for this rank; every task goes to exactly one rank."""
         return self.scheduler.deal(costs, chunk, partition)
 
+    def scheduler_for(self, schedule: str | None) -> Scheduler:
+        """The Scheduler of ``schedule`` (None: the executor's), created on first use:
+        collective, like every task set, which all ranks run in the same order."""
+        name = schedule or self.schedule
+        if name not in self._schedulers:
+            self._schedulers[name] = Scheduler(self.world, name, barrier=self.barrier)
+        return self._schedulers[name]
+
     def task_order(self, task_set):
-        for batch in self.batches(task_set.costs, task_set.chunk, task_set.partition):
+        deal = self.scheduler_for(task_set.schedule).deal(task_set.costs, task_set.chunk,
+                                                          task_set.partition)
+        self.deal_stats = deal.stats
+        for batch in deal:
             yield from batch
 
     # ---------------------------------------------------------------- block access
