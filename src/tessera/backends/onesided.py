@@ -9,6 +9,9 @@ Schedules (who runs which task; ``backends.schedule``):
 - ``nxtval``: a global counter hands out tasks, largest estimated cost first;
 - ``steal``: a static partition by estimated cost (largest first), then each rank
   drains its own queue and steals half of what another rank has left.
+A TaskSet that names a schedule (``TaskSet.schedule``, static too) is dealt by a
+Scheduler kept for that schedule (created on first use, collectively); the last deal's
+``DealStats`` are in ``deal_stats``.
 
 Loop orders (how blocks travel), as in TCE:
 - ``original``: per output block, get both inputs of every contributing product, GEMM
