@@ -64,17 +64,19 @@ def build(name: str, basis: str):
 
 # -- worker: runs under mpiexec -------------------------------------------------------
 def worker(args) -> None:
+    from tessera.backends.context import Context
     from tessera.chem.scf import rhf
     from tessera.runtime import World
 
     world = World.get()
+    ctx = Context("mpi-onesided")
     mol = build(args.molecule, args.basis)
     out = {}
     for schedule in args.schedules.split(","):
         world.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         ref = rhf(mol, schedule=schedule, screening=SCREENING, conv_tol=CONV_TOL,
-                  world=world)
+                  context=ctx)
         wall = time.perf_counter() - t0
         cpu = sum(world.allgather(time.process_time() - c0))
         info = ref.info
@@ -87,8 +89,9 @@ def worker(args) -> None:
             "nblocks": info["nblocks"], "shell_quartets": info["shell_quartets"],
             "shell_quartets_skipped": info["shell_quartets_skipped"],
             "busy_cpu_s": info["busy_cpu_s"], "imbalance_cpu": info["imbalance_cpu"],
-            "comm_s": [r["comm_s"] for r in info["per_rank"]],
+            "reduce_s": [r["reduce_s"] for r in info["per_rank"]],
         }
+    ctx.close()
     if world.rank == 0:
         print(json.dumps({"nranks": world.size, "runs": out}), flush=True)
 

@@ -28,7 +28,7 @@ from pyscf.data import elements
 from pyscf.scf import hf_symm
 
 from tessera.backends.context import Context
-from tessera.backends.registry import available_cores
+from tessera.backends.local import available_cores
 from tessera.chem.integrals import transform
 from tessera.chem.reference import Reference
 from tessera.chem.triples import triples_correction

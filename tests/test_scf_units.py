@@ -1,7 +1,7 @@
 """Serial parts of Tessera's RHF (no MPI): shell blocks, block integrals, Schwarz bounds,
-the task list with 8-fold symmetry and screening, the block J/K kernel, the static
-partition, the stealing dispenser, DIIS and symmetry-adapted diagonalisation.  Reference
-values come from PySCF computed here."""
+the task list with 8-fold symmetry and screening, the block J/K kernel, DIIS,
+symmetry-adapted diagonalisation, and the whole RHF on serial and threads contexts (the
+Fock build as a task set).  Reference values come from PySCF computed here."""
 
 from pathlib import Path
 
@@ -169,6 +169,27 @@ def test_symmetry_labels_equal_pyscf():
     linear = gto.M(atom="N 0 0 0; N 0 0 1.1", basis="sto-3g", symmetry=True, verbose=0)
     with pytest.raises(InputError, match="not Abelian"):
         symmetry_basis(linear)
+
+
+@pytest.mark.parametrize("backend", ["serial", "threads"])
+def test_rhf_on_local_contexts_equals_pyscf(backend):
+    """Every task runs once per build in one process; incore replays the first build."""
+    from tessera.backends.context import Context
+    from tessera.chem.scf import rhf
+
+    mol = molecule("water.xyz", "6-31g", symmetry=True)
+    mf = scf.RHF(mol)
+    mf.verbose, mf.conv_tol = 0, 1e-12
+    e = mf.kernel()
+    ctx = Context(backend)
+    with ctx:
+        for mode in ("direct", "incore"):
+            ref = rhf(mol, mode=mode)
+            info = ref.info
+            assert abs(ref.e_hf - e) < 1e-9, (backend, mode)
+            assert info["tasks_executed"] == [info["tasks_total"] * info["fock_builds"]]
+            assert info["counter_ops"]["local"] == info["counter_ops"]["remote"] == 0
+    ctx.close()
 
 
 def test_input_errors_before_any_work():

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 from pyscf import gto
 
+from tessera.backends.context import Context
 from tessera.chem.scf import rhf
 from tessera.errors import TesseraError
-from tessera.runtime import World
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -42,27 +42,27 @@ def fingerprint(ref):
     return h.hexdigest()
 
 
-def summary(world, ref, seconds):
+def summary(ctx, ref, seconds):
     return {
         "e_hf": ref.e_hf, "e_nuc": ref.e_nuc, "iterations": ref.iterations,
         "converged": ref.converged, "source": ref.source, "nocc": ref.nocc,
         "point_group": ref.point_group,
         "irrep_names": {str(k): v for k, v in ref.irrep_names.items()},
         "mo_energy": ref.mo_energy.tolist(), "orbsym": ref.orbsym.tolist(),
-        "same_on_all_ranks": len(set(world.allgather(fingerprint(ref)))) == 1,
+        "same_on_all_ranks": len(set(ctx.ranks.allgather(fingerprint(ref)))) == 1,
         "seconds": seconds,
         **{k: ref.info[k] for k in ("schedule", "mode", "screening", "nranks", "imbalance",
-                                    "busy_s", "tasks_executed", "tasks_stolen",
+                                    "busy_s", "tasks_executed", "tasks_stolen", "steals",
                                     "counter_ops", "shell_quartets",
                                     "shell_quartets_skipped", "block_quartets_skipped",
                                     "tasks_total", "fock_builds")},
     }
 
 
-def run(world, name, **kw):
+def run(ctx, name, **kw):
     t0 = time.perf_counter()
-    ref = rhf(build(name), world=world, **kw)
-    return summary(world, ref, time.perf_counter() - t0)
+    ref = rhf(build(name), context=ctx, **kw)
+    return summary(ctx, ref, time.perf_counter() - t0)
 
 
 def error_of(fn):
@@ -78,33 +78,41 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--extras", action="store_true")
     args = ap.parse_args()
-    world = World.get()
-    out = {"nranks": world.size, "runs": {}}
+    ctx = Context("mpi-onesided")
+    with ctx:
+        out = checks(ctx, args.extras)
+    ctx.close()
+    if ctx.ranks.rank == 0:
+        print(json.dumps(out), flush=True)
+
+
+def checks(ctx, extras):
+    size = ctx.ranks.size
+    out = {"nranks": size, "runs": {}}
     for name in MOLECULES:
         for schedule in SCHEDULES:
-            out["runs"][f"{name}/{schedule}"] = run(world, name, schedule=schedule)
-    if args.extras:
-        out["benzene_no_screening"] = run(world, "benzene", schedule="steal", screening=0.0)
-        out["water_incore"] = {s: run(world, "water", schedule=s, mode="incore")
+            out["runs"][f"{name}/{schedule}"] = run(ctx, name, schedule=schedule)
+    if extras:
+        out["benzene_no_screening"] = run(ctx, "benzene", schedule="steal", screening=0.0)
+        out["water_incore"] = {s: run(ctx, "water", schedule=s, mode="incore")
                                for s in SCHEDULES}
         mol = build("water")
-        if world.size > 1:
+        if size > 1:
             # all ranks together fit (budget x ranks = total), but the static partition
             # balances cost, not bytes, so some rank holds more than total / ranks
             from tessera.chem.scf.fock import FockBuilder
-            fb = FockBuilder(mol, world, schedule="static", mode="direct")
+            fb = FockBuilder(mol, ctx, schedule="static", mode="direct")
             total_mb = fb.incore_bytes_total / 1e6
             fb.free()
             out["incore_total_mb"] = total_mb
             out["incore_budget_error"] = error_of(lambda: rhf(
-                mol, world=world, schedule="static", mode="incore",
-                max_memory_mb=total_mb / world.size * (1 + 1e-9)))
+                mol, context=ctx, schedule="static", mode="incore",
+                max_memory_mb=total_mb / size * (1 + 1e-9)))
         out["incore_total_error"] = error_of(
-            lambda: rhf(mol, world=world, mode="incore", max_memory_mb=1e-4))
+            lambda: rhf(mol, context=ctx, mode="incore", max_memory_mb=1e-4))
         out["convergence_error"] = error_of(
-            lambda: rhf(build("n2"), world=world, max_iter=3))
-    if world.rank == 0:
-        print(json.dumps(out), flush=True)
+            lambda: rhf(build("n2"), context=ctx, max_iter=3))
+    return out
 
 
 if __name__ == "__main__":

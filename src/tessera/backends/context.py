@@ -18,15 +18,38 @@ from collections import OrderedDict
 from threadpoolctl import threadpool_limits
 
 from tessera.backends import blockops
-from tessera.backends.registry import DEFAULT_BACKEND, make_executor, runs_distributed
+from tessera.backends.registry import (BACKENDS, DEFAULT_BACKEND, LOCAL_BACKENDS, check_options,
+                                       launched_ranks, resolve_auto, runs_distributed)
 from tessera.backends.tasks import run_local
-from tessera.errors import TesseraError
+from tessera.errors import InputError, TesseraError
 from tessera.expr import terms
 from tessera.plan.planner import plan_updates
 from tessera.tensor.block_tensor import reset_storage, use_storage
 
 _current: contextvars.ContextVar = contextvars.ContextVar("tessera_context", default=None)
 _default = None
+
+
+def make_executor(name: str, **options):
+    """The executor of backend ``name`` (options not given are left to its defaults)."""
+    options = {k: v for k, v in options.items() if v is not None}
+    if name not in BACKENDS:
+        raise InputError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    if name == "auto":
+        name, options = resolve_auto(launched_ranks(), **options)
+    if name in LOCAL_BACKENDS:
+        bad = sorted(set(options) - ({"workers"} if name == "threads" else set()))
+        if bad:
+            raise InputError(f"backend {name!r} takes no option {', '.join(bad)}; variants, schedules "
+                             "and caches belong to the MPI backends (mpi-onesided, mpi-collective)")
+        from tessera.backends.local import SerialExecutor, ThreadsExecutor
+        return SerialExecutor() if name == "serial" else ThreadsExecutor(**options)
+    check_options(name, options.get("variant"), options.get("schedule"), ranks=max(2, launched_ranks()))
+    if name == "mpi-onesided":
+        from tessera.backends.onesided import OneSidedExecutor
+        return OneSidedExecutor(**options)
+    from tessera.backends.collective import CollectiveExecutor
+    return CollectiveExecutor(**options)
 
 
 class Context:
@@ -41,6 +64,7 @@ class Context:
         self.flops = 0
         self._tokens: list = []
         self.distributed = bool(getattr(self.executor, "distributed", False))
+        self.deal_stats = None      # DealStats of the last run_tasks on this rank (see run_tasks)
 
     @property
     def ranks(self) -> "Ranks":
@@ -76,11 +100,15 @@ class Context:
     def run_tasks(self, task_set):
         """Run a :class:`~tessera.backends.tasks.TaskSet` on this context's executor;
         returns every task's result (on every rank). Time and flops are recorded under
-        ``task_set.name``."""
+        ``task_set.name``. ``self.deal_stats``: this rank's
+        :class:`~tessera.backends.schedule.DealStats` of the run when the executor dealt it
+        through a Scheduler (``mpi-onesided``), else None."""
         t0 = time.perf_counter()
+        self.deal_stats = None
         with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
             if self.distributed:
                 results = self.executor.run_tasks(task_set)
+                self.deal_stats = getattr(self.executor, "deal_stats", None)
             else:
                 results = run_local(self.executor, task_set)
         self.record(task_set.name, time.perf_counter() - t0, task_set.flops() if task_set.flops else 0)

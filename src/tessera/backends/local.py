@@ -8,10 +8,17 @@ Executors are made by name in ``registry``.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
-from tessera.backends.registry import available_cores
 from tessera.errors import InputError
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 class SerialExecutor:

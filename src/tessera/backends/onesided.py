@@ -9,6 +9,9 @@ Schedules (who runs which task; ``backends.schedule``):
 - ``nxtval``: a global counter hands out tasks, largest estimated cost first;
 - ``steal``: a static partition by estimated cost (largest first), then each rank
   drains its own queue and steals half of what another rank has left.
+A TaskSet that names a schedule (``TaskSet.schedule``, static too) is dealt by a
+Scheduler kept for that schedule (created on first use, collectively); the last deal's
+``DealStats`` are in ``deal_stats``.
 
 Loop orders (how blocks travel), as in TCE:
 - ``original``: per output block, get both inputs of every contributing product, GEMM
@@ -51,6 +54,8 @@ class OneSidedExecutor(DistributedExecutor):
         self.variant, self.schedule = variant, schedule
         self.cache_bytes = int(cache_mb) << 20
         self.scheduler = Scheduler(self.world, schedule, barrier=self.barrier)
+        self._schedulers = {schedule: self.scheduler}   # schedule name -> Scheduler
+        self.deal_stats = None        # DealStats of the last task set's deal on this rank
         self._inverted: dict = {}
 
     def describe(self) -> dict:
@@ -58,14 +63,32 @@ class OneSidedExecutor(DistributedExecutor):
 
     def synced(self) -> None:
         super().synced()
-        self.scheduler.synced()
+        for s in self._schedulers.values():
+            s.synced()
+
+    def close(self) -> None:
+        if not self.closed:
+            for s in self._schedulers.values():
+                s.free()
+        super().close()
 
     def batches(self, costs, chunk: int = 1, partition: str = "largest_first", home=None):
         """Lists of task indices for this rank; every task goes to exactly one rank."""
         return self.scheduler.deal(costs, chunk, partition, home)
 
+    def scheduler_for(self, schedule: str | None) -> Scheduler:
+        """The Scheduler of ``schedule`` (None: the executor's), created on first use:
+        collective, like every task set, which all ranks run in the same order."""
+        name = schedule or self.schedule
+        if name not in self._schedulers:
+            self._schedulers[name] = Scheduler(self.world, name, barrier=self.barrier)
+        return self._schedulers[name]
+
     def task_order(self, task_set):
-        for batch in self.batches(task_set.costs, task_set.chunk, task_set.partition, task_set.home):
+        deal = self.scheduler_for(task_set.schedule).deal(task_set.costs, task_set.chunk,
+                                                          task_set.partition, task_set.home)
+        self.deal_stats = deal.stats
+        for batch in deal:
             yield from batch
 
     # ---------------------------------------------------------------- block access

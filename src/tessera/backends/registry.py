@@ -1,7 +1,7 @@
 """Every backend, variant and schedule name, their defaults and option checks, once.
 
 The CLI, ``RunOptions`` and ``Context`` all call :func:`check_options`; executors are
-made by :func:`make_executor`, which imports an MPI executor only when it is chosen.
+made by ``context.make_executor``, which imports an MPI executor only when it is chosen.
 
 - backends: ``auto`` (default: ``threads`` in one process, a cost-model choice under
   mpiexec with several ranks), ``serial``, ``threads``, ``mpi-onesided``, ``mpi-collective``;
@@ -27,13 +27,6 @@ DEFAULT_VARIANT = {"mpi-onesided": "cached", "mpi-collective": "summa"}
 SCHEDULES = ("static", "nxtval", "steal")
 EXECUTOR_SCHEDULES = {"mpi-onesided": ("nxtval", "steal")}
 DEFAULT_SCHEDULE = "nxtval"
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def launched_ranks() -> int:
@@ -120,25 +113,3 @@ def resolve_auto(nranks: int, variant=None, schedule=None, **options) -> tuple:
     if backend == "mpi-onesided":
         opts["schedule"] = schedule or DEFAULT_SCHEDULE
     return backend, opts
-
-
-def make_executor(name: str, **options):
-    """The executor of backend ``name`` (options not given are left to its defaults)."""
-    options = {k: v for k, v in options.items() if v is not None}
-    if name not in BACKENDS:
-        raise InputError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
-    if name == "auto":
-        name, options = resolve_auto(launched_ranks(), **options)
-    if name in LOCAL_BACKENDS:
-        bad = sorted(set(options) - ({"workers"} if name == "threads" else set()))
-        if bad:
-            raise InputError(f"backend {name!r} takes no option {', '.join(bad)}; variants, schedules "
-                             "and caches belong to the MPI backends (mpi-onesided, mpi-collective)")
-        from tessera.backends.local import SerialExecutor, ThreadsExecutor
-        return SerialExecutor() if name == "serial" else ThreadsExecutor(**options)
-    check_options(name, options.get("variant"), options.get("schedule"), ranks=max(2, launched_ranks()))
-    if name == "mpi-onesided":
-        from tessera.backends.onesided import OneSidedExecutor
-        return OneSidedExecutor(**options)
-    from tessera.backends.collective import CollectiveExecutor
-    return CollectiveExecutor(**options)

@@ -6,8 +6,10 @@ on whatever executor the context has:
 
 - ``serial`` / ``threads``: every task here, largest first (threads: on the pool, so
   ``work`` must be thread-safe); the blocks a task needs are views of local tensors;
-- ``mpi-onesided``: tasks dealt by the executor's :class:`~tessera.backends.schedule.Scheduler`
-  (nxtval or steal); a task gets the remote blocks it needs one-sidedly;
+- ``mpi-onesided``: tasks dealt by a :class:`~tessera.backends.schedule.Scheduler`, the
+  executor's own or, when ``task_set.schedule`` names one, one kept for that schedule
+  (static, nxtval or steal); a task gets the remote blocks it needs one-sidedly; the
+  deal's :class:`~tessera.backends.schedule.DealStats` end up in ``Context.deal_stats``;
 - ``mpi-collective``: a static partition run in bulk-synchronous rounds; the blocks of
   a round travel in one all-to-all.
 
@@ -52,6 +54,9 @@ class TaskSet:
     need: ``need(i) -> [(tensor, key[, part])]`` the blocks task i reads;
     chunk: tasks handed out per claim (dynamic schedules);
     partition: static partition, ``largest_first`` or ``contiguous`` (neighbours together);
+    schedule: static | nxtval | steal for this task set under ``mpi-onesided`` (None: the
+    executor's schedule); ``mpi-collective`` always runs static rounds, serial and
+    threads run every task here;
     flops: ``flops() -> int`` this rank's flops after the run (for accounting), or None;
     home: ``home[i]`` the rank that must run task i (owner computes: its data is there),
         or None for any rank; with homes the schedule is static, no task moves.
@@ -63,6 +68,7 @@ class TaskSet:
     need: Callable[[int], list] = _no_blocks
     chunk: int = 1
     partition: str = "largest_first"
+    schedule: str | None = None
     flops: Callable[[], int] | None = None
     home: Sequence[int] | None = None
 

@@ -5,7 +5,8 @@ over MPI ranks); the class tensors and the half-transformed intermediates are bl
 tensors on the context's storage, so with a distributed context no rank computes or
 holds all AO integrals or a whole four-index tensor, and no data goes through one rank.
 
-1. *AO units* (task set ``transform: AO integrals``; any rank runs any unit). AO shell
+1. *AO units* (task set ``transform: AO integrals``, statically balanced by their exact
+   cost under MPI; a unit's rows go wherever their owners are). AO shell
    pairs (lam >= sig) are cut into units of at most ``slab_bytes``/2 of integrals (a
    diagonal shell pair alone). A task computes (lam sig|mu nu) for its unit and all
    mu >= nu (libcint via ``moleintor.getints``: ``s2kl`` for off-diagonal shell pairs,
@@ -141,7 +142,8 @@ class ClassTransform:
 
     # -- task set 1: AO integrals of one unit, half-transformed, rows to their owners -------
     def ao_tasks(self) -> TaskSet:
-        return TaskSet("transform: AO integrals", [u[4] for u in self.units], self.ao_unit)
+        return TaskSet("transform: AO integrals", [u[4] for u in self.units], self.ao_unit,
+                       schedule="static")          # costs are exact: a balanced split needs no counter
 
     def ao_unit(self, i: int, _blocks) -> float:
         l, s0, s1, diag, n = self.units[i]

@@ -132,6 +132,13 @@ class IterationStructure:
     tiles: dict
 
 
+def _structural(t):
+    """``t`` with every allowed block present as a read-only zero of no memory (a
+    zero-stride view): what a run stores, for planning without data."""
+    t.blocks = {k: np.broadcast_to(np.float64(0.0), t.block_shape(k)) for k in t.allowed_keys()}
+    return t
+
+
 class CCSDStructure:
     """``structure(tile, occ_tile)`` for ``backends.auto.decide``: the CCSD iteration of
     orbitals with irreps ``orbsym`` (``nocc`` occupied, ``nfrozen`` of them frozen)."""
@@ -147,9 +154,9 @@ class CCSDStructure:
         o, v = make_spaces(self.orbsym, self._nocc_all, self.nfrozen, tile, occ_tile)
         ctx = PlanningContext()
         with ctx:
-            tensors = {name: class_tensor(name, o, v) for name in CLASSES}
+            tensors = {name: _structural(class_tensor(name, o, v)) for name in CLASSES}
             ints = MOIntegrals(o, v, np.zeros(o.dim), np.zeros(v.dim), tensors, self.nfrozen)
-            t1, t2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
+            t1, t2 = _structural(eq.new(ints, "ov", "t1")), _structural(eq.new(ints, "oovv", "t2"))
             eq.residual(ints, t1, t2)
         return IterationStructure(o, v, ctx.plans, [t2, *tensors.values()],
                                   {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]})

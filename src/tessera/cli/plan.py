@@ -1,11 +1,12 @@
-"""``tessera plan``: the block tasks, flops, bytes and memory of one CCSD iteration."""
+"""``tessera plan``: the block tasks, flops, bytes and memory of one CCSD iteration,
+from structure only: the orbitals per irrep of the initial guess, no SCF, no integrals."""
 
 from __future__ import annotations
 
 from tessera.chem.ccsd import CCSDStructure
 from tessera.chem.job import frozen_core_orbitals
 from tessera.chem.molecule import Molecule
-from tessera.chem.pyscf_reference import rhf_reference
+from tessera.chem.scf.driver import guess_orbitals
 
 
 def print_plan(options, rank: int = 0) -> None:
@@ -17,11 +18,11 @@ def print_plan(options, rank: int = 0) -> None:
     molecule = Molecule.from_xyz(options.geometry, charge=options.charge, basis=options.basis)
     molecule.check_closed_shell()
     mol = molecule.to_pyscf(symmetry=options.symmetry)
-    ref = rhf_reference(mol)
+    orbsym, nocc, group, _ = guess_orbitals(mol)
     nfrozen = frozen_core_orbitals(mol) if options.frozen_core else 0
     tile, occ_tile = options.tile or 32, None
     nranks = launched_ranks()
-    structure = CCSDStructure(ref.orbsym, ref.nocc, nfrozen)
+    structure = CCSDStructure(orbsym, nocc, nfrozen)
     if runs_distributed(options.backend):
         from tessera.backends.auto import decide, render
         decision = decide(structure, nranks, backend=options.backend, tile=options.tile,
@@ -31,7 +32,7 @@ def print_plan(options, rank: int = 0) -> None:
     elif options.backend == "auto":
         print("auto decision on 1 rank: backend threads (one process: shared memory)")
     run = structure(tile, occ_tile)
-    print(f"{molecule.point_group_full} -> {ref.point_group}; tiles: o {run.tiles['o']}, v {run.tiles['v']}")
+    print(f"{molecule.point_group_full} -> {group}; tiles: o {run.tiles['o']}, v {run.tiles['v']}")
     total, peak = 0, 0
     for plan in run.plans:
         print(plan.render())

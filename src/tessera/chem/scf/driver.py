@@ -2,11 +2,12 @@
 
 Roothaan-Hall SCF (C. C. J. Roothaan, Rev. Mod. Phys. 23, 69 (1951)) with Pulay DIIS
 (Chem. Phys. Lett. 73, 393 (1980)).  The two-electron Fock matrix comes from
-``FockBuilder`` (GTFock-style shell-block tasks, Schwarz screening, static / NXTVAL /
-work-stealing schedules); one-electron integrals, the basis set and the minimal-basis
+``FockBuilder`` (GTFock-style shell-block tasks, Liu, Patel, Chow, IPDPS 2014: Schwarz
+screening, static / NXTVAL / work-stealing schedules, run as a task set on the current
+context); one-electron integrals, the basis set and the minimal-basis
 (MINAO) initial guess come from PySCF.  Orbitals are found in the symmetry-adapted basis
-and labelled by irrep.  Orbitals are replicated: every rank computes the step, rank 0's
-result is broadcast so that all ranks take the same decisions and return the same
+and labelled by irrep.  Orbitals are replicated: rank 0 diagonalises and its result is
+shared (``Ranks.share``), so that all ranks take the same decisions and return the same
 ``Reference``.
 """
 
@@ -18,10 +19,11 @@ import time
 import numpy as np
 from pyscf.scf import hf as pyscf_hf
 
+from tessera.backends.context import current_context
+from tessera.backends.registry import check_schedule
 from tessera.chem.reference import Reference
 from tessera.chem.diis import DIIS
 from tessera.chem.scf.fock import MODES, FockBuilder
-from tessera.chem.scf.schedule import check_schedule
 from tessera.chem.scf.stats import summarize
 from tessera.chem.scf.symmetry import symmetry_basis
 from tessera.errors import ConvergenceError, InputError
@@ -60,13 +62,14 @@ def _orthonormalizer(ovlp: np.ndarray) -> np.ndarray:
 
 
 def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "direct",
-        conv_tol: float = 1e-10, max_iter: int = 100, world=None,
+        conv_tol: float = 1e-10, max_iter: int = 100,
         max_memory_mb: float | None = None, block_nbf: int | None = None,
-        diis_space: int = 8) -> Reference:
+        diis_space: int = 8, context=None) -> Reference:
     """Closed-shell RHF of ``mol`` (a built ``pyscf.gto.Mole``, symmetry Abelian or off).
 
-    Collective over ``world`` (default ``tessera.runtime.World.get()``); every rank returns
-    the same ``Reference``.  Converged when the energy change is below ``conv_tol`` and
+    Runs on ``context`` (default: the current context; serial, threads, mpi-onesided or
+    mpi-collective). Collective over its ranks; every rank returns the same
+    ``Reference``.  Converged when the energy change is below ``conv_tol`` and
     the norm of the orbital-gradient commutator X^T(FDS - SDF)X below sqrt(conv_tol);
     otherwise ``ConvergenceError`` after ``max_iter`` Fock builds.
 
@@ -75,8 +78,6 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
     ``max_memory_mb`` per rank, default ``mol.max_memory``);  ``block_nbf``: target shell
     block size in basis functions (default: about nao/6, at most 32).
     """
-    from tessera.runtime import World
-
     nocc = _check_molecule(mol)
     if int(max_iter) < 1:
         raise InputError(f"max_iter={max_iter!r}: expected at least 1 iteration")
@@ -89,8 +90,9 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
         raise InputError(f"screening={screening!r}: expected a Schwarz threshold >= 0 "
                          "(0 disables screening)")
     sym = symmetry_basis(mol)
-    world = World.get() if world is None else world
-    say = log.info if world.rank == 0 else log.debug
+    context = current_context() if context is None else context
+    ranks = context.ranks
+    say = log.info if ranks.rank == 0 else log.debug
     if max_memory_mb is None:
         max_memory_mb = float(mol.max_memory)
 
@@ -104,13 +106,13 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
     dm = pyscf_hf.init_guess_by_minao(mol)
     conv_grad = float(np.sqrt(conv_tol))
 
-    builder = FockBuilder(mol, world, schedule=schedule, screening=screening, mode=mode,
+    builder = FockBuilder(mol, context, schedule=schedule, screening=screening, mode=mode,
                           max_memory_mb=max_memory_mb, block_nbf=block_nbf)
     say("RHF: %d AOs in %d shell blocks, %d tasks (%d block quartets skipped), "
         "schedule=%s mode=%s screening=%g ranks=%d group=%s",
         mol.nao, builder.blocks.nblocks, len(builder.tasks),
         builder.tasks.n_block_quartets_skipped, builder.schedule, mode, screening,
-        world.size, sym.group)
+        ranks.size, sym.group)
     diis = DIIS(diis_space, max_condition=1e14)
     energies, errors, iter_wall = [], [], []
     e_last = None
@@ -124,9 +126,8 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
             de = np.inf if e_last is None else e_tot - e_last
             converged = abs(de) < conv_tol and err < conv_grad
             f_diag = fock if converged else diis.update(fock, err_mat)
-            step = (*sym.eigh(f_diag, ovlp), e_tot, err, de, converged)
-            mo_energy, mo_coeff, orbsym, e_tot, err, de, converged = \
-                world.bcast(step, root=0)
+            mo_energy, mo_coeff, orbsym, e_tot, err, de, converged = ranks.share(
+                lambda: (*sym.eigh(f_diag, ovlp), e_tot, err, de, converged))
             energies.append(e_tot)
             errors.append(err)
             iter_wall.append(time.perf_counter() - t_it)
@@ -137,7 +138,7 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
             c_occ = mo_coeff[:, :nocc]
             dm = 2.0 * (c_occ @ c_occ.T)
             e_last = e_tot
-        info = summarize(builder, world, schedule=builder.schedule, mode=mode,
+        info = summarize(builder, ranks, schedule=builder.schedule, mode=mode,
                          screening=float(screening), energies=energies, errors=errors,
                          iteration_wall_s=iter_wall,
                          total_wall_s=time.perf_counter() - t0)
@@ -157,3 +158,18 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
             result=ref)
     say("RHF converged in %d iterations: E = %.12f", it, e_tot)
     return ref
+
+
+def guess_orbitals(mol) -> tuple:
+    """(orbsym, nocc, group, irrep_names) of the initial guess, without an SCF: the
+    symmetry-adapted eigenvectors of the Fock matrix of the MINAO guess density (one
+    Fock build by PySCF). The orbitals per irrep a run will have, for planning; an SCF
+    may occupy the irreps differently when the guess orders near-degenerate levels
+    otherwise."""
+    nocc = _check_molecule(mol)
+    sym = symmetry_basis(mol)
+    mf = pyscf_hf.RHF(mol)
+    mf.verbose = 0
+    fock = mf.get_fock(h1e=mf.get_hcore(), s1e=mf.get_ovlp(), dm=pyscf_hf.init_guess_by_minao(mol))
+    _, _, orbsym = sym.eigh(fock, mf.get_ovlp())
+    return np.asarray(orbsym), nocc, sym.group, dict(sym.irrep_names)

@@ -1,80 +1,68 @@
-"""The distributed two-electron Fock build G(D) = J(D) - K(D)/2.
+"""The two-electron Fock build G(D) = J(D) - K(D)/2 as a task set of the engine.
 
-GTFock's scheme (Liu, Patel, Chow, IPDPS 2014, Sec. III): the density D and the Fock
-accumulator M are GlobalArrays with an irregular 2-D block distribution whose tiles are
-the shell blocks.  Each rank
+GTFock's scheme (Liu, Patel, Chow, IPDPS 2014, Sec. III) on Tessera's task layer: the
+density D and the Fock accumulator M are BlockTensors over one index space whose tiles
+are the shell blocks, created inside the run's context (distributed over the ranks
+under MPI, local otherwise). Each build
 
-1. writes the density tiles it owns (orbitals are replicated, so this needs no message),
-2. prefetches (non-blocking gets) the density tiles its static task range reads,
-3. runs tasks -- its own range, and under ``nxtval``/``steal`` whatever the counters hand
-   it, fetching the density tiles of those tasks on first use -- accumulating their
-   contributions into local tile buffers,
-4. accumulates its buffers into the distributed M, once per tile,
+1. every rank writes the lower density tiles (x >= y) it owns from the replicated
+   density matrix (no message);
+2. runs the block-quartet tasks as a ``TaskSet`` on the context (``Context.run_tasks``):
+   under ``mpi-onesided`` dealt by the engine's scheduler with the SCF's schedule
+   (static: GTFock's contiguous cost-balanced ranges, for density-tile locality; nxtval;
+   steal: that partition plus stealing half of a victim's queue); a task asks for the
+   density tiles it reads that this build has not fetched yet; contributions go to
+   per-thread tile buffers;
+3. every rank accumulates its buffers into M, once per tile; after a sync every rank
+   reads M whole (O(nao^2)) and forms G = (M + M^T)/2.
 
-and after a collective sync every rank reads M back (it is small; the orbitals are
-replicated) and forms G = (M + M^T)/2.
-
-``mode="direct"`` recomputes the integrals every build.  ``mode="incore"`` keeps, on each
+``mode="direct"`` recomputes the integrals every build. ``mode="incore"`` keeps, on each
 rank, the screened integral blocks of the tasks it ran in the first build, and later
-builds replay exactly those tasks (no counters); if they do not fit in the per-rank memory
-budget, the SCF stops with an error instead of switching to direct.
+builds replay exactly those tasks (no scheduling); if they do not fit in the per-rank
+memory budget, the SCF stops with an error instead of switching to direct.
 """
 
 from __future__ import annotations
 
-import logging
+import threading
 import time
-from dataclasses import asdict
 
 import numpy as np
 from pyscf.lib import with_omp_threads
 from threadpoolctl import threadpool_limits
 
+from tessera.backends.registry import check_schedule
+from tessera.backends.tasks import TaskSet
 from tessera.chem.scf.blocking import make_blocks
 from tessera.chem.scf.integrals import BlockERI, schwarz_bounds
 from tessera.chem.scf.kernel import contract_block
-from tessera.chem.scf.schedule import Dispenser, check_schedule
-from tessera.chem.scf.tasks import PARTIAL, make_tasks, static_partition
+from tessera.chem.scf.tasks import PARTIAL, make_tasks
 from tessera.errors import InputError
-
-log = logging.getLogger(__name__)
+from tessera.tensor.block_tensor import BlockTensor
+from tessera.tensor.space import IndexSpace, Tile
 
 MODES = ("direct", "incore")
+_DEAL_KEYS = ("stolen", "steals", "counter_local", "counter_remote")
 
 
-def _tile_owners(tasks, bounds, nblocks: int, size: int) -> dict:
-    """Owner of each tile: the rank whose static range holds most tasks with that tile as
-    their bra pair (AB), so that the Coulomb updates M[A,B] stay local; cyclic for tiles
-    that are no task's bra pair.  Tiles (x, y) and (y, x) share an owner."""
-    votes = np.zeros((nblocks, nblocks, size), dtype=np.int64)
-    for r in range(size):
-        lo, hi = bounds[r], bounds[r + 1]
-        np.add.at(votes, (tasks.a[lo:hi], tasks.b[lo:hi], r), 1)
-    owners = {}
-    k = 0
-    for x in range(nblocks):
-        for y in range(x + 1):
-            v = votes[x, y]
-            if v.max() > 0:
-                r = int(np.argmax(v))
-            else:
-                r = k % size
-                k += 1
-            owners[(x, y)] = r
-            owners[(y, x)] = r
-    return owners
+class _Worker:
+    """One thread's share of a build: its M tile buffers, counts and kept integrals."""
+
+    def __init__(self):
+        self.buf: dict = {}
+        self.tasks = self.nints = 0
+        self.busy = self.busy_cpu = 0.0
+        self.stored: list = []
 
 
 class FockBuilder:
-    """Holds the blocking, screening, task list, distributed arrays and counters of one
-    SCF.  Collective: every rank of ``world`` constructs it, calls ``build`` the same
-    number of times and finally ``free``."""
+    """Blocking, screening, task list and the D and M tensors of one SCF. Collective:
+    every rank constructs it inside ``context``, calls ``build`` the same number of
+    times and finally ``free``."""
 
-    def __init__(self, mol, world, *, schedule: str = "steal", screening: float = 1e-12,
+    def __init__(self, mol, context, *, schedule: str = "steal", screening: float = 1e-12,
                  mode: str = "direct", max_memory_mb: float = 4000.0,
                  block_nbf: int | None = None):
-        from tessera.runtime import GlobalArray, TaskCounter
-
         self.schedule = check_schedule(schedule)
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r}; expected one of {MODES}")
@@ -82,159 +70,167 @@ class FockBuilder:
             raise InputError(f"screening={screening!r}: expected a threshold >= 0 "
                              "(0 disables Schwarz screening)")
         self.mode = mode
-        self.world = world
-        self.rank, self.size = world.rank, world.size
+        self.context = context
+        self.ranks = context.ranks
         t0 = time.perf_counter()
         self.blocks = make_blocks(mol, block_nbf)
         self.eri = BlockERI(mol)
         self.qshell = schwarz_bounds(self.eri, mol)
         self.tasks = make_tasks(self.blocks, self.qshell, float(screening))
-        self.bounds = static_partition(self.tasks.cost, self.size)
         self.setup_seconds = time.perf_counter() - t0
-        nb = self.blocks.nblocks
 
         self.budget_bytes = float(max_memory_mb) * 1e6
         self.incore_bytes_total = int(self.tasks.nints.sum()) * 8
-        if mode == "incore" and self.incore_bytes_total > self.budget_bytes * self.size:
+        if mode == "incore" and self.incore_bytes_total > self.budget_bytes * self.ranks.size:
             raise InputError(
                 f"mode='incore' needs {self.incore_bytes_total / 1e6:.4g} MB of screened "
                 f"integral blocks, more than the budget of {max_memory_mb:.4g} MB per rank x "
-                f"{self.size} ranks; use mode='direct', more ranks, or a larger memory "
+                f"{self.ranks.size} ranks; use mode='direct', more ranks, or a larger memory "
                 "budget (max_memory_mb)")
-
-        sizes = self.blocks.sizes
-        owners = _tile_owners(self.tasks, self.bounds, nb, self.size)
-        self.dens = GlobalArray(tiling=[sizes, sizes], owners=owners, name="scf.D",
-                                world=world)
-        self.fock = GlobalArray(tiling=[sizes, sizes], owners=owners, name="scf.M",
-                                world=world)
-        self.counter = None
-        self.global_host = 0         # the runtime keeps the global counter on worker 0
-        if self.schedule == "nxtval":
-            self.counter = TaskCounter(kind="global", world=world)
-        elif self.schedule == "steal":
-            self.counter = TaskCounter(kind="per_rank", world=world)
-        # nxtval hands out the most expensive tasks first
-        self.order = np.argsort(-self.tasks.cost, kind="stable")
-        self._stored = None          # incore: list of (task id, integral block)
+        ar = self.blocks.ao_ranges
+        space = IndexSpace("shell blocks", [Tile(hi - lo, 0, lo) for lo, hi in ar])
+        with context:
+            self.dens = BlockTensor((space, space), name="scf.D")
+            self.fock = BlockTensor((space, space), name="scf.M")
+        self._stored = None          # incore: list of (task id, integral block) run here
         self.history = []            # per build: dict of this rank's statistics
-        self._freed = False
 
     # -- one build --------------------------------------------------------------------
     def build(self, dm: np.ndarray) -> np.ndarray:
-        """G(D) on every rank.  ``dm`` is the replicated density matrix.
+        """G(D) on every rank; ``dm`` is the replicated density matrix.
 
-        Integrals and contractions run single-threaded (OpenMP and BLAS): a task is too
-        small for a parallel region to pay off, and ranks, not threads, share the cores.
-        """
+        Integrals run single-threaded (OpenMP): a task is too small for a parallel region
+        to pay off; ranks or the threads executor's workers share the cores."""
         with with_omp_threads(1), threadpool_limits(1):
             return self._build(dm)
 
     def _build(self, dm: np.ndarray) -> np.ndarray:
         t_start = time.perf_counter()
+        D, M = self.dens, self.fock
         ar = self.blocks.ao_ranges
-        for key in self.dens.local_keys():
-            x, y = key
+        for x, y in D.owned_keys():
             if x >= y:
-                self.dens.put(key, np.ascontiguousarray(dm[slice(*ar[x]), slice(*ar[y])]))
-        self.fock.zero()                 # collective, with syncs
-        self.dens.sync()
+                D.store_block((x, y), np.ascontiguousarray(dm[slice(*ar[x]), slice(*ar[y])]))
+        M.zero_()
+        for t in (D, M):
+            if t.dist is not None:
+                t.dist.sync()
+        tiles: dict = {}             # density tiles this build holds, (x, y) -> block
+        workers: list = []
+        lock = threading.Lock()
+        local = threading.local()
+
+        def worker() -> _Worker:
+            w = getattr(local, "w", None)
+            if w is None:
+                w = local.w = _Worker()
+                with lock:
+                    workers.append(w)
+            return w
+
         replay = self.mode == "incore" and self._stored is not None
-        if self.counter is not None and not replay:
-            self.counter.reset()
-
-        tiles = {}
-        comm_s = 0.0
-        busy = 0.0
-        busy_cpu = 0.0
-        buf = {}
-        tasks = self.tasks
-
-        def fetch(ids):
-            nonlocal comm_s
-            need = [k for k in tasks.density_tiles(ids) if k not in tiles]
-            if not need:
-                return
-            t = time.perf_counter()
-            handles = [(k, self.dens.iget(k)) for k in need]
-            for k, h in handles:
-                tiles[k] = h.wait()
-            comm_s += time.perf_counter() - t
-
+        deal = None
+        t_tasks = time.perf_counter()
         if replay:
-            stats = {"tasks": len(self._stored), "stolen": 0, "counter_local": 0,
-                     "counter_remote": 0, "steals": 0, "victims": {}}
-            fetch([t for t, _ in self._stored])
-            for t, g in self._stored:
-                w, c = time.perf_counter(), time.thread_time()
-                contract_block(g, tasks.scale[t], tasks.quartet(t), tiles, buf)
-                busy += time.perf_counter() - w
-                busy_cpu += time.thread_time() - c
+            self._replay(worker(), tiles)
         else:
-            storing = self.mode == "incore"
-            stored, stored_bytes, over_budget = [], 0, False
-            disp = Dispenser(self.schedule, self.bounds, self.order, self.rank, self.size,
-                             counter=self.counter, global_host=self.global_host)
-            if self.schedule != "nxtval":
-                fetch(disp.own_range())          # prefetch the static range's tiles
-            nints = 0
-            for ids in disp.chunks():
-                fetch(ids)
-                for t in ids:
-                    t = int(t)
-                    w, c = time.perf_counter(), time.thread_time()
-                    quartet = tasks.quartet(t)
-                    g = self.eri.blocks(self.blocks, *quartet)
-                    if tasks.kind[t] == PARTIAL:
-                        g *= tasks.mask(t)
-                    contract_block(g, tasks.scale[t], quartet, tiles, buf)
-                    busy += time.perf_counter() - w
-                    busy_cpu += time.thread_time() - c
-                    nints += g.size
-                    if storing and not over_budget:
-                        if stored_bytes + g.nbytes > self.budget_bytes:
-                            over_budget = True
-                            stored = []
-                        else:
-                            stored.append((t, g))
-                            stored_bytes += g.nbytes
-            stats = asdict(disp.stats)
-            stats["integrals"] = nints
-            if storing:
-                self._check_incore(over_budget, stored_bytes)
-                self._stored = stored
-                stats["incore_bytes"] = stored_bytes
+            self.context.run_tasks(self._task_set(worker, tiles))
+            deal = self.context.deal_stats
+        tasks_s = time.perf_counter() - t_tasks
 
         t = time.perf_counter()
-        handles = [self.fock.iacc(key, blk) for key, blk in buf.items()]
-        for h in handles:
-            h.wait()
-        self.fock.sync()
-        m = self.fock.get_patch((0, 0), (self.blocks.nao, self.blocks.nao))
-        comm_s += time.perf_counter() - t
-        # only lower tiles hold data: (M + M^T)/2
-        g2e = 0.5 * (m + m.T)
-        stats.update(busy_s=busy, busy_cpu_s=busy_cpu, comm_s=comm_s,
-                     wall_s=time.perf_counter() - t_start, density_tiles=len(tiles),
-                     fock_tiles=len(buf), replay=replay)
+        add = M.dist.accumulate if M.dist is not None else M.accumulate_block
+        for w in workers:
+            for key, blk in w.buf.items():
+                add(key, blk)
+        if M.dist is not None:
+            M.dist.sync()
+            got = M.dist.fetch_many([k for k in M.allowed_keys() if k[0] >= k[1]])
+        else:
+            got = M.blocks
+        m = np.zeros((self.blocks.nao, self.blocks.nao))
+        for (x, y), blk in got.items():
+            m[slice(*ar[x]), slice(*ar[y])] = blk
+        g2e = 0.5 * (m + m.T)        # only lower tiles hold data
+        stats = {
+            "tasks": sum(w.tasks for w in workers), "integrals": sum(w.nints for w in workers),
+            "busy_s": sum(w.busy for w in workers), "busy_cpu_s": sum(w.busy_cpu for w in workers),
+            "tasks_s": tasks_s, "reduce_s": time.perf_counter() - t,
+            "wall_s": time.perf_counter() - t_start, "density_tiles": len(tiles),
+            "fock_tiles": len({k for w in workers for k in w.buf}), "replay": replay,
+            **{k: getattr(deal, k, 0) for k in _DEAL_KEYS},
+            "victims": dict(deal.victims) if deal is not None else {},
+        }
+        if self.mode == "incore" and not replay:
+            self._keep([s for w in workers for s in w.stored], stats["integrals"] * 8, stats)
         self.history.append(stats)
         return g2e
 
-    def _check_incore(self, over_budget: bool, stored_bytes: int) -> None:
-        if any(self.world.allgather(bool(over_budget))):
+    def _task_set(self, worker, tiles: dict) -> TaskSet:
+        """The build's tasks: need() asks for density tiles not yet held; work() computes
+        one block quartet into the calling thread's buffers (thread-safe)."""
+        tasks, D = self.tasks, self.dens
+        storing = self.mode == "incore"
+        kept = {"bytes": 0}          # this rank's kept integral bytes; stop past the budget
+        lock = threading.Lock()
+
+        def need(i):
+            return [(D, k) for k in tasks.density_tiles((i,)) if k not in tiles]
+
+        def work(i, blocks):
+            for (_, key), blk in blocks.items():
+                tiles[key] = blk
+            w = worker()
+            wall, cpu = time.perf_counter(), time.thread_time()
+            quartet = tasks.quartet(i)
+            g = self.eri.blocks(self.blocks, *quartet)
+            if tasks.kind[i] == PARTIAL:
+                g *= tasks.mask(i)
+            contract_block(g, tasks.scale[i], quartet, tiles, w.buf)
+            w.busy += time.perf_counter() - wall
+            w.busy_cpu += time.thread_time() - cpu
+            w.tasks += 1
+            w.nints += g.size
+            if storing:
+                with lock:
+                    kept["bytes"] += g.nbytes
+                    if kept["bytes"] <= self.budget_bytes:
+                        w.stored.append((i, g))
+            return 0.0
+
+        return TaskSet("scf.fock", list(tasks.cost), work, need, schedule=self.schedule,
+                       partition="contiguous")
+
+    def _replay(self, w: _Worker, tiles: dict) -> None:
+        """incore, after the first build: this rank's kept integral blocks, no schedule."""
+        D, tasks = self.dens, self.tasks
+        keys = tasks.density_tiles([t for t, _ in self._stored])
+        if D.dist is None:
+            tiles.update({k: D.blocks[k] for k in keys})
+        else:
+            tiles.update({k: D.blocks[k] for k in keys if k in D.blocks})
+            tiles.update(D.dist.fetch_many(sorted(k for k in keys if k not in D.blocks)))
+        for t, g in self._stored:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            contract_block(g, tasks.scale[t], tasks.quartet(t), tiles, w.buf)
+            w.busy += time.perf_counter() - wall
+            w.busy_cpu += time.thread_time() - cpu
+            w.tasks += 1
+
+    def _keep(self, stored: list, nbytes: int, stats: dict) -> None:
+        """incore, first build: keep this rank's integral blocks (``nbytes`` in all; those
+        past the budget were not kept), or stop on every rank."""
+        if any(self.ranks.allgather(nbytes > self.budget_bytes)):
             raise InputError(
                 "mode='incore': the integral blocks of the tasks one rank ran in the first "
                 f"Fock build exceed its memory budget of {self.budget_bytes / 1e6:.4g} MB "
                 f"(all ranks together need {self.incore_bytes_total / 1e6:.4g} MB); use "
                 "mode='direct', more ranks, schedule='static', or a larger max_memory_mb")
+        self._stored = sorted(stored, key=lambda s: s[0])
+        stats["incore_bytes"] = nbytes
 
     def free(self) -> None:
-        if self._freed:
-            return
-        self._freed = True
+        """Drop the kept integrals and the tensors (their arrays return to the context's
+        pool at its next collective point)."""
         self._stored = None
-        self.dens.free()
-        self.fock.free()
-        if self.counter is not None:
-            self.counter.free()
-
+        self.dens = self.fock = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_SUMMED = ("busy_s", "busy_cpu_s", "comm_s", "wall_s", "tasks", "stolen", "steals",
+_SUMMED = ("busy_s", "busy_cpu_s", "tasks_s", "reduce_s", "wall_s", "tasks", "stolen", "steals",
            "counter_local", "counter_remote", "integrals")
 
 
@@ -38,11 +38,12 @@ def _imbalance(busy) -> float:
     return float(busy.max() / mean) if mean > 0 else 1.0
 
 
-def summarize(builder, world, **extra) -> dict:
-    """Collective: the ``info`` dict of the RHF Reference, identical on every rank."""
+def summarize(builder, ranks, **extra) -> dict:
+    """Collective over ``ranks`` (``Context.ranks``): the ``info`` dict of the RHF
+    Reference, identical on every rank."""
     mine = _rank_totals(builder.history)
-    mine["rank"] = world.rank
-    per_rank = world.allgather(mine)
+    mine["rank"] = ranks.rank
+    per_rank = ranks.allgather(mine)
     tasks = builder.tasks
     busy = [r["busy_s"] for r in per_rank]
     busy_cpu = [r["busy_cpu_s"] for r in per_rank]
@@ -53,7 +54,7 @@ def summarize(builder, world, **extra) -> dict:
     remote = sum(r["counter_remote"] for r in per_rank)
     return {
         **extra,
-        "nranks": world.size,
+        "nranks": ranks.size,
         "nblocks": builder.blocks.nblocks,
         "block_sizes": builder.blocks.sizes,
         "tasks_total": len(tasks),
@@ -66,6 +67,7 @@ def summarize(builder, world, **extra) -> dict:
         "busy_s": busy,
         "tasks_executed": [r["tasks"] for r in per_rank],
         "tasks_stolen": [r["stolen"] for r in per_rank],
+        "steals": [r["steals"] for r in per_rank],
         "imbalance": _imbalance(busy),
         "busy_cpu_s": busy_cpu,
         "imbalance_cpu": _imbalance(busy_cpu),

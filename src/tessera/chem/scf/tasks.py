@@ -1,5 +1,5 @@
-"""The task space of the Fock build: unique quartets of shell blocks, Schwarz screening,
-cost estimates and the static cost-balanced partition.
+"""The task space of the Fock build: unique quartets of shell blocks, Schwarz screening
+and cost estimates (the static partition is the engine's, ``backends.schedule``).
 
 A *pair block* is a pair of shell blocks (A, B) with A >= B.  A task is a pair of pair
 blocks (AB, CD) with AB >= CD, i.e. one canonical block quartet (AB|CD) of the 8-fold
@@ -169,17 +169,3 @@ def make_tasks(blocks: ShellBlocks, qshell: np.ndarray, threshold: float) -> Tas
                     n_shell_quartets=total_sq, n_shell_quartets_skipped=skipped_sq,
                     **arr)
 
-
-def static_partition(cost: np.ndarray, nranks: int) -> np.ndarray:
-    """Cost-balanced contiguous ranges: bounds (nranks + 1,), rank r owns tasks
-    [bounds[r], bounds[r+1]).  Each range ends where the running cost first reaches
-    r/nranks of the total (GTFock's static partition of the task space, 1-D)."""
-    n = len(cost)
-    if n == 0:
-        return np.zeros(nranks + 1, dtype=np.int64)
-    cum = np.cumsum(cost)
-    targets = cum[-1] * np.arange(1, nranks) / nranks
-    # a task goes to the range where its cost midpoint falls
-    mid = cum - 0.5 * cost
-    inner = np.searchsorted(mid, targets, side="left")
-    return np.concatenate(([0], inner, [n])).astype(np.int64)
