@@ -101,7 +101,7 @@ class TriplesTasks:
         self.scratch = None
         if not resident:                                 # pair-swapped rows made on access
             self.held.add(self.scratch_bytes)
-            self.scratch = (np.empty(self.scratch_bytes["ovvv"] // 8), np.empty(self.scratch_bytes["t2"] // 8))
+            self.scratch = tuple(np.empty(self.scratch_bytes[s] // 8) for s in ("ovvv", "t2"))
         self.lock = threading.Lock()
         self.local = threading.local()                   # the kernel's buffers, one set per thread
         self.flops = 0
