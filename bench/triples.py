@@ -102,7 +102,7 @@ def bench_one(path: Path, basis, symmetry, frozen, args) -> dict:
         ctx.close()
         row[f"tessera_{backend}"], row[f"tessera_{backend}_cpu"] = t, cpu
         row[f"ratio_{backend}"] = t / row[f"pyscf_{threads}"]
-        row.update(e_tessera=res.energy, gflop=res.flops / 1e9, tasks=res.tasks)
+        row.update(e_tessera=res.energy, gflop=res.flops / 1e9, tasks=res.tasks, task_tile=res.task_tile)
     row["e_diff"] = row["e_tessera"] - row["e_pyscf"]
     return row
 

@@ -86,7 +86,7 @@ def test_executors_agree_and_default_context(systems):
     pool.close()
     with Context("serial") as ctx:
         current = triples_correction(ints, t1, t2, occ_tile=2)    # the current context
-    assert ctx.stats["(T) triples correction"][0] == 1 and ctx.flops == current.flops
+    assert ctx.stats["(T) triples"][0] == 1 and ctx.flops == current.flops
     assert abs(serial.energy - threads.energy) < 1e-15
     assert serial.energy == current.energy
     assert serial.flops == threads.flops and serial.tasks == threads.tasks
@@ -148,17 +148,17 @@ def test_bad_input_is_reported(systems):
 
 @pytest.mark.parametrize("name", ["water", "n2", "h2o2"])
 def test_public_kernel_on_row_slabs(systems, name):
-    """The kernel API the distributed driver uses: RowSlabs of task-tile rows hold each
-    tensor's allowed elements once; ov2/t2s made on access (SwappedRows) give the same
-    E(T) as the materialized ones of from_tensors."""
-    from tessera.chem.triples import (SOURCES, KernelInputs, RowSlab, TripleKernel,
-                                      occupied_tiles)
+    """The kernel API the task set uses: RowSlabs of task-tile rows hold each tensor's
+    allowed elements once; ov2/t2s made on access (SwappedRows, the distributed form)
+    give the same E(T) as the materialized ones (add_swapped, the resident form)."""
+    from tessera.chem.triples import SOURCES, KernelInputs, RowSlab, TripleKernel
+    from tessera.chem.triples_tasks import TriplesTasks
     ref, runs = systems[name]
     nfz, (t1, t2, _) = next(iter(runs.items()))
     ints, bt1, bt2 = _inputs(ref, t1, t2, nfz, 3)
     e_serial = triples_correction(ints, bt1, bt2, context=Context("serial"), occ_tile=1).energy
-    whole = KernelInputs.from_tensors(ints, bt1, bt2)
-    lay, o, v = whole.lay, ints.o, ints.v
+    job = TriplesTasks(ints, bt1, bt2, 1, None, resident=True)
+    lay, o, v = job.lay, ints.o, ints.v
     tensors = dict(zip(SOURCES, (ints.ovvv, bt2, ints.ovov, ints.ovoo)))
     slabs, held = [], dict.fromkeys(SOURCES, 0)
     for n, tl in enumerate(o.tiles):                  # task tiles of one orbital, as fetched rows
@@ -170,16 +170,16 @@ def test_public_kernel_on_row_slabs(systems, name):
             for s, nb in slabs[-1].nbytes().items():
                 held[s] += nb
     assert held == {s: t.nbytes for s, t in tensors.items()}
-    lazy = KernelInputs.from_slabs(lay, whole.eo, whole.t1, o.irreps, slabs,
+    lazy = KernelInputs.from_slabs(lay, job.eo, job.t1d, o.irreps, slabs,
                                    scratch=(np.empty(v.dim ** 3), np.empty(o.dim * v.dim ** 2)))
+    whole = KernelInputs.from_slabs(lay, job.eo, job.t1d, o.irreps,        # add_swapped slabs
+                                    [job._slab(x, {}) for x in range(len(job.tiles))])
     pool = TripleKernel.new_pool(lay)
-    tiles = occupied_tiles(lay.orange, 1)
-    energy = 0.0
-    for a, I in enumerate(tiles):
-        for b, J in enumerate(tiles[:a + 1]):
-            for K in tiles[:b + 1]:
-                G = I[2] ^ J[2] ^ K[2]
-                if lay.ntrip[G]:
-                    lay.prepare(G)
-                    energy += TripleKernel(lazy, G, pool).tile_energy(I[:2], J[:2], K[:2])
-    assert abs(energy - e_serial) < 1e-14
+    energy = {"lazy": 0.0, "whole": 0.0}
+    for a, b, c in job.triples:
+        I, J, K = (job.tiles[x] for x in (a, b, c))
+        G = I[2] ^ J[2] ^ K[2]
+        if lay.ntrip[G]:
+            for label, inp in (("lazy", lazy), ("whole", whole)):
+                energy[label] += TripleKernel(inp, G, pool).tile_energy(I[:2], J[:2], K[:2])
+    assert abs(energy["lazy"] - e_serial) < 1e-14 and abs(energy["whole"] - e_serial) < 1e-14

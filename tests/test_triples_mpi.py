@@ -51,7 +51,7 @@ def test_no_rank_holds_a_whole_tensor_for_triples(nranks):
     assert mol["occ_tensor_tiles"] == 1            # the case that used to fetch whole tensors
     for combo, runs in mol["runs"].items():
         run = runs["None"]
-        assert 1 <= run["occ_tile"] < mol["nocc"]
+        assert 1 <= run["task_tile"] < mol["nocc"]
         whole = run["whole_bytes"]
         assert set(whole) == {"ovvv", "t2", "ovov", "ovoo"}
         for source, share in run["peak_share"].items():

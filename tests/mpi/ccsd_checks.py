@@ -28,7 +28,7 @@ from tessera.chem.integrals import transform
 from tessera.chem.job import memory_per_rank
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
-from tessera.chem.triples_distributed import triples_correction_distributed
+from tessera.chem.triples import triples_correction
 from tessera.errors import ConvergenceError
 from tessera.runtime import World
 
@@ -130,7 +130,7 @@ def one_run(world, ref, tile, backend, variant, schedule, iters, conv):
             except ConvergenceError as err:
                 cc = err.result
             snap = world.comm_log.snapshot()
-            tr = triples_correction_distributed(ints, cc.t1, cc.t2, context=ctx)
+            tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
             share = max(t.local_nbytes / t.nbytes for t in [cc.t2, *ints.tensors.values()])
             mem = memory_per_rank(ctx, cc.t2, ints)
             comm = ctx.executor.account.summary()

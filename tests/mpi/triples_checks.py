@@ -7,7 +7,7 @@ and a few serial CCSD iterations (not converged: any amplitudes will do) and the
 ``triples_correction`` on them, and broadcasts t1, t2 and that energy. Then, for each
 executor (mpi-onesided with nxtval and with steal, mpi-collective), the transform runs
 in that context, t1 and t2 become distributed tensors (from the same dense arrays) and
-``triples_correction_distributed`` runs with the default occ_tile and with occ_tile 4.
+``triples_correction`` runs on them with the default occ_tile and with occ_tile 4.
 Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
 the bytes moved by one-sided gets during (T).
@@ -28,7 +28,6 @@ from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples import triples_correction
-from tessera.chem.triples_distributed import triples_correction_distributed
 from tessera.errors import ConvergenceError
 from tessera.runtime import World
 
@@ -75,9 +74,9 @@ def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
             t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2")
             for ot in OCC_TILES:
                 snap = world.comm_log.snapshot()
-                res = triples_correction_distributed(ints, t1, t2, context=ctx, occ_tile=ot)
+                res = triples_correction(ints, t1, t2, context=ctx, occ_tile=ot)
                 gets = sum(r.nbytes for r in world.comm_log.records(since=snap) if r.op == "get")
-                runs[str(ot)] = {"e_t": res.energy, "occ_tile": res.occ_tile, "tasks": res.tasks,
+                runs[str(ot)] = {"e_t": res.energy, "task_tile": res.task_tile, "tasks": res.tasks,
                                  "peak_operand_bytes": list(res.rank_peak_operand_bytes),
                                  "peak_share": res.peak_share, "whole_bytes": res.whole_bytes,
                                  "kernel_buffer_bytes": res.kernel_buffer_bytes,

@@ -198,16 +198,19 @@ class DistributedExecutor(ABC):
     def run_tasks(self, task_set) -> np.ndarray:
         """Run a :class:`~tessera.backends.tasks.TaskSet` spread over the ranks; returns
         every task's result on every rank (summed over ranks, so the caller may add them
-        in a fixed order). Collective."""
+        in a fixed order). Collective. Communication is accounted under ``task_set.name``."""
+        snap, t0, c0 = self.account.begin(), time.perf_counter(), self.compute_seconds
         results = np.zeros(len(task_set))
         for i in self.task_order(task_set):
             blocks = self.fetch_blocks(task_set.need(i) if i is not None else [])
             if i is not None:
-                c0 = time.perf_counter()
+                w0 = time.perf_counter()
                 results[i] = task_set.work(i, blocks)
-                self.compute_seconds += time.perf_counter() - c0
+                self.compute_seconds += time.perf_counter() - w0
         if self.world.size > 1:
             results = self.world.allreduce(results, "sum")
+        self.account.end(task_set.name, snap, time.perf_counter() - t0, self.compute_seconds - c0,
+                         task_set.flops() if task_set.flops else 0)
         return results
 
     @abstractmethod

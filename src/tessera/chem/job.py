@@ -170,12 +170,8 @@ class Job:
             data["memory_per_rank"] = memory_per_rank(ctx, cc.t2, ints)
         if method == "ccsd(t)" and result.converged:
             t0 = time.perf_counter()
-            if ctx.distributed:
-                from tessera.chem.triples_distributed import triples_correction_distributed
-                tr = triples_correction_distributed(ints, cc.t1, cc.t2, context=ctx)
-            else:
-                from tessera.chem.triples import triples_correction
-                tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
+            from tessera.chem.triples import triples_correction
+            tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
             timings["triples"] = time.perf_counter() - t0
             energies["t_correction"] = tr.energy
             energies["total"] = ref.e_hf + cc.e_corr + tr.energy
@@ -183,7 +179,7 @@ class Job:
             if ctx.distributed:
                 data["memory_per_rank"]["triples"] = {
                     "peak_operand_bytes": list(tr.rank_peak_operand_bytes),
-                    "peak_share_of_whole": tr.peak_share, "occ_tile": tr.occ_tile}
+                    "peak_share_of_whole": tr.peak_share, "task_tile": tr.task_tile}
         data["profile"] = [{"update": lab, "calls": n, "seconds": s, "flops": f}
                            for lab, n, s, f in ctx.report()[:25]]
         if ctx.distributed:

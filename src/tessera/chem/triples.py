@@ -21,31 +21,30 @@ four per choice of single index (a, b or c); index maps (cyclic shifts and a pai
 of abc) join the three layouts and apply r3.  With one virtual irrep (C1) the layouts
 are [v, v, v] arrays, eight terms land in W[abc] directly and the moves are transposes.
 
-Public kernel API (used by ``chem.triples_distributed`` too): :class:`VirtualLayout`
+Kernel API (fed by ``chem.triples_tasks``): :class:`VirtualLayout`
 (packed layouts), :class:`RowSlab` (the operands of a range of occupied orbitals, built
 from the rows of the blocks whose first index is occupied), :class:`KernelInputs` (what
 the kernel reads, per occupied orbital) and :class:`TripleKernel` (E(T) of the orbital
 triples of a task).  The kernel only reads the rows of the orbitals it is given, so
-the same code runs on whole local tensors and on one task's fetched rows.
-Tasks here are the unique triples of occupied tiles (one irrep each), run by the
-context's executor; each task keeps private buffers of a few packed v^3 / nirrep arrays.
+the same code runs on rows of local tensors and on one task's fetched rows.
+:func:`triples_correction` is the one driver: tasks are the unique triples of occupied
+task tiles (one irrep each), run by ``Context.run_tasks`` on any backend; each thread
+keeps buffers of a few packed v^3 / nirrep arrays.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.linalg.blas import dgemm
-from threadpoolctl import threadpool_limits
 
 from tessera.errors import InputError, ShapeError
 
 __all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
-           "occupied_tiles", "default_occ_tile", "check_occ_tile", "VirtualLayout", "RowSlab",
+           "default_occ_tile", "check_occ_tile", "VirtualLayout", "RowSlab",
            "SwappedRows", "KernelInputs", "TripleKernel"]
 
 _log = logging.getLogger(__name__)
@@ -55,10 +54,20 @@ SOURCES = ("ovvv", "t2", "ovov", "ovoo")   # the four-index tensors (T) reads, o
 
 @dataclass(frozen=True)
 class TriplesResult:
+    """E(T) and what it took; the bytes the ranks held (of (T) operands: fetched rows,
+    RowSlabs, cache and scratch rows) are set for distributed tensors only."""
+
     energy: float                 # E(T) in hartree
-    flops: int                    # GEMM flops actually done
-    tasks: int                    # occupied tile triples run
+    flops: int                    # GEMM flops actually done (all ranks)
+    tasks: int                    # task tile triples run
     seconds: float                # wall time of the whole correction
+    task_tile: int = 0            # occupied orbitals per task tile
+    peak_operand_bytes: int = 0                  # max over ranks
+    rank_peak_operand_bytes: tuple = ()          # per rank
+    peak_share: dict = field(default_factory=dict)   # source -> max over ranks of peak held / whole tensor
+    whole_bytes: dict = field(default_factory=dict)  # source -> bytes of the whole tensor
+    cache_bytes: int = 0                         # cache limit per rank (bytes)
+    kernel_buffer_bytes: int = 0                 # per thread of a rank
 
 
 # --------------------------------------------------------------------------- layouts
@@ -78,15 +87,6 @@ def irrep_ranges(space, what: str) -> np.ndarray:
                                  f"{space.name!r}; build the spaces with IndexSpace.from_irreps")
             rng[g] = pos[0], pos[-1] + 1
     return rng
-
-
-def occupied_tiles(orange: np.ndarray, tile: int) -> list:
-    """(start, stop, irrep) of occupied tiles of one irrep and at most ``tile`` orbitals."""
-    tiles = []
-    for g in np.argsort(orange[:, 0], kind="stable"):
-        a, b = orange[g]
-        tiles += [(int(s), int(min(s + tile, b)), int(g)) for s in range(a, b, tile)]
-    return tiles
 
 
 class VirtualLayout:
@@ -231,7 +231,7 @@ class RowSlab:
         return cls(x0, x1, g, ov1, t2r, ooL, ovov)
 
     def add_swapped(self, lay: VirtualLayout) -> "RowSlab":
-        """Store ov2 and t2s (pair-swapped ov1, t2r) too: the serial path's fast form."""
+        """Store ov2 and t2s (pair-swapped ov1, t2r) too: the fast form for resident tensors."""
         def swapped(arrs):
             out = []
             for h2, a in enumerate(arrs):
@@ -277,14 +277,6 @@ class SwappedRows:
         return out
 
 
-def _array(t) -> np.ndarray:
-    """A local BlockTensor as one array in space-position (tile) order (t1 and smaller)."""
-    out = np.zeros(tuple(s.dim for s in t.spaces))
-    for key, blk in t.blocks.items():
-        out[tuple(s.slice(k) for s, k in zip(t.spaces, key))] = blk
-    return out
-
-
 class KernelInputs:
     """What :class:`TripleKernel` reads, per occupied orbital x (a position in the space).
 
@@ -320,21 +312,6 @@ class KernelInputs:
             inp.ov2 = SwappedRows(inp.ov1, inp.irrep, lay, scratch[0])
             inp.t2s = SwappedRows(inp.t2r, inp.irrep, lay, scratch[1])
         return inp
-
-    @classmethod
-    def from_tensors(cls, ints, t1, t2) -> "KernelInputs":
-        """From whole local tensors: MO integrals (ovvv, ovov, ovoo), t1 (o, v), t2 (o, o, v, v)."""
-        o, v = ints.o, ints.v
-        orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
-        lay = VirtualLayout(vrange, v.irreps, np.asarray(ints.ev, float)[v.orbitals], orange)
-        by_tile = {name: {} for name in SOURCES}
-        for name, t in zip(SOURCES, (ints.ovvv, t2, ints.ovov, ints.ovoo)):
-            for key, blk in t.blocks.items():
-                by_tile[name].setdefault(key[0], []).append((key, blk))
-        slabs = [RowSlab.from_blocks(lay, o, v, tl.offset, tl.offset + tl.size,
-                                     {name: d.get(n, ()) for name, d in by_tile.items()}).add_swapped(lay)
-                 for n, tl in enumerate(o.tiles)]
-        return cls.from_slabs(lay, np.asarray(ints.eo, float)[o.orbitals], _array(t1), o.irreps, slabs)
 
 
 # --------------------------------------------------------------------------- kernel
@@ -512,18 +489,6 @@ class TripleKernel:
 
 
 # --------------------------------------------------------------------------- driver
-def _run_task(inp: KernelInputs, I, J, K, results: list, slot: int, local) -> None:
-    """Weighted E(T) of the orbital triples i >= j >= k of the tiles I >= J >= K."""
-    G = I[2] ^ J[2] ^ K[2]
-    if not inp.lay.ntrip[G]:                     # no virtual triple of this irrep
-        results[slot] = (0.0, 0)
-        return
-    if not hasattr(local, "pool"):               # one set per thread, reused by its tasks
-        local.pool = TripleKernel.new_pool(inp.lay)
-    kern = TripleKernel(inp, G, local.pool)
-    results[slot] = (kern.tile_energy(I[:2], J[:2], K[:2]), kern.flops)
-
-
 def default_occ_tile(nvir: int, nirrep: int) -> int:
     """Occupied orbitals per task tile: one task's orbital triples ~ 2e6 virtual triples."""
     return max(1, int((2e6 / max(1.0, nvir ** 3 / nirrep)) ** (1 / 3)))
@@ -536,15 +501,18 @@ def check_occ_tile(occ_tile) -> None:
         raise InputError(f"occ_tile must be a positive integer or None, got {occ_tile!r}")
 
 
-def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = None) -> TriplesResult:
-    """E(T) of closed-shell CCSD amplitudes ``t1`` (o, v) and ``t2`` (o, o, v, v).
+def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = None,
+                       cache_mb: float | None = None) -> TriplesResult:
+    """E(T) of closed-shell CCSD amplitudes ``t1`` (o, v) and ``t2`` (o, o, v, v), local or
+    distributed, on any backend (the tasks: :mod:`tessera.chem.triples_tasks`).
 
     ``ints`` are the MO integrals of :func:`tessera.chem.integrals.transform` (canonical
-    RHF orbitals).  One task per unique triple of occupied tiles (``occ_tile`` orbitals
-    of one irrep at most; default from the size of the virtual space) runs on
-    ``context.executor`` (default: the current context); partial energies are summed in
-    a fixed order, so every executor gives the same number.  Raises ShapeError when the
-    amplitudes are not over ``ints``' spaces, InputError for a bad ``occ_tile``.
+    RHF orbitals).  One task per unique triple of task tiles (``occ_tile`` occupied
+    orbitals at most) runs through ``context.run_tasks`` (default: the current context).
+    ``cache_mb``: per-rank cache of packed rows of distributed tensors (default 256 MiB).
+    Collective under MPI: every rank calls it and gets the same result.  Raises
+    ShapeError when the amplitudes are not over ``ints``' spaces, InputError for a bad
+    ``occ_tile`` or ``cache_mb``, or distributed tensors with a local context.
     """
     from tessera.backends.context import current_context
 
@@ -555,34 +523,33 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
         raise ShapeError("t1 must be a BlockTensor over (ints.o, ints.v) and t2 over "
                          "(ints.o, ints.o, ints.v, ints.v), both of irrep 0; build them with "
                          "BlockTensor.from_dense(..., (ints.o, ints.v)) from the same MOIntegrals")
-    if getattr(context, "distributed", False) or any(getattr(t, "dist", None) is not None
-                                                     for t in (t1, t2, *ints.tensors.values())):
-        raise InputError("triples_correction reads whole local tensors; with a distributed "
-                         "context use chem.triples_distributed.triples_correction_distributed")
     check_occ_tile(occ_tile)
-    inp = KernelInputs.from_tensors(ints, t1, t2)
-    nirrep = len(set(v.irreps.tolist()) | set(o.irreps.tolist())) or 1
-    if occ_tile is None:
-        occ_tile = default_occ_tile(v.dim, nirrep)
-    tiles = occupied_tiles(inp.lay.orange, int(occ_tile))
-    triples = [(I, J, K) for a, I in enumerate(tiles) for b, J in enumerate(tiles[:a + 1])
-               for K in tiles[:b + 1]]
-    for G in sorted({I[2] ^ J[2] ^ K[2] for I, J, K in triples}):
-        inp.lay.prepare(G)
-    results: list = [None] * len(triples)
-    cost = [(I[1] - I[0]) * (J[1] - J[0]) * (K[1] - K[0]) * inp.lay.ntrip[I[2] ^ J[2] ^ K[2]]
-            for I, J, K in triples]
-    order = sorted(range(len(triples)), key=lambda n: -cost[n])      # largest first
-    local = threading.local()
-    tasks = [(lambda n=n: _run_task(inp, *triples[n], results, n, local)) for n in order]
-    with threadpool_limits(limits=context.executor.blas_threads, user_api="blas"):
-        context.executor.run(tasks)
-    energy = float(sum(r[0] for r in results))     # in triple order whatever ran first
-    flops = int(sum(r[1] for r in results))
+    if cache_mb is not None and not (isinstance(cache_mb, (int, float)) and cache_mb >= 0):
+        raise InputError(f"cache_mb must be a number >= 0 or None, got {cache_mb!r}")
+    resident = all(getattr(t, "dist", None) is None for t in (t1, t2, *ints.tensors.values()))
+    if not resident and not context.distributed:
+        raise InputError("distributed tensors need a distributed context (mpi-onesided or "
+                         "mpi-collective); run triples_correction inside the context that made them")
+    from tessera.chem.triples_tasks import TriplesTasks
+    job = TriplesTasks(ints, t1, t2, occ_tile, cache_mb, resident)
+    ranks = context.ranks
+    task_set = job.task_set(ranks.size)
+    results = context.run_tasks(task_set)
+    energy = float(sum(results.tolist()))               # task order: schedule-independent
+    flops = int(ranks.allreduce(job.flops, "sum"))
     seconds = time.perf_counter() - t_start
-    stat = context.stats.setdefault("(T) triples correction", [0, 0.0, 0])
-    stat[0], stat[1], stat[2] = stat[0] + 1, stat[1] + seconds, stat[2] + flops
-    context.flops += flops
-    _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP, %.2f s", energy, len(tasks),
-              flops / 1e9, seconds)
-    return TriplesResult(energy, flops, len(tasks), seconds)
+    out = TriplesResult(energy, flops, len(task_set), seconds, task_tile=job.occ_tile,
+                        kernel_buffer_bytes=job.pool_bytes)
+    if resident:
+        _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP, %.2f s; task tile %d", energy,
+                  len(task_set), flops / 1e9, seconds, job.occ_tile)
+        return out
+    everyone = ranks.allgather((job.held.peak, job.held.peak_by))
+    peaks = tuple(int(p) for p, _ in everyone)
+    share = {s: max(by[s] for _, by in everyone) / max(1, job.whole[s]) for s in SOURCES}
+    _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP, %.2f s; task tile %d, peak (T) operands "
+              "%.3g MB/rank (largest share of one tensor %.2f%s)", energy, len(task_set), flops / 1e9,
+              seconds, job.occ_tile, max(peaks) / 1e6, max(share.values()),
+              "" if job.bounded else "; occupied space too small for task rows below whole tensors")
+    return replace(out, peak_operand_bytes=max(peaks), rank_peak_operand_bytes=peaks, peak_share=share,
+                   whole_bytes=dict(job.whole), cache_bytes=job.cache_limit)

@@ -1,0 +1,262 @@
+"""(T) as a :class:`~tessera.backends.tasks.TaskSet`: the one driver of every backend.
+
+The physics, the packed layouts and the kernel are ``chem.triples``' (:class:`TripleKernel`
+on :class:`KernelInputs` built from :class:`RowSlab` s).  The work is split into tasks,
+one per triple of occupied *task tiles* I >= J >= K; a task tile is a run of at most
+``occ_tile`` orbitals inside one occupied tensor tile.  ``Context.run_tasks`` runs them
+on any executor (serial, threads, or dealt over MPI ranks); partial energies are added
+in task order, so the result does not depend on the schedule.
+
+Local (resident) tensors: nothing is fetched; each task tile's RowSlab is packed once,
+with its pair-swapped rows (``add_swapped``), and kept for the whole run.  Default
+``occ_tile``: :func:`default_occ_tile`.
+
+Distributed tensors: for each task tile X of a task that is not in its cache, a rank
+requests only the rows x in X (a partial-block request along axis 0) of every block
+whose first index is X's tensor tile: (x a|b c), t2[x, m, a, b], (x a|m b) and
+(x a|m n).  It packs them into a RowSlab, drops the fetched copies, and runs the kernel;
+the pair-swapped rows are made per orbital on use, in a scratch buffer.  Default
+``occ_tile``: also at most ``nocc // 8``, so a task's orbitals are a small part of the
+occupied space.  The rank's (T) operands (fetched rows until packed, slabs, cache, two
+scratch rows; owned blocks arrive as views and are not counted) are measured and
+returned.  The cache is bounded in bytes (``cache_mb``, default 256 MiB) and at rest to
+half of each tensor; before each fetch it drops least recently used slabs until cache +
+the task's fetched rows + their slabs + scratch are below every whole tensor.  That is
+always possible when the task alone fits: with n_S <= 3 occ_tile orbitals per task,
+2 n_S + 1 rows < o, which the default gives for nocc >= 8.  With fewer occupied
+orbitals (water: 5) a rank can hold as many bytes from one tensor as the whole tensor
+has, and with nocc = 1 necessarily whole o-slabs.  Never o^3 v^3 or v^4 data.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from tessera.backends.tasks import TaskSet
+from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
+                                  default_occ_tile, irrep_ranges)
+
+DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
+
+
+class _Ledger:
+    """Bytes held per source tensor now, and the peaks (total and per source)."""
+
+    def __init__(self):
+        self.now = dict.fromkeys(SOURCES, 0)
+        self.peak = 0
+        self.peak_by = dict.fromkeys(SOURCES, 0)
+
+    def add(self, nbytes: dict, sign: int = 1) -> None:
+        for s, b in nbytes.items():
+            self.now[s] += sign * b
+            if sign > 0:
+                self.peak_by[s] = max(self.peak_by[s], self.now[s])
+        if sign > 0:
+            self.peak = max(self.peak, sum(self.now.values()))
+
+
+class TriplesTasks:
+    """Task tiles, tasks, their requests and work; the executor decides who runs what.
+    ``work`` and ``need`` are thread-safe (one lock for cache, ledger and flops; kernel
+    buffers per thread)."""
+
+    def __init__(self, ints, t1, t2, occ_tile, cache_mb, resident: bool):
+        o, v = ints.o, ints.v
+        self.o, self.v, self.resident = o, v, resident
+        self.tensors = dict(zip(SOURCES, (ints.ovvv, t2, ints.ovov, ints.ovoo)))
+        self.source_of = {t.uid: name for name, t in self.tensors.items()}
+        orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
+        self.lay = lay = VirtualLayout(vrange, v.irreps, np.asarray(ints.ev, float)[v.orbitals], orange)
+        self.eo = np.asarray(ints.eo, float)[o.orbitals]
+        self.t1d = t1.to_dense()[np.ix_(o.orbitals, v.orbitals)]        # in space positions
+        self.irrep = o.irreps.tolist()
+        if occ_tile is None:
+            nirrep = len(set(v.irreps.tolist()) | set(o.irreps.tolist())) or 1
+            occ_tile = default_occ_tile(v.dim, nirrep)
+            occ_tile = occ_tile if resident else max(1, min(occ_tile, o.dim // 8))
+        self.occ_tile = int(occ_tile)
+        # task tiles: (start, stop, irrep, tensor tile, part or None) inside one tensor tile
+        self.tiles = []
+        for n, tl in enumerate(o.tiles):
+            for s0 in range(tl.offset, tl.offset + tl.size, self.occ_tile):
+                s1 = min(s0 + self.occ_tile, tl.offset + tl.size)
+                part = None if s1 - s0 == tl.size else (0, s0 - tl.offset, s1 - tl.offset)
+                self.tiles.append((s0, s1, tl.irrep, n, part))
+        self.triples = [(a, b, c) for a in range(len(self.tiles)) for b in range(a + 1) for c in range(b + 1)]
+        self.G = [self.tiles[a][2] ^ self.tiles[b][2] ^ self.tiles[c][2] for a, b, c in self.triples]
+        for G in sorted(set(self.G)):
+            lay.prepare(G)
+        self.keys = {name: {} for name in SOURCES}     # source -> tensor tile -> keys with it first
+        for name, t in self.tensors.items():
+            for key in t.allowed_keys():
+                self.keys[name].setdefault(key[0], []).append(key)
+        self._budget(cache_mb)
+        self.cache: OrderedDict = OrderedDict()          # task tile -> RowSlab
+        self.cached = dict.fromkeys(SOURCES, 0)
+        self.held = _Ledger()
+        self.scratch = None
+        if not resident:                                 # pair-swapped rows made on access
+            self.held.add(self.scratch_bytes)
+            self.scratch = tuple(np.empty(self.scratch_bytes[s] // 8) for s in ("ovvv", "t2"))
+        self.lock = threading.Lock()
+        self.local = threading.local()                   # the kernel's buffers, one set per thread
+        self.flops = 0
+        self.pool_bytes = 8 * 8 * int(lay.ntrip.max())   # per thread (TripleKernel.new_pool)
+
+    # ------------------------------------------------------------------ sizes
+    def _row_elements(self, g: int) -> dict:
+        """Elements of one packed row (an occupied orbital of irrep g) of each source."""
+        lay, r = self.lay, range(NIRREP)
+        return {"ovvv": int(sum(lay.n[h] * lay.npair[g ^ h] for h in r)),
+                "t2": int(sum(lay.no[h] * lay.npair[g ^ h] for h in r)),
+                "ovov": int(sum(lay.no[h] * lay.npair[g ^ h] for h in r)),
+                "ovoo": int(sum(lay.no[h] * lay.nvo[g ^ h] for h in r))}
+
+    def _budget(self, cache_mb) -> None:
+        """Bytes per task tile and source, scratch rows, whole tensors; ``bounded``: even a
+        task that fetches all its rows stays below every whole tensor; the cache limits
+        (none for resident tensors: every slab is kept)."""
+        rows = {g: self._row_elements(g) for g in set(self.irrep)}
+        self.tile_bytes = [{s: 8 * (t[1] - t[0]) * rows[t[2]][s] for s in SOURCES} for t in self.tiles]
+        self.scratch_bytes = {s: 0 for s in SOURCES}
+        for s in ("ovvv", "t2"):
+            self.scratch_bytes[s] = 8 * max(r[s] for r in rows.values())
+        self.whole = {s: int(t.nbytes) for s, t in self.tensors.items()}
+        self.worst = {s: 2 * sum(sorted(tb[s] for tb in self.tile_bytes)[-3:]) + self.scratch_bytes[s]
+                      for s in SOURCES}
+        self.bounded = all(self.worst[s] < self.whole[s] for s in SOURCES)
+        self.cache_limit = int((DEFAULT_CACHE_MB if cache_mb is None else cache_mb) * 2 ** 20)
+        self.cache_cap = {s: min(self.whole[s] // 2, self.whole[s] - self.scratch_bytes[s] - 1)
+                          for s in SOURCES}
+
+    # ------------------------------------------------------------------ tasks
+    def task_set(self, nranks: int) -> TaskSet:
+        costs = [self.cost(i) for i in range(len(self.triples))]
+        chunk = max(1, min(8, len(costs) // (4 * nranks)))
+        return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops)
+
+    def cost(self, task: int) -> float:
+        a, b, c = self.triples[task]
+        size = np.prod([self.tiles[x][1] - self.tiles[x][0] for x in (a, b, c)])
+        return float(size * max(1, int(self.lay.ntrip[self.G[task]])))
+
+    def need(self, task: int) -> list:
+        """Rows of the blocks of the task's uncached task tiles (partial requests); first
+        drops cached slabs (least recently used, not the task's) until what arrives fits.
+        Nothing for resident tensors."""
+        if self.resident or not self.lay.ntrip[self.G[task]]:
+            return []
+        wanted = sorted(set(self.triples[task]))
+        with self.lock:
+            new = [x for x in wanted if x not in self.cache]
+            room = {s: 2 * sum(self.tile_bytes[x][s] for x in new) + self.scratch_bytes[s] for s in SOURCES}
+            self._evict(lambda: any(self.cached[s] + room[s] >= self.whole[s] for s in SOURCES), wanted)
+        out = []
+        for x in new:
+            n, part = self.tiles[x][3], self.tiles[x][4]
+            for name, t in self.tensors.items():
+                out += [(t, key) if part is None else (t, key, part) for key in self.keys[name].get(n, ())]
+        return out
+
+    def _evict(self, over, keep) -> None:
+        """Drop least recently used slabs not in ``keep`` while ``over()`` (lock held)."""
+        for y in [y for y in self.cache if y not in keep]:
+            if not over():
+                return
+            del self.cache[y]
+            for s in SOURCES:
+                self.cached[s] -= self.tile_bytes[y][s]
+            self.held.add(self.tile_bytes[y], -1)
+
+    def _slab(self, x: int, blocks: dict) -> RowSlab:
+        """Task tile x packed from ``blocks`` (fetched rows) or, resident, from the tensors'
+        blocks (views of the rows), with the pair-swapped rows."""
+        s0, s1, _, n, part = self.tiles[x]
+        parts = {}
+        for name, t in self.tensors.items():
+            rows = []
+            for key in self.keys[name].get(n, ()):
+                if self.resident:
+                    blk = t.blocks.get(key)
+                    if blk is not None:
+                        rows.append((key, blk if part is None else blk[part[1]:part[2]]))
+                else:
+                    rows.append((key, blocks[(t.uid, key) if part is None else (t.uid, key, part)]))
+            parts[name] = rows
+        slab = RowSlab.from_blocks(self.lay, self.o, self.v, s0, s1, parts)
+        return slab.add_swapped(self.lay) if self.resident else slab
+
+    def _admit(self, x: int, slab: RowSlab, keep) -> bool:
+        """Put a new slab into the cache, dropping least recently used slabs (never one of
+        ``keep``) while over a limit; False when it does not fit (the task drops it)."""
+        over = (lambda: sum(self.cached.values()) > self.cache_limit
+                or any(self.cached[s] > self.cache_cap[s] for s in SOURCES))
+        self.cache[x] = slab
+        for s in SOURCES:
+            self.cached[s] += self.tile_bytes[x][s]
+        self._evict(over, keep)
+        if over():
+            del self.cache[x]
+            for s in SOURCES:
+                self.cached[s] -= self.tile_bytes[x][s]
+            return False
+        return True
+
+    def _resident_slabs(self, wanted) -> dict:
+        """Slabs of resident task tiles, packed on first use and kept."""
+        with self.lock:
+            for x in wanted:
+                if x not in self.cache:
+                    self.cache[x] = self._slab(x, {})
+            return {x: self.cache[x] for x in wanted}
+
+    def _fetched_slabs(self, wanted, blocks: dict) -> tuple:
+        """(slabs, task tiles to drop after the task) from cache and fetched rows."""
+        with self.lock:
+            fetched = dict.fromkeys(SOURCES, 0)     # copies that arrived (owned blocks come as views)
+            for k, arr in blocks.items():
+                name = self.source_of[k[0]]
+                if k[1] not in self.tensors[name].blocks:
+                    fetched[name] += arr.nbytes
+            self.held.add(fetched)
+            slabs, new = {}, []
+            for x in wanted:
+                slab = self.cache.get(x)
+                if slab is None:
+                    slab = self._slab(x, blocks)
+                    self.held.add(self.tile_bytes[x])
+                    new.append(x)
+                else:
+                    self.cache.move_to_end(x)
+                slabs[x] = slab
+            blocks.clear()                   # the fetched rows are packed: let them go
+            self.held.add(fetched, -1)
+            return slabs, [x for x in new if not self._admit(x, slabs[x], wanted)]
+
+    def work(self, task: int, blocks: dict) -> float:
+        a, b, c = self.triples[task]
+        G = self.G[task]
+        if not self.lay.ntrip[G]:
+            return 0.0
+        wanted = sorted({a, b, c})
+        if self.resident:
+            slabs, transient = self._resident_slabs(wanted), []
+        else:
+            slabs, transient = self._fetched_slabs(wanted, blocks)
+        inp = KernelInputs.from_slabs(self.lay, self.eo, self.t1d, self.irrep, slabs.values(),
+                                      scratch=self.scratch)
+        if not hasattr(self.local, "pool"):
+            self.local.pool = TripleKernel.new_pool(self.lay)
+        kern = TripleKernel(inp, G, self.local.pool)
+        I, J, K = (self.tiles[x][:2] for x in (a, b, c))
+        energy = kern.tile_energy(I, J, K)
+        with self.lock:
+            self.flops += kern.flops
+            for x in transient:
+                self.held.add(self.tile_bytes[x], -1)
+        return energy
+
