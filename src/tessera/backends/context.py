@@ -24,6 +24,7 @@ from tessera.backends.tasks import run_local
 from tessera.errors import InputError, TesseraError
 from tessera.expr import terms
 from tessera.plan.planner import plan_updates
+from tessera.profile.records import Recorder
 from tessera.tensor.block_tensor import reset_storage, use_storage
 
 _current: contextvars.ContextVar = contextvars.ContextVar("tessera_context", default=None)
@@ -60,8 +61,7 @@ class Context:
         self.executor = make_executor(backend, **executor_options)
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict = OrderedDict()     # (uid, version, layout ids) -> matrices
-        self.stats: dict = {}                       # label -> [calls, seconds, flops]
-        self.flops = 0
+        self.profile = Recorder()                   # regions run here: time, flops
         self._tokens: list = []
         self.distributed = bool(getattr(self.executor, "distributed", False))
         self.deal_stats = None      # DealStats of the last run_tasks on this rank (see run_tasks)
@@ -90,11 +90,17 @@ class Context:
         self.record(step.label, seconds, step.flops)
 
     def record(self, label: str, seconds: float, flops: int = 0) -> None:
-        st = self.stats.setdefault(label, [0, 0.0, 0])
-        st[0] += 1
-        st[1] += seconds
-        st[2] += flops
-        self.flops += flops
+        self.profile.region(label, seconds, flops)
+
+    @property
+    def stats(self) -> dict:
+        """label -> [calls, seconds, flops] of the regions run here."""
+        return self.profile.table
+
+    @property
+    def flops(self) -> int:
+        """Flops of every region run here so far."""
+        return self.profile.flops
 
     # ---------------------------------------------------------------- execution
     def run_tasks(self, task_set):
@@ -172,8 +178,8 @@ class Context:
         return mats
 
     def report(self) -> list:
-        """(label, calls, seconds, flops) per update, slowest first."""
-        return sorted(((k, *v) for k, v in self.stats.items()), key=lambda r: -r[2])
+        """(label, calls, seconds, flops) per region, slowest first."""
+        return self.profile.rows()
 
 
 def current_context() -> Context:

@@ -198,8 +198,12 @@ class DistributedExecutor(ABC):
     def run_tasks(self, task_set) -> np.ndarray:
         """Run a :class:`~tessera.backends.tasks.TaskSet` spread over the ranks; returns
         every task's result on every rank (summed over ranks, so the caller may add them
-        in a fixed order). Collective. Communication is accounted under ``task_set.name``."""
+        in a fixed order). Collective. Communication is accounted under ``task_set.name``.
+
+        Starts with a barrier: blocks that any rank wrote in place before the call (e.g.
+        ``store_block`` outside a plan) are complete before a task reads them."""
         snap, t0, c0 = self.account.begin(), time.perf_counter(), self.compute_seconds
+        self.barrier()
         results = np.zeros(len(task_set))
         for i in self.task_order(task_set):
             blocks = self.fetch_blocks(task_set.need(i) if i is not None else [])

@@ -23,6 +23,7 @@ from tessera.chem.ccsd import CCSD, CCSDStructure
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.errors import ConvergenceError, InputError
+from tessera.profile.records import memory_table, slowest
 
 METHODS = ("hf", "ccsd", "ccsd(t)")
 SCF_CODES = ("pyscf", "tessera")
@@ -180,8 +181,7 @@ class Job:
                 data["memory_per_rank"]["triples"] = {
                     "peak_operand_bytes": list(tr.rank_peak_operand_bytes),
                     "peak_share_of_whole": tr.peak_share, "task_tile": tr.task_tile}
-        data["profile"] = [{"update": lab, "calls": n, "seconds": s, "flops": f}
-                           for lab, n, s, f in ctx.report()[:25]]
+        data["profile"] = slowest(ctx.profile)
         if ctx.distributed:
             summary = ctx.executor.account.summary()
             data["communication"] = summary
@@ -231,15 +231,8 @@ class Job:
 
 def memory_per_rank(ctx, t2, ints) -> dict:
     """Bytes of T2 and of the MO integrals held by each rank (collective)."""
-    mine = (t2.local_nbytes, sum(t.local_nbytes for t in ints.tensors.values()))
-    parts = ctx.ranks.allgather(mine)
-    t2b = [p[0] for p in parts]
-    intb = [p[1] for p in parts]
-    total = [a + b for a, b in zip(t2b, intb)]
-    mean = sum(total) / len(total)
-    return {"t2": t2b, "integrals": intb, "total": total,
-            "max_over_mean": max(total) / mean if mean else 1.0,
-            "whole_t2_bytes": t2.nbytes, "whole_integrals_bytes": 8 * ints.stored_elements}
+    mine = {"t2": t2.local_nbytes, "integrals": sum(t.local_nbytes for t in ints.tensors.values())}
+    return memory_table(ctx.ranks.allgather(mine), {"t2": t2.nbytes, "integrals": 8 * ints.stored_elements})
 
 
 def frozen_core_orbitals(mol) -> int:
