@@ -98,7 +98,8 @@ def main(argv=None):
             row["ratio_ccsd_t"] = (t["ccsd"] + t["triples"]) / (p["ccsd"] + p["triples"])
             row["delta_e_t"] = t["e_t"] - p["e_t"]
         rows.append(row)
-        print(f"\n{path} ({mol.groupname}, {mol.nao} basis functions, frozen {nfz}), backend {args.backend}")
+        print(f"\n{path} ({mol.groupname}, {mol.nao} basis functions, frozen {nfz}), backend {args.backend}; "
+              "load average (1, 5, 15 min) " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
         print(f"{'phase':18s} {'PySCF s':>10s} {'Tessera s':>10s} {'ratio':>7s}")
         print(f"{'CCSD (+transform)':18s} {p['ccsd']:10.2f} {t['ccsd']:10.2f} {row['ratio_ccsd']:7.3f}")
         if triples:
