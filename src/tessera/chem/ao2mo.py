@@ -19,7 +19,9 @@ holds all AO integrals or a whole four-index tensor, and no data goes through on
    rows of a first-pair group (P, Q) of a class live where the class tensor's (P, Q, R, S)
    blocks live (H is laid out with placement ``("rows", owners)``); that rank finishes
    lam sig -> r s per irrep of r (only symmetry-allowed (R, S); r >= s packed when both
-   indices run over the same orbitals) and stores the blocks.
+   indices run over the same orbitals) and stores the blocks. When p and q run over the
+   same space (oooo, oovv, vvvv) only groups P >= Q are transformed: (qp|rs) = (pq|rs),
+   so the (Q, P, R, S) blocks are the transposes, put to their owner.
 The H tensors are released (collective) before returning.
 
 Memory per rank, in doubles: its class blocks (~ stored total / ranks with the ``pairs``
@@ -92,8 +94,12 @@ class _Half:
 
     def __init__(self, name, t, index, units_space):
         groups: dict = {}
+        # (pq|rs) = (qp|rs): when p and q run over the same space only groups P >= Q are
+        # transformed; the finish writes the (Q, P) blocks as transposes
+        self.mirror = name[0] == name[1]
         for key in t.allowed_keys():
-            groups.setdefault(key[:2], []).append(key)
+            if not self.mirror or key[0] >= key[1]:
+                groups.setdefault(key[:2], []).append(key)
         self.name, self.t, self.gkeys = name, t, sorted(groups)
         self.groups = [groups[g] for g in self.gkeys]
         sp = t.spaces
@@ -208,7 +214,10 @@ class ClassTransform:
                     for key in hkeys:
                         out[key][r0:r1] = res[:, slice(*_rel(sp[2], key[2], z0)), slice(*_rel(sp[3], key[3], w0))]
         for key, blk in out.items():
-            t.store_block(key, blk.reshape(t.block_shape(key)))
+            blk = blk.reshape(t.block_shape(key))
+            t.store_block(key, blk)
+            if h.mirror and key[0] > key[1]:        # (Q P|R S) = (P Q|R S) transposed
+                t.put_block((key[1], key[0]) + key[2:], np.ascontiguousarray(blk.transpose(1, 0, 2, 3)))
         return 0.0
 
 

@@ -22,6 +22,7 @@ from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distr
 from tessera.chem.ccsd import CCSD, CCSDStructure
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
+from tessera.chem.triples import triples_correction
 from tessera.errors import ConvergenceError, InputError
 from tessera.profile.records import memory_table, slowest
 
@@ -171,7 +172,6 @@ class Job:
             data["memory_per_rank"] = memory_per_rank(ctx, cc.t2, ints)
         if method == "ccsd(t)" and result.converged:
             t0 = time.perf_counter()
-            from tessera.chem.triples import triples_correction
             tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
             timings["triples"] = time.perf_counter() - t0
             energies["t_correction"] = tr.energy

@@ -49,6 +49,13 @@ def slowest(recorder: Recorder, limit: int = 25) -> list:
             for label, n, s, f in recorder.rows()[:limit]]
 
 
+def imbalance(values) -> float:
+    """Load imbalance of per-rank values (busy time, bytes): max / mean (1.0 is perfect)."""
+    values = [float(v) for v in values]
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean > 0 else 1.0
+
+
 def memory_table(parts: list, whole: dict) -> dict:
     """The JSON's ``memory_per_rank`` from every rank's ``{name: bytes}`` (same names on
     every rank) and the bytes of the whole tensors: per name a list over ranks, the total
@@ -56,7 +63,6 @@ def memory_table(parts: list, whole: dict) -> dict:
     names = list(parts[0]) if parts else []
     out = {name: [p[name] for p in parts] for name in names}
     total = [sum(p.values()) for p in parts]
-    mean = sum(total) / len(total) if total else 0.0
-    out.update(total=total, max_over_mean=max(total) / mean if mean else 1.0)
+    out.update(total=total, max_over_mean=imbalance(total))
     out.update({f"whole_{name}_bytes": b for name, b in whole.items()})
     return out

@@ -9,7 +9,7 @@ time, summed over all Fock builds (1.0 is perfect).
 
 from __future__ import annotations
 
-import numpy as np
+from tessera.profile.records import imbalance
 
 _SUMMED = ("busy_s", "busy_cpu_s", "tasks_s", "reduce_s", "wall_s", "tasks", "stolen", "steals",
            "counter_local", "counter_remote", "integrals")
@@ -32,12 +32,6 @@ def _rank_totals(history: list) -> dict:
     return out
 
 
-def _imbalance(busy) -> float:
-    busy = np.asarray(busy, dtype=float)
-    mean = busy.mean() if busy.size else 0.0
-    return float(busy.max() / mean) if mean > 0 else 1.0
-
-
 def summarize(builder, ranks, **extra) -> dict:
     """Collective over ``ranks`` (``Context.ranks``): the ``info`` dict of the RHF
     Reference, identical on every rank."""
@@ -48,7 +42,7 @@ def summarize(builder, ranks, **extra) -> dict:
     busy = [r["busy_s"] for r in per_rank]
     busy_cpu = [r["busy_cpu_s"] for r in per_rank]
     nbuild = per_rank[0]["fock_builds"]
-    per_build = [_imbalance([r["busy_per_build_s"][i] for r in per_rank])
+    per_build = [imbalance([r["busy_per_build_s"][i] for r in per_rank])
                  for i in range(nbuild)]
     local = sum(r["counter_local"] for r in per_rank)
     remote = sum(r["counter_remote"] for r in per_rank)
@@ -68,9 +62,9 @@ def summarize(builder, ranks, **extra) -> dict:
         "tasks_executed": [r["tasks"] for r in per_rank],
         "tasks_stolen": [r["stolen"] for r in per_rank],
         "steals": [r["steals"] for r in per_rank],
-        "imbalance": _imbalance(busy),
+        "imbalance": imbalance(busy),
         "busy_cpu_s": busy_cpu,
-        "imbalance_cpu": _imbalance(busy_cpu),
+        "imbalance_cpu": imbalance(busy_cpu),
         "imbalance_per_build": per_build,
         "counter_ops": {"local": local, "remote": remote,
                         "local_fraction": local / (local + remote) if local + remote else None},
