@@ -62,21 +62,24 @@ def test_every_task_once_over_many_deals(schedule, size):
     speed = [1, 3, 1, 2][:size]              # rank 1 is fast: it steals from the others
     for n_deal in range(2 * NCOUNTERS + 1):  # counters reused: bases must stay right
         cost = rng.uniform(1, 10, int(rng.integers(0, 60)))
-        for chunk in (1, 3):
-            deals = [s.deal(cost, chunk) for s in scheds]
+        for chunk, how, order in ((1, "largest_first", "index"), (3, "contiguous", "cost")):
+            deals = [s.deal(cost, chunk, how, order=order) for s in scheds]
             got = _interleave(deals, speed)
             assert sorted(got) == list(range(len(cost))), (n_deal, chunk)
             assert sum(d.stats.tasks for d in deals) == len(cost)
-            if schedule == "steal" and size > 1 and len(cost) > 8:
+            if schedule == "steal" and size > 1 and len(cost) > 8 and chunk == 1:
                 assert deals[1].stats.stolen > 0 and deals[1].stats.counter_remote > 0
             for s in scheds:                 # what a barrier between deals does
                 s.synced()
 
 
-def test_nxtval_hands_out_largest_first():
+def test_nxtval_orders_and_queues():
     (s,) = _schedulers(1, "nxtval")
     cost = [1.0, 5.0, 3.0, 5.0]
-    assert [i for chunk in s.deal(cost) for i in chunk] == [1, 3, 2, 0]
+    assert [i for chunk in s.deal(cost) for i in chunk] == [0, 1, 2, 3]
+    assert [i for chunk in s.deal(cost, order="cost") for i in chunk] == [1, 3, 2, 0]
+    assert partition(cost, 2) == [[1, 2], [3, 0]]                 # LPT: each queue largest first
+    assert partition(cost, 2, "contiguous") == [[0, 1], [2, 3]]
 
 
 def test_partitions():

@@ -86,7 +86,8 @@ class OneSidedExecutor(DistributedExecutor):
 
     def task_order(self, task_set):
         deal = self.scheduler_for(task_set.schedule).deal(task_set.costs, task_set.chunk,
-                                                          task_set.partition, task_set.home)
+                                                          task_set.partition, task_set.home,
+                                                          task_set.order)
         self.deal_stats = deal.stats
         for batch in deal:
             yield from batch

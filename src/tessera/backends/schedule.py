@@ -4,11 +4,13 @@ Every parallel workload (contraction steps of ``mpi-onesided``, the Fock build, 
 the transform) gets its tasks from :meth:`Scheduler.deal`; the schedule decides:
 
 - ``static``: a cost-balanced partition (``partition="largest_first"``: Graham's LPT
-  rule; ``"contiguous"``: runs of consecutive tasks of near-equal cost, which keeps
-  neighbouring tasks, and the data they share, on one rank); each rank runs its own
-  queue and nothing else. No counter.
-- ``nxtval``: one global counter (NWChem's NXTVAL) hands out tasks in order of
-  decreasing cost, ``chunk`` tickets at a time; whoever asks first gets the next.
+  rule, each queue largest first; ``"contiguous"``: runs of consecutive tasks of
+  near-equal cost, in task order, which keeps neighbouring tasks, and the data they
+  share, on one rank); each rank runs its own queue and nothing else. No counter.
+- ``nxtval``: one global counter (NWChem's NXTVAL) hands out tasks ``chunk`` tickets at a
+  time, whoever asks first gets the next: in task order (``order="index"``: neighbours
+  share data, as TCE's loops) or largest first (``order="cost"``: better balance when
+  costs vary widely, as the SCF's quartets).
 - ``steal``: the static partition, then stealing (Liu, Patel, Chow, IPDPS 2014, Sec.
   III-C; the same rule as UPC++/Cilk-style "steal half"): each rank drains its own queue
   through a counter in its own memory (local fetch-and-adds, ``chunk`` at a time); when
@@ -16,10 +18,13 @@ the transform) gets its tasks from :meth:`Scheduler.deal`; the schedule decides:
   remaining tasks* with one remote fetch-and-add on the victim's counter, until every
   queue is empty.
 
-Counters are not reset between deals (a reset needs two barriers). A claim that runs
-past the end of a queue gives the excess back (a fetch-and-add of minus the excess), so
-after every rank has finished a deal a queue's counter stands exactly ``len(queue)``
-above where it started: every rank knows the next base without communication. A counter
+Counters are not reset between deals (a reset needs two barriers); every rank must know
+where a counter stands after a deal without a message. Under nxtval every claim takes
+``chunk`` tickets and every rank stops after exactly one failing claim, so the counter
+ends ``chunk * (claims with tasks + ranks)`` above its start. Under steal claims vary in
+size (half of what is left), so a claim that runs past the end of a queue gives the
+excess back (a fetch-and-add of minus the excess) and the queue's counter ends exactly
+``len(queue)`` above its start. A counter
 is used again only after a barrier (``synced``), when every claim of its last deal is
 complete; with ``NCOUNTERS`` counters in turn, consecutive deals need no barrier.
 """
@@ -36,6 +41,7 @@ from tessera.runtime.distribution import contiguous_runs, largest_first, queues
 
 NCOUNTERS = 4
 PARTITIONS = ("largest_first", "contiguous")
+ORDERS = ("index", "cost")
 
 
 @dataclass
@@ -58,15 +64,20 @@ def partition(costs, nranks: int, how: str = "largest_first") -> list:
     """[[task, ...] per rank] of the static partition (deterministic, the same on every rank)."""
     if how not in PARTITIONS:
         raise ValueError(f"unknown partition {how!r}; expected one of {PARTITIONS}")
-    bins = largest_first(costs, nranks) if how == "largest_first" else contiguous_runs(costs, nranks)
-    return queues(bins, nranks)
+    if how == "contiguous":
+        return queues(contiguous_runs(costs, nranks), nranks)
+    bins = largest_first(costs, nranks)
+    out = [[] for _ in range(nranks)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):     # each queue largest first
+        out[bins[i]].append(i)
+    return out
 
 
 class Deal:
     """One hand-out of tasks on one rank: iterate for chunks (lists of task ids);
     ``own`` is this rank's static queue (prefetch it), ``stats`` counts what happened."""
 
-    def __init__(self, scheduler: "Scheduler", costs, chunk: int, how: str, home=None):
+    def __init__(self, scheduler: "Scheduler", costs, chunk: int, how: str, home=None, order: str = "index"):
         self.s = scheduler
         self.n = len(costs)
         self.chunk = max(1, int(chunk))
@@ -78,7 +89,10 @@ class Deal:
             self.own = self.queues[me]
         elif self.schedule == "nxtval" or size == 1:
             self.queues = None
-            self.order = sorted(range(self.n), key=lambda i: (-costs[i], i))
+            if order not in ORDERS:
+                raise ValueError(f"unknown task order {order!r}; expected one of {ORDERS}")
+            self.order = (list(range(self.n)) if order == "index"
+                          else sorted(range(self.n), key=lambda i: (-costs[i], i)))
             self.own = self.order if size == 1 else []
         else:
             self.queues = partition(costs, size, how)
@@ -96,14 +110,17 @@ class Deal:
             return
         k = s.take_counter()
         if self.schedule == "nxtval":
-            yield from self._claims(k, None, 0, self.order, self.chunk, steal=False)
-        else:
-            me = s.rank
-            yield from self._claims(k, me, me, self.own, self.chunk, steal=False)
-            for j in range(1, s.size):
-                victim = (me + j) % s.size
-                yield from self._claims(k, victim, victim, self.queues[victim], None, steal=True)
-        s.advance(k, [self.n] if self.queues is None else [len(q) for q in self.queues])
+            # fixed claims only: every rank ends with one failing claim, so the counter
+            # ends at base + chunk * (claims that got tasks + ranks): nothing to give back
+            yield from self._claims(k, None, 0, self.order, self.chunk, steal=False, give_back=False)
+            s.advance(k, [self.chunk * (-(-self.n // self.chunk) + s.size)])
+            return
+        me = s.rank
+        yield from self._claims(k, me, me, self.own, self.chunk, steal=False)
+        for j in range(1, s.size):
+            victim = (me + j) % s.size
+            yield from self._claims(k, victim, victim, self.queues[victim], None, steal=True)
+        s.advance(k, [len(q) for q in self.queues])
 
     def _got(self, ids, victim=None):
         self.stats.tasks += len(ids)
@@ -113,10 +130,11 @@ class Deal:
             self.stats.victims[victim] = self.stats.victims.get(victim, 0) + len(ids)
         return list(ids)
 
-    def _claims(self, k, target, q, queue, chunk, steal: bool):
+    def _claims(self, k, target, q, queue, chunk, steal: bool, give_back: bool = True):
         """Claim tasks of ``queue`` through counter k's entry ``q`` (on rank ``target``; None:
         the global counter) until it is empty: ``chunk`` at a time, or (chunk None) half
-        of what is left, read first. The excess of a claim past the end is given back."""
+        of what is left, read first. With ``give_back`` the excess of a claim past the end
+        is given back (claims of varying size: the end value is then known)."""
         s, n = self.s, len(queue)
         base = s.bases[k][q]
         while True:
@@ -129,7 +147,7 @@ class Deal:
                 want = chunk
             start = s.fetch_add(k, want, target, self.stats) - base
             excess = start + want - n
-            if excess > 0:
+            if give_back and excess > 0:
                 s.fetch_add(k, -min(excess, want), target, self.stats)
             if start >= n:
                 return
@@ -158,11 +176,13 @@ class Scheduler:
         self.epoch = 0
         self._used = [-1] * NCOUNTERS
 
-    def deal(self, costs, chunk: int = 1, partition: str = "largest_first", home=None) -> Deal:
+    def deal(self, costs, chunk: int = 1, partition: str = "largest_first", home=None,
+             order: str = "index") -> Deal:
         """This rank's share of tasks 0..len(costs)-1 (iterate the result for chunks).
         Collective in the sense that every rank must deal the same tasks in the same order.
-        ``home[i]``: the rank task i must run on (a static deal, whatever the schedule)."""
-        return Deal(self, list(costs), chunk, partition, home)
+        ``home[i]``: the rank task i must run on (a static deal, whatever the schedule);
+        ``order``: nxtval's (and one rank's) hand-out order, ``index`` or ``cost``."""
+        return Deal(self, list(costs), chunk, partition, home, order)
 
     # -- counters (used by Deal) -----------------------------------------------------------
     def take_counter(self) -> int:

@@ -54,6 +54,8 @@ class TaskSet:
     need: ``need(i) -> [(tensor, key[, part])]`` the blocks task i reads;
     chunk: tasks handed out per claim (dynamic schedules);
     partition: static partition, ``largest_first`` or ``contiguous`` (neighbours together);
+    order: the order of a dynamic hand-out (nxtval), ``index`` (neighbours after each
+        other) or ``cost`` (largest first);
     schedule: static | nxtval | steal for this task set under ``mpi-onesided`` (None: the
     executor's schedule); ``mpi-collective`` always runs static rounds, serial and
     threads run every task here;
@@ -68,6 +70,7 @@ class TaskSet:
     need: Callable[[int], list] = _no_blocks
     chunk: int = 1
     partition: str = "largest_first"
+    order: str = "index"
     schedule: str | None = None
     flops: Callable[[], int] | None = None
     home: Sequence[int] | None = None

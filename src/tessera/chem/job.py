@@ -201,8 +201,8 @@ class Job:
         return decision["backend"], options, decision["tile"], decision
 
     def _scf(self, mol, ranks):
-        """The RHF reference. Tessera's own SCF is collective (every rank takes part, in a
-        distributed context of its own under MPI, else a serial/threads one);
+        """The RHF reference. Tessera's own SCF is collective (every rank takes part, in an
+        mpi-onesided context of its own under MPI, else a serial/threads one);
         PySCF's runs on rank 0 only. Under MPI rank 0's reference is then shared, so every
         rank uses bit-identical orbitals."""
         opt = self.options
@@ -211,10 +211,9 @@ class Job:
             shared = ranks.share(lambda: replace(rhf_reference(mol), mol=None))
             return replace(shared, mol=mol)
         from tessera.chem.scf import rhf
-        if ranks.size > 1 or runs_distributed(opt.backend):
-            ctx = Context(opt.backend if opt.backend in ("mpi-onesided", "mpi-collective") else "auto")
-        else:
-            ctx = Context(opt.backend)
+        # under MPI the Fock build is GTFock's one-sided workload (its schedule is
+        # --scf-schedule) whatever executor runs the equations
+        ctx = Context("mpi-onesided" if runs_distributed(opt.backend) else opt.backend)
         with ctx:
             ref = rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter, context=ctx)
         ctx.close()        # collective when distributed: not in a finally (see kernel)

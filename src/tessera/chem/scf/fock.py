@@ -9,8 +9,8 @@ under MPI, local otherwise). Each build
    density matrix (no message);
 2. runs the block-quartet tasks as a ``TaskSet`` on the context (``Context.run_tasks``):
    under ``mpi-onesided`` dealt by the engine's scheduler with the SCF's schedule
-   (static: GTFock's contiguous cost-balanced ranges, for density-tile locality; nxtval;
-   steal: that partition plus stealing half of a victim's queue); a task asks for the
+   (static: GTFock's contiguous cost-balanced ranges, for density-tile locality; nxtval,
+   largest first; steal: that partition plus stealing half of a victim's queue); a task asks for the
    density tiles it reads that this build has not fetched yet; contributions go to
    per-thread tile buffers;
 3. every rank accumulates its buffers into M, once per tile; after a sync every rank
@@ -199,7 +199,7 @@ class FockBuilder:
             return 0.0
 
         return TaskSet("scf.fock", list(tasks.cost), work, need, schedule=self.schedule,
-                       partition="contiguous")
+                       partition="contiguous", order="cost")
 
     def _replay(self, w: _Worker, tiles: dict) -> None:
         """incore, after the first build: this rank's kept integral blocks, no schedule."""
