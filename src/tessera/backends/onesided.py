@@ -6,7 +6,8 @@ task: it gets the input blocks it needs (one-sided, from whoever owns them), mul
 them, and accumulates the result block into the owner's memory (atomic per element).
 
 Schedules (who runs which task; ``backends.schedule``):
-- ``nxtval``: a global counter hands out tasks, largest estimated cost first;
+- ``nxtval``: a global counter hands out tasks in task order (a task set may ask for
+  largest first, ``TaskSet.order``);
 - ``steal``: a static partition by estimated cost (largest first), then each rank
   drains its own queue and steals half of what another rank has left.
 A TaskSet that names a schedule (``TaskSet.schedule``, static too) is dealt by a

@@ -112,14 +112,14 @@ class Deal:
         if self.schedule == "nxtval":
             # fixed claims only: every rank ends with one failing claim, so the counter
             # ends at base + chunk * (claims that got tasks + ranks): nothing to give back
-            yield from self._claims(k, None, 0, self.order, self.chunk, steal=False, give_back=False)
+            yield from self._claims(k, None, 0, self.order, self.chunk, give_back=False)
             s.advance(k, [self.chunk * (-(-self.n // self.chunk) + s.size)])
             return
         me = s.rank
-        yield from self._claims(k, me, me, self.own, self.chunk, steal=False)
+        yield from self._claims(k, me, me, self.own, self.chunk)
         for j in range(1, s.size):
             victim = (me + j) % s.size
-            yield from self._claims(k, victim, victim, self.queues[victim], None, steal=True)
+            yield from self._claims(k, victim, victim, self.queues[victim], None)
         s.advance(k, [len(q) for q in self.queues])
 
     def _got(self, ids, victim=None):
@@ -130,10 +130,10 @@ class Deal:
             self.stats.victims[victim] = self.stats.victims.get(victim, 0) + len(ids)
         return list(ids)
 
-    def _claims(self, k, target, q, queue, chunk, steal: bool, give_back: bool = True):
+    def _claims(self, k, target, q, queue, chunk, give_back: bool = True):
         """Claim tasks of ``queue`` through counter k's entry ``q`` (on rank ``target``; None:
-        the global counter) until it is empty: ``chunk`` at a time, or (chunk None) half
-        of what is left, read first. With ``give_back`` the excess of a claim past the end
+        the global counter) until it is empty: ``chunk`` at a time, or (chunk None: a
+        steal from rank ``target``) half of what is left, read first. With ``give_back`` the excess of a claim past the end
         is given back (claims of varying size: the end value is then known)."""
         s, n = self.s, len(queue)
         base = s.bases[k][q]
@@ -151,22 +151,22 @@ class Deal:
                 s.fetch_add(k, -min(excess, want), target, self.stats)
             if start >= n:
                 return
-            yield self._got(queue[start:min(start + want, n)], target if steal else None)
+            yield self._got(queue[start:min(start + want, n)], target if chunk is None else None)
 
 
 class Scheduler:
     """The task hand-out of one executor (or of one workload) over ``world``'s ranks.
 
     ``schedule``: static | nxtval | steal. ``barrier``: the owner's barrier, called when
-    all counters were used since the last one (the owner calls ``synced`` after each of its
-    barriers). Creating it is collective (its counters are RMA windows);
+    all counters were used since the last one; it must call ``synced`` (as the owner does
+    after each of its barriers; the default is a world barrier and ``synced``). Creating it is collective (its counters are RMA windows);
     ``make_counter(kind)`` replaces ``TaskCounter`` (tests simulate ranks in one process)."""
 
     def __init__(self, world, schedule: str, barrier=None, make_counter=None):
         self.schedule = check_schedule(schedule)
         self.world = world
         self.rank, self.size = world.rank, world.size
-        self._barrier = barrier or world.barrier
+        self._barrier = barrier or self._world_barrier
         self.counters = []
         if self.size > 1 and schedule != "static":
             kind = "global" if schedule == "nxtval" else "per_rank"
@@ -190,10 +190,13 @@ class Scheduler:
             if self._used[k] != self.epoch:
                 self._used[k] = self.epoch
                 return k
-        self._barrier()
-        self.synced()
+        self._barrier()                  # calls synced(): every counter is free again
         self._used[0] = self.epoch
         return 0
+
+    def _world_barrier(self) -> None:
+        self.world.barrier()
+        self.synced()
 
     def synced(self) -> None:
         """The owner passed a barrier: every claim on every counter is complete."""
