@@ -38,5 +38,9 @@ def print_plan(options, rank: int = 0) -> None:
         print(plan.render())
         total += plan.flops
         peak = max(peak, plan.peak_memory)
+    paths = "\n".join(p.render_paths() for p in run.plans if p.choices)
+    if paths:
+        print("\npairing orders of the multi-factor terms (flops, largest intermediate), cheapest chosen:")
+        print(paths)
     print(f"\nCCSD iteration: {total:.4e} flops, peak temporary memory {peak / 2**20:.1f} MiB, "
           f"backend {options.backend}")
