@@ -20,6 +20,7 @@ from tessera.errors import ShapeError
 from tessera.expr.terms import Ref, Update
 from tessera.plan.layout import Sector, group_irreps, matrix_layout
 from tessera.tensor.block_tensor import BlockTensor, allowed_elements
+from tessera.tensor.pairs import pair_space
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Step:
     label: str = ""           # the update this step belongs to (from the expression)
     sectors: list = field(default_factory=list)
     perms: dict = field(default_factory=dict)
+    pairs: str | None = None  # an "add" through a pair space: "pack" | "unpack_half"
     flops: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -138,6 +140,8 @@ def _letter_spaces(refs: list, label: str) -> dict:
 
 
 def _plan_term(term, out: Ref, label: str, choices: list) -> list:
+    if term.pairs:
+        return [_pair_map_step(term, out, label)]
     spaces = _letter_spaces([out] + _refs(term), label)
     factors = list(term.factors)
     have = set("".join(r.indices for r in factors))
@@ -250,6 +254,22 @@ def _add_step(a: Ref, out: Ref, scale: float, divisor, label: str) -> Step:
     nbytes = a.tensor.nbytes
     return Step("add", out, (a,), scale, divisor, label, perms=perms,
                 flops=a.tensor.stored_elements, bytes_in=nbytes, bytes_out=nbytes)
+
+
+def _pair_map_step(term, out: Ref, label: str) -> Step:
+    """pack / unpack_half: an add whose first two axes of one side are the pairs of the
+    other side's first axis; the remaining axes keep their letters and order."""
+    (a,) = term.factors
+    full, packed = (a, out) if term.pairs == "pack" else (out, a)
+    fs, ps = full.tensor.spaces, packed.tensor.spaces
+    if not (len(fs) >= 2 and fs[0] is fs[1] and ps[0] is pair_space(fs[0])
+            and full.indices[2:] == packed.indices[1:] and fs[2:] == ps[1:]
+            and full.tensor.irrep == packed.tensor.irrep):
+        raise ShapeError(f"{label}: {term.pairs} maps X[pq...] over one space p, q to P[(pq)...] "
+                         "over its pair_space, other indices in the same order")
+    return Step("add", out, (a,), term.scale, None, label, perms={"a": tuple(range(a.tensor.ndim))},
+                pairs=term.pairs, flops=a.tensor.stored_elements,
+                bytes_in=a.tensor.nbytes, bytes_out=out.tensor.nbytes)
 
 
 def _pair_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
