@@ -7,8 +7,9 @@ Phys. 89, 7382 (1988) (chemists' integrals (pq|rs)), for canonical RHF orbitals 
 and enters as R2 = Z_ijab + Z_jiba, so terms symmetric in (ia)<->(jb) carry 1/2 and each
 asymmetric term is computed once; the particle-hole ring takes four o^3 v^3
 contractions (two W intermediates, built with combined amplitudes, each applied once),
-the ovvv term one (ovvv with tau first, then t1), the ladder runs on the packed pairs
-i <= j (``tensor.pairs``), the Woooo term too. Per iteration about o^2 v^4 + 10 o^3 v^3 + 2 o^4 v^2 flops
+the ovvv term one (ovvv with tau first, then t1). The ladder and the Woooo terms are
+symmetric and go to R2 directly; the planner runs them on the pairs i <= j
+(``plan.planner._symmetric_half``). Per iteration about o^2 v^4 + 10 o^3 v^3 + 2 o^4 v^2 flops
 in C1.
 Letters: i j k l occupied, a b c d virtual. Each term carries its cost.
 """
@@ -17,14 +18,16 @@ from __future__ import annotations
 
 import tessera as ts
 from tessera.tensor.block_tensor import BlockTensor, PermutationalSymmetry
-from tessera.tensor.pairs import pair_space
 
 T2_SYMMETRY = (PermutationalSymmetry((1, 0, 3, 2)),)
 
 
-def new(ints, letters: str, name: str) -> BlockTensor:
-    sym = T2_SYMMETRY if letters == "oovv" else ()
-    return BlockTensor(ints.spaces(letters), 0, name=name, symmetry=sym)
+def new(ints, letters: str, name: str, symmetry=None) -> BlockTensor:
+    """A zero tensor over ``letters``; oovv tensors are declared pair-symmetric (X[ijab] =
+    X[jiba]) unless ``symmetry`` says otherwise."""
+    if symmetry is None:
+        symmetry = T2_SYMMETRY if letters == "oovv" else ()
+    return BlockTensor(ints.spaces(letters), 0, name=name, symmetry=symmetry)
 
 
 def make_tau(ints, t1, t2):
@@ -50,12 +53,10 @@ def residual(ints, t1, t2):
     taup, taupp = new(I, "oovv", "taup"), new(I, "ovov", "taupp")
     Fov, fvv, foo = new(I, "ov", "Fov"), new(I, "vv", "fvv"), new(I, "oo", "foo")
     ftv, fto = new(I, "vv", "ftv"), new(I, "oo", "fto")
-    Woooo, X0, X = new(I, "oooo", "Woooo"), new(I, "voov", "X0"), new(I, "voov", "X")
+    Woooo = new(I, "oooo", "Woooo", T2_SYMMETRY)                  # Woooo[ijkl] = Woooo[jilk]
+    X0, X = new(I, "voov", "X0"), new(I, "voov", "X")
     VO, W2, Y = new(I, "voov", "VO"), new(I, "voov", "W2"), new(I, "ovov", "Y")
-    r1, r2, Z = new(I, "ov", "R1"), new(I, "oovv", "R2"), new(I, "oovv", "Z")
-    pairs = (pair_space(I.spaces("o")[0]),) + I.spaces("vv")
-    tauP, ladder = BlockTensor(pairs, 0, name="tauP"), BlockTensor(pairs, 0, name="ladder")
-    WP = BlockTensor(pairs[:1] + I.spaces("oo"), 0, name="WP")
+    r1, r2, Z = new(I, "ov", "R1"), new(I, "oovv", "R2"), new(I, "oovv", "Z", symmetry=())
 
     with ts.equations():
         # combined amplitudes (o2v2 each)
@@ -76,7 +77,8 @@ def residual(ints, t1, t2):
         fto["ij"] += foo["ij"] + 0.5 * t1["ja"] * Fov["ia"]
 
         # two-body intermediates
-        Woooo["ijkl"] += I.oooo["ikjl"] + I.ovoo["kalj"] * t1["ia"] + I.ovoo["laki"] * t1["ja"]  # o4v
+        Woooo["ijkl"] += (I.oooo["ikjl"] + I.ovoo["kalj"] * t1["ia"] + I.ovoo["laki"] * t1["ja"]  # o4v
+                          + I.ovov["kalb"] * tau["ijab"])                                 # o4v2 / 2
         X0["bija"] += -I.ovvv["icba"] * t1["jc"] + I.ovoo["kbij"] * t1["ka"] - I.oovv["ijba"]  # o2v3
         X["bija"] += X0["bija"] + I.ovov["kbic"] * taup["jkca"]                          # o3v3
         W2["aijb"] += (I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]              # o2v3
@@ -85,19 +87,14 @@ def residual(ints, t1, t2):
         Y["jaib"] += t2["jkca"] * X["ckib"]                                               # o3v3
 
     with ts.equations():
-        # ladder and Woooo term on the pairs i <= j (tau[ijcd] = tau[jidc],
-        # Woooo[ijkl] = Woooo[jilk]): its rows i <= j too
-        tauP["Pcd"] = ts.pack(tau["ijcd"])
-        WP["Pkl"] = ts.pack(Woooo["ijkl"]) + I.ovov["kalb"] * tauP["Pab"]                # o4v2 / 2
-        ladder["Pab"] = I.vvvv["acbd"] * tauP["Pcd"] + WP["Pkl"] * tau["klab"]           # o2v4 / 2, o4v2 / 2
-
         r1["ia"] += (-I.oovv["jiab"] * t1["jb"] + 2.0 * I.ovov["iajb"] * t1["jb"]
                      + I.ovvv["jcba"] * u["ijbc"]                                         # o2v3
                      + Fov["jb"] * u["ijab"] - I.ovoo["jbki"] * u["kjab"]                 # o3v2
                      + fvv["ab"] * t1["ib"] - foo["ji"] * t1["ja"])
 
-        Z["ijab"] += (ts.unpack_half(ladder["Pab"])
-                      - I.ovvv["kcdb"] * tau["ijcd"] * t1["ka"]                           # o3v3
+        # symmetric in (ia)<->(jb): straight to R2, computed on the pairs i <= j (planner)
+        r2["ijab"] += I.vvvv["acbd"] * tau["ijcd"] + Woooo["ijkl"] * tau["klab"]        # o2v4 / 2, o4v2 / 2
+        Z["ijab"] += (-I.ovvv["kcdb"] * tau["ijcd"] * t1["ka"]                           # o3v3
                       + I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]             # o2v3
                       + 0.5 * I.ovov["iajb"]
                       - I.oovv["kjac"] * t1["kb"] * t1["ic"] - I.ovov["iakc"] * t1["kb"] * t1["jc"]

@@ -39,8 +39,6 @@ class Expr(ABC):
         if _is_scalar(other):
             return Sum([t.scaled(float(other)) for t in self.terms()])
         other = _as_expr(other)
-        if any(t.pairs for t in self.terms() + other.terms()):
-            raise ShapeError("pack()/unpack_half() take one tensor and cannot be multiplied")
         return Sum([Term(a.factors + b.factors, a.scale * b.scale, _join_div(a.divisor, b.divisor))
                     for a in self.terms() for b in other.terms()])
 
@@ -49,7 +47,7 @@ class Expr(ABC):
             return self * (1.0 / float(other))
         if not isinstance(other, Ref):
             raise ShapeError("only a single tensor (e.g. a denominator D['ijab']) can divide a term")
-        return Sum([Term(t.factors, t.scale, _join_div(t.divisor, other), t.pairs) for t in self.terms()])
+        return Sum([Term(t.factors, t.scale, _join_div(t.divisor, other)) for t in self.terms()])
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,33 +81,16 @@ class Term(Expr):
     factors: list
     scale: float
     divisor: Ref | None = None
-    pairs: str | None = None     # "pack" | "unpack_half": a pair-space map (see pack())
-
-    def __post_init__(self):
-        if self.pairs is not None and (len(self.factors) != 1 or self.divisor is not None):
-            raise ShapeError("pack()/unpack_half() take one tensor and cannot be multiplied or divided")
 
     def terms(self) -> list:
         return [self]
 
     def scaled(self, s: float) -> "Term":
-        return Term(self.factors, self.scale * s, self.divisor, self.pairs)
+        return Term(self.factors, self.scale * s, self.divisor)
 
     @property
     def letters(self) -> str:
         return ",".join(r.indices for r in self.factors)
-
-
-def pack(ref: Ref) -> Term:
-    """``P["Pcd"] = pack(tau["ijcd"])``: the pairs i <= j of the first two indices (one
-    space) as the pair index of ``P`` (its first space is ``pair_space`` of theirs)."""
-    return Term([ref], 1.0, None, "pack")
-
-
-def unpack_half(ref: Ref) -> Term:
-    """``Z["ijab"] += unpack_half(R["Pab"])``: pairs i < j and half of i = j, zero for
-    i > j, so that Z_ijab + Z_jiba receives the whole symmetric R (``tensor.pairs``)."""
-    return Term([ref], 1.0, None, "unpack_half")
 
 
 @dataclass(frozen=True)
@@ -133,7 +114,6 @@ class Update:
         parts = []
         for t in self.expr.terms():
             f = " * ".join(f"{r.tensor.name or '?'}[{r.indices}]" for r in t.factors)
-            f = f"{t.pairs}({f})" if t.pairs else f
             d = f" / {t.divisor.tensor.name}[{t.divisor.indices}]" if t.divisor is not None else ""
             parts.append(f"{t.scale:+g} {f}{d}")
         return f"{self.target.tensor.name or '?'}[{self.target.indices}] {op} " + " ".join(parts)

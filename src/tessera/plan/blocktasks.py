@@ -99,11 +99,11 @@ def hadamard_pairs(step) -> dict:
 
 
 def add_source(step, okey) -> tuple:
-    """(A key, divisor key or None) that an ``add`` step reads for output block ``okey``;
-    A key None: the block receives nothing (below the diagonal of an ``unpack_half``)."""
+    """(A key, divisor key or None) that an ``add`` step reads for output block ``okey``
+    (A key None: the block receives nothing)."""
     if step.pairs == "pack":
         return step.out.tensor.spaces[0].tile_pairs[okey[0]] + tuple(okey[1:]), None
-    if step.pairs == "unpack_half":
+    if step.pairs == "unpack_half":      # nothing below the diagonal tile pairs
         pairs = step.inputs[0].tensor.spaces[0]
         return (None if okey[0] > okey[1] else (pairs.tile_of[okey[:2]],) + tuple(okey[2:])), None
     akey = invert_key(okey, step.perms["a"])
@@ -111,17 +111,15 @@ def add_source(step, okey) -> tuple:
     return akey, dkey
 
 
-def pair_target(step, akey):
-    """Output key of a pair-map ``add`` step for source block ``akey`` (None: unused)."""
+def pair_outputs(step, akey) -> list:
+    """Output keys of a ``pack`` / ``unpack_half`` step that source block ``akey`` feeds."""
     if step.pairs == "pack":
-        if akey[0] > akey[1]:
-            return None
-        return (step.out.tensor.spaces[0].tile_of[akey[:2]],) + tuple(akey[2:])
-    return step.inputs[0].tensor.spaces[0].tile_pairs[akey[0]] + tuple(akey[1:])
+        return [] if akey[0] > akey[1] else [(step.out.tensor.spaces[0].tile_of[akey[:2]],) + tuple(akey[2:])]
+    return [step.inputs[0].tensor.spaces[0].tile_pairs[akey[0]] + tuple(akey[1:])]
 
 
 def pair_block(step, okey, block):
-    """The output block of a pair-map ``add`` step from its source block."""
+    """The output block ``okey`` of a ``pack`` / ``unpack_half`` step from its source block."""
     if step.pairs == "pack":
         s, t = step.out.tensor.spaces[0].tile_pairs[okey[0]]
         return pack_block(block, s == t)

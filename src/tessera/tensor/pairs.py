@@ -9,8 +9,9 @@ index then run on the canonical half only: the ladder of closed-shell CCSD with 
 i <= j costs o(o+1)/2 v^4 GEMM rows instead of o^2 (the packed-pair form of PySCF's
 ``_add_vvvv``; Scuseria, Janssen, Schaefer, J. Chem. Phys. 89, 7382 (1988)).
 
-``pack_block`` and ``unpack_half_block`` are the block maps; ``pack(ref)`` and
-``unpack_half(ref)`` (in ``tessera.expr.terms``) put them into equations.
+``pack_block`` and ``unpack_half_block`` are the block maps of the planner's ``pack``
+and ``unpack_half`` steps (``plan.planner``: a contraction whose result is symmetric is
+computed on the pairs of one factor, unpacked to half and added with its transpose).
 """
 
 from __future__ import annotations
@@ -53,9 +54,8 @@ def pack_block(block: np.ndarray, diagonal: bool) -> np.ndarray:
 
 
 def unpack_half_block(block: np.ndarray, n1: int, n2: int, diagonal: bool) -> np.ndarray:
-    """Pair block (pairs, ...) -> block (s, t, ...) holding the pairs p < q and half of
-    p = q, zero below: X + X^T (pair swapped with the other axes alongside) is the full
-    symmetric tensor."""
+    """Pair block (pairs, ...) -> block (s, t, ...), s <= t, holding the pairs p < q and
+    half of p = q, zero below: X + X.transpose(sym) is the whole pair-symmetric tensor."""
     if not diagonal:
         return block.reshape(n1, n2, *block.shape[1:])
     out = np.zeros((n1, n1, *block.shape[1:]), dtype=block.dtype)
