@@ -95,6 +95,13 @@ def test_pyscf_api_bad_input(mf, make, needle):
         make(mf).run()
 
 
+def test_unconverged_ccsd_is_reported_not_raised(mf):
+    mycc = tessera.CCSD(mf, max_cycle=2).run()
+    assert not mycc.converged and len(mycc.result.data["iterations"]) == 2
+    with pytest.raises(InputError, match="converged"):
+        mycc.ccsd_t()
+
+
 def test_job_with_an_open_shell_mole_is_refused():
     mol = gto.M(atom="O 0 0 0; H 0 0 1", basis="sto-3g", spin=1, verbose=0)
     with pytest.raises(InputError, match="spin 1"):
@@ -170,6 +177,8 @@ def test_fcidump_rejects(tmp_path, mf, capsys):
         one_line_error(*run(capsys, "run", good, flag, tmp_path / "x")[::2], flag)
     one_line_error(*run(capsys, "run", good, "--frozen-core")[::2], "--frozen-core")
     one_line_error(*run(capsys, "run", good, "--units", "bohr")[::2], "--units")
+    one_line_error(*run(capsys, "run", good, "--method", "hf", "--fcidump-out", tmp_path / "no" / "x")[::2],
+                   "--fcidump-out")
 
 
 # ---------------------------------------------------------------- QCSchema
