@@ -65,6 +65,17 @@ def test_ccsd_from_pyscf_mf_matches_pyscf(mf, frozen):
     assert np.abs(mycc.t1 - ref.t1).max() < 1e-6 and np.abs(mycc.t2 - ref.t2).max() < 1e-6
 
 
+@pytest.mark.parametrize("atom, symmetry", [
+    ("N 0 0 0; N 0 0 1.1", True),                       # Dooh: PySCF's linear irrep ids, used as D2h's
+    ([[s, xyz] for s, xyz in WATER_ATOMS], False),      # C1
+])
+def test_ccsd_from_pyscf_mf_other_groups(atom, symmetry):
+    mf = scf.RHF(gto.M(atom=atom, basis="sto-3g", symmetry=symmetry, verbose=0)).run(conv_tol=1e-12)
+    mycc = tessera.CCSD(mf, conv_tol=1e-10).run()
+    assert abs(mycc.e_corr - pyscf_ccsd(mf)[0].e_corr) < 1e-8
+    assert mycc.result.data["point_group"] == ("D2h" if symmetry else "C1")
+
+
 def test_own_rhf_on_a_pyscf_mole(mf):
     ours = tessera.RHF(water()).run()
     assert ours.converged and abs(ours.e_tot - mf.e_tot) < 1e-9
