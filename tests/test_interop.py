@@ -182,6 +182,9 @@ def test_fcidump_rejects(tmp_path, mf, capsys):
     rotated = tmp_path / "rotated.fcidump"
     fcidump.from_mo(mf.mol, str(rotated), c, orbsym=[0] * 13)
     one_line_error(*run(capsys, "run", rotated)[::2], "not canonical")
+    zeros = tmp_path / "zeros.fcidump"
+    zeros.write_text("&FCI NORB=2,NELEC=2,MS2=0,\n ORBSYM=1,1,\n ISYM=1,\n&END\n")
+    one_line_error(*run(capsys, "run", zeros)[::2], "no gap")
     good = tmp_path / "good.fcidump"
     fcidump.from_scf(mf, str(good))
     for flag in ("--qcschema", "--molden"):
@@ -252,6 +255,9 @@ def test_qcschema_molecule_and_atomic_input(tmp_path, capsys):
     broken = tmp_path / "broken.json"
     broken.write_text('{"symbols": ["O"], "geometry": [0, 0]}')
     one_line_error(*run(capsys, "run", broken)[::2], "not a valid QCSchema")
+    tessera_json = tmp_path / "tessera.json"          # our own result JSON is not QCSchema
+    tessera_json.write_text(json.dumps({"molecule": {"atoms": [["O", [0, 0, 0]]]}, "energies": {}}))
+    one_line_error(*run(capsys, "run", tessera_json)[::2], "not a valid QCSchema")
     notjson = tmp_path / "notjson.json"
     notjson.write_text("{nope")
     one_line_error(*run(capsys, "run", notjson)[::2], "not JSON")

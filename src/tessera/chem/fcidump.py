@@ -24,6 +24,8 @@ __all__ = ["is_fcidump", "read_fcidump", "write_fcidump", "CANONICAL_TOL"]
 #: Largest off-diagonal Fock element (Eh) accepted as canonical (an SCF converged to a
 #: gradient of 1e-5 leaves elements of that size; their energy effect is quadratic).
 CANONICAL_TOL = 1e-4
+#: Smallest gap (Eh) between the highest occupied and the lowest virtual orbital energy.
+GAP_TOL = 1e-6
 
 
 def is_fcidump(path) -> bool:
@@ -54,9 +56,18 @@ def read_fcidump(path) -> Reference:
         raise InputError(f"FCIDUMP {str(path)!r} has NELEC={nelec}, MS2={ms2} for {norb} orbitals; "
                          f"closed-shell CCSD needs an even NELEC below 2*NORB and MS2=0: "
                          f"dump a closed-shell system")
+    if not (np.isfinite(ecore) and np.isfinite(h1).all() and np.isfinite(eri).all()):
+        raise InputError(f"FCIDUMP {str(path)!r} holds integrals that are not finite numbers; expected "
+                         f"finite values: fix the file")
     orbsym = _xor_labels(labels, norb, path)
     nocc = nelec // 2
     occ, fock = _aufbau(h1, eri, nocc, path)
+    energies = np.diag(fock)
+    homo, lumo = energies[occ].max(), np.delete(energies, occ).min()
+    if not lumo - homo > GAP_TOL:
+        raise InputError(f"FCIDUMP {str(path)!r}: no gap between the occupied and virtual orbital energies "
+                         f"(highest occupied {homo:.6f} Eh, lowest virtual {lumo:.6f} Eh); CCSD needs a "
+                         f"closed-shell reference with a gap: check NELEC and the integrals")
     order = np.concatenate([occ, np.setdiff1d(np.arange(norb), occ)])
     fock = fock[np.ix_(order, order)]
     off = np.abs(fock - np.diag(np.diag(fock))).max() if norb > 1 else 0.0

@@ -76,7 +76,9 @@ def read_qcschema(path, *, charge: int = 0, basis: str = "cc-pvdz") -> tuple[Mol
             qmol = inp.molecule
         else:
             qmol = QCMolecule(**data)
-    except (ValueError, TypeError) as exc:      # pydantic ValidationError is a ValueError
+    except InputError:
+        raise
+    except Exception as exc:        # qcelemental reports bad data as pydantic's errors or whatever it hit
         raise _validation_error(path, exc) from None
     if qmol.molecular_multiplicity != 1:
         raise InputError(f"{str(path)!r}: multiplicity {qmol.molecular_multiplicity:g}; closed-shell "
