@@ -106,6 +106,13 @@ def test_pyscf_api_bad_input(mf, make, needle):
         make(mf).run()
 
 
+def test_unknown_keywords_are_errors(mf):
+    with pytest.raises(InputError, match="no option 'conv'"):
+        tessera.CCSD(mf).run(conv=1e-9)
+    with pytest.raises(InputError, match="no option 'maxiter'"):
+        tessera.RHF(mf.mol).run(maxiter=3)
+
+
 def test_unconverged_ccsd_is_reported_not_raised(mf):
     mycc = tessera.CCSD(mf, max_cycle=2).run()
     assert not mycc.converged and len(mycc.result.data["iterations"]) == 2

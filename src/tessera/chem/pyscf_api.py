@@ -32,6 +32,15 @@ def _check_backend(backend: str) -> None:
                          f"{', '.join(_LOCAL)}: for MPI ranks use `mpiexec ... tessera run`")
 
 
+def _set_options(obj, options: dict, names: tuple) -> None:
+    """PySCF's ``run(**kwargs)``: set options by name; an unknown name is an error."""
+    for key, value in options.items():
+        if key not in names:
+            raise InputError(f"{type(obj).__name__} has no option {key!r}; expected one of "
+                             f"{', '.join(names)}: fix the keyword")
+        setattr(obj, key, value)
+
+
 class RHF:
     """Tessera's own closed-shell SCF on a PySCF ``Mole`` (symmetry on by default:
     the point group's Abelian subgroup labels the orbitals)."""
@@ -68,8 +77,7 @@ class RHF:
         return self.e_tot
 
     def run(self, **options) -> "RHF":
-        for key, value in options.items():
-            setattr(self, key, value)
+        _set_options(self, options, ("conv_tol", "max_cycle", "symmetry", "backend", "verbose"))
         self.kernel()
         return self
 
@@ -206,11 +214,7 @@ class CCSD:
         return self.e_corr, self.t1, self.t2
 
     def run(self, **options) -> "CCSD":
-        for key, value in options.items():
-            if not hasattr(self, key):
-                raise InputError(f"CCSD has no option {key!r}; expected one of conv_tol, max_cycle, "
-                                 f"frozen, verbose, backend, tile")
-            setattr(self, key, value)
+        _set_options(self, options, ("frozen", "conv_tol", "max_cycle", "verbose", "backend", "tile"))
         self.kernel()
         return self
 
