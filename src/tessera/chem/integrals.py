@@ -142,7 +142,7 @@ def mo_classes(context, eri_s8, index, tensors) -> dict:
     from tessera.backends.tasks import TaskSet
     from tessera.chem.ao2mo import pair_index
 
-    work = [(name, t, key) for name, t in tensors.items() for key in t.allowed_keys()]
+    work = [(name, t, key) for name, t in tensors.items() for key in t.stored_keys()]
 
     def cut(j: int, _blocks) -> float:
         name, t, key = work[j]
