@@ -36,6 +36,7 @@ tiling = [[4] * (2 * size), [3, 5]]
 ga = GlobalArray(tiling, distribution="cyclic", name="profiled", world=world)
 ctr = TaskCounter("per_rank", world=world, name="profiled-ctr")
 world.barrier()
+t_scripted = time.perf_counter()
 expected: dict = {}
 
 
@@ -87,6 +88,8 @@ world.allreduce(np.ones(64))
 for r in range(size):
     if r != rank and size > 1:
         got("allreduce", r, 2 * 512 // size)
+
+recorder.region("scripted exchange", time.perf_counter() - t_scripted, start=t_scripted, kind="phase")
 
 # ---- a task set through a context sharing the recorder ------------------------------
 with Context("mpi-onesided", recorder=recorder) as ctx:

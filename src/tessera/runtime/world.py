@@ -149,7 +149,7 @@ class World:
         self._map_ghosts(table)
         self._same_node_workers = [t[2] for t in table if t[1] == leaders and not t[0]]
         nodes = sorted({t[1] for t in table})
-        self.node_of = [0] * self.size       # worker rank -> node index (for off-node bytes)
+        self.node_of = [0] * sum(1 for t in table if not t[0])  # worker rank -> node index
         for ghost, leader, wrank, _ in table:
             if not ghost:
                 self.node_of[wrank] = nodes.index(leader)
