@@ -254,3 +254,35 @@ def test_progress_options_are_checked(capsys):
     assert run.returncode == 2 and "unknown progress mode 'sideways'" in run.stderr
     run = run_mpi_raw(TESSERA, 2, args=RUN + ["--backend", "mpi-onesided", "--ghosts", "1"], timeout=TIMEOUT)
     assert run.returncode == 2 and "ghost ranks exist only with progress 'ghost'" in run.stderr
+
+
+# ------------------------------------------------------------------ energy counters
+def test_energy_meter_reads_and_unwraps_rapl(tmp_path):
+    from tessera.profile.energy import EnergyMeter
+    pkg, sub = tmp_path / "intel-rapl:0", tmp_path / "intel-rapl:0:0"
+    for d in (pkg, sub):
+        d.mkdir()
+        (d / "max_energy_range_uj").write_text("1000000\n")
+    (pkg / "energy_uj").write_text("900000\n")
+    (sub / "energy_uj").write_text("5\n")
+    meter = EnergyMeter(str(tmp_path))
+    assert meter.available and meter.reason == ""
+    j0 = meter.read()
+    (pkg / "energy_uj").write_text("950000\n")
+    assert meter.read() - j0 == pytest.approx(0.05)          # 50 000 µJ
+    (pkg / "energy_uj").write_text("100000\n")                # wrapped at 1 J
+    assert meter.read() - j0 == pytest.approx(0.05 + 0.15)   # + (1e6 - 950000 + 100000) µJ
+
+
+def test_energy_unavailable_says_why(tmp_path, profiles):
+    from tessera.profile.energy import EnergyMeter
+    meter = EnergyMeter(str(tmp_path / "no-powercap"))
+    assert not meter.available and meter.read() is None and "no intel-rapl" in meter.reason
+    from tessera.profile.report import Profile, run_text
+    energy = json.loads((profiles[0] / "records.json").read_text())["summary"]["energy"]
+    text = run_text(Profile(str(profiles[0])))
+    if not energy["available"]:                  # this machine: the report gives the reason
+        assert f"Energy to solution: unavailable: {energy['reason']}" in text and energy["reason"]
+    else:
+        assert "Energy to solution (CPU packages" in text
+        assert set(energy["joules"]) >= {"scf", "transform", "ccsd"} and energy["total"] > 0

@@ -173,12 +173,15 @@ def _run(args) -> int:
     result = Job(options, PrintReport() if rank == 0 else Report(), recorder).kernel()
     if rank == 0 and result.data.get("communication"):
         print_communication(result.data)
+    t_write = time.perf_counter()
     summary = run_profile.finish(recorder, _world(), profile_dir, result.data)
+    t_write = time.perf_counter() - t_write
     if rank == 0:
         print(run_profile.render_table(summary))
         result.data["statistics"] = summary
         if profile_dir is not None:
-            print(f"Profile written to {profile_dir}/ (tessera report {profile_dir})")
+            print(f"Profile written to {profile_dir}/ in {t_write:.2f} s after the run "
+                  f"(tessera report {profile_dir})")
     if args.json and rank == 0:
         try:
             with open(args.json, "w") as f:

@@ -9,7 +9,8 @@ recorded beside it: per operation and peer by the runtime (``profile.commlog``),
 equation term by the distributed executors (``profile.terms``).
 
 Region kinds: ``phase`` (scf, transform, ccsd, triples), ``iteration`` (SCF or CCSD
-iteration), ``step`` kinds of an equation (``contract``, ``add``, ``hadamard``,
+iteration; a phase's joules are the energy counted since the previous phase ended),
+``step`` kinds of an equation (``contract``, ``add``, ``hadamard``,
 ``zero``: flops are the whole step's, the same on every rank) and ``tasks`` (a task
 set: flops are this rank's own). Only steps and task sets enter ``table``.
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+
+from tessera.profile.energy import EnergyMeter
 
 SPAN_KINDS = ("phase", "iteration")
 
@@ -45,6 +48,10 @@ class Recorder:
         self.kinds: dict = {}          # label -> region kind (of table entries)
         self.flops = 0
         self.compute = 0.0             # seconds of arithmetic (see backends.context)
+        # joules per phase from the node's energy counters (profile.energy), when profiling
+        self.energy = EnergyMeter() if detailed else None
+        self.joules: dict = {}
+        self._joules_at = self.energy.read() if self.energy is not None else None
 
     def region(self, label: str, seconds: float, flops: int = 0, start: float | None = None,
                kind: str = "step") -> None:
@@ -52,6 +59,10 @@ class Recorder:
         perf_counter() at the start (default: now - seconds)."""
         begin = (time.perf_counter() - seconds if start is None else start) - self.t0
         self.regions.append(Region(label, begin, seconds, int(flops), kind, threading.get_ident()))
+        if kind == "phase" and self._joules_at is not None:
+            now = self.energy.read()
+            self.joules[label] = self.joules.get(label, 0.0) + now - self._joules_at
+            self._joules_at = now
         if kind in SPAN_KINDS:
             return
         row = self.table.get(label)

@@ -12,6 +12,8 @@ with the figures as PNG files beside them (profile.plots):
 - with several runs of one calculation (same molecule, basis, method): speed-up and
   parallel efficiency against the smallest run, E(N) with T_comp the compute time of the
   smallest run (``scaling.png``), bytes moved per rank (``bytes.png``);
+- energy to solution per phase where the machine's RAPL counters are readable
+  (profile.energy), else "unavailable" and why;
 - for mpi-collective runs: the bytes each rank received by collectives per contraction
   call against the communication lower bound of matrix multiplication,
   3 n^2 / p^(2/3) words with n^3 = m k n = flops / 2 (Solomonik and Demmel)
@@ -152,6 +154,13 @@ def run_text(p: Profile) -> str:
               f"{np.sum(p.summary['matrix']['collective']) / 2**20:.2f} MiB)"]
     if p.nranks <= 8:
         lines += [" ".join(f"{v / 2**20:9.3f}" for v in row) for row in m]
+    energy = p.summary["energy"]
+    if energy["available"]:
+        lines += ["", "Energy to solution (CPU packages, RAPL, all nodes): "
+                  + ", ".join(f"{k} {v:.1f} J" for k, v in energy["joules"].items())
+                  + f"; total {energy['total']:.1f} J"]
+    else:
+        lines += ["", f"Energy to solution: unavailable: {energy['reason']}"]
     bound = bound_rows(p)
     if bound:
         lines += ["", "Collective bytes per rank per contraction call vs the bound 3n^2/p^(2/3) (MiB)",

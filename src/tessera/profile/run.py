@@ -84,6 +84,9 @@ def rank_record(recorder, log=None, *, rank: int = 0, node_of=None, ranks_total:
         "table": {label: {"calls": c, "seconds": s, "flops": f, "kind": recorder.kinds[label]}
                   for label, (c, s, f) in recorder.table.items()},
     }
+    meter = recorder.energy
+    out["energy"] = {"available": bool(meter and meter.available), "joules": dict(recorder.joules),
+                     "reason": "the run was not profiled (--profile)" if meter is None else meter.reason}
     if recorder.detailed:
         out["regions"] = [{"name": g.label, "kind": g.kind, "start": g.start, "seconds": g.seconds,
                            "flops": g.flops, "thread": threads.get(g.thread, 0)}
@@ -128,7 +131,24 @@ def summarize(parts: list) -> dict:
         "ops": dict(sorted(ops.items())),
         "matrix": {kind: [p["matrix_row"][kind] for p in parts] for kind in ("one_sided", "collective")},
         "per_rank": [{"rank": p["rank"], "wall": p["wall_seconds"], **p["time"]} for p in parts],
+        "energy": _energy(parts),
     }
+
+
+def _energy(parts: list) -> dict:
+    """Joules per phase summed over nodes (one rank per node: the counters are the node's)."""
+    missing = [p for p in parts if not p["energy"]["available"]]
+    if missing:
+        return {"available": False, "reason": missing[0]["energy"]["reason"]}
+    joules: dict = {}
+    seen = set()
+    for p in parts:
+        if p["node"] in seen:
+            continue
+        seen.add(p["node"])
+        for phase, j in p["energy"]["joules"].items():
+            joules[phase] = joules.get(phase, 0.0) + j
+    return {"available": True, "joules": joules, "total": sum(joules.values())}
 
 
 def render_table(summary: dict) -> str:
