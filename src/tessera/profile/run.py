@@ -195,14 +195,19 @@ def finish(recorder, world=None, directory: str | None = None, data: dict | None
             _write(os.path.join(directory, "records.0.json"), record)
         else:
             world.barrier()
-        from tessera.profile.trace import chrome_trace
-        ranks = [load_json(os.path.join(directory, f"records.{r}.json")) for r in range(len(parts))]
+        from tessera.profile.trace import write_trace
+        ranks = [record] + [load_json(os.path.join(directory, f"records.{r}.json"))
+                            for r in range(1, len(parts))]
         result = dict(data or {}, statistics=summary)
         _write(os.path.join(directory, "result.json"), result)
         _write(os.path.join(directory, "records.json"),
                {"format": FORMAT, "summary": summary, "rank_files":
                 [f"records.{r}.json" for r in range(len(parts))], "run": _run_info(result)})
-        _write(os.path.join(directory, "trace.json"), chrome_trace(ranks))
+        path = os.path.join(directory, "trace.json")
+        try:
+            write_trace(path, ranks)
+        except OSError as err:
+            raise InputError(f"cannot write {path}: {err.strerror}") from None
     return summary
 
 

@@ -11,45 +11,60 @@ earliest rank started (ranks aligned by their wall clocks).
 
 from __future__ import annotations
 
+import json
+
 from tessera.profile.commlog import is_collective
 
 
-def chrome_trace(records: list) -> dict:
-    """{"traceEvents": [...]} of every rank record (each with regions, tasks and ops)."""
+def chrome_trace(records: list):
+    """The trace events of every rank record (each with regions, tasks and ops), one JSON
+    object text per event (formatted directly: a run has ~10^5 of them)."""
     base = min(r["t0_unix"] for r in records)
-    events = []
+    names: dict = {}
+
+    def q(name):                      # a JSON string, escaped once per distinct name
+        out = names.get(name)
+        if out is None:
+            out = names[name] = json.dumps(name)
+        return out
+
     for rec in records:
         pid = rec["rank"]
         off = rec["t0_unix"] - base
-
-        def us(t, off=off):
-            return (t + off) * 1e6
-
-        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
-                       "args": {"name": f"rank {pid} (node {rec['node']})"}})
+        yield json.dumps({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                          "args": {"name": f"rank {pid} (node {rec['node']})"}})
         tids = {0} | {g["thread"] for g in rec.get("regions", [])} | {t["thread"] for t in rec.get("tasks", [])}
         for tid in sorted(tids):
-            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                           "args": {"name": "main" if tid == 0 else f"worker {tid}"}})
+            yield json.dumps({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                              "args": {"name": "main" if tid == 0 else f"worker {tid}"}})
         for g in rec.get("regions", []):
-            events.append(_complete(g["name"], g["kind"], us(g["start"]), us(g["start"] + g["seconds"]),
-                                    pid, g["thread"], {"flops": g["flops"]}))
+            ts, end = (g["start"] + off) * 1e6, (g["start"] + g["seconds"] + off) * 1e6
+            yield (f'{{"name":{q(g["name"])},"cat":"{g["kind"]}","ph":"X","ts":{ts!r},"dur":{max(0.0, end - ts)!r},'
+                   f'"pid":{pid},"tid":{g["thread"]},"args":{{"flops":{g["flops"]}}}}}')
         for t in rec.get("tasks", []):
-            events.append(_complete(t["name"], "task", us(t["start"]), us(t["start"] + t["seconds"]),
-                                    pid, t["thread"], {"index": t["index"]}))
+            ts, end = (t["start"] + off) * 1e6, (t["start"] + t["seconds"] + off) * 1e6
+            yield (f'{{"name":{q(t["name"])},"cat":"task","ph":"X","ts":{ts!r},"dur":{max(0.0, end - ts)!r},'
+                   f'"pid":{pid},"tid":{t["thread"]},"args":{{"index":{t["index"]}}}}}')
         for o in rec.get("ops", []):
-            args = {"peer": o["peer"], "bytes": o["bytes"], "seconds": o["seconds"]}
+            ts = (o["start"] + off) * 1e6
+            args = f'"peer":{o["peer"]},"bytes":{o["bytes"]},"seconds":{o["seconds"]!r}'
             if is_collective(o["op"]):
-                args["received"] = o["peers"]
-                events.append(_complete(o["op"], "collective", us(o["start"]),
-                                        us(o["start"] + o["seconds"]), pid, 0, args))
+                end = (o["start"] + o["seconds"] + off) * 1e6
+                yield (f'{{"name":{q(o["op"])},"cat":"collective","ph":"X","ts":{ts!r},'
+                       f'"dur":{max(0.0, end - ts)!r},"pid":{pid},"tid":0,'
+                       f'"args":{{{args},"received":{json.dumps(o["peers"])}}}}}')
             else:
-                events.append({"name": o["op"], "cat": "one_sided", "ph": "i", "s": "t",
-                               "ts": us(o["start"]), "pid": pid, "tid": 0, "args": args})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"format": records[0]["format"], "ranks": len(records)}}
+                yield (f'{{"name":{q(o["op"])},"cat":"one_sided","ph":"i","s":"t","ts":{ts!r},"pid":{pid},'
+                       f'"tid":0,"args":{{{args}}}}}')
 
 
-def _complete(name, cat, ts, end, pid, tid, args) -> dict:
-    return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": max(0.0, end - ts),
-            "pid": pid, "tid": tid, "args": args}
+def write_trace(path: str, records: list) -> None:
+    """``{"traceEvents": [...], ...}`` of the records into ``path``."""
+    with open(path, "w") as f:
+        f.write('{"displayTimeUnit":"ms","otherData":' + json.dumps(
+            {"format": records[0]["format"], "ranks": len(records)}) + ',"traceEvents":[\n')
+        first = True
+        for event in chrome_trace(records):
+            f.write(event if first else ",\n" + event)
+            first = False
+        f.write("\n]}\n")
