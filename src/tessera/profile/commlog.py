@@ -101,11 +101,11 @@ class CommLog:
         self._agg: dict = {}
         self._received: dict = {}      # (collective op, peer) -> bytes received from peer
         self.events: list | None = None   # [(op, peer, nbytes, start, seconds, peers)]
-        self._t0 = 0.0
+        self.t0 = 0.0
 
     def record_events(self, t0: float) -> None:
         """Keep every call from now on as an event, times relative to ``t0`` (perf_counter)."""
-        self._t0 = t0
+        self.t0 = t0
         self.events = []
 
     # -- recording (hot path) ---------------------------------------------------------
@@ -127,7 +127,7 @@ class CommLog:
             for p, n in peers:
                 rec[(op, p)] = rec.get((op, p), 0) + n
         if self.events is not None:
-            self.events.append((op, peer, nbytes, perf_counter() - self._t0 - seconds, seconds, peers))
+            self.events.append((op, peer, nbytes, perf_counter() - self.t0 - seconds, seconds, peers))
 
     def add_time(self, op: str, peer: int, seconds: float) -> None:
         """Add waiting time to an already counted transfer (non-blocking completion)."""
@@ -139,7 +139,7 @@ class CommLog:
         else:
             slot[2] += seconds
         if self.events is not None:
-            self.events.append((op, peer, 0, perf_counter() - self._t0 - seconds, seconds, None))
+            self.events.append((op, peer, 0, perf_counter() - self.t0 - seconds, seconds, None))
 
     def add_split(self, op: str, parts: list, seconds: float) -> None:
         """Record several transfers of one call: parts = [(peer, nbytes), ...]; the
@@ -148,7 +148,7 @@ class CommLog:
             return
         total = sum(n for _, n in parts)
         events, self.events = self.events, None
-        start = perf_counter() - self._t0 - seconds
+        start = perf_counter() - self.t0 - seconds
         for peer, n in parts:
             share = seconds * (n / total) if total else seconds / len(parts)
             self.add(op, peer, n, share)

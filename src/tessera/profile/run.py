@@ -93,7 +93,7 @@ def rank_record(recorder, log=None, *, rank: int = 0, node_of=None, ranks_total:
                           for g in recorder.regions]
         out["tasks"] = [{"name": n, "index": i, "start": s, "seconds": d, "thread": threads.get(th, 0)}
                         for n, i, s, d, th in recorder.tasks]
-        shift = recorder.t0 - log._t0 if log is not None else 0.0
+        shift = recorder.t0 - log.t0 if log is not None else 0.0
         out["ops"] = [{"op": op, "peer": peer, "bytes": nb, "start": st - shift, "seconds": sec,
                        "peers": [list(p) for p in peers] if peers else []}
                       for op, peer, nb, st, sec, peers in (log.events or [] if log is not None else [])]
