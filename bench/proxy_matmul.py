@@ -20,9 +20,12 @@ trace; `tessera report DIR` works on it), and reports the bytes each rank moved 
 the communication lower bound of matrix multiplication 3 n^2 / P^(2/3) words (Solomonik
 and Demmel; libtensor/CTF study). The driver runs every kernel x block size x rank count,
 writes <out>/study.json and <out>/proxy.png, and one `tessera report` per kernel over the
-rank counts. The Global Arrays peer of this proxy (GA's C API, as bench/runtime_bench.py
-builds for the runtime kernels) is not part of this script. Timings on a shared machine:
-the load average is recorded beside them.
+rank counts. The original and inverted loop orders also run on Global Arrays itself
+(bench/ga/ga_proxy.c, GA's C API, built against Debian's GA packages as
+bench/runtime_bench.py does; skipped with a message when they are missing), in the same
+run, reported as Tessera/GA time ratios (GA's bytes are those requested: it does not say
+which gets were local). Timings on a shared machine: the load average is recorded
+beside them.
 """
 
 from __future__ import annotations
@@ -198,12 +201,19 @@ def launch(a) -> None:
                     sys.exit(f"error: {' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
                 row = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
                 rows.append({**row, "load_before": load, "profile": str(d)})
-    print(f"{'kernel':9s} {'block':>5s} {'P':>2s} {'seconds':>8s} {'MiB/rank':>9s} {'bound':>7s} {'gets':>7s} "
+    rows += ga_rows(a)
+    print(f"{'kernel':12s} {'block':>5s} {'P':>2s} {'seconds':>8s} {'MiB/rank':>9s} {'bound':>7s} {'gets':>7s} "
           f"{'accs':>7s} {'E(N)':>6s} {'error':>8s} {'load':>5s}")
     for r in rows:
-        print(f"{r['kernel']:9s} {r['block']:5d} {r['ranks']:2d} {r['seconds']:8.3f} {r['bytes_per_rank'] / 2**20:9.2f} "
-              f"{r['bound_bytes_per_rank'] / 2**20:7.2f} {r['gets']:7d} {r['accs']:7d} {r['efficiency']:6.3f} "
-              f"{r['max_error']:8.1e} {r['load_before']:5.1f}")
+        print(f"{r['kernel']:12s} {r['block']:5d} {r['ranks']:2d} {r['seconds']:8.3f} "
+              f"{r['bytes_per_rank'] / 2**20:9.2f} {r['bound_bytes_per_rank'] / 2**20:7.2f} {r['gets']:7d} "
+              f"{r['accs']:7d} {r.get('efficiency', float('nan')):6.3f} {r['max_error']:8.1e} {r['load_before']:5.1f}")
+    for r in rows:                   # Tessera / GA, same kernel, block and ranks, same run of this script
+        peer = next((g for g in rows if g["kernel"] == "ga-" + r["kernel"] and g["block"] == r["block"]
+                     and g["ranks"] == r["ranks"]), None)
+        if peer:
+            r["seconds_over_ga"] = r["seconds"] / peer["seconds"]
+            print(f"tessera/GA {r['kernel']:9s} b={r['block']:<4d} P={r['ranks']}: {r['seconds_over_ga']:.2f}x")
     (a.out / "study.json").write_text(json.dumps({"rows": rows, "n": a.n, "load_average": os.getloadavg(),
                                                   "cores": os.cpu_count()}, indent=1))
     figure(rows, a.out / "proxy.png")
@@ -213,6 +223,38 @@ def launch(a) -> None:
             subprocess.run([str(Path(sys.executable).parent / "tessera"), "report", *dirs, "--out",
                             str(a.out / f"report_{kernel}")], check=True, env=env, stdout=subprocess.DEVNULL)
     print(f"wrote {a.out}/study.json, {a.out}/proxy.png")
+
+
+def ga_rows(a) -> list:
+    """The Global Arrays peer (bench/ga/ga_proxy.c, built here as bench/runtime_bench.py
+    builds its peer) for original and inverted; [] with the reason printed when Debian's
+    GA packages are missing."""
+    sys.path.insert(0, str(HERE))
+    from runtime_bench import GA_LIBS, GA_PACKAGES, ga_missing
+    missing = ga_missing()
+    if missing:
+        print(f"GA peer skipped: missing {', '.join(missing)} (apt-get install {' '.join(GA_PACKAGES)})")
+        return []
+    exe = HERE / "ga" / "build" / "ga_proxy"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mpicc.openmpi", "-O2", "-o", str(exe), str(HERE / "ga" / "ga_proxy.c"), *GA_LIBS], check=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    rows = []
+    for kernel in ("original", "inverted"):
+        for block in a.blocks:
+            for p in a.ranks:
+                cmd = ["mpirun.openmpi", "--oversubscribe", "--bind-to", "none", "-n", str(p), str(exe), kernel,
+                       str(a.n), str(block)]
+                load = os.getloadavg()[0]
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+                if proc.returncode != 0:
+                    sys.exit(f"error: {' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+                row = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+                rows.append({**row, "bound_bytes_per_rank": 8 * 3 * a.n**2 / p ** (2 / 3), "load_before": load,
+                             "command": " ".join(cmd)})
+    return rows
 
 
 def figure(rows: list, path: Path) -> None:
@@ -225,8 +267,10 @@ def figure(rows: list, path: Path) -> None:
     fig, axes = plt.subplots(2, len(ranks), figsize=(4.5 * len(ranks), 6.4), squeeze=False)
     for col, p in enumerate(ranks):
         ax_b, ax_t = axes[0][col], axes[1][col]
-        for kernel in KERNELS:
+        for kernel in KERNELS + ("ga-original", "ga-inverted"):
             rs = sorted((r for r in rows if r["kernel"] == kernel and r["ranks"] == p), key=lambda r: r["block"])
+            if not rs:
+                continue
             ax_b.plot([r["block"] for r in rs], [r["bytes_per_rank"] / 2**20 for r in rs], "o-", label=kernel)
             ax_t.plot([r["block"] for r in rs], [r["seconds"] for r in rs], "o-", label=kernel)
         if p > 1:
