@@ -177,6 +177,7 @@ class Job:
             energies["t_correction"] = tr.energy
             energies["total"] = ref.e_hf + cc.e_corr + tr.energy
             data["flops"]["triples"] = tr.flops
+            data["triples"] = tr.summary()
             if ctx.distributed:
                 data["memory_per_rank"]["triples"] = {
                     "peak_operand_bytes": list(tr.rank_peak_operand_bytes),
