@@ -368,8 +368,8 @@ class TripleKernel:
         with one virtual irrep) and the stacked left operands."""
         nv, no, ntrip = int(lay.n.max()), int(lay.no.max()), max(int(lay.ntrip.max()), 1)
         left = [max(batch * nv * max(nv, no), 1)]
-        if len(set(lay.irrep.tolist())) == 1:         # W and a layout of the batch; 4 of one triple
-            return [batch * ntrip] * 2 + [ntrip] * 4 + left
+        if len(set(lay.irrep.tolist())) == 1:         # W and a layout of the batch; 3 of one triple
+            return [batch * ntrip] * 2 + [ntrip] * 3 + left
         return [ntrip] * 8 + left
 
     @staticmethod
@@ -517,7 +517,7 @@ class TripleKernel:
     def _sweep_dense(self, W, i, j, k) -> float:
         """sum_abc W r3(W + V) / D of one triple, W [a, b, c]."""
         nv, t1 = self.nvir, self.inp.t1
-        Y, U, T, X = (a[:nv ** 3].reshape(nv, nv, nv) for a in self.buf[2:6])
+        Y, U, T = (a[:nv ** 3].reshape(nv, nv, nv) for a in self.buf[2:5])
         flat = (lambda x: x.reshape(-1))
         eo = self.inp.eo
         np.subtract(eo[i] + eo[j] + eo[k], self.maps["e3"], out=flat(Y))
@@ -531,10 +531,8 @@ class TripleKernel:
         if P[2].size == nv2:
             e += float(np.vdot(Y.reshape(-1, nv) @ t1[k], P[2]))
         e *= 3.0
-        np.copyto(X, Y.transpose(0, 2, 1))                        # Y[acb]
-        np.copyto(T, Y.transpose(1, 0, 2))                        # Y[bac]
-        np.add(Y, X.transpose(1, 0, 2), out=U)                    # + Y[bca]
-        U += T.transpose(0, 2, 1)                                 # + Y[cab] = Yc
+        np.add(Y, Y.transpose(2, 0, 1), out=U)                    # + Y[bca]
+        U += Y.transpose(1, 2, 0)                                 # + Y[cab] = Yc
         np.copyto(T, U.transpose(0, 2, 1))                        # Zs
         return e + float(flat(U) @ flat(W)) - 2.0 * float(flat(T) @ flat(W)) + self._t1_dot(
             ks, ((flat(U), i, Pz[0]), (flat(U), j, Pz[1]), (flat(U), None, Pz[2])))
