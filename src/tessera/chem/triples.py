@@ -333,7 +333,8 @@ class TripleKernel:
     over the batch (N = len(ks) n_s); the others are one GEMM per k.  ``pool``: the
     thread's buffers (``new_pool``), reused by its tasks; ``flops`` counts the GEMM flops.
     With one virtual irrep W of a batch is [k, a, b, c], relayouts are transposes and the
-    energy sweep runs per k; with several, batches are single triples (index maps).
+    energy sweep runs per k; with several, each triple's three cyclic layouts are moved
+    out of the batch layout for its sweep (index maps).
     """
 
     def __init__(self, inp: KernelInputs, G: int, pool: list):
@@ -342,7 +343,7 @@ class TripleKernel:
         self.maps = lay.maps[G]
         self.dense = self.maps["dense"]
         n = int(lay.ntrip[G])
-        self.batch = max(1, pool[0].size // max(1, n)) if self.dense else 1   # as new_pool made it
+        self.batch = max(1, pool[0].size // max(1, n))        # as new_pool made it
         self.buf = pool[:-1]
         self.lbuf = pool[-1]
         self.irr, self.rel = inp.irrep, inp.rel
@@ -353,25 +354,25 @@ class TripleKernel:
 
     @staticmethod
     def batch_size(lay: VirtualLayout, occ_tile: int) -> int:
-        """k per batch: N = batch * n_v >= 256 columns in the batched GEMMs, at most
-        ``occ_tile`` and 64 MiB of batch buffers; 1 with several virtual irreps."""
-        if len(set(lay.irrep.tolist())) != 1:
-            return 1
-        nv = len(lay.irrep)
-        batch = max(1, min(occ_tile, -(-256 // max(1, nv))))
-        while batch > 1 and 2 * 8 * batch * nv ** 3 > 64 * 2 ** 20:
+        """k per batch: about 256 columns (batch x virtuals per irrep) in the batched GEMMs,
+        at most ``occ_tile`` and 64 MiB of batch buffers."""
+        nirrep = max(1, len(set(lay.irrep.tolist())))
+        width = max(1, len(lay.irrep) // nirrep)
+        batch = max(1, min(occ_tile, -(-256 // width)))
+        nbatch = 2 if nirrep == 1 else 3
+        while batch > 1 and nbatch * 8 * batch * int(lay.ntrip.max()) > 64 * 2 ** 20:
             batch -= 1
         return batch
 
     @staticmethod
     def pool_sizes(lay: VirtualLayout, batch: int = 1) -> list:
-        """Elements of one thread's buffers: W-sized ones (of ``batch`` triples; five are
-        with one virtual irrep) and the stacked left operands."""
+        """Elements of one thread's buffers: some of a batch's W (in the batch layout), some
+        of one triple's, and the stacked left operands."""
         nv, no, ntrip = int(lay.n.max()), int(lay.no.max()), max(int(lay.ntrip.max()), 1)
         left = [max(batch * nv * max(nv, no), 1)]
         if len(set(lay.irrep.tolist())) == 1:         # W and a layout of the batch; 3 of one triple
             return [batch * ntrip] * 2 + [ntrip] * 3 + left
-        return [ntrip] * 8 + left
+        return [batch * ntrip] * 3 + [ntrip] * 8 + left   # Sa, Sb, Sc of the batch; 8 of one triple
 
     @staticmethod
     def new_pool(lay: VirtualLayout, batch: int = 1) -> list:
@@ -539,18 +540,36 @@ class TripleKernel:
             ks, ((flat(U), i, Pz[0]), (flat(U), j, Pz[1]), (flat(U), None, Pz[2])))
 
     def _energy_packed(self, i, j, ks) -> float:
-        """Point-group symmetry (one k per batch): three cyclic layouts joined by index maps."""
-        m, k = self.maps, ks[0]
-        Sa, Sb, Sc, W, Y, Y1, Y2, U = (a[:int(self.inp.lay.ntrip[self.G])] for a in self.buf)
-        self._accumulate(Sa, ks, i, j, None)                      # single a, pair (b, c)
-        if i == j:                                                # the same terms, pair swapped
-            np.take(Sa, m["swap"], out=Sb, mode="wrap")
-        else:
-            self._accumulate(Sb, ks, j, None, i)                  # single b, pair (c, a)
-        if j == k:
-            np.take(Sb, m["swap"], out=Sc, mode="wrap")
-        else:
-            self._accumulate(Sc, ks, None, i, j)                  # single c, pair (a, b)
+        """Point-group symmetry: the three cyclic layouts of the batch, then per k (moved out
+        of the batch layout) joined by index maps."""
+        nk, n, blocks = len(ks), int(self.inp.lay.ntrip[self.G]), self.maps["blocks"]
+        Ba, Bb, Bc = (a[:nk * n] for a in self.buf[:3])
+        Sa, Sb, Sc = (a[:n] for a in self.buf[3:6])
+        self._accumulate(Ba, ks, i, j, None)                      # single a, pair (b, c)
+        if i != j:                                                # else the same terms, pair swapped
+            self._accumulate(Bb, ks, j, None, i)                  # single b, pair (c, a)
+        if ks[0] != j:                                            # else (j == k) as single b
+            self._accumulate(Bc, ks, None, i, j)                  # single c, pair (a, b)
+
+        def one(batch, n_k, out):                                 # triple n_k of the batch
+            if nk == 1:
+                return batch
+            for _, off, ns, npair in blocks:
+                size = ns * npair
+                out[off:off + size] = batch[nk * off + n_k * size:nk * off + (n_k + 1) * size]
+            return out
+        m, e = self.maps, 0.0
+        for n_k, k in enumerate(ks):
+            a = one(Ba, n_k, Sa)
+            b = np.take(a, m["swap"], out=Sb, mode="wrap") if i == j else one(Bb, n_k, Sb)
+            c = np.take(b, m["swap"], out=Sc, mode="wrap") if j == k else one(Bc, n_k, Sc)
+            e += self._sweep_packed(a, b, c, i, j, k)
+        return e
+
+    def _sweep_packed(self, Sa, Sb, Sc, i, j, k) -> float:
+        """sum_abc W r3(W + V) / D of one triple from its three cyclic layouts (Sa is changed)."""
+        m = self.maps
+        W, Y, Y1, Y2, U = (a[:Sa.size] for a in self.buf[6:11])
         np.take(Sb, m["rot"], out=W, mode="wrap")
         W += Sa
         np.take(Sc, m["rot2"], out=Y1, mode="wrap")
@@ -562,6 +581,7 @@ class TripleKernel:
         np.take(Y, m["rot2"], out=Y2, mode="wrap")                # Y[cab]
         np.add(Y, Y1, out=U)
         U += Y2                                                   # Yc
+        ks = range(k, k + 1)
         P, Pz, _ = self._pair_rows(i, j, ks)
         e = 3.0 * (float(W @ Y) + self._t1_dot(ks, ((Y, i, P[0]), (Y2, j, P[1]), (Y1, None, P[2]))))
         Sa += Sb
