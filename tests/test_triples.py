@@ -200,8 +200,6 @@ def test_flops_equal_the_minimal_count(systems):
     single = triples_correction(ints, bt1, bt2, context=Context("serial"), occ_tile=1)
     for res in (batched, single):
         assert res.minimal_flops == c1 and res.flops == c1
-        s = res.summary()
-        assert s["flops_ratio"] == 1.0 and s["gflops_per_second"] == res.flops / res.seconds / 1e9
     assert abs(batched.energy - single.energy) < 1e-14
     ref, runs = systems["water"]                         # C2v: fewer than C1, still executed exactly
     ints, bt1, bt2 = _inputs(ref, *runs[0][:2], 0, 8)

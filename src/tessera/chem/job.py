@@ -19,7 +19,7 @@ import numpy as np
 
 from tessera.backends.context import Context, ranks_of
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
-from tessera.chem.ccsd import CCSD, CCSDStructure
+from tessera.chem.ccsd import CCSD, CCSDStructure, minimal_flops
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.triples import triples_correction
@@ -166,8 +166,12 @@ class Job:
             "t2_elements_stored": cc.t2.stored_elements, "t2_elements_dense": cc.t2.dense_elements,
             "integrals_elements_stored": ints.stored_elements,
             "integrals_elements_dense": ints.dense_elements,
+            "classes": {name: {"stored": t.stored_elements, "dense": t.dense_elements}
+                        for name, t in (("t2", cc.t2), *((c, ints.tensors[c]) for c in ("vvvv", "ovvv", "ovov", "oooo")))},
         }
-        data["flops"] = {"ccsd_per_iteration": cc.flops_per_iteration}
+        minimal = minimal_flops(ints.o, ints.v)
+        data["flops"] = {"ccsd_per_iteration": cc.flops_per_iteration, "ccsd_minimal_per_iteration": minimal,
+                         "ccsd_over_minimal": cc.flops_per_iteration / minimal if minimal else None}
         if ctx.distributed:
             data["memory_per_rank"] = memory_per_rank(ctx, cc.t2, ints)
         if method == "ccsd(t)" and result.converged:
@@ -176,8 +180,9 @@ class Job:
             timings["triples"] = time.perf_counter() - t0
             energies["t_correction"] = tr.energy
             energies["total"] = ref.e_hf + cc.e_corr + tr.energy
-            data["flops"]["triples"] = tr.flops
-            data["triples"] = tr.summary()
+            data["flops"].update(triples=tr.flops, triples_minimal=tr.minimal_flops,
+                                 triples_over_minimal=tr.flops / tr.minimal_flops if tr.minimal_flops else None,
+                                 triples_gflops_per_second=tr.flops / tr.seconds / 1e9)
             if ctx.distributed:
                 data["memory_per_rank"]["triples"] = {
                     "peak_operand_bytes": list(tr.rank_peak_operand_bytes),

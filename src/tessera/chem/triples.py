@@ -70,12 +70,6 @@ class TriplesResult:
     cache_bytes: int = 0                         # cache limit per rank (bytes)
     kernel_buffer_bytes: int = 0                 # per thread of a rank
 
-    def summary(self) -> dict:
-        """Executed and minimal GEMM flops, their ratio, and GFLOP/s over the wall time."""
-        return {"flops": self.flops, "minimal_flops": self.minimal_flops,
-                "flops_ratio": self.flops / self.minimal_flops if self.minimal_flops else None,
-                "seconds": self.seconds, "gflops_per_second": self.flops / self.seconds / 1e9}
-
 
 # --------------------------------------------------------------------------- layouts
 def irrep_ranges(space, what: str) -> np.ndarray:
