@@ -153,8 +153,8 @@ class TriplesTasks:
         for j, gj in enumerate(g):
             for i in range(j, len(g)):
                 gi = g[i]
-                two = terms(gi, gj, gj) + terms(gj, gj, gi)           # k == j (or i == j: k < j)
-                total += terms(gi, gi, gi) if i == j else two
+                total += (terms(gi, gi, gi) if i == j                  # k == j
+                          else terms(gi, gj, gj) + terms(gj, gj, gi))
                 for gk in np.flatnonzero(below).tolist():
                     cost = (terms(gi, gj, gk) + terms(gj, gk, gi) + terms(gk, gi, gj) if i > j
                             else terms(gi, gj, gk) + terms(gk, gi, gj))
