@@ -202,7 +202,9 @@ class Job:
             self._phase(timings, "triples", t0)
             energies["t_correction"] = tr.energy
             energies["total"] = ref.e_hf + cc.e_corr + tr.energy
-            data["flops"]["triples"] = tr.flops
+            data["flops"].update(triples=tr.flops, triples_minimal=tr.minimal_flops,
+                                 triples_over_minimal=tr.flops / tr.minimal_flops if tr.minimal_flops else None,
+                                 triples_gflops_per_second=tr.flops / tr.seconds / 1e9)
             if ctx.distributed:
                 data["memory_per_rank"]["triples"] = {
                     "peak_operand_bytes": list(tr.rank_peak_operand_bytes),
