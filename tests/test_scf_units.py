@@ -177,7 +177,7 @@ def test_rhf_on_local_contexts_equals_pyscf(backend):
     a full build every rebuild_every + 1); incore and auto in one process: the 8-fold
     integrals (no tasks), as many iterations as PySCF (its cycles + the first build)."""
     from tessera.backends.context import Context
-    from tessera.backends.local import available_cores
+    from tessera.backends.local import available_cores, threads_per_rank
     from tessera.chem.scf import rhf
     from tessera.chem.scf.driver import rank_threads
 
@@ -194,7 +194,7 @@ def test_rhf_on_local_contexts_equals_pyscf(backend):
             assert info["mode"] == ("direct" if mode == "direct" else "incore")
             if mode != "direct":          # the rank's cores; the serial executor: one
                 assert info["threads"] == rank_threads(ctx) == (1 if backend == "serial" else
-                                                                available_cores())
+                                                                threads_per_rank() or available_cores())
             if mode == "direct":
                 assert info["tasks_executed"] == [sum(info["tasks_per_build"])]
                 assert info["incremental_builds"] == info["fock_builds"] - 1 - (info["fock_builds"] - 1) // 6

@@ -20,10 +20,13 @@ from tessera.errors import TesseraError
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tessera", description="Block-sparse coupled-cluster calculations.")
+    p.add_argument("--version", action="version", version=f"tessera {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("run", "run a calculation"), ("plan", "print the plan of one CCSD iteration")):
         s = sub.add_parser(name, help=text)
-        s.add_argument("geometry", help="XYZ file (Angstrom)")
+        s.add_argument("geometry", help="XYZ file (Angstrom, or see --units), Z-matrix (.zmat), "
+                                        "QCSchema molecule or AtomicInput (.json), or FCIDUMP")
+        s.add_argument("--units", default="angstrom", help="of an XYZ or Z-matrix geometry: angstrom | bohr")
         s.add_argument("--basis", default="cc-pvdz")
         s.add_argument("--method", default="ccsd(t)", help="hf | ccsd | ccsd(t)")
         s.add_argument("--charge", type=int, default=0)
@@ -50,7 +53,24 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
         if name == "run":
             s.add_argument("--plan-only", action="store_true", help="print the plan and stop")
+            s.add_argument("--threads", type=_positive_int, default=None,
+                           help="threads per rank (BLAS and the threads backend); default "
+                                "OMP_NUM_THREADS, else all cores (1 BLAS thread per MPI rank)")
+            s.add_argument("--qcschema", metavar="FILE", help="write a QCSchema AtomicResult (JSON)")
+            s.add_argument("--fcidump-out", metavar="FILE", help="write the integrals as an FCIDUMP")
+            s.add_argument("--molden", metavar="FILE", help="write the orbitals in Molden format")
     return p
+
+
+def _version() -> str:
+    from tessera import __version__
+    return __version__
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise TesseraError(f"--threads {text!r} is not a positive integer; expected e.g. --threads 4")
+    return int(text)
 
 
 def _options(args):
@@ -59,7 +79,7 @@ def _options(args):
                       frozen_core=args.frozen_core, backend=args.backend, tile=args.tile, conv=args.conv,
                       variant=args.variant, schedule=args.schedule,
                       max_iter=args.max_iter, symmetry=not args.no_symmetry, scf=args.scf,
-                      scf_schedule=args.scf_schedule, scf_max_iter=args.scf_max_iter,
+                      scf_schedule=args.scf_schedule, scf_max_iter=args.scf_max_iter, units=args.units,
                       scf_mode=args.scf_mode)
 
 
@@ -80,7 +100,8 @@ class PrintReport:
         print("  virtual per irrep:  " + ", ".join(f"{k} {v}" for k, v in d["virtual_per_irrep"].items()))
         extra = ", ".join(f"{k} {d[k]}" for k in ("variant", "schedule") if d.get(k))
         print(f"Backend {d['backend']}{' (' + extra + ')' if extra else ''} on {d.get('ranks', 1)} rank(s), "
-              f"tile {d['tile']}" + (f" (occupied {d['occ_tile']})" if d.get("occ_tile") != d["tile"] else ""))
+              f"{d['threads_per_rank']} thread(s) per rank, tile {d['tile']}"
+              + (f" (occupied {d['occ_tile']})" if d.get("occ_tile") != d["tile"] else ""))
         if "auto" in d:
             from tessera.backends.auto import render
             print(render(d["auto"], limit=6))
@@ -90,9 +111,9 @@ class PrintReport:
 
     def iteration(self, row: dict) -> None:
         if row["iter"] == 1:
-            print(f"\n{'iter':>4s} {'E(corr)':>18s} {'change':>11s} {'residual':>10s} {'seconds':>8s}")
+            print(f"\n{'iter':>4s} {'E(corr)':>18s} {'change':>11s} {'residual':>10s} {'seconds':>8s} {'GFLOP/s':>8s}")
         print(f"{row['iter']:4d} {row['e_corr']:18.12f} {row['delta']:11.3e} {row['residual']:10.3e} "
-              f"{row['seconds']:8.2f}")
+              f"{row['seconds']:8.2f} {row.get('gflops_per_s', 0.0):8.1f}")
 
     def energies(self, e: dict, t: dict) -> None:
         print()
@@ -129,7 +150,13 @@ def _rank(backend: str) -> int:
 
 def _run(args) -> int:
     from tessera.chem.job import Job, Report
+    if getattr(args, "threads", None):
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)     # read by the executors
     options = _options(args)
+    if args.command == "run":
+        from tessera.chem.fcidump import is_fcidump
+        from tessera.chem.outputs import check_outputs
+        check_outputs(is_fcidump(args.geometry), qcschema=args.qcschema, molden=args.molden)
     rank = _rank(options.backend)
     if rank != 0:
         logging.getLogger().setLevel(logging.ERROR)
@@ -146,6 +173,9 @@ def _run(args) -> int:
                 json.dump(result.data, f, indent=1, default=float)
         except OSError as err:
             raise TesseraError(f"cannot write --json {args.json}: {err.strerror}") from None
+    if rank == 0:
+        from tessera.chem.outputs import write_outputs
+        write_outputs(result, qcschema=args.qcschema, fcidump=args.fcidump_out, molden=args.molden)
     if not result.converged:
         if rank == 0:
             print(f"error: {result.error}", file=sys.stderr)
@@ -176,7 +206,11 @@ def _abort_all(world, err) -> None:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except TesseraError as err:          # an option's own check (argparse types)
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -31,7 +31,7 @@ from tessera.backends.context import current_context
 from tessera.backends.registry import check_schedule
 from tessera.chem.reference import Reference
 from tessera.chem.diis import DIIS
-from tessera.backends.local import available_cores
+from tessera.backends.local import available_cores, threads_per_rank
 from tessera.chem.scf.fock import MODES, REBUILD_EVERY, FockBuilder
 from tessera.chem.scf.incore import IncoreFock, s8_bytes
 from tessera.chem.scf.stats import summarize
@@ -72,11 +72,12 @@ def _orthonormalizer(ovlp: np.ndarray) -> np.ndarray:
 
 
 def rank_threads(context) -> int:
-    """Threads one rank may run inside its Fock build: the serial executor 1, else the
-    cores divided among the ranks (ranks x threads <= cores)."""
+    """Threads one rank may run inside its Fock build: the serial executor 1, else
+    ``OMP_NUM_THREADS`` (``--threads``) when set, else the cores divided among the ranks
+    (ranks x threads <= cores)."""
     if not context.distributed and context.executor.name == "serial":
         return 1
-    return max(1, available_cores() // context.ranks.size)
+    return threads_per_rank() or max(1, available_cores() // context.ranks.size)
 
 
 def make_builder(mol, context, *, mode: str, max_memory_mb: float, **options):
