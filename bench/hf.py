@@ -48,7 +48,8 @@ H   3.381000  -1.245000  0.0
 H  -3.381000   1.245000  0.0
 H  -3.381000  -1.245000  0.0
 """
-MOLECULES = {"naphthalene": NAPHTHALENE}
+BENZENE = "".join((ROOT / "examples" / "benzene.xyz").read_text().splitlines(True)[2:])
+MOLECULES = {"naphthalene": NAPHTHALENE, "benzene": BENZENE}
 CONV_TOL = 1e-10
 SCREENING = 1e-12
 
@@ -85,11 +86,11 @@ def worker(args) -> None:
             "iteration_wall_s": info["iteration_wall_s"], "setup_s": info["setup_s"],
             "busy_s": info["busy_s"], "imbalance": info["imbalance"],
             "tasks_executed": info["tasks_executed"], "tasks_stolen": info["tasks_stolen"],
-            "counter_ops": info["counter_ops"], "tasks_total": info["tasks_total"],
-            "nblocks": info["nblocks"], "shell_quartets": info["shell_quartets"],
-            "shell_quartets_skipped": info["shell_quartets_skipped"],
+            "counter_ops": info["counter_ops"], "mode": info["mode"], "threads": info["threads"],
             "busy_cpu_s": info["busy_cpu_s"], "imbalance_cpu": info["imbalance_cpu"],
             "reduce_s": [r["reduce_s"] for r in info["per_rank"]],
+            **{k: info.get(k) for k in ("tasks_total", "nblocks", "shell_quartets",   # no tasks:
+                                        "shell_quartets_skipped")},            # 8-fold incore
         }
     ctx.close()
     if world.rank == 0:

@@ -103,3 +103,22 @@ def test_auto_context_routes_by_variant():
     assert resolve(1) == ("threads", {})
     with pytest.raises(InputError, match="variant"):
         resolve(1, variant="cached")
+
+
+def test_json_phases_time_iterations_flops(tmp_path, capsys):
+    """Each phase's seconds, iterations and flops (where defined) in the JSON; the SCF's
+    mode is the one asked for (auto: in memory for a molecule this small)."""
+    for mode, expect in (("auto", "incore"), ("direct", "direct")):
+        out = tmp_path / f"{mode}.json"
+        code, _, _ = run(capsys, "run", WATER, "--basis", "sto-3g", "--method", "ccsd",
+                         "--scf-mode", mode, "--json", str(out))
+        assert code == 0
+        data = json.loads(out.read_text())
+        ph = data["phases"]
+        assert ph["scf"]["mode"] == expect and ph["scf"]["iterations"] >= 2
+        assert ph["scf"]["seconds"] == data["timings"]["scf"] >= ph["scf"]["fock_s"] > 0
+        assert ph["transform"]["seconds"] == data["timings"]["transform"] > 0
+        assert ph["ccsd"]["iterations"] == len(data["iterations"]) >= 2
+        assert ph["ccsd"]["flops"] == ph["ccsd"]["flops_per_iteration"] * ph["ccsd"]["iterations"] > 0
+    code, _, err = run(capsys, "run", WATER, "--scf-mode", "disk")
+    assert code == 2 and "unknown mode 'disk'" in err

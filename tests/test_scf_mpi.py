@@ -110,7 +110,10 @@ def test_schedule_accounting(nranks):
         for schedule in scf_checks.SCHEDULES:
             run = out["runs"][f"{name}/{schedule}"]
             builds = run["fock_builds"]
-            total = run["tasks_total"] * builds
+            total = sum(run["tasks_per_build"])        # density-screened tasks of each build
+            assert len(run["tasks_per_build"]) == builds
+            assert max(run["tasks_per_build"]) <= run["tasks_total"]
+            assert run["threads"] >= 1
             assert builds == run["iterations"]
             assert len(run["busy_s"]) == nranks and min(run["busy_s"]) >= 0
             assert sum(run["tasks_executed"]) == total
@@ -145,8 +148,12 @@ def test_screening_threshold_zero_and_default_agree():
 
 
 def test_incore_mode_equals_direct():
+    """mode="incore" and the default "auto" (incore: the blocks fit) replay the first
+    build's tasks on each rank."""
     out = launch(EXTRAS_AT)
     ref = pyscf_ref("water")["e"]
+    auto = out["water_auto"]
+    assert auto["mode"] == "incore" and abs(auto["e_hf"] - ref) < E_TOL
     for schedule, run in out["water_incore"].items():
         assert run["mode"] == "incore"
         assert abs(run["e_hf"] - ref) < E_TOL, schedule

@@ -173,9 +173,13 @@ def test_symmetry_labels_equal_pyscf():
 
 @pytest.mark.parametrize("backend", ["serial", "threads"])
 def test_rhf_on_local_contexts_equals_pyscf(backend):
-    """Every task runs once per build in one process; incore replays the first build."""
+    """Direct: every screened-in task runs once per build (incremental after the first,
+    a full build every rebuild_every + 1); incore and auto in one process: the 8-fold
+    integrals (no tasks), as many iterations as PySCF (its cycles + the first build)."""
     from tessera.backends.context import Context
+    from tessera.backends.local import available_cores, threads_per_rank
     from tessera.chem.scf import rhf
+    from tessera.chem.scf.driver import rank_threads
 
     mol = molecule("water.xyz", "6-31g", symmetry=True)
     mf = scf.RHF(mol)
@@ -183,12 +187,21 @@ def test_rhf_on_local_contexts_equals_pyscf(backend):
     e = mf.kernel()
     ctx = Context(backend)
     with ctx:
-        for mode in ("direct", "incore"):
+        for mode in ("direct", "incore", "auto"):
             ref = rhf(mol, mode=mode)
             info = ref.info
             assert abs(ref.e_hf - e) < 1e-9, (backend, mode)
-            assert info["tasks_executed"] == [info["tasks_total"] * info["fock_builds"]]
-            assert info["counter_ops"]["local"] == info["counter_ops"]["remote"] == 0
+            assert info["mode"] == ("direct" if mode == "direct" else "incore")
+            if mode != "direct":          # the rank's cores; the serial executor: one
+                assert info["threads"] == rank_threads(ctx) == (1 if backend == "serial" else
+                                                                threads_per_rank() or available_cores())
+            if mode == "direct":
+                assert info["tasks_executed"] == [sum(info["tasks_per_build"])]
+                assert info["incremental_builds"] == info["fock_builds"] - 1 - (info["fock_builds"] - 1) // 6
+                assert info["counter_ops"]["local"] == info["counter_ops"]["remote"] == 0
+            else:
+                assert "tasks_total" not in info
+                assert ref.iterations <= mf.cycles + 1
     ctx.close()
 
 

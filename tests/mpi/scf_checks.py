@@ -55,7 +55,8 @@ def summary(ctx, ref, seconds):
                                     "busy_s", "tasks_executed", "tasks_stolen", "steals",
                                     "counter_ops", "shell_quartets",
                                     "shell_quartets_skipped", "block_quartets_skipped",
-                                    "tasks_total", "fock_builds")},
+                                    "tasks_total", "fock_builds", "tasks_per_build",
+                                    "incremental_builds", "threads")},
     }
 
 
@@ -91,9 +92,11 @@ def checks(ctx, extras):
     out = {"nranks": size, "runs": {}}
     for name in MOLECULES:
         for schedule in SCHEDULES:
-            out["runs"][f"{name}/{schedule}"] = run(ctx, name, schedule=schedule)
+            out["runs"][f"{name}/{schedule}"] = run(ctx, name, schedule=schedule, mode="direct")
     if extras:
-        out["benzene_no_screening"] = run(ctx, "benzene", schedule="steal", screening=0.0)
+        out["benzene_no_screening"] = run(ctx, "benzene", schedule="steal", screening=0.0,
+                                          mode="direct")
+        out["water_auto"] = run(ctx, "water", schedule="steal")
         out["water_incore"] = {s: run(ctx, "water", schedule=s, mode="incore")
                                for s in SCHEDULES}
         mol = build("water")

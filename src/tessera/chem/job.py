@@ -49,6 +49,7 @@ class RunOptions:
     scf_schedule: str = "steal"
     scf_max_iter: int = 100
     units: str = "angstrom"          # of an XYZ or Z-matrix geometry: angstrom | bohr
+    scf_mode: str = "auto"
 
     def __post_init__(self):
         if self.method.lower() not in METHODS:
@@ -148,6 +149,7 @@ class Job:
         self.report.scf({"e_hf": ref.e_hf, "iterations": ref.iterations, "seconds": timings["scf"],
                          "source": ref.source})
         energies = {"hf": ref.e_hf}
+        data["scf_info"] = scf_info(ref)
         data["energies"] = energies
         data["timings"] = timings
         data["converged"] = True
@@ -170,6 +172,7 @@ class Job:
         t0 = time.perf_counter()
         ints = transform(ref, nfrozen, tiles[0], occ_tile=tiles[1])
         self._phase(timings, "transform", t0)
+        data["transform_info"] = dict(ints.transform_stats)
 
         t0 = time.perf_counter()
         ccsd = CCSD(conv=opt.conv, max_iter=opt.max_iter, progress=self._iteration)
@@ -246,7 +249,8 @@ class Job:
         ctx = Context("mpi-onesided" if runs_distributed(opt.backend) else opt.backend,
                       recorder=self.recorder)
         with ctx:
-            ref = rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter, context=ctx)
+            ref = rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter, mode=opt.scf_mode,
+                      context=ctx)
         ctx.close()        # collective when distributed: not in a finally (see kernel)
         if ranks.size == 1:
             return ref
@@ -255,6 +259,7 @@ class Job:
 
     def _finish(self, result: JobResult, t_start: float) -> JobResult:
         result.data["timings"]["total"] = time.perf_counter() - t_start
+        result.data["phases"] = phases(result.data)
         self.report.energies(result.data["energies"], result.data["timings"])
         return result
 
@@ -269,3 +274,33 @@ def frozen_core_orbitals(mol) -> int:
     """Doubly occupied core orbitals to freeze (PySCF's chemcore: 1s on Li-Ne, ...)."""
     from pyscf.data import elements
     return int(elements.chemcore(mol))
+
+
+def scf_info(ref) -> dict:
+    """The SCF's iterations and where its time went (Tessera's SCF; PySCF's: iterations)."""
+    info = ref.info or {}
+    out = {"iterations": int(ref.iterations), "source": ref.source}
+    for key in ("mode", "threads", "setup_s", "one_electron_s", "nranks", "incremental_builds"):
+        if key in info:
+            out[key] = info[key]
+    for key in ("fock_wall_s", "solve_wall_s"):
+        if key in info:
+            out[key.replace("_wall_s", "_s")] = float(sum(info[key]))
+    return out
+
+
+def phases(data: dict) -> dict:
+    """Each phase's seconds, iterations and flops where defined (the integral evaluation
+    of the SCF and the transform is not counted in flops)."""
+    timings, flops = data.get("timings", {}), data.get("flops", {})
+    out = {"scf": {"seconds": timings.get("scf"), **data.get("scf_info", {})}}
+    if "transform" in timings:
+        out["transform"] = {"seconds": timings["transform"], **data.get("transform_info", {})}
+    if "ccsd" in timings:
+        its = len(data.get("iterations") or [])
+        per = flops.get("ccsd_per_iteration")
+        out["ccsd"] = {"seconds": timings["ccsd"], "iterations": its, "flops_per_iteration": per,
+                       "flops": per * its if per is not None else None}
+    if "triples" in timings:
+        out["triples"] = {"seconds": timings["triples"], "flops": flops.get("triples")}
+    return out

@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--scf", default="tessera", help="tessera (own distributed RHF) | pyscf")
         s.add_argument("--scf-schedule", default="steal", help="static | nxtval | steal (with --scf tessera)")
         s.add_argument("--scf-max-iter", type=int, default=100)
+        s.add_argument("--scf-mode", default="auto", help="auto (integrals in memory when they fit "
+                       "PySCF's max_memory, else direct) | incore | direct (with --scf tessera)")
         s.add_argument("--json", metavar="FILE", help="write the results as JSON")
         s.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
         if name == "run":
@@ -89,7 +91,8 @@ def _options(args):
                       frozen_core=args.frozen_core, backend=args.backend, tile=args.tile, conv=args.conv,
                       variant=args.variant, schedule=args.schedule,
                       max_iter=args.max_iter, symmetry=not args.no_symmetry, scf=args.scf,
-                      scf_schedule=args.scf_schedule, scf_max_iter=args.scf_max_iter, units=args.units)
+                      scf_schedule=args.scf_schedule, scf_max_iter=args.scf_max_iter, units=args.units,
+                      scf_mode=args.scf_mode)
 
 
 class PrintReport:

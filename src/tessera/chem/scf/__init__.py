@@ -1,6 +1,6 @@
 """Tessera's own distributed closed-shell Hartree-Fock.
 
-``rhf(mol, *, schedule="steal", screening=1e-12, mode="direct", conv_tol=1e-10,
+``rhf(mol, *, schedule="steal", screening=1e-12, mode="auto", conv_tol=1e-10,
 max_iter=100, context=None) -> Reference``: Roothaan-Hall SCF with DIIS whose two-electron
 Fock build is a GTFock-style task set (Liu, Patel, Chow, IPDPS 2014): shell-block tasks
 with Schwarz screening and 8-fold integral symmetry, density and Fock matrices as

@@ -9,6 +9,14 @@ context); one-electron integrals, the basis set and the minimal-basis
 and labelled by irrep.  Orbitals are replicated: rank 0 diagonalises and its result is
 shared (``Ranks.share``), so that all ranks take the same decisions and return the same
 ``Reference``.
+
+Integrals are kept in memory by default (``mode="auto"``) when they fit the memory
+budget: on one process the 8-fold integrals with PySCF's J/K kernel
+(``incore.IncoreFock``), over several ranks each rank's screened integral blocks
+(``fock.FockBuilder``); otherwise the build is direct (incremental, density-weighted
+screening) and the log says so. Per iteration every rank does O(nao^2) work besides its
+share of the Fock build: the O(nao^3) steps (commutator, DIIS, diagonalisation, density)
+run on rank 0, which shares the new density.
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ from tessera.backends.context import current_context
 from tessera.backends.registry import check_schedule
 from tessera.chem.reference import Reference
 from tessera.chem.diis import DIIS
-from tessera.chem.scf.fock import MODES, FockBuilder
+from tessera.backends.local import available_cores, threads_per_rank
+from tessera.chem.scf.fock import MODES, REBUILD_EVERY, FockBuilder
+from tessera.chem.scf.incore import IncoreFock, s8_bytes
 from tessera.chem.scf.stats import summarize
 from tessera.chem.scf.symmetry import symmetry_basis
 from tessera.errors import ConvergenceError, InputError
@@ -61,10 +71,48 @@ def _orthonormalizer(ovlp: np.ndarray) -> np.ndarray:
     return (v / np.sqrt(w)) @ v.T
 
 
-def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "direct",
+def rank_threads(context) -> int:
+    """Threads one rank may run inside its Fock build: the serial executor 1, else
+    ``OMP_NUM_THREADS`` (``--threads``) when set, else the cores divided among the ranks
+    (ranks x threads <= cores)."""
+    if not context.distributed and context.executor.name == "serial":
+        return 1
+    return threads_per_rank() or max(1, available_cores() // context.ranks.size)
+
+
+def make_builder(mol, context, *, mode: str, max_memory_mb: float, **options):
+    """The Fock builder of ``mode`` (module docstring); logs which one and why."""
+    ranks = context.ranks
+    say = log.info if ranks.rank == 0 else log.debug
+    threads = rank_threads(context)
+    budget = float(max_memory_mb) * 1e6
+    if ranks.size == 1 and mode in ("auto", "incore"):
+        need = s8_bytes(mol.nao)
+        if need <= budget:
+            say("RHF: 8-fold integrals in memory (%.4g MB of %.4g MB), %d threads",
+                need / 1e6, budget / 1e6, threads)
+            return IncoreFock(mol, threads)
+        if mode == "incore":
+            raise InputError(
+                f"mode='incore' needs {need / 1e6:.4g} MB of 8-fold integrals, more than "
+                f"the budget of {max_memory_mb:.4g} MB; use mode='direct' or a larger "
+                "memory budget (max_memory_mb)")
+    # in a threads context the executor's workers share the cores of the rank
+    workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
+    builder = FockBuilder(mol, context, mode=mode, max_memory_mb=max_memory_mb,
+                          threads=max(1, threads // workers), **options)
+    if mode == "auto" and builder.mode == "direct":
+        say("RHF: integrals need %.4g MB (8-fold: %.4g MB), more than the budget of %.4g "
+            "MB per rank: direct Fock builds", builder.incore_bytes_total / 1e6,
+            s8_bytes(mol.nao) / 1e6, budget / 1e6)
+    return builder
+
+
+def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "auto",
         conv_tol: float = 1e-10, max_iter: int = 100,
         max_memory_mb: float | None = None, block_nbf: int | None = None,
-        diis_space: int = 8, context=None) -> Reference:
+        diis_space: int = 8, rebuild_every: int | None = REBUILD_EVERY,
+        context=None) -> Reference:
     """Closed-shell RHF of ``mol`` (a built ``pyscf.gto.Mole``, symmetry Abelian or off).
 
     Runs on ``context`` (default: the current context; serial, threads, mpi-onesided or
@@ -74,9 +122,11 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
     otherwise ``ConvergenceError`` after ``max_iter`` Fock builds.
 
     ``schedule``: "static" | "nxtval" | "steal";  ``screening``: Schwarz threshold (0 =
-    none);  ``mode``: "direct" | "incore" (integrals kept if they fit in
-    ``max_memory_mb`` per rank, default ``mol.max_memory``);  ``block_nbf``: target shell
-    block size in basis functions (default: about nao/6, at most 32).
+    none);  ``mode``: "auto" (incore when the integrals fit in ``max_memory_mb`` per
+    rank, default ``mol.max_memory``, else direct) | "incore" (an error when they do
+    not fit) | "direct";  ``rebuild_every``: direct mode, incremental builds between
+    full ones;  ``block_nbf``: target shell block size in basis functions (default:
+    about nao/6, at most 32).
     """
     nocc = _check_molecule(mol)
     if int(max_iter) < 1:
@@ -106,42 +156,54 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
     dm = pyscf_hf.init_guess_by_minao(mol)
     conv_grad = float(np.sqrt(conv_tol))
 
-    builder = FockBuilder(mol, context, schedule=schedule, screening=screening, mode=mode,
-                          max_memory_mb=max_memory_mb, block_nbf=block_nbf)
-    say("RHF: %d AOs in %d shell blocks, %d tasks (%d block quartets skipped), "
-        "schedule=%s mode=%s screening=%g ranks=%d group=%s",
-        mol.nao, builder.blocks.nblocks, len(builder.tasks),
-        builder.tasks.n_block_quartets_skipped, builder.schedule, mode, screening,
-        ranks.size, sym.group)
+    setup_s = time.perf_counter() - t0
+    builder = make_builder(mol, context, mode=mode, max_memory_mb=max_memory_mb,
+                           schedule=schedule, screening=screening, block_nbf=block_nbf,
+                           rebuild_every=rebuild_every)
+    if builder.tasks is not None:
+        say("RHF: %d AOs in %d shell blocks, %d tasks (%d block quartets skipped), "
+            "schedule=%s mode=%s screening=%g ranks=%d group=%s",
+            mol.nao, builder.blocks.nblocks, len(builder.tasks),
+            builder.tasks.n_block_quartets_skipped, builder.schedule, builder.mode,
+            screening, ranks.size, sym.group)
     diis = DIIS(diis_space, max_condition=1e14)
-    energies, errors, iter_wall = [], [], []
-    e_last = None
+    energies, errors, iter_wall, fock_wall, solve_wall = [], [], [], [], []
+    state = {"e_last": None}          # rank 0's: the last energy and orbitals
+
+    def solve(fock, dm, e_tot):
+        """Rank 0: commutator, DIIS, diagonalisation, next density (the O(nao^3) steps)."""
+        t = time.perf_counter()
+        err_mat = commutator_error(fock, dm, ovlp, xorth)
+        err = float(np.linalg.norm(err_mat))
+        de = np.inf if state["e_last"] is None else e_tot - state["e_last"]
+        converged = abs(de) < conv_tol and err < conv_grad
+        f_diag = fock if converged else diis.update(fock, err_mat)
+        state["orbitals"] = sym.eigh(f_diag, ovlp)
+        state["e_last"] = e_tot
+        c_occ = state["orbitals"][1][:, :nocc]
+        return 2.0 * (c_occ @ c_occ.T), e_tot, err, de, converged, time.perf_counter() - t
+
     try:
         for it in range(1, int(max_iter) + 1):
             t_it = time.perf_counter()
             fock = hcore + builder.build(dm)
+            fock_wall.append(time.perf_counter() - t_it)
             e_tot = e_nuc + 0.5 * float(np.sum(dm * (hcore + fock)))
-            err_mat = commutator_error(fock, dm, ovlp, xorth)
-            err = float(np.linalg.norm(err_mat))
-            de = np.inf if e_last is None else e_tot - e_last
-            converged = abs(de) < conv_tol and err < conv_grad
-            f_diag = fock if converged else diis.update(fock, err_mat)
-            mo_energy, mo_coeff, orbsym, e_tot, err, de, converged = ranks.share(
-                lambda: (*sym.eigh(f_diag, ovlp), e_tot, err, de, converged))
+            dm, e_tot, err, de, converged, solve_s = ranks.share(lambda: solve(fock, dm, e_tot))
             energies.append(e_tot)
             errors.append(err)
+            solve_wall.append(solve_s)
             iter_wall.append(time.perf_counter() - t_it)
             context.record("SCF iteration", iter_wall[-1], start=t_it, kind="iteration")
             say("RHF iter %3d  E = %.12f  dE = %+.3e  |[F,D]| = %.3e  %.3f s",
                 it, e_tot, de, err, iter_wall[-1])
             if converged:
                 break
-            c_occ = mo_coeff[:, :nocc]
-            dm = 2.0 * (c_occ @ c_occ.T)
-            e_last = e_tot
-        info = summarize(builder, ranks, schedule=builder.schedule, mode=mode,
+        mo_energy, mo_coeff, orbsym = ranks.share(lambda: state["orbitals"])
+        info = summarize(builder, ranks, schedule=schedule, mode=builder.mode,
                          screening=float(screening), energies=energies, errors=errors,
-                         iteration_wall_s=iter_wall,
+                         iteration_wall_s=iter_wall, fock_wall_s=fock_wall,
+                         solve_wall_s=solve_wall, one_electron_s=setup_s,
                          total_wall_s=time.perf_counter() - t0)
     finally:
         builder.free()

@@ -16,10 +16,25 @@ under MPI, local otherwise). Each build
 3. every rank accumulates its buffers into M, once per tile; after a sync every rank
    reads M whole (O(nao^2)) and forms G = (M + M^T)/2.
 
-``mode="direct"`` recomputes the integrals every build. ``mode="incore"`` keeps, on each
-rank, the screened integral blocks of the tasks it ran in the first build, and later
-builds replay exactly those tasks (no scheduling); if they do not fit in the per-rank
-memory budget, the SCF stops with an error instead of switching to direct.
+``mode="direct"`` recomputes the integrals every build, *incrementally*: a build after
+the first computes G(D - D_last) and adds it to the last G (the difference of two SCF
+densities is small, so more tasks fall below the screening threshold), and every
+``rebuild_every`` + 1-th build is a full G(D) again, which bounds the error the skipped
+contributions accumulate (PySCF's direct SCF does the same, ``rebuild_nsteps``).
+Screening is density-weighted at the task level (Haser and Ahlrichs 1989, as PySCF's
+``CVHFnrs8_prescreen``): a task (AB|CD) runs only when
+max Q_AB max Q_CD max(4|D_AB|, 4|D_CD|, |D_AC|, |D_BD|, |D_AD|, |D_BC|) reaches the
+threshold (max |D| over each density tile of the density the build contracts); inside a
+task only the Schwarz bound screens shell quartets (see ``tasks``).
+
+``mode="incore"`` keeps, on each rank, the screened integral blocks of the tasks it ran
+in the first build, and later builds replay exactly those tasks (no scheduling); if they
+do not fit in the per-rank memory budget, the SCF stops with an error instead of
+switching to direct. ``mode="auto"`` is incore when all blocks fit in one rank's budget,
+else direct. (One process keeps 8-fold integrals instead: ``incore.IncoreFock``.)
+
+Threads: each task's libcint call runs ``threads`` OpenMP threads (the caller chooses
+them so that ranks x workers x threads <= cores).
 """
 
 from __future__ import annotations
@@ -41,7 +56,9 @@ from tessera.errors import InputError
 from tessera.tensor.block_tensor import BlockTensor
 from tessera.tensor.space import IndexSpace, Tile
 
-MODES = ("direct", "incore")
+MODES = ("auto", "direct", "incore")
+#: Direct mode: incremental builds between two full builds (PySCF's rebuild_nsteps).
+REBUILD_EVERY = 5
 _DEAL_KEYS = ("stolen", "steals", "counter_local", "counter_remote")
 
 
@@ -62,14 +79,19 @@ class FockBuilder:
 
     def __init__(self, mol, context, *, schedule: str = "steal", screening: float = 1e-12,
                  mode: str = "direct", max_memory_mb: float = 4000.0,
-                 block_nbf: int | None = None):
+                 block_nbf: int | None = None, rebuild_every: int | None = REBUILD_EVERY,
+                 threads: int = 1):
         self.schedule = check_schedule(schedule)
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r}; expected one of {MODES}")
         if not (screening >= 0.0):
             raise InputError(f"screening={screening!r}: expected a threshold >= 0 "
                              "(0 disables Schwarz screening)")
-        self.mode = mode
+        if rebuild_every is not None and int(rebuild_every) < 0:
+            raise InputError(f"rebuild_every={rebuild_every!r}: expected incremental builds "
+                             "between full ones >= 0 (0: every build is full)")
+        self.rebuild_every = rebuild_every      # None: never rebuilt (tests only)
+        self.threads = max(1, int(threads))
         self.context = context
         self.ranks = context.ranks
         t0 = time.perf_counter()
@@ -81,6 +103,9 @@ class FockBuilder:
 
         self.budget_bytes = float(max_memory_mb) * 1e6
         self.incore_bytes_total = int(self.tasks.nints.sum()) * 8
+        if mode == "auto":
+            mode = "incore" if self.incore_bytes_total <= self.budget_bytes else "direct"
+        self.mode = mode
         if mode == "incore" and self.incore_bytes_total > self.budget_bytes * self.ranks.size:
             raise InputError(
                 f"mode='incore' needs {self.incore_bytes_total / 1e6:.4g} MB of screened "
@@ -93,18 +118,47 @@ class FockBuilder:
             self.dens = BlockTensor((space, space), name="scf.D")
             self.fock = BlockTensor((space, space), name="scf.M")
         self._stored = None          # incore: list of (task id, integral block) run here
+        self._last = None            # direct: (D, G) of the last build
+        self._since_full = 0         # direct: incremental builds since the last full one
+        pairs = self.tasks.pairs
+        self._qmax = np.array([pb.qmax for pb in pairs])
         self.history = []            # per build: dict of this rank's statistics
 
     # -- one build --------------------------------------------------------------------
     def build(self, dm: np.ndarray) -> np.ndarray:
-        """G(D) on every rank; ``dm`` is the replicated density matrix.
+        """G(D) on every rank; ``dm`` is the replicated density matrix (direct mode:
+        incremental from the last build unless a full build is due)."""
+        incremental = (self.mode == "direct" and self._last is not None
+                       and (self.rebuild_every is None or self._since_full < self.rebuild_every))
+        with threadpool_limits(self.threads):
+            if incremental:
+                g = self._last[1] + self._build(dm - self._last[0], True)
+                self._since_full += 1
+            else:
+                g = self._build(dm, False)
+                self._since_full = 0
+        if self.mode == "direct":
+            self._last = (dm.copy(), g)
+        return g
 
-        Integrals run single-threaded (OpenMP): a task is too small for a parallel region
-        to pay off; ranks or the threads executor's workers share the cores."""
-        with with_omp_threads(1), threadpool_limits(1):
-            return self._build(dm)
+    def screen(self, dm: np.ndarray) -> np.ndarray:
+        """Ids of the tasks whose density-weighted Schwarz bound for ``dm`` reaches the
+        threshold (all tasks with threshold 0); identical on every rank for the same
+        ``dm``."""
+        t = self.tasks
+        if t.threshold <= 0:
+            return np.arange(len(t))
+        ar = self.blocks.ao_ranges
+        nb = len(ar)
+        dmax = np.empty((nb, nb))
+        for x in range(nb):
+            for y in range(x + 1):
+                dmax[x, y] = dmax[y, x] = np.abs(dm[slice(*ar[x]), slice(*ar[y])]).max()
+        dens = np.maximum.reduce([4.0 * dmax[t.a, t.b], 4.0 * dmax[t.c, t.d], dmax[t.a, t.c],
+                                  dmax[t.b, t.d], dmax[t.a, t.d], dmax[t.b, t.c]])
+        return np.flatnonzero(self._qmax[t.p] * self._qmax[t.q] * dens >= t.threshold)
 
-    def _build(self, dm: np.ndarray) -> np.ndarray:
+    def _build(self, dm: np.ndarray, incremental: bool) -> np.ndarray:
         t_start = time.perf_counter()
         D, M = self.dens, self.fock
         ar = self.blocks.ao_ranges
@@ -130,11 +184,12 @@ class FockBuilder:
 
         replay = self.mode == "incore" and self._stored is not None
         deal = None
+        active = self.screen(dm) if self.mode == "direct" else np.arange(len(self.tasks))
         t_tasks = time.perf_counter()
         if replay:
             self._replay(worker(), tiles)
-        else:
-            self.context.run_tasks(self._task_set(worker, tiles))
+        elif len(active):            # the same on every rank: all skip, or none
+            self.context.run_tasks(self._task_set(worker, tiles, active))
             deal = self.context.deal_stats
         tasks_s = time.perf_counter() - t_tasks
 
@@ -158,6 +213,7 @@ class FockBuilder:
             "tasks_s": tasks_s, "reduce_s": time.perf_counter() - t,
             "wall_s": time.perf_counter() - t_start, "density_tiles": len(tiles),
             "fock_tiles": len({k for w in workers for k in w.buf}), "replay": replay,
+            "tasks_active": len(active), "incremental": incremental,
             **{k: getattr(deal, k, 0) for k in _DEAL_KEYS},
             "victims": dict(deal.victims) if deal is not None else {},
         }
@@ -166,24 +222,27 @@ class FockBuilder:
         self.history.append(stats)
         return g2e
 
-    def _task_set(self, worker, tiles: dict) -> TaskSet:
-        """The build's tasks: need() asks for density tiles not yet held; work() computes
-        one block quartet into the calling thread's buffers (thread-safe)."""
+    def _task_set(self, worker, tiles: dict, active: np.ndarray) -> TaskSet:
+        """The build's tasks (ids ``active``): need() asks for density tiles not yet held;
+        work() computes one block quartet into the calling thread's buffers
+        (thread-safe)."""
         tasks, D = self.tasks, self.dens
         storing = self.mode == "incore"
         kept = {"bytes": 0}          # this rank's kept integral bytes; stop past the budget
         lock = threading.Lock()
 
-        def need(i):
-            return [(D, k) for k in tasks.density_tiles((i,)) if k not in tiles]
+        def need(j):
+            return [(D, k) for k in tasks.density_tiles((int(active[j]),)) if k not in tiles]
 
-        def work(i, blocks):
+        def work(j, blocks):
+            i = int(active[j])
             for (_, key), blk in blocks.items():
                 tiles[key] = blk
             w = worker()
             wall, cpu = time.perf_counter(), time.thread_time()
             quartet = tasks.quartet(i)
-            g = self.eri.blocks(self.blocks, *quartet)
+            with with_omp_threads(self.threads):   # OpenMP settings are per thread
+                g = self.eri.blocks(self.blocks, *quartet)
             if tasks.kind[i] == PARTIAL:
                 g *= tasks.mask(i)
             contract_block(g, tasks.scale[i], quartet, tiles, w.buf)
@@ -198,7 +257,7 @@ class FockBuilder:
                         w.stored.append((i, g))
             return 0.0
 
-        return TaskSet("scf.fock", list(tasks.cost), work, need, schedule=self.schedule,
+        return TaskSet("scf.fock", list(tasks.cost[active]), work, need, schedule=self.schedule,
                        partition="contiguous", order="cost")
 
     def _replay(self, w: _Worker, tiles: dict) -> None:

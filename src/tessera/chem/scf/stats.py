@@ -28,6 +28,8 @@ def _rank_totals(history: list) -> dict:
         for v, n in h.get("victims", {}).items():
             out["victims"][int(v)] = out["victims"].get(int(v), 0) + n
     out["busy_per_build_s"] = [h["busy_s"] for h in history]
+    out["tasks_per_build"] = [h.get("tasks_active", 0) for h in history]
+    out["incremental_builds"] = sum(bool(h.get("incremental")) for h in history)
     out["incore_bytes"] = history[0].get("incore_bytes", 0) if history else 0
     return out
 
@@ -46,9 +48,7 @@ def summarize(builder, ranks, **extra) -> dict:
                  for i in range(nbuild)]
     local = sum(r["counter_local"] for r in per_rank)
     remote = sum(r["counter_remote"] for r in per_rank)
-    return {
-        **extra,
-        "nranks": ranks.size,
+    blocks = {} if tasks is None else {    # the 8-fold incore build has no tasks
         "nblocks": builder.blocks.nblocks,
         "block_sizes": builder.blocks.sizes,
         "tasks_total": len(tasks),
@@ -56,6 +56,14 @@ def summarize(builder, ranks, **extra) -> dict:
         "block_quartets_skipped": tasks.n_block_quartets_skipped,
         "shell_quartets": tasks.n_shell_quartets,
         "shell_quartets_skipped": tasks.n_shell_quartets_skipped,
+        "tasks_per_build": per_rank[0]["tasks_per_build"],
+        "incremental_builds": per_rank[0]["incremental_builds"],
+    }
+    return {
+        **extra,
+        "nranks": ranks.size,
+        **blocks,
+        "threads": builder.threads,
         "setup_s": builder.setup_seconds,
         "fock_builds": nbuild,
         "busy_s": busy,

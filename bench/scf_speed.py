@@ -1,0 +1,194 @@
+"""Benchmark: time to solution of our RHF and of the transform, against PySCF and Psi4.
+
+    .venv/bin/python bench/scf_speed.py                  # benzene + naphthalene / cc-pVDZ
+    .venv/bin/python bench/scf_speed.py --molecules benzene --basis sto-3g   # smoke run
+
+Measured in one run, on the same machine (never a timed assertion):
+1. RHF wall time in one process: ours (``tessera.chem.scf.rhf``, default mode, threads
+   context) and PySCF's default ``scf.RHF`` (incore ERIs when they fit), same basis and
+   conv_tol, alternating A B A B; the best of the two of each, and the iterations.
+2. Ours under ``mpiexec`` at 1 and 2 ranks (``bench/hf.py``'s worker, schedule steal).
+3. Benzene: the AO->MO transform against CCSD (the phases of ``tessera.chem``).
+4. Benzene CCSD(T) as a whole process: ``tessera run`` against ``psi4 -n <cores>`` (when
+   ``psi4`` is on PATH; same basis, all electrons, SCF_TYPE PK, convergence 1e-8),
+   alternating, best of two.
+
+Writes bench/results/scf_speed-<time>.json and prints a table with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import hf  # noqa: E402  (the molecules, the MPI worker and its launcher)
+
+from tessera.backends.local import available_cores  # noqa: E402
+
+CONV_TOL = 1e-10
+BENZENE = ROOT / "examples" / "benzene.xyz"
+
+
+def ours(mol) -> dict:
+    from tessera.backends.context import Context
+    from tessera.chem.scf import rhf
+    with Context("threads") as ctx:
+        t0 = time.perf_counter()
+        ref = rhf(mol, conv_tol=CONV_TOL, context=ctx)
+        wall = time.perf_counter() - t0
+    ctx.close()
+    info = ref.info
+    return {"wall_s": wall, "e_hf": ref.e_hf, "iterations": ref.iterations, "mode": info["mode"],
+            "threads": info["threads"], "integrals_s": info["setup_s"],
+            "fock_s": sum(info["fock_wall_s"]), "solve_s": sum(info["solve_wall_s"])}
+
+
+def pyscf_default(mol) -> dict:
+    from pyscf import scf
+    mf = scf.RHF(mol)
+    mf.conv_tol = CONV_TOL
+    t0 = time.perf_counter()
+    e = mf.kernel()
+    # PySCF builds the guess's Fock matrix before its first cycle: cycles + 1 builds
+    return {"wall_s": time.perf_counter() - t0, "e_hf": float(e), "iterations": mf.cycles + 1}
+
+
+def alternate(pairs: int, a, b) -> tuple:
+    runs_a, runs_b = [], []
+    for _ in range(pairs):
+        runs_a.append(a())
+        runs_b.append(b())
+    best = lambda runs: min(runs, key=lambda r: r["wall_s"])   # noqa: E731
+    return best(runs_a), best(runs_b), runs_a, runs_b
+
+
+def transform_vs_ccsd(basis: str) -> dict:
+    from tessera.backends.context import Context
+    from tessera.chem.ccsd import CCSD
+    from tessera.chem.integrals import transform
+    from tessera.chem.scf import rhf
+    mol = hf.build("benzene", basis)
+    with Context("threads") as ctx:
+        ref = rhf(mol, conv_tol=CONV_TOL, context=ctx)
+        t0 = time.perf_counter()
+        ints = transform(ref, 0, 32)
+        t_tr = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cc = CCSD(conv=1e-8).kernel(ints, ctx)
+        t_cc = time.perf_counter() - t0
+    ctx.close()
+    return {"transform_s": t_tr, "ccsd_s": t_cc, "ccsd_iterations": len(cc.iterations),
+            "ratio": t_tr / t_cc, **ints.transform_stats}
+
+
+PSI4_INPUT = """memory 4 gb
+molecule {{
+0 1
+{atoms}
+symmetry d2h
+}}
+set basis {basis}
+set scf_type pk
+set freeze_core false
+set e_convergence 1e-8
+set d_convergence 1e-8
+set r_convergence 1e-8
+energy('ccsd(t)')
+"""
+
+
+def whole_process(basis: str, cores: int) -> dict:
+    """benzene CCSD(T): ``tessera run`` vs ``psi4 -n cores``, alternating, best of two."""
+    psi4 = shutil.which("psi4")
+    atoms = "".join(BENZENE.read_text().splitlines(True)[2:]).strip()
+    tmp = Path(tempfile.mkdtemp(prefix="tessera-psi4-"))
+    (tmp / "benzene.in").write_text(PSI4_INPUT.format(atoms=atoms, basis=basis))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def run(cmd, cwd):
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        return {"wall_s": time.perf_counter() - t0}
+
+    tessera = [str(Path(sys.executable).parent / "tessera"), "run", str(BENZENE),
+               "--basis", basis, "--conv", "1e-8"]
+    ours_run = lambda: run(tessera, ROOT)                                        # noqa: E731
+    if psi4 is None:
+        best, _, runs, _ = alternate(2, ours_run, lambda: {"wall_s": float("nan")})
+        return {"tessera_s": best["wall_s"], "psi4_s": None, "psi4": "not on PATH",
+                "tessera_runs": [r["wall_s"] for r in runs]}
+    psi = lambda: run([psi4, "-n", str(cores), "benzene.in", "benzene.out"], tmp)  # noqa: E731
+    a, b, ra, rb = alternate(2, ours_run, psi)
+    return {"tessera_s": a["wall_s"], "psi4_s": b["wall_s"], "ratio": a["wall_s"] / b["wall_s"],
+            "psi4": psi4, "tessera_runs": [r["wall_s"] for r in ra],
+            "psi4_runs": [r["wall_s"] for r in rb]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--molecules", default="benzene,naphthalene")
+    ap.add_argument("--basis", default="cc-pvdz")
+    ap.add_argument("--skip", default="", help="comma list of: ranks, transform, psi4")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    cores = available_cores()
+    res = {"basis": args.basis, "conv_tol": CONV_TOL, "cpus": os.cpu_count(),
+           "loadavg_start": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+           "rhf": {}}
+    lines = []
+    for name in args.molecules.split(","):
+        mol = hf.build(name, args.basis)
+        a, b, ra, rb = alternate(2, lambda: ours(mol), lambda: pyscf_default(mol))
+        row = {"nao": mol.nao, "group": mol.groupname, "tessera": a, "pyscf": b,
+               "ratio": a["wall_s"] / b["wall_s"], "tessera_runs": [r["wall_s"] for r in ra],
+               "pyscf_runs": [r["wall_s"] for r in rb], "load": os.getloadavg()}
+        lines.append(f"RHF {name}/{args.basis} ({mol.nao} AOs, {mol.groupname}): Tessera "
+                     f"{a['wall_s']:.2f} s ({a['iterations']} builds, {a['mode']}, "
+                     f"{a['threads']} threads; integrals {a['integrals_s']:.2f} s, Fock "
+                     f"{a['fock_s']:.2f} s, solve {a['solve_s']:.2f} s)  PySCF "
+                     f"{b['wall_s']:.2f} s ({b['iterations']} builds)  ratio {row['ratio']:.2f}"
+                     f"  dE {a['e_hf'] - b['e_hf']:.1e}  load {row['load'][0]:.1f}")
+        if "ranks" not in skip:
+            ns = SimpleNamespace(molecule=name, basis=args.basis)
+            one = hf.launch(1, ns, "steal")["runs"]["steal"]
+            two = hf.launch(2, ns, "steal")["runs"]["steal"]
+            row["mpi"] = {"1": one, "2": two, "ratio_2_over_1": two["wall_s"] / one["wall_s"]}
+            lines.append(f"  mpi-onesided: 1 rank {one['wall_s']:.2f} s ({one['mode']}), 2 ranks "
+                         f"{two['wall_s']:.2f} s ({two['mode']}), 2/1 = "
+                         f"{two['wall_s'] / one['wall_s']:.2f}  load {os.getloadavg()[0]:.1f}")
+        res["rhf"][name] = row
+    if "transform" not in skip:
+        res["transform_vs_ccsd"] = t = transform_vs_ccsd(args.basis)
+        lines.append(f"benzene/{args.basis}: transform {t['transform_s']:.2f} s, CCSD "
+                     f"{t['ccsd_s']:.2f} s ({t['ccsd_iterations']} iterations), transform/CCSD "
+                     f"{t['ratio']:.2f}  load {os.getloadavg()[0]:.1f}")
+    if "psi4" not in skip:
+        res["whole_process"] = w = whole_process(args.basis, cores)
+        psi = f"Psi4 {w['psi4_s']:.2f} s, ratio {w['ratio']:.2f}" if w["psi4_s"] else w["psi4"]
+        lines.append(f"benzene/{args.basis} CCSD(T) whole process: Tessera {w['tessera_s']:.2f} s, "
+                     f"{psi}  load {os.getloadavg()[0]:.1f}")
+    res["loadavg_end"] = os.getloadavg()
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"scf_speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(res, indent=1, default=float))
+    print("\n".join(lines))
+    print(f"load average start {res['loadavg_start'][0]:.1f}, end {res['loadavg_end'][0]:.1f} "
+          f"on {res['cpus']} CPUs (wall times: best of two alternating runs)")
+    print(f"written: {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

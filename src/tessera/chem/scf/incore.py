@@ -1,0 +1,56 @@
+"""The in-memory Fock build of one process: 8-fold symmetric AO integrals and PySCF's
+J/K kernel.
+
+The unique integrals (ij|kl), i >= j, k >= l, ij >= kl, are computed once by libcint
+(``mol.intor("int2e", aosym="s8")``, OpenMP-parallel) and kept, npair (npair + 1) / 2
+doubles with npair = nao (nao + 1) / 2; every build is then one call of PySCF's C kernel
+for 8-fold integrals (``pyscf.scf._vhf.incore``, OpenMP-parallel): G(D) = J(D) - K(D)/2.
+Both are library calls: no Python loop touches an integral. This is the build of one
+rank; with several ranks the SCF keeps screened integral blocks per rank instead
+(``fock.FockBuilder``, mode "incore"), so no rank holds all integrals.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from pyscf.lib import with_omp_threads
+from pyscf.scf import _vhf
+
+
+def s8_bytes(nao: int) -> int:
+    """Bytes of the 8-fold symmetric integral array of ``nao`` functions."""
+    npair = nao * (nao + 1) // 2
+    return npair * (npair + 1) // 2 * 8
+
+
+class IncoreFock:
+    """``build(dm) -> G``; ``history``: one statistics dict per build (as ``FockBuilder``);
+    ``threads``: OpenMP threads of the integrals and of the contraction."""
+
+    blocks = tasks = None        # no shell blocks or tasks: one library call per build
+    mode = "incore"
+
+    def __init__(self, mol, threads: int = 1):
+        self.threads = max(1, int(threads))
+        t0 = time.perf_counter()
+        with with_omp_threads(self.threads):
+            self.eri = mol.intor("int2e", aosym="s8")
+        self.setup_seconds = time.perf_counter() - t0
+        self.nbytes = int(self.eri.nbytes)
+        self.history: list = []
+
+    def build(self, dm: np.ndarray) -> np.ndarray:
+        t0, c0 = time.perf_counter(), time.process_time()
+        with with_omp_threads(self.threads):
+            vj, vk = _vhf.incore(self.eri, dm, hermi=1)
+        g = vj - 0.5 * vk
+        wall = time.perf_counter() - t0
+        self.history.append({"tasks": 0, "busy_s": wall, "busy_cpu_s": time.process_time() - c0,
+                             "tasks_s": wall, "wall_s": wall, "replay": True,
+                             "incore_bytes": self.nbytes})
+        return g
+
+    def free(self) -> None:
+        self.eri = None
