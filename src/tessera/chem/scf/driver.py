@@ -91,7 +91,7 @@ def make_builder(mol, context, *, mode: str, max_memory_mb: float, **options):
         if need <= budget:
             say("RHF: 8-fold integrals in memory (%.4g MB of %.4g MB), %d threads",
                 need / 1e6, budget / 1e6, threads)
-            return IncoreFock(mol, threads)
+            return IncoreFock(mol, threads, context)
         if mode == "incore":
             raise InputError(
                 f"mode='incore' needs {need / 1e6:.4g} MB of 8-fold integrals, more than "

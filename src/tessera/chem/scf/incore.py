@@ -32,8 +32,9 @@ class IncoreFock:
     blocks = tasks = None        # no shell blocks or tasks: one library call per build
     mode = "incore"
 
-    def __init__(self, mol, threads: int = 1):
+    def __init__(self, mol, threads: int = 1, context=None):
         self.threads = max(1, int(threads))
+        self.context = context       # records each build as the region "scf.fock", as a task set
         t0 = time.perf_counter()
         with with_omp_threads(self.threads):
             self.eri = mol.intor("int2e", aosym="s8")
@@ -47,6 +48,8 @@ class IncoreFock:
             vj, vk = _vhf.incore(self.eri, dm, hermi=1)
         g = vj - 0.5 * vk
         wall = time.perf_counter() - t0
+        if self.context is not None:
+            self.context.record("scf.fock", wall, 0, t0, "tasks")
         self.history.append({"tasks": 0, "busy_s": wall, "busy_cpu_s": time.process_time() - c0,
                              "tasks_s": wall, "wall_s": wall, "replay": True,
                              "incore_bytes": self.nbytes})
