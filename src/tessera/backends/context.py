@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextvars
 import time
 from collections import OrderedDict
+from dataclasses import replace
 
 from threadpoolctl import threadpool_limits
 
 from tessera.backends import blockops
 from tessera.backends.registry import (BACKENDS, DEFAULT_BACKEND, LOCAL_BACKENDS, check_options,
                                        launched_ranks, resolve_auto, runs_distributed)
+from tessera.backends.tasklog import TaskProgress
 from tessera.backends.tasks import run_local
 from tessera.errors import InputError, TesseraError
 from tessera.expr import terms
@@ -111,12 +113,19 @@ class Context:
         through a Scheduler (``mpi-onesided``), else None."""
         t0 = time.perf_counter()
         self.deal_stats = None
+        progress = None
+        if task_set.progress:
+            ranks = self.ranks
+            progress = TaskProgress(task_set.name, len(task_set), ranks.rank, ranks.size)
+            task_set = replace(task_set, work=progress.wrap(task_set.work))
         with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
             if self.distributed:
                 results = self.executor.run_tasks(task_set)
                 self.deal_stats = getattr(self.executor, "deal_stats", None)
             else:
                 results = run_local(self.executor, task_set)
+        if progress is not None:
+            progress.finish()
         self.record(task_set.name, time.perf_counter() - t0, task_set.flops() if task_set.flops else 0)
         return results
 

@@ -239,7 +239,8 @@ class RowSlab:
                     out.append(None)
                     continue
                 b = np.empty_like(a)
-                lay.swap_pairs(a.reshape(-1, a.shape[-1]), self.g ^ h2, b.reshape(-1, a.shape[-1]))
+                rows = a.shape[0] * a.shape[1]     # not -1: a may hold no pairs (no virtuals of an irrep)
+                lay.swap_pairs(a.reshape(rows, a.shape[-1]), self.g ^ h2, b.reshape(rows, a.shape[-1]))
                 out.append(b)
             return out
         self.ov2, self.t2s = swapped(self.ov1), swapped(self.t2r)
