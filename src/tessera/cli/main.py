@@ -279,8 +279,9 @@ def _interrupted(state: RunState, sig) -> None:
     rank = world.rank if world is not None else 0
     if rank != 0:                  # rank 0, if it got the signal too, speaks and ends all
         time.sleep(ERROR_GRACE_SECONDS)
-    WRITE_LOCK.acquire(timeout=30)       # a rename in progress finishes first
-    saved = state.results.add_error({"phase": state.phase, "kind": "interrupted", "signal": sig.name})
+    # a rename in progress finishes first (then the lock stays held: no write starts after)
+    saved = WRITE_LOCK.acquire(timeout=30) and state.results.add_error(
+        {"phase": state.phase, "kind": "interrupted", "signal": sig.name})
     kept = (f"; finished phases ({', '.join(state.completed) or 'none'}) are in {state.results.path}"
             if saved else "")
     suffix = f" (on rank {rank})" if rank else ""
