@@ -290,3 +290,21 @@ def test_verbose_shows_scf_iterations_and_throttled_progress(capsys, monkeypatch
         assert 1 <= len(mine) <= 10, (name, mine)
         percents = [int(ln.split("(")[-1].split("%")[0]) for ln in mine]
         assert percents == sorted(percents) and percents[-1] == 100 and mine[-1].endswith(" s")
+
+
+def test_progress_lines_under_mpi_are_estimates_from_rank_0(caplog, monkeypatch):
+    import logging
+
+    import tessera.backends.tasklog as tasklog
+    monkeypatch.setattr(tasklog, "MIN_INTERVAL", 0.0)
+    with caplog.at_level(logging.INFO, logger="tessera.progress"):
+        for rank in (1, 0):                       # rank 1 stays silent
+            progress = tasklog.TaskProgress("(T) triples", 40, rank=rank, nranks=2)
+            work = progress.wrap(lambda i, blocks: float(i))
+            assert [work(i, {}) for i in range(20)] == [float(i) for i in range(20)]
+            progress.finish()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 10
+    assert all("(rank 0 ran " in ln for ln in lines[:-1]) and all(ln.endswith(" s") for ln in lines)
+    assert [ln.split("about ")[1].split("%")[0] for ln in lines[:-1]] == [str(10 * k) for k in range(1, 10)]
+    assert lines[-1].startswith("(T) triples: rank 0 done (ran 20 of 40 tasks on 2 ranks)")

@@ -8,7 +8,8 @@ do); ``Context.run_tasks`` counts its tasks as they finish. Lines go to the logg
 none sooner than ``MIN_INTERVAL`` seconds after the previous one (a task set that ends
 within that time prints nothing), and a closing 100% line once an earlier one was printed.
 Under MPI rank 0 counts the tasks it ran itself: the share done is estimated as that count
-times the number of ranks (what a balanced schedule gives), and printed as ``about``.
+times the number of ranks (what a balanced schedule gives), printed as ``about``, and
+the closing line says that rank 0 is done.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class TaskProgress:
         if self.nranks == 1:
             done = self.ntasks if percent == 100 else self.done
             log.info("%s: done %d of %d tasks (%d%%), %.1f s", self.label, done, self.ntasks, percent, elapsed)
-        else:
+        elif percent < 100:
             log.info("%s: about %d%% done (rank 0 ran %d of %d tasks on %d ranks), %.1f s", self.label,
                      percent, self.done, self.ntasks, self.nranks, elapsed)
+        else:       # the others may still be busy: say only what rank 0 knows
+            log.info("%s: rank 0 done (ran %d of %d tasks on %d ranks), %.1f s", self.label,
+                     self.done, self.ntasks, self.nranks, elapsed)

@@ -28,7 +28,6 @@ from tessera.errors import ConvergenceError, InputError
 from tessera.profile.records import memory_table, slowest
 
 METHODS = ("hf", "ccsd", "ccsd(t)")
-PHASES = ("scf", "transform", "ccsd", "triples")
 SCF_CODES = ("pyscf", "tessera")
 
 
@@ -77,8 +76,8 @@ class Report:
     """Callbacks for progress; the CLI overrides them to print (and to save the result).
 
     ``phase(name)`` when a phase starts and ``done(name, data)`` when it has finished,
-    for name in PHASES; ``data`` is the result so far, its ``"completed"`` the phases
-    finished."""
+    for the phases "scf", "transform", "ccsd", "triples"; ``data`` is the result so far,
+    its ``"completed"`` the phases finished."""
 
     def options(self, options: dict) -> None: ...
     def phase(self, name: str) -> None: ...
