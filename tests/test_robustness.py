@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import tessera.chem.output as output
+import tessera.chem.outcome as outcome
 from tessera.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,11 +108,11 @@ def test_a_failing_write_never_corrupts_the_previous_json(tmp_path, capsys, monk
             def write(self, text):
                 self.f.write(text[:10])
                 full()
-        monkeypatch.setattr(output, "open", lambda *a, **k: Full(real_open(*a, **k)), raising=False)
+        monkeypatch.setattr(outcome, "open", lambda *a, **k: Full(real_open(*a, **k)), raising=False)
     elif where == "fsync":
-        monkeypatch.setattr(output.os, "fsync", full)
+        monkeypatch.setattr(outcome.os, "fsync", full)
     else:
-        monkeypatch.setattr(output.os, "replace", full)
+        monkeypatch.setattr(outcome.os, "replace", full)
     code, _, err = run(capsys, "run", WATER, "--basis", "sto-3g", "--method", "hf", "--json", str(out))
     assert code == 2 and err.count("\n") == 1
     assert "No space left on device" in err and "unchanged" in err
@@ -123,7 +123,7 @@ def test_a_failing_write_never_corrupts_the_previous_json(tmp_path, capsys, monk
 def test_atomic_write_replaces_the_whole_file(tmp_path):
     path = tmp_path / "a.json"
     path.write_text("x" * 10000)
-    output.write_json(path, {"a": 1})
+    outcome.write_json(path, {"a": 1})
     assert json.loads(path.read_text()) == {"a": 1}
 
 
@@ -283,7 +283,7 @@ def test_verbose_shows_scf_iterations_and_throttled_progress(capsys, monkeypatch
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("Tessera ") and " UTC" in lines[0]
-    assert "Ranks 1, threads per rank 1" in lines[1] and "BLAS" in lines[1]
+    assert "Ranks 1, threads per rank 1, BLAS " in lines[1]
     assert any(ln.startswith("RHF iter   1") for ln in lines)
     for name in ("(T) triples", "transform: AO integrals", "transform: finish"):
         mine = [ln for ln in lines if ln.startswith(name + ": done ")]

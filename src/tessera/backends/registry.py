@@ -56,6 +56,8 @@ def check_environment() -> None:
     starting MPI: the memory budget, BLAS threads per rank and the runtime's options."""
     env_number(ENV_MEMORY, None)
     env_number(ENV_BLAS_THREADS, 1, integer=True)
+    from tessera.backends.local import threads_per_rank
+    threads_per_rank()                                   # OMP_NUM_THREADS
     from tessera.runtime.options import RuntimeOptions
     RuntimeOptions.resolve()
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
 from tessera.backends.context import Context, ranks_of
+from tessera.backends.local import available_cores, threads_per_rank
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
 from tessera.chem.ccsd import CCSD, CCSDStructure, minimal_flops
+from tessera.chem.inputs import load, with_model
 from tessera.chem.integrals import transform
-from tessera.chem.molecule import Molecule
 from tessera.chem.triples import triples_correction
 from tessera.errors import ConvergenceError, InputError
 from tessera.profile.records import memory_table, slowest
@@ -33,7 +34,7 @@ SCF_CODES = ("pyscf", "tessera")
 
 @dataclass(frozen=True)
 class RunOptions:
-    geometry: str
+    geometry: object                 # XYZ/Z-matrix/QCSchema/FCIDUMP file or text, or a pyscf Mole (chem/inputs.py)
     basis: str = "cc-pvdz"
     method: str = "ccsd(t)"
     charge: int = 0
@@ -48,6 +49,7 @@ class RunOptions:
     scf: str = "tessera"
     scf_schedule: str = "steal"
     scf_max_iter: int = 100
+    units: str = "angstrom"          # of an XYZ or Z-matrix geometry: angstrom | bohr
 
     def __post_init__(self):
         if self.method.lower() not in METHODS:
@@ -70,6 +72,8 @@ class JobResult:
     data: dict = field(default_factory=dict)
     converged: bool = True
     error: str = ""
+    reference: object = field(default=None, repr=False)   # the Reference the run used
+    tensors: dict = field(default_factory=dict, repr=False)   # local runs: integrals, t1, t2
 
 
 class Report:
@@ -101,32 +105,40 @@ class Job:
         self.options = options
         self.report = report or Report()
 
-    def kernel(self) -> JobResult:
-        opt = self.options
-        method = opt.method.lower()
+    def kernel(self, reference=None) -> JobResult:
+        """The run; ``reference`` (a converged Reference of the geometry's molecule, e.g.
+        from a PySCF mean-field object) replaces the SCF."""
         t_start = time.perf_counter()
-        self.report.options(asdict(opt))
-        molecule = Molecule.from_xyz(opt.geometry, charge=opt.charge, basis=opt.basis)
-        molecule.check_closed_shell()
-        mol = molecule.to_pyscf(symmetry=opt.symmetry)
-        check_electrons(mol)
+        opt = self.options
+        source = load(opt.geometry, basis=opt.basis, charge=opt.charge, units=opt.units, symmetry=opt.symmetry)
+        opt = self.options = with_model(opt, source.model)
+        method = opt.method.lower()
+        self.report.options({f.name: getattr(opt, f.name) for f in fields(opt)})
+        mol = source.mol
+        if opt.frozen_core and mol is None:
+            raise InputError("--frozen-core needs a molecule to find the core orbitals; an FCIDUMP "
+                             "has none: drop --frozen-core (or dump only the active orbitals)")
+        if mol is not None:
+            check_electrons(mol)
         timings: dict = {}
         ranks = ranks_of(opt.backend)
 
         t0 = time.perf_counter()
         self.report.phase("scf")
-        ref, scf_error = self._scf(mol, ranks)
+        given = reference or source.reference
+        ref, scf_error = (given, None) if given is not None else self._scf(mol, ranks)
         timings["scf"] = time.perf_counter() - t0
         nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
         backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, ranks)
         occ_tile = decision["occ_tile"] if decision is not None else None
         data = {
-            "molecule": {"atoms": [[s, list(xyz)] for s, xyz in molecule.atoms], "charge": opt.charge,
-                         "point_group_full": molecule.point_group_full},
-            "basis": opt.basis, "point_group": ref.point_group, "nao": int(mol.nao),
+            "molecule": source.molecule,
+            "basis": source.basis, "point_group": ref.point_group, "nao": int(mol.nao if mol else ref.nmo),
             "nocc": int(ref.nocc), "nvir": int(ref.nvir), "frozen_core": nfrozen,
             "backend": backend, "tile": tile, "occ_tile": occ_tile or tile, "method": method, "scf": opt.scf,
-            "ranks": ranks.size,
+            "ranks": ranks.size, "threads_per_rank": 1 if backend == "serial" else threads_per_rank() or (
+                1 if ranks.size > 1 else available_cores()),
+            "nuclear_repulsion": ref.e_nuc,
             "occupied_per_irrep": _per_irrep(ref.orbsym[:ref.nocc], ref.irrep_names),
             "virtual_per_irrep": _per_irrep(ref.orbsym[ref.nocc:], ref.irrep_names),
         }
@@ -141,7 +153,7 @@ class Job:
         data["timings"] = timings
         data["converged"] = scf_error is None
         data["completed"] = []
-        result = JobResult(data)
+        result = JobResult(data, reference=ref)
         if scf_error is not None:          # the JSON says what was reached; exit code 1
             result.converged, result.error = False, str(scf_error)
             data["error"] = {"phase": "scf", "kind": "not converged", "message": str(scf_error)}
@@ -210,6 +222,8 @@ class Job:
                     "peak_share_of_whole": tr.peak_share, "task_tile": tr.task_tile}
             self._done("triples", data)
         data["profile"] = slowest(ctx.profile)
+        if not ctx.distributed:
+            result.tensors = {"integrals": ints, "t1": cc.t1, "t2": cc.t2}
         if ctx.distributed:
             summary = ctx.executor.account.summary()
             data["communication"] = summary

@@ -10,16 +10,15 @@ import socket
 import sys
 
 
-def threads_per_rank(backend: str) -> tuple:
-    """(task threads, BLAS threads per task thread) one rank of ``backend`` runs with."""
-    from tessera.backends.local import available_cores
-    from tessera.backends.registry import ENV_BLAS_THREADS, env_number, runs_distributed
-    if runs_distributed(backend):
-        return 1, env_number(ENV_BLAS_THREADS, 1, integer=True)
+def threads_per_rank(backend: str) -> int:
+    """The threads one rank of ``backend`` runs with (as the JSON's ``threads_per_rank``):
+    1 for serial; --threads / OMP_NUM_THREADS when set; else 1 per MPI rank, all cores in
+    one process."""
+    from tessera.backends.local import available_cores, threads_per_rank as asked
+    from tessera.backends.registry import runs_distributed
     if backend == "serial":
-        return 1, 1
-    cores = available_cores()                  # threads: one pool thread per core
-    return cores, max(1, available_cores() // cores)
+        return 1
+    return asked() or (1 if runs_distributed(backend) else available_cores())
 
 
 def blas() -> str:
@@ -34,7 +33,6 @@ def blas() -> str:
 def header_lines(backend: str) -> list:
     from tessera import __version__
     from tessera.backends.registry import launched_ranks
-    tasks, blas_threads = threads_per_rank(backend)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     return [f"Tessera {__version__} on {socket.gethostname()}, {now}, Python {sys.version.split()[0]}",
-            f"Ranks {launched_ranks()}, threads per rank {tasks} (x {blas_threads} BLAS), BLAS {blas()}"]
+            f"Ranks {launched_ranks()}, threads per rank {threads_per_rank(backend)}, BLAS {blas()}"]

@@ -7,7 +7,7 @@ file descriptor instead, which the C-level handler writes even while the main th
 blocked, and a watcher thread reading it calls ``on_signal(signum)``: that reports the
 interrupt once and ends the run (``MPI_Abort`` over every rank under MPI, else
 ``os._exit``), never waiting for the other ranks. Results already on disk were written
-atomically (``chem.output``), and the watcher takes the write lock first, so the
+atomically (``chem.outcome``), and the watcher takes the write lock first, so the
 interrupt never lands in the middle of a rename.
 """
 

@@ -3,7 +3,7 @@
 Errors are one line on stderr and a non-zero exit code (EXIT_CODES); ``--debug`` shows
 tracebacks. Under ``mpiexec`` every rank runs the same command; only rank 0 prints and
 writes the JSON file (other ranks log warnings and errors only). The JSON is rewritten
-after each phase (``chem.output``); an internal error leaves the finished phases there and
+after each phase (``chem.outcome``); an internal error leaves the finished phases there and
 its traceback next to it; SIGINT/SIGTERM end every rank at once (``cli.interrupt``).
 """
 
@@ -16,7 +16,7 @@ import sys
 import time
 
 from tessera.backends.registry import DEFAULT_BACKEND, DEFAULT_SCHEDULE, launched_ranks
-from tessera.chem.output import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_NOT_CONVERGED, EXIT_OK,
+from tessera.chem.outcome import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_NOT_CONVERGED, EXIT_OK,
                                  EXIT_SIGNAL_BASE, WRITE_LOCK, ResultFile, check_output_path)
 from tessera.errors import TesseraError
 
@@ -31,11 +31,14 @@ EXIT_CODES = f"""exit codes:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tessera", description="Block-sparse coupled-cluster calculations.",
                                 epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"tessera {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("run", "run a calculation"), ("plan", "print the plan of one CCSD iteration")):
         s = sub.add_parser(name, help=text, epilog=EXIT_CODES if name == "run" else None,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        s.add_argument("geometry", help="XYZ file (Angstrom)")
+        s.add_argument("geometry", help="XYZ file (Angstrom, or see --units), Z-matrix (.zmat), "
+                                        "QCSchema molecule or AtomicInput (.json), or FCIDUMP")
+        s.add_argument("--units", default="angstrom", help="of an XYZ or Z-matrix geometry: angstrom | bohr")
         s.add_argument("--basis", default="cc-pvdz")
         s.add_argument("--method", default="ccsd(t)", help="hf | ccsd | ccsd(t)")
         s.add_argument("--charge", type=int, default=0)
@@ -64,7 +67,24 @@ def _parser() -> argparse.ArgumentParser:
         loud.add_argument("-q", "--quiet", action="store_true", help="print only the final energies")
         if name == "run":
             s.add_argument("--plan-only", action="store_true", help="print the plan and stop")
+            s.add_argument("--threads", type=_positive_int, default=None,
+                           help="threads per rank (BLAS and the threads backend); default "
+                                "OMP_NUM_THREADS, else all cores (1 BLAS thread per MPI rank)")
+            s.add_argument("--qcschema", metavar="FILE", help="write a QCSchema AtomicResult (JSON)")
+            s.add_argument("--fcidump-out", metavar="FILE", help="write the integrals as an FCIDUMP")
+            s.add_argument("--molden", metavar="FILE", help="write the orbitals in Molden format")
     return p
+
+
+def _version() -> str:
+    from tessera import __version__
+    return __version__
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise TesseraError(f"--threads {text!r} is not a positive integer; expected e.g. --threads 4")
+    return int(text)
 
 
 def _options(args):
@@ -73,7 +93,7 @@ def _options(args):
                       frozen_core=args.frozen_core, backend=args.backend, tile=args.tile, conv=args.conv,
                       variant=args.variant, schedule=args.schedule,
                       max_iter=args.max_iter, symmetry=not args.no_symmetry, scf=args.scf,
-                      scf_schedule=args.scf_schedule, scf_max_iter=args.scf_max_iter)
+                      scf_schedule=args.scf_schedule, scf_max_iter=args.scf_max_iter, units=args.units)
 
 
 class RunState:
@@ -112,11 +132,21 @@ def _rank(backend: str) -> int:
 def _run(args, state: RunState) -> int:
     from tessera.backends.registry import check_environment
     from tessera.chem.job import Job
+    if getattr(args, "threads", None):
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)     # read by the executors
     check_environment()
     options = _options(args)
     planning = getattr(args, "plan_only", False) or args.command == "plan"
-    if args.json is not None and not planning:
-        state.results = ResultFile(check_output_path(args.json, "--json", inputs=[args.geometry]))
+    if not planning:
+        from tessera.chem.fcidump import is_fcidump
+        from tessera.chem.outputs import check_outputs
+        check_outputs(is_fcidump(args.geometry), qcschema=args.qcschema, molden=args.molden)
+    if not planning:         # every output file checked now, not after the run
+        for flag, path in (("--json", args.json), ("--qcschema", args.qcschema),
+                           ("--fcidump-out", args.fcidump_out), ("--molden", args.molden)):
+            if path is not None:
+                check_output_path(path, flag, inputs=[args.geometry])
+        state.results = ResultFile(args.json)
     rank = _rank(options.backend)
     if rank != 0:
         logging.getLogger().setLevel(logging.ERROR)
@@ -136,6 +166,8 @@ def _run(args, state: RunState) -> int:
         print_communication(result.data)
     if rank == 0:
         state.results.save(result.data)
+        from tessera.chem.outputs import write_outputs
+        write_outputs(result, qcschema=args.qcschema, fcidump=args.fcidump_out, molden=args.molden)
     if not result.converged:
         if rank == 0:
             print(f"\n*** NOT CONVERGED: {result.error} ***")
@@ -249,7 +281,11 @@ def _configure_output(args) -> None:
 def main(argv=None, *, handle_signals: bool | None = None) -> int:
     """The command line. ``handle_signals`` (default: when ``argv`` is None, i.e. run as a
     program) routes SIGINT/SIGTERM to the interrupt path that ends every rank."""
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except TesseraError as err:          # an option's own check (argparse types)
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     _configure_output(args)
     state = RunState()
     if argv is None if handle_signals is None else handle_signals:

@@ -48,7 +48,8 @@ class PrintReport(PhaseReport):
         print("  virtual per irrep:  " + ", ".join(f"{k} {v}" for k, v in d["virtual_per_irrep"].items()))
         extra = ", ".join(f"{k} {d[k]}" for k in ("variant", "schedule") if d.get(k))
         print(f"Backend {d['backend']}{' (' + extra + ')' if extra else ''} on {d.get('ranks', 1)} rank(s), "
-              f"tile {d['tile']}" + (f" (occupied {d['occ_tile']})" if d.get("occ_tile") != d["tile"] else ""))
+              f"{d['threads_per_rank']} thread(s) per rank, tile {d['tile']}"
+              + (f" (occupied {d['occ_tile']})" if d.get("occ_tile") != d["tile"] else ""))
         if "auto" in d:
             from tessera.backends.auto import render
             print(render(d["auto"], limit=6))
