@@ -308,3 +308,16 @@ def test_progress_lines_under_mpi_are_estimates_from_rank_0(caplog, monkeypatch)
     assert all("(rank 0 ran " in ln for ln in lines[:-1]) and all(ln.endswith(" s") for ln in lines)
     assert [ln.split("about ")[1].split("%")[0] for ln in lines[:-1]] == [str(10 * k) for k in range(1, 10)]
     assert lines[-1].startswith("(T) triples: rank 0 done (ran 20 of 40 tasks on 2 ranks)")
+
+
+def test_closed_stdout_is_not_an_internal_error(tmp_path):
+    """`tessera run ... | head -1`: the pipe closes; a one-line note, exit 141, no traceback file."""
+    proc = subprocess.Popen([sys.executable, "-m", "tessera.cli.main", "run", str(REPO / WATER),
+                             "--basis", "sto-3g"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.stdout.readline().startswith("Tessera ")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141
+    assert err.startswith("error: standard output closed during ") and err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir())

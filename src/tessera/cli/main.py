@@ -301,6 +301,10 @@ def main(argv=None, *, handle_signals: bool | None = None) -> int:
     except KeyboardInterrupt:       # in-process use without handle_signals
         print("error: interrupted", file=sys.stderr)
         return EXIT_SIGNAL_BASE + 2
+    except BrokenPipeError:         # stdout closed (`tessera run ... | head`): not a bug
+        sys.stdout = open(os.devnull, "w")           # nothing more can be printed there
+        return _fail(state, f"error: standard output closed during {state.phase}", EXIT_SIGNAL_BASE + 13,
+                     {"phase": state.phase, "kind": "interrupted", "signal": "SIGPIPE"})
     except Exception as err:        # noqa: BLE001 - a bug: exit 3 with the traceback on disk
         if args.debug:
             raise
