@@ -1,4 +1,4 @@
-"""``tessera run | plan``: the command line.
+"""``tessera run | plan | report``: the command line.
 
 Errors are one line on stderr and a non-zero exit code (EXIT_CODES); ``--debug`` shows
 tracebacks. Under ``mpiexec`` every rank runs the same command; only rank 0 prints and
@@ -73,6 +73,18 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--qcschema", metavar="FILE", help="write a QCSchema AtomicResult (JSON)")
             s.add_argument("--fcidump-out", metavar="FILE", help="write the integrals as an FCIDUMP")
             s.add_argument("--molden", metavar="FILE", help="write the orbitals in Molden format")
+            s.add_argument("--profile", metavar="DIR",
+                           help="write DIR/result.json, DIR/records.json (+ one records.<rank>.json "
+                                "per rank) and DIR/trace.json (Chrome trace); see docs/profile.md")
+            s.add_argument("--progress", default=None,
+                           help="MPI progress: none | thread | ghost (default: $TESSERA_PROGRESS or none)")
+            s.add_argument("--ghosts", type=int, default=None,
+                           help="ghost ranks per node with --progress ghost (default 1)")
+    r = sub.add_parser("report", help="summarise and plot profiles written by run --profile")
+    r.add_argument("dirs", nargs="+", metavar="DIR", help="profile directories (several: a scaling study)")
+    r.add_argument("--out", metavar="OUTDIR", help="where report.txt, report.html and the figures go "
+                                                  "(default: the single DIR, or ./report)")
+    r.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
 
@@ -123,15 +135,32 @@ def print_communication(data: dict, limit: int = 12) -> None:
               + f"; max/mean {mem['max_over_mean']:.2f}")
 
 
-def _rank(backend: str) -> int:
-    """This process's rank when the backend runs over MPI (0 otherwise); starts MPI only then."""
+def _rank(backend: str, progress: str | None = None, ghosts: int | None = None) -> int:
+    """This process's rank when the backend runs over MPI (0 otherwise); starts MPI only
+    then, with the progress mode and ghost ranks asked for (a ghost rank serves its node
+    inside World.get and exits there)."""
     from tessera.backends.context import ranks_of
+    from tessera.backends.registry import runs_distributed
+    if progress is not None or ghosts is not None:
+        if not runs_distributed(backend):
+            raise TesseraError(f"--progress/--ghosts apply to MPI runs; backend {backend!r} runs in "
+                               "one process. Use --backend mpi-onesided or mpi-collective under mpiexec")
+        from tessera.runtime import World
+        World.get(progress=progress, ghosts=ghosts)
     return ranks_of(backend).rank
+
+
+def _world():
+    """The running MPI world, or None (never starts MPI)."""
+    module = sys.modules.get("tessera.runtime.world")
+    return module.World.current() if module is not None else None
 
 
 def _run(args, state: RunState) -> int:
     from tessera.backends.registry import check_environment
     from tessera.chem.job import Job
+    from tessera.profile import run as run_profile
+    from tessera.profile.records import Recorder
     if getattr(args, "threads", None):
         os.environ["OMP_NUM_THREADS"] = str(args.threads)     # read by the executors
     check_environment()
@@ -147,7 +176,7 @@ def _run(args, state: RunState) -> int:
             if path is not None:
                 check_output_path(path, flag, inputs=[args.geometry])
         state.results = ResultFile(args.json)
-    rank = _rank(options.backend)
+    rank = _rank(options.backend, getattr(args, "progress", None), getattr(args, "ghosts", None))
     if rank != 0:
         logging.getLogger().setLevel(logging.ERROR)
         logging.getLogger("tessera").setLevel(logging.ERROR)
@@ -158,12 +187,29 @@ def _run(args, state: RunState) -> int:
         from tessera.cli.plan import print_plan
         print_plan(options, rank)
         return EXIT_OK
+    profile_dir = getattr(args, "profile", None)
+    recorder = Recorder(detailed=profile_dir is not None)
+    world = _world()
+    if profile_dir is not None:
+        run_profile.prepare(profile_dir)
+        if world is not None:
+            world.comm_log.record_events(recorder.t0)
     from tessera.cli.report import PhaseReport, PrintReport
     report = PrintReport(state, quiet=args.quiet) if rank == 0 else PhaseReport(state)
-    result = Job(options, report).kernel()
+    result = Job(options, report, recorder).kernel()
     state.phase = "output"
     if rank == 0 and result.data.get("communication") and not args.quiet:
         print_communication(result.data)
+    t_write = time.perf_counter()
+    summary = run_profile.finish(recorder, _world(), profile_dir, result.data)
+    t_write = time.perf_counter() - t_write
+    if rank == 0:
+        if not args.quiet:
+            print(run_profile.render_table(summary))
+        result.data["statistics"] = summary
+        if profile_dir is not None:
+            print(f"Profile written to {profile_dir}/ in {t_write:.2f} s after the run "
+                  f"(tessera report {profile_dir})")
     if rank == 0:
         state.results.save(result.data)
         from tessera.chem.outputs import write_outputs
@@ -181,8 +227,7 @@ ERROR_GRACE_SECONDS = 2.0
 
 def _running_world():
     """The MPI world when one was started with several processes, else None (never starts MPI)."""
-    module = sys.modules.get("tessera.runtime.world")
-    world = module.World.current() if module is not None else None
+    world = _world()
     return world if world is not None and world.full_size > 1 else None
 
 
@@ -259,7 +304,8 @@ def _configure_output(args) -> None:
         sys.stdout.reconfigure(line_buffering=True)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    for name, on in (("tessera.progress", not args.quiet), ("tessera", args.verbose)):
+    quiet, verbose = getattr(args, "quiet", False), getattr(args, "verbose", False)      # run, plan
+    for name, on in (("tessera.progress", not quiet), ("tessera", verbose)):
         logger = logging.getLogger(name)
         for h in [h for h in logger.handlers if getattr(h, "tessera_cli", False)]:
             logger.removeHandler(h)
@@ -292,6 +338,10 @@ def main(argv=None, *, handle_signals: bool | None = None) -> int:
         from tessera.cli import interrupt
         interrupt.install(lambda sig: _interrupted(state, sig))
     try:
+        if args.command == "report":
+            from tessera.profile.report import report
+            report(args.dirs, args.out)
+            return EXIT_OK
         return _run(args, state)
     except TesseraError as err:
         if args.debug:
