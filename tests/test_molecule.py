@@ -356,7 +356,7 @@ def test_rhf_non_convergence_raises_with_last_energy():
     result = info.value.result
     assert result is not None and not result.converged
     assert f"{result.e_hf:.12f}" in str(info.value)
-    assert "max_cycle" in str(info.value) and "\n" not in str(info.value)
+    assert "--scf-max-iter" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_rhf_rejects_linear_group_without_subgroup():

@@ -175,7 +175,7 @@ def test_nonconvergence_raises_with_last_energy_and_error():
     err = out["convergence_error"]
     assert err["type"] == "ConvergenceError"
     msg = err["message"]
-    assert "did not converge in max_iter=3 iterations" in msg
+    assert "did not converge in 3 iterations" in msg and "--scf-max-iter" in msg
     assert f"last energy {err['result_e_hf']:.12f} Eh" in msg
     assert "commutator error" in msg
     assert abs(err["result_e_hf"] - pyscf_ref("n2")["e"]) > 1e-6

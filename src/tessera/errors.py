@@ -30,3 +30,7 @@ class ConvergenceError(TesseraError):
 
 class RuntimeLayerError(TesseraError):
     """Bad use of the distributed runtime (global arrays, counters, progress)."""
+
+
+class OutputError(TesseraError):
+    """A result file that cannot be written (folder gone, disk full, permissions)."""

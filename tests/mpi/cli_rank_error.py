@@ -14,7 +14,7 @@ from tessera.runtime import World
 
 
 def failing_run(which):
-    def run(args):
+    def run(args, state):
         world = World.get()
         if which == "all" or world.rank == 1:
             raise InputError(f"deliberate failure on rank {world.rank}")

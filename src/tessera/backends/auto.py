@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
+from tessera.backends.registry import ENV_MEMORY, VARIANTS, backend_of_variant, check_options, env_number
 from tessera.errors import InputError
 from tessera.plan.blocktasks import contraction_tasks
 from tessera.runtime.distribution import block_owners, default_layers, grid_3d, grid_shape, makespan
@@ -150,12 +150,9 @@ def memory_budget(nranks: int) -> float:
     """Bytes a rank may use: TESSERA_MEMORY_PER_RANK_MB if set, else half the physical
     memory of this machine shared by the ranks (all assumed on one node: on several
     nodes this is conservative)."""
-    env = os.environ.get("TESSERA_MEMORY_PER_RANK_MB")
-    if env:
-        try:
-            return float(env) * 2**20
-        except ValueError:
-            raise InputError(f"TESSERA_MEMORY_PER_RANK_MB must be a number of MiB, got {env!r}") from None
+    mib = env_number(ENV_MEMORY, None)
+    if mib is not None:
+        return mib * 2**20
     try:
         phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

@@ -21,6 +21,7 @@ from threadpoolctl import threadpool_limits
 from tessera.backends import blockops
 from tessera.backends.registry import (BACKENDS, DEFAULT_BACKEND, LOCAL_BACKENDS, check_options,
                                        launched_ranks, resolve_auto, runs_distributed)
+from tessera.backends.tasklog import TaskProgress
 from tessera.backends.tasks import run_local
 from tessera.errors import InputError, TesseraError
 from tessera.expr import terms
@@ -122,6 +123,11 @@ class Context:
         t0 = time.perf_counter()
         c0 = self.executor.compute_seconds if self.distributed else 0.0
         self.deal_stats = None
+        progress = None
+        if task_set.progress:
+            ranks = self.ranks
+            progress = TaskProgress(task_set.name, len(task_set), ranks.rank, ranks.size)
+            task_set = replace(task_set, work=progress.wrap(task_set.work))
         if self.profile.detailed:
             task_set = _timed_tasks(task_set, self.profile)
         with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
@@ -130,6 +136,8 @@ class Context:
                 self.deal_stats = getattr(self.executor, "deal_stats", None)
             else:
                 results = run_local(self.executor, task_set)
+        if progress is not None:
+            progress.finish()
         dt = time.perf_counter() - t0
         self._computed(c0, dt)
         self.record(task_set.name, dt, task_set.flops() if task_set.flops else 0, t0, "tasks")

@@ -16,7 +16,6 @@ Per step it records time, compute time (block arithmetic) and the communication
 
 from __future__ import annotations
 
-import os
 import time
 from abc import ABC, abstractmethod
 
@@ -25,7 +24,8 @@ import numpy as np
 from tessera.profile.terms import CommAccount
 from tessera.backends.distributed import TensorStore
 from tessera.backends.local import threads_per_rank
-from tessera.errors import InputError, ShapeError
+from tessera.backends.registry import ENV_BLAS_THREADS, env_number
+from tessera.errors import ShapeError
 from tessera.plan.blocktasks import add_source, hadamard_pairs, pair_block
 
 
@@ -55,7 +55,7 @@ class DistributedExecutor(ABC):
         # one rank per core: BLAS single-threaded unless asked (threaded BLAS on small block
         # GEMMs next to other busy ranks costs more than it gains)
         # (OMP_NUM_THREADS, as set by --threads, when TESSERA_BLAS_THREADS is not)
-        self.blas_threads = env_int("TESSERA_BLAS_THREADS", threads_per_rank() or 1)
+        self.blas_threads = env_number(ENV_BLAS_THREADS, threads_per_rank() or 1, integer=True)
         self.compute_seconds = 0.0
         self.closed = False
         self._dirty: dict = {}        # uid -> "acc" | "local": written since the last barrier
@@ -226,9 +226,3 @@ class DistributedExecutor(ABC):
     def task_order(self, task_set):
         """Task indices for this rank (None: take part in a collective round, no task)."""
 
-
-def env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        raise InputError(f"{name} must be an integer, got {os.environ.get(name)!r}") from None

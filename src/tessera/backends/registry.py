@@ -14,6 +14,7 @@ made by ``context.make_executor``, which imports an MPI executor only when it is
 
 from __future__ import annotations
 
+import math
 import os
 
 from tessera.errors import InputError
@@ -27,6 +28,38 @@ DEFAULT_VARIANT = {"mpi-onesided": "cached", "mpi-collective": "summa"}
 SCHEDULES = ("static", "nxtval", "steal")
 EXECUTOR_SCHEDULES = {"mpi-onesided": ("nxtval", "steal")}
 DEFAULT_SCHEDULE = "nxtval"
+
+
+ENV_MEMORY = "TESSERA_MEMORY_PER_RANK_MB"     # MiB a rank may use (the cost model's budget)
+ENV_BLAS_THREADS = "TESSERA_BLAS_THREADS"     # BLAS threads per MPI rank
+
+
+def env_number(name: str, default, *, integer: bool = False):
+    """The positive number in environment variable ``name`` (``default`` when unset or
+    empty); a one-line InputError naming the variable for anything else (nan, inf, 0,
+    negative, text), as for a bad option."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise InputError(f"{name}={raw!r}: expected {'a whole number >= 1' if integer else 'a positive number'}; "
+                         "fix or unset it")
+    return value
+
+
+def check_environment() -> None:
+    """Every TESSERA_* variable checked before any work (as options are), without
+    starting MPI: the memory budget, BLAS threads per rank and the runtime's options."""
+    env_number(ENV_MEMORY, None)
+    env_number(ENV_BLAS_THREADS, 1, integer=True)
+    from tessera.backends.local import threads_per_rank
+    threads_per_rank()                                   # OMP_NUM_THREADS
+    from tessera.runtime.options import RuntimeOptions
+    RuntimeOptions.resolve()
 
 
 def launched_ranks() -> int:

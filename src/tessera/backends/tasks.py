@@ -61,7 +61,8 @@ class TaskSet:
     threads run every task here;
     flops: ``flops() -> int`` this rank's flops after the run (for accounting), or None;
     home: ``home[i]`` the rank that must run task i (owner computes: its data is there),
-        or None for any rank; with homes the schedule is static, no task moves.
+        or None for any rank; with homes the schedule is static, no task moves;
+    progress: log throttled progress lines while it runs (``backends.tasklog``).
     """
 
     name: str
@@ -74,6 +75,7 @@ class TaskSet:
     schedule: str | None = None
     flops: Callable[[], int] | None = None
     home: Sequence[int] | None = None
+    progress: bool = False
 
     def __len__(self) -> int:
         return len(self.costs)

@@ -149,7 +149,7 @@ class ClassTransform:
     # -- task set 1: AO integrals of one unit, half-transformed, rows to their owners -------
     def ao_tasks(self) -> TaskSet:
         return TaskSet("transform: AO integrals", [u[4] for u in self.units], self.ao_unit,
-                       schedule="static")          # costs are exact: a balanced split needs no counter
+                       schedule="static", progress=True)   # costs are exact: a balanced split needs no counter
 
     def ao_unit(self, i: int, _blocks) -> float:
         l, s0, s1, diag, n = self.units[i]
@@ -175,7 +175,7 @@ class ClassTransform:
         self.work = [(h, g) for h in self.halves for g in range(len(h.groups))]
         costs = [(h.bounds[g + 1] - h.bounds[g]) * self.npair for h, g in self.work]
         return TaskSet("transform: finish", costs, self.finish_group,
-                       home=[h.home[g] for h, g in self.work])
+                       home=[h.home[g] for h, g in self.work], progress=True)
 
     def finish_group(self, j: int, _blocks) -> float:
         """(P Q | lam sig) rows of one first-pair group -> its blocks (P Q | R S)."""

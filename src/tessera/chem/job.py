@@ -12,6 +12,7 @@ communication per equation term and the memory held per rank.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, fields, replace
 
@@ -58,10 +59,12 @@ class RunOptions:
             raise InputError(f"--tile must be a positive integer, got {self.tile}")
         if self.scf not in SCF_CODES:
             raise InputError(f"unknown SCF code {self.scf!r}; choose one of: {', '.join(SCF_CODES)}")
-        if self.conv <= 0:
-            raise InputError(f"--conv must be positive, got {self.conv}")
+        if not (math.isfinite(self.conv) and self.conv > 0):
+            raise InputError(f"--conv must be a positive finite number (e.g. 1e-8), got {self.conv}")
         if self.max_iter < 1:
             raise InputError(f"--max-iter must be at least 1, got {self.max_iter}")
+        if self.scf_max_iter < 1:
+            raise InputError(f"--scf-max-iter must be at least 1, got {self.scf_max_iter}")
         check_options(self.backend, self.variant, self.schedule)
 
 
@@ -75,9 +78,15 @@ class JobResult:
 
 
 class Report:
-    """Callbacks for progress; the CLI overrides them to print."""
+    """Callbacks for progress; the CLI overrides them to print (and to save the result).
+
+    ``phase(name)`` when a phase starts and ``done(name, data)`` when it has finished,
+    for the phases "scf", "transform", "ccsd", "triples"; ``data`` is the result so far,
+    its ``"completed"`` the phases finished."""
 
     def options(self, options: dict) -> None: ...
+    def phase(self, name: str) -> None: ...
+    def done(self, name: str, data: dict) -> None: ...
     def molecule(self, info: dict) -> None: ...
     def scf(self, info: dict) -> None: ...
     def iteration(self, row: dict) -> None: ...
@@ -122,11 +131,15 @@ class Job:
         if opt.frozen_core and mol is None:
             raise InputError("--frozen-core needs a molecule to find the core orbitals; an FCIDUMP "
                              "has none: drop --frozen-core (or dump only the active orbitals)")
+        if mol is not None:
+            check_electrons(mol)
         timings: dict = {}
         ranks = ranks_of(opt.backend)
 
         t0 = time.perf_counter()
-        ref = reference or source.reference or self._scf(mol, ranks)
+        self.report.phase("scf")
+        given = reference or source.reference
+        ref, scf_error = (given, None) if given is not None else self._scf(mol, ranks)
         self._phase(timings, "scf", t0)
         nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
         backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, ranks)
@@ -152,8 +165,14 @@ class Job:
         data["scf_info"] = scf_info(ref)
         data["energies"] = energies
         data["timings"] = timings
-        data["converged"] = True
+        data["converged"] = scf_error is None
+        data["completed"] = []
         result = JobResult(data, reference=ref)
+        if scf_error is not None:          # the JSON says what was reached; exit code 1
+            result.converged, result.error = False, str(scf_error)
+            data["error"] = {"phase": "scf", "kind": "not converged", "message": str(scf_error)}
+            return self._finish(result, t_start)
+        self._done("scf", data)
         if method == "hf":
             return self._finish(result, t_start)
 
@@ -170,11 +189,14 @@ class Job:
         opt, data = self.options, result.data
         timings, energies = data["timings"], data["energies"]
         t0 = time.perf_counter()
+        self.report.phase("transform")
         ints = transform(ref, nfrozen, tiles[0], occ_tile=tiles[1])
         self._phase(timings, "transform", t0)
         data["transform_info"] = dict(ints.transform_stats)
+        self._done("transform", data)
 
         t0 = time.perf_counter()
+        self.report.phase("ccsd")
         ccsd = CCSD(conv=opt.conv, max_iter=opt.max_iter, progress=self._iteration)
         try:
             cc = ccsd.kernel(ints, ctx)
@@ -199,8 +221,11 @@ class Job:
                          "ccsd_over_minimal": cc.flops_per_iteration / minimal if minimal else None}
         if ctx.distributed:
             data["memory_per_rank"] = memory_per_rank(ctx, cc.t2, ints)
+        if result.converged:
+            self._done("ccsd", data)
         if method == "ccsd(t)" and result.converged:
             t0 = time.perf_counter()
+            self.report.phase("triples")
             tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
             self._phase(timings, "triples", t0)
             energies["t_correction"] = tr.energy
@@ -212,6 +237,7 @@ class Job:
                 data["memory_per_rank"]["triples"] = {
                     "peak_operand_bytes": list(tr.rank_peak_operand_bytes),
                     "peak_share_of_whole": tr.peak_share, "task_tile": tr.task_tile}
+            self._done("triples", data)
         data["profile"] = slowest(ctx.profile)
         if not ctx.distributed:
             result.tensors = {"integrals": ints, "t1": cc.t1, "t2": cc.t2}
@@ -241,21 +267,35 @@ class Job:
         opt = self.options
         if opt.scf == "pyscf":
             from tessera.chem.pyscf_reference import rhf_reference
-            shared = ranks.share(lambda: replace(rhf_reference(mol), mol=None))
-            return replace(shared, mol=mol)
+
+            def reference():
+                try:
+                    return replace(rhf_reference(mol, max_cycle=opt.scf_max_iter), mol=None), None
+                except ConvergenceError as err:
+                    return replace(err.result, mol=None), err
+            shared, error = ranks.share(reference)
+            return replace(shared, mol=mol), error
         from tessera.chem.scf import rhf
         # under MPI the Fock build is GTFock's one-sided workload (its schedule is
         # --scf-schedule) whatever executor runs the equations
         ctx = Context("mpi-onesided" if runs_distributed(opt.backend) else opt.backend,
                       recorder=self.recorder)
+        error = None
         with ctx:
-            ref = rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter, mode=opt.scf_mode,
-                      context=ctx)
+            try:
+                ref = rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter, mode=opt.scf_mode,
+                          context=ctx)
+            except ConvergenceError as err:     # on every rank alike: the result is shared
+                ref, error = err.result, err
         ctx.close()        # collective when distributed: not in a finally (see kernel)
         if ranks.size == 1:
-            return ref
+            return ref, error
         shared = ranks.share(lambda: replace(ref, mol=None))
-        return replace(shared, mol=mol)
+        return replace(shared, mol=mol), error
+
+    def _done(self, phase: str, data: dict) -> None:
+        data["completed"].append(phase)
+        self.report.done(phase, data)
 
     def _finish(self, result: JobResult, t_start: float) -> JobResult:
         result.data["timings"]["total"] = time.perf_counter() - t_start
@@ -268,6 +308,16 @@ def memory_per_rank(ctx, t2, ints) -> dict:
     """Bytes of T2 and of the MO integrals held by each rank (collective)."""
     mine = {"t2": t2.local_nbytes, "integrals": sum(t.local_nbytes for t in ints.tensors.values())}
     return memory_table(ctx.ranks.allgather(mine), {"t2": t2.nbytes, "integrals": 8 * ints.stored_elements})
+
+
+def check_electrons(mol) -> None:
+    """InputError unless the electrons fill at least one and at most all of the orbitals
+    (``--charge -10`` on water in STO-3G asks for 20 electrons in 7 orbitals)."""
+    nelec, nao = int(mol.nelectron), int(mol.nao)
+    if nelec < 2 or nelec > 2 * nao:
+        raise InputError(f"{nelec} electrons (charge {mol.charge}) do not fit: basis {mol.basis} has {nao} "
+                         f"orbitals, room for 2 to {2 * nao} electrons in a closed shell: change --charge "
+                         "or --basis")
 
 
 def frozen_core_orbitals(mol) -> int:

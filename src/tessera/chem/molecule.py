@@ -346,7 +346,7 @@ def _check_distinct_positions(atoms) -> None:
         raise InputError(
             f"atoms {i + 1} ({atoms[i][0]}) and {j + 1} ({atoms[j][0]}) are "
             f"{distance[i, j]:.3f} Å apart; expected atoms at least {MIN_ATOM_DISTANCE} Å "
-            f"apart: fix the coordinates (are they in bohr? then pass units='bohr')")
+            f"apart: fix the coordinates (are they in bohr? XYZ coordinates are read in Ångström)")
 
 
 def _group_order(name: str) -> int | None:
@@ -487,7 +487,7 @@ def _read_text(path: Path) -> str:
         raise InputError(
             f"{str(path)!r} is a directory; expected an XYZ file: give the file's path")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")     # a byte-order mark is not content
     except UnicodeDecodeError:
         raise InputError(
             f"{str(path)!r} is not a text file; expected a plain-text XYZ file: "

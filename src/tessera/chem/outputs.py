@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tessera.chem.outcome import atomic_file
 from tessera.errors import InputError
 
 __all__ = ["write_outputs", "write_molden", "check_outputs"]
@@ -39,6 +40,7 @@ def write_outputs(result, *, qcschema=None, fcidump=None, molden=None) -> None:
         if not path:
             continue
         try:
-            write(path)
+            with atomic_file(path) as tmp:        # a failed write leaves the old file whole
+                write(tmp)
         except OSError as err:
             raise InputError(f"cannot write {flag} {path}: {err.strerror or err}") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tessera.chem.job import Report
 from tessera.chem.reference import Reference
 from tessera.errors import ConvergenceError, InputError
 
@@ -162,16 +163,12 @@ def _pyscf_reference(mf) -> Reference:
                      info={"point_group_full": mol.topgroup if mol.symmetry else "C1"})
 
 
-class _Printer:
-    """Progress as PySCF prints it at ``verbose`` >= 4 (iterations)."""
+class _Printer(Report):
+    """Progress as PySCF prints it at ``verbose`` >= 4 (iterations); the other callbacks
+    are Report's (silent)."""
 
     def __init__(self, verbose: int):
         self.verbose = verbose
-
-    def options(self, options): ...
-    def molecule(self, info): ...
-    def scf(self, info): ...
-    def energies(self, energies, timings): ...
 
     def iteration(self, row: dict) -> None:
         if self.verbose >= 4:

@@ -87,7 +87,7 @@ def rhf_reference(mol, conv_tol: float = 1e-11, *, conv_tol_grad: float = 1e-7,
         raise ConvergenceError(
             f"PySCF RHF did not converge in {max_cycle} iterations (last energy "
             f"{e_hf:.12f} Eh, conv_tol {conv_tol:g}); expected convergence: raise "
-            f"max_cycle, loosen conv_tol, or check the geometry", result=reference)
+            f"--scf-max-iter, or check the geometry and --charge", result=reference)
     return reference
 
 

@@ -166,7 +166,8 @@ class TriplesTasks:
     def task_set(self, nranks: int) -> TaskSet:
         costs = [self.cost(i) for i in range(len(self.triples))]
         chunk = max(1, min(8, len(costs) // (4 * nranks)))
-        return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops)
+        return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
+                       progress=True)
 
     def cost(self, task: int) -> float:
         a, b, c = self.triples[task]

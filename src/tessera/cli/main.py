@@ -1,29 +1,41 @@
 """``tessera run | plan | report``: the command line.
 
-Errors are one line on stderr and a non-zero exit code; ``--debug`` shows tracebacks.
-Under ``mpiexec`` every rank runs the same command; only rank 0 prints and writes the
-JSON file (other ranks log warnings and errors only).
+Errors are one line on stderr and a non-zero exit code (EXIT_CODES); ``--debug`` shows
+tracebacks. Under ``mpiexec`` every rank runs the same command; only rank 0 prints and
+writes the JSON file (other ranks log warnings and errors only). The JSON is rewritten
+after each phase (``chem.outcome``); an internal error leaves the finished phases there and
+its traceback next to it; SIGINT/SIGTERM end every rank at once (``cli.interrupt``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import time
 
-from tessera.backends.registry import DEFAULT_BACKEND, DEFAULT_SCHEDULE
+from tessera.backends.registry import DEFAULT_BACKEND, DEFAULT_SCHEDULE, launched_ranks
+from tessera.chem.outcome import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_NOT_CONVERGED, EXIT_OK,
+                                 EXIT_SIGNAL_BASE, WRITE_LOCK, ResultFile, check_output_path)
 from tessera.errors import TesseraError
+
+EXIT_CODES = f"""exit codes:
+  {EXIT_OK}    finished (every phase converged)
+  {EXIT_NOT_CONVERGED}    SCF or CCSD did not converge (the JSON holds what was reached, "converged": false)
+  {EXIT_BAD_INPUT}    bad input: options, geometry, environment variables, an output file that cannot be written
+  {EXIT_INTERNAL}    internal error (a bug: please report it with the traceback file written next to the JSON)
+  {EXIT_SIGNAL_BASE + 2}, {EXIT_SIGNAL_BASE + 15}  interrupted by SIGINT or SIGTERM (every rank ends; finished phases stay in the JSON)"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tessera", description="Block-sparse coupled-cluster calculations.")
+    p = argparse.ArgumentParser(prog="tessera", description="Block-sparse coupled-cluster calculations.",
+                                epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"tessera {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("run", "run a calculation"), ("plan", "print the plan of one CCSD iteration")):
-        s = sub.add_parser(name, help=text)
+        s = sub.add_parser(name, help=text, epilog=EXIT_CODES if name == "run" else None,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         s.add_argument("geometry", help="XYZ file (Angstrom, or see --units), Z-matrix (.zmat), "
                                         "QCSchema molecule or AtomicInput (.json), or FCIDUMP")
         s.add_argument("--units", default="angstrom", help="of an XYZ or Z-matrix geometry: angstrom | bohr")
@@ -49,8 +61,12 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--scf-max-iter", type=int, default=100)
         s.add_argument("--scf-mode", default="auto", help="auto (integrals in memory when they fit "
                        "PySCF's max_memory, else direct) | incore | direct (with --scf tessera)")
-        s.add_argument("--json", metavar="FILE", help="write the results as JSON")
+        s.add_argument("--json", metavar="FILE", help="write the results as JSON (rewritten after each phase)")
         s.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+        loud = s.add_mutually_exclusive_group()
+        loud.add_argument("-v", "--verbose", action="store_true",
+                          help="also show the SCF iterations and the library's progress lines")
+        loud.add_argument("-q", "--quiet", action="store_true", help="print only the final energies")
         if name == "run":
             s.add_argument("--plan-only", action="store_true", help="print the plan and stop")
             s.add_argument("--threads", type=_positive_int, default=None,
@@ -95,46 +111,14 @@ def _options(args):
                       scf_mode=args.scf_mode)
 
 
-class PrintReport:
-    """Prints progress as tables on stdout."""
+class RunState:
+    """What a failing or interrupted run needs to know: the phase running, the phases
+    finished, the JSON result (written by rank 0 only)."""
 
-    def options(self, options: dict) -> None:
-        print("Options: " + ", ".join(f"{k}={v}" for k, v in options.items()))
-
-    def molecule(self, d: dict) -> None:
-        print(f"\nMolecule: {len(d['molecule']['atoms'])} atoms, charge {d['molecule']['charge']}, "
-              f"point group {d['molecule']['point_group_full']} -> using {d['point_group']}")
-        for sym, xyz in d["molecule"]["atoms"]:
-            print(f"  {sym:2s} {xyz[0]:12.6f} {xyz[1]:12.6f} {xyz[2]:12.6f}")
-        print(f"Basis {d['basis']}: {d['nao']} functions; {d['nocc']} occupied "
-              f"({d['frozen_core']} frozen), {d['nvir']} virtual")
-        print("  occupied per irrep: " + ", ".join(f"{k} {v}" for k, v in d["occupied_per_irrep"].items()))
-        print("  virtual per irrep:  " + ", ".join(f"{k} {v}" for k, v in d["virtual_per_irrep"].items()))
-        extra = ", ".join(f"{k} {d[k]}" for k in ("variant", "schedule") if d.get(k))
-        print(f"Backend {d['backend']}{' (' + extra + ')' if extra else ''} on {d.get('ranks', 1)} rank(s), "
-              f"{d['threads_per_rank']} thread(s) per rank, tile {d['tile']}"
-              + (f" (occupied {d['occ_tile']})" if d.get("occ_tile") != d["tile"] else ""))
-        if "auto" in d:
-            from tessera.backends.auto import render
-            print(render(d["auto"], limit=6))
-
-    def scf(self, d: dict) -> None:
-        print(f"\nRHF ({d['source']}): E = {d['e_hf']:.10f} Eh  ({d['seconds']:.2f} s)")
-
-    def iteration(self, row: dict) -> None:
-        if row["iter"] == 1:
-            print(f"\n{'iter':>4s} {'E(corr)':>18s} {'change':>11s} {'residual':>10s} {'seconds':>8s} {'GFLOP/s':>8s}")
-        print(f"{row['iter']:4d} {row['e_corr']:18.12f} {row['delta']:11.3e} {row['residual']:10.3e} "
-              f"{row['seconds']:8.2f} {row.get('gflops_per_s', 0.0):8.1f}")
-
-    def energies(self, e: dict, t: dict) -> None:
-        print()
-        names = {"hf": "E(RHF)", "ccsd_correlation": "E(CCSD) correlation", "t_correction": "E(T) correction",
-                 "total": "E total"}
-        for k, label in names.items():
-            if k in e:
-                print(f"{label:22s} {e[k]:18.10f} Eh")
-        print("Timings: " + ", ".join(f"{k} {v:.2f} s" for k, v in t.items()))
+    def __init__(self):
+        self.phase = "setup"
+        self.completed: list = []
+        self.results = ResultFile(None)
 
 
 def print_communication(data: dict, limit: int = 12) -> None:
@@ -175,24 +159,37 @@ def _world():
     return module.World.current() if module is not None else None
 
 
-def _run(args) -> int:
-    from tessera.chem.job import Job, Report
+def _run(args, state: RunState) -> int:
+    from tessera.backends.registry import check_environment
+    from tessera.chem.job import Job
     from tessera.profile import run as run_profile
     from tessera.profile.records import Recorder
     if getattr(args, "threads", None):
         os.environ["OMP_NUM_THREADS"] = str(args.threads)     # read by the executors
+    check_environment()
     options = _options(args)
-    if args.command == "run":
+    planning = getattr(args, "plan_only", False) or args.command == "plan"
+    if not planning:
         from tessera.chem.fcidump import is_fcidump
         from tessera.chem.outputs import check_outputs
         check_outputs(is_fcidump(args.geometry), qcschema=args.qcschema, molden=args.molden)
+    if not planning:         # every output file checked now, not after the run
+        for flag, path in (("--json", args.json), ("--qcschema", args.qcschema),
+                           ("--fcidump-out", args.fcidump_out), ("--molden", args.molden)):
+            if path is not None:
+                check_output_path(path, flag, inputs=[args.geometry])
+        state.results = ResultFile(args.json)
     rank = _rank(options.backend, getattr(args, "progress", None), getattr(args, "ghosts", None))
     if rank != 0:
         logging.getLogger().setLevel(logging.ERROR)
-    if getattr(args, "plan_only", False) or args.command == "plan":
+        logging.getLogger("tessera").setLevel(logging.ERROR)
+    elif not args.quiet:
+        from tessera.cli.header import header_lines
+        print("\n".join(header_lines(options.backend)))
+    if planning:
         from tessera.cli.plan import print_plan
         print_plan(options, rank)
-        return 0
+        return EXIT_OK
     profile_dir = getattr(args, "profile", None)
     recorder = Recorder(detailed=profile_dir is not None)
     world = _world()
@@ -200,32 +197,32 @@ def _run(args) -> int:
         run_profile.prepare(profile_dir)
         if world is not None:
             world.comm_log.record_events(recorder.t0)
-    result = Job(options, PrintReport() if rank == 0 else Report(), recorder).kernel()
-    if rank == 0 and result.data.get("communication"):
+    from tessera.cli.report import PhaseReport, PrintReport
+    report = PrintReport(state, quiet=args.quiet) if rank == 0 else PhaseReport(state)
+    result = Job(options, report, recorder).kernel()
+    state.phase = "output"
+    if rank == 0 and result.data.get("communication") and not args.quiet:
         print_communication(result.data)
     t_write = time.perf_counter()
     summary = run_profile.finish(recorder, _world(), profile_dir, result.data)
     t_write = time.perf_counter() - t_write
     if rank == 0:
-        print(run_profile.render_table(summary))
+        if not args.quiet:
+            print(run_profile.render_table(summary))
         result.data["statistics"] = summary
         if profile_dir is not None:
             print(f"Profile written to {profile_dir}/ in {t_write:.2f} s after the run "
                   f"(tessera report {profile_dir})")
-    if args.json and rank == 0:
-        try:
-            with open(args.json, "w") as f:
-                json.dump(result.data, f, indent=1, default=float)
-        except OSError as err:
-            raise TesseraError(f"cannot write --json {args.json}: {err.strerror}") from None
     if rank == 0:
+        state.results.save(result.data)
         from tessera.chem.outputs import write_outputs
         write_outputs(result, qcschema=args.qcschema, fcidump=args.fcidump_out, molden=args.molden)
     if not result.converged:
         if rank == 0:
+            print(f"\n*** NOT CONVERGED: {result.error} ***")
             print(f"error: {result.error}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_NOT_CONVERGED
+    return EXIT_OK
 
 
 ERROR_GRACE_SECONDS = 2.0
@@ -233,49 +230,138 @@ ERROR_GRACE_SECONDS = 2.0
 
 def _running_world():
     """The MPI world when one was started with several processes, else None (never starts MPI)."""
-    module = sys.modules.get("tessera.runtime.world")
-    world = module.World.current() if module is not None else None
+    world = _world()
     return world if world is not None and world.full_size > 1 else None
 
 
-def _abort_all(world, err) -> None:
+def _abort_all(world, message: str, code: int = EXIT_BAD_INPUT) -> None:
     """An error after MPI started may have been raised on some ranks only: the others would
-    wait forever in their next collective. Report it once and end every rank (exit 2).
-    Rank 0 speaks at once; another rank first waits a moment, so an error that every rank
-    raised is printed once, by rank 0."""
+    wait forever in their next collective. Report it once and end every rank (exit
+    ``code``). Rank 0 speaks at once; another rank first waits a moment, so an error that
+    every rank raised is printed once, by rank 0."""
     if world.rank != 0:
         time.sleep(ERROR_GRACE_SECONDS)
     suffix = f" (on rank {world.rank})" if world.rank else ""
-    print(f"error: {err}{suffix}", file=sys.stderr, flush=True)
-    world.abort(2)
+    print(f"{message}{suffix}", file=sys.stderr, flush=True)
+    world.abort(code)
 
 
-def main(argv=None) -> int:
+def _speaks() -> bool:
+    """Whether this process prints an error that every rank raised before MPI started:
+    rank 0 of an mpiexec run, or the one process (a stray PMI_RANK without PMI_SIZE > 1
+    does not silence it)."""
+    if launched_ranks() <= 1:
+        return True
+    return all(os.environ.get(v, "0") == "0" for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK"))
+
+
+def _fail(state: RunState, message: str, code: int, error: dict) -> int:
+    """Report an error once, record it in the JSON (if one was written), end every rank."""
+    state.results.add_error(error)
+    world = _running_world()
+    if world is not None:
+        _abort_all(world, message, code)
+    if _speaks():
+        print(message, file=sys.stderr, flush=True)
+    return code
+
+
+def _internal_error(state: RunState, err: Exception) -> int:
+    world = _running_world()
+    rank = world.rank if world is not None else 0
+    what = " ".join(f"{type(err).__name__}: {err}".split())       # one line
+    where = state.results.save_traceback(err, f"tessera: internal error during {state.phase}", rank)
+    saved = (f"; finished phases ({', '.join(state.completed)}) are in {state.results.path}"
+             if state.completed and state.results.path is not None else "")
+    message = (f"error: internal error during {state.phase}, please report: {what} "
+               f"(traceback: {where}{saved})")
+    return _fail(state, message, EXIT_INTERNAL,
+                 {"phase": state.phase, "kind": "internal error", "message": what, "traceback": where})
+
+
+def _interrupted(state: RunState, sig) -> None:
+    """On the watcher thread (cli.interrupt): say so once, keep what finished, end every
+    rank now (MPI_Abort, or os._exit in one process) -- no collective shutdown."""
+    code = EXIT_SIGNAL_BASE + int(sig)
+    world = _running_world()
+    rank = world.rank if world is not None else 0
+    if rank != 0:                  # rank 0, if it got the signal too, speaks and ends all
+        time.sleep(ERROR_GRACE_SECONDS)
+    # a rename in progress finishes first (then the lock stays held: no write starts after)
+    saved = WRITE_LOCK.acquire(timeout=30) and state.results.add_error(
+        {"phase": state.phase, "kind": "interrupted", "signal": sig.name})
+    kept = (f"; finished phases ({', '.join(state.completed) or 'none'}) are in {state.results.path}"
+            if saved else "")
+    suffix = f" (on rank {rank})" if rank else ""
+    print(f"error: interrupted by {sig.name} during {state.phase}{kept}{suffix}", file=sys.stderr, flush=True)
+    if world is not None:
+        world.abort(code)
+    os._exit(code)
+
+
+def _configure_output(args) -> None:
+    """Line-buffered stdout (a batch log shows each line as it is printed); warnings and
+    errors on stderr; progress lines of long phases on stdout unless -q; with -v also the
+    library's INFO lines (SCF iterations, phase summaries) on stdout."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    quiet, verbose = getattr(args, "quiet", False), getattr(args, "verbose", False)      # run, plan
+    for name, on in (("tessera.progress", not quiet), ("tessera", verbose)):
+        logger = logging.getLogger(name)
+        for h in [h for h in logger.handlers if getattr(h, "tessera_cli", False)]:
+            logger.removeHandler(h)
+        logger.setLevel(logging.DEBUG if args.debug else logging.INFO if on else logging.WARNING)
+        logger.propagate = not on
+        if on:       # INFO on stdout, plain; warnings and errors on stderr as before
+            out = logging.StreamHandler(sys.stdout)
+            out.setFormatter(logging.Formatter("%(message)s"))
+            # the CLI's iteration table already shows CCSD's iteration lines
+            out.addFilter(lambda r: r.levelno < logging.WARNING and not r.getMessage().startswith("CCSD iter"))
+            err = logging.StreamHandler(sys.stderr)
+            err.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+            err.setLevel(logging.WARNING)
+            for h in (out, err):
+                h.tessera_cli = True
+                logger.addHandler(h)
+
+
+def main(argv=None, *, handle_signals: bool | None = None) -> int:
+    """The command line. ``handle_signals`` (default: when ``argv`` is None, i.e. run as a
+    program) routes SIGINT/SIGTERM to the interrupt path that ends every rank."""
     try:
         args = _parser().parse_args(argv)
     except TesseraError as err:          # an option's own check (argparse types)
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+        return EXIT_BAD_INPUT
+    _configure_output(args)
+    state = RunState()
+    if argv is None if handle_signals is None else handle_signals:
+        from tessera.cli import interrupt
+        interrupt.install(lambda sig: _interrupted(state, sig))
     try:
         if args.command == "report":
             from tessera.profile.report import report
             report(args.dirs, args.out)
-            return 0
-        return _run(args)
+            return EXIT_OK
+        return _run(args, state)
     except TesseraError as err:
         if args.debug:
             raise
-        world = _running_world()
-        if world is not None:
-            _abort_all(world, err)
-        if os.environ.get("PMI_RANK", "0") == "0":     # under mpiexec: rank 0 speaks
-            print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
+        return _fail(state, f"error: {err}", EXIT_BAD_INPUT,
+                     {"phase": state.phase, "kind": "error", "message": str(err)})
+    except KeyboardInterrupt:       # in-process use without handle_signals
         print("error: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGNAL_BASE + 2
+    except BrokenPipeError:         # stdout closed (`tessera run ... | head`): not a bug
+        sys.stdout = open(os.devnull, "w")           # nothing more can be printed there
+        return _fail(state, f"error: standard output closed during {state.phase}", EXIT_SIGNAL_BASE + 13,
+                     {"phase": state.phase, "kind": "interrupted", "signal": "SIGPIPE"})
+    except Exception as err:        # noqa: BLE001 - a bug: exit 3 with the traceback on disk
+        if args.debug:
+            raise
+        return _internal_error(state, err)
 
 
 if __name__ == "__main__":

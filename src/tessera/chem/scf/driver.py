@@ -214,10 +214,10 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
                     iterations=it, source="tessera", info=info)
     if not converged:
         raise ConvergenceError(
-            f"RHF did not converge in max_iter={max_iter} iterations: last energy "
+            f"RHF did not converge in {max_iter} iterations: last energy "
             f"{e_tot:.12f} Eh, last energy change {de:+.3e} Eh (conv_tol {conv_tol:g}), "
             f"last commutator error |X^T(FDS-SDF)X| = {err:.3e} (needs < {conv_grad:.1e}). "
-            "Raise max_iter, loosen conv_tol, or check the geometry and charge",
+            "Raise --scf-max-iter, or check the geometry and --charge",
             result=ref)
     say("RHF converged in %d iterations: E = %.12f", it, e_tot)
     return ref

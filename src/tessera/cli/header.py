@@ -1,0 +1,38 @@
+"""The first lines of a run's log: what ran where (version, host, date, ranks, threads, BLAS).
+
+Read from the environment only: printing it starts no MPI and no thread pool.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import sys
+
+
+def threads_per_rank(backend: str) -> int:
+    """The threads one rank of ``backend`` runs with (as the JSON's ``threads_per_rank``):
+    1 for serial; --threads / OMP_NUM_THREADS when set; else 1 per MPI rank, all cores in
+    one process."""
+    from tessera.backends.local import available_cores, threads_per_rank as asked
+    from tessera.backends.registry import runs_distributed
+    if backend == "serial":
+        return 1
+    return asked() or (1 if runs_distributed(backend) else available_cores())
+
+
+def blas() -> str:
+    from threadpoolctl import threadpool_info
+    libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    if not libs:
+        return "unknown"
+    i = libs[0]
+    return " ".join(str(x) for x in (i.get("internal_api"), i.get("version")) if x)
+
+
+def header_lines(backend: str) -> list:
+    from tessera import __version__
+    from tessera.backends.registry import launched_ranks
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return [f"Tessera {__version__} on {socket.gethostname()}, {now}, Python {sys.version.split()[0]}",
+            f"Ranks {launched_ranks()}, threads per rank {threads_per_rank(backend)}, BLAS {blas()}"]
