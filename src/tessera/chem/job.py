@@ -20,6 +20,7 @@ import numpy as np
 from tessera.backends.context import Context, ranks_of
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
 from tessera.chem.ccsd import CCSD, CCSDStructure
+from tessera.chem.checkpoint import Checkpoint, check_path, fingerprint
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.triples import triples_correction
@@ -47,6 +48,8 @@ class RunOptions:
     scf: str = "tessera"
     scf_schedule: str = "steal"
     scf_max_iter: int = 100
+    checkpoint: str | None = None    # HDF5 file for the orbitals, amplitudes and DIIS state
+    restart: bool = False            # resume from ``checkpoint``
 
     def __post_init__(self):
         if self.method.lower() not in METHODS:
@@ -60,6 +63,10 @@ class RunOptions:
         if self.max_iter < 1:
             raise InputError(f"--max-iter must be at least 1, got {self.max_iter}")
         check_options(self.backend, self.variant, self.schedule)
+        if self.restart and self.checkpoint is None:
+            raise InputError("--restart needs a checkpoint; give --checkpoint FILE")
+        if self.checkpoint is not None:
+            check_path(self.checkpoint, self.geometry, self.restart)
 
 
 @dataclass
@@ -102,13 +109,20 @@ class Job:
         mol = molecule.to_pyscf(symmetry=opt.symmetry)
         timings: dict = {}
         ranks = ranks_of(opt.backend)
+        nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
+        chk = None
+        if opt.checkpoint is not None:
+            chk = Checkpoint(opt.checkpoint, ranks, restart=opt.restart)
+            chk.check(fingerprint(molecule, opt.basis, opt.symmetry, nfrozen))
 
         t0 = time.perf_counter()
-        ref = self._scf(mol, ranks)
+        ref = chk.reference(mol) if opt.restart else self._scf(mol, ranks)
         timings["scf"] = time.perf_counter() - t0
-        nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
         backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, ranks)
         occ_tile = decision["occ_tile"] if decision is not None else None
+        if chk is not None:
+            tile, occ_tile = chk.tiles(tile, occ_tile, given=opt.tile is not None)
+            chk.start(ref)
         data = {
             "molecule": {"atoms": [[s, list(xyz)] for s, xyz in molecule.atoms], "charge": opt.charge,
                          "point_group_full": molecule.point_group_full},
@@ -135,14 +149,14 @@ class Job:
 
         ctx = Context(backend, **exec_options)
         with ctx:
-            self._correlated(ctx, ref, nfrozen, (tile, occ_tile), method, result)
+            self._correlated(ctx, ref, nfrozen, (tile, occ_tile), method, result, chk)
         # Not in a ``finally``: closing a distributed context is collective, and an error
         # raised on some ranks only must reach the caller (which ends every rank) rather
         # than wait in that collective for ranks that are still computing.
         ctx.close()
         return self._finish(result, t_start)
 
-    def _correlated(self, ctx, ref, nfrozen, tiles, method, result) -> None:
+    def _correlated(self, ctx, ref, nfrozen, tiles, method, result, chk=None) -> None:
         opt, data = self.options, result.data
         timings, energies = data["timings"], data["energies"]
         t0 = time.perf_counter()
@@ -150,7 +164,7 @@ class Job:
         timings["transform"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        ccsd = CCSD(conv=opt.conv, max_iter=opt.max_iter, progress=self.report.iteration)
+        ccsd = CCSD(conv=opt.conv, max_iter=opt.max_iter, progress=self.report.iteration, checkpoint=chk)
         try:
             cc = ccsd.kernel(ints, ctx)
         except ConvergenceError as err:

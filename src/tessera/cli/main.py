@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from tessera.backends.registry import DEFAULT_BACKEND, DEFAULT_SCHEDULE
 from tessera.errors import TesseraError
@@ -48,12 +49,32 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
         if name == "run":
             s.add_argument("--plan-only", action="store_true", help="print the plan and stop")
+            s.add_argument("--checkpoint", metavar="FILE", default=None,
+                           help="HDF5 checkpoint written at every CCSD iteration (default: next to "
+                                "the JSON as <json stem>.chk.h5, else ./tessera.chk.h5)")
+            s.add_argument("--restart", action="store_true",
+                           help="resume from the checkpoint (no SCF: its orbitals are used)")
     return p
+
+
+def _checkpoint_path(args) -> str | None:
+    """--checkpoint, or its default: <json stem>.chk.h5 beside the JSON, else ./tessera.chk.h5."""
+    if args.command != "run" or args.plan_only:
+        return None
+    if args.checkpoint is not None:
+        if args.json and args.checkpoint.strip() and Path(args.checkpoint).resolve() == Path(args.json).resolve():
+            raise TesseraError(f"--checkpoint {args.checkpoint} is also the --json file; choose another name")
+        return args.checkpoint
+    if args.json:
+        json_path = Path(args.json)
+        return str(json_path.with_name(json_path.stem + ".chk.h5"))
+    return "tessera.chk.h5"
 
 
 def _options(args):
     from tessera.chem.job import RunOptions
-    return RunOptions(geometry=args.geometry, basis=args.basis, method=args.method, charge=args.charge,
+    return RunOptions(checkpoint=_checkpoint_path(args), restart=getattr(args, "restart", False),
+                      geometry=args.geometry, basis=args.basis, method=args.method, charge=args.charge,
                       frozen_core=args.frozen_core, backend=args.backend, tile=args.tile, conv=args.conv,
                       variant=args.variant, schedule=args.schedule,
                       max_iter=args.max_iter, symmetry=not args.no_symmetry, scf=args.scf,
@@ -86,7 +107,8 @@ class PrintReport:
         print(f"\nRHF ({d['source']}): E = {d['e_hf']:.10f} Eh  ({d['seconds']:.2f} s)")
 
     def iteration(self, row: dict) -> None:
-        if row["iter"] == 1:
+        if not getattr(self, "_table_started", False):       # also when a restart resumes
+            self._table_started = True
             print(f"\n{'iter':>4s} {'E(corr)':>18s} {'change':>11s} {'residual':>10s} {'seconds':>8s}")
         print(f"{row['iter']:4d} {row['e_corr']:18.12f} {row['delta']:11.3e} {row['residual']:10.3e} "
               f"{row['seconds']:8.2f}")
