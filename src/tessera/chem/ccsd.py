@@ -24,6 +24,11 @@ from tessera.errors import ConvergenceError, InputError
 
 log = logging.getLogger(__name__)
 
+DIIS_SPACE = 6
+# amplitude-sized arrays alive beside the DIIS history at the peak of an iteration: t2,
+# D2, tau, theta, Wvoov, Wvovo, Z and R2 (then R2, the new t2 and the packed vectors)
+AMPLITUDE_COPIES = 8
+
 
 @dataclass(frozen=True)
 class CCSDResult:
@@ -59,7 +64,7 @@ class CCSD:
     """Options for a CCSD calculation; ``kernel(ints)`` runs it and returns a CCSDResult."""
 
     def __init__(self, conv: float = 1e-8, conv_residual: float | None = None,
-                 max_iter: int = 50, diis_space: int = 6, progress=None, checkpoint=None):
+                 max_iter: int = 50, diis_space: int = DIIS_SPACE, progress=None, checkpoint=None):
         if conv <= 0:
             raise InputError(f"--conv must be positive, got {conv}")
         if max_iter < 1:
@@ -143,12 +148,14 @@ class IterationStructure:
     """One CCSD iteration at given tile sizes, planned without data: the cost model's
     and ``tessera plan``'s view of a run. ``plans``: the plans of one iteration;
     ``tensors``: what a run stores (T2 and the integral classes, empty, with their
-    placement); ``tiles``: tile sizes per space."""
+    placement); ``tiles``: tile sizes per space; ``held``: bytes the driver holds beside
+    them (amplitude copies, the DIIS history), spread over the ranks like T2."""
     o: object
     v: object
     plans: list
     tensors: list
     tiles: dict
+    held: dict = field(default_factory=dict)
 
 
 def _structural(t):
@@ -173,9 +180,11 @@ class CCSDStructure:
         o, v = make_spaces(self.orbsym, self._nocc_all, self.nfrozen, tile, occ_tile)
         ctx = PlanningContext()
         with ctx:
-            tensors = {name: _structural(class_tensor(name, o, v)) for name in CLASSES}
+            tensors = {name: _structural(class_tensor(name, o, v)).freeze() for name in CLASSES}
             ints = MOIntegrals(o, v, np.zeros(o.dim), np.zeros(v.dim), tensors, self.nfrozen)
             t1, t2 = _structural(eq.new(ints, "ov", "t1")), _structural(eq.new(ints, "oovv", "t2"))
             eq.residual(ints, t1, t2)
+        amplitudes = 8 * (t1.stored_elements + t2.stored_elements)
+        held = {"amplitudes": (AMPLITUDE_COPIES - 1) * amplitudes, "diis": 2 * DIIS_SPACE * amplitudes}
         return IterationStructure(o, v, ctx.plans, [t2, *tensors.values()],
-                                  {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]})
+                                  {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]}, held)

@@ -21,6 +21,7 @@ from tessera.backends.context import Context, ranks_of
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
 from tessera.chem.ccsd import CCSD, CCSDStructure
 from tessera.chem.checkpoint import Checkpoint, check_path, fingerprint
+from tessera.chem.memory import RunShape, available_memory, check, estimate, parse_size, resident_peak
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.triples import triples_correction
@@ -50,6 +51,7 @@ class RunOptions:
     scf_max_iter: int = 100
     checkpoint: str | None = None    # HDF5 file for the orbitals, amplitudes and DIIS state
     restart: bool = False            # resume from ``checkpoint``
+    max_memory: float | str | None = None   # MiB per rank (or "8G", ...); None: available memory / ranks
 
     def __post_init__(self):
         if self.method.lower() not in METHODS:
@@ -63,6 +65,8 @@ class RunOptions:
         if self.max_iter < 1:
             raise InputError(f"--max-iter must be at least 1, got {self.max_iter}")
         check_options(self.backend, self.variant, self.schedule)
+        if self.max_memory is not None:
+            object.__setattr__(self, "max_memory", parse_size(self.max_memory))
         if self.restart and self.checkpoint is None:
             raise InputError("--restart needs a checkpoint; give --checkpoint FILE")
         if self.checkpoint is not None:
@@ -81,6 +85,7 @@ class Report:
 
     def options(self, options: dict) -> None: ...
     def molecule(self, info: dict) -> None: ...
+    def memory(self, estimate) -> None: ...
     def scf(self, info: dict) -> None: ...
     def iteration(self, row: dict) -> None: ...
     def energies(self, energies: dict, timings: dict) -> None: ...
@@ -110,6 +115,7 @@ class Job:
         timings: dict = {}
         ranks = ranks_of(opt.backend)
         nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
+        memory = self._check_memory(mol, method, nfrozen, ranks)
         chk = None
         if opt.checkpoint is not None:
             chk = Checkpoint(opt.checkpoint, ranks, restart=opt.restart)
@@ -133,6 +139,7 @@ class Job:
             "occupied_per_irrep": _per_irrep(ref.orbsym[:ref.nocc], ref.irrep_names),
             "virtual_per_irrep": _per_irrep(ref.orbsym[ref.nocc:], ref.irrep_names),
         }
+        data["memory"] = {"estimate": memory.as_dict()}
         data.update({k: v for k, v in exec_options.items() if v is not None})
         if decision is not None:
             data["auto"] = decision
@@ -214,6 +221,22 @@ class Job:
         options = {"variant": decision["variant"], "schedule": decision.get("schedule")}
         return decision["backend"], options, decision["tile"], decision
 
+    def _check_memory(self, mol, method, nfrozen, ranks):
+        """The estimate of the peak memory per rank (reported), before any heavy work; an
+        InputError on every rank when it exceeds --max-memory (default: the memory
+        available now, shared by the ranks)."""
+        opt = self.options
+
+        def judge():
+            shape = RunShape(mol, method, opt.backend, opt.variant, ranks.size, opt.tile or 32, None,
+                             nfrozen, runs_distributed(opt.backend))
+            est = estimate(shape)
+            self.report.memory(est)
+            limit = opt.max_memory if opt.max_memory is not None else available_memory() / 2**20 / ranks.size
+            check(est, limit, shape)
+            return est
+        return ranks.share(judge)
+
     def _scf(self, mol, ranks):
         """The RHF reference. Tessera's own SCF is collective (every rank takes part, in an
         mpi-onesided context of its own under MPI, else a serial/threads one);
@@ -238,6 +261,7 @@ class Job:
 
     def _finish(self, result: JobResult, t_start: float) -> JobResult:
         result.data["timings"]["total"] = time.perf_counter() - t_start
+        result.data["memory"]["measured_peak"] = ranks_of(self.options.backend).allgather(resident_peak())
         self.report.energies(result.data["energies"], result.data["timings"])
         return result
 

@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--scf", default="tessera", help="tessera (own distributed RHF) | pyscf")
         s.add_argument("--scf-schedule", default="steal", help="static | nxtval | steal (with --scf tessera)")
         s.add_argument("--scf-max-iter", type=int, default=100)
+        s.add_argument("--max-memory", metavar="SIZE", default=None,
+                       help="memory per rank a run may use: MiB, or with a unit (500M, 8G); a run "
+                            "estimated to need more is refused before the SCF (default: the memory "
+                            "available now, shared by the ranks)")
         s.add_argument("--json", metavar="FILE", help="write the results as JSON")
         s.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
         if name == "run":
@@ -74,6 +78,7 @@ def _checkpoint_path(args) -> str | None:
 def _options(args):
     from tessera.chem.job import RunOptions
     return RunOptions(checkpoint=_checkpoint_path(args), restart=getattr(args, "restart", False),
+                      max_memory=args.max_memory,
                       geometry=args.geometry, basis=args.basis, method=args.method, charge=args.charge,
                       frozen_core=args.frozen_core, backend=args.backend, tile=args.tile, conv=args.conv,
                       variant=args.variant, schedule=args.schedule,
@@ -102,6 +107,9 @@ class PrintReport:
         if "auto" in d:
             from tessera.backends.auto import render
             print(render(d["auto"], limit=6))
+
+    def memory(self, estimate) -> None:
+        print(estimate.render())
 
     def scf(self, d: dict) -> None:
         print(f"\nRHF ({d['source']}): E = {d['e_hf']:.10f} Eh  ({d['seconds']:.2f} s)")

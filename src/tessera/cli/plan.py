@@ -6,7 +6,7 @@ from __future__ import annotations
 from tessera.chem.ccsd import CCSDStructure
 from tessera.chem.job import frozen_core_orbitals
 from tessera.chem.molecule import Molecule
-from tessera.chem.scf.driver import guess_orbitals
+from tessera.chem.memory import RunShape, estimate
 
 
 def print_plan(options, rank: int = 0) -> None:
@@ -18,11 +18,12 @@ def print_plan(options, rank: int = 0) -> None:
     molecule = Molecule.from_xyz(options.geometry, charge=options.charge, basis=options.basis)
     molecule.check_closed_shell()
     mol = molecule.to_pyscf(symmetry=options.symmetry)
-    orbsym, nocc, group, _ = guess_orbitals(mol)
     nfrozen = frozen_core_orbitals(mol) if options.frozen_core else 0
     tile, occ_tile = options.tile or 32, None
     nranks = launched_ranks()
-    structure = CCSDStructure(orbsym, nocc, nfrozen)
+    shape = RunShape(mol, options.method.lower(), options.backend, options.variant, nranks, tile, None,
+                     nfrozen, runs_distributed(options.backend))
+    structure = CCSDStructure(shape.orbsym, shape.nocc, nfrozen)
     if runs_distributed(options.backend):
         from tessera.backends.auto import decide, render
         decision = decide(structure, nranks, backend=options.backend, tile=options.tile,
@@ -32,7 +33,7 @@ def print_plan(options, rank: int = 0) -> None:
     elif options.backend == "auto":
         print("auto decision on 1 rank: backend threads (one process: shared memory)")
     run = structure(tile, occ_tile)
-    print(f"{molecule.point_group_full} -> {group}; tiles: o {run.tiles['o']}, v {run.tiles['v']}")
+    print(f"{molecule.point_group_full} -> {shape.group}; tiles: o {run.tiles['o']}, v {run.tiles['v']}")
     total, peak = 0, 0
     for plan in run.plans:
         print(plan.render())
@@ -40,3 +41,4 @@ def print_plan(options, rank: int = 0) -> None:
         peak = max(peak, plan.peak_memory)
     print(f"\nCCSD iteration: {total:.4e} flops, peak temporary memory {peak / 2**20:.1f} MiB, "
           f"backend {options.backend}")
+    print(estimate(shape.but(tile=tile, occ_tile=occ_tile)).render())
