@@ -38,3 +38,35 @@ def test_plan_command_prints_costs(capsys):
     assert main(["plan", "examples/water.xyz", "--basis", "sto-3g"]) == 0
     out = capsys.readouterr().out
     assert "flops" in out and "CCSD iteration:" in out and "vvvv[acbd]" in out
+
+
+def _term_flops(order, dims):
+    """Dense flops of a three-factor contraction done in ``order`` (hand count)."""
+    flops = 0
+    for pair in order:
+        flops += 2 * int(np.prod([dims[ch] for ch in set("".join(pair))]))
+    return flops
+
+
+def test_pairing_order_is_the_cheapest_path_and_runs_right():
+    """R[ijab] -= W[kdac] t[kb] tau[ijcd]: the cheapest-first-pair rule picks (W t), an
+    o v^4 product; the cheapest path contracts W with tau first (o^3 v^3)."""
+    rng = np.random.default_rng(3)
+    o, v = IndexSpace.from_irreps("o", np.zeros(4, int), 4), IndexSpace.from_irreps("v", np.zeros(12, int), 12)
+    W, t = BlockTensor.random((o, v, v, v), rng=rng, name="W"), BlockTensor.random((o, v), rng=rng, name="t")
+    tau, R = BlockTensor.random((o, o, v, v), rng=rng, name="tau"), BlockTensor((o, o, v, v), 0, name="R")
+    ctx = PlanningContext()
+    with ctx:
+        R["ijab"] -= W["kdac"] * t["kb"] * tau["ijcd"]
+    (plan,) = ctx.plans
+    dims = dict.fromkeys("ijk", 4) | dict.fromkeys("abcd", 12)
+    by_hand = {"W tau first": _term_flops(["kdacijcd", "kaijkb"], dims),
+               "W t first": _term_flops(["kdackb", "dacbijcd"], dims),
+               "t tau first": _term_flops(["kbijcd", "kdackbijcd"], dims)}
+    assert plan.flops == min(by_hand.values()) == by_hand["W tau first"]
+    (choice,) = plan.choices
+    assert sorted(f for _, f, _ in choice.paths) == sorted(by_hand.values())
+    assert "chosen" in plan.render_paths()
+    R["ijab"] -= W["kdac"] * t["kb"] * tau["ijcd"]
+    ref = -np.einsum("kdac,kb,ijcd->ijab", W.to_dense(), t.to_dense(), tau.to_dense())
+    np.testing.assert_allclose(R.to_dense(), ref, atol=1e-10)

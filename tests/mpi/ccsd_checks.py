@@ -105,6 +105,18 @@ def tensor_ops(world) -> dict:
             worst = max(worst, abs(ts.dot(R["ijab"], tau["jiba"]) - float(np.einsum("ijab,jiba", ref, t_)))
                         / abs(float(np.einsum("ijab,jiba", ref, t_))))
             worst = max(worst, abs(R.norm() - float(np.linalg.norm(ref))) / float(np.linalg.norm(ref)))
+            # a symmetric result on the packed pairs i <= j (planner: pack, GEMM, unpack_half)
+            sym = (ts.PermutationalSymmetry((1, 0, 3, 2)),)
+            tauS = BlockTensor((o, o, v, v), 0, name="tauS", symmetry=sym)
+            WS = BlockTensor((v,) * 4, 0, name="WS", symmetry=(ts.PermutationalSymmetry((2, 3, 0, 1)),))
+            RS = BlockTensor((o, o, v, v), 0, name="RS", symmetry=sym)
+            with ts.equations():
+                tauS["ijab"] = tau["ijab"] + tau["jiba"]
+                WS["acbd"] = W["acbd"] + W["bdac"]
+                RS["ijab"] = WS["acbd"] * tauS["ijcd"]
+            t_s, w_s = t_ + t_.transpose(1, 0, 3, 2), w_ + w_.transpose(2, 3, 0, 1)
+            ref = np.einsum("acbd,ijcd->ijab", w_s, t_s)
+            worst = max(worst, float(np.abs(RS.to_dense() - ref).max()) / float(np.abs(ref).max()))
         ctx.close()
         errors[f"{backend}/{variant}/{schedule}"] = worst
     return errors

@@ -62,6 +62,7 @@ BANDWIDTH = 2.0e9     # bytes/s moved per rank (shared memory copies)
 TILES = (48, 32, 24, 16, 12, 8)     # tried from large to small ...
 MAX_PRODUCTS = 60000                # ... down to the first with more block products per iteration
 BALANCE_LIMIT = 1.5
+PLANNER_TEMPORARIES = ("tmp", "pairs", "half")     # names of the tensors the planner makes
 
 ONESIDED_VARIANTS = VARIANTS["mpi-onesided"]
 COLLECTIVE_VARIANTS = VARIANTS["mpi-collective"]
@@ -95,8 +96,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
     pooled: dict = {}            # structure of an intermediate -> its bytes
     for plan in run.plans:
         for step in plan.steps:
-            # a step's matrices, and the planner's intermediates ("tmp") it reads
-            temps = [r.tensor for r in (*step.inputs, step.out) if r.tensor.name == "tmp"]
+            # a step's matrices, and the planner's intermediates it reads
+            temps = [r.tensor for r in (*step.inputs, step.out) if r.tensor.name in PLANNER_TEMPORARIES]
             held = sum(8 * _elements(t) for t in temps if t is not step.out.tensor)
             s["temporary_bytes"] = max(s["temporary_bytes"], step.memory + held)
             for t in temps:        # a distributed storage pools freed arrays by structure

@@ -12,7 +12,7 @@ from functools import partial
 import numpy as np
 
 from tessera.errors import SymmetryError
-from tessera.plan.blocktasks import invert_key
+from tessera.plan.blocktasks import invert_key, pair_block, pair_outputs
 
 # rows of one GEMM task: enough work per task for BLAS, enough tasks for the pool
 _TASK_FLOPS = 2e7
@@ -97,6 +97,10 @@ def add_tasks(step) -> list:
 def _add_one(step, keys, perm) -> None:
     a, out, div = step.inputs[0].tensor, step.out.tensor, step.divisor
     for key in keys:
+        if step.pairs:
+            for okey in pair_outputs(step, key):
+                out.accumulate_block(okey, pair_block(step, okey, a.blocks[key]), step.scale)
+            continue
         okey = tuple(key[p] for p in perm)
         blk = a.blocks[key].transpose(perm)
         if div is not None:

@@ -47,7 +47,7 @@ from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import partition
 from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
-from tessera.plan.blocktasks import invert_key
+from tessera.plan.blocktasks import add_source, hadamard_pairs, invert_key, pair_block
 from tessera.runtime import distribution
 from tessera.runtime.distribution import default_layers, grid_shape, largest_first
 
@@ -239,11 +239,12 @@ class CollectiveExecutor(DistributedExecutor):
     def add_step(self, step) -> None:
         out = step.out.tensor
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
-        from tessera.plan.blocktasks import add_source
         items = []
         for okey in out.allowed_keys():
             dest = out.dist.owner(okey)
             akey, dkey = add_source(step, okey)
+            if akey is None:
+                continue
             items.append((a.dist.ga, akey, dest))
             if d is not None:
                 items.append((d.dist.ga, dkey, dest))
@@ -251,14 +252,18 @@ class CollectiveExecutor(DistributedExecutor):
         t0 = time.perf_counter()
         for okey, view in out.blocks.items():
             akey, dkey = add_source(step, okey)
-            blk = blocks[(a.dist.ga.eid, akey)].transpose(step.perms["a"])
+            if akey is None:
+                continue
+            if step.pairs:
+                blk = pair_block(step, okey, blocks[(a.dist.ga.eid, akey)])
+            else:
+                blk = blocks[(a.dist.ga.eid, akey)].transpose(step.perms["a"])
             if d is not None:
                 blk = blk / blocks[(d.dist.ga.eid, dkey)].transpose(step.perms["d"])
             view += step.scale * blk if step.scale != 1.0 else blk
         self.compute_seconds += time.perf_counter() - t0
 
     def hadamard_step(self, step) -> None:
-        from tessera.plan.blocktasks import hadamard_pairs
         out = step.out.tensor
         a, b = step.inputs[0].tensor, step.inputs[1].tensor
         pairs = hadamard_pairs(step)

@@ -25,7 +25,7 @@ import numpy as np
 from tessera.profile.terms import CommAccount
 from tessera.backends.distributed import TensorStore
 from tessera.errors import InputError, ShapeError
-from tessera.plan.blocktasks import add_source, hadamard_pairs
+from tessera.plan.blocktasks import add_source, hadamard_pairs, pair_block
 
 
 def part_range(ga, key, part) -> tuple:
@@ -158,7 +158,7 @@ class DistributedExecutor(ABC):
         """out[okey] += scale * A[perm] (/ D[perm]) on the owner of every output block."""
         out = step.out.tensor
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
-        srcs = {okey: add_source(step, okey) for okey in out.blocks}
+        srcs = {okey: src for okey in out.blocks if (src := add_source(step, okey))[0] is not None}
         req = [(a, s[0]) for s in srcs.values()]
         if d is not None:
             req += [(d, s[1]) for s in srcs.values()]
@@ -166,7 +166,10 @@ class DistributedExecutor(ABC):
         t0 = time.perf_counter()
         perm = step.perms["a"]
         for okey, (akey, dkey) in srcs.items():
-            blk = blocks[(a.uid, akey)].transpose(perm)
+            if step.pairs:
+                blk = pair_block(step, okey, blocks[(a.uid, akey)])
+            else:
+                blk = blocks[(a.uid, akey)].transpose(perm)
             if d is not None:
                 blk = blk / blocks[(d.uid, dkey)].transpose(step.perms["d"])
             view = out.blocks[okey]

@@ -1,8 +1,16 @@
 """Closed-shell (spin-adapted) CCSD amplitude equations, written once as expressions.
 
-Terms follow Hirata et al., J. Chem. Phys. 120, 2581 (2004), Eqs. (35)-(36), in the
-arrangement of PySCF's ``rccsd``/``rintermediates`` (chemists' integrals (pq|rs)), for
-canonical RHF orbitals (f_ia = 0, diagonal f_ij and f_ab moved into the denominators).
+The arrangement is PySCF's ``cc/ccsd.py`` (``update_amps`` with ``_add_ovvv_``), the
+lean form of the closed-shell equations of Scuseria, Janssen and Schaefer, J. Chem.
+Phys. 89, 7382 (1988) (chemists' integrals (pq|rs)), for canonical RHF orbitals (f_ia =
+0, diagonal f_ij and f_ab moved into the denominators). The T2 residual is built as Z
+and enters as R2 = Z_ijab + Z_jiba, so terms symmetric in (ia)<->(jb) carry 1/2 and each
+asymmetric term is computed once; the particle-hole ring takes four o^3 v^3
+contractions (two W intermediates, built with combined amplitudes, each applied once),
+the ovvv term one (ovvv with tau first, then t1). The ladder and the Woooo terms are
+symmetric and go to R2 directly; the planner runs them on the pairs i <= j
+(``plan.planner._symmetric_half``). Per iteration about o^2 v^4 + 10 o^3 v^3 + 2 o^4 v^2 flops
+in C1.
 Letters: i j k l occupied, a b c d virtual. Each term carries its cost.
 """
 
@@ -14,9 +22,12 @@ from tessera.tensor.block_tensor import BlockTensor, PermutationalSymmetry
 T2_SYMMETRY = (PermutationalSymmetry((1, 0, 3, 2)),)
 
 
-def new(ints, letters: str, name: str) -> BlockTensor:
-    sym = T2_SYMMETRY if letters == "oovv" else ()
-    return BlockTensor(ints.spaces(letters), 0, name=name, symmetry=sym)
+def new(ints, letters: str, name: str, symmetry=None) -> BlockTensor:
+    """A zero tensor over ``letters``; oovv tensors are declared pair-symmetric (X[ijab] =
+    X[jiba]) unless ``symmetry`` says otherwise."""
+    if symmetry is None:
+        symmetry = T2_SYMMETRY if letters == "oovv" else ()
+    return BlockTensor(ints.spaces(letters), 0, name=name, symmetry=symmetry)
 
 
 def make_tau(ints, t1, t2):
@@ -37,54 +48,58 @@ def correlation_energy(ints, t1, t2) -> float:
 def residual(ints, t1, t2):
     """Right-hand sides (without the orbital-energy diagonal) of the T1 and T2 equations."""
     I = ints  # noqa: E741  (integral classes: I.ovov[iajb] = (ia|jb), ...)
-    tau, theta = make_tau(ints, t1, t2)
-    Foo, Fvv, Fov = new(I, "oo", "Foo"), new(I, "vv", "Fvv"), new(I, "ov", "Fov")
-    Loo, Lvv = new(I, "oo", "Loo"), new(I, "vv", "Lvv")
-    Woooo = new(I, "oooo", "Woooo")
-    Wvoov, Wvovo = new(I, "voov", "Wvoov"), new(I, "vovo", "Wvovo")
-    r1, r2, Z = new(I, "ov", "R1"), new(I, "oovv", "R2"), new(I, "oovv", "Z")
+    tau, _ = make_tau(ints, t1, t2)
+    u, tauh, th = new(I, "oovv", "u"), new(I, "oovv", "tauh"), new(I, "oovv", "th")
+    taup, taupp = new(I, "oovv", "taup"), new(I, "ovov", "taupp")
+    Fov, fvv, foo = new(I, "ov", "Fov"), new(I, "vv", "fvv"), new(I, "oo", "foo")
+    ftv, fto = new(I, "vv", "ftv"), new(I, "oo", "fto")
+    Woooo = new(I, "oooo", "Woooo", T2_SYMMETRY)                  # Woooo[ijkl] = Woooo[jilk]
+    X0, X = new(I, "voov", "X0"), new(I, "voov", "X")
+    VO, W2, Y = new(I, "voov", "VO"), new(I, "voov", "W2"), new(I, "ovov", "Y")
+    r1, r2, Z = new(I, "ov", "R1"), new(I, "oovv", "R2"), new(I, "oovv", "Z", symmetry=())
 
     with ts.equations():
-        # one-body intermediates (Hirata Eq. 36; PySCF cc_Foo, cc_Fvv, cc_Fov, Loo, Lvv)
-        Foo["ki"] += I.ovov["kcld"] * theta["ilcd"]                     # o3v2
-        Fvv["ac"] -= I.ovov["kcld"] * theta["klad"]                     # o2v3
-        Fov["kc"] += 2.0 * I.ovov["kcld"] * t1["ld"] - I.ovov["kdlc"] * t1["ld"]   # o2v2
-        Loo["ki"] += Foo["ki"] + 2.0 * I.ovoo["lcki"] * t1["lc"] - I.ovoo["kcli"] * t1["lc"]  # o3v
-        Lvv["ac"] += Fvv["ac"] + 2.0 * I.ovvv["kdac"] * t1["kd"] - I.ovvv["kcad"] * t1["kd"]  # ov3
+        # combined amplitudes (o2v2 each)
+        u["ijab"] = 2.0 * t2["ijab"] - t2["ijba"]
+        tauh["ijab"] = t2["ijab"] + 0.5 * t1["ia"] * t1["jb"]
+        th["ijab"] = 2.0 * tauh["ijab"] - tauh["ijba"]
+        taup["jkca"] = 0.5 * t2["jkca"] + t1["jc"] * t1["ka"]
+        taupp["kcjb"] = 2.0 * t2["jkbc"] - t2["kjbc"] - 2.0 * t1["kb"] * t1["jc"]
+        VO["aikc"] = I.ovov["iakc"] - 0.5 * I.ovov["kaic"]
+
+        # one-body intermediates (PySCF fov, fvv, foo; ft_ab, ft_ij)
+        Fov["kc"] += 2.0 * I.ovov["kcld"] * t1["ld"] - I.ovov["kdlc"] * t1["ld"]          # o2v2
+        fvv["ab"] += (2.0 * I.ovvv["kcab"] * t1["kc"] - I.ovvv["kbca"] * t1["kc"]          # ov3
+                      - th["jica"] * I.ovov["jcib"])                                      # o2v3
+        foo["ij"] += (2.0 * I.ovoo["kcji"] * t1["kc"] - I.ovoo["icjk"] * t1["kc"]          # o3v
+                      + I.ovov["iakb"] * th["jkab"])                                      # o3v2
+        ftv["ab"] += fvv["ab"] - 0.5 * t1["ia"] * Fov["ib"]
+        fto["ij"] += foo["ij"] + 0.5 * t1["ja"] * Fov["ia"]
 
         # two-body intermediates
-        Woooo["klij"] += (I.oooo["kilj"] + I.ovoo["lcki"] * t1["jc"]    # o4v
-                          + I.ovoo["kclj"] * t1["ic"] + I.ovov["kcld"] * tau["ijcd"])  # o4v2
-        Wvoov["akic"] += (I.ovvv["kcad"] * t1["id"] - I.ovoo["kcli"] * t1["la"]        # o2v3
-                          + I.ovov["kcia"]
-                          - 0.5 * I.ovov["ldkc"] * t2["ilda"] - 0.5 * I.ovov["lckd"] * t2["ilad"]  # o3v3
-                          - I.ovov["ldkc"] * t1["id"] * t1["la"] + I.ovov["ldkc"] * t2["ilad"])
-        Wvovo["akci"] += (I.ovvv["kdac"] * t1["id"] - I.ovoo["lcki"] * t1["la"]        # o2v3
-                          + I.oovv["kiac"]
-                          - 0.5 * I.ovov["lckd"] * t2["ilda"]                          # o3v3
-                          - I.ovov["lckd"] * t1["id"] * t1["la"])
+        Woooo["ijkl"] += (I.oooo["ikjl"] + I.ovoo["kalj"] * t1["ia"] + I.ovoo["laki"] * t1["ja"]  # o4v
+                          + I.ovov["kalb"] * tau["ijab"])                                 # o4v2 / 2
+        X0["bija"] += -I.ovvv["icba"] * t1["jc"] + I.ovoo["kbij"] * t1["ka"] - I.oovv["ijba"]  # o2v3
+        X["bija"] += X0["bija"] + I.ovov["kbic"] * taup["jkca"]                          # o3v3
+        W2["aijb"] += (I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]              # o2v3
+                       + 0.5 * X0["aijb"] + I.ovov["iajb"]
+                       + 0.5 * VO["aikc"] * taupp["kcjb"])                                # o3v3
+        Y["jaib"] += t2["jkca"] * X["ckib"]                                               # o3v3
 
     with ts.equations():
-        # T1 (PySCF rccsd.update_amps, t1new)
-        r1["ia"] += (Fvv["ac"] * t1["ic"] - Foo["ki"] * t1["ka"]
-                     + 2.0 * Fov["kc"] * t2["kica"] - Fov["kc"] * t2["ikca"]
-                     + Fov["kc"] * t1["ic"] * t1["ka"]
-                     + 2.0 * I.ovov["kcia"] * t1["kc"] - I.oovv["kiac"] * t1["kc"]
-                     + I.ovvv["kdac"] * theta["ikcd"]                                   # o2v3
-                     - I.ovoo["lcki"] * theta["klac"])                                  # o3v2
+        r1["ia"] += (-I.oovv["jiab"] * t1["jb"] + 2.0 * I.ovov["iajb"] * t1["jb"]
+                     + I.ovvv["jcba"] * u["ijbc"]                                         # o2v3
+                     + Fov["jb"] * u["ijab"] - I.ovoo["jbki"] * u["kjab"]                 # o3v2
+                     + fvv["ab"] * t1["ib"] - foo["ji"] * t1["ja"])
 
-        # T2: terms that are symmetric in (ia)<->(jb) go straight to r2
-        r2["ijab"] += I.ovov["iajb"]
-        r2["ijab"] += Woooo["klij"] * tau["klab"]                                      # o4v2
-        r2["ijab"] += I.vvvv["acbd"] * tau["ijcd"]                                     # o2v4
-        r2["ijab"] -= I.ovvv["kdac"] * t1["kb"] * tau["ijcd"]                          # o3v3
-        r2["ijab"] -= I.ovvv["kcbd"] * t1["ka"] * tau["ijcd"]                          # o3v3
-
-        # the rest, Z, enters as Z_ijab + Z_jiba
-        Z["ijab"] += (I.ovvv["iacb"] * t1["jc"] - I.oovv["kibc"] * t1["ka"] * t1["jc"]  # o2v3
-                      - I.ovov["kcia"] * t1["jc"] * t1["kb"] - I.ovoo["iajk"] * t1["kb"]  # o3v2
-                      + Lvv["ac"] * t2["ijcb"] - Loo["ki"] * t2["kjab"]                 # o2v3, o3v2
-                      + 2.0 * Wvoov["akic"] * t2["kjcb"] - Wvovo["akci"] * t2["kjcb"]   # o3v3
-                      - Wvoov["akic"] * t2["kjbc"] - Wvovo["bkci"] * t2["kjac"])        # o3v3
+        # symmetric in (ia)<->(jb): straight to R2, computed on the pairs i <= j (planner)
+        r2["ijab"] += I.vvvv["acbd"] * tau["ijcd"] + Woooo["ijkl"] * tau["klab"]        # o2v4 / 2, o4v2 / 2
+        Z["ijab"] += (-I.ovvv["kcdb"] * tau["ijcd"] * t1["ka"]                           # o3v3
+                      + I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]             # o2v3
+                      + 0.5 * I.ovov["iajb"]
+                      - I.oovv["kjac"] * t1["kb"] * t1["ic"] - I.ovov["iakc"] * t1["kb"] * t1["jc"]
+                      + Y["jaib"] + 0.5 * Y["iajb"]
+                      + u["kica"] * W2["ckjb"]                                            # o3v3
+                      + t2["ijac"] * ftv["bc"] - fto["ki"] * t2["kjab"])                  # o2v3, o3v2
         r2["ijab"] += Z["ijab"] + Z["jiba"]
     return r1, r2

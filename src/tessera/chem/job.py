@@ -19,7 +19,7 @@ import numpy as np
 
 from tessera.backends.context import Context, ranks_of
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
-from tessera.chem.ccsd import CCSD, CCSDStructure
+from tessera.chem.ccsd import CCSD, CCSDStructure, minimal_flops
 from tessera.chem.checkpoint import Checkpoint, check_path, fingerprint
 from tessera.chem.memory import RunShape, available_memory, check, estimate, parse_size, resident_peak
 from tessera.chem.integrals import transform
@@ -187,8 +187,12 @@ class Job:
             "t2_elements_stored": cc.t2.stored_elements, "t2_elements_dense": cc.t2.dense_elements,
             "integrals_elements_stored": ints.stored_elements,
             "integrals_elements_dense": ints.dense_elements,
+            "classes": {name: {"stored": t.stored_elements, "dense": t.dense_elements}
+                        for name, t in (("t2", cc.t2), *((c, ints.tensors[c]) for c in ("vvvv", "ovvv", "ovov", "oooo")))},
         }
-        data["flops"] = {"ccsd_per_iteration": cc.flops_per_iteration}
+        minimal = minimal_flops(ints.o, ints.v)
+        data["flops"] = {"ccsd_per_iteration": cc.flops_per_iteration, "ccsd_minimal_per_iteration": minimal,
+                         "ccsd_over_minimal": cc.flops_per_iteration / minimal if minimal else None}
         if ctx.distributed:
             data["memory_per_rank"] = memory_per_rank(ctx, cc.t2, ints)
         if method == "ccsd(t)" and result.converged:

@@ -3,7 +3,7 @@ from structure only: the orbitals per irrep of the initial guess, no SCF, no int
 
 from __future__ import annotations
 
-from tessera.chem.ccsd import CCSDStructure
+from tessera.chem.ccsd import CCSDStructure, minimal_flops
 from tessera.chem.job import frozen_core_orbitals
 from tessera.chem.molecule import Molecule
 from tessera.chem.memory import RunShape, estimate
@@ -39,6 +39,13 @@ def print_plan(options, rank: int = 0) -> None:
         print(plan.render())
         total += plan.flops
         peak = max(peak, plan.peak_memory)
-    print(f"\nCCSD iteration: {total:.4e} flops, peak temporary memory {peak / 2**20:.1f} MiB, "
+    paths = "\n".join(p.render_paths() for p in run.plans if p.choices)
+    if paths:
+        print("\npairing orders of the multi-factor terms (flops, largest intermediate), cheapest chosen:")
+        print(paths)
+    minimal = minimal_flops(run.o, run.v)
+    print(f"\nminimal count (o2v4 + 8o3v3 + o4v2 on this block structure): {minimal:.4e} flops; "
+          f"planned/minimal {total / minimal:.2f}")
+    print(f"CCSD iteration: {total:.4e} flops, peak temporary memory {peak / 2**20:.1f} MiB, "
           f"backend {options.backend}")
     print(estimate(shape.but(tile=tile, occ_tile=occ_tile)).render())

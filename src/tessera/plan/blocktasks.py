@@ -15,6 +15,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from tessera.tensor.pairs import pack_block, unpack_half_block
+
 
 class Product(NamedTuple):
     """One GEMM of a block task: A block (m x k after permutation) times B block (k x n)."""
@@ -97,7 +99,29 @@ def hadamard_pairs(step) -> dict:
 
 
 def add_source(step, okey) -> tuple:
-    """(A key, divisor key or None) that an ``add`` step reads for output block ``okey``."""
+    """(A key, divisor key or None) that an ``add`` step reads for output block ``okey``
+    (A key None: the block receives nothing)."""
+    if step.pairs == "pack":
+        return step.out.tensor.spaces[0].tile_pairs[okey[0]] + tuple(okey[1:]), None
+    if step.pairs == "unpack_half":      # nothing below the diagonal tile pairs
+        pairs = step.inputs[0].tensor.spaces[0]
+        return (None if okey[0] > okey[1] else (pairs.tile_of[okey[:2]],) + tuple(okey[2:])), None
     akey = invert_key(okey, step.perms["a"])
     dkey = invert_key(okey, step.perms["d"]) if step.divisor is not None else None
     return akey, dkey
+
+
+def pair_outputs(step, akey) -> list:
+    """Output keys of a ``pack`` / ``unpack_half`` step that source block ``akey`` feeds."""
+    if step.pairs == "pack":
+        return [] if akey[0] > akey[1] else [(step.out.tensor.spaces[0].tile_of[akey[:2]],) + tuple(akey[2:])]
+    return [step.inputs[0].tensor.spaces[0].tile_pairs[akey[0]] + tuple(akey[1:])]
+
+
+def pair_block(step, okey, block):
+    """The output block ``okey`` of a ``pack`` / ``unpack_half`` step from its source block."""
+    if step.pairs == "pack":
+        s, t = step.out.tensor.spaces[0].tile_pairs[okey[0]]
+        return pack_block(block, s == t)
+    base = step.out.tensor.spaces[0]
+    return unpack_half_block(block, base.tiles[okey[0]].size, base.tiles[okey[1]].size, okey[0] == okey[1])

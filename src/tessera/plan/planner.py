@@ -4,11 +4,15 @@ Each term ``s * A * B * ... [/ D]`` becomes a chain of pairwise steps: contracti
 (one GEMM per symmetry sector, see ``layout``), Hadamard-type products (indices shared
 by both factors and the output, block by block), and permuted, scaled additions. Factors
 are combined greedily, cheapest pair first, through intermediates that hold only the
-indices still needed. Only symmetry-allowed block combinations appear.
+indices still needed. The pairing order of a term is cost-optimal: every order is
+costed on the block-sparse structure it will run (sector GEMM flops, then the largest
+intermediate), and the cheapest is taken (exhaustive search; terms have few factors).
+Only symmetry-allowed block combinations appear.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,7 +20,8 @@ import numpy as np
 from tessera.errors import ShapeError
 from tessera.expr.terms import Ref, Update
 from tessera.plan.layout import Sector, group_irreps, matrix_layout
-from tessera.tensor.block_tensor import BlockTensor
+from tessera.tensor.block_tensor import BlockTensor, allowed_elements
+from tessera.tensor.pairs import pair_space
 
 
 @dataclass
@@ -29,6 +34,7 @@ class Step:
     label: str = ""           # the update this step belongs to (from the expression)
     sectors: list = field(default_factory=list)
     perms: dict = field(default_factory=dict)
+    pairs: str | None = None  # an "add" through a pair space: "pack" | "unpack_half" (tensor.pairs)
     flops: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -40,10 +46,21 @@ class Step:
         return f"{self.kind:8s} {self.out.tensor.name or 'tmp'}[{self.out.indices}] += {self.scale:+g} {ins}{div}"
 
 
+@dataclass(frozen=True)
+class PathChoice:
+    """The pairing orders of one multi-factor term: (path, flops, largest intermediate
+    elements), cheapest first; ``paths[0]`` is the one planned."""
+
+    label: str
+    term: str
+    paths: tuple
+
+
 @dataclass
 class Plan:
     steps: list
     labels: list
+    choices: list = field(default_factory=list)
 
     @property
     def flops(self) -> int:
@@ -68,18 +85,28 @@ class Plan:
         lines.append(f"total {self.flops:.4e} flops, peak temporary memory {self.peak_memory / 2**20:.1f} MiB")
         return "\n".join(lines)
 
+    def render_paths(self) -> str:
+        """The pairing chosen for each term of three or more factors, against the others."""
+        lines = []
+        for c in self.choices:
+            lines.append(f"  {c.term}")
+            for n, (path, flops, elems) in enumerate(c.paths):
+                mark = "chosen" if n == 0 else f"{flops / max(c.paths[0][1], 1):6.2f}x"
+                lines.append(f"    {mark:>7s} {flops:11.3e} flops {8 * elems / 2**20:9.1f} MiB  {path}")
+        return "\n".join(lines)
+
 
 def plan_updates(updates: list) -> Plan:
-    steps, labels = [], []
+    steps, labels, choices = [], [], []
     for up in updates:
         label = up.describe()
         labels.append(label)
-        steps.extend(_plan_update(up, label))
-    return Plan(steps, labels)
+        steps.extend(_plan_update(up, label, choices))
+    return Plan(steps, labels, choices)
 
 
 # ------------------------------------------------------------------------- updates
-def _plan_update(up: Update, label: str) -> list:
+def _plan_update(up: Update, label: str, choices: list) -> list:
     target = up.target
     terms = up.expr.terms()
     aliased = any(r.tensor is target.tensor for t in terms for r in _refs(t))
@@ -90,7 +117,7 @@ def _plan_update(up: Update, label: str) -> list:
     elif not up.accumulate:
         steps.append(Step("zero", target, label=label))
     for t in terms:
-        steps.extend(_plan_term(t, out, label))
+        steps.extend(_plan_term(t, out, label, choices))
     if aliased:
         if not up.accumulate:
             steps.append(Step("zero", target, label=label))
@@ -113,7 +140,7 @@ def _letter_spaces(refs: list, label: str) -> dict:
     return spaces
 
 
-def _plan_term(term, out: Ref, label: str) -> list:
+def _plan_term(term, out: Ref, label: str, choices: list) -> list:
     spaces = _letter_spaces([out] + _refs(term), label)
     factors = list(term.factors)
     have = set("".join(r.indices for r in factors))
@@ -125,9 +152,14 @@ def _plan_term(term, out: Ref, label: str) -> list:
         irrep ^= r.tensor.irrep
     if irrep != out.tensor.irrep and len(factors) > 0:
         raise ShapeError(f"{label}: the term has irrep {irrep}, the target {out.tensor.irrep}")
+    if len(factors) == 2 and term.divisor is None:
+        half = _symmetric_half(factors, out, term.scale, label)
+        if half:
+            return half
     steps = []
+    order = _best_order(factors, out, term, label, choices)
     while len(factors) > 1:
-        i, j = _cheapest_pair(factors, out, term.divisor, spaces)
+        i, j = order.pop(0)
         a, b = factors[i], factors[j]
         rest = [f for n, f in enumerate(factors) if n not in (i, j)]
         last = not rest and term.divisor is None
@@ -152,15 +184,64 @@ def _ordered_union(x: str, y: str) -> str:
     return x + "".join(ch for ch in y if ch not in x)
 
 
-def _cheapest_pair(factors, out, divisor, spaces) -> tuple:
-    best, pair = None, (0, 1)
-    for i in range(len(factors)):
-        for j in range(i + 1, len(factors)):
-            letters = set(factors[i].indices) | set(factors[j].indices)
-            cost = int(np.prod([spaces[ch].dim for ch in letters], dtype=np.float64))
-            if best is None or cost < best:
-                best, pair = cost, (i, j)
-    return pair
+@dataclass(frozen=True)
+class _Operand:
+    """A factor during the path search: its letters, spaces and irrep."""
+
+    indices: str
+    spaces: tuple
+    irrep: int
+    name: str
+
+
+def _best_order(factors, out: Ref, term, label: str, choices: list) -> list:
+    """The pair choices (positions in the shrinking factor list, as ``_plan_term`` uses
+    them) of the cheapest pairing order: fewest flops, then smallest largest intermediate."""
+    if len(factors) < 3:
+        return [(0, 1)] if len(factors) == 2 else []
+    final = set(out.indices) | set(term.divisor.indices if term.divisor is not None else "")
+    ops = [_Operand(r.indices, tuple(r.tensor.spaces), r.tensor.irrep, r.tensor.name or "tmp")
+           for r in factors]
+    paths = sorted(_orders(ops, final), key=lambda p: (p[1], p[2]))
+    show = " * ".join(f"{op.name}[{op.indices}]" for op in ops)
+    choices.append(PathChoice(label, show, tuple((p[3], p[1], p[2]) for p in paths)))
+    return list(paths[0][0])
+
+
+def _orders(ops: list, final: set) -> list:
+    """Every pairing order of ``ops``: (pair choices, flops, largest intermediate, text)."""
+    if len(ops) == 1:
+        return [((), 0, 0, ops[0].name)]
+    out = []
+    for i in range(len(ops)):
+        for j in range(i + 1, len(ops)):
+            a, b = ops[i], ops[j]
+            rest = [op for n, op in enumerate(ops) if n not in (i, j)]
+            keep = final | set("".join(op.indices for op in rest))
+            letters = "".join(ch for ch in _ordered_union(a.indices, b.indices) if ch in keep)
+            sp = dict(zip(a.indices, a.spaces)) | dict(zip(b.indices, b.spaces))
+            made = _Operand(letters, tuple(sp[ch] for ch in letters), a.irrep ^ b.irrep,
+                            f"({a.name}[{a.indices}] {b.name}[{b.indices}])")
+            flops = _pair_flops(a, b, set(letters))
+            elems = allowed_elements(made.spaces, made.irrep) if rest else 0
+            for choices, f, m, text in _orders(rest + [made], final):
+                out.append((((i, j),) + choices, flops + f, max(elems, m), text))
+    return out
+
+
+def _pair_flops(a: _Operand, b: _Operand, keep: set) -> int:
+    """Flops of one pairwise step on the block structure: the sector GEMMs of a
+    contraction, or the dense count of a Hadamard-type product (as the step is run)."""
+    sp = dict(zip(a.indices, a.spaces)) | dict(zip(b.indices, b.spaces))
+    shared = set(a.indices) & set(b.indices)
+    if shared & keep:
+        return 2 * int(np.prod([sp[ch].dim for ch in sp], dtype=np.float64))
+    grp = lambda letters: tuple(sp[ch] for ch in letters)  # noqa: E731
+    ext_a = [ch for ch in a.indices if ch in keep]
+    contr = [ch for ch in a.indices if ch in shared]
+    ext_b = [ch for ch in b.indices if ch in keep]
+    return sum(2 * matrix_layout(grp(ext_a), a.irrep ^ g).total * matrix_layout(grp(contr), g).total
+               * matrix_layout(grp(ext_b), b.irrep ^ g).total for g in group_irreps(grp(contr)))
 
 
 # ------------------------------------------------------------------------- steps
@@ -176,6 +257,82 @@ def _add_step(a: Ref, out: Ref, scale: float, divisor, label: str) -> Step:
     nbytes = a.tensor.nbytes
     return Step("add", out, (a,), scale, divisor, label, perms=perms,
                 flops=a.tensor.stored_elements, bytes_in=nbytes, bytes_out=nbytes)
+
+
+# ------------------------------------------------------------------------- symmetric results
+def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
+    """Steps that compute a contraction on the canonical pairs only, or [] when the rule
+    does not apply. It applies when the target declares a symmetry ``sym`` swapping its
+    first two axes (one space, e.g. R2[ijab] = R2[jiba]), one factor F carries those two
+    letters first (tau[ijcd]), and the declared symmetries of both factors prove the term
+    itself symmetric under ``sym`` (a renaming of the summed letters maps each factor to
+    itself). Then F is packed to its pairs i <= j, contracted (half the GEMM rows),
+    unpacked to a half H (pairs i < j and half of i = j, ``tensor.pairs``), and H plus
+    its transpose by ``sym`` is added to the target: the ladder of closed-shell CCSD at
+    o(o+1)/2 v^4 instead of o^2 v^4 (PySCF's packed ``_add_vvvv``)."""
+    t = out.tensor
+    if t.spaces[0] is not t.spaces[1] or len(set(out.indices)) != len(out.indices):
+        return []
+    for ps in t.symmetry:
+        sym = tuple(ps.perm)
+        if ps.sign != 1 or sym[:2] != (1, 0) or any(sym[sym[k]] != k for k in range(len(sym))):
+            continue
+        for n, F in enumerate(factors):
+            G = factors[1 - n]
+            if F.indices[:2] != out.indices[:2] or set(F.indices[:2]) & set(G.indices):
+                continue
+            if not _term_symmetric(F, G, out, sym):
+                continue
+            pairs = pair_space(t.spaces[0])
+            p = next(ch for ch in "PQXYZpqxyz" if ch not in F.indices + G.indices + out.indices)
+            packed = Ref(BlockTensor((pairs,) + F.tensor.spaces[2:], F.tensor.irrep, name="pairs"),
+                         p + F.indices[2:])
+            result = Ref(BlockTensor((pairs,) + t.spaces[2:], t.irrep, name="pairs"), p + out.indices[2:])
+            half = Ref(BlockTensor(t.spaces, t.irrep, name="half", placement=t.placement), out.indices)
+            return [_pair_map(F, packed, "pack", label),
+                    _pair_step(G, packed, result, scale, label),
+                    _pair_map(result, half, "unpack_half", label),
+                    _add_step(half, out, 1.0, None, label),
+                    _add_step(Ref(half.tensor, "".join(out.indices[sym[k]] for k in range(len(sym)))),
+                              out, 1.0, None, label)]
+    return []
+
+
+def _pair_map(a: Ref, out: Ref, kind: str, label: str) -> Step:
+    return Step("add", out, (a,), 1.0, None, label, perms={"a": tuple(range(a.tensor.ndim))}, pairs=kind,
+                bytes_in=a.tensor.nbytes, bytes_out=out.tensor.nbytes)
+
+
+def _term_symmetric(F: Ref, G: Ref, out: Ref, sym: tuple) -> bool:
+    """Whether F*G summed over its repeated letters is invariant under the output
+    symmetry ``sym`` (an involution on out's axes), given the factors' declared
+    symmetries: some renaming of the summed letters maps each factor onto an index
+    string its symmetry group makes equal."""
+    rename = {out.indices[k]: out.indices[sym[k]] for k in range(len(sym))}
+    summed = sorted(set(F.indices + G.indices) - set(out.indices))
+    for image in itertools.permutations(summed):
+        full = rename | dict(zip(summed, image))
+        if all("".join(full[ch] for ch in r.indices) in _equal_strings(r) for r in (F, G)):
+            return True
+    return False
+
+
+def _equal_strings(ref: Ref) -> set:
+    """Index strings under which ``ref``'s tensor has the same values (its declared
+    symmetries with sign +1, closed under composition)."""
+    perms = [tuple(ps.perm) for ps in ref.tensor.symmetry if ps.sign == 1]
+    seen, todo = {ref.indices}, [ref.indices]
+    while todo:
+        s = todo.pop()
+        for perm in perms:
+            moved = [""] * len(s)
+            for k, p in enumerate(perm):     # T = T.transpose(perm): T[x] = T[y], y[perm[k]] = x[k]
+                moved[p] = s[k]
+            m = "".join(moved)
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
 
 
 def _pair_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:

@@ -77,7 +77,7 @@ def _allowed_keys(spaces: tuple, irrep: int) -> tuple:
 
 
 @lru_cache(maxsize=4096)
-def _allowed_elements(spaces: tuple, irrep: int) -> int:
+def allowed_elements(spaces: tuple, irrep: int) -> int:
     return int(sum(int(np.prod([s.tiles[t].size for s, t in zip(spaces, k)], dtype=np.int64))
                    for k in _allowed_keys(spaces, irrep)))
 
@@ -320,7 +320,7 @@ class BlockTensor:
     def stored_elements(self) -> int:
         """Elements stored (over all processes for a distributed tensor)."""
         if self.dist is not None:
-            return _allowed_elements(self.spaces, self.irrep)
+            return allowed_elements(self.spaces, self.irrep)
         return int(sum(b.size for b in self.blocks.values()))
 
     @property
