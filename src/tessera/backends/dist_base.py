@@ -24,6 +24,7 @@ import numpy as np
 
 from tessera.profile.terms import CommAccount
 from tessera.backends.distributed import TensorStore
+from tessera.backends.local import threads_per_rank
 from tessera.errors import InputError, ShapeError
 from tessera.plan.blocktasks import add_source, hadamard_pairs, pair_block
 
@@ -53,7 +54,8 @@ class DistributedExecutor(ABC):
         self.account = CommAccount(self.world)
         # one rank per core: BLAS single-threaded unless asked (threaded BLAS on small block
         # GEMMs next to other busy ranks costs more than it gains)
-        self.blas_threads = env_int("TESSERA_BLAS_THREADS", 1)
+        # (OMP_NUM_THREADS, as set by --threads, when TESSERA_BLAS_THREADS is not)
+        self.blas_threads = env_int("TESSERA_BLAS_THREADS", threads_per_rank() or 1)
         self.compute_seconds = 0.0
         self.closed = False
         self._dirty: dict = {}        # uid -> "acc" | "local": written since the last barrier

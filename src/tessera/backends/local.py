@@ -2,8 +2,9 @@
 
 ``serial`` runs tasks in order on one thread with single-threaded BLAS: the
 deterministic reference. ``threads`` runs them on a pool with dynamic scheduling; BLAS
-releases the GIL, and threadpoolctl keeps pool threads x BLAS threads <= cores.
-Executors are made by name in ``registry``.
+releases the GIL, and threadpoolctl keeps pool threads x BLAS threads <= cores (the
+threads per rank: ``OMP_NUM_THREADS`` when set, which ``tessera run --threads`` sets,
+else the cores this process may use). Executors are made by name in ``registry``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,18 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def threads_per_rank() -> int | None:
+    """The threads a process may use as asked by ``OMP_NUM_THREADS`` (its first value),
+    or None when it is not set."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise InputError(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']!r} is not a positive "
+                         "integer; expected the threads per process, e.g. 4: fix or unset it")
+    return int(value)
 
 
 class SerialExecutor:
@@ -37,7 +50,7 @@ class ThreadsExecutor:
     name = "threads"
 
     def __init__(self, workers: int | None = None):
-        cores = available_cores()
+        cores = threads_per_rank() or available_cores()
         self.workers = int(workers or cores)
         if self.workers < 1:
             raise InputError(f"threads executor needs at least 1 worker, got {workers}")

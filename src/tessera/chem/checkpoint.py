@@ -59,12 +59,17 @@ def check_path(path, geometry=None, restart: bool = False) -> Path:
     return p
 
 
-def fingerprint(molecule, basis: str, symmetry: bool, nfrozen: int) -> dict:
+def fingerprint(molecule: dict, basis: str, symmetry: bool, nfrozen: int, reference=None) -> dict:
     """What a checkpoint must share with the run that resumes from it (the tile layout
-    is added once the tiles are known)."""
-    return {"atoms": [[s, [round(float(x), 8) for x in xyz]] for s, xyz in molecule.atoms],
-            "charge": int(molecule.charge), "basis": str(basis).strip().lower(),
-            "symmetry": bool(symmetry), "frozen_core": int(nfrozen)}
+    is added once the tiles are known): ``molecule`` as the job reports it (atoms in Å,
+    charge); a ``reference`` given with the input (an FCIDUMP, a PySCF mean field) adds
+    its energy and orbital counts."""
+    out = {"atoms": [[s, [round(float(x), 8) for x in xyz]] for s, xyz in molecule["atoms"]],
+           "charge": int(molecule["charge"]), "basis": str(basis).strip().lower(),
+           "symmetry": bool(symmetry), "frozen_core": int(nfrozen)}
+    if reference is not None:
+        out["reference"] = [round(float(reference.e_hf), 8), int(reference.nocc), int(reference.nmo)]
+    return out
 
 
 @dataclass

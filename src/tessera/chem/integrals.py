@@ -4,7 +4,9 @@
 only at the blocks that point-group symmetry allows: oooo, ovoo, oovv, ovov, ovvv, vvvv.
 
 The transformation is two task sets run on the current context (``chem/ao2mo.py``):
-one driver for local and distributed tensors alike.
+one driver for local and distributed tensors alike. A reference of the MO kind (an
+FCIDUMP: integrals without a basis) has its class blocks cut from its packed MO
+integrals instead, by their owners (one task set, ``mo_classes``).
 """
 
 from __future__ import annotations
@@ -123,10 +125,37 @@ def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
     index = {"o": o.orbitals, "v": v.orbitals + nocc}            # space position -> active MO
     with context:
         tensors = {name: class_tensor(name, o, v) for name in CLASSES}
-        stats = transform_classes(context, ref.mol, ref.mo_coeff[:, nfrozen:], index, tensors, int(slab_bytes))
+        if ref.eri_mo is not None:
+            stats = mo_classes(context, ref.eri_mo, {k: i + nfrozen for k, i in index.items()}, tensors)
+        else:
+            stats = transform_classes(context, ref.mol, ref.mo_coeff[:, nfrozen:], index, tensors, int(slab_bytes))
     for t in tensors.values():
         t.freeze()
     return MOIntegrals(o, v, ref.mo_energy[nfrozen:ref.nocc], ref.mo_energy[ref.nocc:], tensors, nfrozen, stats)
+
+
+def mo_classes(context, eri_s8, index, tensors) -> dict:
+    """Fill the class tensors from 8-fold packed MO integrals ``eri_s8`` (every rank holds
+    them); ``index[letter]``: space position -> MO index. Each block is cut by its owner."""
+    from tessera.backends.tasks import TaskSet
+    from tessera.chem.ao2mo import pair_index
+
+    work = [(name, t, key) for name, t in tensors.items() for key in t.allowed_keys()]
+
+    def cut(j: int, _blocks) -> float:
+        name, t, key = work[j]
+        idx = [index[ch][sp.slice(k)] for ch, sp, k in zip(name, t.spaces, key)]
+        pq, rs = pair_index(idx[0], idx[1]), pair_index(idx[2], idx[3])
+        t.store_block(key, eri_s8[pair_index(pq.ravel(), rs.ravel())].reshape(t.block_shape(key)))
+        return 0.0
+
+    home = [t.dist.owner(key) if t.dist is not None else 0 for _, t, key in work]
+    costs = [int(np.prod(t.block_shape(key))) for _, t, key in work]
+    context.run_tasks(TaskSet("transform: MO integrals", costs, cut, home=home))
+    for t in tensors.values():
+        if t.dist is not None:
+            t.dist.sync()
+    return {"mo_integrals": int(eri_s8.size), "ranks": int(context.ranks.size)}
 
 
 def denominator(spaces: tuple, energies: tuple, signs: tuple, name: str = "D") -> BlockTensor:

@@ -13,17 +13,18 @@ communication per equation term and the memory held per rank.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
 from tessera.backends.context import Context, ranks_of
+from tessera.backends.local import available_cores, threads_per_rank
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
 from tessera.chem.ccsd import CCSD, CCSDStructure, minimal_flops
 from tessera.chem.checkpoint import Checkpoint, check_path, fingerprint
 from tessera.chem.memory import RunShape, available_memory, check, estimate, parse_size, resident_peak
+from tessera.chem.inputs import load, with_model
 from tessera.chem.integrals import transform
-from tessera.chem.molecule import Molecule
 from tessera.chem.triples import triples_correction
 from tessera.errors import ConvergenceError, InputError
 from tessera.profile.records import memory_table, slowest
@@ -34,7 +35,7 @@ SCF_CODES = ("pyscf", "tessera")
 
 @dataclass(frozen=True)
 class RunOptions:
-    geometry: str
+    geometry: object                 # XYZ/Z-matrix/QCSchema/FCIDUMP file or text, or a pyscf Mole (chem/inputs.py)
     basis: str = "cc-pvdz"
     method: str = "ccsd(t)"
     charge: int = 0
@@ -52,6 +53,7 @@ class RunOptions:
     checkpoint: str | None = None    # HDF5 file for the orbitals, amplitudes and DIIS state
     restart: bool = False            # resume from ``checkpoint``
     max_memory: float | str | None = None   # MiB per rank (or "8G", ...); None: available memory / ranks
+    units: str = "angstrom"          # of an XYZ or Z-matrix geometry: angstrom | bohr
 
     def __post_init__(self):
         if self.method.lower() not in METHODS:
@@ -78,6 +80,8 @@ class JobResult:
     data: dict = field(default_factory=dict)
     converged: bool = True
     error: str = ""
+    reference: object = field(default=None, repr=False)   # the Reference the run used
+    tensors: dict = field(default_factory=dict, repr=False)   # local runs: integrals, t1, t2
 
 
 class Report:
@@ -104,25 +108,31 @@ class Job:
         self.options = options
         self.report = report or Report()
 
-    def kernel(self) -> JobResult:
-        opt = self.options
-        method = opt.method.lower()
+    def kernel(self, reference=None) -> JobResult:
+        """The run; ``reference`` (a converged Reference of the geometry's molecule, e.g.
+        from a PySCF mean-field object) replaces the SCF."""
         t_start = time.perf_counter()
-        self.report.options(asdict(opt))
-        molecule = Molecule.from_xyz(opt.geometry, charge=opt.charge, basis=opt.basis)
-        molecule.check_closed_shell()
-        mol = molecule.to_pyscf(symmetry=opt.symmetry)
+        opt = self.options
+        source = load(opt.geometry, basis=opt.basis, charge=opt.charge, units=opt.units, symmetry=opt.symmetry)
+        opt = self.options = with_model(opt, source.model)
+        method = opt.method.lower()
+        self.report.options({f.name: getattr(opt, f.name) for f in fields(opt)})
+        mol = source.mol
+        if opt.frozen_core and mol is None:
+            raise InputError("--frozen-core needs a molecule to find the core orbitals; an FCIDUMP "
+                             "has none: drop --frozen-core (or dump only the active orbitals)")
         timings: dict = {}
         ranks = ranks_of(opt.backend)
         nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
-        memory = self._check_memory(mol, method, nfrozen, ranks)
+        given = reference or source.reference
+        memory = self._check_memory(mol, method, nfrozen, ranks, given)
         chk = None
         if opt.checkpoint is not None:
             chk = Checkpoint(opt.checkpoint, ranks, restart=opt.restart)
-            chk.check(fingerprint(molecule, opt.basis, opt.symmetry, nfrozen))
+            chk.check(fingerprint(source.molecule, source.basis, opt.symmetry, nfrozen, given))
 
         t0 = time.perf_counter()
-        ref = chk.reference(mol) if opt.restart else self._scf(mol, ranks)
+        ref = given or (chk.reference(mol) if opt.restart else self._scf(mol, ranks))
         timings["scf"] = time.perf_counter() - t0
         backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, ranks)
         occ_tile = decision["occ_tile"] if decision is not None else None
@@ -130,12 +140,13 @@ class Job:
             tile, occ_tile = chk.tiles(tile, occ_tile, given=opt.tile is not None)
             chk.start(ref)
         data = {
-            "molecule": {"atoms": [[s, list(xyz)] for s, xyz in molecule.atoms], "charge": opt.charge,
-                         "point_group_full": molecule.point_group_full},
-            "basis": opt.basis, "point_group": ref.point_group, "nao": int(mol.nao),
+            "molecule": source.molecule,
+            "basis": source.basis, "point_group": ref.point_group, "nao": int(mol.nao if mol else ref.nmo),
             "nocc": int(ref.nocc), "nvir": int(ref.nvir), "frozen_core": nfrozen,
             "backend": backend, "tile": tile, "occ_tile": occ_tile or tile, "method": method, "scf": opt.scf,
-            "ranks": ranks.size,
+            "ranks": ranks.size, "threads_per_rank": 1 if backend == "serial" else threads_per_rank() or (
+                1 if ranks.size > 1 else available_cores()),
+            "nuclear_repulsion": ref.e_nuc,
             "occupied_per_irrep": _per_irrep(ref.orbsym[:ref.nocc], ref.irrep_names),
             "virtual_per_irrep": _per_irrep(ref.orbsym[ref.nocc:], ref.irrep_names),
         }
@@ -150,7 +161,7 @@ class Job:
         data["energies"] = energies
         data["timings"] = timings
         data["converged"] = True
-        result = JobResult(data)
+        result = JobResult(data, reference=ref)
         if method == "hf":
             return self._finish(result, t_start)
 
@@ -207,6 +218,8 @@ class Job:
                     "peak_operand_bytes": list(tr.rank_peak_operand_bytes),
                     "peak_share_of_whole": tr.peak_share, "task_tile": tr.task_tile}
         data["profile"] = slowest(ctx.profile)
+        if not ctx.distributed:
+            result.tensors = {"integrals": ints, "t1": cc.t1, "t2": cc.t2}
         if ctx.distributed:
             summary = ctx.executor.account.summary()
             data["communication"] = summary
@@ -225,7 +238,7 @@ class Job:
         options = {"variant": decision["variant"], "schedule": decision.get("schedule")}
         return decision["backend"], options, decision["tile"], decision
 
-    def _check_memory(self, mol, method, nfrozen, ranks):
+    def _check_memory(self, mol, method, nfrozen, ranks, reference=None):
         """The estimate of the peak memory per rank (reported), before any heavy work; an
         InputError on every rank when it exceeds --max-memory (default: the memory
         available now, shared by the ranks)."""
@@ -233,7 +246,7 @@ class Job:
 
         def judge():
             shape = RunShape(mol, method, opt.backend, opt.variant, ranks.size, opt.tile or 32, None,
-                             nfrozen, runs_distributed(opt.backend))
+                             nfrozen, runs_distributed(opt.backend), reference)
             est = estimate(shape)
             self.report.memory(est)
             limit = opt.max_memory if opt.max_memory is not None else available_memory() / 2**20 / ranks.size

@@ -107,13 +107,22 @@ class RunShape:
     the molecule's size and the run's choices."""
 
     def __init__(self, mol, method: str, backend: str, variant, nranks: int, tile: int,
-                 occ_tile: int | None, nfrozen: int, distributed: bool):
+                 occ_tile: int | None, nfrozen: int, distributed: bool, reference=None):
+        """``reference``: the orbitals when they are known before the run (an FCIDUMP, a
+        PySCF mean field), else the initial guess of ``mol`` gives them."""
         from tessera.backends.local import available_cores
         from tessera.chem.job import frozen_core_orbitals
         from tessera.chem.scf.driver import guess_orbitals
-        self.orbsym, self.nocc, self.group, _ = guess_orbitals(mol)
+        if reference is not None:
+            self.orbsym, self.nocc, self.group = np.asarray(reference.orbsym), reference.nocc, reference.point_group
+        else:
+            self.orbsym, self.nocc, self.group, _ = guess_orbitals(mol)
+        self.nao = int(mol.nao) if mol is not None else len(self.orbsym)
+        self.chemcore = frozen_core_orbitals(mol) if mol is not None else 0
+        # an FCIDUMP's MO integrals, held whole while its classes are filled
+        eri = getattr(reference, "eri_mo", None)
+        self.mo_eri_bytes = int(eri.nbytes) if eri is not None else 0
         threads = available_cores() if backend in ("threads", "auto") and not distributed else 1
-        self.nao, self.chemcore = int(mol.nao), frozen_core_orbitals(mol)
         self.method, self.backend, self.variant = method, backend, variant
         self.nranks, self.tile, self.occ_tile = int(nranks), int(tile), occ_tile
         self.nfrozen, self.threads, self.distributed = int(nfrozen), int(threads), bool(distributed)
@@ -156,7 +165,10 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     max_cols = max(1, min(SLAB_BYTES // (16 * npair), npair // (4 * P)))
     row_chunk = min(group_rows, max(1, SLAB_BYTES // (16 * npair)))
     slabs = 8 * (max_cols * (npair + nact * (nact + 1)) + 2 * row_chunk * npair)
-    parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * npair / P, "slabs": T * slabs}
+    if shape.mo_eri_bytes:
+        parts["transform"] = {"integrals": stored, "fcidump integrals": shape.mo_eri_bytes}
+    else:
+        parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * npair / P, "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)
     if shape.method == "ccsd(t)":
         from tessera.chem.triples_tasks import DEFAULT_CACHE_MB

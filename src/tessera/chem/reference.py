@@ -14,9 +14,13 @@ class Reference:
     ``orbsym[p]`` is the irrep of orbital ``p`` as a bit label of the Abelian point group
     (D2h and its subgroups): the product of two irreps is their XOR, as in PySCF's
     ``IRREP_ID`` tables.  ``irrep_names[label]`` names each label in ``point_group``.
+
+    Two kinds: from a molecule (``mol`` set; the transform computes the MO integrals from
+    the AO basis and ``mo_coeff``), or from MO integrals alone (an FCIDUMP: ``mol`` None,
+    ``mo_coeff`` the identity, ``h1_mo`` and ``eri_mo`` the integrals).
     """
 
-    mol: object                 # pyscf.gto.Mole, built, with the symmetry actually used
+    mol: object                 # pyscf.gto.Mole, built, with the symmetry actually used; None: MO kind
     e_hf: float
     e_nuc: float
     mo_coeff: np.ndarray        # (nao, nmo)
@@ -29,6 +33,8 @@ class Reference:
     iterations: int = 0
     source: str = "pyscf"       # which SCF produced it
     info: dict = field(default_factory=dict)   # SCF-specific data (schedules, screening, ...)
+    h1_mo: np.ndarray | None = None    # MO kind: core Hamiltonian (nmo, nmo)
+    eri_mo: np.ndarray | None = None   # MO kind: (pq|rs), 8-fold packed (pyscf.ao2mo 's8')
 
     @property
     def nmo(self) -> int:

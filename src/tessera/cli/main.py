@@ -21,10 +21,13 @@ from tessera.errors import TesseraError
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tessera", description="Block-sparse coupled-cluster calculations.")
+    p.add_argument("--version", action="version", version=f"tessera {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("run", "run a calculation"), ("plan", "print the plan of one CCSD iteration")):
         s = sub.add_parser(name, help=text)
-        s.add_argument("geometry", help="XYZ file (Angstrom)")
+        s.add_argument("geometry", help="XYZ file (Angstrom, or see --units), Z-matrix (.zmat), "
+                                        "QCSchema molecule or AtomicInput (.json), or FCIDUMP")
+        s.add_argument("--units", default="angstrom", help="of an XYZ or Z-matrix geometry: angstrom | bohr")
         s.add_argument("--basis", default="cc-pvdz")
         s.add_argument("--method", default="ccsd(t)", help="hf | ccsd | ccsd(t)")
         s.add_argument("--charge", type=int, default=0)
@@ -58,7 +61,24 @@ def _parser() -> argparse.ArgumentParser:
                                 "the JSON as <json stem>.chk.h5, else ./tessera.chk.h5)")
             s.add_argument("--restart", action="store_true",
                            help="resume from the checkpoint (no SCF: its orbitals are used)")
+            s.add_argument("--threads", type=_positive_int, default=None,
+                           help="threads per rank (BLAS and the threads backend); default "
+                                "OMP_NUM_THREADS, else all cores (1 BLAS thread per MPI rank)")
+            s.add_argument("--qcschema", metavar="FILE", help="write a QCSchema AtomicResult (JSON)")
+            s.add_argument("--fcidump-out", metavar="FILE", help="write the integrals as an FCIDUMP")
+            s.add_argument("--molden", metavar="FILE", help="write the orbitals in Molden format")
     return p
+
+
+def _version() -> str:
+    from tessera import __version__
+    return __version__
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise TesseraError(f"--threads {text!r} is not a positive integer; expected e.g. --threads 4")
+    return int(text)
 
 
 def _checkpoint_path(args) -> str | None:
@@ -83,7 +103,7 @@ def _options(args):
                       frozen_core=args.frozen_core, backend=args.backend, tile=args.tile, conv=args.conv,
                       variant=args.variant, schedule=args.schedule,
                       max_iter=args.max_iter, symmetry=not args.no_symmetry, scf=args.scf,
-                      scf_schedule=args.scf_schedule, scf_max_iter=args.scf_max_iter)
+                      scf_schedule=args.scf_schedule, scf_max_iter=args.scf_max_iter, units=args.units)
 
 
 class PrintReport:
@@ -103,7 +123,8 @@ class PrintReport:
         print("  virtual per irrep:  " + ", ".join(f"{k} {v}" for k, v in d["virtual_per_irrep"].items()))
         extra = ", ".join(f"{k} {d[k]}" for k in ("variant", "schedule") if d.get(k))
         print(f"Backend {d['backend']}{' (' + extra + ')' if extra else ''} on {d.get('ranks', 1)} rank(s), "
-              f"tile {d['tile']}" + (f" (occupied {d['occ_tile']})" if d.get("occ_tile") != d["tile"] else ""))
+              f"{d['threads_per_rank']} thread(s) per rank, tile {d['tile']}"
+              + (f" (occupied {d['occ_tile']})" if d.get("occ_tile") != d["tile"] else ""))
         if "auto" in d:
             from tessera.backends.auto import render
             print(render(d["auto"], limit=6))
@@ -156,7 +177,13 @@ def _rank(backend: str) -> int:
 
 def _run(args) -> int:
     from tessera.chem.job import Job, Report
+    if getattr(args, "threads", None):
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)     # read by the executors
     options = _options(args)
+    if args.command == "run":
+        from tessera.chem.fcidump import is_fcidump
+        from tessera.chem.outputs import check_outputs
+        check_outputs(is_fcidump(args.geometry), qcschema=args.qcschema, molden=args.molden)
     rank = _rank(options.backend)
     if rank != 0:
         logging.getLogger().setLevel(logging.ERROR)
@@ -173,6 +200,9 @@ def _run(args) -> int:
                 json.dump(result.data, f, indent=1, default=float)
         except OSError as err:
             raise TesseraError(f"cannot write --json {args.json}: {err.strerror}") from None
+    if rank == 0:
+        from tessera.chem.outputs import write_outputs
+        write_outputs(result, qcschema=args.qcschema, fcidump=args.fcidump_out, molden=args.molden)
     if not result.converged:
         if rank == 0:
             print(f"error: {result.error}", file=sys.stderr)
@@ -203,7 +233,11 @@ def _abort_all(world, err) -> None:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except TesseraError as err:          # an option's own check (argparse types)
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

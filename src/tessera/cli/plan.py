@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tessera.chem.ccsd import CCSDStructure, minimal_flops
 from tessera.chem.job import frozen_core_orbitals
-from tessera.chem.molecule import Molecule
+from tessera.chem.inputs import load
 from tessera.chem.memory import RunShape, estimate
 
 
@@ -15,14 +15,16 @@ def print_plan(options, rank: int = 0) -> None:
     if rank != 0:
         return
     from tessera.backends.registry import launched_ranks, runs_distributed
-    molecule = Molecule.from_xyz(options.geometry, charge=options.charge, basis=options.basis)
-    molecule.check_closed_shell()
-    mol = molecule.to_pyscf(symmetry=options.symmetry)
-    nfrozen = frozen_core_orbitals(mol) if options.frozen_core else 0
+    source = load(options.geometry, basis=options.basis, charge=options.charge, units=options.units,
+                  symmetry=options.symmetry)
+    mol = source.mol
+    nfrozen = frozen_core_orbitals(mol) if options.frozen_core and mol is not None else 0
     tile, occ_tile = options.tile or 32, None
     nranks = launched_ranks()
+    # an FCIDUMP's orbitals are its reference's, else those of the initial guess
     shape = RunShape(mol, options.method.lower(), options.backend, options.variant, nranks, tile, None,
-                     nfrozen, runs_distributed(options.backend))
+                     nfrozen, runs_distributed(options.backend), source.reference)
+    group = shape.group
     structure = CCSDStructure(shape.orbsym, shape.nocc, nfrozen)
     if runs_distributed(options.backend):
         from tessera.backends.auto import decide, render
@@ -33,7 +35,7 @@ def print_plan(options, rank: int = 0) -> None:
     elif options.backend == "auto":
         print("auto decision on 1 rank: backend threads (one process: shared memory)")
     run = structure(tile, occ_tile)
-    print(f"{molecule.point_group_full} -> {shape.group}; tiles: o {run.tiles['o']}, v {run.tiles['v']}")
+    print(f"{source.molecule['point_group_full']} -> {group}; tiles: o {run.tiles['o']}, v {run.tiles['v']}")
     total, peak = 0, 0
     for plan in run.plans:
         print(plan.render())
