@@ -8,9 +8,16 @@ Per molecule: PySCF RHF (conv_tol 1e-11) and CCSD (conv_tol 1e-9) give the ampli
 orbitals and amplitudes, PySCF's ``mycc.ccsd_t(eris=...)`` (its AO->MO integrals built
 before the clock starts) with 1 and with all OpenMP threads, and Tessera's
 ``triples_correction`` (``transform`` done before the clock starts) with the serial and
-the threads executor. Best of --repeat wall times; ratios Tessera/PySCF at equal cores.
-Writes bench/results/triples.json (load average included: the machine may be shared).
-No assertions.
+the threads executor, alternating: each repetition runs PySCF 1 thread, Tessera serial,
+PySCF all threads, Tessera threads. Best of --repeat wall times; ratios Tessera/PySCF at
+equal cores. Tessera's GFLOP/s (GEMM flops / wall time) is set against a DGEMM peak taken
+right before and after each of its runs in the same process: a square dgemm (n = --peak-n)
+with as many BLAS threads as the executor has cores (the better of the two), per wall
+second and per CPU second (the latter ratio is the one that holds on a shared machine,
+where a long run and a short peak see different loads). Its flops
+against the minimal count of (T) on the molecule's block structure too. Writes
+bench/results/triples.json (load average included: the machine may be shared). No
+assertions.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import numpy as np
 from pyscf import cc, gto, lib, scf
 from pyscf.data import elements
 from pyscf.scf import hf_symm
+from scipy.linalg.blas import dgemm
+from threadpoolctl import threadpool_limits
 
 from tessera.backends.context import Context
 from tessera.backends.local import available_cores
@@ -67,14 +76,21 @@ def amplitudes(path: Path, basis: str, symmetry: bool, frozen: bool, cache: Path
     return mol, mf, nfz, orbsym, mycc.t1, mycc.t2
 
 
-def best(fn, repeat: int):
-    """(value, best wall seconds, process CPU seconds of that run)."""
-    runs, value = [], None
-    for _ in range(repeat):
-        c0, t0 = time.process_time(), time.perf_counter()
-        value = fn()
-        runs.append((time.perf_counter() - t0, time.process_time() - c0))
-    return (value, *min(runs))
+def timed(fn):
+    """(value, wall seconds, process CPU seconds)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - t0, time.process_time() - c0
+
+
+def dgemm_peak(n: int, threads: int) -> tuple:
+    """(GFLOP per wall second, GFLOP per CPU second) of the best of three square n x n
+    dgemm with ``threads`` BLAS threads."""
+    a = np.asfortranarray(np.random.default_rng(0).random((n, n)))
+    c = np.zeros((n, n), order="F")
+    with threadpool_limits(limits=threads, user_api="blas"):
+        runs = [timed(lambda: dgemm(1.0, a, a, beta=0.0, c=c, overwrite_c=1))[1:] for _ in range(3)]
+    return 2.0 * n ** 3 / min(t for t, _ in runs) / 1e9, 2.0 * n ** 3 / min(c for _, c in runs) / 1e9
 
 
 def bench_one(path: Path, basis, symmetry, frozen, args) -> dict:
@@ -85,24 +101,41 @@ def bench_one(path: Path, basis, symmetry, frozen, args) -> dict:
     eris = mycc.ao2mo()
     row = {"molecule": path.stem, "basis": basis, "group": mol.groupname, "nao": mol.nao,
            "nocc": t1.shape[0], "nvir": t1.shape[1], "frozen": nfz, "cores": cores}
-    for threads in sorted({1, cores}):
-        with lib.with_omp_threads(threads):
-            e, t, cpu = best(lambda: mycc.ccsd_t(t1, t2, eris), args.repeat)
-        row[f"pyscf_{threads}"], row[f"pyscf_{threads}_cpu"] = t, cpu
-        row["e_pyscf"] = float(e)
     ref = Reference(mol, float(mf.e_tot), mol.energy_nuc(), np.asarray(mf.mo_coeff),
                     np.asarray(mf.mo_energy), np.asarray(orbsym), mol.nelectron // 2, mol.groupname)
     ints = transform(ref, nfz, args.tile)
     bt1 = BlockTensor.from_dense(t1, (ints.o, ints.v))
     bt2 = BlockTensor.from_dense(t2, (ints.o, ints.o, ints.v, ints.v))
-    for backend, threads in (("serial", 1), ("threads", cores)):
-        ctx = Context(backend)
-        res, t, cpu = best(lambda: triples_correction(ints, bt1, bt2, context=ctx,
-                                                      occ_tile=args.occ_tile), args.repeat)
+    contexts = {"serial": Context("serial"), "threads": Context("threads")}
+    runs = {}                                   # name -> [(wall, cpu, extra)]
+    for _ in range(args.repeat):
+        for backend, threads in (("serial", 1), ("threads", cores)):
+            with lib.with_omp_threads(threads):
+                e, t, cpu = timed(lambda: mycc.ccsd_t(t1, t2, eris))
+            runs.setdefault(f"pyscf_{threads}", []).append((t, cpu, float(e)))
+            before = dgemm_peak(args.peak_n, threads)
+            res, t, cpu = timed(lambda: triples_correction(ints, bt1, bt2, context=contexts[backend],
+                                                           occ_tile=args.occ_tile))
+            peak = tuple(map(max, before, dgemm_peak(args.peak_n, threads)))
+            runs.setdefault(f"tessera_{backend}", []).append((t, cpu, (res, peak)))
+    for ctx in contexts.values():
         ctx.close()
-        row[f"tessera_{backend}"], row[f"tessera_{backend}_cpu"] = t, cpu
-        row[f"ratio_{backend}"] = t / row[f"pyscf_{threads}"]
-        row.update(e_tessera=res.energy, gflop=res.flops / 1e9, tasks=res.tasks, task_tile=res.task_tile)
+    for name, rs in runs.items():
+        t, cpu, extra = min(rs, key=lambda r: r[0])
+        row[name], row[f"{name}_cpu"] = t, cpu
+        if name.startswith("pyscf"):
+            row["e_pyscf"] = extra
+            continue
+        res, peak = extra
+        backend = name.split("_")[1]
+        gflops, gflops_cpu = res.flops / t / 1e9, res.flops / cpu / 1e9
+        row.update({f"ratio_{backend}": t / row[f"pyscf_{1 if backend == 'serial' else cores}"],
+                    f"gflops_{backend}": gflops, f"dgemm_peak_{backend}": peak[0],
+                    f"peak_fraction_{backend}": gflops / peak[0],
+                    f"gflops_cpu_{backend}": gflops_cpu, f"dgemm_peak_cpu_{backend}": peak[1],
+                    f"peak_fraction_cpu_{backend}": gflops_cpu / peak[1]})
+        row.update(e_tessera=res.energy, gflop=res.flops / 1e9, minimal_gflop=res.minimal_flops / 1e9,
+                   flops_ratio=res.flops / res.minimal_flops, tasks=res.tasks, task_tile=res.task_tile)
     row["e_diff"] = row["e_tessera"] - row["e_pyscf"]
     return row
 
@@ -116,26 +149,32 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--tile", type=int, default=32, help="MO tile size of the transformation")
     ap.add_argument("--occ-tile", type=int, default=None)
+    ap.add_argument("--peak-n", type=int, default=2000, help="size of the square dgemm of the peak")
     ap.add_argument("--cache", type=Path, default=None, help="folder for cached amplitudes")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "triples.json")
     args = ap.parse_args(argv)
     jobs = ([(Path(p), not args.no_symmetry, args.frozen_core) for p in args.xyz] if args.xyz
             else [(ROOT / p, s, f) for p, s, f in DEFAULT])
     rows = []
-    print("wall seconds, best of --repeat (1t: CPU seconds of the same run in brackets)")
-    print(f"{'molecule':10s} {'group':5s} {'o':>3s} {'v':>4s} {'GFLOP':>7s} {'PySCF 1t':>16s} "
-          f"{'Tess serial':>16s} {'ratio':>6s} {'PySCF nt':>9s} {'Tess thr':>9s} {'ratio':>6s} {'dE':>9s}")
+    print("wall seconds, best of --repeat (1t: CPU seconds of the same run in brackets); GF/s: "
+          "Tessera's GFLOP/s / the DGEMM peak of the same moment (per CPU second in brackets: "
+          "the fraction that holds on a loaded machine)")
+    print(f"{'molecule':10s} {'group':5s} {'o':>3s} {'v':>4s} {'GFLOP':>7s} {'xmin':>5s} {'PySCF 1t':>16s} "
+          f"{'Tess serial':>16s} {'ratio':>6s} {'GF/s 1t':>19s} {'PySCF nt':>9s} {'Tess thr':>9s} "
+          f"{'ratio':>6s} {'GF/s nt':>19s} {'dE':>9s} {'load':>5s}")
     for path, symmetry, frozen in jobs:
         load = os.getloadavg()[0]
         r = bench_one(path, args.basis, symmetry, frozen, args)
         r["loadavg_before"], r["loadavg_after"] = load, os.getloadavg()[0]
         rows.append(r)
         nt = r["cores"]
+        gf = (lambda b: f"{r[f'gflops_{b}']:4.1f}/{r[f'dgemm_peak_{b}']:4.1f}={r[f'peak_fraction_{b}']:3.0%}"
+              f" ({r[f'peak_fraction_cpu_{b}']:3.0%})")
         print(f"{r['molecule']:10s} {r['group']:5s} {r['nocc']:3d} {r['nvir']:4d} {r['gflop']:7.1f} "
-              f"{r['pyscf_1']:7.2f} ({r['pyscf_1_cpu']:6.2f}) {r['tessera_serial']:7.2f} "
-              f"({r['tessera_serial_cpu']:6.2f}) {r['ratio_serial']:6.2f} "
+              f"{r['flops_ratio']:5.2f} {r['pyscf_1']:7.2f} ({r['pyscf_1_cpu']:6.2f}) {r['tessera_serial']:7.2f} "
+              f"({r['tessera_serial_cpu']:6.2f}) {r['ratio_serial']:6.2f} {gf('serial'):>19s} "
               f"{r[f'pyscf_{nt}']:9.2f} {r['tessera_threads']:9.2f} {r['ratio_threads']:6.2f} "
-              f"{r['e_diff']:9.1e}", flush=True)
+              f"{gf('threads'):>19s} {r['e_diff']:9.1e} {r['loadavg_after']:5.1f}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": " ".join(sys.argv), "repeat": args.repeat,
                                     "rows": rows}, indent=1))

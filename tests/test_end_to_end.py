@@ -42,4 +42,6 @@ def test_ccsd_t_water(pyscf_water, scf_code, frozen_core):
     assert d["frozen_core"] == int(frozen_core)
     assert 0 < d["storage"]["t2_elements_stored"] < d["storage"]["t2_elements_dense"]
     assert d["flops"]["ccsd_per_iteration"] > 0 and d["flops"]["triples"] > 0
+    assert d["flops"]["triples"] == d["flops"]["triples_minimal"] and d["flops"]["triples_over_minimal"] == 1.0
+    assert d["flops"]["triples_gflops_per_second"] > 0
     assert [row["iter"] for row in d["iterations"]] == list(range(1, len(d["iterations"]) + 1))

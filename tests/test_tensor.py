@@ -231,3 +231,44 @@ def test_pair_space_and_round_trip():
         mirror = half.get((key[1], key[0], key[3], key[2]))
         got = half.get(key, 0) + (0 if mirror is None else mirror.transpose(1, 0, 3, 2))
         np.testing.assert_array_equal(got, tau.blocks[key])
+
+
+VVVV_SYMMETRY = tuple(ts.PermutationalSymmetry(p) for p in ((1, 0, 2, 3), (0, 1, 3, 2), (2, 3, 0, 1)))
+
+
+def _eightfold(v, rng):
+    """A random dense (ab|cd) with the 8-fold symmetry of real two-electron integrals."""
+    x = rand("abcd", None, v, rng).to_dense()
+    for perm in ((1, 0, 2, 3), (0, 1, 3, 2), (2, 3, 0, 1)):
+        x = x + x.transpose(perm)
+    return x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(3))
+def test_canonical_blocks_store_one_block_per_orbit(backend, seed):
+    """canonical=True stores one block per orbit of the symmetry group; the other blocks
+    are transposed views: to_dense is the full tensor, contractions with it (as any
+    operand position) equal numpy.einsum, and equations cannot write into it."""
+    o, v, rng = spaces(200 + seed, nirrep=[1, 2, 4][seed], tile=2)
+    d = _eightfold(v, rng)
+    with ts.Context(backend):
+        V = BlockTensor.from_dense(d, (v,) * 4, 0, name="V", symmetry=VVVV_SYMMETRY, canonical=True)
+        full = BlockTensor.from_dense(d, (v,) * 4, 0, name="full")
+        np.testing.assert_array_equal(V.to_dense(), d)
+        n = len(v.tiles)
+        assert len(V.stored_keys()) < len(V.allowed_keys()) / 4 + n**2 and V.stored_elements < 0.5 * full.stored_elements
+        assert all(np.shares_memory(V.blocks[a], V.blocks[c]) for a, (c, _) in V.aliases.items())
+        tau = rand("ijcd", o, v, rng)
+        R = ts.einsum("acbd,ijcd->ijab", V, tau)
+        S = ts.einsum("ijcd,cdab->ijab", tau, V)
+        ref = np.einsum("acbd,ijcd->ijab", d, tau.to_dense())
+        np.testing.assert_allclose(R.to_dense(), ref, atol=1e-12 * np.abs(ref).max())
+        np.testing.assert_allclose(S.to_dense(), np.einsum("ijcd,cdab->ijab", tau.to_dense(), d),
+                                   atol=1e-12 * np.abs(ref).max())
+        key = next(iter(V.aliases))                       # writing an alias writes its orbit
+        blk = np.arange(np.prod(V.block_shape(key)), dtype=float).reshape(V.block_shape(key))
+        V.store_block(key, blk)
+        np.testing.assert_array_equal(V.blocks[key], blk)
+        with pytest.raises(ShapeError, match="canonical"):
+            V["abcd"] = full["abcd"]

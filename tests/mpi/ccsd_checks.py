@@ -117,6 +117,17 @@ def tensor_ops(world) -> dict:
             t_s, w_s = t_ + t_.transpose(1, 0, 3, 2), w_ + w_.transpose(2, 3, 0, 1)
             ref = np.einsum("acbd,ijcd->ijab", w_s, t_s)
             worst = max(worst, float(np.abs(RS.to_dense() - ref).max()) / float(np.abs(ref).max()))
+            # a canonical-block operand (one block per orbit, aliases fetched and permuted)
+            w8 = w_s + w_s.transpose(1, 0, 2, 3)
+            w8 = w8 + w8.transpose(0, 1, 3, 2)
+            W8 = BlockTensor.from_dense(w8, (v,) * 4, 0, name="W8", canonical=True, symmetry=tuple(
+                ts.PermutationalSymmetry(p) for p in ((1, 0, 2, 3), (0, 1, 3, 2), (2, 3, 0, 1))))
+            R8 = BlockTensor((o, o, v, v), 0, name="R8")
+            with ts.equations():
+                R8["ijab"] = W8["acbd"] * tau["ijcd"] + tau["ijcd"] * W8["cdab"]
+            ref = np.einsum("acbd,ijcd->ijab", w8, t_) + np.einsum("ijcd,cdab->ijab", t_, w8)
+            worst = max(worst, float(np.abs(R8.to_dense() - ref).max()) / float(np.abs(ref).max()))
+            worst = max(worst, float(np.abs(W8.to_dense() - w8).max()) / float(np.abs(w8).max()))
         ctx.close()
         errors[f"{backend}/{variant}/{schedule}"] = worst
     return errors

@@ -148,7 +148,7 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
     s["max_tensor_share"] = 0.0
     for t in run.tensors:
         mine = [0] * nranks
-        for k, r in block_owners(t.spaces, t.irrep, t.allowed_keys(), nranks, t.placement).items():
+        for k, r in block_owners(t.spaces, t.irrep, t.stored_keys(), nranks, t.placement).items():
             mine[r] += 8 * int(np.prod(t.block_shape(k)))
         loads = [a + b for a, b in zip(loads, mine)]
         if sum(mine):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import time
 from collections import OrderedDict
+from dataclasses import replace
 
 from threadpoolctl import threadpool_limits
 
@@ -58,12 +59,14 @@ def make_executor(name: str, **options):
 class Context:
     """Runs plans with one executor; keeps per-update time and flops."""
 
-    def __init__(self, backend: str = DEFAULT_BACKEND, *, cache_bytes: int = CACHE_BYTES, **executor_options):
+    def __init__(self, backend: str = DEFAULT_BACKEND, *, cache_bytes: int = CACHE_BYTES,
+                 recorder: Recorder | None = None, **executor_options):
         self.backend = backend
         self.executor = make_executor(backend, **executor_options)
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict = OrderedDict()     # (uid, version, layout ids) -> matrices
-        self.profile = Recorder()                   # regions run here: time, flops
+        # regions run here: time, flops (a run's contexts may share one recorder)
+        self.profile = recorder if recorder is not None else Recorder()
         self._tokens: list = []
         self.distributed = bool(getattr(self.executor, "distributed", False))
         self.deal_stats = None      # DealStats of the last run_tasks on this rank (see run_tasks)
@@ -88,11 +91,18 @@ class Context:
         self.executor.close()
         self._cache.clear()
 
-    def record_step(self, step, seconds: float) -> None:
-        self.record(step.label, seconds, step.flops)
+    def record_step(self, step, seconds: float, start: float | None = None) -> None:
+        self.record(step.label, seconds, step.flops, start, step.kind)
 
-    def record(self, label: str, seconds: float, flops: int = 0) -> None:
-        self.profile.region(label, seconds, flops)
+    def record(self, label: str, seconds: float, flops: int = 0, start: float | None = None,
+               kind: str = "step") -> None:
+        """A region that just ended (``start``: its perf_counter(); kinds: profile.records)."""
+        self.profile.region(label, seconds, flops, start, kind)
+
+    def _computed(self, c0: float, seconds: float) -> None:
+        """Add the arithmetic of a finished run to the recorder: the distributed
+        executor's compute time since ``c0``, or all of it on a local executor."""
+        self.profile.compute += (self.executor.compute_seconds - c0) if self.distributed else seconds
 
     @property
     def stats(self) -> dict:
@@ -112,32 +122,41 @@ class Context:
         :class:`~tessera.backends.schedule.DealStats` of the run when the executor dealt it
         through a Scheduler (``mpi-onesided``), else None."""
         t0 = time.perf_counter()
+        c0 = self.executor.compute_seconds if self.distributed else 0.0
         self.deal_stats = None
+        if self.profile.detailed:
+            task_set = _timed_tasks(task_set, self.profile)
         with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
             if self.distributed:
                 results = self.executor.run_tasks(task_set)
                 self.deal_stats = getattr(self.executor, "deal_stats", None)
             else:
                 results = run_local(self.executor, task_set)
-        self.record(task_set.name, time.perf_counter() - t0, task_set.flops() if task_set.flops else 0)
+        dt = time.perf_counter() - t0
+        self._computed(c0, dt)
+        self.record(task_set.name, dt, task_set.flops() if task_set.flops else 0, t0, "tasks")
         return results
 
     def execute(self, updates) -> None:
         if self.distributed:      # plan temporaries are created on the executor's storage
             token = use_storage(self.executor.store)
+            c0 = self.executor.compute_seconds
             try:
                 plan = plan_updates(updates)
                 with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
                     self.executor.execute_plan(plan, self)
             finally:
                 reset_storage(token)
+            self._computed(c0, 0.0)
             return
         plan = plan_updates(updates)
         with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
             for step in plan.steps:
                 t0 = time.perf_counter()
                 self._run_step(step)
-                self.record_step(step, time.perf_counter() - t0)
+                dt = time.perf_counter() - t0
+                self._computed(0.0, dt)
+                self.record_step(step, dt, t0)
 
     def _run_step(self, step) -> None:
         run = self.executor.run
@@ -182,6 +201,18 @@ class Context:
     def report(self) -> list:
         """(label, calls, seconds, flops) per region, slowest first."""
         return self.profile.rows()
+
+
+def _timed_tasks(task_set, recorder):
+    """``task_set`` whose work also records each task's start and time (profiling)."""
+    work, name = task_set.work, task_set.name
+
+    def timed(i, blocks):
+        t0 = time.perf_counter()
+        out = work(i, blocks)
+        recorder.task(name, i, t0, time.perf_counter() - t0)
+        return out
+    return replace(task_set, work=timed)
 
 
 def current_context() -> Context:

@@ -88,7 +88,7 @@ class DistributedExecutor(ABC):
             self._wrote(step)
             dt = time.perf_counter() - t0
             self.account.end(step.label, snap, dt, self.compute_seconds - c0, step.flops)
-            context.record_step(step, dt)
+            context.record_step(step, dt, t0)
         if self._dirty:
             snap = self.account.begin()
             t0 = time.perf_counter()

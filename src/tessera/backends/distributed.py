@@ -114,7 +114,7 @@ class TensorStore:
             raise RuntimeLayerError(
                 f"tensor {tensor.name!r} created after its distributed context was closed; "
                 "create tensors inside the context (with Context(...)) that runs them.")
-        skey = (tensor.spaces, tensor.irrep, placement)
+        skey = (tensor.spaces, tensor.irrep, placement, tensor.canonical)
         free = self._free.get(skey)
         if free:
             ga = free.pop(0)
@@ -123,6 +123,9 @@ class TensorStore:
             ga = self._create(tensor, placement, skey)
         handle = DistHandle(self, ga, tensor.name)
         tensor.blocks = {k: ga.local_view(k) for k in ga.local_keys()}
+        for alias, (canon, _) in tensor.aliases.items():     # views of owned canonical blocks
+            if canon in tensor.blocks:
+                tensor.blocks[alias] = ga.local_view(alias)
         handle.release = weakref.finalize(tensor, self._pending.append, (skey, ga))
         return handle
 
@@ -134,13 +137,14 @@ class TensorStore:
         handle.ga.free()
 
     def _create(self, tensor, placement, skey) -> GlobalArray:
-        keys = tensor.allowed_keys()
+        keys = tensor.stored_keys()
         owners = self._owners.get(skey)
         if owners is None:
             owners = block_owners(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
             self._owners[skey] = owners
         tiling = [[t.size for t in s.tiles] for s in tensor.spaces]   # no keys: an empty array
-        ga = GlobalArray(tiling, keys=keys, owners=owners, name=tensor.name or "tensor", world=self.world)
+        ga = GlobalArray(tiling, keys=keys, owners=owners, name=tensor.name or "tensor", world=self.world,
+                         aliases=tensor.aliases)
         self.by_eid[ga.eid] = ga
         return ga
 

@@ -107,11 +107,14 @@ class OneSidedExecutor(DistributedExecutor):
             if view is not None:
                 out[k] = view if part is None else view[part_slice(view.ndim, part)]
             elif part is None:
-                pending.append((k, t.dist.ga.iget(key)))
+                pending.append((k, t.dist.ga.iget(key), None))
+            elif key in t.dist.ga.aliases:         # an alias: its canonical block, then the part
+                pending.append((k, t.dist.ga.iget(key), part))
             else:
-                pending.append((k, t.dist.ga.iget_patch(*part_range(t.dist.ga, key, part))))
-        for k, h in pending:
-            out[k] = h.wait()
+                pending.append((k, t.dist.ga.iget_patch(*part_range(t.dist.ga, key, part)), None))
+        for k, h, cut in pending:
+            blk = h.wait()
+            out[k] = blk if cut is None else blk[part_slice(blk.ndim, cut)]
         return out
 
     # ---------------------------------------------------------------- contraction

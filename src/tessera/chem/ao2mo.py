@@ -97,7 +97,7 @@ class _Half:
         # (pq|rs) = (qp|rs): when p and q run over the same space only groups P >= Q are
         # transformed; the finish writes the (Q, P) blocks as transposes
         self.mirror = name[0] == name[1]
-        for key in t.allowed_keys():
+        for key in t.stored_keys():         # a canonical tensor: its canonical blocks only
             if not self.mirror or key[0] >= key[1]:
                 groups.setdefault(key[:2], []).append(key)
         self.name, self.t, self.gkeys = name, t, sorted(groups)
@@ -216,7 +216,7 @@ class ClassTransform:
         for key, blk in out.items():
             blk = blk.reshape(t.block_shape(key))
             t.store_block(key, blk)
-            if h.mirror and key[0] > key[1]:        # (Q P|R S) = (P Q|R S) transposed
+            if h.mirror and key[0] > key[1] and not t.aliases:   # (Q P|R S) = (P Q|R S) transposed
                 t.put_block((key[1], key[0]) + key[2:], np.ascontiguousarray(blk.transpose(1, 0, 2, 3)))
         return 0.0
 

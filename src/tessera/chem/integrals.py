@@ -89,14 +89,16 @@ _SYMMETRY = {   # permutational symmetry carried as metadata (real orbitals)
     "oovv": (PermutationalSymmetry((1, 0, 3, 2)),),
     "ovoo": (PermutationalSymmetry((0, 1, 3, 2)),),
     "ovvv": (PermutationalSymmetry((0, 1, 3, 2)),),
-    "vvvv": (PermutationalSymmetry((1, 0, 3, 2)), PermutationalSymmetry((2, 3, 0, 1))),
+    "vvvv": (PermutationalSymmetry((1, 0, 2, 3)), PermutationalSymmetry((0, 1, 3, 2)),
+             PermutationalSymmetry((2, 3, 0, 1))),
 }
+CANONICAL = ("vvvv",)   # stored as canonical blocks (8-fold: about 1/8 of the blocks)
 
 
 def class_tensor(name: str, o: IndexSpace, v: IndexSpace) -> BlockTensor:
     """The (empty) tensor of integral class ``name`` (e.g. "ovvv") over the spaces o, v."""
     return BlockTensor(tuple(o if ch == "o" else v for ch in name), 0, name=name,
-                       symmetry=_SYMMETRY[name], placement="pairs")
+                       symmetry=_SYMMETRY[name], placement="pairs", canonical=name in CANONICAL)
 
 
 SLAB_BYTES = 64 * 2**20   # working slab of the transform per thread (see chem/ao2mo.py)
@@ -140,7 +142,7 @@ def mo_classes(context, eri_s8, index, tensors) -> dict:
     from tessera.backends.tasks import TaskSet
     from tessera.chem.ao2mo import pair_index
 
-    work = [(name, t, key) for name, t in tensors.items() for key in t.allowed_keys()]
+    work = [(name, t, key) for name, t in tensors.items() for key in t.stored_keys()]
 
     def cut(j: int, _blocks) -> float:
         name, t, key = work[j]

@@ -27,7 +27,7 @@ from tessera.chem.inputs import load, with_model
 from tessera.chem.integrals import transform
 from tessera.chem.triples import triples_correction
 from tessera.errors import ConvergenceError, InputError
-from tessera.profile.records import memory_table, slowest
+from tessera.profile.records import Recorder, memory_table, slowest
 
 METHODS = ("hf", "ccsd", "ccsd(t)")
 SCF_CODES = ("pyscf", "tessera")
@@ -104,9 +104,21 @@ def _per_irrep(orbsym, names) -> dict:
 
 
 class Job:
-    def __init__(self, options: RunOptions, report: Report | None = None):
+    def __init__(self, options: RunOptions, report: Report | None = None,
+                 recorder: Recorder | None = None):
         self.options = options
         self.report = report or Report()
+        # the run's regions (phases, iterations, steps, task sets) and compute time, from
+        # every context the job opens; detailed when the CLI profiles (--profile)
+        self.recorder = recorder if recorder is not None else Recorder()
+
+    def _phase(self, timings: dict, name: str, t0: float) -> None:
+        timings[name] = time.perf_counter() - t0
+        self.recorder.region(name, timings[name], start=t0, kind="phase")
+
+    def _iteration(self, row: dict) -> None:
+        self.recorder.region("CCSD iteration", row["seconds"], kind="iteration")
+        self.report.iteration(row)
 
     def kernel(self, reference=None) -> JobResult:
         """The run; ``reference`` (a converged Reference of the geometry's molecule, e.g.
@@ -133,7 +145,7 @@ class Job:
 
         t0 = time.perf_counter()
         ref = given or (chk.reference(mol) if opt.restart else self._scf(mol, ranks))
-        timings["scf"] = time.perf_counter() - t0
+        self._phase(timings, "scf", t0)
         backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, ranks)
         occ_tile = decision["occ_tile"] if decision is not None else None
         if chk is not None:
@@ -165,7 +177,7 @@ class Job:
         if method == "hf":
             return self._finish(result, t_start)
 
-        ctx = Context(backend, **exec_options)
+        ctx = Context(backend, recorder=self.recorder, **exec_options)
         with ctx:
             self._correlated(ctx, ref, nfrozen, (tile, occ_tile), method, result, chk)
         # Not in a ``finally``: closing a distributed context is collective, and an error
@@ -179,17 +191,17 @@ class Job:
         timings, energies = data["timings"], data["energies"]
         t0 = time.perf_counter()
         ints = transform(ref, nfrozen, tiles[0], occ_tile=tiles[1])
-        timings["transform"] = time.perf_counter() - t0
+        self._phase(timings, "transform", t0)
 
         t0 = time.perf_counter()
-        ccsd = CCSD(conv=opt.conv, max_iter=opt.max_iter, progress=self.report.iteration, checkpoint=chk)
+        ccsd = CCSD(conv=opt.conv, max_iter=opt.max_iter, progress=self._iteration, checkpoint=chk)
         try:
             cc = ccsd.kernel(ints, ctx)
         except ConvergenceError as err:
             cc = err.result
             result.converged = False
             result.error = str(err)
-        timings["ccsd"] = time.perf_counter() - t0
+        self._phase(timings, "ccsd", t0)
         data["iterations"] = cc.iterations
         data["converged"] = result.converged
         energies["ccsd_correlation"] = cc.e_corr
@@ -209,10 +221,12 @@ class Job:
         if method == "ccsd(t)" and result.converged:
             t0 = time.perf_counter()
             tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
-            timings["triples"] = time.perf_counter() - t0
+            self._phase(timings, "triples", t0)
             energies["t_correction"] = tr.energy
             energies["total"] = ref.e_hf + cc.e_corr + tr.energy
-            data["flops"]["triples"] = tr.flops
+            data["flops"].update(triples=tr.flops, triples_minimal=tr.minimal_flops,
+                                 triples_over_minimal=tr.flops / tr.minimal_flops if tr.minimal_flops else None,
+                                 triples_gflops_per_second=tr.flops / tr.seconds / 1e9)
             if ctx.distributed:
                 data["memory_per_rank"]["triples"] = {
                     "peak_operand_bytes": list(tr.rank_peak_operand_bytes),
@@ -267,7 +281,8 @@ class Job:
         from tessera.chem.scf import rhf
         # under MPI the Fock build is GTFock's one-sided workload (its schedule is
         # --scf-schedule) whatever executor runs the equations
-        ctx = Context("mpi-onesided" if runs_distributed(opt.backend) else opt.backend)
+        ctx = Context("mpi-onesided" if runs_distributed(opt.backend) else opt.backend,
+                      recorder=self.recorder)
         with ctx:
             ref = rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter, context=ctx)
         ctx.close()        # collective when distributed: not in a finally (see kernel)

@@ -61,6 +61,7 @@ class TriplesResult:
     flops: int                    # GEMM flops actually done (all ranks)
     tasks: int                    # task tile triples run
     seconds: float                # wall time of the whole correction
+    minimal_flops: int = 0        # the least GEMM flops of (T) on this block structure
     task_tile: int = 0            # occupied orbitals per task tile
     peak_operand_bytes: int = 0                  # max over ranks
     rank_peak_operand_bytes: tuple = ()          # per rank
@@ -239,7 +240,8 @@ class RowSlab:
                     out.append(None)
                     continue
                 b = np.empty_like(a)
-                lay.swap_pairs(a.reshape(-1, a.shape[-1]), self.g ^ h2, b.reshape(-1, a.shape[-1]))
+                rows = a.shape[0] * a.shape[1]     # not -1: a may hold no pairs (no virtuals of an irrep)
+                lay.swap_pairs(a.reshape(rows, a.shape[-1]), self.g ^ h2, b.reshape(rows, a.shape[-1]))
                 out.append(b)
             return out
         self.ov2, self.t2s = swapped(self.ov1), swapped(self.t2r)
@@ -318,8 +320,16 @@ class KernelInputs:
 class TripleKernel:
     """E(T) contributions of the orbital triples of one task (all of total irrep G).
 
-    ``pool``: 8 flat buffers of at least ``lay.ntrip[G]`` (``new_pool``), reused by the
-    tasks of one thread; ``flops`` counts the GEMM flops done."""
+    Triples are run in batches (i, j, ks): fixed i >= j and a run ks of k < j of one
+    irrep (or ks = [j] alone), at most ``batch`` long.  W of a batch is stored block by
+    block, the k of the batch inside each block ([s, (t, u)] per k), so the W0 terms whose
+    large operand (an ovvv or t2 row of i or j) is the same for every k are one GEMM
+    over the batch (N = len(ks) n_s); the others are one GEMM per k.  ``pool``: the
+    thread's buffers (``new_pool``), reused by its tasks; ``flops`` counts the GEMM flops.
+    With one virtual irrep W of a batch is [k, a, b, c], relayouts are transposes and the
+    energy sweep runs per k; with several, each triple's three cyclic layouts are moved
+    out of the batch layout for its sweep (index maps).
+    """
 
     def __init__(self, inp: KernelInputs, G: int, pool: list):
         self.inp, self.G = inp, G
@@ -327,7 +337,9 @@ class TripleKernel:
         self.maps = lay.maps[G]
         self.dense = self.maps["dense"]
         n = int(lay.ntrip[G])
-        self.buf = [a[:n] for a in pool[:5 if self.dense else 8]]   # the thread's buffers
+        self.batch = max(1, pool[0].size // max(1, n))        # as new_pool made it
+        self.buf = pool[:-1]
+        self.lbuf = pool[-1]
         self.irr, self.rel = inp.irrep, inp.rel
         self.poff, self.vooff = lay.poff.tolist(), lay.vooff.tolist()
         self.nv, self.no, self.vr = lay.n.tolist(), lay.no.tolist(), lay.vr.tolist()
@@ -335,8 +347,31 @@ class TripleKernel:
         self.flops = 0
 
     @staticmethod
-    def new_pool(lay: VirtualLayout) -> list:
-        return [np.empty(int(lay.ntrip.max())) for _ in range(8)]   # (new pages are slow)
+    def batch_size(lay: VirtualLayout, occ_tile: int) -> int:
+        """k per batch: about 256 columns (batch x virtuals per irrep) in the batched GEMMs,
+        at most ``occ_tile`` and 64 MiB of batch buffers."""
+        nirrep = max(1, len(set(lay.irrep.tolist())))
+        width = max(1, len(lay.irrep) // nirrep)
+        batch = max(1, min(occ_tile, -(-256 // width)))
+        nbatch = 2 if nirrep == 1 else 3
+        while batch > 1 and nbatch * 8 * batch * int(lay.ntrip.max()) > 64 * 2 ** 20:
+            batch -= 1
+        return batch
+
+    @staticmethod
+    def pool_sizes(lay: VirtualLayout, batch: int = 1) -> list:
+        """Elements of one thread's buffers: some of a batch's W (in the batch layout), some
+        of one triple's, and the stacked left operands."""
+        nv, no, ntrip = int(lay.n.max()), int(lay.no.max()), max(int(lay.ntrip.max()), 1)
+        left = [max(batch * nv * max(nv, no), 1)]
+        if len(set(lay.irrep.tolist())) == 1:         # W and a layout of the batch; 3 of one triple
+            return [batch * ntrip] * 2 + [ntrip] * 3 + left
+        return [batch * ntrip] * 3 + [ntrip] * 8 + left   # Sa, Sb, Sc of the batch; 8 of one triple
+
+    @staticmethod
+    def new_pool(lay: VirtualLayout, batch: int = 1) -> list:
+        """The buffers of :meth:`pool_sizes`, kept by a thread (new pages are slow)."""
+        return [np.empty(n) for n in TripleKernel.pool_sizes(lay, batch)]
 
     def tile_energy(self, I, J, K) -> float:
         """Weighted E(T) (with the 1/3) of the orbital triples i >= j >= k, i in range(*I),
@@ -344,130 +379,191 @@ class TripleKernel:
         energy = 0.0
         for i in range(*I):
             for j in range(J[0], min(J[1], i + 1)):
-                for k in range(K[0], min(K[1], j + 1)):
-                    weight = 1 if i == k else (3 if i == j or j == k else 6)
-                    energy += weight * self.energy(i, j, k)
+                below = min(K[1], j)                               # k < j: weight 6 (3 if i == j)
+                for k0 in range(K[0], below, self.batch):
+                    ks = range(k0, min(k0 + self.batch, below))
+                    energy += (3 if i == j else 6) * self.energy(i, j, ks)
+                if K[0] <= j < K[1]:                               # k == j: weight 3 (1 if i == j)
+                    energy += (1 if i == j else 3) * self.energy(i, j, range(j, j + 1))
         return energy / 3.0
 
-    def _accumulate(self, out, os_, ot, ou) -> None:
-        """out = the 4 W0 terms with (o_s, s) single, pair (t, u); blocks [s, (t, u)]."""
-        inp, g, rel = self.inp, self.irr, self.rel
-        poff, vooff, nv, no = self.poff, self.vooff, self.nv, self.no
-        hu, ht = g[os_] ^ g[ou], g[os_] ^ g[ot]
-        t2row, oorow = inp.t2r[os_], inp.ooL[os_]
-        f_u, f_t = t2row[g[ou]][rel[ou]], t2row[g[ot]][rel[ot]]      # t2[o_s o_u (s f)], t2[o_s o_t (s f)]
-        m_t, m_u = oorow[g[ot]][rel[ot]], oorow[g[ou]][rel[ou]]      # (o_s s|o_t m), (o_s s|o_u m)
-        ov1, ov2, t2p1, t2p2 = inp.ov1[ot], inp.ov2[ou], inp.t2s[ou], inp.t2r[ot]
-        for gs, off, ns, npair in self.maps["blocks"]:
-            c = out[off:off + ns * npair].reshape(ns, npair).T
-            beta = 0.0
-            # sum_f (o_t t|u f) t2[o_s o_u s f]  and  sum_f (o_u u|t f) t2[o_s o_t s f]
-            for left, h, right in ((f_u, hu, ov1), (f_t, ht, ov2)):
-                nf = nv[gs ^ h]
-                if nf:
-                    p0 = poff[h][gs]
-                    dgemm(1.0, right[gs ^ h].T, left[p0:p0 + ns * nf].reshape(ns, nf).T,
-                          beta=beta, c=c, overwrite_c=1)
-                    self.flops += 2 * ns * npair * nf
-                    beta = 1.0
-            # -sum_m (o_s s|o_t m) t2[m o_u t u]  and  -sum_m (o_s s|o_u m) t2[m o_t u t]
-            for left, h, right in ((m_t, ht, t2p1), (m_u, hu, t2p2)):
-                nm = no[gs ^ h]
-                if nm:
-                    q0 = vooff[h][gs]
-                    dgemm(-1.0, right[gs ^ h].T, left[q0:q0 + ns * nm].reshape(ns, nm).T,
-                          beta=beta, c=c, overwrite_c=1)
-                    self.flops += 2 * ns * npair * nm
-                    beta = 1.0
-            if beta == 0.0:
-                c[...] = 0.0
-
-    def _pair_rows(self, i, j, k) -> tuple:
-        """P_l = (jt|ku), (kt|iu), (it|ju) and Pz_l = P_l - 2 (ju|kt), (ku|it), (iu|jt), each
-        over the packed pairs (t, u) of the block whose single irrep is that of i, j, k.
-
-        V_l = t1[o_s s] P_l[(t, u)] is rank 1 in the cyclic layout l (o_s = i, j, k; t1 is
-        zero unless g_s = g_{o_s}); the pair-swapped part is V[acb], which Zs = Yc[acb]
-        meets as Yc meets V.
-        """
-        ov, g, r = self.inp.ovov, self.irr, self.rel
-        a, b = ov[j][g[k]][r[k]], ov[k][g[j]][r[j]]
-        c, d = ov[k][g[i]][r[i]], ov[i][g[k]][r[k]]
-        e, f = ov[i][g[j]][r[j]], ov[j][g[i]][r[i]]
-        return (a, c, e), (a - 2.0 * b, c - 2.0 * d, e - 2.0 * f)
-
-    def _t1_dot(self, layouts) -> float:
-        """sum over (X, o, P) of t1[o, s] X[s, pairs] P[pairs] in the block of s's irrep g_o."""
-        t1, vr, block_of, g = self.inp.t1, self.vr, self.maps["block_of"], self.irr
-        total = 0.0
-        for x, o, p in layouts:
-            blk = block_of.get(g[o])
-            if blk is not None:
-                off, ns, npair = blk
-                v0, v1 = vr[g[o]]
-                total += float(t1[o, v0:v1] @ (x[off:off + ns * npair].reshape(ns, npair) @ p))
-        return total
-
-    def energy(self, i: int, j: int, k: int) -> float:
-        """sum_abc W r3(W + V) / D for one orbital triple (without the 1/3).
+    def energy(self, i: int, j: int, ks: range) -> float:
+        """sum over k in ks of sum_abc W r3(W + V) / D for (i, j, k) (no weight, no 1/3).
 
         With Y = W/D, Yc = Y + Y[bca] + Y[cab] and Zs = Yc[acb] (both invariant under
         cyclic shifts of abc), r3(Y) = 3Y + Yc - 2Zs and sum Y r3(X) = sum r3(Y) X.
         Invariant weights meet V = V1 + V2 + V3 in any cyclic layout, where each V_l is
         rank 1; 3Y meets V in layout (a; b, c).
         """
-        return self._energy_dense(i, j, k) if self.dense else self._energy_packed(i, j, k)
+        return self._energy_dense(i, j, ks) if self.dense else self._energy_packed(i, j, ks)
 
-    def _energy_dense(self, i, j, k) -> float:
-        """One virtual irrep: layouts are [v, v, v] arrays and relayouts are transposes."""
-        nv, t1 = self.nvir, self.inp.t1
-        W, Sb, Y, U, T = self.buf
-        cube = (lambda x: x.reshape(nv, nv, nv))
+    def _left(self, table, x, y, ks, p0: int, width: int) -> np.ndarray:
+        """[len(ks), width] contiguous: row p0.. of table[x][g_y][y] per k in ks, the orbital
+        that is None (x or y) being k."""
+        nk = len(ks)
+        out = self.lbuf[:nk * width].reshape(nk, width)
+        if x is None:
+            g, r = self.irr[y], self.rel[y]
+            for n, k in enumerate(ks):
+                out[n] = table[k][g][r][p0:p0 + width]
+        else:
+            r0 = self.rel[ks[0]]
+            out[...] = table[x][self.irr[ks[0]]][r0:r0 + nk, p0:p0 + width]
+        return out
+
+    def _accumulate(self, out, ks, os_, ot, ou) -> None:
+        """out = the 4 W0 terms with (o_s, s) single, pair (o_t t, o_u u), for every k in ks:
+        one of os_, ot, ou is None (the orbital k).  Blocks [k, s, (t, u)], block g_s at
+        len(ks) * foff[G, g_s]."""
+        inp, g, rel, nk = self.inp, self.irr, self.rel, len(ks)
+        occ_irrep = (lambda x: g[ks[0]] if x is None else g[x])
+        hu, ht = occ_irrep(os_) ^ occ_irrep(ou), occ_irrep(os_) ^ occ_irrep(ot)
+        # sum_f (o_t t|u f) t2[o_s o_u s f],  sum_f (o_u u|t f) t2[o_s o_t s f],
+        # -sum_m (o_s s|o_t m) t2[m o_u t u], -sum_m (o_s s|o_u m) t2[m o_t u t]
+        terms = ((1.0, inp.t2r, ou, self.poff, hu, inp.ov1, ot, self.nv),
+                 (1.0, inp.t2r, ot, self.poff, ht, inp.ov2, ou, self.nv),
+                 (-1.0, inp.ooL, ot, self.vooff, ht, inp.t2s, ou, self.no),
+                 (-1.0, inp.ooL, ou, self.vooff, hu, inp.t2r, ot, self.no))
+        blocks = self.maps["blocks"]
+        init = [0.0] * len(blocks)
+        for sign, ltab, ly, offs, h, rtab, rx, dims in terms:     # same right operand for every k
+            if rx is None:
+                continue
+            right = rtab[rx]
+            for b, (gs, off, ns, npair) in enumerate(blocks):
+                nf = dims[gs ^ h]
+                if nf:
+                    left = self._left(ltab, os_, ly, ks, offs[h][gs], ns * nf)
+                    c = out[nk * off:nk * (off + ns * npair)].reshape(nk * ns, npair).T
+                    dgemm(sign, right[gs ^ h].T, left.reshape(nk * ns, nf).T, beta=init[b], c=c, overwrite_c=1)
+                    self.flops += 2 * nk * ns * npair * nf
+                    init[b] = 1.0
+        for sign, ltab, ly, offs, h, rtab, rx, dims in terms:     # right operand of each k
+            if rx is not None:
+                continue
+            row = ltab[os_][g[ly]][rel[ly]]
+            for n, k in enumerate(ks):
+                right = rtab[k]
+                for b, (gs, off, ns, npair) in enumerate(blocks):
+                    nf = dims[gs ^ h]
+                    if nf:
+                        p0, c0 = offs[h][gs], nk * off + n * ns * npair
+                        c = out[c0:c0 + ns * npair].reshape(ns, npair).T
+                        dgemm(sign, right[gs ^ h].T, row[p0:p0 + ns * nf].reshape(ns, nf).T,
+                              beta=init[b], c=c, overwrite_c=1)
+                        self.flops += 2 * ns * npair * nf
+            for b, (gs, *_) in enumerate(blocks):
+                init[b] = 1.0 if dims[gs ^ h] else init[b]
+        for b, (gs, off, ns, npair) in enumerate(blocks):
+            if not init[b]:
+                out[nk * off:nk * (off + ns * npair)] = 0.0
+
+    def _pair_rows(self, i, j, ks) -> tuple:
+        """P_l = (jt|ku), (kt|iu), (it|ju) and Pz_l = P_l - 2 (ju|kt), (ku|it), (iu|jt), each
+        over the packed pairs (t, u) of the block whose single irrep is that of i, j, k
+        ([len(ks), pairs] where k enters, else [pairs]); also (iu|kt) [len(ks), pairs].
+
+        V_l = t1[o_s s] P_l[(t, u)] is rank 1 in the cyclic layout l (o_s = i, j, k; t1 is
+        zero unless g_s = g_{o_s}); the pair-swapped part is V[acb], which Zs = Yc[acb]
+        meets as Yc meets V.
+        """
+        ov, g, r, nk = self.inp.ovov, self.irr, self.rel, len(ks)
+        gk, rk = g[ks[0]], r[ks[0]]
+        a, d = ov[j][gk][rk:rk + nk], ov[i][gk][rk:rk + nk]
+        b = np.array([ov[k][g[j]][r[j]] for k in ks])
+        c = np.array([ov[k][g[i]][r[i]] for k in ks])
+        e, f = ov[i][g[j]][r[j]], ov[j][g[i]][r[i]]
+        return (a, c, e), (a - 2.0 * b, c - 2.0 * d, e - 2.0 * f), d
+
+    def _t1_dot(self, ks, layouts) -> float:
+        """sum over (X, o, P) of t1[o, s] X[k, s, pairs] P[(k,) pairs] in the block of s's
+        irrep g_o (o None: k of ks); X in the batch layout."""
+        t1, vr, block_of, g, nk = self.inp.t1, self.vr, self.maps["block_of"], self.irr, len(ks)
+        total = 0.0
+        for x, o, p in layouts:
+            go = g[ks[0]] if o is None else g[o]
+            blk = block_of.get(go)
+            if blk is None or not p.shape[-1]:
+                continue
+            off, ns, npair = blk
+            xb = x[nk * off:nk * (off + ns * npair)].reshape(nk, ns, npair)
+            z = np.matmul(xb, p[..., None])[..., 0] if p.ndim == 2 else xb @ p      # [k, s]
+            v0, v1 = vr[go]
+            total += float(np.vdot(t1[ks[0]:ks[-1] + 1, v0:v1], z) if o is None else t1[o, v0:v1] @ z.sum(0))
+        return total
+
+    def _energy_dense(self, i, j, ks) -> float:
+        """One virtual irrep: W of the batch is [k, a, b, c], relayouts are transposes; the
+        sweep runs per k (its arrays stay in cache)."""
+        nv, nk = self.nvir, len(ks)
+        W, Sb = (a[:nk * nv ** 3].reshape(nk, nv, nv, nv) for a in self.buf[:2])
+        flat = (lambda x: x.reshape(-1))
         if i == j:                                                # single a and b alike
-            self._accumulate(Sb, j, i, k)                         # [b, (a c)] = [a, (b c)]
-            np.add(cube(Sb), cube(Sb).transpose(1, 0, 2), out=cube(W))
+            self._accumulate(flat(Sb), ks, j, i, None)            # [b, (a c)] = [a, (b c)]
+            np.add(Sb, Sb.transpose(0, 2, 1, 3), out=W)
         else:
-            self._accumulate(W, i, j, k)                          # [a, (b c)]
-            self._accumulate(Sb, j, i, k)                         # [b, (a c)]
-            cube(W)[...] += cube(Sb).transpose(1, 0, 2)
-        if j != k:                                                # else single c as single b
-            self._accumulate(Sb, k, i, j)                         # [c, (a b)]
-        cube(W)[...] += cube(Sb).transpose(1, 2, 0)               # W[abc]
-        eo = self.inp.eo
-        np.subtract(eo[i] + eo[j] + eo[k], self.maps["e3"], out=Y)
-        np.divide(W, Y, out=Y)                                    # Y = W / D
-        P, Pz = self._pair_rows(i, j, k)
-        ik = self.inp.ovov[i][self.irr[k]][self.rel[k]]           # (i a|k c)
-        nv2 = nv * nv
-        e = float(W @ Y)
-        if P[0].size == nv2:                                      # else zero by symmetry
-            e += float(t1[i] @ (Y.reshape(nv, -1) @ P[0]))
-        if ik.size == nv2:
-            e += float(np.vdot(np.matmul(t1[j], cube(Y)), ik.reshape(nv, nv)))
-        if P[2].size == nv2:
-            e += float(np.vdot(Y.reshape(-1, nv) @ t1[k], P[2].reshape(nv, nv)))
-        e *= 3.0
-        np.copyto(cube(Sb), cube(Y).transpose(0, 2, 1))          # Y[acb]
-        np.copyto(cube(T), cube(Y).transpose(1, 0, 2))           # Y[bac]
-        np.add(cube(Y), cube(Sb).transpose(1, 0, 2), out=cube(U))  # + Y[bca]
-        cube(U)[...] += cube(T).transpose(0, 2, 1)               # + Y[cab] = Yc
-        np.copyto(cube(T), cube(U).transpose(0, 2, 1))           # Zs
-        return e + float(U @ W) - 2.0 * float(T @ W) + self._t1_dot(((U, i, Pz[0]), (U, j, Pz[1]),
-                                                                     (U, k, Pz[2])))
+            self._accumulate(flat(W), ks, i, j, None)             # [a, (b c)]
+            self._accumulate(flat(Sb), ks, j, i, None)            # [b, (a c)]
+            W += Sb.transpose(0, 2, 1, 3)
+        if ks[0] != j:                                            # else single c as single b
+            self._accumulate(flat(Sb), ks, None, i, j)            # [c, (a b)]
+        W += Sb.transpose(0, 2, 3, 1)                             # W[abc]
+        return sum(self._sweep_dense(W[n], i, j, k) for n, k in enumerate(ks))
 
-    def _energy_packed(self, i, j, k) -> float:
-        """Point-group symmetry: three cyclic layouts joined by index maps."""
+    def _sweep_dense(self, W, i, j, k) -> float:
+        """sum_abc W r3(W + V) / D of one triple, W [a, b, c]."""
+        nv, t1 = self.nvir, self.inp.t1
+        Y, U, T = (a[:nv ** 3].reshape(nv, nv, nv) for a in self.buf[2:5])
+        flat = (lambda x: x.reshape(-1))
+        eo = self.inp.eo
+        np.subtract(eo[i] + eo[j] + eo[k], self.maps["e3"], out=flat(Y))
+        np.divide(W, Y, out=Y)                                    # Y = W / D
+        ks = range(k, k + 1)
+        P, Pz, ik = self._pair_rows(i, j, ks)
+        nv2 = nv * nv
+        e = float(flat(W) @ flat(Y)) + self._t1_dot(ks, ((flat(Y), i, P[0]),))
+        if ik.shape[-1] == nv2:                                   # else zero by symmetry
+            e += float(np.vdot(np.matmul(t1[j], Y), ik))
+        if P[2].size == nv2:
+            e += float(np.vdot(Y.reshape(-1, nv) @ t1[k], P[2]))
+        e *= 3.0
+        np.add(Y, Y.transpose(2, 0, 1), out=U)                    # + Y[bca]
+        U += Y.transpose(1, 2, 0)                                 # + Y[cab] = Yc
+        np.copyto(T, U.transpose(0, 2, 1))                        # Zs
+        return e + float(flat(U) @ flat(W)) - 2.0 * float(flat(T) @ flat(W)) + self._t1_dot(
+            ks, ((flat(U), i, Pz[0]), (flat(U), j, Pz[1]), (flat(U), None, Pz[2])))
+
+    def _energy_packed(self, i, j, ks) -> float:
+        """Point-group symmetry: the three cyclic layouts of the batch, then per k (moved out
+        of the batch layout) joined by index maps."""
+        nk, n, blocks = len(ks), int(self.inp.lay.ntrip[self.G]), self.maps["blocks"]
+        Ba, Bb, Bc = (a[:nk * n] for a in self.buf[:3])
+        Sa, Sb, Sc = (a[:n] for a in self.buf[3:6])
+        self._accumulate(Ba, ks, i, j, None)                      # single a, pair (b, c)
+        if i != j:                                                # else the same terms, pair swapped
+            self._accumulate(Bb, ks, j, None, i)                  # single b, pair (c, a)
+        if ks[0] != j:                                            # else (j == k) as single b
+            self._accumulate(Bc, ks, None, i, j)                  # single c, pair (a, b)
+
+        def one(batch, n_k, out):                                 # triple n_k of the batch
+            if nk == 1:
+                return batch
+            for _, off, ns, npair in blocks:
+                size = ns * npair
+                out[off:off + size] = batch[nk * off + n_k * size:nk * off + (n_k + 1) * size]
+            return out
+        m, e = self.maps, 0.0
+        for n_k, k in enumerate(ks):
+            a = one(Ba, n_k, Sa)
+            b = np.take(a, m["swap"], out=Sb, mode="wrap") if i == j else one(Bb, n_k, Sb)
+            c = np.take(b, m["swap"], out=Sc, mode="wrap") if j == k else one(Bc, n_k, Sc)
+            e += self._sweep_packed(a, b, c, i, j, k)
+        return e
+
+    def _sweep_packed(self, Sa, Sb, Sc, i, j, k) -> float:
+        """sum_abc W r3(W + V) / D of one triple from its three cyclic layouts (Sa is changed)."""
         m = self.maps
-        Sa, Sb, Sc, W, Y, Y1, Y2, U = self.buf
-        self._accumulate(Sa, i, j, k)                             # single a, pair (b, c)
-        if i == j:                                                # the same terms, pair swapped
-            np.take(Sa, m["swap"], out=Sb, mode="wrap")
-        else:
-            self._accumulate(Sb, j, k, i)                         # single b, pair (c, a)
-        if j == k:
-            np.take(Sb, m["swap"], out=Sc, mode="wrap")
-        else:
-            self._accumulate(Sc, k, i, j)                         # single c, pair (a, b)
+        W, Y, Y1, Y2, U = (a[:Sa.size] for a in self.buf[6:11])
         np.take(Sb, m["rot"], out=W, mode="wrap")
         W += Sa
         np.take(Sc, m["rot2"], out=Y1, mode="wrap")
@@ -479,13 +575,14 @@ class TripleKernel:
         np.take(Y, m["rot2"], out=Y2, mode="wrap")                # Y[cab]
         np.add(Y, Y1, out=U)
         U += Y2                                                   # Yc
-        P, Pz = self._pair_rows(i, j, k)
-        e = 3.0 * (float(W @ Y) + self._t1_dot(((Y, i, P[0]), (Y2, j, P[1]), (Y1, k, P[2]))))
+        ks = range(k, k + 1)
+        P, Pz, _ = self._pair_rows(i, j, ks)
+        e = 3.0 * (float(W @ Y) + self._t1_dot(ks, ((Y, i, P[0]), (Y2, j, P[1]), (Y1, None, P[2]))))
         Sa += Sb
         Sa += Sc                                                  # U.W = U.(Sa + Sb + Sc)
         np.take(U, m["swap"], out=Y1, mode="wrap")                # Zs
-        return e + float(U @ Sa) - 2.0 * float(Y1 @ Sa) + self._t1_dot(((U, i, Pz[0]), (U, j, Pz[1]),
-                                                                        (U, k, Pz[2])))
+        return e + float(U @ Sa) - 2.0 * float(Y1 @ Sa) + self._t1_dot(ks, ((U, i, Pz[0]), (U, j, Pz[1]),
+                                                                            (U, None, Pz[2])))
 
 
 # --------------------------------------------------------------------------- driver
@@ -538,11 +635,12 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     energy = float(sum(results.tolist()))               # task order: schedule-independent
     flops = int(ranks.allreduce(job.flops, "sum"))
     seconds = time.perf_counter() - t_start
-    out = TriplesResult(energy, flops, len(task_set), seconds, task_tile=job.occ_tile,
+    out = TriplesResult(energy, flops, len(task_set), seconds, job.minimal_flops(), task_tile=job.occ_tile,
                         kernel_buffer_bytes=job.pool_bytes)
     if resident:
-        _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP, %.2f s; task tile %d", energy,
-                  len(task_set), flops / 1e9, seconds, job.occ_tile)
+        _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP (%.3f x minimal), %.2f s, %.1f GFLOP/s; "
+                  "task tile %d", energy, len(task_set), flops / 1e9, flops / max(1, out.minimal_flops),
+                  seconds, flops / seconds / 1e9, job.occ_tile)
         return out
     everyone = ranks.allgather((job.held.peak, job.held.peak_by))
     peaks = tuple(int(p) for p, _ in everyone)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from functools import lru_cache
 
 import numpy as np
 
@@ -76,9 +77,10 @@ class TriplesTasks:
         self.irrep = o.irreps.tolist()
         if occ_tile is None:
             nirrep = len(set(v.irreps.tolist()) | set(o.irreps.tolist())) or 1
-            occ_tile = default_occ_tile(v.dim, nirrep)
+            occ_tile = max(default_occ_tile(v.dim, nirrep), TripleKernel.batch_size(lay, o.dim))
             occ_tile = occ_tile if resident else max(1, min(occ_tile, o.dim // 8))
         self.occ_tile = int(occ_tile)
+        self.batch = TripleKernel.batch_size(lay, self.occ_tile)     # k per kernel batch
         # task tiles: (start, stop, irrep, tensor tile, part or None) inside one tensor tile
         self.tiles = []
         for n, tl in enumerate(o.tiles):
@@ -105,7 +107,7 @@ class TriplesTasks:
         self.lock = threading.Lock()
         self.local = threading.local()                   # the kernel's buffers, one set per thread
         self.flops = 0
-        self.pool_bytes = 8 * 8 * int(lay.ntrip.max())   # per thread (TripleKernel.new_pool)
+        self.pool_bytes = 8 * sum(TripleKernel.pool_sizes(lay, self.batch))   # per thread
 
     # ------------------------------------------------------------------ sizes
     def _row_elements(self, g: int) -> dict:
@@ -132,6 +134,33 @@ class TriplesTasks:
         self.cache_limit = int((DEFAULT_CACHE_MB if cache_mb is None else cache_mb) * 2 ** 20)
         self.cache_cap = {s: min(self.whole[s] // 2, self.whole[s] - self.scratch_bytes[s] - 1)
                           for s in SOURCES}
+
+    def minimal_flops(self) -> int:
+        """GEMM flops (T) needs at the least, on this block structure: for every orbital
+        triple i >= j >= k the W0 terms of its distinct orbitals (12 with i > j > k, 8 with
+        two equal, 4 with three), each 2 x (symmetry-allowed virtual triples) x (orbitals
+        of the contracted index's irrep): 2 o^3 v^4 + 2 o^4 v^3 in C1 for large o."""
+        n, no, npair = (a.tolist() for a in (self.lay.n, self.lay.no, self.lay.npair))
+
+        @lru_cache(maxsize=None)
+        def terms(gs_o, gt_o, gu_o):        # the four W0 terms whose single index is o_s's
+            G, hu, ht = gs_o ^ gt_o ^ gu_o, gs_o ^ gu_o, gs_o ^ gt_o
+            return 2 * sum(n[gs] * npair[G ^ gs] * (n[gs ^ hu] + n[gs ^ ht] + no[gs ^ ht] + no[gs ^ hu])
+                           for gs in range(NIRREP))
+        g = self.irrep
+        below = np.zeros(NIRREP, dtype=np.int64)      # orbitals k < j per irrep
+        total = 0
+        for j, gj in enumerate(g):
+            for i in range(j, len(g)):
+                gi = g[i]
+                total += (terms(gi, gi, gi) if i == j                  # k == j
+                          else terms(gi, gj, gj) + terms(gj, gj, gi))
+                for gk in np.flatnonzero(below).tolist():
+                    cost = (terms(gi, gj, gk) + terms(gj, gk, gi) + terms(gk, gi, gj) if i > j
+                            else terms(gi, gj, gk) + terms(gk, gi, gj))
+                    total += int(below[gk]) * cost
+            below[gj] += 1
+        return int(total)
 
     # ------------------------------------------------------------------ tasks
     def task_set(self, nranks: int) -> TaskSet:
@@ -250,7 +279,7 @@ class TriplesTasks:
         inp = KernelInputs.from_slabs(self.lay, self.eo, self.t1d, self.irrep, slabs.values(),
                                       scratch=self.scratch)
         if not hasattr(self.local, "pool"):
-            self.local.pool = TripleKernel.new_pool(self.lay)
+            self.local.pool = TripleKernel.new_pool(self.lay, self.batch)
         kern = TripleKernel(inp, G, self.local.pool)
         I, J, K = (self.tiles[x][:2] for x in (a, b, c))
         energy = kern.tile_energy(I, J, K)

@@ -1,4 +1,4 @@
-"""``tessera run | plan``: the command line.
+"""``tessera run | plan | report``: the command line.
 
 Errors are one line on stderr and a non-zero exit code; ``--debug`` shows tracebacks.
 Under ``mpiexec`` every rank runs the same command; only rank 0 prints and writes the
@@ -67,6 +67,18 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--qcschema", metavar="FILE", help="write a QCSchema AtomicResult (JSON)")
             s.add_argument("--fcidump-out", metavar="FILE", help="write the integrals as an FCIDUMP")
             s.add_argument("--molden", metavar="FILE", help="write the orbitals in Molden format")
+            s.add_argument("--profile", metavar="DIR",
+                           help="write DIR/result.json, DIR/records.json (+ one records.<rank>.json "
+                                "per rank) and DIR/trace.json (Chrome trace); see docs/profile.md")
+            s.add_argument("--progress", default=None,
+                           help="MPI progress: none | thread | ghost (default: $TESSERA_PROGRESS or none)")
+            s.add_argument("--ghosts", type=int, default=None,
+                           help="ghost ranks per node with --progress ghost (default 1)")
+    r = sub.add_parser("report", help="summarise and plot profiles written by run --profile")
+    r.add_argument("dirs", nargs="+", metavar="DIR", help="profile directories (several: a scaling study)")
+    r.add_argument("--out", metavar="OUTDIR", help="where report.txt, report.html and the figures go "
+                                                  "(default: the single DIR, or ./report)")
+    r.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
 
@@ -169,14 +181,31 @@ def print_communication(data: dict, limit: int = 12) -> None:
               + f"; max/mean {mem['max_over_mean']:.2f}")
 
 
-def _rank(backend: str) -> int:
-    """This process's rank when the backend runs over MPI (0 otherwise); starts MPI only then."""
+def _rank(backend: str, progress: str | None = None, ghosts: int | None = None) -> int:
+    """This process's rank when the backend runs over MPI (0 otherwise); starts MPI only
+    then, with the progress mode and ghost ranks asked for (a ghost rank serves its node
+    inside World.get and exits there)."""
     from tessera.backends.context import ranks_of
+    from tessera.backends.registry import runs_distributed
+    if progress is not None or ghosts is not None:
+        if not runs_distributed(backend):
+            raise TesseraError(f"--progress/--ghosts apply to MPI runs; backend {backend!r} runs in "
+                               "one process. Use --backend mpi-onesided or mpi-collective under mpiexec")
+        from tessera.runtime import World
+        World.get(progress=progress, ghosts=ghosts)
     return ranks_of(backend).rank
+
+
+def _world():
+    """The running MPI world, or None (never starts MPI)."""
+    module = sys.modules.get("tessera.runtime.world")
+    return module.World.current() if module is not None else None
 
 
 def _run(args) -> int:
     from tessera.chem.job import Job, Report
+    from tessera.profile import run as run_profile
+    from tessera.profile.records import Recorder
     if getattr(args, "threads", None):
         os.environ["OMP_NUM_THREADS"] = str(args.threads)     # read by the executors
     options = _options(args)
@@ -184,16 +213,32 @@ def _run(args) -> int:
         from tessera.chem.fcidump import is_fcidump
         from tessera.chem.outputs import check_outputs
         check_outputs(is_fcidump(args.geometry), qcschema=args.qcschema, molden=args.molden)
-    rank = _rank(options.backend)
+    rank = _rank(options.backend, getattr(args, "progress", None), getattr(args, "ghosts", None))
     if rank != 0:
         logging.getLogger().setLevel(logging.ERROR)
     if getattr(args, "plan_only", False) or args.command == "plan":
         from tessera.cli.plan import print_plan
         print_plan(options, rank)
         return 0
-    result = Job(options, PrintReport() if rank == 0 else Report()).kernel()
+    profile_dir = getattr(args, "profile", None)
+    recorder = Recorder(detailed=profile_dir is not None)
+    world = _world()
+    if profile_dir is not None:
+        run_profile.prepare(profile_dir)
+        if world is not None:
+            world.comm_log.record_events(recorder.t0)
+    result = Job(options, PrintReport() if rank == 0 else Report(), recorder).kernel()
     if rank == 0 and result.data.get("communication"):
         print_communication(result.data)
+    t_write = time.perf_counter()
+    summary = run_profile.finish(recorder, _world(), profile_dir, result.data)
+    t_write = time.perf_counter() - t_write
+    if rank == 0:
+        print(run_profile.render_table(summary))
+        result.data["statistics"] = summary
+        if profile_dir is not None:
+            print(f"Profile written to {profile_dir}/ in {t_write:.2f} s after the run "
+                  f"(tessera report {profile_dir})")
     if args.json and rank == 0:
         try:
             with open(args.json, "w") as f:
@@ -241,6 +286,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args.command == "report":
+            from tessera.profile.report import report
+            report(args.dirs, args.out)
+            return 0
         return _run(args)
     except TesseraError as err:
         if args.debug:

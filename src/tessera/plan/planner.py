@@ -108,6 +108,9 @@ def plan_updates(updates: list) -> Plan:
 # ------------------------------------------------------------------------- updates
 def _plan_update(up: Update, label: str, choices: list) -> list:
     target = up.target
+    if target.tensor.aliases:
+        raise ShapeError(f"{label}: {target.tensor.name!r} stores canonical blocks only "
+                         "(canonical=True) and is written by store_block/put_block, not by equations")
     terms = up.expr.terms()
     aliased = any(r.tensor is target.tensor for t in terms for r in _refs(t))
     out = target

@@ -51,10 +51,11 @@ class Handle:
     waiting on a batch of handles to one target costs one flush.
     """
 
-    __slots__ = ("_ga", "_result", "_pending", "_op", "_parts", "_keep", "_done")
+    __slots__ = ("_ga", "_result", "_pending", "_op", "_parts", "_keep", "_done", "_perm")
 
-    def __init__(self, ga, op, result, pending, parts, keep=None):
+    def __init__(self, ga, op, result, pending, parts, keep=None, perm=None):
         self._ga = ga
+        self._perm = perm        # a get of an alias block: the result is transposed
         self._op = op
         self._result = result
         self._pending = pending  # ((target, flush epoch at issue), ...)
@@ -91,14 +92,14 @@ class Handle:
                     ga._log.add_time(self._op, peer, dt * n / total)
             self._done = True
             self._keep = None
-        return self._result
+        return self._result if self._perm is None else self._result.transpose(self._perm)
 
 
 class GlobalArray:
     """Distributed blocks addressed by key or by global patch (see module docstring)."""
 
     def __init__(self, tiling, keys=None, distribution: str = "cyclic", costs=None,
-                 owners=None, dtype="float64", name: str = "GA", world=None):
+                 owners=None, dtype="float64", name: str = "GA", world=None, aliases=None):
         if world is None:
             from tessera.runtime.world import World
 
@@ -144,6 +145,10 @@ class GlobalArray:
                                 count, count * self.itemsize, view)
             if r == me:
                 self._local_keys.append(key)
+        # alias key -> (stored key, perm): block(alias) = block(stored).transpose(perm),
+        # read through the stored block (no memory of its own)
+        self.aliases = {lay.normalize_key(a): (lay.normalize_key(k), tuple(p))
+                        for a, (k, p) in (aliases or {}).items()}
         self.direct_ranks = sorted(mapped)
         self._all_slots = self._slots
         self._log = world.comm_log
@@ -175,9 +180,11 @@ class GlobalArray:
         return self.layout.keys
 
     def __contains__(self, key) -> bool:
-        return key in self._all_slots
+        return key in self._all_slots or key in self.aliases
 
     def owner(self, key) -> int:
+        if key in self.aliases:
+            key = self.aliases[key][0]
         return self._slot(key)[0]
 
     def owners(self) -> dict:
@@ -188,6 +195,9 @@ class GlobalArray:
         return list(self._local_keys)
 
     def block_shape(self, key) -> tuple:
+        if key in self.aliases:
+            canon, perm = self.aliases[key]
+            return tuple(self._slot(canon)[3][p] for p in perm)
         return self._slot(key)[3]
 
     def block_range(self, key) -> tuple[tuple, tuple]:
@@ -213,7 +223,7 @@ class GlobalArray:
     def _key(self, key):
         self._check_live()
         k = self.layout.normalize_key(key)
-        if k not in self._all_slots:
+        if k not in self._all_slots and k not in self.aliases:
             raise RuntimeLayerError(
                 f"block {k} does not exist in global array {self.name!r} (it stores "
                 f"{len(self.keys)} of the blocks of its tile grid); expected one of its keys, "
@@ -261,6 +271,9 @@ class GlobalArray:
 
     def get(self, key) -> np.ndarray:
         """A copy of one block."""
+        if key in self.aliases:
+            canon, perm = self.aliases[key]
+            return self.get(canon).transpose(perm)
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, view = self._slot(key)
         if view is not None:
@@ -277,19 +290,23 @@ class GlobalArray:
     def iget(self, key) -> Handle:
         """Start fetching one block; handle.wait() returns it."""
         t0 = perf_counter()
+        key, perm = self.aliases.get(key, (key, None))
         owner, target, tspec, shape, count, nbytes, view = self._slot(key)
         if view is not None:
             self._exp.sync_memory()
-            h = Handle(self, "get", view.copy(), (), [(owner, nbytes)])
+            h = Handle(self, "get", view.copy(), (), [(owner, nbytes)], perm=perm)
         else:
             out = np.empty(shape, self.dtype)
             self._win.Get([out, count, self._mpitype], target, tspec)
-            h = Handle(self, "get", out, ((target, self._epochs[target]),), [(owner, nbytes)])
+            h = Handle(self, "get", out, ((target, self._epochs[target]),), [(owner, nbytes)], perm=perm)
         self._log.add("get", owner, nbytes, perf_counter() - t0)
         return h
 
     def put(self, key, a) -> None:
         """Overwrite one block with a (same shape)."""
+        if key in self.aliases:
+            canon, perm = self.aliases[key]
+            return self.put(canon, np.asarray(a).transpose(np.argsort(perm)))
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, view = self._slot(key)
         buf = self._as_block(a, shape, "put")
@@ -304,6 +321,9 @@ class GlobalArray:
 
     def acc(self, key, a, scale=1.0) -> None:
         """Block += scale * a, atomically per element."""
+        if key in self.aliases:
+            canon, perm = self.aliases[key]
+            return self.acc(canon, np.asarray(a).transpose(np.argsort(perm)), scale)
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, _ = self._slot(key)
         buf = self._as_block(a, shape, "acc", scale)
@@ -314,6 +334,9 @@ class GlobalArray:
 
     def iacc(self, key, a, scale=1.0) -> Handle:
         """Start block += scale * a; handle.wait() completes it at the target."""
+        if key in self.aliases:
+            canon, perm = self.aliases[key]
+            return self.iacc(canon, np.asarray(a).transpose(np.argsort(perm)), scale)
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, _ = self._slot(key)
         buf = self._as_block(a, shape, "iacc", scale)
@@ -405,6 +428,9 @@ class GlobalArray:
     # -- owner-local work and collectives ---------------------------------------------
     def local_view(self, key) -> np.ndarray:
         """Writable view of a block this rank owns (direct memory, no copy)."""
+        if key in self.aliases:
+            canon, perm = self.aliases[key]
+            return self.local_view(canon).transpose(perm)
         owner, _, _, _, _, _, view = self._slot(key)
         if owner != self.world.rank:
             raise RuntimeLayerError(

@@ -33,6 +33,15 @@ def reduce_op(MPI, op: str):
     return getattr(MPI, op.upper())
 
 
+def allreduce_peers(members, me: int, nbytes: int) -> list:
+    """[(peer, bytes received)] of an allreduce of ``nbytes`` per rank over ``members``
+    (World ranks), by the reduce-scatter + allgather model: 2 * nbytes / p from each other
+    member."""
+    members = list(members)
+    share = 2 * nbytes // len(members) if members else 0
+    return [(m, share) for m in members if m != me] if share else []
+
+
 def allreduce_on(comm, MPI, value, op: str) -> tuple:
     """(result, bytes per rank) of an element-wise reduction over ``comm``: an ndarray
     (the result is a new array) or a scalar."""
@@ -99,7 +108,8 @@ class Group:
             return buf
         t0 = time.perf_counter()
         self._comm.Bcast(buf, root=root)
-        self.world.comm_log.add(op_name, peer, buf.nbytes, time.perf_counter() - t0)
+        self.world.comm_log.add(op_name, peer, buf.nbytes, time.perf_counter() - t0,
+                                peers=None if self.rank == root else [(peer, buf.nbytes)])
         return buf
 
     def allreduce(self, value, op: str = "sum", op_name: str = "allreduce"):
@@ -109,7 +119,8 @@ class Group:
         t0 = time.perf_counter()
         out, nbytes = allreduce_on(self._comm, self.world._MPI, value, op)
         if self.size > 1:
-            self.world.comm_log.add(op_name, -1, nbytes, time.perf_counter() - t0)
+            self.world.comm_log.add(op_name, -1, nbytes, time.perf_counter() - t0,
+                                    peers=allreduce_peers(self._world_ranks, self.world.rank, nbytes))
         return out
 
     def barrier(self) -> None:

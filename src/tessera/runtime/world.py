@@ -33,7 +33,7 @@ import numpy as np
 from tessera.errors import RuntimeLayerError
 from tessera.runtime._mpi import SubarrayTypes, load_mpi
 from tessera.profile.commlog import CommLog
-from tessera.runtime.group import Group, allreduce_on
+from tessera.runtime.group import Group, allreduce_on, allreduce_peers
 from tessera.runtime.options import ENV_GHOSTS, RuntimeOptions
 from tessera.runtime.progress import CONTROL_TAG, GhostServer, ProgressThread
 
@@ -148,6 +148,11 @@ class World:
                                       -1 if self.is_ghost else self.rank, nrank))
         self._map_ghosts(table)
         self._same_node_workers = [t[2] for t in table if t[1] == leaders and not t[0]]
+        nodes = sorted({t[1] for t in table})
+        self.node_of = [0] * sum(1 for t in table if not t[0])  # worker rank -> node index
+        for ghost, leader, wrank, _ in table:
+            if not ghost:
+                self.node_of[wrank] = nodes.index(leader)
         if self.is_ghost:
             self.node_comm = None
             self.nnodes = len({t[1] for t in table})
@@ -314,7 +319,8 @@ class World:
             data = self.comm.bcast(data, root=root)
             nbytes = len(data)
             out = obj if self.rank == root else pickle.loads(data)
-        self.comm_log.add("bcast", root, nbytes, time.perf_counter() - t0)
+        self.comm_log.add("bcast", root, nbytes, time.perf_counter() - t0,
+                          peers=None if self.rank == root else [(root, nbytes)])
         return out
 
     def allreduce(self, value, op: str = "sum"):
@@ -322,7 +328,8 @@ class World:
         self._check_running()
         t0 = time.perf_counter()
         out, nbytes = allreduce_on(self.comm, self._MPI, value, op)
-        self.comm_log.add("allreduce", -1, nbytes, time.perf_counter() - t0)
+        self.comm_log.add("allreduce", -1, nbytes, time.perf_counter() - t0,
+                          peers=allreduce_peers(range(self.size), self.rank, nbytes))
         return out
 
     def allgather(self, obj) -> list:
@@ -330,7 +337,8 @@ class World:
         t0 = time.perf_counter()
         data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
         parts = self.comm.allgather(data)
-        self.comm_log.add("allgather", -1, len(data), time.perf_counter() - t0)
+        self.comm_log.add("allgather", -1, len(data), time.perf_counter() - t0,
+                          peers=[(r, len(p)) for r, p in enumerate(parts) if r != self.rank])
         return [pickle.loads(p) for p in parts]
 
     def gather(self, obj, root: int = 0):
@@ -339,7 +347,9 @@ class World:
         t0 = time.perf_counter()
         data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
         parts = self.comm.gather(data, root=root)
-        self.comm_log.add("gather", root, len(data), time.perf_counter() - t0)
+        self.comm_log.add("gather", root, len(data), time.perf_counter() - t0,
+                          peers=None if parts is None else
+                          [(r, len(p)) for r, p in enumerate(parts) if r != root])
         return None if parts is None else [pickle.loads(p) for p in parts]
 
     def alltoallv(self, send: list, recv_counts: list) -> list:
@@ -378,7 +388,8 @@ class World:
         rbuf = np.empty(max(1, sum(rc)))
         self.comm.Alltoallv([sbuf, (counts, sdis)], [rbuf, (rc, rdis)])
         sent = 8 * (sum(counts) - counts[self.rank])
-        self.comm_log.add("alltoallv", -1, sent, time.perf_counter() - t0)
+        self.comm_log.add("alltoallv", -1, sent, time.perf_counter() - t0,
+                          peers=[(s, 8 * c) for s, c in enumerate(rc) if s != self.rank and c])
         return [rbuf[d:d + c] for d, c in zip(rdis, rc)]
 
     # -- sub-communicators ------------------------------------------------------------

@@ -3,8 +3,13 @@
 A block is keyed by a tuple of tile indices, one per space. A block is allowed when the
 XOR of its tiles' irreps equals the tensor's irrep (point-group symmetry); only allowed,
 non-zero blocks are stored, a missing allowed block is zero. Permutational symmetry
-(e.g. T2[ijab] = T2[jiba]) is carried as metadata: a list of (axis permutation, sign)
-under which the tensor is invariant; all allowed blocks are stored in this version.
+(e.g. T2[ijab] = T2[jiba]) is a list of (axis permutation, sign) under which the tensor
+is invariant. By default it is metadata and all allowed blocks are stored; a tensor made
+with ``canonical=True`` (written by ``store_block``/``put_block`` only, e.g. the vvvv
+integrals) stores one block per orbit of its symmetry group (the largest key, its
+*canonical* block); every other allowed block is an *alias*, a transposed view of its
+canonical block here (no memory) and a fetch of the canonical block permuted locally
+when it lives elsewhere (libtensor's and NWChem TCE's storage of permuted blocks).
 
 Distributed tensors. While a distributed storage is in use (``use_storage``, set by a
 distributed execution context), a new tensor asks it for a handle ``tensor.dist``. The
@@ -82,10 +87,38 @@ def allowed_elements(spaces: tuple, irrep: int) -> int:
                    for k in _allowed_keys(spaces, irrep)))
 
 
+def _aliases(spaces: tuple, irrep: int, symmetry: tuple) -> dict:
+    """{alias key: (canonical key, perm)} over the allowed keys: the canonical key of an
+    orbit of the symmetry group (declared perms with sign +1, closed under composition)
+    is its largest key; block(alias) = block(canonical).transpose(perm)."""
+    group = {tuple(range(len(spaces)))}
+    todo = list(group)
+    gens = [tuple(ps.perm) for ps in symmetry if ps.sign == 1]
+    while todo:
+        g = todo.pop()
+        for h in gens:
+            gh = tuple(g[h[k]] for k in range(len(h)))
+            if gh not in group:
+                group.add(gh)
+                todo.append(gh)
+    out = {}
+    for key in allowed_keys(spaces, irrep):
+        images = {tuple(key[g[k]] for k in range(len(g))): g for g in group}
+        canon = max(images)
+        if canon != key:
+            g = images[canon]            # canon[k] = key[g[k]]: canonical axis k is alias axis g[k]
+            inv = [0] * len(g)
+            for k, gk in enumerate(g):
+                inv[gk] = k
+            out[key] = (canon, tuple(inv))
+    return out
+
+
 class BlockTensor:
     """Dense blocks keyed by tile tuples; see the module docstring."""
 
-    def __init__(self, spaces, irrep: int = 0, *, name: str = "", symmetry=(), placement: str = "balanced"):
+    def __init__(self, spaces, irrep: int = 0, *, name: str = "", symmetry=(), placement: str = "balanced",
+                 canonical: bool = False):
         self.spaces = tuple(spaces)
         for s in self.spaces:
             if not isinstance(s, IndexSpace):
@@ -101,6 +134,9 @@ class BlockTensor:
         self.version = 0      # bumped on every change; caches of derived data key on it
         self.constant = False  # set by freeze(): executors may cache data derived from it
         self.placement = placement   # hint for a distributed storage: how to spread blocks
+        # alias key -> (canonical key, perm): block(alias) = block(canonical).transpose(perm)
+        self.aliases = _aliases(self.spaces, self.irrep, self.symmetry) if canonical else {}
+        self.canonical = canonical
         self.dist = None
         storage = _storage.get()
         if storage is not None:
@@ -139,14 +175,18 @@ class BlockTensor:
     def like(self, name: str = "") -> "BlockTensor":
         """An empty (zero) tensor with the same spaces, irrep, symmetry and placement."""
         return BlockTensor(self.spaces, self.irrep, name=name or self.name, symmetry=self.symmetry,
-                           placement=self.placement)
+                           placement=self.placement, canonical=self.canonical)
 
     def owned_keys(self) -> list:
         """The allowed keys this process stores: all of them for a local tensor, the
         owned ones for a distributed tensor (fill these with ``store_block``)."""
         if self.dist is None:
-            return self.allowed_keys()
-        return list(self.blocks)
+            return self.stored_keys()
+        return [k for k in self.blocks if k not in self.aliases]
+
+    def stored_keys(self) -> list:
+        """The allowed keys that have storage of their own (not aliases)."""
+        return [k for k in self.allowed_keys() if k not in self.aliases]
 
     def local_keys(self) -> list:
         """Keys of the blocks held here (stored blocks; owned blocks when distributed)."""
@@ -180,7 +220,10 @@ class BlockTensor:
         """Set a block this process stores (no checks: hot path). Distributed tensors copy
         into the owned view; a block owned elsewhere is an error."""
         if self.dist is None:
-            self.blocks[key] = array
+            if self.aliases:
+                self._store_canonical(key, array)
+            else:
+                self.blocks[key] = array
         else:
             view = self.blocks.get(key)
             if view is None:
@@ -190,6 +233,24 @@ class BlockTensor:
                     "(each process fills its own), or use accumulate_block to add to a remote one.")
             view[...] = array
         self.version += 1
+
+    def _store_canonical(self, key, array) -> None:
+        """Local canonical storage: keep the canonical block, alias views onto it."""
+        if key in self.aliases:
+            key, perm = self.aliases[key]
+            array = array.transpose(np.argsort(perm))
+        self.blocks[key] = np.ascontiguousarray(array)
+        for alias, perm in self._alias_of(key):
+            self.blocks[alias] = self.blocks[key].transpose(perm)
+
+    def _alias_of(self, key) -> list:
+        """[(alias, perm)] of canonical ``key``."""
+        index = self.__dict__.get("_alias_index")
+        if index is None:
+            index = self._alias_index = {}
+            for alias, (canon, perm) in self.aliases.items():
+                index.setdefault(canon, []).append((alias, perm))
+        return index.get(key, [])
 
     def put_block(self, key, array) -> None:
         """Set a block wherever it is stored: ``store_block`` for a local tensor or an owned
@@ -226,18 +287,19 @@ class BlockTensor:
     def fill_zero_blocks(self) -> "BlockTensor":
         """Store every allowed block, zeros where missing (distributed: all exist already)."""
         if self.dist is None:
-            for key in self.allowed_keys():
+            for key in self.stored_keys():
                 if key not in self.blocks:
-                    self.blocks[key] = np.zeros(self.block_shape(key))
+                    self.store_block(key, np.zeros(self.block_shape(key)))
         self.version += 1
         return self
 
     # ----------------------------------------------------------------- dense views
     @classmethod
     def from_dense(cls, dense, spaces, irrep: int = 0, *, name: str = "", symmetry=(),
-                   drop_zero: bool = False) -> "BlockTensor":
-        """Blocks of ``dense`` (indexed by the spaces' orbitals) at the allowed keys."""
-        t = cls(spaces, irrep, name=name, symmetry=symmetry)
+                   drop_zero: bool = False, canonical: bool = False) -> "BlockTensor":
+        """Blocks of ``dense`` (indexed by the spaces' orbitals) at the allowed keys (the
+        canonical ones only for ``canonical``: ``dense`` must have the symmetry)."""
+        t = cls(spaces, irrep, name=name, symmetry=symmetry, canonical=canonical)
         dense = np.asarray(dense, dtype=np.float64)
         if dense.shape != t.shape:
             raise ShapeError(f"tensor {name!r}: dense array of shape {dense.shape}, expected {t.shape}")
@@ -264,7 +326,7 @@ class BlockTensor:
         """Random blocks at a fraction ``fill`` of the allowed keys (seeded ``rng``; a
         distributed tensor draws every block and keeps its own, so all processes agree)."""
         t = cls(spaces, irrep, name=name)
-        for key in t.allowed_keys():
+        for key in t.stored_keys():
             if fill >= 1.0 or rng.random() < fill:
                 blk = rng.standard_normal(t.block_shape(key))
                 if t.dist is None or key in t.blocks:
@@ -274,11 +336,12 @@ class BlockTensor:
     # ----------------------------------------------------------------- whole-tensor ops
     def copy(self, name: str = "") -> "BlockTensor":
         t = self.like(name)
-        if self.dist is None:
+        if self.dist is None and not self.aliases:
             t.blocks = {k: b.copy() for k, b in self.blocks.items()}
         else:
             for k, b in self.blocks.items():
-                t.store_block(k, b)
+                if k not in self.aliases:
+                    t.store_block(k, b.copy() if self.dist is None else b)
         return t
 
     def zero_(self) -> "BlockTensor":
@@ -319,6 +382,9 @@ class BlockTensor:
     @property
     def stored_elements(self) -> int:
         """Elements stored (over all processes for a distributed tensor)."""
+        if self.aliases:
+            keys = self.stored_keys() if self.dist is not None else [k for k in self.blocks if k not in self.aliases]
+            return int(sum(int(np.prod(self.block_shape(k), dtype=np.int64)) for k in keys))
         if self.dist is not None:
             return allowed_elements(self.spaces, self.irrep)
         return int(sum(b.size for b in self.blocks.values()))
@@ -330,14 +396,14 @@ class BlockTensor:
     @property
     def nbytes(self) -> int:
         """Bytes stored (over all processes for a distributed tensor)."""
-        if self.dist is not None:
+        if self.dist is not None or self.aliases:
             return 8 * self.stored_elements
         return int(sum(b.nbytes for b in self.blocks.values()))
 
     @property
     def local_nbytes(self) -> int:
-        """Bytes of the blocks held by this process."""
-        return int(sum(b.nbytes for b in self.blocks.values()))
+        """Bytes of the blocks held by this process (aliases are views: not counted)."""
+        return int(sum(b.nbytes for k, b in self.blocks.items() if k not in self.aliases))
 
     # ----------------------------------------------------------------- expressions
     def __getitem__(self, indices: str):

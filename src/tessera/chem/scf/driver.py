@@ -131,6 +131,7 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
             energies.append(e_tot)
             errors.append(err)
             iter_wall.append(time.perf_counter() - t_it)
+            context.record("SCF iteration", iter_wall[-1], start=t_it, kind="iteration")
             say("RHF iter %3d  E = %.12f  dE = %+.3e  |[F,D]| = %.3e  %.3f s",
                 it, e_tot, de, err, iter_wall[-1])
             if converged:

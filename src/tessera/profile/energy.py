@@ -1,0 +1,63 @@
+"""Energy counters of the machine, where it exposes them: Linux powercap (Intel RAPL).
+
+``EnergyMeter().read()`` returns the joules counted so far by every CPU package
+(``/sys/class/powercap/intel-rapl:N/energy_uj``, summed; sub-domains such as core or
+dram are parts of their package and not added again), or None when no counter is
+readable; ``reason`` then says why. Counters wrap at ``max_energy_range_uj``; a reading
+unwraps against the previous one (read at least once per wrap period, minutes at full
+load). Counters are per node: every rank of a node reads the same ones, so a run's total
+takes one rank per node (profile.run). A GPU's own counters (NVML) are not read.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+POWERCAP = "/sys/class/powercap"
+
+
+class EnergyMeter:
+    """Joules of the node's CPU packages since an arbitrary origin (see module docstring)."""
+
+    def __init__(self, root: str = POWERCAP):
+        self.reason = ""
+        self._domains = []            # (energy file, wrap in µJ)
+        packages = sorted(p for p in glob.glob(os.path.join(root, "intel-rapl:*"))
+                          if os.path.basename(p).count(":") == 1)
+        if not packages:
+            self.reason = (f"{root} has no intel-rapl package domains (no RAPL interface is exposed "
+                           "to this machine, e.g. a virtual machine, container or non-Intel/AMD CPU)")
+            return
+        for p in packages:
+            path = os.path.join(p, "energy_uj")
+            try:
+                with open(path) as f:
+                    int(f.read())
+                with open(os.path.join(p, "max_energy_range_uj")) as f:
+                    wrap = int(f.read())
+            except (OSError, ValueError) as err:
+                self.reason = (f"{path} is not readable ({getattr(err, 'strerror', None) or err}); "
+                               "reading RAPL usually needs root or a chmod of energy_uj")
+                self._domains = []
+                return
+            self._domains.append((path, wrap))
+        self._last = [0] * len(self._domains)
+        self._total = [0] * len(self._domains)
+        self.read()
+
+    @property
+    def available(self) -> bool:
+        return bool(self._domains)
+
+    def read(self) -> float | None:
+        """Joules so far (None when unavailable)."""
+        if not self._domains:
+            return None
+        for i, (path, wrap) in enumerate(self._domains):
+            with open(path) as f:
+                now = int(f.read())
+            step = now - self._last[i]
+            self._total[i] += step if step >= 0 else step + wrap
+            self._last[i] = now
+        return sum(self._total) / 1e6
