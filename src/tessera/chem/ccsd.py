@@ -123,10 +123,10 @@ class CCSD:
             row = {"iter": it, "e_corr": e, "delta": e - e_old, "residual": res, "seconds": seconds,
                    "flops": flops, "gflops_per_s": flops / seconds / 1e9 if seconds > 0 else 0.0}
             history.append(row)
-            if chk is not None:
-                chk.save(it, e, history, layout, vec, diis)
             if self.progress:
                 self.progress(row)
+            if chk is not None:         # after the iteration's report: the write is not in its time
+                chk.save(it, e, history, layout, vec, diis)
             log.info("CCSD iter %d  E=%.12f  dE=%.3e  |r|=%.3e", it, e, e - e_old, res)
             if abs(e - e_old) < self.conv and res < self.conv_residual:
                 converged = True
