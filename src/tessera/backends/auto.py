@@ -21,9 +21,13 @@ remote block once per rank; ``mpi-collective``: the SUMMA panels broadcast along
 process rows and columns, plus the redistribution into and out of the SUMMA layout;
 variant ``2.5d`` on a pr x pc x c grid: panels broadcast within a layer's smaller grid,
 c partial outputs to the owners). Each candidate also gets a memory estimate per rank
-(T2 + integrals of the fullest rank, plus the working set of the largest contraction
-step: for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the
-homes of the inputs and one panel each; for ``cached`` its block cache), compared with
+(``memory_parts``: T2 + integrals of the fullest rank; what the driver holds beside
+them, the structure's ``held`` bytes (for CCSD the amplitude copies and the DIIS
+history) spread over the ranks; and the working set of the largest contraction step:
+for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the homes
+of the inputs and one panel each; for ``cached`` its block cache; on one process the
+step's temporary matrices plus the gathered matrices of constant tensors the context
+caches), compared with
 ``memory_budget`` (TESSERA_MEMORY_PER_RANK_MB, default half the machine's memory shared
 by the ranks). Candidates that do not fit are dropped (unless --variant names them), so
 replication (c > 1) is chosen only where memory allows; so are candidates whose T2 +
@@ -42,6 +46,7 @@ import time
 
 import numpy as np
 
+from tessera.backends.context import CACHE_BYTES
 from tessera.backends.registry import ENV_MEMORY, VARIANTS, backend_of_variant, check_options, env_number
 from tessera.errors import InputError
 from tessera.plan.blocktasks import contraction_tasks
@@ -57,6 +62,7 @@ BANDWIDTH = 2.0e9     # bytes/s moved per rank (shared memory copies)
 TILES = (48, 32, 24, 16, 12, 8)     # tried from large to small ...
 MAX_PRODUCTS = 60000                # ... down to the first with more block products per iteration
 BALANCE_LIMIT = 1.5
+PLANNER_TEMPORARIES = ("tmp", "pairs", "half")     # names of the tensors the planner makes
 
 ONESIDED_VARIANTS = VARIANTS["mpi-onesided"]
 COLLECTIVE_VARIANTS = VARIANTS["mpi-collective"]
@@ -84,15 +90,28 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
     s = {"flops": 0, "products": 0, "out_tasks": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
          "distinct_bytes": 0, "inv_gets": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
          "other_bytes": 0, "summa_bytes": 0, "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0,
-         "collective_steps": [], "max_step_distinct_bytes": 0}
+         "collective_steps": [], "max_step_distinct_bytes": 0, "temporary_bytes": 0}
     pr, pc = grid_shape(nranks)
+    gathered: dict = {}          # (tensor, perm, sectors) -> bytes of a constant operand's matrices
+    pooled: dict = {}            # structure of an intermediate -> its bytes
     for plan in run.plans:
         for step in plan.steps:
+            # a step's matrices, and the planner's intermediates it reads
+            temps = [r.tensor for r in (*step.inputs, step.out) if r.tensor.name in PLANNER_TEMPORARIES]
+            held = sum(8 * _elements(t) for t in temps if t is not step.out.tensor)
+            s["temporary_bytes"] = max(s["temporary_bytes"], step.memory + held)
+            for t in temps:        # a distributed storage pools freed arrays by structure
+                pooled[(t.spaces, t.irrep, t.placement)] = 8 * _elements(t)
             if step.kind != "contract":
                 s["other_steps"] += 1
                 s["other_bytes"] += 8 * step.out.tensor.dense_elements
                 continue
             s["contract_steps"] += 1
+            for ref, side in zip(step.inputs, "ab"):
+                if ref.tensor.constant:
+                    dims = [(sec.rows, sec.inner) if side == "a" else (sec.inner, sec.cols) for sec in step.sectors]
+                    key = (ref.tensor.uid, step.perms[side], tuple((r.total, c.total) for r, c in dims))
+                    gathered[key] = 8 * sum(r.total * c.total for r, c in dims)
             tasks = contraction_tasks(step)
             s["makespan_flops"] += makespan([t.flops for t in tasks], nranks)
             bytes_a = bytes_b = 0
@@ -138,7 +157,15 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
     s["memory_per_rank_max"] = max(loads)
     s["memory_max_over_mean"] = max(loads) / mean if mean else 1.0
     s["tiles"] = run.tiles
+    s["gathered_bytes"] = min(CACHE_BYTES, sum(gathered.values()))
+    s["held_bytes"] = sum(getattr(run, "held", {}).values())
+    s["pooled_bytes"] = sum(pooled.values())
     return s
+
+
+def _elements(t) -> int:
+    """Elements of every allowed block of ``t``."""
+    return sum(int(np.prod(t.block_shape(k))) for k in t.allowed_keys())
 
 
 def grid_of(nranks: int, variant: str) -> tuple:
@@ -178,6 +205,24 @@ def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
     return {"grid": (pr, pc, c), "bcast_bytes": bcast, "exchange_bytes": exch, "working_bytes": work}
 
 
+def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None) -> dict:
+    """Bytes per rank of one CCSD iteration on ``backend`` (one of the local executors, or
+    an MPI one with its ``variant``), by part: ``stored`` (T2 + integrals of the fullest
+    rank), ``held`` (the structure's other bytes and, distributed, the intermediates the
+    storage pools, spread over the ranks), ``working`` (the executor's working set; see
+    the module docstring)."""
+    held = s["held_bytes"] / nranks
+    if backend in ("mpi-onesided", "mpi-collective"):
+        held += s["pooled_bytes"] / nranks
+    if backend == "mpi-collective":
+        working = collective_traffic(s, nranks, variant)["working_bytes"]
+    elif backend == "mpi-onesided":
+        working = min(512 * 2**20, s["max_step_distinct_bytes"]) if variant == "cached" else 0
+    else:
+        working = s["temporary_bytes"] + s["gathered_bytes"]
+    return {"stored": s["memory_per_rank_max"], "held": held, "working": working}
+
+
 def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float) -> dict:
     """Estimated seconds per CCSD iteration, what moves and the memory, per rank (see
     module docstring)."""
@@ -186,7 +231,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float) -> d
     compute = s["makespan_flops"] / rate          # per step, the busiest rank's flops
     overhead = s["products"] / P * T_TASK + s["other_steps"] * 3 * T_COLL
     other_bytes = s["other_bytes"] * remote / P
-    base = s["memory_per_rank_max"]               # T2 + integrals of the fullest rank
+    memory = sum(memory_parts(s, P, backend, variant).values())
     if backend == "mpi-collective":
         tr = collective_traffic(s, P, variant)
         pr, pc, c = tr["grid"]
@@ -195,8 +240,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float) -> d
         seconds = compute + overhead + coll * T_COLL + moved / BANDWIDTH
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
                 "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes"] / P, "layers": c,
-                "memory_per_rank": base + tr["working_bytes"]}
-    cache = min(512 * 2**20, s["max_step_distinct_bytes"]) if variant == "cached" else 0
+                "memory_per_rank": memory}
     if variant == "original":
         gets = 2 * s["products"] * remote
         accs = s["out_tasks"]
@@ -215,7 +259,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float) -> d
                + (moved / P + other_bytes) / BANDWIDTH + s["contract_steps"] * 4 * T_COLL)
     return {"seconds": seconds, "compute": compute, "gets": gets, "accs": accs,
             "collectives": s["contract_steps"] * 2 + s["other_steps"], "bytes_per_rank": moved / P + other_bytes,
-            "bcast_bytes_per_rank": 0.0, "layers": None, "memory_per_rank": base + cache}
+            "bcast_bytes_per_rank": 0.0, "layers": None, "memory_per_rank": memory}
 
 
 def decide(structure, nranks: int, *, backend: str = "auto", tile=None,

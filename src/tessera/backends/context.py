@@ -29,6 +29,8 @@ from tessera.plan.planner import plan_updates
 from tessera.profile.records import Recorder
 from tessera.tensor.block_tensor import reset_storage, use_storage
 
+CACHE_BYTES = 2 << 30      # gathered matrices of constant tensors a context keeps, at most
+
 _current: contextvars.ContextVar = contextvars.ContextVar("tessera_context", default=None)
 _default = None
 
@@ -58,7 +60,7 @@ def make_executor(name: str, **options):
 class Context:
     """Runs plans with one executor; keeps per-update time and flops."""
 
-    def __init__(self, backend: str = DEFAULT_BACKEND, *, cache_bytes: int = 2 << 30,
+    def __init__(self, backend: str = DEFAULT_BACKEND, *, cache_bytes: int = CACHE_BYTES,
                  recorder: Recorder | None = None, **executor_options):
         self.backend = backend
         self.executor = make_executor(backend, **executor_options)

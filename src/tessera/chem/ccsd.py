@@ -3,7 +3,9 @@
 The equations live in ``ccsd_equations``; this module only iterates them.
 DIIS (``chem.diis``) on the amplitude vector. With distributed amplitudes each process
 keeps the part of the vector it stores; inner products are summed over processes, so
-every process gets the same DIIS coefficients.
+every process gets the same DIIS coefficients. With a ``checkpoint``
+(``chem.checkpoint``) the amplitudes and the DIIS state are saved after every iteration,
+and a restart resumes from them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from tessera.errors import ConvergenceError, InputError
 
 log = logging.getLogger(__name__)
 
+DIIS_SPACE = 6
+# amplitude-sized arrays alive beside the DIIS history at the peak of an iteration: t2,
+# D2, tau, theta, Wvoov, Wvovo, Z and R2 (then R2, the new t2 and the packed vectors)
+AMPLITUDE_COPIES = 8
+
 
 @dataclass(frozen=True)
 class CCSDResult:
@@ -38,6 +45,11 @@ def _pack(t1, t2, keys) -> np.ndarray:
     return np.concatenate([np.zeros(0)] + [t.blocks[k].ravel() for t, ks in zip((t1, t2), keys) for k in ks])
 
 
+def _layout(t1, t2, keys) -> list:
+    """(tensor name, key, shape) of each block in the order ``_pack`` puts them."""
+    return [(name, k, t.blocks[k].shape) for name, t, ks in zip(("t1", "t2"), (t1, t2), keys) for k in ks]
+
+
 def _unpack(vec, t1, t2, keys) -> None:
     pos = 0
     for t, ks in zip((t1, t2), keys):
@@ -52,7 +64,7 @@ class CCSD:
     """Options for a CCSD calculation; ``kernel(ints)`` runs it and returns a CCSDResult."""
 
     def __init__(self, conv: float = 1e-8, conv_residual: float | None = None,
-                 max_iter: int = 50, diis_space: int = 6, progress=None):
+                 max_iter: int = 50, diis_space: int = DIIS_SPACE, progress=None, checkpoint=None):
         if conv <= 0:
             raise InputError(f"--conv must be positive, got {conv}")
         if max_iter < 1:
@@ -62,6 +74,7 @@ class CCSD:
         self.max_iter = max_iter
         self.diis_space = diis_space
         self.progress = progress          # called with each iteration's dict
+        self.checkpoint = checkpoint      # chem.checkpoint.Checkpoint: save (and resume) the state
 
     def kernel(self, ints, context=None) -> CCSDResult:
         ctx = context or ts.current_context()
@@ -81,9 +94,17 @@ class CCSD:
         # reduce through the handle, not a bound method of t2: that would keep the first
         # t2 (and its distributed storage) alive for the whole run
         diis = DIIS(self.diis_space, reduce=t2.dist.allreduce if t2.dist is not None else None)
-        history, flops = [], 0
+        history, flops, first = [], 0, 1
+        chk = self.checkpoint
+        layout = _layout(t1, t2, keys) if chk is not None else None
+        resumed = chk.resume(layout) if chk is not None else None
+        if resumed is not None:
+            _unpack(resumed.vector, t1, t2, keys)
+            diis.vectors, diis.errors, diis.gram = resumed.diis_vectors, resumed.diis_errors, resumed.diis_gram
+            history, e_old, first = resumed.history, resumed.e_corr, resumed.iteration + 1
+            log.info("CCSD resumed after iteration %d, E=%.12f", resumed.iteration, e_old)
         converged = False
-        for it in range(1, self.max_iter + 1):
+        for it in range(first, self.max_iter + 1):
             t0, f0 = time.perf_counter(), ctx.flops
             r1, r2 = eq.residual(ints, t1, t2)
             new1, new2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
@@ -94,7 +115,8 @@ class CCSD:
             new2.fill_zero_blocks()
             old_vec, new_vec = _pack(t1, t2, keys), _pack(new1, new2, keys)
             res = float(np.sqrt(t2.global_sum(float(np.dot(new_vec - old_vec, new_vec - old_vec)))))
-            _unpack(diis.update(new_vec, new_vec - old_vec), new1, new2, keys)
+            vec = diis.update(new_vec, new_vec - old_vec)
+            _unpack(vec, new1, new2, keys)
             t1, t2 = new1, new2
             e = eq.correlation_energy(ints, t1, t2)
             flops, seconds = ctx.flops - f0, time.perf_counter() - t0
@@ -103,6 +125,8 @@ class CCSD:
             history.append(row)
             if self.progress:
                 self.progress(row)
+            if chk is not None:         # after the iteration's report: the write is not in its time
+                chk.save(it, e, history, layout, vec, diis)
             log.info("CCSD iter %d  E=%.12f  dE=%.3e  |r|=%.3e", it, e, e - e_old, res)
             if abs(e - e_old) < self.conv and res < self.conv_residual:
                 converged = True
@@ -136,12 +160,14 @@ class IterationStructure:
     """One CCSD iteration at given tile sizes, planned without data: the cost model's
     and ``tessera plan``'s view of a run. ``plans``: the plans of one iteration;
     ``tensors``: what a run stores (T2 and the integral classes, empty, with their
-    placement); ``tiles``: tile sizes per space."""
+    placement); ``tiles``: tile sizes per space; ``held``: bytes the driver holds beside
+    them (amplitude copies, the DIIS history), spread over the ranks like T2."""
     o: object
     v: object
     plans: list
     tensors: list
     tiles: dict
+    held: dict = field(default_factory=dict)
 
 
 def _structural(t):
@@ -166,9 +192,11 @@ class CCSDStructure:
         o, v = make_spaces(self.orbsym, self._nocc_all, self.nfrozen, tile, occ_tile)
         ctx = PlanningContext()
         with ctx:
-            tensors = {name: _structural(class_tensor(name, o, v)) for name in CLASSES}
+            tensors = {name: _structural(class_tensor(name, o, v)).freeze() for name in CLASSES}
             ints = MOIntegrals(o, v, np.zeros(o.dim), np.zeros(v.dim), tensors, self.nfrozen)
             t1, t2 = _structural(eq.new(ints, "ov", "t1")), _structural(eq.new(ints, "oovv", "t2"))
             eq.residual(ints, t1, t2)
+        amplitudes = 8 * (t1.stored_elements + t2.stored_elements)
+        held = {"amplitudes": (AMPLITUDE_COPIES - 1) * amplitudes, "diis": 2 * DIIS_SPACE * amplitudes}
         return IterationStructure(o, v, ctx.plans, [t2, *tensors.values()],
-                                  {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]})
+                                  {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]}, held)

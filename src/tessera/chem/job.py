@@ -22,6 +22,8 @@ from tessera.backends.context import Context, ranks_of
 from tessera.backends.local import available_cores, threads_per_rank
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
 from tessera.chem.ccsd import CCSD, CCSDStructure, minimal_flops
+from tessera.chem.checkpoint import Checkpoint, check_path, fingerprint
+from tessera.chem.memory import RunShape, available_memory, check, estimate, parse_size, resident_peak
 from tessera.chem.inputs import load, with_model
 from tessera.chem.integrals import transform
 from tessera.chem.triples import triples_correction
@@ -49,6 +51,9 @@ class RunOptions:
     scf: str = "tessera"
     scf_schedule: str = "steal"
     scf_max_iter: int = 100
+    checkpoint: str | None = None    # HDF5 file for the orbitals, amplitudes and DIIS state
+    restart: bool = False            # resume from ``checkpoint``
+    max_memory: float | str | None = None   # MiB per rank (or "8G", ...); None: available memory / ranks
     units: str = "angstrom"          # of an XYZ or Z-matrix geometry: angstrom | bohr
     scf_mode: str = "auto"
 
@@ -66,6 +71,12 @@ class RunOptions:
         if self.scf_max_iter < 1:
             raise InputError(f"--scf-max-iter must be at least 1, got {self.scf_max_iter}")
         check_options(self.backend, self.variant, self.schedule)
+        if self.max_memory is not None:
+            object.__setattr__(self, "max_memory", parse_size(self.max_memory))
+        if self.restart and self.checkpoint is None:
+            raise InputError("--restart needs a checkpoint; give --checkpoint FILE")
+        if self.checkpoint is not None:
+            check_path(self.checkpoint, self.geometry, self.restart)
 
 
 @dataclass
@@ -88,6 +99,7 @@ class Report:
     def phase(self, name: str) -> None: ...
     def done(self, name: str, data: dict) -> None: ...
     def molecule(self, info: dict) -> None: ...
+    def memory(self, estimate) -> None: ...
     def scf(self, info: dict) -> None: ...
     def iteration(self, row: dict) -> None: ...
     def energies(self, energies: dict, timings: dict) -> None: ...
@@ -135,15 +147,28 @@ class Job:
             check_electrons(mol)
         timings: dict = {}
         ranks = ranks_of(opt.backend)
+        nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
+        given = reference or source.reference
+        memory = self._check_memory(mol, method, nfrozen, ranks, given)
+        chk = None
+        if opt.checkpoint is not None:
+            chk = Checkpoint(opt.checkpoint, ranks, restart=opt.restart)
+            chk.check(fingerprint(source.molecule, source.basis, opt.symmetry, nfrozen, given))
 
         t0 = time.perf_counter()
         self.report.phase("scf")
-        given = reference or source.reference
-        ref, scf_error = (given, None) if given is not None else self._scf(mol, ranks)
+        if given is not None:
+            ref, scf_error = given, None
+        elif opt.restart:
+            ref, scf_error = chk.reference(mol), None
+        else:
+            ref, scf_error = self._scf(mol, ranks)
         self._phase(timings, "scf", t0)
-        nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
         backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, ranks)
         occ_tile = decision["occ_tile"] if decision is not None else None
+        if chk is not None:
+            tile, occ_tile = chk.tiles(tile, occ_tile, given=opt.tile is not None)
+            chk.start(ref)
         data = {
             "molecule": source.molecule,
             "basis": source.basis, "point_group": ref.point_group, "nao": int(mol.nao if mol else ref.nmo),
@@ -155,6 +180,7 @@ class Job:
             "occupied_per_irrep": _per_irrep(ref.orbsym[:ref.nocc], ref.irrep_names),
             "virtual_per_irrep": _per_irrep(ref.orbsym[ref.nocc:], ref.irrep_names),
         }
+        data["memory"] = {"estimate": memory.as_dict()}
         data.update({k: v for k, v in exec_options.items() if v is not None})
         if decision is not None:
             data["auto"] = decision
@@ -178,14 +204,14 @@ class Job:
 
         ctx = Context(backend, recorder=self.recorder, **exec_options)
         with ctx:
-            self._correlated(ctx, ref, nfrozen, (tile, occ_tile), method, result)
+            self._correlated(ctx, ref, nfrozen, (tile, occ_tile), method, result, chk)
         # Not in a ``finally``: closing a distributed context is collective, and an error
         # raised on some ranks only must reach the caller (which ends every rank) rather
         # than wait in that collective for ranks that are still computing.
         ctx.close()
         return self._finish(result, t_start)
 
-    def _correlated(self, ctx, ref, nfrozen, tiles, method, result) -> None:
+    def _correlated(self, ctx, ref, nfrozen, tiles, method, result, chk=None) -> None:
         opt, data = self.options, result.data
         timings, energies = data["timings"], data["energies"]
         t0 = time.perf_counter()
@@ -197,7 +223,7 @@ class Job:
 
         t0 = time.perf_counter()
         self.report.phase("ccsd")
-        ccsd = CCSD(conv=opt.conv, max_iter=opt.max_iter, progress=self._iteration)
+        ccsd = CCSD(conv=opt.conv, max_iter=opt.max_iter, progress=self._iteration, checkpoint=chk)
         try:
             cc = ccsd.kernel(ints, ctx)
         except ConvergenceError as err:
@@ -259,6 +285,22 @@ class Job:
         options = {"variant": decision["variant"], "schedule": decision.get("schedule")}
         return decision["backend"], options, decision["tile"], decision
 
+    def _check_memory(self, mol, method, nfrozen, ranks, reference=None):
+        """The estimate of the peak memory per rank (reported), before any heavy work; an
+        InputError on every rank when it exceeds --max-memory (default: the memory
+        available now, shared by the ranks)."""
+        opt = self.options
+
+        def judge():
+            shape = RunShape(mol, method, opt.backend, opt.variant, ranks.size, opt.tile or 32, None,
+                             nfrozen, runs_distributed(opt.backend), reference)
+            est = estimate(shape)
+            self.report.memory(est)
+            limit = opt.max_memory if opt.max_memory is not None else available_memory() / 2**20 / ranks.size
+            check(est, limit, shape)
+            return est
+        return ranks.share(judge)
+
     def _scf(self, mol, ranks):
         """The RHF reference. Tessera's own SCF is collective (every rank takes part, in an
         mpi-onesided context of its own under MPI, else a serial/threads one);
@@ -300,6 +342,7 @@ class Job:
     def _finish(self, result: JobResult, t_start: float) -> JobResult:
         result.data["timings"]["total"] = time.perf_counter() - t_start
         result.data["phases"] = phases(result.data)
+        result.data["memory"]["measured_peak"] = ranks_of(self.options.backend).allgather(resident_peak())
         self.report.energies(result.data["energies"], result.data["timings"])
         return result
 

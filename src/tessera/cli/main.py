@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from tessera.backends.registry import DEFAULT_BACKEND, DEFAULT_SCHEDULE, launched_ranks
 from tessera.chem.outcome import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_NOT_CONVERGED, EXIT_OK,
@@ -61,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--scf-max-iter", type=int, default=100)
         s.add_argument("--scf-mode", default="auto", help="auto (integrals in memory when they fit "
                        "PySCF's max_memory, else direct) | incore | direct (with --scf tessera)")
+        s.add_argument("--max-memory", metavar="SIZE", default=None,
+                       help="memory per rank a run may use: MiB, or with a unit (500M, 8G); a run "
+                            "estimated to need more is refused before the SCF (default: the memory "
+                            "available now, shared by the ranks)")
         s.add_argument("--json", metavar="FILE", help="write the results as JSON (rewritten after each phase)")
         s.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
         loud = s.add_mutually_exclusive_group()
@@ -69,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
         loud.add_argument("-q", "--quiet", action="store_true", help="print only the final energies")
         if name == "run":
             s.add_argument("--plan-only", action="store_true", help="print the plan and stop")
+            s.add_argument("--checkpoint", metavar="FILE", default=None,
+                           help="HDF5 checkpoint written at every CCSD iteration (default: next to "
+                                "the JSON as <json stem>.chk.h5, else ./tessera.chk.h5)")
+            s.add_argument("--restart", action="store_true",
+                           help="resume from the checkpoint (no SCF: its orbitals are used)")
             s.add_argument("--threads", type=_positive_int, default=None,
                            help="threads per rank (BLAS and the threads backend); default "
                                 "OMP_NUM_THREADS, else all cores (1 BLAS thread per MPI rank)")
@@ -101,9 +111,25 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _checkpoint_path(args) -> str | None:
+    """--checkpoint, or its default: <json stem>.chk.h5 beside the JSON, else ./tessera.chk.h5."""
+    if args.command != "run" or args.plan_only:
+        return None
+    if args.checkpoint is not None:
+        if args.json and args.checkpoint.strip() and Path(args.checkpoint).resolve() == Path(args.json).resolve():
+            raise TesseraError(f"--checkpoint {args.checkpoint} is also the --json file; choose another name")
+        return args.checkpoint
+    if args.json:
+        json_path = Path(args.json)
+        return str(json_path.with_name(json_path.stem + ".chk.h5"))
+    return "tessera.chk.h5"
+
+
 def _options(args):
     from tessera.chem.job import RunOptions
-    return RunOptions(geometry=args.geometry, basis=args.basis, method=args.method, charge=args.charge,
+    return RunOptions(checkpoint=_checkpoint_path(args), restart=getattr(args, "restart", False),
+                      max_memory=args.max_memory,
+                      geometry=args.geometry, basis=args.basis, method=args.method, charge=args.charge,
                       frozen_core=args.frozen_core, backend=args.backend, tile=args.tile, conv=args.conv,
                       variant=args.variant, schedule=args.schedule,
                       max_iter=args.max_iter, symmetry=not args.no_symmetry, scf=args.scf,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tessera.chem.ccsd import CCSDStructure, minimal_flops
 from tessera.chem.job import frozen_core_orbitals
 from tessera.chem.inputs import load
-from tessera.chem.scf.driver import guess_orbitals
+from tessera.chem.memory import RunShape, estimate
 
 
 def print_plan(options, rank: int = 0) -> None:
@@ -18,14 +18,14 @@ def print_plan(options, rank: int = 0) -> None:
     source = load(options.geometry, basis=options.basis, charge=options.charge, units=options.units,
                   symmetry=options.symmetry)
     mol = source.mol
-    if mol is None:                     # an FCIDUMP: its orbitals are the reference's
-        orbsym, nocc, group = source.reference.orbsym, source.reference.nocc, source.reference.point_group
-    else:
-        orbsym, nocc, group, _ = guess_orbitals(mol)
     nfrozen = frozen_core_orbitals(mol) if options.frozen_core and mol is not None else 0
     tile, occ_tile = options.tile or 32, None
     nranks = launched_ranks()
-    structure = CCSDStructure(orbsym, nocc, nfrozen)
+    # an FCIDUMP's orbitals are its reference's, else those of the initial guess
+    shape = RunShape(mol, options.method.lower(), options.backend, options.variant, nranks, tile, None,
+                     nfrozen, runs_distributed(options.backend), source.reference)
+    group = shape.group
+    structure = CCSDStructure(shape.orbsym, shape.nocc, nfrozen)
     if runs_distributed(options.backend):
         from tessera.backends.auto import decide, render
         decision = decide(structure, nranks, backend=options.backend, tile=options.tile,
@@ -50,3 +50,4 @@ def print_plan(options, rank: int = 0) -> None:
           f"planned/minimal {total / minimal:.2f}")
     print(f"CCSD iteration: {total:.4e} flops, peak temporary memory {peak / 2**20:.1f} MiB, "
           f"backend {options.backend}")
+    print(estimate(shape.but(tile=tile, occ_tile=occ_tile)).render())

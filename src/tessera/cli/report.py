@@ -58,10 +58,15 @@ class PrintReport(PhaseReport):
         if not self.quiet:
             print(f"\nRHF ({d['source']}): E = {d['e_hf']:.10f} Eh  ({d['seconds']:.2f} s)")
 
+    def memory(self, estimate) -> None:
+        if not self.quiet:
+            print(estimate.render())
+
     def iteration(self, row: dict) -> None:
         if self.quiet:
             return
-        if row["iter"] == 1:
+        if not getattr(self, "_table_started", False):       # also when a restart resumes
+            self._table_started = True
             print(f"\n{'iter':>4s} {'E(corr)':>18s} {'change':>11s} {'residual':>10s} {'seconds':>8s} {'GFLOP/s':>8s}")
         print(f"{row['iter']:4d} {row['e_corr']:18.12f} {row['delta']:11.3e} {row['residual']:10.3e} "
               f"{row['seconds']:8.2f} {row.get('gflops_per_s', 0.0):8.1f}")

@@ -233,6 +233,7 @@ def guess_orbitals(mol) -> tuple:
     sym = symmetry_basis(mol)
     mf = pyscf_hf.RHF(mol)
     mf.verbose = 0
+    mf.max_memory = 0     # integral-direct: never hold PySCF's whole AO ERI array for a guess
     fock = mf.get_fock(h1e=mf.get_hcore(), s1e=mf.get_ovlp(), dm=pyscf_hf.init_guess_by_minao(mol))
     _, _, orbsym = sym.eigh(fock, mf.get_ovlp())
     return np.asarray(orbsym), nocc, sym.group, dict(sym.irrep_names)

@@ -1,0 +1,281 @@
+"""Checkpoint and restart of a run: the orbitals, T1, T2 and the CCSD DIIS state, in HDF5.
+
+Files (h5py), for ``--checkpoint FILE``:
+
+- ``FILE``, the manifest, written by rank 0: the run's fingerprint (molecule, charge,
+  basis, symmetry, frozen core, tile layout), the reference (``mo_coeff``,
+  ``mo_energy``, ``orbsym``, ...), the last finished CCSD iteration with its energy and
+  the iteration table, the DIIS Gram matrix, and the names of that iteration's block
+  files.
+- ``FILE.it<N>.rank<R>``, one per rank and iteration: the T1 and T2 blocks rank ``R``
+  holds and its part of each DIIS vector and error, stored by block key. A restart
+  reads the blocks each rank owns then, from whichever file holds them, so it may run
+  on another number of ranks; no tensor is ever gathered onto one rank.
+
+Every file is written under a temporary name and renamed (``os.replace``, atomic); the
+manifest is written after every rank's block file of its iteration is in place, and
+older block files are removed only after it. A process killed at any moment therefore
+leaves the last finished iteration complete. All ranks must see the same filesystem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tessera.chem.reference import Reference
+from tessera.errors import InputError
+
+FORMAT = "tessera-checkpoint-1"
+
+
+def check_path(path, geometry=None, restart: bool = False) -> Path:
+    """``path`` as a checkpoint file, validated before any work: not empty, not a
+    folder, not the input geometry, in an existing writable folder; with ``restart`` it
+    must exist."""
+    if path is None or not str(path).strip():
+        raise InputError("--checkpoint needs a file name, got an empty one; give e.g. "
+                         "--checkpoint run.chk.h5")
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"--checkpoint {path} is a folder; expected a file name such as {p / 'run.chk.h5'}")
+    if geometry is not None and isinstance(geometry, (str, os.PathLike)) and "\n" not in str(geometry) \
+            and p.exists() and Path(geometry).exists() and p.resolve() == Path(geometry).resolve():
+        raise InputError(f"--checkpoint {path} is the input geometry; choose another file name")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"--checkpoint {path}: folder {folder} does not exist; create it or "
+                         "choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"--checkpoint {path}: folder {folder} is not writable; choose another path")
+    if restart and not p.is_file():
+        raise InputError(f"--restart: no checkpoint at {path}; run once without --restart "
+                         "(it writes one), or give its path with --checkpoint")
+    return p
+
+
+def fingerprint(molecule: dict, basis: str, symmetry: bool, nfrozen: int, reference=None) -> dict:
+    """What a checkpoint must share with the run that resumes from it (the tile layout
+    is added once the tiles are known): ``molecule`` as the job reports it (atoms in Å,
+    charge); a ``reference`` given with the input (an FCIDUMP, a PySCF mean field) adds
+    its energy and orbital counts."""
+    out = {"atoms": [[s, [round(float(x), 8) for x in xyz]] for s, xyz in molecule["atoms"]],
+           "charge": int(molecule["charge"]), "basis": str(basis).strip().lower(),
+           "symmetry": bool(symmetry), "frozen_core": int(nfrozen)}
+    if reference is not None:
+        out["reference"] = [round(float(reference.e_hf), 8), int(reference.nocc), int(reference.nmo)]
+    return out
+
+
+@dataclass
+class Resumed:
+    """The CCSD state of a checkpoint in this rank's block layout."""
+    iteration: int
+    e_corr: float
+    history: list
+    vector: np.ndarray          # T1 and T2 blocks packed in the layout's order
+    diis_vectors: list
+    diis_errors: list
+    diis_gram: np.ndarray
+
+
+def _atomic_h5(path: Path, write) -> None:
+    """``write(h5file)`` into ``path`` by a temporary file and an atomic rename.
+    (Only HDF5 here; JSON results have their own writer.)"""
+    import h5py
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            write(f)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"cannot write checkpoint {path}: {err.strerror or err}; free disk "
+                         "space or choose another --checkpoint") from None
+
+
+def _name(key) -> str:
+    return "_".join(str(k) for k in key)
+
+
+def _read_manifest(path: Path) -> dict:
+    import h5py
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != FORMAT:
+                raise InputError(f"{path} is not a Tessera checkpoint (format "
+                                 f"{f.attrs.get('format')!r}); give the file --checkpoint wrote")
+            ref = f["reference"]
+            out = {"fingerprint": json.loads(f.attrs["fingerprint"]),
+                   "iteration": int(f.attrs["iteration"]), "e_corr": float(f.attrs["e_corr"]),
+                   "history": json.loads(f.attrs["history"]), "parts": json.loads(f.attrs["parts"]),
+                   "diis_gram": f["diis_gram"][()],
+                   "reference": {"mo_coeff": ref["mo_coeff"][()], "mo_energy": ref["mo_energy"][()],
+                                 "orbsym": ref["orbsym"][()], **json.loads(ref.attrs["scalars"])}}
+    except OSError as err:
+        raise InputError(f"cannot read checkpoint {path}: {err}; give the file --checkpoint wrote") from None
+    except KeyError as err:
+        raise InputError(f"checkpoint {path} is incomplete (no {err}); run without --restart") from None
+    return out
+
+
+class Checkpoint:
+    """The checkpoint of one run (collective under MPI: every rank makes one and calls
+    ``start`` and ``save`` alike). ``restart``: resume from the file at ``path``."""
+
+    def __init__(self, path, ranks, *, restart: bool = False):
+        self.path = Path(path)
+        self.ranks = ranks
+        self.restart = restart
+        self.stored = ranks.share(lambda: _read_manifest(self.path)) if restart else None
+        self.fingerprint: dict = {}
+        self._reference: dict = {}
+        self._parts: list = []
+
+    # ------------------------------------------------------------------ identity
+    def check(self, fields: dict) -> None:
+        """Add ``fields`` to the fingerprint; on restart refuse a checkpoint whose
+        fields differ."""
+        self.fingerprint.update(fields)
+        if self.stored is None:
+            return
+        theirs = self.stored["fingerprint"]
+        for k, mine in fields.items():
+            if theirs.get(k) != json.loads(json.dumps(mine)):
+                what = "molecule" if k == "atoms" else k.replace("_", " ")
+                raise InputError(f"checkpoint {self.path} is of another run ({what}: {_short(theirs.get(k))} "
+                                 f"there, {_short(mine)} here); resume with the same input, or run "
+                                 "without --restart")
+
+    def tiles(self, tile: int, occ_tile: int | None, given: bool) -> tuple:
+        """(tile, occupied tile) of this run: on restart the checkpoint's unless --tile was
+        given (then they must agree); recorded in the fingerprint."""
+        occ_tile = occ_tile or tile
+        if self.stored is not None and not given:
+            tile, occ_tile = self.stored["fingerprint"]["tiles"]
+        self.check({"tiles": [int(tile), int(occ_tile)]})
+        return int(tile), int(occ_tile)
+
+    # ------------------------------------------------------------------ reference
+    def reference(self, mol) -> Reference:
+        """The stored reference, for ``mol`` (restart: no SCF)."""
+        r = dict(self.stored["reference"])
+        return Reference(mol=mol, e_hf=r["e_hf"], e_nuc=r["e_nuc"], mo_coeff=r["mo_coeff"],
+                         mo_energy=r["mo_energy"], orbsym=np.asarray(r["orbsym"]), nocc=r["nocc"],
+                         point_group=r["point_group"],
+                         irrep_names={int(k): v for k, v in r["irrep_names"].items()},
+                         converged=True, iterations=r["iterations"], source=f"{r['source']}, from checkpoint")
+
+    def start(self, ref) -> None:
+        """Keep the reference; a new run writes the manifest now (no CCSD iteration yet)
+        and removes block files of an earlier run at this path."""
+        self._reference = {
+            "mo_coeff": np.asarray(ref.mo_coeff), "mo_energy": np.asarray(ref.mo_energy),
+            "orbsym": np.asarray(ref.orbsym),
+            "scalars": {"e_hf": float(ref.e_hf), "e_nuc": float(ref.e_nuc), "nocc": int(ref.nocc),
+                        "point_group": ref.point_group, "source": ref.source.split(", from")[0],
+                        "irrep_names": {str(k): v for k, v in ref.irrep_names.items()},
+                        "iterations": int(ref.iterations)}}
+        if self.stored is not None:
+            self._parts = self.stored["parts"]
+            return
+        if self.ranks.rank == 0:
+            self._write_manifest(0, 0.0, [], np.zeros((0, 0)), [])
+            self._remove_parts(keep=None)
+
+    # ------------------------------------------------------------------ CCSD state
+    def save(self, iteration: int, e_corr: float, history: list, layout: list, vector, diis) -> None:
+        """After CCSD iteration ``iteration`` (collective): this rank's blocks of T1, T2
+        (``vector`` packed in ``layout``: (name, key, shape) per block) and of the DIIS
+        history, then the manifest."""
+        part = self.path.with_name(f"{self.path.name}.it{iteration}.rank{self.ranks.rank}")
+        bounds = np.cumsum([0] + [int(np.prod(shape)) for _, _, shape in layout])
+
+        def write(f):
+            for group, vecs in (("amplitudes", [vector]), ("diis_vectors", diis.vectors),
+                                ("diis_errors", diis.errors)):
+                g = f.create_group(group)
+                for (name, key, shape), lo, hi in zip(layout, bounds[:-1], bounds[1:]):
+                    data = np.stack([v[lo:hi] for v in vecs]) if vecs else np.zeros((0, hi - lo))
+                    g.create_dataset(f"{name}/{_name(key)}", data=data.reshape((len(vecs),) + tuple(shape)))
+        _atomic_h5(part, write)
+        parts = [p.name for p in self.ranks.allgather(part)]      # every rank's file is in place
+        if self.ranks.rank == 0:
+            self._write_manifest(iteration, e_corr, history, diis.gram, parts)
+            self._remove_parts(keep=iteration)
+        self._parts = parts
+
+    def resume(self, layout: list) -> Resumed | None:
+        """The stored CCSD state for this rank's ``layout``, or None when the checkpoint
+        holds no finished iteration (or this is not a restart)."""
+        if self.stored is None or self.stored["iteration"] == 0:
+            return None
+        import h5py
+        need = {(name, _name(key)) for name, key, _ in layout}
+        found: dict = {}
+        for part in self.stored["parts"]:
+            try:
+                with h5py.File(self.path.with_name(part), "r") as f:
+                    for group in ("amplitudes", "diis_vectors", "diis_errors"):
+                        for name in ("t1", "t2"):
+                            if name not in f[group]:
+                                continue
+                            for k in f[group][name]:
+                                if (name, k) in need:
+                                    found[(group, name, k)] = f[group][name][k][()]
+            except OSError as err:
+                raise InputError(f"cannot read checkpoint block file {part}: {err}; run without "
+                                 "--restart") from None
+        ndiis = len(self.stored["diis_gram"])
+
+        def stack(group, n):
+            try:
+                return [np.concatenate([np.zeros(0)] + [found[(group, name, _name(key))][j].ravel()
+                                                        for name, key, _ in layout]) for j in range(n)]
+            except KeyError as err:
+                raise InputError(f"checkpoint {self.path} lacks block {err.args[0][1:]} of "
+                                 f"{err.args[0][0]}; run without --restart") from None
+        return Resumed(self.stored["iteration"], self.stored["e_corr"], self.stored["history"],
+                       stack("amplitudes", 1)[0], stack("diis_vectors", ndiis), stack("diis_errors", ndiis),
+                       np.asarray(self.stored["diis_gram"]))
+
+    # ------------------------------------------------------------------ files
+    def _write_manifest(self, iteration, e_corr, history, gram, parts) -> None:
+        def write(f):
+            f.attrs["format"] = FORMAT
+            f.attrs["fingerprint"] = json.dumps(self.fingerprint)
+            f.attrs["iteration"] = int(iteration)
+            f.attrs["e_corr"] = float(e_corr)
+            f.attrs["history"] = json.dumps(history)
+            f.attrs["parts"] = json.dumps(parts)
+            f.create_dataset("diis_gram", data=np.asarray(gram, dtype=np.float64).reshape(len(gram), len(gram)))
+            ref = f.create_group("reference")
+            for k in ("mo_coeff", "mo_energy", "orbsym"):
+                ref.create_dataset(k, data=self._reference[k])
+            ref.attrs["scalars"] = json.dumps(self._reference["scalars"])
+        _atomic_h5(self.path, write)
+
+    def _remove_parts(self, keep: int | None) -> None:
+        """Remove block files (and left-over temporary files) of iterations before
+        ``keep``; all of them when ``keep`` is None."""
+        pattern = re.compile(re.escape(self.path.name) + r"\.it(\d+)\.rank\d+(\.tmp\d+)?$")
+        folder = self.path.parent if str(self.path.parent) else Path(".")
+        for p in folder.iterdir():
+            m = pattern.match(p.name)
+            if m and (keep is None or int(m.group(1)) < keep):
+                p.unlink(missing_ok=True)
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,161 @@
+"""Checkpoint and restart (``--checkpoint``, ``--restart``).
+
+A ``tessera run`` killed by SIGKILL while it iterates CCSD (once its checkpoint holds
+iteration 2 or later) resumes with ``--restart`` to the energy of an uninterrupted run
+within 1e-9 Eh: on one rank, on two ranks, and from a two-rank checkpoint onto one
+rank. A checkpoint of another run is refused, and bad option values are one-line
+errors. Water/6-31G with tile 2 (many blocks per tensor), converged to 1e-10.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from mpirun import build_env, mpiexec_path
+
+from tessera.cli.main import main
+
+REPO = Path(__file__).resolve().parents[1]
+WATER = str(REPO / "examples" / "water.xyz")
+ARGS = ["run", WATER, "--basis", "6-31g", "--method", "ccsd", "--tile", "2", "--conv", "1e-10"]
+TOL = 1e-9
+TIMEOUT = 240
+
+
+def _cmd(nranks: int, *args) -> list:
+    tessera = [sys.executable, "-m", "tessera.cli.main", *ARGS, *args]
+    if nranks == 1:
+        return tessera + ["--backend", "serial"]
+    return [str(mpiexec_path()), "-n", str(nranks), *tessera, "--backend", "mpi-onesided"]
+
+
+def _run(cmd) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=build_env(), cwd=REPO, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
+def _iteration(chk: Path) -> int:
+    """The CCSD iteration the checkpoint's manifest holds (-1 while there is none)."""
+    try:
+        with h5py.File(chk, "r") as f:
+            return int(f.attrs["iteration"])
+    except (OSError, KeyError):
+        return -1
+
+
+def _kill_at(cmd, chk: Path, at: int = 2) -> int:
+    """Start ``cmd``; SIGKILL its whole process group once the checkpoint holds
+    iteration ``at`` or later; returns the iteration the checkpoint then holds."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=build_env(), cwd=REPO, start_new_session=True)
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while _iteration(chk) < at:
+            assert proc.poll() is None, f"the run ended before it was killed: {proc.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline, "no checkpoint iteration in time"
+            time.sleep(0.002)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return _iteration(chk)
+
+
+def _energy(path: Path) -> tuple:
+    data = json.loads(path.read_text())
+    return data["energies"]["ccsd_correlation"], len(data["iterations"])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """(energy, iterations) of uninterrupted runs on 1 and 2 ranks."""
+    d = tmp_path_factory.mktemp("whole")
+    out = {}
+    for n in (1, 2):
+        _run(_cmd(n, "--json", str(d / f"r{n}.json")))
+        out[n] = _energy(d / f"r{n}.json")
+    assert abs(out[1][0] - out[2][0]) < TOL
+    return out
+
+
+def test_restart_after_kill_one_rank(tmp_path, uninterrupted):
+    js, chk = tmp_path / "r.json", tmp_path / "r.chk.h5"          # the default checkpoint name
+    killed_at = _kill_at(_cmd(1, "--json", str(js)), chk)
+    e_full, iters = uninterrupted[1]
+    assert 2 <= killed_at < iters and not js.exists()
+    proc = _run(_cmd(1, "--json", str(js), "--restart"))
+    assert "from checkpoint" in proc.stdout                        # no SCF: the stored orbitals
+    e, n = _energy(js)
+    assert abs(e - e_full) < TOL and n == iters
+
+
+def test_restart_after_kill_two_ranks_and_onto_one(tmp_path, uninterrupted):
+    js, chk = tmp_path / "r.json", tmp_path / "run.chk.h5"
+    killed_at = _kill_at(_cmd(2, "--json", str(js), "--checkpoint", str(chk)), chk)
+    e_full, iters = uninterrupted[2]
+    assert 2 <= killed_at < iters
+    parts = json.loads(h5py.File(chk, "r").attrs["parts"])
+    assert sorted(parts) == [f"run.chk.h5.it{killed_at}.rank0", f"run.chk.h5.it{killed_at}.rank1"]
+    other = tmp_path / "copy"
+    other.mkdir()
+    for p in [chk.name, *parts]:
+        shutil.copy(tmp_path / p, other / p)
+    _run(_cmd(2, "--json", str(js), "--checkpoint", str(chk), "--restart"))
+    e, n = _energy(js)
+    assert abs(e - e_full) < TOL and n == iters
+    _run(_cmd(1, "--json", str(other / "r.json"), "--checkpoint", str(other / chk.name), "--restart"))
+    e, n = _energy(other / "r.json")
+    assert abs(e - e_full) < TOL and n == iters
+    assert json.loads(h5py.File(other / chk.name, "r").attrs["parts"]) == [f"run.chk.h5.it{iters}.rank0"]
+    assert sorted(p.name for p in other.glob("run.chk.h5.it*")) == [f"run.chk.h5.it{iters}.rank0"]
+
+
+def _one_line_error(capsys, *argv) -> str:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_mismatched_checkpoint_is_refused(tmp_path, capsys):
+    chk = tmp_path / "c.chk.h5"
+    assert main([*ARGS, "--max-iter", "2", "--checkpoint", str(chk)]) == 1     # not converged, saved
+    capsys.readouterr()
+    assert _iteration(chk) == 2
+    for extra, what in ((["--basis", "sto-3g"], "basis"), (["--frozen-core"], "frozen core"),
+                        (["--tile", "3"], "tiles"), (["--charge", "2"], "charge"),
+                        (["--no-symmetry"], "symmetry")):
+        err = _one_line_error(capsys, *ARGS, *extra, "--checkpoint", str(chk), "--restart")
+        assert "another run" in err and what in err
+    moved = tmp_path / "moved.xyz"
+    moved.write_text(Path(WATER).read_text().replace("0.117790", "0.127790"))
+    err = _one_line_error(capsys, "run", str(moved), *ARGS[2:], "--checkpoint", str(chk), "--restart")
+    assert "molecule" in err
+
+
+def test_bad_checkpoint_options(tmp_path, capsys):
+    js = tmp_path / "r.json"
+    js.write_text("{}")
+    cases = [
+        (["--checkpoint", ""], "empty"),
+        (["--checkpoint", str(tmp_path)], "folder"),
+        (["--checkpoint", str(tmp_path / "missing" / "c.h5")], "does not exist"),
+        (["--checkpoint", WATER], "input geometry"),
+        (["--checkpoint", str(tmp_path / "none.h5"), "--restart"], "no checkpoint"),
+        (["--checkpoint", str(js), "--restart"], "cannot read checkpoint"),
+        (["--json", str(js), "--checkpoint", str(js)], "--json"),
+    ]
+    for extra, needle in cases:
+        assert needle in _one_line_error(capsys, *ARGS, *extra)
