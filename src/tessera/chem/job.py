@@ -151,7 +151,7 @@ class Job:
         given = reference or source.reference
         memory = self._check_memory(mol, method, nfrozen, ranks, given)
         chk = None
-        if opt.checkpoint is not None:
+        if opt.checkpoint is not None and method != "hf":     # amplitudes to keep: CCSD only
             chk = Checkpoint(opt.checkpoint, ranks, restart=opt.restart)
             chk.check(fingerprint(source.molecule, source.basis, opt.symmetry, nfrozen, given))
 
