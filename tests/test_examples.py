@@ -41,7 +41,7 @@ def printed(script: str) -> dict:
 
 
 @pytest.mark.parametrize("script, frozen", [("00-simple_ccsd_t.py", False), ("01-from_pyscf_mf.py", True),
-                                            ("03-fcidump.py", False)])
+                                            ("02-restart.py", False), ("03-fcidump.py", False)])
 def test_example_prints_pyscf_energies(pyscf_energies, script, frozen):
     energies = printed(script)
     assert energies, "the example printed no energy"
