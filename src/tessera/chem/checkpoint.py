@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tessera.chem.outcome import atomic_file
 from tessera.chem.reference import Reference
 from tessera.errors import InputError
 
@@ -85,21 +86,14 @@ class Resumed:
 
 
 def _atomic_h5(path: Path, write) -> None:
-    """``write(h5file)`` into ``path`` by a temporary file and an atomic rename.
-    (Only HDF5 here; JSON results have their own writer.)"""
+    """``write(h5file)`` into ``path`` atomically (``outcome.atomic_file``: a temporary
+    file in the same folder, fsync, rename; an interrupt waits for it)."""
     import h5py
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
-        with h5py.File(tmp, "w") as f:
-            write(f)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        with atomic_file(path) as tmp:
+            with h5py.File(tmp, "w") as f:
+                write(f)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise InputError(f"cannot write checkpoint {path}: {err.strerror or err}; free disk "
                          "space or choose another --checkpoint") from None
 
@@ -268,7 +262,7 @@ class Checkpoint:
     def _remove_parts(self, keep: int | None) -> None:
         """Remove block files (and left-over temporary files) of iterations before
         ``keep``; all of them when ``keep`` is None."""
-        pattern = re.compile(re.escape(self.path.name) + r"\.it(\d+)\.rank\d+(\.tmp\d+)?$")
+        pattern = re.compile(r"\.?" + re.escape(self.path.name) + r"\.it(\d+)\.rank\d+(\..+\.tmp)?$")
         folder = self.path.parent if str(self.path.parent) else Path(".")
         for p in folder.iterdir():
             m = pattern.match(p.name)
