@@ -51,6 +51,7 @@ from tessera.backends.registry import ENV_MEMORY, VARIANTS, backend_of_variant, 
 from tessera.errors import InputError
 from tessera.plan.blocktasks import contraction_tasks
 from tessera.runtime.distribution import block_owners, default_layers, grid_3d, grid_shape, makespan
+from tessera.tensor.block_tensor import allowed_elements
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,10 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
         for step in plan.steps:
             # a step's matrices, and the planner's intermediates it reads
             temps = [r.tensor for r in (*step.inputs, step.out) if r.tensor.name in PLANNER_TEMPORARIES]
-            held = sum(8 * _elements(t) for t in temps if t is not step.out.tensor)
+            held = sum(8 * allowed_elements(t.spaces, t.irrep) for t in temps if t is not step.out.tensor)
             s["temporary_bytes"] = max(s["temporary_bytes"], step.memory + held)
             for t in temps:        # a distributed storage pools freed arrays by structure
-                pooled[(t.spaces, t.irrep, t.placement)] = 8 * _elements(t)
+                pooled[(t.spaces, t.irrep, t.placement)] = 8 * allowed_elements(t.spaces, t.irrep)
             if step.kind != "contract":
                 s["other_steps"] += 1
                 s["other_bytes"] += 8 * step.out.tensor.dense_elements
@@ -161,11 +162,6 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
     s["held_bytes"] = sum(getattr(run, "held", {}).values())
     s["pooled_bytes"] = sum(pooled.values())
     return s
-
-
-def _elements(t) -> int:
-    """Elements of every allowed block of ``t``."""
-    return sum(int(np.prod(t.block_shape(k))) for k in t.allowed_keys())
 
 
 def grid_of(nranks: int, variant: str) -> tuple:

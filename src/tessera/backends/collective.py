@@ -47,7 +47,7 @@ from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import partition
 from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
-from tessera.plan.blocktasks import add_source, hadamard_pairs, invert_key, pair_block
+from tessera.plan.blocktasks import add_source, hadamard_pairs, invert_key, source_block
 from tessera.runtime import distribution
 from tessera.runtime.distribution import default_layers, grid_shape, largest_first
 
@@ -254,10 +254,7 @@ class CollectiveExecutor(DistributedExecutor):
             akey, dkey = add_source(step, okey)
             if akey is None:
                 continue
-            if step.pairs:
-                blk = pair_block(step, okey, blocks[(a.dist.ga.eid, akey)])
-            else:
-                blk = blocks[(a.dist.ga.eid, akey)].transpose(step.perms["a"])
+            blk = source_block(step, okey, blocks[(a.dist.ga.eid, akey)])
             if d is not None:
                 blk = blk / blocks[(d.dist.ga.eid, dkey)].transpose(step.perms["d"])
             view += step.scale * blk if step.scale != 1.0 else blk

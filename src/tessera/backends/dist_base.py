@@ -26,7 +26,7 @@ from tessera.backends.distributed import TensorStore
 from tessera.backends.local import threads_per_rank
 from tessera.backends.registry import ENV_BLAS_THREADS, env_number
 from tessera.errors import ShapeError
-from tessera.plan.blocktasks import add_source, hadamard_pairs, pair_block
+from tessera.plan.blocktasks import add_source, hadamard_pairs, source_block
 
 
 def part_range(ga, key, part) -> tuple:
@@ -166,12 +166,8 @@ class DistributedExecutor(ABC):
             req += [(d, s[1]) for s in srcs.values()]
         blocks = self.fetch_blocks(req)
         t0 = time.perf_counter()
-        perm = step.perms["a"]
         for okey, (akey, dkey) in srcs.items():
-            if step.pairs:
-                blk = pair_block(step, okey, blocks[(a.uid, akey)])
-            else:
-                blk = blocks[(a.uid, akey)].transpose(perm)
+            blk = source_block(step, okey, blocks[(a.uid, akey)])
             if d is not None:
                 blk = blk / blocks[(d.uid, dkey)].transpose(step.perms["d"])
             view = out.blocks[okey]

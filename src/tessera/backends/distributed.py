@@ -31,6 +31,8 @@ import logging
 import weakref
 from collections import OrderedDict
 
+import numpy as np
+
 from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, World
 from tessera.runtime.distribution import block_owners

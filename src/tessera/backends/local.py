@@ -22,6 +22,14 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def threads_of(backend: str, distributed: bool) -> int:
+    """The threads one rank of ``backend`` runs with: 1 for serial; --threads /
+    OMP_NUM_THREADS when set; else 1 per rank of a distributed run, all cores in one process."""
+    if backend == "serial":
+        return 1
+    return threads_per_rank() or (1 if distributed else available_cores())
+
+
 def threads_per_rank() -> int | None:
     """The threads a process may use as asked by ``OMP_NUM_THREADS`` (its first value),
     or None when it is not set."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from tessera.backends.registry import check_schedule
 from tessera.runtime import TaskCounter

@@ -130,11 +130,9 @@ class Checkpoint:
     def __init__(self, path, ranks, *, restart: bool = False):
         self.path = Path(path)
         self.ranks = ranks
-        self.restart = restart
         self.stored = ranks.share(lambda: _read_manifest(self.path)) if restart else None
         self.fingerprint: dict = {}
         self._reference: dict = {}
-        self._parts: list = []
 
     # ------------------------------------------------------------------ identity
     def check(self, fields: dict) -> None:
@@ -181,7 +179,6 @@ class Checkpoint:
                         "irrep_names": {str(k): v for k, v in ref.irrep_names.items()},
                         "iterations": int(ref.iterations)}}
         if self.stored is not None:
-            self._parts = self.stored["parts"]
             return
         if self.ranks.rank == 0:
             self._write_manifest(0, 0.0, [], np.zeros((0, 0)), [])
@@ -207,7 +204,6 @@ class Checkpoint:
         if self.ranks.rank == 0:
             self._write_manifest(iteration, e_corr, history, diis.gram, parts)
             self._remove_parts(keep=iteration)
-        self._parts = parts
 
     def resume(self, layout: list) -> Resumed | None:
         """The stored CCSD state for this rank's ``layout``, or None when the checkpoint

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from tessera.backends.context import Context, ranks_of
-from tessera.backends.local import available_cores, threads_per_rank
+from tessera.backends.local import threads_of
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
 from tessera.chem.ccsd import CCSD, CCSDStructure, minimal_flops
 from tessera.chem.checkpoint import Checkpoint, check_path, fingerprint
@@ -174,8 +174,7 @@ class Job:
             "basis": source.basis, "point_group": ref.point_group, "nao": int(mol.nao if mol else ref.nmo),
             "nocc": int(ref.nocc), "nvir": int(ref.nvir), "frozen_core": nfrozen,
             "backend": backend, "tile": tile, "occ_tile": occ_tile or tile, "method": method, "scf": opt.scf,
-            "ranks": ranks.size, "threads_per_rank": 1 if backend == "serial" else threads_per_rank() or (
-                1 if ranks.size > 1 else available_cores()),
+            "ranks": ranks.size, "threads_per_rank": threads_of(backend, ranks.size > 1),
             "nuclear_repulsion": ref.e_nuc,
             "occupied_per_irrep": _per_irrep(ref.orbsym[:ref.nocc], ref.irrep_names),
             "virtual_per_irrep": _per_irrep(ref.orbsym[ref.nocc:], ref.irrep_names),

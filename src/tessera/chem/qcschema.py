@@ -136,8 +136,4 @@ def atomic_result(data: dict) -> dict:
 
 def write_atomic_result(data: dict, path) -> None:
     """Write :func:`atomic_result` of ``data`` to ``path`` as JSON."""
-    result = atomic_result(data)
-    try:
-        Path(str(path)).write_text(json.dumps(result, indent=1))
-    except OSError as exc:
-        raise InputError(f"cannot write --qcschema {path}: {exc.strerror}") from None
+    Path(str(path)).write_text(json.dumps(atomic_result(data), indent=1))   # errors: outputs.write_outputs

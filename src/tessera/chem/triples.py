@@ -331,13 +331,12 @@ class TripleKernel:
     out of the batch layout for its sweep (index maps).
     """
 
-    def __init__(self, inp: KernelInputs, G: int, pool: list):
+    def __init__(self, inp: KernelInputs, G: int, pool: list, batch: int = 1):
         self.inp, self.G = inp, G
         lay = inp.lay
         self.maps = lay.maps[G]
         self.dense = self.maps["dense"]
-        n = int(lay.ntrip[G])
-        self.batch = max(1, pool[0].size // max(1, n))        # as new_pool made it
+        self.batch = batch                 # the batch new_pool(lay, batch) sized ``pool`` for
         self.buf = pool[:-1]
         self.lbuf = pool[-1]
         self.irr, self.rel = inp.irrep, inp.rel

@@ -281,7 +281,7 @@ class TriplesTasks:
                                       scratch=self.scratch)
         if not hasattr(self.local, "pool"):
             self.local.pool = TripleKernel.new_pool(self.lay, self.batch)
-        kern = TripleKernel(inp, G, self.local.pool)
+        kern = TripleKernel(inp, G, self.local.pool, self.batch)
         I, J, K = (self.tiles[x][:2] for x in (a, b, c))
         energy = kern.tile_energy(I, J, K)
         with self.lock:

@@ -11,14 +11,10 @@ import sys
 
 
 def threads_per_rank(backend: str) -> int:
-    """The threads one rank of ``backend`` runs with (as the JSON's ``threads_per_rank``):
-    1 for serial; --threads / OMP_NUM_THREADS when set; else 1 per MPI rank, all cores in
-    one process."""
-    from tessera.backends.local import available_cores, threads_per_rank as asked
+    """The threads one rank of ``backend`` runs with (as the JSON's ``threads_per_rank``)."""
+    from tessera.backends.local import threads_of
     from tessera.backends.registry import runs_distributed
-    if backend == "serial":
-        return 1
-    return asked() or (1 if runs_distributed(backend) else available_cores())
+    return threads_of(backend, runs_distributed(backend))
 
 
 def blas() -> str:

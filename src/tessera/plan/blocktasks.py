@@ -111,6 +111,12 @@ def add_source(step, okey) -> tuple:
     return akey, dkey
 
 
+def source_block(step, okey, block):
+    """What an ``add`` step adds to output block ``okey`` from its source block (before
+    scale and divisor): the pair map of a ``pack``/``unpack_half`` step, else a transpose."""
+    return pair_block(step, okey, block) if step.pairs else block.transpose(step.perms["a"])
+
+
 def pair_outputs(step, akey) -> list:
     """Output keys of a ``pack`` / ``unpack_half`` step that source block ``akey`` feeds."""
     if step.pairs == "pack":

@@ -20,7 +20,7 @@ import numpy as np
 from tessera.errors import ShapeError
 from tessera.expr.terms import Ref, Update
 from tessera.plan.layout import Sector, group_irreps, matrix_layout
-from tessera.tensor.block_tensor import BlockTensor, allowed_elements
+from tessera.tensor.block_tensor import BlockTensor, allowed_elements, symmetry_group
 from tessera.tensor.pairs import pair_space
 
 
@@ -51,7 +51,6 @@ class PathChoice:
     """The pairing orders of one multi-factor term: (path, flops, largest intermediate
     elements), cheapest first; ``paths[0]`` is the one planned."""
 
-    label: str
     term: str
     paths: tuple
 
@@ -207,7 +206,7 @@ def _best_order(factors, out: Ref, term, label: str, choices: list) -> list:
            for r in factors]
     paths = sorted(_orders(ops, final), key=lambda p: (p[1], p[2]))
     show = " * ".join(f"{op.name}[{op.indices}]" for op in ops)
-    choices.append(PathChoice(label, show, tuple((p[3], p[1], p[2]) for p in paths)))
+    choices.append(PathChoice(show, tuple((p[3], p[1], p[2]) for p in paths)))
     return list(paths[0][0])
 
 
@@ -321,21 +320,9 @@ def _term_symmetric(F: Ref, G: Ref, out: Ref, sym: tuple) -> bool:
 
 
 def _equal_strings(ref: Ref) -> set:
-    """Index strings under which ``ref``'s tensor has the same values (its declared
-    symmetries with sign +1, closed under composition)."""
-    perms = [tuple(ps.perm) for ps in ref.tensor.symmetry if ps.sign == 1]
-    seen, todo = {ref.indices}, [ref.indices]
-    while todo:
-        s = todo.pop()
-        for perm in perms:
-            moved = [""] * len(s)
-            for k, p in enumerate(perm):     # T = T.transpose(perm): T[x] = T[y], y[perm[k]] = x[k]
-                moved[p] = s[k]
-            m = "".join(moved)
-            if m not in seen:
-                seen.add(m)
-                todo.append(m)
-    return seen
+    """Index strings under which ``ref``'s tensor has the same values (its symmetry group)."""
+    return {"".join(ref.indices[g[k]] for k in range(len(g)))
+            for g in symmetry_group(tuple(ref.tensor.symmetry), ref.tensor.ndim)}
 
 
 def _pair_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:

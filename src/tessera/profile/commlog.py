@@ -148,7 +148,7 @@ class CommLog:
             return
         total = sum(n for _, n in parts)
         events, self.events = self.events, None
-        start = perf_counter() - self.t0 - seconds
+        start = perf_counter() - self.t0 - seconds if events is not None else 0.0
         for peer, n in parts:
             share = seconds * (n / total) if total else seconds / len(parts)
             self.add(op, peer, n, share)
