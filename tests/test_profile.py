@@ -21,6 +21,7 @@ from mpirun import run_mpi, run_mpi_raw
 
 from tessera.cli.main import main
 from tessera.profile.commlog import is_collective
+from tessera.profile.run import rows
 
 MPI_DIR = Path(__file__).parent / "mpi"
 TESSERA = Path(sys.executable).parent / "tessera"
@@ -71,9 +72,9 @@ def test_scripted_records_equal_requests(nprocs, tmp_path_factory):
     out, d = scripted(nprocs, tmp_path_factory)
     recs = rank_files(d, nprocs)
     for rank, (rec, asked) in enumerate(zip(recs, out["per_rank"])):
-        window = next(g for g in rec["regions"] if g["name"] == "scripted exchange")
+        window = next(g for g in rows(rec, "regions") if g["name"] == "scripted exchange")
         lo, hi = window["start"], window["start"] + window["seconds"]
-        inside = [o for o in rec["ops"] if lo <= o["start"] and o["start"] + o["seconds"] <= hi + 1e-9]
+        inside = [o for o in rows(rec, "ops") if lo <= o["start"] and o["start"] + o["seconds"] <= hi + 1e-9]
         got, received = {}, defaultdict(int)
         for o in inside:
             if not is_collective(o["op"]) and o["bytes"]:
@@ -85,10 +86,10 @@ def test_scripted_records_equal_requests(nprocs, tmp_path_factory):
         assert dict(received) == asked["received"], rank
         # every event together gives the per-operation totals
         for op, t in rec["totals"].items():
-            evs = [o for o in rec["ops"] if o["op"] == op]
+            evs = [o for o in rows(rec, "ops") if o["op"] == op]
             assert sum(o["bytes"] for o in evs) == t["bytes"]
             assert sum(o["seconds"] for o in evs) == pytest.approx(t["seconds"], rel=1e-9, abs=1e-12)
-    tasks = sorted(t["index"] for rec in recs for t in rec["tasks"] if t["name"] == "sleepy tasks")
+    tasks = sorted(t["index"] for rec in recs for t in rows(rec, "tasks") if t["name"] == "sleepy tasks")
     assert tasks == list(range(3 * nprocs))            # each task recorded once, on the rank that ran it
 
 
@@ -138,14 +139,15 @@ def test_profiled_run_files(profiles):
         assert result["ranks"] == n and index["summary"]["ranks"] == n
         assert result["statistics"] == index["summary"]
         recs = rank_files(d, n)
-        kinds = {g["kind"] for g in recs[0]["regions"]}
+        kinds = {g["kind"] for g in rows(recs[0], "regions")}
         assert {"phase", "iteration", "contract", "tasks"} <= kinds
-        names = {g["name"] for g in recs[0]["regions"]}
+        names = {g["name"] for g in rows(recs[0], "regions")}
         assert {"scf", "transform", "ccsd", "SCF iteration", "CCSD iteration", "scf.fock"} <= names
-        iterations = [g for g in recs[0]["regions"] if g["name"] == "CCSD iteration"]
+        iterations = [g for g in rows(recs[0], "regions") if g["name"] == "CCSD iteration"]
         assert len(iterations) == len(result["iterations"])
-        assert recs[0]["tasks"]
+        assert rows(recs[0], "tasks")
         check_trace(json.loads((d / "trace.json").read_text()), n)
+        assert not list(d.glob("*.part"))                  # the ranks' trace parts were joined
         s = index["summary"]
         assert 0 < s["efficiency"] <= 1
         for r in s["per_rank"]:

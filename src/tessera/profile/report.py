@@ -31,7 +31,7 @@ import numpy as np
 from tessera.errors import InputError
 from tessera.profile.commlog import is_collective
 from tessera.profile.records import imbalance
-from tessera.profile.run import FORMAT, TIME_KINDS, load_json, render_table
+from tessera.profile.run import FORMAT, TIME_KINDS, load_json, render_table, rows
 
 
 class Profile:
@@ -104,10 +104,10 @@ def bound_rows(p: Profile) -> list:
         return []
     per_label: dict = {}
     for r in p.ranks:
-        ops = [o for o in r["ops"] if is_collective(o["op"])]
+        ops = [o for o in rows(r, "ops") if is_collective(o["op"])]
         starts = np.asarray([o["start"] for o in ops])
         cum = np.concatenate([[0.0], np.cumsum([sum(n for _, n in o["peers"]) for o in ops])])
-        for g in r["regions"]:
+        for g in rows(r, "regions"):
             if g["kind"] != "contract":
                 continue
             lo, hi = np.searchsorted(starts, [g["start"], g["start"] + g["seconds"]], side="left")
@@ -119,9 +119,16 @@ def bound_rows(p: Profile) -> list:
     for lab, (calls, got, flops) in per_label.items():
         if flops <= 0:
             continue
-        bound = 8 * 3 * (flops / 2 / n) ** (2 / 3)
+        bound = matmul_bound_bytes(flops / 2, n)
         out.append((lab, calls // n, got / calls, bound))
     return sorted(out, key=lambda r: -r[3])
+
+
+def matmul_bound_bytes(mnk: float, ranks: int, itemsize: int = 8) -> float:
+    """Bytes per rank of the leading term of the communication lower bound of a matrix
+    product of ``mnk`` = m n k multiply-adds over ``ranks`` ranks: 3 n^2 / p^(2/3) words
+    with n^3 = m n k (Solomonik and Demmel)."""
+    return itemsize * 3 * (mnk / ranks) ** (2 / 3)
 
 
 def run_text(p: Profile) -> str:

@@ -35,7 +35,7 @@ import time
 from tessera.errors import InputError
 from tessera.profile.commlog import LOCAL_OPS, ONE_SIDED_OPS, is_collective
 
-FORMAT = "tessera-profile-1"
+FORMAT = "tessera-profile-2"
 TIME_KINDS = ("compute", "one_sided", "collective", "counter", "idle")
 
 
@@ -87,16 +87,22 @@ def rank_record(recorder, log=None, *, rank: int = 0, node_of=None, ranks_total:
     meter = recorder.energy
     out["energy"] = {"available": bool(meter and meter.available), "joules": dict(recorder.joules),
                      "reason": "the run was not profiled (--profile)" if meter is None else meter.reason}
-    if recorder.detailed:
-        out["regions"] = [{"name": g.label, "kind": g.kind, "start": g.start, "seconds": g.seconds,
-                           "flops": g.flops, "thread": threads.get(g.thread, 0)}
-                          for g in recorder.regions]
-        out["tasks"] = [{"name": n, "index": i, "start": s, "seconds": d, "thread": threads.get(th, 0)}
-                        for n, i, s, d, th in recorder.tasks]
+    if recorder.detailed:         # columns, not one dict per event: cheap to build and write
+        regions = recorder.regions
+        out["regions"] = {"name": [g.label for g in regions], "kind": [g.kind for g in regions],
+                          "start": [g.start for g in regions], "seconds": [g.seconds for g in regions],
+                          "flops": [g.flops for g in regions],
+                          "thread": [threads.get(g.thread, 0) for g in regions]}
+        tasks = recorder.tasks
+        out["tasks"] = {"name": [t[0] for t in tasks], "index": [t[1] for t in tasks],
+                        "start": [t[2] for t in tasks], "seconds": [t[3] for t in tasks],
+                        "thread": [threads.get(t[4], 0) for t in tasks]}
         shift = recorder.t0 - log.t0 if log is not None else 0.0
-        out["ops"] = [{"op": op, "peer": peer, "bytes": nb, "start": st - shift, "seconds": sec,
-                       "peers": [list(p) for p in peers] if peers else []}
-                      for op, peer, nb, st, sec, peers in (log.events or [] if log is not None else [])]
+        events = (log.events or []) if log is not None else []
+        out["ops"] = {"op": [e[0] for e in events], "peer": [e[1] for e in events],
+                      "bytes": [e[2] for e in events], "start": [e[3] - shift for e in events],
+                      "seconds": [e[4] for e in events],
+                      "peers": [[list(p) for p in e[5]] if e[5] else [] for e in events]}
     return out
 
 
@@ -106,6 +112,13 @@ def _thread_ids(recorder) -> dict:
     for ident in [g.thread for g in recorder.regions] + [t[4] for t in recorder.tasks]:
         ids.setdefault(ident, len(ids))
     return ids
+
+
+def rows(record: dict, kind: str) -> list:
+    """The events of one kind (``regions``, ``tasks`` or ``ops``) of a rank record as one
+    dict per event (the files hold them as columns)."""
+    columns = record.get(kind) or {}
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
 def light(record: dict) -> dict:
@@ -174,41 +187,40 @@ def render_table(summary: dict) -> str:
 def finish(recorder, world=None, directory: str | None = None, data: dict | None = None) -> dict | None:
     """Collective over the world's ranks (if any): the run summary on rank 0 (None
     elsewhere); with ``directory`` also the profile files (module docstring)."""
+    from tessera.profile import trace
     if world is None:
         record = rank_record(recorder)
-        parts = [light(record)]
-        rank = 0
+        rank, base = 0, record["t0_unix"]
     else:
         record = rank_record(recorder, world.comm_log, rank=world.rank, node_of=world.node_of,
                              ranks_total=world.full_size)
         rank = world.rank
-        if directory is not None:
-            _write(os.path.join(directory, f"records.{rank}.json"), record)
-        parts = world.gather(light(record))
+        base = world.allreduce(record["t0_unix"], op="min") if directory is not None else 0.0
+    if directory is not None:       # every rank writes its own files, in parallel
+        _write(os.path.join(directory, f"records.{rank}.json"), record)
+        _guard(trace.write_part, os.path.join(directory, f"trace.{rank}.part"), record, base)
+    # once rank 0 has every rank's part of the gather, every rank has written its files
+    parts = [light(record)] if world is None else world.gather(light(record))
     if rank != 0:
-        if directory is not None:
-            world.barrier()            # rank 0 reads every rank file after this
         return None
     summary = summarize(parts)
     if directory is not None:
-        if world is None:
-            _write(os.path.join(directory, "records.0.json"), record)
-        else:
-            world.barrier()
-        from tessera.profile.trace import write_trace
-        ranks = [record] + [load_json(os.path.join(directory, f"records.{r}.json"))
-                            for r in range(1, len(parts))]
         result = dict(data or {}, statistics=summary)
         _write(os.path.join(directory, "result.json"), result)
         _write(os.path.join(directory, "records.json"),
                {"format": FORMAT, "summary": summary, "rank_files":
                 [f"records.{r}.json" for r in range(len(parts))], "run": _run_info(result)})
-        path = os.path.join(directory, "trace.json")
-        try:
-            write_trace(path, ranks)
-        except OSError as err:
-            raise InputError(f"cannot write {path}: {err.strerror}") from None
+        _guard(trace.join_parts, os.path.join(directory, "trace.json"),
+               [os.path.join(directory, f"trace.{r}.part") for r in range(len(parts))],
+               {"format": FORMAT, "ranks": len(parts)})
     return summary
+
+
+def _guard(write, path: str, *args) -> None:
+    try:
+        write(path, *args)
+    except OSError as err:
+        raise InputError(f"cannot write {path}: {err.strerror}") from None
 
 
 def _run_info(data: dict) -> dict:
@@ -228,9 +240,10 @@ def prepare(directory: str) -> str:
 
 
 def _write(path: str, obj) -> None:
+    text = json.dumps(obj, default=float)        # the C encoder: json.dump's chunks are slower
     try:
         with open(path, "w") as f:
-            json.dump(obj, f, default=float)
+            f.write(text)
     except OSError as err:
         raise InputError(f"cannot write {path}: {err.strerror}") from None
 
