@@ -12,9 +12,11 @@ loop-order (NWChem TCE): every mpi-onesided loop order (original, inverted, cach
     counts (scaling).
 progress (Casper): CCSD(T) on the same number of cores with no progress help (--cores
     ranks), a progress thread per rank (--cores / 2 ranks, each with its thread), and
-    ghost ranks (--cores processes, one of them a ghost); per mode wall, (T) seconds,
-    compute, seconds waiting in one-sided and counter operations, E(N) (N = every
-    process), and `tessera report` over the three (progress.png).
+    ghost ranks (--cores processes, one of them a ghost); per mode two rows, the whole
+    CCSD(T) and (T) alone (the triples phase of the same run, from the rank files: its
+    wall time, the work of its tasks, the waits that started in it): wall, compute,
+    seconds waiting in one-sided and counter operations, E(N) (N = every process);
+    progress.png and one `tessera report` per mode.
 
 Energy to solution comes with every profile: joules per phase where the machine's RAPL
 counters are readable, else the report says "unavailable" and why.
@@ -32,6 +34,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tessera.profile.commlog import LOCAL_OPS, ONE_SIDED_OPS
+
+from common import table
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -82,12 +88,10 @@ def loop_order(a) -> dict:
                     dirs.append(d)
                 if len(dirs) > 1:
                     report(dirs, a.out / f"report_{mol}_{variant}_{schedule}")
-    print(f"{'molecule':15s} {'N':>2s} {'variant':9s} {'schedule':8s} {'gets':>8s} {'accs':>8s} "
-          f"{'MiB':>8s} {'ccsd s':>7s} {'E(N)':>6s} {'load':>5s}")
-    for r in rows:
-        print(f"{r['molecule']:15s} {r['ranks']:2d} {r['variant']:9s} {r['schedule']:8s} {r['gets']:8d} "
-              f"{r['accs']:8d} {r['mib_moved']:8.1f} {r['ccsd_seconds']:7.2f} {r['efficiency']:6.3f} "
-              f"{r['load_before']:5.1f}")
+    print(table(rows, [("molecule", "molecule", "15s"), ("N", "ranks", "2d"), ("variant", "variant", "9s"),
+                       ("schedule", "schedule", "8s"), ("gets", "gets", "8d"), ("accs", "accs", "8d"),
+                       ("MiB", "mib_moved", "8.1f"), ("ccsd s", "ccsd_seconds", "7.2f"),
+                       ("E(N)", "efficiency", "6.3f"), ("load", "load_before", "5.1f")]))
     _loop_order_figure(rows, a.out / "loop_order.png")
     return {"rows": rows}
 
@@ -123,44 +127,77 @@ def progress(a) -> dict:
         r = profiled_run(n, f"examples/{a.molecule}.xyz", d,
                          ["--basis", a.basis, "--method", a.method, "--backend", "mpi-onesided", *extra])
         s = r["summary"]
-        rows.append({"mode": mode, "processes": n, "workers": s["ranks"], "wall": s["wall_seconds"],
-                     "triples_seconds": r["result"]["timings"].get("triples"),
-                     "compute": s["compute_seconds"],
+        common = {"mode": mode, "processes": n, "workers": s["ranks"], "load_before": r["load_before"],
+                  "command": r["command"]}
+        rows.append({**common, "part": "CCSD(T)", "wall": s["wall_seconds"], "compute": s["compute_seconds"],
                      "one_sided_wait": sum(p["one_sided"] for p in s["per_rank"]),
                      "counter_wait": sum(p["counter"] for p in s["per_rank"]),
-                     "efficiency": s["efficiency"], "energy": s["energy"], "load_before": r["load_before"],
-                     "command": r["command"]})
+                     "efficiency": s["efficiency"], "energy": s["energy"]})
+        triples = phase_window(d, "triples", s["ranks_total"])
+        if triples:
+            rows.append({**common, "part": "(T) alone", **triples})
         dirs.append(d)
-    print(f"{'mode':7s} {'procs':>5s} {'workers':>7s} {'wall s':>7s} {'(T) s':>6s} {'compute':>8s} "
-          f"{'1-sided':>8s} {'counter':>8s} {'E(N)':>6s} {'load':>5s}")
-    for r in rows:
-        print(f"{r['mode']:7s} {r['processes']:5d} {r['workers']:7d} {r['wall']:7.2f} "
-              f"{r['triples_seconds'] or 0:6.2f} {r['compute']:8.2f} {r['one_sided_wait']:8.2f} "
-              f"{r['counter_wait']:8.2f} {r['efficiency']:6.3f} {r['load_before']:5.1f}")
+    print(table(rows, [("mode", "mode", "7s"), ("part", "part", "9s"), ("procs", "processes", "5d"),
+                       ("workers", "workers", "7d"), ("wall s", "wall", "7.2f"), ("compute", "compute", "8.2f"),
+                       ("1-sided", "one_sided_wait", "8.2f"), ("counter", "counter_wait", "8.2f"),
+                       ("E(N)", "efficiency", "6.3f"), ("load", "load_before", "5.1f")]))
     _progress_figure(rows, a.out / "progress.png")
     for d in dirs:
         report([d], d)
     return {"rows": rows}
 
 
+def phase_window(directory: Path, phase: str, ranks_total: int) -> dict | None:
+    """One phase of a profiled run on its own, from the rank files: wall (the slowest
+    rank's phase), compute (the work of the tasks that started in it), seconds waiting in
+    one-sided and counter operations that started in it (summed over ranks), E(N) over
+    every process (ghosts included). None when the run has no such phase."""
+    from tessera.profile.run import load_json, rows
+    index = load_json(str(directory / "records.json"))
+    wall = compute = one_sided = counter = 0.0
+    for name in index["rank_files"]:
+        rec = load_json(str(directory / name))
+        window = [g for g in rows(rec, "regions") if g["kind"] == "phase" and g["name"] == phase]
+        if not window:
+            return None
+        lo, hi = window[0]["start"], window[0]["start"] + window[0]["seconds"]
+        wall = max(wall, window[0]["seconds"])
+        compute += sum(t["seconds"] for t in rows(rec, "tasks") if lo <= t["start"] < hi)
+        for o in rows(rec, "ops"):
+            if lo <= o["start"] < hi:
+                if o["op"] == "fetch_add":
+                    counter += o["seconds"]
+                elif o["op"] in ONE_SIDED_OPS + LOCAL_OPS:
+                    one_sided += o["seconds"]
+    return {"wall": wall, "compute": compute, "one_sided_wait": one_sided, "counter_wait": counter,
+            "efficiency": compute / (wall * ranks_total) if wall > 0 else 0.0}
+
+
 def _progress_figure(rows: list, path: Path) -> None:
+    """One row of panels per part (CCSD(T), (T) alone): where the time went per mode, E(N)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.4))
-    x = range(len(rows))
-    names = [f"{r['mode']}\n{r['workers']} workers" for r in rows]
-    bottom = [0.0] * len(rows)
-    for field, colour in (("compute", "#2a9d8f"), ("one_sided_wait", "#e76f51"), ("counter_wait", "#e9c46a")):
-        vals = [r[field] for r in rows]
-        a1.bar(x, vals, bottom=bottom, color=colour, label=field.replace("_", " "))
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    a1.set_xticks(list(x), names, fontsize=8)
-    a1.set_ylabel("seconds summed over ranks")
-    a1.legend(fontsize=7)
-    a2.bar(x, [r["efficiency"] for r in rows], color="#264653")
-    a2.set_xticks(list(x), names, fontsize=8)
-    a2.set_ylabel("E(N)")
+    parts = list(dict.fromkeys(r["part"] for r in rows))
+    fig, axes = plt.subplots(len(parts), 2, figsize=(9, 3.2 * len(parts)), squeeze=False)
+    for (a1, a2), part in zip(axes, parts):
+        mine = [r for r in rows if r["part"] == part]
+        x = range(len(mine))
+        names = [f"{r['mode']}\n{r['workers']} worker(s)" for r in mine]
+        bottom = [0.0] * len(mine)
+        for field, colour in (("compute", "#2a9d8f"), ("one_sided_wait", "#e76f51"),
+                              ("counter_wait", "#e9c46a")):
+            vals = [r[field] for r in mine]
+            a1.bar(x, vals, bottom=bottom, color=colour, label=field.replace("_", " "))
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        a1.set_xticks(list(x), names, fontsize=8)
+        a1.set_ylabel("seconds summed over ranks")
+        a1.set_title(f"{part}: compute and waiting", fontsize=10)
+        a1.legend(fontsize=7)
+        a2.bar(x, [r["efficiency"] for r in mine], color="#264653")
+        a2.set_xticks(list(x), names, fontsize=8)
+        a2.set_ylabel("E(N)")
+        a2.set_title(f"{part}: computational efficiency", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tessera.profile.report import matmul_bound_bytes
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 KERNELS = ("original", "inverted", "owner", "summa")
@@ -136,7 +138,7 @@ def run_kernel(a) -> None:
         moved = sum(t["moved_bytes"] for t in ops.values())
         print(json.dumps({"kernel": a.kernel, "n": a.n, "block": b, "ranks": p, "seconds": seconds,
                           "max_error": err, "bytes_per_rank": moved / p,
-                          "bound_bytes_per_rank": 8 * 3 * a.n**2 / p ** (2 / 3),
+                          "bound_bytes_per_rank": matmul_bound_bytes(a.n**3, p),
                           "gets": ops.get("get", {}).get("calls", 0), "accs": ops.get("acc", {}).get("calls", 0),
                           "efficiency": summary["efficiency"]}), flush=True)
 
@@ -252,7 +254,7 @@ def ga_rows(a) -> list:
                 if proc.returncode != 0:
                     sys.exit(f"error: {' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
                 row = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
-                rows.append({**row, "bound_bytes_per_rank": 8 * 3 * a.n**2 / p ** (2 / 3), "load_before": load,
+                rows.append({**row, "bound_bytes_per_rank": matmul_bound_bytes(a.n**3, p), "load_before": load,
                              "command": " ".join(cmd)})
     return rows
 

@@ -26,15 +26,12 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 from pyscf import cc, gto, lib, scf
 from pyscf.data import elements
 from pyscf.scf import hf_symm
-from scipy.linalg.blas import dgemm
-from threadpoolctl import threadpool_limits
 
 from tessera.backends.context import Context
 from tessera.backends.local import available_cores
@@ -42,6 +39,8 @@ from tessera.chem.integrals import transform
 from tessera.chem.reference import Reference
 from tessera.chem.triples import triples_correction
 from tessera.tensor.block_tensor import BlockTensor
+
+from common import dgemm_peak, timed
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = [("examples/water.xyz", True, False), ("examples/benzene.xyz", True, True),
@@ -74,23 +73,6 @@ def amplitudes(path: Path, basis: str, symmetry: bool, frozen: bool, cache: Path
         np.savez(key, mo_coeff=mf.mo_coeff, mo_energy=mf.mo_energy, e_hf=mf.e_tot,
                  orbsym=orbsym, t1=mycc.t1, t2=mycc.t2)
     return mol, mf, nfz, orbsym, mycc.t1, mycc.t2
-
-
-def timed(fn):
-    """(value, wall seconds, process CPU seconds)."""
-    c0, t0 = time.process_time(), time.perf_counter()
-    value = fn()
-    return value, time.perf_counter() - t0, time.process_time() - c0
-
-
-def dgemm_peak(n: int, threads: int) -> tuple:
-    """(GFLOP per wall second, GFLOP per CPU second) of the best of three square n x n
-    dgemm with ``threads`` BLAS threads."""
-    a = np.asfortranarray(np.random.default_rng(0).random((n, n)))
-    c = np.zeros((n, n), order="F")
-    with threadpool_limits(limits=threads, user_api="blas"):
-        runs = [timed(lambda: dgemm(1.0, a, a, beta=0.0, c=c, overwrite_c=1))[1:] for _ in range(3)]
-    return 2.0 * n ** 3 / min(t for t, _ in runs) / 1e9, 2.0 * n ** 3 / min(c for _, c in runs) / 1e9
 
 
 def bench_one(path: Path, basis, symmetry, frozen, args) -> dict:

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 from pyscf import cc, scf
 from threadpoolctl import threadpool_info
 
@@ -35,6 +34,8 @@ from tessera.chem.job import frozen_core_orbitals
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples import triples_correction
+
+from common import dgemm_peak
 
 
 def run_pyscf(mol, nfz, conv, triples):
@@ -81,19 +82,6 @@ def run_tessera(mol, nfz, conv, triples, backend, tile):
     return out
 
 
-def dgemm_peak(n: int = 3000, repeat: int = 3) -> float:
-    """GFLOP/s of the best of ``repeat`` square DGEMMs of order ``n`` (all BLAS threads)."""
-    a, b = np.random.default_rng(0).random((2, n, n))
-    best = min(_timed(lambda: a @ b) for _ in range(repeat))
-    return 2 * n**3 / best / 1e9
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def one(code, path, args) -> dict:
     """One code on one molecule in this process; adds its peak resident memory (MiB)."""
     mol = Molecule.from_xyz(path, basis=args.basis).to_pyscf()
@@ -134,7 +122,7 @@ def main(argv=None):
         print(json.dumps(one(args.one, args.molecules[0], args), default=float))
         return 0
     triples = not args.no_triples
-    peak = dgemm_peak()
+    peak = dgemm_peak()[0]
     print(f"DGEMM peak (order 3000, all BLAS threads): {peak:.1f} GFLOP/s")
     rows = []
     for path in args.molecules:

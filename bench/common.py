@@ -1,0 +1,57 @@
+"""What the benchmarks share: a DGEMM peak measured in the same run, timing, the machine's
+load, and plain-text tables.
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent)); from common import dgemm_peak, table
+
+(the scripts in bench/ are run as files, so they import this one by path).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import numpy as np
+
+
+def timed(fn):
+    """(value, wall seconds, process CPU seconds) of ``fn()``."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - t0, time.process_time() - c0
+
+
+def dgemm_peak(n: int = 3000, threads: int | None = None, repeat: int = 3) -> tuple:
+    """(GFLOP per wall second, GFLOP per CPU second) of the best of ``repeat`` square
+    n x n DGEMMs (scipy's BLAS) with ``threads`` BLAS threads (None: as many as BLAS uses)."""
+    from scipy.linalg.blas import dgemm
+    from threadpoolctl import threadpool_limits
+    a = np.asfortranarray(np.random.default_rng(0).random((n, n)))
+    c = np.zeros((n, n), order="F")
+    with threadpool_limits(limits=threads, user_api="blas"):
+        runs = [timed(lambda: dgemm(1.0, a, a, beta=0.0, c=c, overwrite_c=1))[1:] for _ in range(repeat)]
+    return 2.0 * n ** 3 / min(t for t, _ in runs) / 1e9, 2.0 * n ** 3 / min(c for _, c in runs) / 1e9
+
+
+def uptime() -> str:
+    """The output of ``uptime`` (load averages over 1, 5 and 15 minutes)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def table(rows: list, columns: list) -> str:
+    """A text table: ``columns`` is [(header, key or function of the row, format spec)];
+    a missing value (None) prints as '-'."""
+    def cell(row, get, spec):
+        value = get(row) if callable(get) else row.get(get)
+        return "-" if value is None else format(value, spec)
+    cells = [[cell(r, get, spec) for _, get, spec in columns] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _, _) in enumerate(columns)]
+    first = [not spec.endswith(("d", "f", "e", "g", "%")) for _, _, spec in columns]
+
+    def line(values):
+        return " ".join(v.ljust(w) if left else v.rjust(w) for v, w, left in zip(values, widths, first)).rstrip()
+    return "\n".join([line([h for h, _, _ in columns])] + [line(c) for c in cells])
