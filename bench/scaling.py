@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/scaling.py scaling [--molecule examples/water_trimer.xyz]
     .venv/bin/python bench/scaling.py counts  [--molecules trimer,tetramer] [--ranks 2,4]
-    .venv/bin/python bench/scaling.py peers   [--molecules trimer,tetramer]
+    .venv/bin/python bench/scaling.py peers   [--molecules trimer,tetramer] [--basis cc-pvdz] [--repeat 2]
     .venv/bin/python bench/scaling.py all
 
 scaling: the same molecule (CCSD(T), cc-pVDZ) with the serial backend, then at 1 and 2
@@ -14,9 +14,16 @@ scaling: the same molecule (CCSD(T), cc-pVDZ) with the serial backend, then at 1
 counts: per loop order (original, inverted, cached; nxtval) and mpi-collective (summa,
   2.5d), two CCSD iterations of water trimer and tetramer (cc-pVDZ) at 2 and 4 ranks:
   gets, accumulates, bytes moved (one-sided and collective), summed over ranks.
-peers: CCSD(T) wall time of Tessera at 2 ranks (auto), NWChem's TCE at 2 ranks
-  (``mpirun -np 2``, Debian package nwchem; the script says what is missing when it is
-  absent) and PySCF (2 threads), with ratios.
+peers: CCSD(T) of Tessera at 2 ranks (auto), NWChem's TCE at 2 ranks (``mpirun -np 2``,
+  Debian package nwchem, its TCE defaults: see bench/nwchem/nwchem_tce.py; the script says
+  what is missing when it is absent) and PySCF (2 threads), alternating Tessera, NWChem,
+  PySCF, ... --repeat times (default 2), best time per phase (SCF, transform, CCSD, (T),
+  whole process); the energies of the three and whether they agree to 1e-6 Eh; the flops
+  Tessera executed per CCSD iteration and in (T) (its JSON) against the minimal counts;
+  Tessera's GFLOP/s against a DGEMM peak measured in the same run, and every code's
+  minimal flops over its own time; `uptime` before and after. The issue's table:
+      .venv/bin/python bench/scaling.py peers --molecules tetramer_c1
+  (water tetramer, examples/water_tetramer_c1.xyz: C1, 96 cc-pVDZ functions).
 
 Never an assertion on time: numbers go to bench/results/scaling.json and to tables on
 stdout. Timings on a shared 2-core machine are noisy: see the recorded load average.
@@ -36,11 +43,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench" / "nwchem"))
 import nwchem_tce  # noqa: E402
+from common import dgemm_peak, table, uptime  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RESULTS = REPO / "bench" / "results" / "scaling.json"
 MOLECULES = {"water": "examples/water.xyz", "trimer": "examples/water_trimer.xyz",
-             "tetramer": "examples/water_tetramer.xyz"}
+             "tetramer": "examples/water_tetramer.xyz", "tetramer_c1": "examples/water_tetramer_c1.xyz"}
 NWCHEM_SYMMETRY = {"trimer": None, "tetramer": "c2", "water": "c2v"}   # Tessera's Abelian groups
 ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
        "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "MPIR_CVAR_POLLS_BEFORE_YIELD": "100"}
@@ -53,11 +61,11 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def tessera(xyz: str, nranks: int | None, args: list, timeout: float = 7200) -> dict:
+def tessera(xyz: str, nranks: int | None, args: list, timeout: float = 7200, basis: str = "cc-pvdz") -> dict:
     """One `tessera run` (under mpiexec -n nranks unless None); its JSON plus wall time."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        cmd = [str(BIN / "tessera"), "run", xyz, "--basis", "cc-pvdz", "--json", str(out), *args]
+        cmd = [str(BIN / "tessera"), "run", xyz, "--basis", basis, "--json", str(out), *args]
         if nranks is not None:
             cmd = [str(BIN / "mpiexec"), "-n", str(nranks), *cmd]
         t0 = time.perf_counter()
@@ -151,23 +159,27 @@ def counts(args) -> dict:
     return {"tile": args.tile, "rows": table}
 
 
-def pyscf_ccsd_t(xyz: str, threads: int = 2) -> dict:
-    """PySCF RHF + CCSD + (T) in a subprocess with ``threads`` OpenMP threads."""
+def pyscf_ccsd_t(xyz: str, threads: int = 2, basis: str = "cc-pvdz") -> dict:
+    """PySCF RHF + AO->MO + CCSD + (T) in a subprocess with ``threads`` OpenMP threads."""
     code = f"""
 import json, time
 from pyscf import gto, scf, cc
 lines = open({xyz!r}).read().splitlines()
 atoms = "\\n".join(lines[2:2 + int(lines[0].split()[0])])
 t0 = time.perf_counter()
-mol = gto.M(atom=atoms, basis="cc-pvdz", symmetry=True, verbose=0)
+mol = gto.M(atom=atoms, basis={basis!r}, symmetry=True, verbose=0)
 mf = scf.RHF(mol); mf.conv_tol = 1e-10; mf.kernel()
 t1 = time.perf_counter()
-mycc = cc.CCSD(mf); mycc.conv_tol = 1e-8; mycc.kernel()
+mycc = cc.CCSD(mf); mycc.conv_tol = 1e-8
+eris = mycc.ao2mo()
 t2 = time.perf_counter()
-et = mycc.ccsd_t()
+mycc.kernel(eris=eris)
 t3 = time.perf_counter()
-print(json.dumps({{"e_hf": mf.e_tot, "e_ccsd_corr": mycc.e_corr, "e_t": et, "scf": t1 - t0,
-                  "ccsd": t2 - t1, "triples": t3 - t2, "total": t3 - t0}}))
+et = mycc.ccsd_t(eris=eris)
+t4 = time.perf_counter()
+print(json.dumps({{"e_hf": mf.e_tot, "e_ccsd_corr": mycc.e_corr, "e_t": et, "iterations": mycc.cycles,
+                  "scf": t1 - t0, "transform": t2 - t1, "ccsd": t3 - t2, "triples": t4 - t3,
+                  "total": t4 - t0}}))
 """
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     t0 = time.perf_counter()
@@ -181,8 +193,12 @@ print(json.dumps({{"e_hf": mf.e_tot, "e_ccsd_corr": mycc.e_corr, "e_t": et, "scf
     return out
 
 
+PHASES = ("scf", "transform", "ccsd", "triples")
+
+
 def peers(args) -> dict:
-    rows = {}
+    """Tessera (2 ranks, auto), NWChem TCE (2 ranks) and PySCF (2 threads) on each molecule,
+    alternating Tessera, NWChem, PySCF, ... ``--repeat`` times; the best time of each phase."""
     why = nwchem_tce.missing()
     if why:
         print(f"NWChem: {why}; measuring Tessera and PySCF only", flush=True)
@@ -191,39 +207,98 @@ def peers(args) -> dict:
         name, path = item.split("=", 1)
         earlier[name] = json.loads(Path(path).read_text())
         earlier[name]["measured_separately"] = path
+    rows = {}
     for name in args.molecules.split(","):
-        xyz = str(REPO / MOLECULES.get(name, name))
-        t = tessera(MOLECULES.get(name, name), 2, ["--method", "ccsd(t)"])
-        p = pyscf_ccsd_t(xyz)
-        row = {"tessera_2_ranks": {"wall": t["wall_seconds"], "backend": t["backend"], "variant": t.get("variant"),
-                                   "tile": t["tile"], "energy_total": t["energies"]["total"],
-                                   "load_average": t["load_average"]},
-               "pyscf_2_threads": p}
-        print(f"{name}: tessera x2 {t['wall_seconds']:.1f} s, pyscf {p['wall_seconds']:.1f} s", flush=True)
-        if name in earlier:
-            row["nwchem_tce_2_ranks"] = earlier[name]
-        elif not why:
-            nw = nwchem_tce.run(xyz, "cc-pvdz", 2, NWCHEM_SYMMETRY.get(name))
-            nw["load_average"] = load()
-            row["nwchem_tce_2_ranks"] = nw
-        if "nwchem_tce_2_ranks" in row:
-            print(f"{name}: nwchem x2 {row['nwchem_tce_2_ranks'].get('wall_seconds', float('nan')):.1f} s",
-                  flush=True)
+        xyz = MOLECULES.get(name, name)
+        before = uptime()
+        peak = dgemm_peak()[0]
+        runs: dict = {"tessera": [], "nwchem": [], "pyscf": []}
+        for rep in range(args.repeat):
+            t = tessera(xyz, 2, ["--method", "ccsd(t)"], basis=args.basis)
+            runs["tessera"].append({**{k: t["timings"].get(k) for k in PHASES}, "total": t["wall_seconds"],
+                                    "e_hf": t["energies"]["hf"], "e_ccsd": t["energies"]["hf"]
+                                    + t["energies"]["ccsd_correlation"], "e_ccsd_t": t["energies"]["total"],
+                                    "iterations": len(t["iterations"]), "flops": t["flops"],
+                                    "backend": t["backend"], "variant": t.get("variant"), "tile": t["tile"],
+                                    "load_average": t["load_average"]})
+            if name in earlier or not why:
+                nw = earlier.get(name) or nwchem_tce.run(str(REPO / xyz), args.basis, 2,
+                                                          NWCHEM_SYMMETRY.get(name))
+                if nw.get("returncode", 0) != 0 or nw.get("e_ccsd_t_total") is None:
+                    sys.exit(f"error: NWChem failed ({nw.get('command')}); its output is kept with --keep")
+                runs["nwchem"].append({**{k: nw.get(k) for k in PHASES}, "total": nw["wall_seconds"],
+                                       "e_hf": nw["e_hf"], "e_ccsd": nw["e_ccsd_total"],
+                                       "e_ccsd_t": nw["e_ccsd_t_total"], "iterations": nw.get("iterations"),
+                                       "tile_dim": nw.get("tile_dim"), "load_average": load()})
+            p = pyscf_ccsd_t(str(REPO / xyz), basis=args.basis)
+            runs["pyscf"].append({**{k: p[k] for k in PHASES}, "total": p["wall_seconds"], "e_hf": p["e_hf"],
+                                  "e_ccsd": p["e_hf"] + p["e_ccsd_corr"],
+                                  "e_ccsd_t": p["e_hf"] + p["e_ccsd_corr"] + p["e_t"],
+                                  "iterations": p["iterations"], "load_average": p["load_average"]})
+            print(f"{name} repetition {rep + 1}: " + ", ".join(
+                f"{code} {r[-1]['total']:.1f} s" for code, r in runs.items() if r), flush=True)
+        best = {code: _best(r) for code, r in runs.items() if r}
+        row = {"molecule": xyz, "basis": args.basis, "repeat": args.repeat, "dgemm_peak_gflops_per_s": peak,
+               "uptime_before": before, "uptime_after": uptime(), "best": best, "runs": runs}
         rows[name] = row
-    print("\nCCSD(T)/cc-pVDZ wall time (s) and ratios (peer / Tessera: > 1 means Tessera is faster)")
-    print(f"{'molecule':9s} {'Tessera x2':>10s} {'NWChem TCE x2':>13s} {'PySCF 2 thr':>11s} "
-          f"{'NWChem/Tessera':>14s} {'PySCF/Tessera':>13s} {'|dE| NWChem':>11s}")
-    for name, r in rows.items():
-        tw = r["tessera_2_ranks"]["wall"]
-        nw = r.get("nwchem_tce_2_ranks", {})
-        nww = nw.get("wall_seconds")
-        pw = r["pyscf_2_threads"]["wall_seconds"]
-        de = (abs(nw["e_ccsd_t_total"] - r["tessera_2_ranks"]["energy_total"])
-              if nw.get("e_ccsd_t_total") is not None else None)
-        print(f"{name:9s} {tw:10.1f} {nww if nww else float('nan'):13.1f} {pw:11.1f} "
-              f"{(nww / tw) if nww else float('nan'):14.2f} {pw / tw:13.2f} "
-              f"{de if de is not None else float('nan'):11.2e}")
+        print(peers_text(name, row))
     return {"rows": rows, "nwchem_missing": why}
+
+
+def _best(runs: list) -> dict:
+    """Each time the best over the repetitions; energies and counts from the first."""
+    out = dict(runs[0])
+    for key in (*PHASES, "total"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = min(values) if values else None
+    return out
+
+
+def peers_text(name: str, row: dict) -> str:
+    """The table of one molecule: times per phase, energies, flops and GFLOP/s."""
+    best, peak = row["best"], row["dgemm_peak_gflops_per_s"]
+    codes = [c for c in ("tessera", "nwchem", "pyscf") if c in best]
+    title = {"tessera": "Tessera x2", "nwchem": "NWChem TCE x2", "pyscf": "PySCF 2 thr"}
+    t = best["tessera"]
+    lines = [f"\n{row['molecule']} {row['basis']} CCSD(T): best of {row['repeat']} alternating repetitions "
+             f"(Tessera {t['backend']} {t.get('variant') or ''} tile {t['tile']}"
+             + (f"; NWChem tile_dim {best['nwchem'].get('tile_dim')}" if "nwchem" in best else "") + ")",
+             f"uptime before: {row['uptime_before']}", f"uptime after:  {row['uptime_after']}"]
+    phases = [dict(phase=k, **{c: best[c][k] for c in codes}) for k in (*PHASES, "total")]
+    for r in phases:
+        for c in codes[1:]:
+            r[f"{c}/tessera"] = r[c] / r["tessera"] if r[c] and r["tessera"] else None
+    lines.append(table(phases, [("seconds", "phase", "9s"), *[(title[c], c, ".2f") for c in codes],
+                                *[(f"{title[c].split()[0]}/Tessera", f"{c}/tessera", ".2f") for c in codes[1:]]]))
+    lines.append("(total: the whole process, start-up included; NWChem's phases as it prints them, 0.1 s steps)")
+    energies = [dict(energy=k, **{c: best[c][k] for c in codes}) for k in ("e_hf", "e_ccsd", "e_ccsd_t")]
+    spread = max(max(r[c] for c in codes) - min(r[c] for c in codes) for r in energies)
+    lines.append(table(energies, [("energy (Eh)", "energy", "11s"), *[(title[c], c, ".8f") for c in codes]]))
+    lines.append(f"largest difference between the codes: {spread:.1e} Eh: "
+                 + ("all agree to 1e-6" if spread <= 1e-6 else "*** they do NOT agree to 1e-6 ***"))
+    f = t["flops"]
+    n_it = t["iterations"]
+    rates = []
+    for c in codes:
+        b = best[c]
+        ccsd_it = b["ccsd"] / b["iterations"] if b.get("ccsd") and b.get("iterations") else None
+        rates.append({"code": title[c], "iterations": b.get("iterations"),
+                      "s_per_it": ccsd_it,
+                      "eff_ccsd": f["ccsd_minimal_per_iteration"] / ccsd_it / 1e9 if ccsd_it else None,
+                      "eff_t": f["triples_minimal"] / b["triples"] / 1e9 if b.get("triples") else None})
+    lines.append(f"CCSD flops per iteration: Tessera executes {f['ccsd_per_iteration']:.3e}, the minimal count "
+                 f"is {f['ccsd_minimal_per_iteration']:.3e} ({f['ccsd_over_minimal']:.2f}x); "
+                 f"(T): {f['triples']:.3e} executed, {f['triples_minimal']:.3e} minimal")
+    ccsd_rate = f["ccsd_per_iteration"] * n_it / t["ccsd"] / 1e9
+    t_rate = f["triples"] / t["triples"] / 1e9
+    lines.append(f"Tessera executed GFLOP/s: CCSD {ccsd_rate:.2f} ({ccsd_rate / peak:.0%} of peak), (T) "
+                 f"{t_rate:.2f} ({t_rate / peak:.0%}); DGEMM peak {peak:.1f} GFLOP/s (order 3000, all BLAS threads, "
+                 "this run)")
+    lines.append(table(rates, [("code", "code", "14s"), ("CCSD iter.", "iterations", "d"),
+                               ("s/iter.", "s_per_it", ".3f"), ("CCSD min-GFLOP/s", "eff_ccsd", ".2f"),
+                               ("(T) min-GFLOP/s", "eff_t", ".2f")]))
+    lines.append("(min-GFLOP/s: the minimal flop count over each code's own time, the same yardstick for all)")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -233,6 +308,8 @@ def main(argv=None) -> int:
     p.add_argument("--molecules", default="trimer,tetramer", help="for counts and peers")
     p.add_argument("--ranks", default="2,4", help="for counts")
     p.add_argument("--tile", type=int, default=16, help="for counts: tile size (the same for every variant)")
+    p.add_argument("--basis", default="cc-pvdz", help="for peers")
+    p.add_argument("--repeat", type=int, default=2, help="for peers: alternating repetitions (best kept)")
     p.add_argument("--nwchem-json", action="append", metavar="NAME=FILE",
                    help="for peers: use an NWChem result measured earlier by bench/nwchem/nwchem_tce.py")
     p.add_argument("--out", default=str(RESULTS))
