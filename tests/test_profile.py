@@ -277,12 +277,17 @@ def test_energy_meter_reads_and_unwraps_rapl(tmp_path):
 
 
 def test_energy_unavailable_says_why(tmp_path, profiles):
-    from tessera.profile.energy import EnergyMeter
+    from tessera.profile.energy import EnergyMeter, gpu_reason
     meter = EnergyMeter(str(tmp_path / "no-powercap"))
     assert not meter.available and meter.read() is None and "no intel-rapl" in meter.reason
     from tessera.profile.report import Profile, run_text
     energy = json.loads((profiles[0] / "records.json").read_text())["summary"]["energy"]
     text = run_text(Profile(str(profiles[0])))
+    assert f"Energy to solution (GPU, NVML): unavailable: {energy['gpu_reason']}" in text
+    assert energy["gpu_reason"] == gpu_reason() and not energy["gpu_available"]
+    assert "no NVIDIA GPU" in gpu_reason(str(tmp_path / "nvidia[0-9]*"))
+    (tmp_path / "nvidia0").write_text("")
+    assert "ran nothing of the run" in gpu_reason(str(tmp_path / "nvidia[0-9]*"))
     if not energy["available"]:                  # this machine: the report gives the reason
         assert f"Energy to solution: unavailable: {energy['reason']}" in text and energy["reason"]
     else:

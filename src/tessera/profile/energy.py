@@ -6,7 +6,12 @@ dram are parts of their package and not added again), or None when no counter is
 readable; ``reason`` then says why. Counters wrap at ``max_energy_range_uj``; a reading
 unwraps against the previous one (read at least once per wrap period, minutes at full
 load). Counters are per node: every rank of a node reads the same ones, so a run's total
-takes one rank per node (profile.run). A GPU's own counters (NVML) are not read.
+takes one rank per node (profile.run).
+
+A GPU's counter (NVML's total energy consumption) is not read, and no NVML binding is a
+dependency: every block operation of this version runs in numpy on the CPU, so a GPU's
+joules are no part of a run's energy. ``gpu_reason()`` says so (or that the node has no
+NVIDIA GPU), and the report prints it as "unavailable" with that reason.
 """
 
 from __future__ import annotations
@@ -61,3 +66,11 @@ class EnergyMeter:
             self._total[i] += step if step >= 0 else step + wrap
             self._last[i] = now
         return sum(self._total) / 1e6
+
+
+def gpu_reason(devices: str = "/dev/nvidia[0-9]*") -> str:
+    """Why a run records no GPU joules (see module docstring)."""
+    if not glob.glob(devices):
+        return "no NVIDIA GPU on this node (no /dev/nvidia* device)"
+    return ("this node's NVIDIA GPU ran nothing of the run (every block operation runs in numpy on the "
+            "CPU), so its NVML energy counter is not read")

@@ -168,6 +168,7 @@ def run_text(p: Profile) -> str:
                   + f"; total {energy['total']:.1f} J"]
     else:
         lines += ["", f"Energy to solution: unavailable: {energy['reason']}"]
+    lines.append(f"Energy to solution (GPU, NVML): unavailable: {energy['gpu_reason']}")
     bound = bound_rows(p)
     if bound:
         lines += ["", "Collective bytes per rank per contraction call vs the bound 3n^2/p^(2/3) (MiB)",

@@ -34,6 +34,7 @@ import time
 
 from tessera.errors import InputError
 from tessera.profile.commlog import LOCAL_OPS, ONE_SIDED_OPS, is_collective
+from tessera.profile.energy import gpu_reason
 
 FORMAT = "tessera-profile-2"
 TIME_KINDS = ("compute", "one_sided", "collective", "counter", "idle")
@@ -86,7 +87,8 @@ def rank_record(recorder, log=None, *, rank: int = 0, node_of=None, ranks_total:
     }
     meter = recorder.energy
     out["energy"] = {"available": bool(meter and meter.available), "joules": dict(recorder.joules),
-                     "reason": "the run was not profiled (--profile)" if meter is None else meter.reason}
+                     "reason": "the run was not profiled (--profile)" if meter is None else meter.reason,
+                     "gpu_reason": gpu_reason()}
     if recorder.detailed:         # columns, not one dict per event: cheap to build and write
         regions = recorder.regions
         out["regions"] = {"name": [g.label for g in regions], "kind": [g.kind for g in regions],
@@ -150,9 +152,10 @@ def summarize(parts: list) -> dict:
 
 def _energy(parts: list) -> dict:
     """Joules per phase summed over nodes (one rank per node: the counters are the node's)."""
+    gpu = {"gpu_available": False, "gpu_reason": parts[0]["energy"]["gpu_reason"]}
     missing = [p for p in parts if not p["energy"]["available"]]
     if missing:
-        return {"available": False, "reason": missing[0]["energy"]["reason"]}
+        return {"available": False, "reason": missing[0]["energy"]["reason"], **gpu}
     joules: dict = {}
     seen = set()
     for p in parts:
@@ -161,7 +164,7 @@ def _energy(parts: list) -> dict:
         seen.add(p["node"])
         for phase, j in p["energy"]["joules"].items():
             joules[phase] = joules.get(phase, 0.0) + j
-    return {"available": True, "joules": joules, "total": sum(joules.values())}
+    return {"available": True, "joules": joules, "total": sum(joules.values()), **gpu}
 
 
 def render_table(summary: dict) -> str:
