@@ -180,8 +180,8 @@ def run_text(p: Profile) -> str:
 
 # ------------------------------------------------------------------------ several runs
 def scaling_rows(runs: list) -> list:
-    """(ranks incl. ghosts, workers, wall, speed-up, parallel efficiency, E(N), MiB per rank)
-    per run, ordered by rank count; the smallest run is the reference."""
+    """(ranks incl. ghosts, workers, wall, speed-up, parallel efficiency, E(N), MiB per rank,
+    run label) per run, ordered by rank count; the smallest run is the reference."""
     runs = sorted(runs, key=lambda p: p.summary["ranks_total"])
     ref = runs[0].summary
     t_comp = ref["compute_seconds"]
@@ -191,16 +191,16 @@ def scaling_rows(runs: list) -> list:
         n, wall = s["ranks_total"], s["wall_seconds"]
         speedup = ref["wall_seconds"] / wall
         rows.append((n, s["ranks"], wall, speedup, speedup * ref["ranks_total"] / n,
-                     t_comp / (wall * n), matrix(p).sum() / s["ranks"] / 2**20))
+                     t_comp / (wall * n), matrix(p).sum() / s["ranks"] / 2**20, p.label))
     return rows
 
 
 def scaling_text(runs: list) -> str:
     lines = ["== Scaling (reference: the smallest run; E(N) = T_comp(smallest) / (T_N x N)) ==",
              f"{'N':>4s} {'workers':>7s} {'wall s':>9s} {'speed-up':>8s} {'par.eff':>8s} {'E(N)':>7s} "
-             f"{'MiB/rank':>9s}"]
-    for n, w, wall, sp, eff, en, mib in scaling_rows(runs):
-        lines.append(f"{n:4d} {w:7d} {wall:9.3f} {sp:8.2f} {eff:8.2f} {en:7.3f} {mib:9.2f}")
+             f"{'MiB/rank':>9s}  run"]
+    for n, w, wall, sp, eff, en, mib, label in scaling_rows(runs):
+        lines.append(f"{n:4d} {w:7d} {wall:9.3f} {sp:8.2f} {eff:8.2f} {en:7.3f} {mib:9.2f}  {label}")
     return "\n".join(lines)
 
 
