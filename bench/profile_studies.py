@@ -113,7 +113,7 @@ def _loop_order_figure(rows: list, path: Path) -> None:
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(keys))], [f"{m}\n{n} ranks" for m, n in keys],
                       fontsize=7)
         ax.set_title(title, fontsize=10)
-    axes[0].legend(fontsize=6)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

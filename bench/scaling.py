@@ -223,7 +223,8 @@ def peers(args) -> dict:
                                     "load_average": t["load_average"]})
             if name in earlier or not why:
                 nw = earlier.get(name) or nwchem_tce.run(str(REPO / xyz), args.basis, 2,
-                                                          NWCHEM_SYMMETRY.get(name))
+                                                          NWCHEM_SYMMETRY.get(name),
+                                                          memory_mb=args.nwchem_memory)
                 if nw.get("returncode", 0) != 0 or nw.get("e_ccsd_t_total") is None:
                     sys.exit(f"error: NWChem failed ({nw.get('command')}); its output is kept with --keep")
                 runs["nwchem"].append({**{k: nw.get(k) for k in PHASES}, "total": nw["wall_seconds"],
@@ -310,6 +311,8 @@ def main(argv=None) -> int:
     p.add_argument("--tile", type=int, default=16, help="for counts: tile size (the same for every variant)")
     p.add_argument("--basis", default="cc-pvdz", help="for peers")
     p.add_argument("--repeat", type=int, default=2, help="for peers: alternating repetitions (best kept)")
+    p.add_argument("--nwchem-memory", type=int, default=3000,
+                   help="for peers: NWChem's memory total per process, MB (half of it Global Arrays)")
     p.add_argument("--nwchem-json", action="append", metavar="NAME=FILE",
                    help="for peers: use an NWChem result measured earlier by bench/nwchem/nwchem_tce.py")
     p.add_argument("--out", default=str(RESULTS))

@@ -120,14 +120,14 @@ def phases(output: str) -> dict:
 
 
 def run(xyz: str, basis: str = "cc-pvdz", nprocs: int = 2, symmetry: str | None = None,
-        timeout: float = 4 * 3600, keep: str | None = None) -> dict:
+        timeout: float = 4 * 3600, keep: str | None = None, memory_mb: int = 2000) -> dict:
     """Run NWChem TCE CCSD(T) with ``mpirun -np nprocs``; returns energies and wall time."""
     why = missing()
     if why:
         return {"missing": why}
     workdir = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="nwchem_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    inp = write_input(xyz, basis, workdir, symmetry)
+    inp = write_input(xyz, basis, workdir, symmetry, memory_mb)
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = ["mpirun", "--oversubscribe", "-np", str(nprocs), "nwchem", str(inp)]
@@ -152,5 +152,6 @@ if __name__ == "__main__":
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--symmetry", default=None, help="e.g. c2 (default: none, C1)")
     p.add_argument("--keep", default=None, help="work directory to keep")
+    p.add_argument("--memory", type=int, default=2000, help="NWChem's memory total per process, MB")
     a = p.parse_args()
-    print(json.dumps(run(a.xyz, a.basis, a.np, a.symmetry, keep=a.keep), indent=1))
+    print(json.dumps(run(a.xyz, a.basis, a.np, a.symmetry, keep=a.keep, memory_mb=a.memory), indent=1))
