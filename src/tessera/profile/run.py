@@ -10,10 +10,12 @@ moved between ranks, the bytes that left the node, the time and its share of the
 and the computational efficiency E(N).
 
 With ``tessera run --profile DIR`` (``finish``): every rank writes its own full record
-to ``DIR/records.<rank>.json`` (no rank gathers the others' events), then rank 0 writes
-``DIR/records.json`` (the index: format version, run summary, the rank files),
-``DIR/result.json`` (the run's JSON) and ``DIR/trace.json`` (profile.trace, read from
-the rank files; on several nodes DIR must be a shared file system).
+to ``DIR/records.<rank>.json`` (events as columns, ``rows`` turns them back into one dict
+per event; no rank gathers the others' events) and its trace events to
+``DIR/trace.<rank>.part``, then rank 0 writes ``DIR/records.json`` (the index: format
+version, run summary, the rank files), ``DIR/result.json`` (the run's JSON) and
+``DIR/trace.json`` (profile.trace: the parts joined; on several nodes DIR must be a
+shared file system).
 
 Definitions (per rank; docs/profile.md):
 - compute: seconds of arithmetic (block products, task work; on serial/threads every
