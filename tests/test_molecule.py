@@ -202,6 +202,7 @@ EXAMPLE_GROUPS = {
     "glycine.xyz": ("C1", "C1", 95, 40),
     "water_trimer.xyz": ("C1", "C1", 72, 30),
     "water_tetramer.xyz": ("S4", "C2", 96, 40),
+    "water_tetramer_c1.xyz": ("C1", "C1", 96, 40),
 }
 
 
