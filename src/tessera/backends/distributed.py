@@ -6,13 +6,10 @@ BlockTensor created while it is current gets a ``DistHandle`` (``tensor.dist``) 
 
 Ownership is a deterministic function of a tensor's structure, so every rank computes
 the same map without communication:
-- ``balanced``: greedy longest-processing-time over the allowed blocks by size, with
-  the rank labels rotated by a structural hash so that many small tensors do not all
-  put their largest block on rank 0;
-- ``pairs`` (integrals): groups of blocks that share their first two tiles, in
-  (first, second) tile order, cut into contiguous runs of near-equal size, one per
-  rank: a group (one first-pair slab of the AO->MO transform) lives on one rank, and a
-  rank's groups share few first tiles, so each rank transforms its share.
+- ``balanced`` (every tensor, the integral classes included): the allowed blocks ranked
+  by size and dealt round-robin, the rank labels rotated by a structural hash so that
+  many small tensors do not all start on rank 0 (``runtime.distribution.block_owners``);
+- ``("rows", owners)``: a tensor that follows another's ownership row by row.
 
 Collective lifetime. Creating a GlobalArray is collective; tensors are created in the
 same order on every rank (SPMD), so creation in the constructor is safe. Freeing is the
