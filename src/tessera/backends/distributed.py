@@ -32,7 +32,7 @@ import numpy as np
 
 from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, World
-from tessera.runtime.distribution import block_owners
+from tessera.runtime.distribution import block_owner_array
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class TensorStore:
         self.fetcher = fetcher
         self._free: dict = {}          # structure key -> [GlobalArray], agreed free, by eid
         self._pending: list = []       # (structure key, GlobalArray) released here
-        self._owners: dict = {}        # structure key -> owner map
+        self._owners: dict = {}        # structure key -> owner of each stored key
         self.by_eid: dict = {}         # array id (the same on every rank) -> GlobalArray
         self.closed = False
 
@@ -138,8 +138,8 @@ class TensorStore:
     def _create(self, tensor, placement, skey) -> GlobalArray:
         keys = tensor.stored_keys()
         owners = self._owners.get(skey)
-        if owners is None:
-            owners = block_owners(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
+        if owners is None:       # aligned with keys
+            owners = block_owner_array(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
             self._owners[skey] = owners
         tiling = [[t.size for t in s.tiles] for s in tensor.spaces]   # no keys: an empty array
         ga = GlobalArray(tiling, keys=keys, owners=owners, name=tensor.name or "tensor", world=self.world,

@@ -13,8 +13,9 @@ Pure Python and deterministic: every rank computes the same map from the same in
 - ``assign_owners``: the block owner map of a GlobalArray built from the above;
 - ``size_ranked``: items ranked by size dealt round-robin (vectorised; loads within one
   item of each other);
-- ``block_owners`` / ``block_owner_array``: the owner map of a distributed block tensor
-  (placements ``balanced`` and ``("rows", owners)``).
+- ``block_owner_array`` / ``block_owners``: the owner map of a distributed block tensor
+  (placements ``balanced`` and ``("rows", owners)``), as an array or a dict;
+- ``block_offsets``: where each block lies in its owner's memory.
 """
 
 from __future__ import annotations
@@ -256,31 +257,47 @@ def block_sizes(spaces, keys) -> np.ndarray:
     return out
 
 
-def block_owner_array(spaces, irrep, keys, nranks: int) -> np.ndarray:
-    """Owner rank of each block ``keys[n]`` under the ``balanced`` placement: blocks ranked by
-    size, dealt round-robin (``size_ranked``), the rank labels rotated by a structural hash
-    so that many small tensors do not all start on rank 0. The same on every rank."""
-    if nranks == 1:
-        return np.zeros(len(keys), dtype=np.int64)
-    return size_ranked(block_sizes(spaces, keys), nranks, structure_signature(spaces, irrep) % nranks)
+def block_owner_array(spaces, irrep, keys, nranks: int, placement="balanced") -> np.ndarray:
+    """Owner rank of each block ``keys[n]`` of a block tensor's structure (its index spaces'
+    tiles and its irrep), the same on every rank without communication:
 
+    - ``balanced`` (every tensor, the integral classes included): blocks ranked by size,
+      dealt round-robin (``size_ranked``), the rank labels rotated by a structural hash so
+      that many small tensors do not all start on rank 0; each rank holds within one
+      (largest) block of the mean, whatever the tensor;
+    - ``("rows", owners)``: every block of first tile i on rank ``owners[i]`` (a tensor
+      laid out to follow another's ownership).
 
-def block_owners(spaces, irrep, keys, nranks: int, placement) -> dict:
-    """{key: rank} for the allowed ``keys`` of a block tensor's structure (its index
-    spaces' tiles and its irrep), the same on every rank without communication:
-
-    - ``balanced`` (every tensor, the integral classes included): ``block_owner_array``;
-      each rank holds within one (largest) block of the mean, whatever the tensor;
-    - ``("rows", owners)``: every block of first tile i on rank ``owners[i]`` (a
-      tensor laid out to follow another's ownership).
-    """
+    Vectorised: no Python work per block."""
     if isinstance(placement, tuple) and len(placement) == 2 and placement[0] == "rows":
         rows = placement[1]
         if len(rows) != len(spaces[0].tiles) or not all(0 <= r < nranks for r in rows):
             raise RuntimeLayerError(f"placement 'rows' needs one rank in 0..{nranks - 1} per tile of "
                                     f"the first space ({len(spaces[0].tiles)}), got {list(rows)}")
-        return {k: int(rows[k[0]]) for k in keys}
+        first = np.asarray(keys, dtype=np.int64).reshape(len(keys), len(spaces))[:, 0]
+        return np.asarray(rows, dtype=np.int64)[first]
     if placement not in PLACEMENTS:
         raise RuntimeLayerError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)} "
                                 "or ('rows', owners)")
-    return dict(zip(keys, block_owner_array(spaces, irrep, keys, nranks).tolist()))
+    if nranks == 1:
+        return np.zeros(len(keys), dtype=np.int64)
+    return size_ranked(block_sizes(spaces, keys), nranks, structure_signature(spaces, irrep) % nranks)
+
+
+def block_owners(spaces, irrep, keys, nranks: int, placement="balanced") -> dict:
+    """{key: rank} of ``block_owner_array``."""
+    return dict(zip(keys, block_owner_array(spaces, irrep, keys, nranks, placement).tolist()))
+
+
+def block_offsets(owners, sizes, nranks: int) -> tuple:
+    """(offset of each block in its owner's memory, elements per rank): a rank's blocks
+    lie one after the other in key order. Vectorised."""
+    owners = np.asarray(owners, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    run = np.bincount(owners, weights=sizes, minlength=nranks).astype(np.int64)
+    order = np.argsort(owners, kind="stable")
+    before = np.cumsum(sizes[order]) - sizes[order]          # elements before, over all ranks
+    start = np.concatenate(([0], np.cumsum(run)[:-1]))       # where each rank's run begins
+    offsets = np.empty(len(sizes), dtype=np.int64)
+    offsets[order] = before - start[owners[order]]
+    return offsets, run
