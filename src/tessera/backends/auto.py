@@ -28,12 +28,14 @@ for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the
 of the inputs and one panel each; for ``cached`` its block cache; on one process the
 step's temporary matrices plus the gathered matrices of constant tensors the context
 caches), compared with
-``memory_budget`` (TESSERA_MEMORY_PER_RANK_MB, default half the machine's memory shared
-by the ranks). Candidates that do not fit are dropped (unless --variant names them), so
+``memory_budget`` (TESSERA_MEMORY_PER_RANK_MB, default half the node's memory shared
+by the ranks on that node). Candidates that do not fit are dropped (unless --variant names them), so
 replication (c > 1) is chosen only where memory allows; so are candidates whose T2 +
 integrals are spread with a max/mean above 1.5. The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
-shared-memory figures measured on the development machine (docs/distributed.md). Every
+shared-memory figures measured on the development machine (docs/distributed.md);
+``estimate`` takes others (``backends.machine``: calibrated node constants plus a
+network, as ``tessera plan --ranks`` uses for machines with many nodes). Every
 choice can be overridden (``--backend``, ``--variant``, ``--schedule``, ``--tile``);
 ``tessera run --plan-only`` prints the decision and its estimates.
 """
@@ -169,18 +171,32 @@ def grid_of(nranks: int, variant: str) -> tuple:
     return grid_3d(nranks, default_layers(nranks) if variant == "2.5d" else 1)
 
 
-def memory_budget(nranks: int) -> float:
-    """Bytes a rank may use: TESSERA_MEMORY_PER_RANK_MB if set, else half the physical
-    memory of this machine shared by the ranks (all assumed on one node: on several
-    nodes this is conservative)."""
+def memory_budget(nranks: int, ranks_per_node: int | None = None, memory_per_node: float | None = None) -> float:
+    """Bytes a rank may use: TESSERA_MEMORY_PER_RANK_MB if set, else the memory of a node
+    shared by the ranks of that node: ``memory_per_node`` (default half this machine's
+    physical memory) over ``ranks_per_node`` (default the ranks of the busiest node of
+    the running MPI world, else all ``nranks`` on one node)."""
     mib = env_number(ENV_MEMORY, None)
     if mib is not None:
         return mib * 2**20
-    try:
-        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        phys = 8 * 2**30
-    return 0.5 * phys / max(1, nranks)
+    if memory_per_node is None:
+        try:
+            memory_per_node = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            memory_per_node = 4 * 2**30
+    if ranks_per_node is None:
+        ranks_per_node = _ranks_per_node(nranks)
+    return memory_per_node / max(1, min(nranks, ranks_per_node))
+
+
+def _ranks_per_node(nranks: int) -> int:
+    """Worker ranks on the fullest node of the running MPI world; ``nranks`` without one."""
+    import sys
+    module = sys.modules.get("tessera.runtime.world")
+    world = module.World.current() if module is not None else None
+    if world is None or world.size != nranks or not getattr(world, "node_of", None):
+        return nranks
+    return max(world.node_of.count(n) for n in set(world.node_of))
 
 
 def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
@@ -219,9 +235,15 @@ def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None)
     return {"stored": s["memory_per_rank_max"], "held": held, "working": working}
 
 
-def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float) -> dict:
+LOCAL_COSTS = {"t_task": T_TASK, "t_get": T_GET, "t_acc": T_ACC, "t_coll": T_COLL, "bandwidth": BANDWIDTH}
+
+
+def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, costs: dict | None = None) -> dict:
     """Estimated seconds per CCSD iteration, what moves and the memory, per rank (see
-    module docstring)."""
+    module docstring). ``costs``: the per-operation constants (LOCAL_COSTS, ranks on one
+    node, by default; ``backends.machine.Machine.on`` for ranks spread over nodes)."""
+    c_ = LOCAL_COSTS if costs is None else costs
+    T_TASK, T_GET, T_ACC, T_COLL, BANDWIDTH = (c_[k] for k in ("t_task", "t_get", "t_acc", "t_coll", "bandwidth"))
     P = nranks
     remote = (P - 1) / P
     compute = s["makespan_flops"] / rate          # per step, the busiest rank's flops

@@ -6,13 +6,10 @@ BlockTensor created while it is current gets a ``DistHandle`` (``tensor.dist``) 
 
 Ownership is a deterministic function of a tensor's structure, so every rank computes
 the same map without communication:
-- ``balanced``: greedy longest-processing-time over the allowed blocks by size, with
-  the rank labels rotated by a structural hash so that many small tensors do not all
-  put their largest block on rank 0;
-- ``pairs`` (integrals): groups of blocks that share their first two tiles, in
-  (first, second) tile order, cut into contiguous runs of near-equal size, one per
-  rank: a group (one first-pair slab of the AO->MO transform) lives on one rank, and a
-  rank's groups share few first tiles, so each rank transforms its share.
+- ``balanced`` (every tensor, the integral classes included): the allowed blocks ranked
+  by size and dealt round-robin, the rank labels rotated by a structural hash so that
+  many small tensors do not all start on rank 0 (``runtime.distribution.block_owners``);
+- ``("rows", owners)``: a tensor that follows another's ownership row by row.
 
 Collective lifetime. Creating a GlobalArray is collective; tensors are created in the
 same order on every rank (SPMD), so creation in the constructor is safe. Freeing is the
@@ -35,7 +32,7 @@ import numpy as np
 
 from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, World
-from tessera.runtime.distribution import block_owners
+from tessera.runtime.distribution import block_owner_array
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +103,7 @@ class TensorStore:
         self.fetcher = fetcher
         self._free: dict = {}          # structure key -> [GlobalArray], agreed free, by eid
         self._pending: list = []       # (structure key, GlobalArray) released here
-        self._owners: dict = {}        # structure key -> owner map
+        self._owners: dict = {}        # structure key -> owner of each stored key
         self.by_eid: dict = {}         # array id (the same on every rank) -> GlobalArray
         self.closed = False
 
@@ -141,8 +138,8 @@ class TensorStore:
     def _create(self, tensor, placement, skey) -> GlobalArray:
         keys = tensor.stored_keys()
         owners = self._owners.get(skey)
-        if owners is None:
-            owners = block_owners(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
+        if owners is None:       # aligned with keys
+            owners = block_owner_array(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
             self._owners[skey] = owners
         tiling = [[t.size for t in s.tiles] for s in tensor.spaces]   # no keys: an empty array
         ga = GlobalArray(tiling, keys=keys, owners=owners, name=tensor.name or "tensor", world=self.world,

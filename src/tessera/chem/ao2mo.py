@@ -16,16 +16,17 @@ holds all AO integrals or a whole four-index tensor, and no data goes through on
    class needs into that class's half-transformed tensor H[(P Q) rows, unit]
    (``put_block``: a one-sided put to the owner of the row group when distributed).
 2. *Row groups* (task set ``transform: finish``, owner computes: ``TaskSet.home``). The
-   rows of a first-pair group (P, Q) of a class live where the class tensor's (P, Q, R, S)
-   blocks live (H is laid out with placement ``("rows", owners)``); that rank finishes
+   rows of a first-pair group (P, Q) of a class live on the owner of the group's first
+   class block (H is laid out with placement ``("rows", owners)``); that rank finishes
    lam sig -> r s per irrep of r (only symmetry-allowed (R, S); r >= s packed when both
-   indices run over the same orbitals) and stores the blocks. When p and q run over the
-   same space (oooo, oovv, vvvv) only groups P >= Q are transformed: (qp|rs) = (pq|rs),
+   indices run over the same orbitals) and puts each block to its owner (the class
+   tensors are spread block by block over all ranks, ``balanced``). When p and q run over
+   the same space (oooo, oovv, vvvv) only groups P >= Q are transformed: (qp|rs) = (pq|rs),
    so the (Q, P, R, S) blocks are the transposes, put to their owner.
 The H tensors are released (collective) before returning.
 
-Memory per rank, in doubles: its class blocks (~ stored total / ranks with the ``pairs``
-placement) + its rows of H, sum over classes of rows(P Q) x npair (~ (2 o^2 + 3 o v + v^2)
+Memory per rank, in doubles: its class blocks (stored total / ranks to within one block,
+``balanced`` placement) + its rows of H, sum over classes of rows(P Q) x npair (~ (2 o^2 + 3 o v + v^2)
 npair / ranks; AO pairs carry no point-group symmetry, so with symmetry this can exceed
 the MO integrals) + per thread about ``slab_bytes`` of working arrays. Nothing scales as
 nao^4 or as a whole MO class on one of several ranks.
@@ -215,7 +216,7 @@ class ClassTransform:
                         out[key][r0:r1] = res[:, slice(*_rel(sp[2], key[2], z0)), slice(*_rel(sp[3], key[3], w0))]
         for key, blk in out.items():
             blk = blk.reshape(t.block_shape(key))
-            t.store_block(key, blk)
+            t.put_block(key, blk)
             if h.mirror and key[0] > key[1] and not t.aliases:   # (Q P|R S) = (P Q|R S) transposed
                 t.put_block((key[1], key[0]) + key[2:], np.ascontiguousarray(blk.transpose(1, 0, 2, 3)))
         return 0.0

@@ -98,7 +98,7 @@ CANONICAL = ("vvvv",)   # stored as canonical blocks (8-fold: about 1/8 of the b
 def class_tensor(name: str, o: IndexSpace, v: IndexSpace) -> BlockTensor:
     """The (empty) tensor of integral class ``name`` (e.g. "ovvv") over the spaces o, v."""
     return BlockTensor(tuple(o if ch == "o" else v for ch in name), 0, name=name,
-                       symmetry=_SYMMETRY[name], placement="pairs", canonical=name in CANONICAL)
+                       symmetry=_SYMMETRY[name], canonical=name in CANONICAL)
 
 
 SLAB_BYTES = 64 * 2**20   # working slab of the transform per thread (see chem/ao2mo.py)

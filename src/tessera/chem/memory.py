@@ -64,14 +64,14 @@ def available_memory() -> int:
 _UNITS = {"": 2**20, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
-def parse_size(text) -> float:
-    """``--max-memory``: MiB as a number, or with a binary unit (``500M``, ``8GB``, ``2GiB``,
-    ``1T``); returns MiB."""
+def parse_size(text, flag: str = "--max-memory") -> float:
+    """``--max-memory`` (or ``flag``): MiB as a number, or with a binary unit (``500M``,
+    ``8GB``, ``2GiB``, ``1T``); returns MiB."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", str(text))
     value = float(m.group(1)) * _UNITS[m.group(2).lower()] / 2**20 if m else float("nan")
     if not (math.isfinite(value) and value > 0):
-        raise InputError(f"--max-memory {text!r} is not a memory size; expected a positive size per "
-                         "rank such as 4000 (MiB), 500M or 8G")
+        raise InputError(f"{flag} {text!r} is not a memory size; expected a positive size "
+                         "such as 4000 (MiB), 500M or 8G")
     return value
 
 
@@ -171,16 +171,23 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * npair / P, "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)
     if shape.method == "ccsd(t)":
-        from tessera.chem.triples_tasks import DEFAULT_CACHE_MB
-        dims = _class_bytes(o, v)
-        rows_t = 2 * dims["ovvv"] + 2 * dims["t2"] + dims["ovov"] + dims["ovoo"]
-        if P > 1:
-            rows_t = min(rows_t, DEFAULT_CACHE_MB * 2**20 + 2 * (dims["ovvv"] + dims["t2"]) / P)
-        nirrep = len(set(v.irreps.tolist())) or 1
-        kernel = T * 64 * v.dim ** 3 / nirrep
         gathered = s["gathered_bytes"] if P == 1 else 0
-        parts["(t)"] = {"integrals": stored, "gathered": gathered, "rows": rows_t, "kernel": kernel}
+        parts["(t)"] = {"integrals": stored, "gathered": gathered, **triples_parts(o, v, P, T)}
     return MemoryEstimate(P, baseline, parts)
+
+
+def triples_parts(o, v, nranks: int, threads: int) -> dict:
+    """Bytes per rank of what (T) holds beside the integrals and T2, over spaces ``o``, ``v``:
+    ``rows`` (the packed rows it reads: on one process every task tile's rows with their
+    pair-swapped copies; a rank keeps its row cache) and ``kernel`` (buffers per thread).
+    The one formula of (T) memory, also used by ``tessera plan --ranks``."""
+    from tessera.chem.triples_tasks import DEFAULT_CACHE_MB
+    dims = _class_bytes(o, v)
+    rows_t = 2 * dims["ovvv"] + 2 * dims["t2"] + dims["ovov"] + dims["ovoo"]
+    if nranks > 1:
+        rows_t = min(rows_t, DEFAULT_CACHE_MB * 2**20 + 2 * (dims["ovvv"] + dims["t2"]) / nranks)
+    nirrep = len(set(v.irreps.tolist())) or 1
+    return {"rows": rows_t, "kernel": threads * 64 * v.dim ** 3 / nirrep}
 
 
 def _executors(shape: RunShape) -> list:

@@ -72,6 +72,16 @@ def _parser() -> argparse.ArgumentParser:
         loud.add_argument("-v", "--verbose", action="store_true",
                           help="also show the SCF iterations and the library's progress lines")
         loud.add_argument("-q", "--quiet", action="store_true", help="print only the final energies")
+        if name == "plan":     # a machine we do not have (cli/plan_ranks.py)
+            s.add_argument("--ranks", metavar="P", help="simulate P ranks: per-rank memory of every tensor "
+                           "class and (T), tasks per rank, bytes per rank and time of each executor")
+            s.add_argument("--ranks-per-node", metavar="N", help="with --ranks: ranks per node (default all on one)")
+            s.add_argument("--memory-per-node", metavar="SIZE", help="with --ranks: memory of a node, e.g. "
+                           "512GB (default half of this machine's)")
+            s.add_argument("--network-bandwidth", metavar="GB/s", help="with --ranks: bandwidth per node "
+                           "between nodes, GB/s (default 12.5)")
+            s.add_argument("--network-latency", metavar="US", help="with --ranks: latency between nodes, "
+                           "microseconds (default 2)")
         if name == "run":
             s.add_argument("--plan-only", action="store_true", help="print the plan and stop")
             s.add_argument("--checkpoint", metavar="FILE", default=None,
@@ -179,6 +189,12 @@ def _rank(backend: str, progress: str | None = None, ghosts: int | None = None) 
     return ranks_of(backend).rank
 
 
+def _simulated(args) -> bool:
+    """``tessera plan`` for a simulated machine (--ranks and its companions)."""
+    return any(getattr(args, k) is not None for k in ("ranks", "ranks_per_node", "memory_per_node",
+                                                      "network_bandwidth", "network_latency"))
+
+
 def _world():
     """The running MPI world, or None (never starts MPI)."""
     module = sys.modules.get("tessera.runtime.world")
@@ -194,6 +210,10 @@ def _run(args, state: RunState) -> int:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)     # read by the executors
     check_environment()
     options = _options(args)
+    if args.command == "plan" and _simulated(args):
+        from tessera.cli.plan_ranks import print_simulation
+        print_simulation(options, args)
+        return EXIT_OK
     planning = getattr(args, "plan_only", False) or args.command == "plan"
     if not planning:
         from tessera.chem.fcidump import is_fcidump

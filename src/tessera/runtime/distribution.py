@@ -11,8 +11,11 @@ Pure Python and deterministic: every rank computes the same map from the same in
   runs of near-equal total cost (GTFock's static partition of the task space, 1-D);
 - ``grid_shape``, ``default_layers``, ``grid_3d``: process grids of SUMMA and 2.5D;
 - ``assign_owners``: the block owner map of a GlobalArray built from the above;
-- ``block_owners``: the owner map of a distributed block tensor (placements ``balanced``,
-  ``pairs`` and ``("rows", owners)``).
+- ``size_ranked``: items ranked by size dealt round-robin (vectorised; loads within one
+  item of each other);
+- ``block_owner_array`` / ``block_owners``: the owner map of a distributed block tensor
+  (placements ``balanced`` and ``("rows", owners)``), as an array or a dict;
+- ``block_offsets``: where each block lies in its owner's memory.
 """
 
 from __future__ import annotations
@@ -220,7 +223,7 @@ def _check_owners(keys, nranks, owners) -> dict:
     return out
 
 
-PLACEMENTS = ("balanced", "pairs")
+PLACEMENTS = ("balanced",)
 
 
 def structure_signature(spaces, irrep) -> int:
@@ -229,38 +232,72 @@ def structure_signature(spaces, irrep) -> int:
     return zlib.crc32(data)
 
 
-def block_owners(spaces, irrep, keys, nranks: int, placement: str) -> dict:
-    """{key: rank} for the allowed ``keys`` of a block tensor's structure (its index
-    spaces' tiles and its irrep), the same on every rank without communication:
+def size_ranked(sizes, nbins: int, shift: int = 0) -> np.ndarray:
+    """Bin of each item when the items, ranked by decreasing size (ties: their order), are
+    dealt round-robin to bins ``shift, shift + 1, ...``: the item of rank n goes to bin
+    (n + shift) mod nbins. Every bin gets the same number of items to within one, and in
+    each round of ``nbins`` items an earlier bin's item is at most as large as the one
+    before it, so the largest and smallest bin loads differ by at most one item's size
+    (the largest). Vectorised: O(n log n) in NumPy, no per-item Python work."""
+    sizes = np.asarray(sizes)
+    order = np.argsort(-sizes, kind="stable")
+    out = np.empty(len(sizes), dtype=np.int64)
+    out[order] = (np.arange(len(sizes)) + shift) % nbins
+    return out
 
-    - ``balanced``: largest block first to the least loaded rank, the rank labels rotated
-      by a structural hash so that many small tensors do not all put their largest block
-      on rank 0;
-    - ``pairs`` (integrals): groups of blocks that share their first two tiles, in
-      (first, second) tile order, cut into contiguous runs of near-equal size, one per
-      rank: a first-pair slab of the AO->MO transform lives on one rank;
-    - ``("rows", owners)``: every block of first tile i on rank ``owners[i]`` (a
-      tensor laid out to follow another's ownership).
-    """
+
+def block_sizes(spaces, keys) -> np.ndarray:
+    """Elements of each block ``keys[n]`` of a tensor over ``spaces``."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    ks = np.asarray(keys, dtype=np.int64).reshape(len(keys), len(spaces))
+    out = np.ones(len(keys), dtype=np.int64)
+    for d, s in enumerate(spaces):
+        out *= np.asarray([t.size for t in s.tiles], dtype=np.int64)[ks[:, d]]
+    return out
+
+
+def block_owner_array(spaces, irrep, keys, nranks: int, placement="balanced") -> np.ndarray:
+    """Owner rank of each block ``keys[n]`` of a block tensor's structure (its index spaces'
+    tiles and its irrep), the same on every rank without communication:
+
+    - ``balanced`` (every tensor, the integral classes included): blocks ranked by size,
+      dealt round-robin (``size_ranked``), the rank labels rotated by a structural hash so
+      that many small tensors do not all start on rank 0; each rank holds within one
+      (largest) block of the mean, whatever the tensor;
+    - ``("rows", owners)``: every block of first tile i on rank ``owners[i]`` (a tensor
+      laid out to follow another's ownership).
+
+    Vectorised: no Python work per block."""
     if isinstance(placement, tuple) and len(placement) == 2 and placement[0] == "rows":
         rows = placement[1]
         if len(rows) != len(spaces[0].tiles) or not all(0 <= r < nranks for r in rows):
             raise RuntimeLayerError(f"placement 'rows' needs one rank in 0..{nranks - 1} per tile of "
                                     f"the first space ({len(spaces[0].tiles)}), got {list(rows)}")
-        return {k: int(rows[k[0]]) for k in keys}
+        first = np.asarray(keys, dtype=np.int64).reshape(len(keys), len(spaces))[:, 0]
+        return np.asarray(rows, dtype=np.int64)[first]
     if placement not in PLACEMENTS:
-        raise RuntimeLayerError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)}")
+        raise RuntimeLayerError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)} "
+                                "or ('rows', owners)")
     if nranks == 1:
-        return {k: 0 for k in keys}
-    sizes = {k: int(np.prod([s.tiles[t].size for s, t in zip(spaces, k)], dtype=np.int64)) for k in keys}
-    shift = structure_signature(spaces, irrep) % nranks
-    if placement == "pairs" and len(spaces) >= 3:
-        groups: dict = {}
-        for k in keys:
-            groups.setdefault(k[:2], []).append(k)
-        gkeys = sorted(groups)
-        gcost = [sum(sizes[k] for k in groups[g]) for g in gkeys]
-        gown = contiguous_runs(gcost, nranks)
-        return {k: (gown[n] + shift) % nranks for n, g in enumerate(gkeys) for k in groups[g]}
-    own = largest_first([sizes[k] for k in keys], nranks)
-    return {k: (r + shift) % nranks for k, r in zip(keys, own)}
+        return np.zeros(len(keys), dtype=np.int64)
+    return size_ranked(block_sizes(spaces, keys), nranks, structure_signature(spaces, irrep) % nranks)
+
+
+def block_owners(spaces, irrep, keys, nranks: int, placement="balanced") -> dict:
+    """{key: rank} of ``block_owner_array``."""
+    return dict(zip(keys, block_owner_array(spaces, irrep, keys, nranks, placement).tolist()))
+
+
+def block_offsets(owners, sizes, nranks: int) -> tuple:
+    """(offset of each block in its owner's memory, elements per rank): a rank's blocks
+    lie one after the other in key order. Vectorised."""
+    owners = np.asarray(owners, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    run = np.bincount(owners, weights=sizes, minlength=nranks).astype(np.int64)
+    order = np.argsort(owners, kind="stable")
+    before = np.cumsum(sizes[order]) - sizes[order]          # elements before, over all ranks
+    start = np.concatenate(([0], np.cumsum(run)[:-1]))       # where each rank's run begins
+    offsets = np.empty(len(sizes), dtype=np.int64)
+    offsets[order] = before - start[owners[order]]
+    return offsets, run

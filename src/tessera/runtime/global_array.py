@@ -35,7 +35,7 @@ import numpy as np
 
 from tessera.errors import RuntimeLayerError
 from tessera.runtime._mpi import load_mpi, mpi_datatype
-from tessera.runtime.distribution import assign_owners
+from tessera.runtime.distribution import assign_owners, block_offsets
 from tessera.runtime.exposure import Exposure
 from tessera.runtime.layout import BlockLayout
 
@@ -95,6 +95,21 @@ class Handle:
         return self._result if self._perm is None else self._result.transpose(self._perm)
 
 
+class _Slots(dict):
+    """{key: slot} of a GlobalArray, each made on first use (``GlobalArray._make_slot``);
+    a key the array does not have is a KeyError."""
+
+    def __init__(self, ga):
+        super().__init__()
+        self._ga = ga
+
+    def __missing__(self, key):
+        if key not in self._ga.layout:
+            raise KeyError(key)
+        slot = self[key] = self._ga._make_slot(key)
+        return slot
+
+
 class GlobalArray:
     """Distributed blocks addressed by key or by global patch (see module docstring)."""
 
@@ -113,44 +128,40 @@ class GlobalArray:
         self._mpitype = mpi_datatype(self.dtype)
         self.itemsize = self.dtype.itemsize
         lay = self.layout
-        if owners is not None:
-            owners = {lay.normalize_key(k): r for k, r in dict(owners).items()}
-        if costs is not None and hasattr(costs, "items"):
-            costs = {lay.normalize_key(k): c for k, c in costs.items()}
-        sizes = [int(np.prod(lay.block_shape(k))) for k in lay.keys]
-        self._owner = assign_owners(lay.keys, world.size, distribution, costs, owners,
-                                    default_costs=sizes)
+        sizes = lay.sizes()
+        if owners is not None and not hasattr(owners, "items"):
+            self._owner = self._owner_array(owners, world.size)
+        else:
+            if owners is not None:
+                owners = {lay.normalize_key(k): r for k, r in dict(owners).items()}
+            if costs is not None and hasattr(costs, "items"):
+                costs = {lay.normalize_key(k): c for k, c in costs.items()}
+            owner_map = assign_owners(lay.keys, world.size, distribution, costs, owners,
+                                      default_costs=sizes.tolist())
+            self._owner = np.fromiter((owner_map[k] for k in lay.keys), dtype=np.int64, count=len(lay.keys))
         self.distribution = "owners" if owners is not None else distribution
         me = world.rank
-        run = [0] * world.size
-        placed = []
-        for key, count in zip(lay.keys, sizes):
-            r = self._owner[key]
-            placed.append((key, r, run[r], count))
-            run[r] += count
-        self._local_count = run[me]
-        self._exp = Exposure(world, run[me] * self.itemsize, self.itemsize, kind="data")
+        self._offset, run = block_offsets(self._owner, sizes, world.size)
+        self._sizes = sizes
+        self._local_count = int(run[me])
+        self._exp = Exposure(world, self._local_count * self.itemsize, self.itemsize, kind="data")
         self.eid = self._exp.eid
         self._win = self._exp.win
         self._local = self._exp.local.view(self.dtype) if run[me] else np.zeros(0, self.dtype)
-        self._slots = {}
-        self._local_keys = []
-        mapped = {w: region.view(self.dtype) for w, region in self._exp.direct.items()
-                  if len(region) >= run[w] * self.itemsize}
-        for key, r, off, count in placed:
-            shape = lay.block_shape(key)
-            view = mapped[r][off:off + count].reshape(shape) if r in mapped else None
-            tspec = (self._exp.base[r] + off, count, self._mpitype)
-            self._slots[key] = (r, self._exp.targets[r], tspec, shape,
-                                count, count * self.itemsize, view)
-            if r == me:
-                self._local_keys.append(key)
+        self._mapped = {w: region.view(self.dtype) for w, region in self._exp.direct.items()
+                        if len(region) >= run[w] * self.itemsize}
+        # a block's slot (owner, target, MPI target spec, shape, count, bytes, mapped view) is
+        # made when first used: a rank holds the slots of its own blocks and of those it
+        # touches, not one per block of the array
+        self._slots = _Slots(self)
+        self._local_keys = [lay.keys[n] for n in np.flatnonzero(self._owner == me)]
+        for key in self._local_keys:
+            self._slots[key]
         # alias key -> (stored key, perm): block(alias) = block(stored).transpose(perm),
         # read through the stored block (no memory of its own)
         self.aliases = {lay.normalize_key(a): (lay.normalize_key(k), tuple(p))
                         for a, (k, p) in (aliases or {}).items()}
-        self.direct_ranks = sorted(mapped)
-        self._all_slots = self._slots
+        self.direct_ranks = sorted(self._mapped)
         self._log = world.comm_log
         self._types = world._types
         self._SUM = self._MPI.SUM
@@ -180,16 +191,39 @@ class GlobalArray:
         return self.layout.keys
 
     def __contains__(self, key) -> bool:
-        return key in self._all_slots or key in self.aliases
+        return key in self.layout or key in self.aliases
 
     def owner(self, key) -> int:
         if key in self.aliases:
             key = self.aliases[key][0]
-        return self._slot(key)[0]
+        try:
+            n = self.layout.index[key]
+        except (KeyError, TypeError):
+            n = self.layout.index[self._key(key)]
+        return int(self._owner[n])
 
     def owners(self) -> dict:
         """{key: owner rank} for every block."""
-        return dict(self._owner)
+        return dict(zip(self.layout.keys, self._owner.tolist()))
+
+    def _owner_array(self, owners, nranks: int) -> np.ndarray:
+        """Owners given as a sequence aligned with the ``keys`` passed in, checked."""
+        arr = np.asarray(owners)
+        if arr.shape != (len(self.layout.keys),) or arr.dtype.kind not in "iu" \
+                or (len(arr) and not (0 <= arr.min() and arr.max() < nranks)):
+            raise RuntimeLayerError(
+                f"owners of global array {self.name!r} is a sequence of shape {arr.shape} and "
+                f"type {arr.dtype}; expected one rank 0 <= r < {nranks} per key, aligned with "
+                "keys, or a dict {key: rank}.")
+        return arr.astype(np.int64)[self.layout.order]
+
+    def _make_slot(self, key):
+        n = self.layout.index[key]
+        r, off, count = int(self._owner[n]), int(self._offset[n]), int(self._sizes[n])
+        shape = self.layout.block_shape(key)
+        view = self._mapped[r][off:off + count].reshape(shape) if r in self._mapped else None
+        return (r, self._exp.targets[r], (self._exp.base[r] + off, count, self._mpitype), shape,
+                count, count * self.itemsize, view)
 
     def local_keys(self) -> list:
         return list(self._local_keys)
@@ -223,7 +257,7 @@ class GlobalArray:
     def _key(self, key):
         self._check_live()
         k = self.layout.normalize_key(key)
-        if k not in self._all_slots and k not in self.aliases:
+        if k not in self.layout and k not in self.aliases:
             raise RuntimeLayerError(
                 f"block {k} does not exist in global array {self.name!r} (it stores "
                 f"{len(self.keys)} of the blocks of its tile grid); expected one of its keys, "
@@ -479,5 +513,4 @@ class GlobalArray:
         self._win = None
         self._local = np.zeros(0, self.dtype)
         self._slots = {}
-        self._all_slots = {}
         self.world._unregister(self)

@@ -14,6 +14,8 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from tessera.errors import RuntimeLayerError
 
 Key = tuple
@@ -54,9 +56,13 @@ class BlockLayout:
             offsets.append(tuple(acc))
         self.offsets = tuple(offsets)
         self.shape = tuple(o[-1] for o in self.offsets)
+        fast = None if keys is None else self._fast_keys(keys)
         if keys is None:
             all_keys = itertools.product(*(range(len(t)) for t in self.tiling))
             self.keys = tuple(all_keys)
+            self.order = np.arange(len(self.keys))
+        elif fast is not None:
+            self.keys, self.order = fast
         else:
             normalized = [self.normalize_key(k) for k in keys]
             if len(set(normalized)) != len(normalized):
@@ -70,8 +76,37 @@ class BlockLayout:
                     f"block key {dup} is listed twice in keys; expected each block once. "
                     "Remove the duplicates."
                 )
-            self.keys = tuple(sorted(normalized))
-        self._keyset = frozenset(self.keys)
+            self.order = np.asarray(sorted(range(len(normalized)), key=normalized.__getitem__), dtype=np.int64)
+            self.keys = tuple(normalized[n] for n in self.order)
+        self.index = {k: n for n, k in enumerate(self.keys)}     # key -> position in keys
+
+    def _fast_keys(self, keys):
+        """(sorted keys, order) of keys that are a clean integer array inside the grid with
+        no key twice, checked vectorised; None for anything else (the per-key path then
+        says what is wrong)."""
+        try:
+            arr = np.asarray(keys)
+        except (TypeError, ValueError):
+            return None
+        if arr.dtype.kind not in "iu" or arr.ndim != 2 or arr.shape[1] != self.ndim or not len(arr):
+            return None
+        grid = np.asarray([len(t) for t in self.tiling])
+        if (arr < 0).any() or (arr >= grid).any():
+            return None
+        order = np.lexsort(arr.T[::-1])
+        arr = arr[order]
+        if (arr[1:] == arr[:-1]).all(axis=1).any():
+            return None
+        return tuple(map(tuple, arr.tolist())), order
+
+    def sizes(self) -> np.ndarray:
+        """Elements of each block, in ``keys`` order (vectorised)."""
+        out = np.ones(len(self.keys), dtype=np.int64)
+        if self.keys:
+            arr = np.asarray(self.keys, dtype=np.int64)
+            for d, tiles in enumerate(self.tiling):
+                out *= np.asarray(tiles, dtype=np.int64)[arr[:, d]]
+        return out
 
     @staticmethod
     def _check_tiling(tiling) -> tuple:
@@ -116,7 +151,7 @@ class BlockLayout:
         return k
 
     def __contains__(self, key) -> bool:
-        return key in self._keyset
+        return key in self.index
 
     def block_shape(self, key: Key) -> tuple:
         return tuple(t[i] for t, i in zip(self.tiling, key))
@@ -171,7 +206,7 @@ class BlockLayout:
         found, missing = [], []
         for combo in itertools.product(*per_dim):
             key = tuple(c[0] for c in combo)
-            if key in self._keyset:
+            if key in self.index:
                 found.append(Piece(key, tuple(c[1] for c in combo),
                                    tuple(c[2] for c in combo), tuple(c[3] for c in combo)))
             else:

@@ -1,0 +1,114 @@
+"""Measure this machine's constants for the cost model of `tessera plan --ranks`.
+
+    .venv/bin/python bench/calibrate_machine.py [--out src/tessera/backends/machine.json]
+
+Writes (what ``tessera.backends.machine.Machine.calibrated`` reads):
+  gemm_flops_per_second  single-thread DGEMM, 256^3 (best of five; backends.auto.gemm_rate)
+  task_seconds           Python work per block product of a contraction on the one-sided
+                         executor (1 rank, loop order original): (wall - flops / gemm
+                         rate) / block products, for a contraction of many small blocks
+                         (tile 4)
+  get_seconds            one-sided get of an 8 KiB block owned by the other of 2 ranks,
+  acc_seconds            and accumulate (bench/runtime_kernels.py latency, private windows
+                         TESSERA_WINDOW=create: through MPI as between nodes)
+  copy_bytes_per_second  8 MiB get between the 2 ranks of this node
+  collective_seconds     one small allreduce on 2 ranks
+with host, date and load average. Timings on a shared machine vary: rerun idle. The
+network between nodes is not measured (options of `tessera plan`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TESSERA_WINDOW": "create",
+       "PYTHONPATH": str(REPO / "src")}
+
+
+def task_seconds() -> None:
+    """Under mpiexec -n 1: Python work per block product of the one-sided executor (as JSON)."""
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    import tessera as ts
+    from tessera.backends.auto import gemm_rate
+    from tessera.backends.context import Context
+    from tessera.tensor.block_tensor import BlockTensor
+    from tessera.tensor.space import IndexSpace
+    rate = gemm_rate()
+    o = IndexSpace.from_irreps("o", np.zeros(16, dtype=int), 4)
+    v = IndexSpace.from_irreps("v", np.zeros(32, dtype=int), 4)
+    best = 1e9
+    with threadpool_limits(limits=1, user_api="blas"), Context("mpi-onesided", variant="original"):
+        rng = np.random.default_rng(0)
+        a, b = BlockTensor.random((o, o, v, v), 0, rng=rng), BlockTensor.random((v, v, v, v), 0, rng=rng)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            ts.einsum("ijcd,abcd->ijab", a, b)
+            best = min(best, time.perf_counter() - t0)
+    products = 4 ** 2 * 8 ** 4                     # (i j) x (a b) output blocks x (c d) inner
+    flops = 2 * 16 ** 2 * 32 ** 4
+    print(json.dumps({"seconds": max(1e-7, (best - flops / rate) / products)}))
+
+
+def mpi_json(args: list, nranks: int = 2) -> dict:
+    proc = subprocess.run([str(MPIEXEC), "-n", str(nranks), sys.executable, *args], capture_output=True, text=True,
+                          env=dict(os.environ, **ENV), timeout=600, cwd=str(REPO))
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(args)} failed: {proc.stderr[-2000:]}")
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def collective() -> None:
+    """Under mpiexec: seconds per small allreduce (best of three loops), as JSON on rank 0."""
+    from tessera.runtime import World
+    world = World.get()
+    best = 1e9
+    for _ in range(3):
+        world.comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            world.comm.allreduce(1)
+        best = min(best, (time.perf_counter() - t0) / 2000)
+    if world.rank == 0:
+        print(json.dumps({"seconds": best}))
+    world.stop()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(REPO / "src" / "tessera" / "backends" / "machine.json"))
+    ap.add_argument("--collective", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tasks", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.collective:
+        return collective()
+    if args.tasks:
+        return task_seconds()
+    from tessera.backends.auto import gemm_rate
+    rate = gemm_rate()
+    lat = mpi_json([str(REPO / "bench" / "runtime_kernels.py"), "latency"])["rows"]
+    at = {(r["op"], r["bytes"]): r["seconds"] for r in lat}
+    big = max(b for op, b in at if op == "get")
+    out = {"gemm_flops_per_second": rate, "task_seconds": mpi_json([__file__, "--tasks"], 1)["seconds"],
+           "get_seconds": at[("get", 8192)], "acc_seconds": at[("acc", 8192)],
+           "collective_seconds": mpi_json([__file__, "--collective"])["seconds"],
+           "copy_bytes_per_second": big / at[("get", big)],
+           "host": platform.node(), "date": time.strftime("%Y-%m-%d"), "load": round(os.getloadavg()[0], 2),
+           "command": "python bench/calibrate_machine.py"}
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

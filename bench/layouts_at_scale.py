@@ -1,0 +1,182 @@
+"""Per-rank memory and bytes of a CCSD iteration on many simulated ranks (no MPI, no SCF).
+
+    .venv/bin/python bench/layouts_at_scale.py [--waters 8,16] [--ranks 64,256,1024] [--tile 32|auto]
+                                               [--json bench/results/layouts_at_scale.json] [--src DIR]
+
+BEFORE/AFTER: run it on these sources and with ``--src`` on an older checkout's ``src``
+(e.g. ``git archive <commit> src | tar -x -C /tmp/old`` then ``--src /tmp/old/src``).
+
+For water clusters (H2O)n in cc-pVDZ (C1, geometries built deterministically), every
+stored tensor class (T2 and the integral classes) is placed over P ranks with Tessera's
+own placement code (``runtime.distribution.block_owners``, what ``TensorStore`` uses),
+and the per-rank bytes of each class are summed: max, mean and max/mean per class.
+The bytes each rank moves per CCSD iteration come from the cost model
+(``backends.auto.structure_stats`` and ``estimate``) for each executor and variant.
+Also the Python time and memory (tracemalloc peak) of building the owner maps of every
+class at the largest rank count for the issue's example (C1, 100 occupied, 800
+virtual, tile 48).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, os.environ.get("TESSERA_BENCH_SRC", str(REPO / "src")))
+
+from tessera.backends.auto import estimate, structure_stats  # noqa: E402
+from tessera.chem.ccsd import CCSDStructure  # noqa: E402
+from tessera.chem.integrals import CLASSES, class_tensor, make_spaces  # noqa: E402
+from tessera.runtime.distribution import block_owners  # noqa: E402
+from tessera.tensor.block_tensor import BlockTensor  # noqa: E402
+
+EXECUTORS = [("mpi-onesided", "original"), ("mpi-onesided", "inverted"), ("mpi-onesided", "cached"),
+             ("mpi-collective", "summa"), ("mpi-collective", "2.5d")]
+NBAS_WATER = 24      # cc-pVDZ functions of one water
+
+
+def class_tensors(orbsym, nocc, tile, occ_tile=None):
+    o, v = make_spaces(orbsym, nocc, 0, tile, occ_tile)
+    out = {"t2": BlockTensor((o, o, v, v), 0, name="t2")}
+    out.update({name: class_tensor(name, o, v) for name in CLASSES})
+    return out
+
+
+def per_rank(tensors, nranks) -> dict:
+    """{class: {max_bytes, mean_bytes, max_over_mean}} and the total."""
+    out, total = {}, np.zeros(nranks)
+    for name, t in tensors.items():
+        load = np.zeros(nranks)
+        for k, r in block_owners(t.spaces, t.irrep, t.stored_keys(), nranks, t.placement).items():
+            load[r] += 8 * int(np.prod(t.block_shape(k)))
+        total += load
+        out[name] = _stats(load)
+    out["total"] = _stats(total)
+    return out
+
+
+def _stats(load) -> dict:
+    mean = float(load.mean())
+    return {"max_bytes": int(load.max()), "mean_bytes": mean,
+            "max_over_mean": float(load.max() / mean) if mean else 1.0}
+
+
+def layout_cost(nranks: int) -> dict:
+    """Seconds and tracemalloc peak of what one rank builds for every class of the issue's
+    example before a GlobalArray allocates its window: the block grid, the owners, where
+    each block lies, and the slots (target, offset, shape) it keeps. Run against older
+    sources (``--src``), whose GlobalArray made a slot for every block, it measures those
+    same steps as they were."""
+    orbsym, nocc = np.zeros(900, dtype=int), 100
+    tensors = class_tensors(orbsym, nocc, 48)
+    keys = {n: t.stored_keys() for n, t in tensors.items()}   # cached structure, not layout work
+    t0 = time.perf_counter()
+    build(tensors, keys, nranks)
+    seconds = time.perf_counter() - t0              # timed without tracemalloc, which slows Python
+    tracemalloc.start()
+    build(tensors, keys, nranks)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"ranks": nranks, "seconds": seconds, "tracemalloc_peak_bytes": peak,
+            "blocks": {n: len(k) for n, k in keys.items()}, "memory": per_rank(tensors, nranks)}
+
+
+def build(tensors, keys, nranks: int) -> dict:
+    from tessera.runtime import distribution
+    from tessera.runtime.layout import BlockLayout
+    kept = {}
+    for n, t in tensors.items():
+        tiling = [[tl.size for tl in s.tiles] for s in t.spaces]
+        lay = BlockLayout(tiling, keys[n])
+        if hasattr(distribution, "block_offsets"):          # owners and offsets as arrays
+            owner = distribution.block_owner_array(t.spaces, t.irrep, keys[n], nranks, t.placement)[lay.order]
+            offsets, run = distribution.block_offsets(owner, lay.sizes(), nranks)
+            mine = np.flatnonzero(owner == 0)
+            kept[n] = (lay, owner, offsets, {lay.keys[i]: (0, int(offsets[i]), lay.block_shape(lay.keys[i]))
+                                             for i in mine})
+        else:                                                # a slot per block, every rank
+            owners = distribution.block_owners(t.spaces, t.irrep, keys[n], nranks, t.placement)
+            owners = {lay.normalize_key(k): r for k, r in owners.items()}
+            sizes = [int(np.prod(lay.block_shape(k))) for k in lay.keys]
+            owner = distribution.assign_owners(lay.keys, nranks, owners=owners)
+            run, slots = [0] * nranks, {}
+            for key, count in zip(lay.keys, sizes):
+                r = owner[key]
+                slots[key] = (r, run[r], lay.block_shape(key))
+                run[r] += count
+            kept[n] = (lay, owner, slots)
+    return kept
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--waters", default="8,16")
+    ap.add_argument("--ranks", default="64,256,1024")
+    ap.add_argument("--tile", default="32", help="largest tile, or auto: the tiles tessera plan --ranks "
+                    "chooses for each rank count")
+    ap.add_argument("--json", default=str(REPO / "bench" / "results" / "layouts_at_scale.json"))
+    ap.add_argument("--src", default=None, help="import Tessera from this src folder (e.g. an older "
+                    "checkout's, for the BEFORE numbers): the script runs itself again with it")
+    args = ap.parse_args(argv)
+    if args.src:
+        import subprocess
+        rest = [a for a in (argv if argv is not None else sys.argv[1:])]
+        i = rest.index("--src")
+        del rest[i:i + 2]
+        env = dict(os.environ, TESSERA_BENCH_SRC=args.src)
+        raise SystemExit(subprocess.call([sys.executable, __file__, *rest], env=env))
+    waters = [int(x) for x in args.waters.split(",")]
+    ranks = [int(x) for x in args.ranks.split(",")]
+    result = {"tile": args.tile, "load": os.getloadavg()[0], "clusters": {}}
+    for n in waters:
+        nocc, nmo = 5 * n, NBAS_WATER * n
+        orbsym = np.zeros(nmo, dtype=int)
+        structure = CCSDStructure(orbsym, nocc)
+        rows = {}
+        for P in ranks:
+            if args.tile == "auto":          # as tessera plan --ranks chooses them
+                from tessera.cli.plan_ranks import choose_tiles
+                tile, occ_tile = choose_tiles(orbsym, nocc, 0, P)
+            else:
+                tile = occ_tile = int(args.tile)
+            tensors = class_tensors(orbsym, nocc, tile, occ_tile)
+            s = structure_stats(structure, tile, occ_tile, P)
+            moved = {f"{b} {v}": estimate(s, P, b, v, 10e9)["bytes_per_rank"] for b, v in EXECUTORS}
+            rows[P] = {"tiles": [tile, occ_tile], "memory_per_rank": per_rank(tensors, P), "bytes_per_rank": moved}
+        result["clusters"][f"(H2O){n}"] = rows
+        print(f"\n(H2O){n} cc-pVDZ, C1, o={nocc} v={nmo - nocc}, tile {args.tile}: per-rank memory "
+              "(MiB max / MiB mean / max/mean) per class; tiles (v/o) per rank count: "
+              + ", ".join(f"{P}: {r['tiles'][0]}/{r['tiles'][1]}" for P, r in rows.items()))
+        names = list(next(iter(rows.values()))["memory_per_rank"])
+        print(f"{'ranks':>6s} " + " ".join(f"{c:>22s}" for c in names))
+        for P, row in rows.items():
+            cells = [f"{m['max_bytes'] / 2**20:8.1f}/{m['mean_bytes'] / 2**20:7.1f}/{m['max_over_mean']:5.2f}"
+                     for m in row["memory_per_rank"].values()]
+            print(f"{P:6d} " + " ".join(f"{c:>22s}" for c in cells))
+        print("bytes moved per rank per CCSD iteration (MiB), by executor and variant")
+        print(f"{'ranks':>6s} " + " ".join(f"{e:>22s}" for e in rows[ranks[0]]["bytes_per_rank"]))
+        for P, row in rows.items():
+            print(f"{P:6d} " + " ".join(f"{b / 2**20:22.1f}" for b in row["bytes_per_rank"].values()))
+    cost = layout_cost(max(ranks))
+    result["layout_cost"] = cost
+    print(f"\nissue example (C1, o=100, v=800, tile 48) at {cost['ranks']} ranks: owner maps of every class "
+          f"built in {cost['seconds']:.2f} s (one rank's layouts), tracemalloc peak {cost['tracemalloc_peak_bytes'] / 2**20:.1f} MiB")
+    for n, m in cost["memory"].items():
+        print(f"  {n:6s} blocks {cost['blocks'].get(n, ''):>7} max {m['max_bytes'] / 2**30:7.2f} GiB "
+              f"mean {m['mean_bytes'] / 2**30:7.3f} GiB max/mean {m['max_over_mean']:7.2f}")
+    print(f"(load average {result['load']:.2f})")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The machine a cost estimate is for: calibrated constants of one node, the network
+between nodes, and how ranks sit on the nodes.
+
+``machine.json`` (next to this module) holds constants measured on one machine by
+``bench/calibrate_machine.py`` (single-thread DGEMM rate, Python work per block
+product, one-sided get and accumulate of a small block, a collective call, copy
+bandwidth between two ranks of a node), with where, when and under what load they were
+measured. The network is not measurable from one machine: its bandwidth per node and
+latency are options (``tessera plan --network-bandwidth --network-latency``, defaults
+NETWORK_BANDWIDTH and NETWORK_LATENCY: a 100 Gb/s link, 2 us). ``Machine.on(P, rpn)``
+gives the constants ``backends.auto.estimate`` uses for P ranks, ``rpn`` per node:
+
+  t_get, t_acc   node's value + f_off x latency (f_off: share of the other ranks on other nodes)
+  t_coll         node's value + latency x ceil(log2 nodes) (a tree over the nodes)
+  bandwidth      1 / ((1 - f_off) / copy bandwidth + f_off / (network bandwidth / rpn)):
+                 a rank's bytes go to its peers evenly; a node's link is shared by its ranks
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tessera.errors import InputError
+
+CALIBRATION = Path(__file__).with_name("machine.json")
+NETWORK_BANDWIDTH = 12.5e9     # bytes/s per node (100 Gb/s)
+NETWORK_LATENCY = 2e-6         # s per message between nodes
+FIELDS = ("gemm_flops_per_second", "task_seconds", "get_seconds", "acc_seconds",
+          "collective_seconds", "copy_bytes_per_second")
+
+
+@dataclass(frozen=True)
+class Machine:
+    gemm_flops_per_second: float
+    task_seconds: float
+    get_seconds: float
+    acc_seconds: float
+    collective_seconds: float
+    copy_bytes_per_second: float
+    network_bandwidth: float = NETWORK_BANDWIDTH
+    network_latency: float = NETWORK_LATENCY
+    measured: str = ""          # where and when the node constants were measured
+
+    @classmethod
+    def calibrated(cls, path: Path | str = CALIBRATION, **network) -> "Machine":
+        """The constants of ``path`` (default: the shipped calibration) with the network's."""
+        try:
+            data = json.loads(Path(path).read_text())
+            node = {k: float(data[k]) for k in FIELDS}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"machine calibration {path} is unreadable ({exc}); expected the JSON "
+                             "written by bench/calibrate_machine.py") from None
+        where = f"{data.get('host', '?')}, {data.get('date', '?')}, load {data.get('load', '?')}"
+        return replace(cls(**node, measured=where), **network)
+
+    def on(self, nranks: int, ranks_per_node: int) -> dict:
+        """The per-operation constants of ``backends.auto.estimate`` for ``nranks`` ranks
+        placed ``ranks_per_node`` to a node (module docstring)."""
+        rpn = max(1, min(ranks_per_node, nranks))
+        nodes = -(-nranks // rpn)
+        f_off = (nranks - rpn) / (nranks - 1) if nranks > 1 else 0.0
+        per_rank_link = self.network_bandwidth / rpn
+        bandwidth = 1.0 / ((1 - f_off) / self.copy_bytes_per_second + f_off / per_rank_link)
+        tree = math.ceil(math.log2(nodes)) if nodes > 1 else 0
+        return {"t_task": self.task_seconds, "t_get": self.get_seconds + f_off * self.network_latency,
+                "t_acc": self.acc_seconds + f_off * self.network_latency,
+                "t_coll": self.collective_seconds + tree * self.network_latency, "bandwidth": bandwidth,
+                "nodes": nodes, "off_node_share": f_off}

@@ -1,0 +1,276 @@
+"""``tessera plan --ranks P``: a run on a machine we do not have, from structure only.
+
+No SCF, no integrals, no MPI: the orbitals per irrep (of the initial guess; C1 needs
+none), the tensors a CCSD run stores and one planned iteration are placed on P simulated
+ranks, ``--ranks-per-node`` to a node with ``--memory-per-node``, by the same code a run
+uses (``runtime.distribution.block_owner_array``, ``backends.auto``). ``simulate``
+returns, per rank:
+
+- ``memory_per_rank``: per stored tensor class (T2 and the integral classes) and in
+  total, ``max_bytes``, ``mean_bytes`` and ``max_over_mean``; with (T) its rows and
+  kernel buffers (``chem.memory.triples_parts``, the one formula of (T) memory);
+- ``steps``: the dominant contraction steps (largest flops first) with their block
+  tasks, tasks per rank and the busiest rank's flops over the mean;
+- ``executors``: for each executor and variant, bytes moved per rank per iteration,
+  memory per rank (stored + held + working, ``backends.auto.memory_parts``) against the
+  budget (memory per node / ranks per node) and seconds per iteration from the
+  calibrated model (``backends.machine``: this machine's measured constants plus the
+  network given as options).
+
+Without ``--tile`` the tiles are the largest of TILES (occupied tiles no larger, from
+OCC_TILES) at which every stored class is spread with max/mean <= 1.5 over the P ranks:
+blocks are the unit of ownership, so a class needs at least about 2 P blocks, and a
+small molecule on many ranks needs small tiles (the estimates show what they cost in
+block products); when no tile pair reaches it, the one with the smallest worst max/mean.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from tessera.errors import InputError
+
+BALANCE = 1.5
+DOMINANT_STEPS = 6
+TILES = (48, 32, 24, 16, 12, 8, 6, 4)         # tried from large to small ...
+OCC_TILES = TILES + (3, 2)                     # ... with occupied tiles no larger
+
+
+def class_balance(tensors: dict, nranks: int) -> dict:
+    """{name: {max_bytes, mean_bytes, max_over_mean}} of each tensor's blocks placed over
+    ``nranks`` ranks, and ``total`` (the ranks' sums)."""
+    out, total = {}, np.zeros(nranks)
+    for name, t in tensors.items():
+        load = _loads(t, nranks)
+        total += load
+        out[name] = _stats(load)
+    out["total"] = _stats(total)
+    return out
+
+
+def _loads(t, nranks: int) -> np.ndarray:
+    """Bytes of tensor ``t`` on each of ``nranks`` ranks (``balanced`` placement)."""
+    from tessera.runtime.distribution import block_owner_array, block_sizes
+    keys = t.stored_keys()
+    return np.bincount(block_owner_array(t.spaces, t.irrep, keys, nranks),
+                       weights=8.0 * block_sizes(t.spaces, keys), minlength=nranks)
+
+
+def _stats(load) -> dict:
+    mean = float(load.mean())
+    return {"max_bytes": int(load.max()), "mean_bytes": mean,
+            "max_over_mean": round(float(load.max()) / mean, 4) if mean else 1.0}
+
+
+def stored_tensors(orbsym, nocc: int, nfrozen: int, tile: int, occ_tile: int) -> dict:
+    """{name: empty tensor} of what a CCSD run stores: T2 and the integral classes."""
+    from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
+    from tessera.tensor.block_tensor import BlockTensor
+    o, v = make_spaces(orbsym, nocc, nfrozen, tile, occ_tile)
+    return {"t2": BlockTensor((o, o, v, v), 0, name="t2"), **{n: class_tensor(n, o, v) for n in CLASSES}}
+
+
+def choose_tiles(orbsym, nocc: int, nfrozen: int, nranks: int) -> tuple:
+    """(tile, occ_tile): see the module docstring. Each class's balance is computed once
+    per tile size of the spaces it has."""
+    from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
+    from tessera.tensor.block_tensor import BlockTensor
+    memo: dict = {}
+    best, best_worst = None, math.inf
+    for tile in TILES:
+        for occ_tile in [t for t in OCC_TILES if t <= tile]:
+            o, v = make_spaces(orbsym, nocc, nfrozen, tile, occ_tile)
+            worst = 0.0
+            for name in ("vvvv", "t2", *CLASSES):
+                key = (name, tile if "v" in name or name == "t2" else None, occ_tile if "o" in name or name == "t2" else None)
+                if key not in memo:
+                    t = BlockTensor((o, o, v, v), 0) if name == "t2" else class_tensor(name, o, v)
+                    memo[key] = _stats(_loads(t, nranks))["max_over_mean"]
+                worst = max(worst, memo[key])
+                if worst > BALANCE:
+                    break
+            if worst <= BALANCE:
+                return tile, occ_tile
+            if worst < best_worst:
+                best, best_worst = (tile, occ_tile), worst
+            if memo[("vvvv", tile, None)] > BALANCE:     # no occupied tile helps vvvv
+                break
+    return best
+
+
+def dominant_steps(plans, nranks: int, limit: int = DOMINANT_STEPS) -> list:
+    """The ``limit`` contraction steps of most flops: block tasks, per rank, balance."""
+    from tessera.plan.blocktasks import contraction_tasks
+    from tessera.runtime.distribution import makespan
+    steps = sorted((s for p in plans for s in p.steps if s.kind == "contract"), key=lambda s: -s.flops)
+    out = []
+    for step in steps[:limit]:
+        tasks = contraction_tasks(step)
+        flops = [t.flops for t in tasks]
+        busiest = makespan(flops, nranks) if tasks else 0
+        out.append({"update": step.label, "step": step.describe().strip(), "flops": int(step.flops),
+                    "tasks": len(tasks), "products": sum(len(t.products) for t in tasks),
+                    "tasks_per_rank": len(tasks) / nranks,
+                    "busiest_over_mean_flops": round(busiest * nranks / sum(flops), 3) if sum(flops) else 1.0})
+    return out
+
+
+def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_per_node: int,
+             memory_per_node: float | None, machine, tile: int | None = None, occ_tile: int | None = None) -> dict:
+    """The per-rank plan of a run on ``nranks`` simulated ranks (module docstring)."""
+    from tessera.backends.auto import (COLLECTIVE_VARIANTS, ONESIDED_VARIANTS, estimate, memory_budget,
+                                       memory_parts, structure_stats)
+    from tessera.chem.ccsd import CCSDStructure
+    from tessera.chem.memory import triples_parts
+    if tile is None:
+        tile, occ_tile = choose_tiles(orbsym, nocc, nfrozen, nranks)
+    occ_tile = occ_tile or tile
+    structure = CCSDStructure(orbsym, nocc, nfrozen)
+    run = structure(tile, occ_tile)
+    stats = structure_stats(lambda *_: run, tile, occ_tile, nranks)
+    tensors = {t.name or "t2": t for t in run.tensors}
+    memory = class_balance(tensors, nranks)
+    if method == "ccsd(t)":
+        memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1).items()}
+    budget = memory_budget(nranks, ranks_per_node, memory_per_node)
+    costs = machine.on(nranks, ranks_per_node)
+    executors = []
+    for backend, variants in (("mpi-onesided", ONESIDED_VARIANTS), ("mpi-collective", COLLECTIVE_VARIANTS)):
+        for variant in variants:
+            e = estimate(stats, nranks, backend, variant, machine.gemm_flops_per_second, costs)
+            parts = memory_parts(stats, nranks, backend, variant)
+            executors.append({"backend": backend, "variant": variant,
+                              "bytes_per_rank": int(e["bytes_per_rank"]), "gets": e["gets"], "accs": e["accs"],
+                              "collectives": e["collectives"], "seconds_per_iteration": e["seconds"],
+                              "compute_seconds": e["compute"], "memory_per_rank": int(sum(parts.values())),
+                              "memory_parts": {k: int(v) for k, v in parts.items()},
+                              "fits_memory": sum(parts.values()) <= budget})
+    return {"ranks": nranks, "ranks_per_node": ranks_per_node, "nodes": costs["nodes"],
+            "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile,
+            "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
+            "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
+            "memory_per_rank": memory, "steps": dominant_steps(run.plans, nranks), "executors": executors,
+            "machine": {**{k: getattr(machine, k) for k in ("gemm_flops_per_second", "task_seconds",
+                        "get_seconds", "acc_seconds", "collective_seconds", "copy_bytes_per_second",
+                        "network_bandwidth", "network_latency")}, "measured": machine.measured,
+                        "per_operation": {k: v for k, v in costs.items() if k != "nodes"}}}
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:8.2f} GiB" if n >= 2**30 else f"{n / 2**20:8.1f} MiB"
+
+
+def render(sim: dict) -> str:
+    lines = [f"Simulated machine: {sim['ranks']} ranks, {sim['ranks_per_node']} per node ({sim['nodes']} nodes), "
+             f"{_size(sim['memory_budget_per_rank']).strip()} per rank; tiles o {sim['tiles']['o']} "
+             f"v {sim['tiles']['v']} (o={sim['nocc']}, v={sim['nvir']})",
+             "Memory per rank by tensor class (blocks placed as a run places them):",
+             f"  {'class':8s} {'max':>12s} {'mean':>12s} {'max/mean':>9s}"]
+    for name, m in sim["memory_per_rank"].items():
+        if "max_bytes" in m:
+            lines.append(f"  {name:8s} {_size(m['max_bytes']):>12s} {_size(m['mean_bytes']):>12s} "
+                         f"{m['max_over_mean']:9.2f}")
+    if "(t)" in sim["memory_per_rank"]:
+        t = sim["memory_per_rank"]["(t)"]
+        lines.append("  (t)      " + ", ".join(f"{k} {_size(v).strip()}" for k, v in t.items())
+                     + " (per rank, one thread; beside the classes and T2)")
+    lines.append(f"Dominant contraction steps ({sim['flops_per_iteration']:.3e} flops and "
+                 f"{sim['block_products']} block products per iteration):")
+    lines.append(f"  {'flops':>10s} {'tasks':>7s} {'per rank':>9s} {'busiest/mean':>12s}  step")
+    for s in sim["steps"]:
+        lines.append(f"  {s['flops']:10.3e} {s['tasks']:7d} {s['tasks_per_rank']:9.2f} "
+                     f"{s['busiest_over_mean_flops']:12.2f}  {s['step'][:80]}")
+    m = sim["machine"]
+    lines.append(f"Per CCSD iteration and rank (calibrated: {m['gemm_flops_per_second'] / 1e9:.1f} GFLOP/s per "
+                 f"rank, {m['task_seconds'] * 1e6:.0f} us per block product, measured {m['measured']}; network "
+                 f"{m['network_bandwidth'] / 1e9:g} GB/s per node, {m['network_latency'] * 1e6:g} us):")
+    lines.append(f"  {'backend':15s} {'variant':9s} {'MiB moved':>10s} {'memory':>12s} {'est. s':>9s} {'compute s':>9s}")
+    for e in sim["executors"]:
+        fits = "" if e["fits_memory"] else " !"
+        lines.append(f"  {e['backend']:15s} {e['variant']:9s} {e['bytes_per_rank'] / 2**20:10.1f} "
+                     f"{_size(e['memory_per_rank']):>12s} {e['seconds_per_iteration']:9.3f} "
+                     f"{e['compute_seconds']:9.3f}{fits}")
+    if any(not e["fits_memory"] for e in sim["executors"]):
+        lines.append("  ! more memory per rank than the node gives each rank (--memory-per-node / --ranks-per-node)")
+    return "\n".join(lines)
+
+
+def write_json(sim: dict, path: str) -> None:
+    from tessera.chem.outcome import atomic_file
+    with atomic_file(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(sim, f, indent=1)
+
+
+def _positive(flag: str, text, unit: float = 1.0) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"{flag} {text!r} is not a positive number; see tessera plan --help")
+    return value * unit
+
+
+def _whole(flag: str, text) -> int | None:
+    if text is None:
+        return None
+    if not str(text).strip().isdigit() or int(text) < 1:
+        raise InputError(f"{flag} {text!r} is not a positive whole number; expected e.g. {flag} 64")
+    return int(text)
+
+
+def orbitals(source, symmetry: bool) -> tuple:
+    """(orbsym, nocc) without an SCF: an FCIDUMP's own, C1's without any work, else the
+    initial guess's (one Fock build)."""
+    from tessera.chem.scf.driver import guess_orbitals
+    ref = source.reference
+    if ref is not None:
+        return np.asarray(ref.orbsym), int(ref.nocc)
+    mol = source.mol
+    if not symmetry or not getattr(mol, "symmetry", False) or getattr(mol, "groupname", "C1") == "C1":
+        if mol.nelectron % 2 or mol.spin:
+            raise InputError(f"the molecule has {mol.nelectron} electrons and spin {mol.spin}; "
+                             "expected a closed shell (change --charge)")
+        return np.zeros(mol.nao, dtype=np.int64), int(mol.nelectron) // 2
+    orbsym, nocc, _, _ = guess_orbitals(mol)
+    return orbsym, nocc
+
+
+def print_simulation(options, args) -> dict:
+    """``tessera plan --ranks P ...``: print the simulation and write ``--json``."""
+    from tessera.backends.machine import NETWORK_BANDWIDTH, NETWORK_LATENCY, Machine
+    from tessera.chem.inputs import load
+    from tessera.chem.job import frozen_core_orbitals
+    nranks = _whole("--ranks", args.ranks)
+    if nranks is None:
+        raise InputError("--ranks-per-node, --memory-per-node and the network options describe a "
+                         "simulated machine: give its size with --ranks P")
+    rpn = _whole("--ranks-per-node", args.ranks_per_node) or nranks
+    node_bytes = args.memory_per_node
+    if node_bytes is not None:
+        from tessera.chem.memory import parse_size
+        node_bytes = parse_size(node_bytes, "--memory-per-node") * 2**20
+    machine = Machine.calibrated(
+        network_bandwidth=_positive("--network-bandwidth", args.network_bandwidth, 1e9) or NETWORK_BANDWIDTH,
+        network_latency=_positive("--network-latency", args.network_latency, 1e-6) or NETWORK_LATENCY)
+    if options.method.lower() == "hf":
+        raise InputError("tessera plan --ranks plans a CCSD iteration; use --method ccsd or ccsd(t)")
+    if args.json:
+        from tessera.chem.outcome import check_output_path
+        check_output_path(args.json, "--json", inputs=[args.geometry])
+    source = load(options.geometry, basis=options.basis, charge=options.charge, units=options.units,
+                  symmetry=options.symmetry)
+    nfrozen = frozen_core_orbitals(source.mol) if options.frozen_core and source.mol is not None else 0
+    orbsym, nocc = orbitals(source, options.symmetry)
+    sim = simulate(orbsym, nocc, nfrozen, options.method.lower(), nranks, min(rpn, nranks), node_bytes,
+                   machine, tile=options.tile)
+    print(render(sim))
+    if args.json:
+        write_json(sim, args.json)
+    return sim
