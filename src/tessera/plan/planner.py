@@ -7,7 +7,9 @@ are combined greedily, cheapest pair first, through intermediates that hold only
 indices still needed. The pairing order of a term is cost-optimal: every order is
 costed on the block-sparse structure it will run (sector GEMM flops, then the largest
 intermediate), and the cheapest is taken (exhaustive search; terms have few factors).
-Only symmetry-allowed block combinations appear.
+Only symmetry-allowed block combinations appear. A target stored as canonical blocks
+(``BlockTensor(canonical=True)``) is written at its canonical blocks only, after a check
+that the update has the target's symmetry (``_check_symmetric_update``).
 """
 
 from __future__ import annotations
@@ -281,8 +283,8 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
     does not apply. It applies when the target declares a symmetry ``sym`` swapping its
     first two axes (one space, e.g. R2[ijab] = R2[jiba]), one factor F carries those two
     letters first (tau[ijcd]), and the declared symmetries of both factors prove the term
-    itself symmetric under ``sym`` (a renaming of the summed letters maps each factor to
-    itself). Then F is packed to its pairs i <= j, contracted (half the GEMM rows),
+    itself symmetric under ``sym`` (``_equal_terms``: a renaming of the summed letters maps
+    each factor onto itself). Then F is packed to its pairs i <= j, contracted (half the GEMM rows),
     unpacked to a half H (pairs i < j and half of i = j, ``tensor.pairs``), and H plus
     its transpose by ``sym`` is added to the target: the ladder of closed-shell CCSD at
     o(o+1)/2 v^4 instead of o^2 v^4 (PySCF's packed ``_add_vvvv``)."""

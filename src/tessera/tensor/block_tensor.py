@@ -5,11 +5,13 @@ XOR of its tiles' irreps equals the tensor's irrep (point-group symmetry); only 
 non-zero blocks are stored, a missing allowed block is zero. Permutational symmetry
 (e.g. T2[ijab] = T2[jiba]) is a list of (axis permutation, sign) under which the tensor
 is invariant. By default it is metadata and all allowed blocks are stored; a tensor made
-with ``canonical=True`` (written by ``store_block``/``put_block`` only, e.g. the vvvv
-integrals) stores one block per orbit of its symmetry group (the largest key, its
+with ``canonical=True`` (the vvvv integrals, T2 and the other pair-symmetric amplitude
+tensors of CCSD) stores one block per orbit of its symmetry group (the largest key, its
 *canonical* block); every other allowed block is an *alias*, a transposed view of its
 canonical block here (no memory) and a fetch of the canonical block permuted locally
 when it lives elsewhere (libtensor's and NWChem TCE's storage of permuted blocks).
+Writing an alias writes its canonical block; plans write canonical blocks only
+(``plan.planner`` checks that the update is symmetric).
 
 Distributed tensors. While a distributed storage is in use (``use_storage``, set by a
 distributed execution context), a new tensor asks it for a handle ``tensor.dist``. The
