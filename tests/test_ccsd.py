@@ -68,7 +68,14 @@ def test_symmetry_on_and_off_agree(systems):
     e = {}
     for label, ref in (("sym", ref_sym), ("c1", ref_c1)):
         ints = transform(ref, 0, 8)
-        e[label] = CCSD(conv=1e-10).kernel(ints, Context("serial")).e_corr
+        cc = CCSD(conv=1e-10).kernel(ints, Context("serial"))
+        e[label] = cc.e_corr
+        # T2 stores one block per mirror pair (ij|ab), (ji|ba): about half, self-mirrors whole
+        t2 = cc.t2
+        assert t2.stored_elements == sum(int(np.prod(t2.block_shape(k))) for k in t2.stored_keys())
+        assert sum(t2.orbit_size(k) * int(np.prod(t2.block_shape(k))) for k in t2.stored_keys()) \
+            == sum(int(np.prod(t2.block_shape(k))) for k in t2.allowed_keys())
+        assert t2.stored_elements < 0.7 * t2.dense_elements
         if label == "sym":
             assert ints.stored_elements < 0.5 * ints.dense_elements
         else:     # C1: every class whole, except vvvv in canonical blocks (8-fold, ~1/8 + diagonals)

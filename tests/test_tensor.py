@@ -161,13 +161,13 @@ def test_bad_use_errors():
         ts.Context("gpu-magic")
 
 
-def _pair_symmetric(o, v, rng, irrep, letters="ijab", perm=(1, 0, 3, 2)):
+def _pair_symmetric(o, v, rng, irrep, letters="ijab", perm=(1, 0, 3, 2), canonical=False):
     """A random tensor declared and made symmetric: X = X.transpose(perm)."""
     x = rand(letters, o, v, rng, irrep).to_dense()
     d = x + x.transpose(perm)
     sym = (ts.PermutationalSymmetry(perm),)
     sp = tuple(o if ch in "ijklmn" else v for ch in letters)
-    return BlockTensor.from_dense(d, sp, irrep, name=letters, symmetry=sym), d
+    return BlockTensor.from_dense(d, sp, irrep, name=letters, symmetry=sym, canonical=canonical), d
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -272,3 +272,49 @@ def test_canonical_blocks_store_one_block_per_orbit(backend, seed):
         np.testing.assert_array_equal(V.blocks[key], blk)
         with pytest.raises(ShapeError, match="canonical"):
             V["abcd"] = full["abcd"]
+
+
+T2_SYM = (ts.PermutationalSymmetry((1, 0, 3, 2)),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(4))
+def test_canonical_targets_equal_einsum(backend, seed):
+    """Pair-symmetric tensors stored as canonical blocks (T2, tau and the residual of
+    CCSD): round trips, and updates into them that mix canonical and full operands, as
+    the planner writes them (canonical blocks only: symmetric terms, factors swapped into
+    each other, mirror twins X + X^T, the packed-pair ladder, a denominator), equal
+    numpy.einsum; an update that is not symmetric is refused."""
+    from tessera.chem.integrals import denominator
+    o, v, rng = spaces(300 + seed, nirrep=[1, 2, 4, 8][seed], tile=2 + seed % 2)
+    with ts.Context(backend):
+        T, T_d = _pair_symmetric(o, v, rng, 0, canonical=True)
+        full = BlockTensor.from_dense(T_d, T.spaces, 0, name="full")
+        np.testing.assert_array_equal(T.to_dense(), T_d)
+        np.testing.assert_array_equal(T.copy().to_dense(), T_d)
+        assert T.stored_elements < 0.75 * full.stored_elements and T.dense_elements == full.dense_elements
+        assert sum(T.orbit_size(k) * np.prod(T.block_shape(k)) for k in T.stored_keys()) == full.stored_elements
+        assert abs(T.norm() - np.linalg.norm(T_d)) < 1e-12 * np.linalg.norm(T_d)
+        assert abs(ts.dot(full["ijab"], T["jiba"]) - float(np.vdot(T_d, T_d))) < 1e-10 * float(np.vdot(T_d, T_d))
+        t1, Z, W = rand("ia", o, v, rng), rand("ijab", o, v, rng), _pair_symmetric(o, v, rng, 0, "acbd", (2, 3, 0, 1))[0]
+        eo, ev = rng.random(o.dim) - 2.0, rng.random(v.dim) + 0.5
+        D = denominator((o, o, v, v), (eo, eo, ev, ev), (1, 1, -1, -1), "D", T2_SYM)
+        tau, R, Q = (BlockTensor(T.spaces, 0, name=n, symmetry=T2_SYM, canonical=True) for n in ("tau", "R", "Q"))
+        with ts.equations():
+            tau["ijab"] = T["ijab"] + t1["ia"] * t1["jb"]                     # factors swapped
+            R["ijab"] = (W["acbd"] * tau["ijcd"] + Z["ijab"] + Z["jiba"]       # ladder on pairs, twins
+                         + Z["ikac"] * T["kjcb"] + T["ikac"] * Z["jkbc"]           # twins through a GEMM
+                         + 2.0 * Z["ikac"] * Z["jkbc"] - tau["ijba"])              # a symmetric product
+            Q["ijab"] = R["ijab"] / D["ijab"]
+        t_, z, w = t1.to_dense(), Z.to_dense(), W.to_dense()
+        tau_d = T_d + np.einsum("ia,jb->ijab", t_, t_)
+        r = (np.einsum("acbd,ijcd->ijab", w, tau_d) + z + z.transpose(1, 0, 3, 2)
+             + np.einsum("ikac,kjcb->ijab", z, T_d) + np.einsum("ikac,jkbc->ijab", T_d, z)
+             + 2.0 * np.einsum("ikac,jkbc->ijab", z, z) - tau_d.transpose(0, 1, 3, 2))
+        d = D.to_dense()
+        for got, ref in ((tau, tau_d), (R, r), (Q, np.divide(r, d, out=np.zeros_like(r), where=d != 0))):
+            np.testing.assert_allclose(got.to_dense(), ref, rtol=0, atol=1e-11 * np.abs(ref).max())
+            assert got.stored_elements == T.stored_elements
+        with pytest.raises(ShapeError, match="canonical blocks only.*mirror") as err:
+            R["ijab"] = Z["ijab"] + T["ijab"]
+        assert "\n" not in str(err.value)

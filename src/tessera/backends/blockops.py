@@ -73,6 +73,7 @@ def _gemm_scatter_one(step, sec, amat, bmat, first, last) -> None:
     out = step.out.tensor
     cperm = step.perms["c"]
     identity = cperm == tuple(range(len(cperm)))
+    aliases = out.aliases        # a canonical output receives its canonical blocks only
     for r in range(first, last):
         rk, ro, rs, rsh = rows.tuples[r], rows.offsets[r] - r0, rows.sizes[r], rows.shapes[r]
         for c, ck in enumerate(cols.tuples):
@@ -82,6 +83,8 @@ def _gemm_scatter_one(step, sec, amat, bmat, first, last) -> None:
             if not identity:
                 blk = blk.transpose(cperm)
                 key = tuple(key[p] for p in cperm)
+            if aliases and key in aliases:
+                continue
             out.accumulate_block(key, blk, step.scale)
 
 
@@ -102,6 +105,8 @@ def _add_one(step, keys, perm) -> None:
                 out.accumulate_block(okey, pair_block(step, okey, a.blocks[key]), step.scale)
             continue
         okey = tuple(key[p] for p in perm)
+        if okey in out.aliases:           # a canonical output receives its canonical blocks only
+            continue
         blk = a.blocks[key].transpose(perm)
         if div is not None:
             dblk = div.tensor.blocks.get(invert_key(okey, step.perms["d"]))
@@ -131,4 +136,6 @@ def _hadamard_all(step) -> None:
             tile = dict(zip(a.indices, ka))
             tile.update(zip(b.indices, kb))
             okey = tuple(tile[ch] for ch in out.indices)
+            if okey in out.tensor.aliases:
+                continue
             out.tensor.accumulate_block(okey, np.einsum(expr, ba, b.tensor.blocks[kb]), step.scale)

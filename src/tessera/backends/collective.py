@@ -47,7 +47,7 @@ from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import partition
 from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
-from tessera.plan.blocktasks import add_source, hadamard_pairs, invert_key, source_block
+from tessera.plan.blocktasks import add_source, hadamard_outputs, invert_key, source_block
 from tessera.runtime import distribution
 from tessera.runtime.distribution import default_layers, grid_shape, largest_first
 
@@ -240,7 +240,7 @@ class CollectiveExecutor(DistributedExecutor):
         out = step.out.tensor
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
         items = []
-        for okey in out.allowed_keys():
+        for okey in out.stored_keys():          # canonical blocks only for a canonical output
             dest = out.dist.owner(okey)
             akey, dkey = add_source(step, okey)
             if akey is None:
@@ -250,7 +250,8 @@ class CollectiveExecutor(DistributedExecutor):
                 items.append((d.dist.ga, dkey, dest))
         blocks = exchange(self.cc, items)
         t0 = time.perf_counter()
-        for okey, view in out.blocks.items():
+        for okey in out.owned_keys():
+            view = out.blocks[okey]
             akey, dkey = add_source(step, okey)
             if akey is None:
                 continue
@@ -263,7 +264,7 @@ class CollectiveExecutor(DistributedExecutor):
     def hadamard_step(self, step) -> None:
         out = step.out.tensor
         a, b = step.inputs[0].tensor, step.inputs[1].tensor
-        pairs = hadamard_pairs(step)
+        pairs = hadamard_outputs(step)
         ga_a, ga_b = a.dist.ga, b.dist.ga
         items = [(ga_a, ka, out.dist.owner(ok)) for ok, v in pairs.items() for ka, _ in v] + \
                 [(ga_b, kb, out.dist.owner(ok)) for ok, v in pairs.items() for _, kb in v]
@@ -331,6 +332,8 @@ class CollectiveExecutor(DistributedExecutor):
             for r, c, ro, co in lay["out"][n][me_row][me_col]:
                 blk = cmat[n][ro:ro + rows.sizes[r], co:co + cols.sizes[c]]
                 okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
+                if okey in C.aliases:        # a canonical output receives its canonical blocks only
+                    continue
                 dest = C.dist.owner(okey)
                 res = blk.reshape(rows.shapes[r] + cols.shapes[c]).transpose(pc_)
                 if dest == cc.rank:
@@ -349,7 +352,7 @@ class CollectiveExecutor(DistributedExecutor):
                             continue
                         for r, c, _, _ in lay["out"][n][gr][gc]:
                             okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
-                            if C.dist.owner(okey) == cc.rank:
+                            if okey not in C.aliases and C.dist.owner(okey) == cc.rank:
                                 expect[src].append(okey)
         counts = [sum(C.blocks[k].size for k in keys) for keys in expect]
         recv = cc.alltoallv([np.concatenate(s) if s else np.zeros(0) for s in send], counts)

@@ -26,7 +26,7 @@ from tessera.backends.distributed import TensorStore
 from tessera.backends.local import threads_per_rank
 from tessera.backends.registry import ENV_BLAS_THREADS, env_number
 from tessera.errors import ShapeError
-from tessera.plan.blocktasks import add_source, hadamard_pairs, source_block
+from tessera.plan.blocktasks import add_source, hadamard_outputs, source_block
 
 
 def part_range(ga, key, part) -> tuple:
@@ -157,10 +157,11 @@ class DistributedExecutor(ABC):
         Called by every rank at the same point; subclasses decide how remote blocks travel."""
 
     def add_step(self, step) -> None:
-        """out[okey] += scale * A[perm] (/ D[perm]) on the owner of every output block."""
+        """out[okey] += scale * A[perm] (/ D[perm]) on the owner of every output block (its
+        canonical blocks only when the output stores canonical blocks)."""
         out = step.out.tensor
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
-        srcs = {okey: src for okey in out.blocks if (src := add_source(step, okey))[0] is not None}
+        srcs = {okey: src for okey in out.owned_keys() if (src := add_source(step, okey))[0] is not None}
         req = [(a, s[0]) for s in srcs.values()]
         if d is not None:
             req += [(d, s[1]) for s in srcs.values()]
@@ -180,7 +181,7 @@ class DistributedExecutor(ABC):
     def hadamard_step(self, step) -> None:
         out = step.out.tensor
         a, b = step.inputs[0].tensor, step.inputs[1].tensor
-        pairs = {k: v for k, v in hadamard_pairs(step).items() if k in out.blocks}
+        pairs = {k: v for k, v in hadamard_outputs(step).items() if k in out.blocks}
         req = [(a, ka) for v in pairs.values() for ka, _ in v] + [(b, kb) for v in pairs.values() for _, kb in v]
         blocks = self.fetch_blocks(req)
         t0 = time.perf_counter()

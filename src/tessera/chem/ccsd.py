@@ -45,6 +45,13 @@ def _pack(t1, t2, keys) -> np.ndarray:
     return np.concatenate([np.zeros(0)] + [t.blocks[k].ravel() for t, ks in zip((t1, t2), keys) for k in ks])
 
 
+def _weight(t1, t2, keys) -> np.ndarray:
+    """Per element of ``_pack``'s vector, the elements of the whole amplitudes it stands
+    for (T2 stores canonical blocks only: 2 for a block with a mirror image)."""
+    return np.concatenate([np.zeros(0, np.uint8)] + [np.full(t.blocks[k].size, t.orbit_size(k), np.uint8)
+                                                     for t, ks in zip((t1, t2), keys) for k in ks])
+
+
 def _layout(t1, t2, keys) -> list:
     """(tensor name, key, shape) of each block in the order ``_pack`` puts them."""
     return [(name, k, t.blocks[k].shape) for name, t, ks in zip(("t1", "t2"), (t1, t2), keys) for k in ks]
@@ -83,17 +90,19 @@ class CCSD:
 
     def _iterate(self, ints, ctx) -> CCSDResult:
         D1 = denominator(ints.spaces("ov"), (ints.eo, ints.ev), (1, -1), "D1")
-        D2 = denominator(ints.spaces("oovv"), (ints.eo, ints.eo, ints.ev, ints.ev), (1, 1, -1, -1), "D2")
+        D2 = denominator(ints.spaces("oovv"), (ints.eo, ints.eo, ints.ev, ints.ev), (1, 1, -1, -1), "D2",
+                         eq.T2_SYMMETRY)
         t1 = eq.new(ints, "ov", "t1").fill_zero_blocks()
         t2 = eq.new(ints, "oovv", "t2")
         t2["ijab"] = ints.ovov["iajb"] / D2["ijab"]                                   # MP2 guess
         t2.fill_zero_blocks()
-        keys = (sorted(t1.local_keys()), sorted(t2.local_keys()))
+        keys = (sorted(t1.owned_keys()), sorted(t2.owned_keys()))      # T2: its canonical blocks
+        weight = _weight(t1, t2, keys)
         e_old = eq.correlation_energy(ints, t1, t2)
         log.info("MP2 correlation energy %.12f", e_old)
         # reduce through the handle, not a bound method of t2: that would keep the first
         # t2 (and its distributed storage) alive for the whole run
-        diis = DIIS(self.diis_space, reduce=t2.dist.allreduce if t2.dist is not None else None)
+        diis = DIIS(self.diis_space, reduce=t2.dist.allreduce if t2.dist is not None else None, weight=weight)
         history, flops, first = [], 0, 1
         chk = self.checkpoint
         layout = _layout(t1, t2, keys) if chk is not None else None
@@ -114,8 +123,9 @@ class CCSD:
             new1.fill_zero_blocks()
             new2.fill_zero_blocks()
             old_vec, new_vec = _pack(t1, t2, keys), _pack(new1, new2, keys)
-            res = float(np.sqrt(t2.global_sum(float(np.dot(new_vec - old_vec, new_vec - old_vec)))))
-            vec = diis.update(new_vec, new_vec - old_vec)
+            err = new_vec - old_vec
+            res = float(np.sqrt(t2.global_sum(float(np.dot(err, weight * err)))))
+            vec = diis.update(new_vec, err)
             _unpack(vec, new1, new2, keys)
             t1, t2 = new1, new2
             e = eq.correlation_energy(ints, t1, t2)

@@ -24,10 +24,12 @@ T2_SYMMETRY = (PermutationalSymmetry((1, 0, 3, 2)),)
 
 def new(ints, letters: str, name: str, symmetry=None) -> BlockTensor:
     """A zero tensor over ``letters``; oovv tensors are declared pair-symmetric (X[ijab] =
-    X[jiba]) unless ``symmetry`` says otherwise."""
+    X[jiba]) unless ``symmetry`` says otherwise. A pair-symmetric tensor stores its
+    canonical blocks only (about half of them: T2, tau, the residual R2, ...); the
+    planner writes only those, and proves each update into it symmetric."""
     if symmetry is None:
         symmetry = T2_SYMMETRY if letters == "oovv" else ()
-    return BlockTensor(ints.spaces(letters), 0, name=name, symmetry=symmetry)
+    return BlockTensor(ints.spaces(letters), 0, name=name, symmetry=symmetry, canonical=symmetry == T2_SYMMETRY)
 
 
 def make_tau(ints, t1, t2):

@@ -19,12 +19,15 @@ class DIIS:
     ``reduce``: sums an array of local inner products over processes (identity when the
     vectors are whole). ``max_condition``: when set, the oldest pairs are dropped while
     the (scaled) Gram system is worse conditioned than this; a singular system always
-    drops the oldest pair. Fewer than two pairs: the vector itself.
+    drops the oldest pair. Fewer than two pairs: the vector itself. ``weight``: per
+    element, how many elements of the whole vector it stands for (a vector of canonical
+    blocks of a symmetric tensor), so that inner products are those of the whole vectors.
     """
 
-    def __init__(self, space: int = 8, reduce=None, max_condition: float | None = None):
+    def __init__(self, space: int = 8, reduce=None, max_condition: float | None = None, weight=None):
         self.space = space
         self.reduce = reduce or (lambda x: x)
+        self.weight = weight
         self.max_condition = max_condition
         self.vectors: list = []
         self.errors: list = []
@@ -37,7 +40,8 @@ class DIIS:
         error = np.ravel(error)
         self.vectors.append(vector)
         self.errors.append(error)
-        row = self.reduce(np.array([np.dot(e, error) for e in self.errors]))
+        werr = error if self.weight is None else self.weight * error
+        row = self.reduce(np.array([np.dot(e, werr) for e in self.errors]))
         n_old = self.gram.shape[0]
         gram = np.zeros((n_old + 1, n_old + 1))
         gram[:n_old, :n_old] = self.gram

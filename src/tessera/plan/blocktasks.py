@@ -53,14 +53,15 @@ def invert_key(tkey, perm) -> tuple:
 
 
 def contraction_tasks(step) -> tuple:
-    """OutputTasks of a ``contract`` step (every allowed output tile pair with products)."""
+    """OutputTasks of a ``contract`` step (every allowed output tile pair with products;
+    for an output stored as canonical blocks, its canonical blocks only)."""
     perms = step.perms
     sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-    return _tasks(sig, perms["a"], perms["b"], perms["c"])
+    return _tasks(sig, perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None)
 
 
 @lru_cache(maxsize=4096)
-def _tasks(sig, perm_a, perm_b, perm_c) -> tuple:
+def _tasks(sig, perm_a, perm_b, perm_c, aliases=None) -> tuple:
     identity = perm_c == tuple(range(len(perm_c)))
     out = []
     for n, (_, rows, inner, cols) in enumerate(sig):
@@ -70,6 +71,8 @@ def _tasks(sig, perm_a, perm_b, perm_c) -> tuple:
             for c, ck in enumerate(cols.tuples):
                 key = rk + ck
                 okey = key if identity else tuple(key[p] for p in perm_c)
+                if aliases and okey in aliases:
+                    continue
                 prods = tuple(Product(akeys[r][q], bkeys[q][c], inner.sizes[q], q)
                               for q in range(len(inner.tuples)))
                 out.append(OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c],
@@ -96,6 +99,12 @@ def hadamard_pairs(step) -> dict:
             if out.tensor.is_allowed(okey):
                 pairs.setdefault(okey, []).append((ka, kb))
     return pairs
+
+
+def hadamard_outputs(step) -> dict:
+    """``hadamard_pairs`` of the output blocks the step writes (canonical ones only)."""
+    aliases = step.out.tensor.aliases
+    return {k: v for k, v in hadamard_pairs(step).items() if k not in aliases}
 
 
 def add_source(step, okey) -> tuple:

@@ -7,7 +7,9 @@ are combined greedily, cheapest pair first, through intermediates that hold only
 indices still needed. The pairing order of a term is cost-optimal: every order is
 costed on the block-sparse structure it will run (sector GEMM flops, then the largest
 intermediate), and the cheapest is taken (exhaustive search; terms have few factors).
-Only symmetry-allowed block combinations appear.
+Only symmetry-allowed block combinations appear. A target stored as canonical blocks
+(``BlockTensor(canonical=True)``) is written at its canonical blocks only, after a check
+that the update has the target's symmetry (``_check_symmetric_update``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tessera.errors import ShapeError
-from tessera.expr.terms import Ref, Update
+from tessera.expr.terms import Ref, Term, Update
 from tessera.plan.layout import Sector, group_irreps, matrix_layout
 from tessera.tensor.block_tensor import BlockTensor, allowed_elements, symmetry_group
 from tessera.tensor.pairs import pair_space
@@ -107,10 +109,9 @@ def plan_updates(updates: list) -> Plan:
 # ------------------------------------------------------------------------- updates
 def _plan_update(up: Update, label: str, choices: list) -> list:
     target = up.target
-    if target.tensor.aliases:
-        raise ShapeError(f"{label}: {target.tensor.name!r} stores canonical blocks only "
-                         "(canonical=True) and is written by store_block/put_block, not by equations")
     terms = up.expr.terms()
+    if target.tensor.aliases:
+        _check_symmetric_update(terms, target, label)
     aliased = any(r.tensor is target.tensor for t in terms for r in _refs(t))
     out = target
     steps = []
@@ -202,8 +203,7 @@ def _best_order(factors, out: Ref, term, label: str, choices: list) -> list:
     if len(factors) < 3:
         return [(0, 1)] if len(factors) == 2 else []
     final = set(out.indices) | set(term.divisor.indices if term.divisor is not None else "")
-    ops = [_Operand(r.indices, tuple(r.tensor.spaces), r.tensor.irrep, r.tensor.name or "tmp")
-           for r in factors]
+    ops = [_operand(r) for r in factors]
     paths = sorted(_orders(ops, final), key=lambda p: (p[1], p[2]))
     show = " * ".join(f"{op.name}[{op.indices}]" for op in ops)
     choices.append(PathChoice(show, tuple((p[3], p[1], p[2]) for p in paths)))
@@ -234,16 +234,32 @@ def _orders(ops: list, final: set) -> list:
 def _pair_flops(a: _Operand, b: _Operand, keep: set) -> int:
     """Flops of one pairwise step on the block structure: the sector GEMMs of a
     contraction, or the dense count of a Hadamard-type product (as the step is run)."""
-    sp = dict(zip(a.indices, a.spaces)) | dict(zip(b.indices, b.spaces))
-    shared = set(a.indices) & set(b.indices)
-    if shared & keep:
+    if set(a.indices) & set(b.indices) & keep:
+        sp = dict(zip(a.indices, a.spaces)) | dict(zip(b.indices, b.spaces))
         return 2 * int(np.prod([sp[ch].dim for ch in sp], dtype=np.float64))
+    return sum(s.flops for s in _contraction(a, b, keep)[3])
+
+
+def _operand(r: Ref) -> _Operand:
+    return _Operand(r.indices, tuple(r.tensor.spaces), r.tensor.irrep, r.tensor.name or "tmp")
+
+
+def _contraction(a: _Operand, b: _Operand, keep: set) -> tuple:
+    """(a's kept letters, contracted letters, b's kept letters, sectors) of a pairwise
+    contraction: one GEMM per irrep of the contracted letters, empty ones left out."""
+    sp = dict(zip(a.indices, a.spaces)) | dict(zip(b.indices, b.spaces))
     grp = lambda letters: tuple(sp[ch] for ch in letters)  # noqa: E731
     ext_a = [ch for ch in a.indices if ch in keep]
-    contr = [ch for ch in a.indices if ch in shared]
+    contr = [ch for ch in a.indices if ch in b.indices]
     ext_b = [ch for ch in b.indices if ch in keep]
-    return sum(2 * matrix_layout(grp(ext_a), a.irrep ^ g).total * matrix_layout(grp(contr), g).total
-               * matrix_layout(grp(ext_b), b.irrep ^ g).total for g in group_irreps(grp(contr)))
+    sectors = []
+    for g in group_irreps(grp(contr)):
+        rows = matrix_layout(grp(ext_a), a.irrep ^ g)
+        inner = matrix_layout(grp(contr), g)
+        cols = matrix_layout(grp(ext_b), b.irrep ^ g)
+        if rows.total and inner.total and cols.total:
+            sectors.append(Sector(g, rows, inner, cols))
+    return ext_a, contr, ext_b, sectors
 
 
 # ------------------------------------------------------------------------- steps
@@ -267,8 +283,8 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
     does not apply. It applies when the target declares a symmetry ``sym`` swapping its
     first two axes (one space, e.g. R2[ijab] = R2[jiba]), one factor F carries those two
     letters first (tau[ijcd]), and the declared symmetries of both factors prove the term
-    itself symmetric under ``sym`` (a renaming of the summed letters maps each factor to
-    itself). Then F is packed to its pairs i <= j, contracted (half the GEMM rows),
+    itself symmetric under ``sym`` (``_equal_terms``: a renaming of the summed letters maps
+    each factor onto itself). Then F is packed to its pairs i <= j, contracted (half the GEMM rows),
     unpacked to a half H (pairs i < j and half of i = j, ``tensor.pairs``), and H plus
     its transpose by ``sym`` is added to the target: the ladder of closed-shell CCSD at
     o(o+1)/2 v^4 instead of o^2 v^4 (PySCF's packed ``_add_vvvv``)."""
@@ -283,7 +299,8 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
             G = factors[1 - n]
             if F.indices[:2] != out.indices[:2] or set(F.indices[:2]) & set(G.indices):
                 continue
-            if not _term_symmetric(F, G, out, sym):
+            items = _items(Term(factors, scale))
+            if not _equal_terms(_mirror(items, out, sym), items, set(out.indices)):
                 continue
             pairs = pair_space(t.spaces[0])
             p = next(ch for ch in "PQXYZpqxyz" if ch not in F.indices + G.indices + out.indices)
@@ -305,24 +322,72 @@ def _pair_map(a: Ref, out: Ref, kind: str, label: str) -> Step:
                 bytes_in=a.tensor.nbytes, bytes_out=out.tensor.nbytes)
 
 
-def _term_symmetric(F: Ref, G: Ref, out: Ref, sym: tuple) -> bool:
-    """Whether F*G summed over its repeated letters is invariant under the output
-    symmetry ``sym`` (an involution on out's axes), given the factors' declared
-    symmetries: some renaming of the summed letters maps each factor onto an index
-    string its symmetry group makes equal."""
-    rename = {out.indices[k]: out.indices[sym[k]] for k in range(len(sym))}
-    summed = sorted(set(F.indices + G.indices) - set(out.indices))
-    for image in itertools.permutations(summed):
-        full = rename | dict(zip(summed, image))
-        if all("".join(full[ch] for ch in r.indices) in _equal_strings(r) for r in (F, G)):
+def _items(term) -> list:
+    """A term's factors (kind 0) and divisor (kind 1) as (kind, tensor, letters)."""
+    out = [(0, r.tensor, r.indices) for r in term.factors]
+    return out + ([(1, term.divisor.tensor, term.divisor.indices)] if term.divisor is not None else [])
+
+
+def _mirror(items: list, out: Ref, perm: tuple) -> list:
+    """``items`` with the output letters renamed by the target symmetry ``perm``."""
+    rename = {out.indices[k]: out.indices[perm[k]] for k in range(len(perm))}
+    return [(kind, t, "".join(rename.get(ch, ch) for ch in letters)) for kind, t, letters in items]
+
+
+def _equal_terms(xs: list, ys: list, external: set) -> bool:
+    """Whether the products ``xs`` and ``ys`` (``_items``) are equal as tensors over the
+    ``external`` letters, given the factors' declared symmetries: some renaming of the
+    summed letters and some matching of the factors (same tensor) maps each factor of
+    ``xs`` onto an index string its symmetry group makes equal to its partner's."""
+    if len(xs) != len(ys):
+        return False
+    sx = sorted({ch for _, _, s in xs for ch in s} - external)
+    sy = sorted({ch for _, _, s in ys for ch in s} - external)
+    if len(sx) != len(sy):
+        return False
+    for image in itertools.permutations(sy):
+        ren = dict(zip(sx, image))
+        if _match([(k, t, "".join(ren.get(ch, ch) for ch in s)) for k, t, s in xs], ys):
             return True
     return False
 
 
-def _equal_strings(ref: Ref) -> set:
-    """Index strings under which ``ref``'s tensor has the same values (its symmetry group)."""
-    return {"".join(ref.indices[g[k]] for k in range(len(g)))
-            for g in symmetry_group(tuple(ref.tensor.symmetry), ref.tensor.ndim)}
+def _match(xs: list, ys: list) -> bool:
+    if not xs:
+        return True
+    kind, t, s = xs[0]
+    return any(k == kind and u is t and s in _equal_strings(u, letters) and _match(xs[1:], ys[:n] + ys[n + 1:])
+               for n, (k, u, letters) in enumerate(ys))
+
+
+def _equal_strings(tensor, letters: str) -> set:
+    """Index strings under which ``tensor`` has the same values (its symmetry group)."""
+    return {"".join(letters[g[k]] for k in range(len(g)))
+            for g in symmetry_group(tuple(tensor.symmetry), tensor.ndim)}
+
+
+def _check_symmetric_update(terms: list, out: Ref, label: str) -> None:
+    """A target stored as canonical blocks (``canonical=True``) receives its canonical
+    blocks only, which is exact when the update's sum has the target's symmetry: under
+    each declared symmetry every term is symmetric itself (a product of symmetric
+    factors, or factors swapped into each other) or its mirror image is another term of
+    the update with the same scale (X + X^T written explicitly). Anything else is refused."""
+    external = set(out.indices)
+    for ps in out.tensor.symmetry:
+        if ps.sign != 1:
+            continue
+        free = [(term.scale, _items(term)) for term in terms]
+        for term in terms:
+            image = _mirror(_items(term), out, tuple(ps.perm))
+            n = next((n for n, (scale, items) in enumerate(free)
+                      if scale == term.scale and _equal_terms(image, items, external)), None)
+            if n is None:
+                text = " * ".join(f"{t.name}[{s}]" for _, t, s in _items(term))
+                raise ShapeError(f"{label}: {out.tensor.name!r} stores canonical blocks only and is "
+                                 f"symmetric under {tuple(ps.perm)}, but the term {term.scale:+g} {text} is "
+                                 "not, and its mirror image is not in the update; add the mirror term "
+                                 "(X + X^T) or make the target canonical=False")
+            free.pop(n)
 
 
 def _pair_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
@@ -334,24 +399,13 @@ def _pair_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
                              "appears in no other factor and not in the output")
     if sa & sb & so:
         return _hadamard_step(a, b, out, scale, label)
-    ext_a = [ch for ch in a.indices if ch in so]
-    contr = [ch for ch in a.indices if ch in sb]
-    ext_b = [ch for ch in b.indices if ch in so]
-    sp = {ch: s for r in (a, b) for ch, s in zip(r.indices, r.tensor.spaces)}
-    grp = lambda letters: tuple(sp[ch] for ch in letters)  # noqa: E731
+    ext_a, contr, ext_b, sectors = _contraction(_operand(a), _operand(b), so)
     perms = {
         "a": tuple(a.indices.index(ch) for ch in ext_a + contr),
         "b": tuple(b.indices.index(ch) for ch in contr + ext_b),
         "c": tuple((ext_a + ext_b).index(ch) for ch in out.indices),
         "split": (len(ext_a), len(contr), len(ext_b)),
     }
-    sectors = []
-    for g in group_irreps(grp(contr)):
-        rows = matrix_layout(grp(ext_a), a.tensor.irrep ^ g)
-        inner = matrix_layout(grp(contr), g)
-        cols = matrix_layout(grp(ext_b), b.tensor.irrep ^ g)
-        if rows.total and inner.total and cols.total:
-            sectors.append(Sector(g, rows, inner, cols))
     m = sum(8 * (s.rows.total * s.inner.total + s.inner.total * s.cols.total + s.rows.total * s.cols.total)
             for s in sectors)
     return Step("contract", out, (a, b), scale, None, label, sectors=sectors, perms=perms,

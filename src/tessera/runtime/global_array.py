@@ -336,11 +336,15 @@ class GlobalArray:
         self._log.add("get", owner, nbytes, perf_counter() - t0)
         return h
 
+    def _stored(self, key, a) -> tuple:
+        """(stored key, ``a`` in its axis order) for a write to alias ``key``."""
+        canon, perm = self.aliases[key]
+        return canon, np.asarray(a).transpose(np.argsort(perm))
+
     def put(self, key, a) -> None:
         """Overwrite one block with a (same shape)."""
         if key in self.aliases:
-            canon, perm = self.aliases[key]
-            return self.put(canon, np.asarray(a).transpose(np.argsort(perm)))
+            return self.put(*self._stored(key, a))
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, view = self._slot(key)
         buf = self._as_block(a, shape, "put")
@@ -356,8 +360,7 @@ class GlobalArray:
     def acc(self, key, a, scale=1.0) -> None:
         """Block += scale * a, atomically per element."""
         if key in self.aliases:
-            canon, perm = self.aliases[key]
-            return self.acc(canon, np.asarray(a).transpose(np.argsort(perm)), scale)
+            return self.acc(*self._stored(key, a), scale)
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, _ = self._slot(key)
         buf = self._as_block(a, shape, "acc", scale)
@@ -369,8 +372,7 @@ class GlobalArray:
     def iacc(self, key, a, scale=1.0) -> Handle:
         """Start block += scale * a; handle.wait() completes it at the target."""
         if key in self.aliases:
-            canon, perm = self.aliases[key]
-            return self.iacc(canon, np.asarray(a).transpose(np.argsort(perm)), scale)
+            return self.iacc(*self._stored(key, a), scale)
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, _ = self._slot(key)
         buf = self._as_block(a, shape, "iacc", scale)

@@ -5,11 +5,13 @@ XOR of its tiles' irreps equals the tensor's irrep (point-group symmetry); only 
 non-zero blocks are stored, a missing allowed block is zero. Permutational symmetry
 (e.g. T2[ijab] = T2[jiba]) is a list of (axis permutation, sign) under which the tensor
 is invariant. By default it is metadata and all allowed blocks are stored; a tensor made
-with ``canonical=True`` (written by ``store_block``/``put_block`` only, e.g. the vvvv
-integrals) stores one block per orbit of its symmetry group (the largest key, its
+with ``canonical=True`` (the vvvv integrals, T2 and the other pair-symmetric amplitude
+tensors of CCSD) stores one block per orbit of its symmetry group (the largest key, its
 *canonical* block); every other allowed block is an *alias*, a transposed view of its
 canonical block here (no memory) and a fetch of the canonical block permuted locally
 when it lives elsewhere (libtensor's and NWChem TCE's storage of permuted blocks).
+Writing an alias writes its canonical block; plans write canonical blocks only
+(``plan.planner`` checks that the update is symmetric).
 
 Distributed tensors. While a distributed storage is in use (``use_storage``, set by a
 distributed execution context), a new tensor asks it for a handle ``tensor.dist``. The
@@ -104,12 +106,35 @@ def symmetry_group(symmetry: tuple, ndim: int) -> frozenset:
     return frozenset(group)
 
 
-def _aliases(spaces: tuple, irrep: int, symmetry: tuple) -> dict:
+class AliasMap(dict):
+    """{alias key: (canonical key, perm)} of one tensor structure; one object per
+    structure (``aliases``), hashed by identity so that caches of plans may key on it."""
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    def of(self, key) -> list:
+        """[(alias, perm)] of canonical ``key``."""
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = self._index = {}
+            for alias, (canon, perm) in self.items():
+                index.setdefault(canon, []).append((alias, perm))
+        return index.get(key, [])
+
+
+@lru_cache(maxsize=1024)
+def aliases(spaces: tuple, irrep: int, symmetry: tuple) -> AliasMap:
     """{alias key: (canonical key, perm)} over the allowed keys: the canonical key of an
     orbit of the symmetry group is its largest key; block(alias) =
-    block(canonical).transpose(perm)."""
+    block(canonical).transpose(perm). Cached per structure (shared, do not modify)."""
     group = symmetry_group(tuple(symmetry), len(spaces))
-    out = {}
+    out = AliasMap()
     for key in allowed_keys(spaces, irrep):
         images = {tuple(key[g[k]] for k in range(len(g))): g for g in group}
         canon = max(images)
@@ -143,7 +168,7 @@ class BlockTensor:
         self.constant = False  # set by freeze(): executors may cache data derived from it
         self.placement = placement   # hint for a distributed storage: how to spread blocks
         # alias key -> (canonical key, perm): block(alias) = block(canonical).transpose(perm)
-        self.aliases = _aliases(self.spaces, self.irrep, self.symmetry) if canonical else {}
+        self.aliases = aliases(self.spaces, self.irrep, self.symmetry) if canonical else {}
         self.canonical = canonical
         self.dist = None
         storage = _storage.get()
@@ -248,17 +273,12 @@ class BlockTensor:
             key, perm = self.aliases[key]
             array = array.transpose(np.argsort(perm))
         self.blocks[key] = np.ascontiguousarray(array)
-        for alias, perm in self._alias_of(key):
+        for alias, perm in self.aliases.of(key):
             self.blocks[alias] = self.blocks[key].transpose(perm)
 
-    def _alias_of(self, key) -> list:
-        """[(alias, perm)] of canonical ``key``."""
-        index = self.__dict__.get("_alias_index")
-        if index is None:
-            index = self._alias_index = {}
-            for alias, (canon, perm) in self.aliases.items():
-                index.setdefault(canon, []).append((alias, perm))
-        return index.get(key, [])
+    def orbit_size(self, key) -> int:
+        """Allowed blocks that stored block ``key`` stands for (1 + its aliases)."""
+        return 1 + len(self.aliases.of(key)) if self.aliases else 1
 
     def put_block(self, key, array) -> None:
         """Set a block wherever it is stored: ``store_block`` for a local tensor or an owned
@@ -284,6 +304,8 @@ class BlockTensor:
         if blk is None:
             if self.dist is not None:
                 self.dist.accumulate(key, array, scale)
+            elif self.aliases:
+                self._store_canonical(key, array * scale)
             else:
                 self.blocks[key] = array * scale if scale != 1.0 else np.array(array, copy=True)
         elif scale == 1.0:
