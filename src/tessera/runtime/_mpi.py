@@ -3,7 +3,9 @@
 MPI is initialised on first use, not when `tessera` or `tessera.runtime` is imported:
 `load_mpi()` imports `mpi4py.MPI`, which calls `MPI_Init_thread` requesting
 `MPI_THREAD_MULTIPLE` (mpi4py's default). Without `mpiexec` MPICH starts as a
-singleton (one rank), so a plain `python script.py` works.
+singleton (one rank), so a plain `python script.py` works. Which MPI library mpi4py
+loads: `runtime.launch.prefer_site_mpi` (a site MPI ahead of the `mpich` wheel when a
+launcher started the process and the site MPI is on LD_LIBRARY_PATH).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def load_mpi():
                 "Install the package with its MPI: `pip install mpi4py mpich`."
             ) from exc
         mpi4py.rc.thread_level = "multiple"
+        from tessera.runtime.launch import prefer_site_mpi
+        prefer_site_mpi()
         from mpi4py import MPI
 
         _MPI = MPI
