@@ -133,12 +133,25 @@ class World:
         nrank, nsize = self._node_all.Get_rank(), self._node_all.Get_size()
         leaders = self._node_all.bcast(self.full_rank, root=0)
         nnodes = len(set(self._full.allgather(leaders)))
+        # ghost ranks serve their node through MPI shared memory: every node needs a worker
+        # beside its ghost and memory that MPI can share among the node's ranks
+        probe = self._node_all.Split_type(MPI.COMM_TYPE_SHARED)
+        shares = self._full.allreduce(probe.Get_size() == nsize, op=MPI.LAND)
+        probe.Free()
         auto = self.options.progress == "auto"
-        self.options = opts = self.options.on_nodes(nnodes, self._full.allreduce(nsize > 1, op=MPI.LAND))
+        self.options = opts = self.options.on_nodes(
+            nnodes, shares and self._full.allreduce(nsize > 1, op=MPI.LAND))
+        if opts.progress == "ghost" and not shares:
+            self._free_comms()
+            raise RuntimeLayerError(
+                "ghost progress needs MPI shared memory among the ranks of a node, but this MPI "
+                "shares none between them (MPIR_CVAR_NOLOCAL=1, or TESSERA_EMULATE_NODES across "
+                "real nodes); unset that, or use TESSERA_PROGRESS=none|thread."
+            )
         if auto and opts.progress == "none" and nnodes > 1 and self.full_rank == 0:
-            log.warning("the ranks span %d nodes but some node has one rank, so no ghost progress: a "
-                        "rank busy computing delays one-sided operations on its data from other nodes; "
-                        "start two or more ranks per node (docs/cluster.md)", nnodes)
+            log.warning("the ranks span %d nodes but some node has one rank or no shared memory, so no "
+                        "ghost progress: a rank busy computing delays one-sided operations on its data "
+                        "from other nodes; start two or more ranks per node (docs/cluster.md)", nnodes)
         self.is_ghost = opts.ghosts > 0 and nrank >= nsize - opts.ghosts
         ok = nsize > opts.ghosts
         all_ok = self._full.allreduce(ok, op=MPI.LAND)
@@ -188,22 +201,19 @@ class World:
                  opts.progress, opts.window)
 
     def _split_nodes(self, MPI):
-        """The communicator of this rank's node: the ranks that share memory, cut into
-        TESSERA_EMULATE_NODES blocks of consecutive ranks when that is set."""
-        node = self._full.Split_type(MPI.COMM_TYPE_SHARED)
+        """The communicator of this rank's node: the ranks that share memory, or with
+        TESSERA_EMULATE_NODES=N the N blocks of consecutive ranks (all ranks on one machine,
+        whatever MPI says of their locality: MPIR_CVAR_NOLOCAL=1 makes every rank its own)."""
         n = self.options.emulate_nodes
         if not n:
-            return node
+            return self._full.Split_type(MPI.COMM_TYPE_SHARED)
         if n > self.full_size:
-            node.Free()
             self._free_comms()
             raise RuntimeLayerError(
                 f"{ENV_EMULATE_NODES}={n} but only {self.full_size} rank(s) run; expected at most "
                 "one emulated node per rank. Lower it or start more ranks."
             )
-        emulated = node.Split(self.full_rank * n // self.full_size, self.full_rank)
-        node.Free()
-        return emulated
+        return self._full.Split(self.full_rank * n // self.full_size, self.full_rank)
 
     def _map_ghosts(self, table) -> None:
         """Who serves whom: ghost g serves the workers of its node round-robin."""
@@ -451,13 +461,15 @@ class World:
     # -- description ------------------------------------------------------------------
     def describe(self) -> dict:
         """Plain data for logs and reports: sizes and options."""
+        opts = self.options.to_dict()
+        opts["ghosts_per_node"] = opts.pop("ghosts")
         return {
             "workers": self.size,
             "ranks": self.full_size,
             "ghosts": self.full_size - self.size,
             "nodes": self.nnodes,
             "thread_level": self.thread_level,
-            **self.options.to_dict(),
+            **opts,
         }
 
     def __repr__(self) -> str:
