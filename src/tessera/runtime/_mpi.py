@@ -11,6 +11,7 @@ launcher started the process and the site MPI is on LD_LIBRARY_PATH).
 from __future__ import annotations
 
 import logging
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -36,7 +37,15 @@ def load_mpi():
         mpi4py.rc.thread_level = "multiple"
         from tessera.runtime.launch import prefer_site_mpi
         prefer_site_mpi()
-        from mpi4py import MPI
+        try:
+            from mpi4py import MPI
+        except (ImportError, OSError, RuntimeError) as exc:
+            what = " ".join(str(exc).split())[:300]
+            raise RuntimeLayerError(
+                f"mpi4py could not load an MPI library (MPI4PY_LIBMPI="
+                f"{os.environ.get('MPI4PY_LIBMPI') or 'unset'}): {what}. Point MPI4PY_LIBMPI at "
+                "the site's libmpi.so, or unset it to use the mpich wheel (docs/cluster.md)."
+            ) from exc
 
         _MPI = MPI
     return _MPI

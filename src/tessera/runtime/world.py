@@ -86,7 +86,7 @@ class World:
         cls._current = world
         try:
             world._start()
-        except RuntimeLayerError:
+        except BaseException:
             cls._current = None
             raise
         return world
