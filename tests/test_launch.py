@@ -30,6 +30,7 @@ TESSERA = Path(sys.executable).parent / "tessera"
     ({"PALS_RANKID": "1"}, Launch("pals", None, 1, "PALS_RANKID")),
     ({"PMIX_RANK": "3"}, Launch("pmix", None, 3, "PMIX_RANK")),
     ({"PMI_RANK": "1"}, Launch()),                                               # a stray rank
+    ({"PMI_SIZE": "2"}, Launch("pmi", 2, 0, "PMI_RANK, PMI_SIZE=2")),
 ])
 def test_detect(env, expected):
     assert detect(env) == expected

@@ -40,7 +40,8 @@ from tessera.errors import InputError, RuntimeLayerError
 log = logging.getLogger("tessera.runtime")
 
 # (launcher, size variable or None, rank variable, whether the launcher always sets the
-# size: without it the rank variable is a stray, e.g. SLURM_PROCID in a batch script)
+# size: then the size marks the launch, and a rank variable without it is a stray, e.g.
+# SLURM_PROCID in a batch script; else the rank variable marks it)
 LAUNCHERS = (
     ("openmpi", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", True),
     ("pals", "PMI_SIZE", "PALS_RANKID", False),
@@ -89,7 +90,9 @@ def detect(environ: Mapping[str, str] | None = None) -> Launch:
             continue
         rank = _count(env, rank_var, 0)
         if rank is None:
-            continue
+            if not always:
+                continue
+            rank = 0                # the size marks the launch (a rank variable alone does not)
         size = _count(env, size_var, 1) if size_var else None
         if size is not None and rank >= size:
             raise InputError(f"{rank_var}={rank} but {size_var}={size}: the launcher's rank must be "
