@@ -124,6 +124,8 @@ def test_loop_orders_move_what_they_should(nranks):
             assert r["cached"]["gets"] < r["inverted"]["gets"] < r["original"]["gets"], (name, schedule, r)
             assert r["inverted"]["accs"] > r["original"]["accs"] == r["cached"]["accs"], (name, schedule)
             assert all(x["collective_bytes"] == 0 for x in r.values())
+        owner = out["runs"][f"{name}/mpi-onesided/owner/nxtval"]     # owner computes: gets only
+        assert owner["accs"] == 0 and owner["gets"] > 0 and owner["collective_bytes"] == 0
         for variant in ("summa", "2.5d"):
             coll = out["runs"][f"{name}/mpi-collective/{variant}/None"]
             assert coll["gets"] == 0 and coll["accs"] == 0 and coll["triples_onesided_ops"] == 0

@@ -206,6 +206,9 @@ HOSTILE = [
     ([WATER], {"TESSERA_BLAS_THREADS": "two"}, "TESSERA_BLAS_THREADS"),
     ([WATER], {"TESSERA_PROGRESS": "fast"}, "TESSERA_PROGRESS"),
     ([WATER, "--method", "mp7"], {"PMI_RANK": "1"}, "mp7"),        # a stray PMI_RANK must not silence it
+    ([WATER], {"TESSERA_EMULATE_NODES": "0"}, "TESSERA_EMULATE_NODES"),
+    ([WATER], {"PMIX_RANK": "0"}, "cannot tell one process from several"),     # auto refuses
+    ([WATER], {"PMI_SIZE": "two", "PMI_RANK": "0"}, "PMI_SIZE='two'"),
 ]
 
 

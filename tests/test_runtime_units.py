@@ -137,7 +137,18 @@ def test_owners_and_errors():
 # ---- options -----------------------------------------------------------------------
 def test_options_from_environment():
     o = RuntimeOptions.resolve(environ={})
-    assert (o.progress, o.ghosts, o.window) == ("none", 0, "allocate")
+    assert (o.progress, o.ghosts, o.window, o.emulate_nodes) == ("auto", 0, "allocate", 0)
+    # auto: ghost progress (one ghost per node) when the ranks span nodes that all have a
+    # rank left to work; else none
+    assert (o.on_nodes(2, True).progress, o.on_nodes(2, True).ghosts) == ("ghost", 1)
+    assert o.on_nodes(2, True).window == "shared"
+    assert (o.on_nodes(1, True).progress, o.on_nodes(2, False).progress) == ("none", "none")
+    o = RuntimeOptions.resolve(environ={"TESSERA_GHOSTS": "2"})        # ghosts asked: ghost mode
+    assert (o.progress, o.ghosts, o.window) == ("ghost", 2, "shared")
+    o = RuntimeOptions.resolve(environ={"TESSERA_WINDOW": "create"})   # a window asked: none
+    assert (o.progress, o.window) == ("none", "create")
+    assert RuntimeOptions.resolve(progress="thread").on_nodes(4, True).progress == "thread"
+    assert RuntimeOptions.resolve(environ={"TESSERA_EMULATE_NODES": "2"}).emulate_nodes == 2
     o = RuntimeOptions.resolve(environ={"TESSERA_PROGRESS": "ghost"})
     assert (o.progress, o.ghosts, o.window) == ("ghost", 1, "shared")
     o = RuntimeOptions.resolve(environ={"TESSERA_PROGRESS": "ghost", "TESSERA_GHOSTS": "2"})
@@ -150,7 +161,9 @@ def test_options_from_environment():
 
 @pytest.mark.parametrize("kwargs,env,phrase", [
     ({}, {"TESSERA_PROGRESS": "async"}, "unknown progress mode 'async'"),
-    ({}, {"TESSERA_GHOSTS": "1"}, "ghost ranks exist only with progress 'ghost'"),
+    ({}, {"TESSERA_PROGRESS": "none", "TESSERA_GHOSTS": "1"}, "ghost ranks exist only with progress 'ghost'"),
+    ({}, {"TESSERA_EMULATE_NODES": "0"}, "TESSERA_EMULATE_NODES='0': expected a whole number >= 1"),
+    ({}, {"TESSERA_EMULATE_NODES": "two"}, "TESSERA_EMULATE_NODES='two'"),
     ({}, {"TESSERA_PROGRESS": "ghost", "TESSERA_GHOSTS": "0"}, "must be >= 1"),
     ({}, {"TESSERA_PROGRESS": "ghost", "TESSERA_GHOSTS": "two"}, "not an integer"),
     ({}, {"TESSERA_PROGRESS": "ghost", "TESSERA_WINDOW": "create"}, "cannot be chosen in ghost"),

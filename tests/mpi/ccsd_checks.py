@@ -38,7 +38,7 @@ MOLECULES = {            # name -> (xyz, basis, tile): tiles small enough for ma
     "h2o2_c1": ("h2o2_distorted.xyz", "6-31g", 8),
 }
 COMBOS = [("mpi-onesided", v, s) for v in ("original", "inverted", "cached") for s in ("nxtval", "steal")] \
-    + [("mpi-collective", "summa", None), ("mpi-collective", "2.5d", None)]
+    + [("mpi-onesided", "owner", "nxtval"), ("mpi-collective", "summa", None), ("mpi-collective", "2.5d", None)]
 CONVERGED = [("mpi-onesided", "cached", "nxtval"), ("mpi-collective", "summa", None)]
 
 

@@ -67,7 +67,9 @@ MAX_PRODUCTS = 60000                # ... down to the first with more block prod
 BALANCE_LIMIT = 1.5
 PLANNER_TEMPORARIES = ("tmp", "pairs", "half")     # names of the tensors the planner makes
 
-ONESIDED_VARIANTS = VARIANTS["mpi-onesided"]
+# auto weighs the TCE loop orders; ``owner`` (for networks with slow accumulates, which
+# the shared-memory constants here do not model) runs when --variant names it
+ONESIDED_VARIANTS = tuple(v for v in VARIANTS["mpi-onesided"] if v != "owner")
 COLLECTIVE_VARIANTS = VARIANTS["mpi-collective"]
 
 
@@ -229,7 +231,7 @@ def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None)
     if backend == "mpi-collective":
         working = collective_traffic(s, nranks, variant)["working_bytes"]
     elif backend == "mpi-onesided":
-        working = min(512 * 2**20, s["max_step_distinct_bytes"]) if variant == "cached" else 0
+        working = min(512 * 2**20, s["max_step_distinct_bytes"]) if variant in ("cached", "owner") else 0
     else:
         working = s["temporary_bytes"] + s["gathered_bytes"]
     return {"stored": s["memory_per_rank_max"], "held": held, "working": working}
@@ -268,11 +270,12 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         accs = s["products"]
         moved = s["inv_bytes"] * remote + s["out_bytes"] * remote * 2
     else:
-        # each rank fetches every distinct block it needs once: at most all of them
+        # each rank fetches every distinct block it needs once: at most all of them;
+        # ``owner`` adds its results in place (no accumulate)
         gets = P * min(s["distinct_blocks"], 2 * s["products"] / P) * remote
-        accs = s["out_tasks"]
+        accs = 0 if variant == "owner" else s["out_tasks"]
         moved = P * min(s["distinct_bytes"], (s["a_bytes"] + s["b_bytes"]) / P) * remote \
-            + s["out_bytes"] * remote
+            + (0 if variant == "owner" else s["out_bytes"] * remote)
     seconds = (compute + overhead + (gets * T_GET + accs * T_ACC) / P
                + (moved / P + other_bytes) / BANDWIDTH + s["contract_steps"] * 4 * T_COLL)
     return {"seconds": seconds, "compute": compute, "gets": gets, "accs": accs,

@@ -49,7 +49,7 @@ def make_executor(name: str, **options):
                              "and caches belong to the MPI backends (mpi-onesided, mpi-collective)")
         from tessera.backends.local import SerialExecutor, ThreadsExecutor
         return SerialExecutor() if name == "serial" else ThreadsExecutor(**options)
-    check_options(name, options.get("variant"), options.get("schedule"), ranks=max(2, launched_ranks()))
+    check_options(name, options.get("variant"), options.get("schedule"), ranks=2)
     if name == "mpi-onesided":
         from tessera.backends.onesided import OneSidedExecutor
         return OneSidedExecutor(**options)
@@ -259,6 +259,7 @@ class Ranks:
     def __init__(self, world=None):
         self._world = world          # None: one process, no MPI
         self.rank, self.size = (0, 1) if world is None else (world.rank, world.size)
+        self.nodes = 1 if world is None else world.nnodes
 
     def share(self, compute, root: int = 0):
         """``compute()`` on rank ``root`` only, its result on every rank. A TesseraError it

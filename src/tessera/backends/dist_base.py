@@ -68,7 +68,9 @@ class DistributedExecutor(ABC):
             task()
 
     def describe(self) -> dict:
-        return {"backend": self.name, "ranks": self.world.size}
+        w = self.world
+        return {"backend": self.name, "ranks": w.size, "nodes": w.nnodes, "progress": w.options.progress,
+                "ghost_ranks": w.full_size - w.size}
 
     def close(self) -> None:
         self.store.close()
@@ -109,6 +111,11 @@ class DistributedExecutor(ABC):
     def _reads(step) -> list:
         return [r.tensor for r in step.inputs] + ([step.divisor.tensor] if step.divisor is not None else [])
 
+    def in_place(self, step) -> bool:
+        """Whether ``step`` writes its output only on the owners, in place (else it
+        accumulates into the owners' memory): every step but the one-sided contractions."""
+        return step.kind != "contract"
+
     def _needs_barrier(self, step) -> bool:
         dirty = self._dirty
         if any(t.uid in dirty for t in self._reads(step)):
@@ -117,14 +124,14 @@ class DistributedExecutor(ABC):
         if out in self._read:
             return True                      # write after read
         state = dirty.get(out)
-        if step.kind == "contract":
+        if not self.in_place(step):
             return state == "local"          # accumulates racing the owners' in-place writes
         return state == "acc"                # in-place writes racing others' accumulates
 
     def _wrote(self, step) -> None:
         out = step.out.tensor
         out.version += 1                     # on every rank: version counts steps that wrote
-        self._dirty[out.uid] = "acc" if step.kind == "contract" else self._dirty.get(out.uid, "local")
+        self._dirty[out.uid] = "local" if self.in_place(step) else "acc"
         self._read.update(t.uid for t in self._reads(step))
 
     def _check_distributed(self, step) -> None:

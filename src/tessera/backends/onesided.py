@@ -25,7 +25,11 @@ Loop orders (how blocks travel), as in TCE:
   needs into a local cache (kept across batches of the step, bounded, least recently
   used out), then computes and accumulates once per output block: every block of the
   larger operand is fetched once in all, the other's at most once per rank: the fewest
-  gets.
+  gets;
+- ``owner`` (owner computes, for networks where remote accumulates are slow): each output
+  block is computed by the rank that owns it, in ``cached``'s batches and through its
+  cache, and added in place: gets only, no accumulate leaves a rank. The deal follows
+  ownership (no counter), so the balance is the layout's.
 Gets are non-blocking: the next product's blocks are in flight during the current
 GEMM (original, inverted) or a whole batch is in flight at once (cached). Blocks the
 rank owns are read in place, never fetched.
@@ -61,6 +65,9 @@ class OneSidedExecutor(DistributedExecutor):
 
     def describe(self) -> dict:
         return {**super().describe(), "variant": self.variant, "schedule": self.schedule}
+
+    def in_place(self, step) -> bool:
+        return step.kind != "contract" or self.variant == "owner"
 
     def synced(self) -> None:
         super().synced()
@@ -126,6 +133,8 @@ class OneSidedExecutor(DistributedExecutor):
             self._inverted_loop(step, tasks, A, B, out)
         elif self.variant == "cached":
             self._cached_loop(step, tasks, A, B, out)
+        elif self.variant == "owner":
+            self._owner_loop(step, tasks, A, B, out)
         else:
             self._original_loop(step, tasks, A, B, out)
 
@@ -213,57 +222,98 @@ class OneSidedExecutor(DistributedExecutor):
         self.compute_seconds += compute
 
     def _cached_loop(self, step, tasks, A, B, out) -> None:
-        pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
         ga_out, scale = out.dist.ga, step.scale
         groups = self._cached_groups(tasks, A, B)
         costs = [sum(tasks[i].flops for i in g) + 1 for g in groups]
         cache = BlockCache(self.cache_bytes)      # (which, key) -> block as a GEMM operand
-        compute = 0.0
         for gbatch in self.batches(costs, 1):
             batch = [i for g in gbatch for i in groups[g]]
-            have: dict = {}
-            pending = []
-            for ti in batch:                         # prefetch the batch's distinct blocks
-                t = tasks[ti]
-                for p in t.products:
-                    for which, ten, key, shape in ((0, A, p.a, (t.m, p.k)), (1, B, p.b, (p.k, t.n))):
-                        k = (which, key)
-                        if k in have:
-                            continue
-                        mat = cache.get(k)
-                        if mat is not None:
-                            have[k] = mat
-                            continue
-                        blk = ten.blocks.get(key)
-                        if blk is None:
-                            pending.append((k, shape, ten.dist.ga.iget(key)))
-                            have[k] = None
-                        else:
-                            have[k] = self._operand(blk, pa if which == 0 else pb, shape)
-                            cache.put(k, have[k])
-            for k, shape, h in pending:
-                blk = h.wait()
-                c0 = time.perf_counter()
-                have[k] = self._operand(blk, pa if k[0] == 0 else pb, shape)
-                compute += time.perf_counter() - c0
-                cache.put(k, have[k])
-            handles = []
-            for ti in batch:
-                t = tasks[ti]
-                c0 = time.perf_counter()
-                acc = None
-                for p in t.products:
-                    prod = have[(0, p.a)] @ have[(1, p.b)]
-                    if acc is None:
-                        acc = prod
-                    else:
-                        acc += prod
-                res = np.ascontiguousarray(acc.reshape(t.out_shape).transpose(pc))
-                compute += time.perf_counter() - c0
-                handles.append(ga_out.iacc(t.out, res, scale))       # once per output block
+            have = self._prefetch(step, tasks, batch, A, B, cache)
+            handles = [ga_out.iacc(tasks[ti].out, res, scale)        # once per output block
+                       for ti, res in self._products(step, tasks, batch, have)]
             for h in handles:
                 h.wait()
-        self.compute_seconds += compute
+
+    def _owner_loop(self, step, tasks, A, B, out) -> None:
+        """Owner computes: each output block on the rank that owns it (a static deal by
+        owner), batches of its tasks as ``cached`` forms them (inputs by get, through the
+        block cache), the result added in place: no accumulate leaves the rank."""
+        groups = self._owner_groups(tasks, A, B, out)
+        cache = BlockCache(self.cache_bytes)
+        scale = step.scale
+        for batch in groups:
+            have = self._prefetch(step, tasks, batch, A, B, cache)
+            for ti, res in self._products(step, tasks, batch, have):
+                c0 = time.perf_counter()
+                view = out.blocks[tasks[ti].out]
+                if scale == 1.0:
+                    view += res
+                else:
+                    view += scale * res
+                self.compute_seconds += time.perf_counter() - c0
+
+    def _owner_groups(self, tasks, A, B, out) -> list:
+        """This rank's batches under ``owner``: the ``cached`` batches cut to the tasks whose
+        output block it owns."""
+        key = ("owner", id(tasks))
+        hit = self._inverted.get(key)
+        if hit is not None and hit[0] is tasks:
+            return hit[1]
+        mine = set(out.blocks)
+        groups = [b for b in ([i for i in g if tasks[i].out in mine]
+                              for g in self._cached_groups(tasks, A, B)) if b]
+        self._inverted[key] = (tasks, groups)
+        return groups
+
+    def _prefetch(self, step, tasks, batch, A, B, cache) -> dict:
+        """{(0 | 1, key): GEMM operand} of every input block the batch's tasks need: from
+        the cache, in place for owned blocks, else by non-blocking gets all in flight at
+        once (each stored in the cache)."""
+        pa, pb = step.perms["a"], step.perms["b"]
+        have: dict = {}
+        pending = []
+        for ti in batch:
+            t = tasks[ti]
+            for p in t.products:
+                for which, ten, key, shape in ((0, A, p.a, (t.m, p.k)), (1, B, p.b, (p.k, t.n))):
+                    k = (which, key)
+                    if k in have:
+                        continue
+                    mat = cache.get(k)
+                    if mat is not None:
+                        have[k] = mat
+                        continue
+                    blk = ten.blocks.get(key)
+                    if blk is None:
+                        pending.append((k, shape, ten.dist.ga.iget(key)))
+                        have[k] = None
+                    else:
+                        have[k] = self._operand(blk, pa if which == 0 else pb, shape)
+                        cache.put(k, have[k])
+        for k, shape, h in pending:
+            blk = h.wait()
+            c0 = time.perf_counter()
+            have[k] = self._operand(blk, pa if k[0] == 0 else pb, shape)
+            self.compute_seconds += time.perf_counter() - c0
+            cache.put(k, have[k])
+        return have
+
+    def _products(self, step, tasks, batch, have):
+        """(task, its output block) for each task of the batch, from the prefetched operands."""
+        pc = step.perms["c"]
+        for ti in batch:
+            t = tasks[ti]
+            c0 = time.perf_counter()
+            acc = None
+            for p in t.products:
+                prod = have[(0, p.a)] @ have[(1, p.b)]
+                if acc is None:
+                    acc = prod
+                else:
+                    acc += prod
+            res = np.ascontiguousarray(acc.reshape(t.out_shape).transpose(pc))
+            self.compute_seconds += time.perf_counter() - c0
+            yield ti, res
 
     def _cached_groups(self, tasks, A, B) -> list:
         """Batches of output tasks that share the operand with more bytes: one row of

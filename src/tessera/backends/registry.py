@@ -6,7 +6,7 @@ made by ``context.make_executor``, which imports an MPI executor only when it is
 - backends: ``auto`` (default: ``threads`` in one process, a cost-model choice under
   mpiexec with several ranks), ``serial``, ``threads``, ``mpi-onesided``, ``mpi-collective``;
 - variants: ``mpi-onesided`` loop orders ``original | inverted | cached`` (default
-  ``cached``), ``mpi-collective`` algorithms ``summa | 2.5d`` (default ``summa``);
+  ``cached``) and ``owner`` (owner computes: gets only, no remote accumulate), ``mpi-collective`` algorithms ``summa | 2.5d`` (default ``summa``);
 - schedules (``backends.schedule``): ``static | nxtval | steal``; the executor
   ``mpi-onesided`` takes ``nxtval`` (default) or ``steal``; task sets such as the Fock
   build may also ask for ``static``.
@@ -23,7 +23,7 @@ DEFAULT_BACKEND = "auto"
 BACKENDS = ("auto", "serial", "threads", "mpi-onesided", "mpi-collective")
 LOCAL_BACKENDS = ("serial", "threads")
 MPI_BACKENDS = ("mpi-onesided", "mpi-collective")
-VARIANTS = {"mpi-onesided": ("original", "inverted", "cached"), "mpi-collective": ("summa", "2.5d")}
+VARIANTS = {"mpi-onesided": ("original", "inverted", "cached", "owner"), "mpi-collective": ("summa", "2.5d")}
 DEFAULT_VARIANT = {"mpi-onesided": "cached", "mpi-collective": "summa"}
 SCHEDULES = ("static", "nxtval", "steal")
 EXECUTOR_SCHEDULES = {"mpi-onesided": ("nxtval", "steal")}
@@ -63,18 +63,17 @@ def check_environment() -> None:
 
 
 def launched_ranks() -> int:
-    """Ranks this process was started with by mpiexec (1 without it), read from the
-    launcher's environment, so that asking does not start MPI."""
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        value = os.environ.get(var)
-        if value and value.isdigit():
-            return int(value)
-    return 1
+    """Ranks this process was started with by a launcher (1 without one), read from the
+    launcher's environment (PMI, Open MPI, Slurm, PALS, PMIx: ``runtime.launch``), so that
+    asking does not start MPI. A launch whose rank count cannot be read is an InputError."""
+    from tessera.runtime.launch import launched_size
+    return launched_size()
 
 
 def runs_distributed(backend: str) -> bool:
     """Whether ``backend`` runs over MPI ranks here: an MPI backend, or ``auto`` when
-    mpiexec started several ranks (does not start MPI)."""
+    a launcher started several ranks (does not start MPI; ``auto`` under a launcher whose
+    rank count cannot be read is an InputError, never one serial copy per rank)."""
     return backend in MPI_BACKENDS or (backend == "auto" and launched_ranks() > 1)
 
 
@@ -100,7 +99,8 @@ def check_options(backend: str, variant=None, schedule=None, ranks: int | None =
     """
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
-    ranks = launched_ranks() if ranks is None else ranks
+    if ranks is None:
+        ranks = 2 if backend in MPI_BACKENDS else launched_ranks()
     all_variants = [v for names in VARIANTS.values() for v in names]
     if backend in LOCAL_BACKENDS:
         if variant is not None or schedule is not None:

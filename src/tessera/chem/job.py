@@ -174,7 +174,7 @@ class Job:
             "basis": source.basis, "point_group": ref.point_group, "nao": int(mol.nao if mol else ref.nmo),
             "nocc": int(ref.nocc), "nvir": int(ref.nvir), "frozen_core": nfrozen,
             "backend": backend, "tile": tile, "occ_tile": occ_tile or tile, "method": method, "scf": opt.scf,
-            "ranks": ranks.size, "threads_per_rank": threads_of(backend, ranks.size > 1),
+            "ranks": ranks.size, "nodes": ranks.nodes, "threads_per_rank": threads_of(backend, ranks.size > 1),
             "nuclear_repulsion": ref.e_nuc,
             "occupied_per_irrep": _per_irrep(ref.orbsym[:ref.nocc], ref.irrep_names),
             "virtual_per_irrep": _per_irrep(ref.orbsym[ref.nocc:], ref.irrep_names),

@@ -28,7 +28,8 @@ def blas() -> str:
 
 def header_lines(backend: str) -> list:
     from tessera import __version__
-    from tessera.backends.registry import launched_ranks
+    from tessera.runtime.launch import detect
+    ranks = detect().size or "unknown"
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     return [f"Tessera {__version__} on {socket.gethostname()}, {now}, Python {sys.version.split()[0]}",
-            f"Ranks {launched_ranks()}, threads per rank {threads_per_rank(backend)}, BLAS {blas()}"]
+            f"Ranks {ranks}, threads per rank {threads_per_rank(backend)}, BLAS {blas()}"]

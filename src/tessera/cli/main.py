@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from tessera.backends.registry import DEFAULT_BACKEND, DEFAULT_SCHEDULE, launched_ranks
+from tessera.backends.registry import DEFAULT_BACKEND, DEFAULT_SCHEDULE
 from tessera.chem.outcome import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_NOT_CONVERGED, EXIT_OK,
                                  EXIT_SIGNAL_BASE, WRITE_LOCK, ResultFile, check_output_path)
 from tessera.errors import TesseraError
@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--backend", default=DEFAULT_BACKEND,
                        help="auto (default: threads on one process, a cost-model choice under mpiexec) | serial | threads | mpi-onesided | mpi-collective")
         s.add_argument("--variant", default=None,
-                       help="mpi-onesided loop order: original | inverted | cached; "
+                       help="mpi-onesided loop order: original | inverted | cached | owner (gets only); "
                             "mpi-collective: summa | 2.5d (default: the cost model's choice)")
         s.add_argument("--schedule", default=None, help="mpi-onesided task schedule: nxtval | steal "
                                                         f"(default {DEFAULT_SCHEDULE})")
@@ -99,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="write DIR/result.json, DIR/records.json (+ one records.<rank>.json "
                                 "per rank) and DIR/trace.json (Chrome trace); see docs/profile.md")
             s.add_argument("--progress", default=None,
-                           help="MPI progress: none | thread | ghost (default: $TESSERA_PROGRESS or none)")
+                           help="MPI progress: auto | none | thread | ghost (default: $TESSERA_PROGRESS or auto: "
+                                "ghost when the ranks span several nodes, else none)")
             s.add_argument("--ghosts", type=int, default=None,
                            help="ghost ranks per node with --progress ghost (default 1)")
     r = sub.add_parser("report", help="summarise and plot profiles written by run --profile")
@@ -294,11 +295,13 @@ def _abort_all(world, message: str, code: int = EXIT_BAD_INPUT) -> None:
 
 def _speaks() -> bool:
     """Whether this process prints an error that every rank raised before MPI started:
-    rank 0 of an mpiexec run, or the one process (a stray PMI_RANK without PMI_SIZE > 1
-    does not silence it)."""
-    if launched_ranks() <= 1:
+    rank 0 of a launch (runtime.launch), or the one process (a stray PMI_RANK without
+    PMI_SIZE does not silence it)."""
+    from tessera.runtime.launch import detect
+    try:
+        return detect().rank == 0
+    except TesseraError:          # a malformed launcher variable: say it
         return True
-    return all(os.environ.get(v, "0") == "0" for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK"))
 
 
 def _fail(state: RunState, message: str, code: int, error: dict) -> int:

@@ -3,12 +3,15 @@
 MPI is initialised on first use, not when `tessera` or `tessera.runtime` is imported:
 `load_mpi()` imports `mpi4py.MPI`, which calls `MPI_Init_thread` requesting
 `MPI_THREAD_MULTIPLE` (mpi4py's default). Without `mpiexec` MPICH starts as a
-singleton (one rank), so a plain `python script.py` works.
+singleton (one rank), so a plain `python script.py` works. Which MPI library mpi4py
+loads: `runtime.launch.prefer_site_mpi` (a site MPI ahead of the `mpich` wheel when a
+launcher started the process and the site MPI is on LD_LIBRARY_PATH).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -32,7 +35,17 @@ def load_mpi():
                 "Install the package with its MPI: `pip install mpi4py mpich`."
             ) from exc
         mpi4py.rc.thread_level = "multiple"
-        from mpi4py import MPI
+        from tessera.runtime.launch import prefer_site_mpi
+        prefer_site_mpi()
+        try:
+            from mpi4py import MPI
+        except (ImportError, OSError, RuntimeError) as exc:
+            what = " ".join(str(exc).split())[:300]
+            raise RuntimeLayerError(
+                f"mpi4py could not load an MPI library (MPI4PY_LIBMPI="
+                f"{os.environ.get('MPI4PY_LIBMPI') or 'unset'}): {what}. Point MPI4PY_LIBMPI at "
+                "the site's libmpi.so, or unset it to use the mpich wheel (docs/cluster.md)."
+            ) from exc
 
         _MPI = MPI
     return _MPI

@@ -16,7 +16,9 @@ Where the bytes live and whom an operation targets depends on the progress mode:
 
 `direct` maps every worker whose region is mapped into this process (same node, window
 "allocate" via MPI-4.1 MPI_Win_shared_query, or ghost mode's node segments) to that
-region: GlobalArray reads and writes those blocks with plain copies, no MPI call.
+region: GlobalArray reads and writes those blocks with plain copies, no MPI call. Where
+the MPI library predates 4.1 or refuses the query (`shared_query_supported`,
+`_shared_region`), only the rank's own region is direct and RMA serves the others.
 
 Windows are locked once (`Lock_all`, MODE_NOCHECK) at creation by the ranks that issue
 operations and unlocked at free; all synchronisation is by flush.
@@ -49,6 +51,24 @@ def _info(MPI, kind: str):
     return info
 
 
+def shared_query_supported(MPI) -> bool:
+    """Whether MPI_Win_shared_query may be asked of a window from MPI_Win_allocate: MPI 4.1
+    and later (earlier it is erroneous). Without it same-node blocks go through RMA like
+    any other (no direct copies), which is correct, only slower on one node."""
+    return MPI.Get_version() >= (4, 1)
+
+
+def _shared_region(win, rank: int):
+    """The region of ``rank`` mapped into this process, or None (not shared, or the MPI
+    library refuses the query: then RMA serves it)."""
+    try:
+        buf, _ = win.Shared_query(rank)
+    except Exception as exc:        # mpi4py's MPI.Exception: an MPI that cannot answer
+        log.debug("MPI_Win_shared_query(%d) failed (%s); RMA serves that rank's blocks", rank, exc)
+        return None
+    return buf if len(buf) else None
+
+
 class Exposure:
     """Worker side of one exposed memory: the window, per-worker target and base
     displacement (in units of `itemsize`), and a writable view of this worker's region."""
@@ -74,11 +94,12 @@ class Exposure:
                 self.local = np.frombuffer(self.win.tomemory(), dtype=np.uint8)[: self.nbytes]
                 self.targets = list(range(world.size))
                 self.base = [0] * world.size
-                for w in world._same_node_workers:
-                    if w != world.rank:
-                        buf, _ = self.win.Shared_query(w)  # MPI-4.1: shared if on-node
-                        if len(buf):
-                            self.direct[w] = np.frombuffer(buf, dtype=np.uint8)
+                if shared_query_supported(MPI):
+                    for w in world._same_node_workers:
+                        if w != world.rank:
+                            buf = _shared_region(self.win, w)
+                            if buf is not None:
+                                self.direct[w] = np.frombuffer(buf, dtype=np.uint8)
             else:  # create
                 if self.nbytes:
                     self._mem = MPI.Alloc_mem(self.nbytes)

@@ -3,6 +3,14 @@
 `World.get()` starts the world on first call (initialising MPI if needed) and returns
 the same object afterwards. Without `mpiexec` MPICH runs as a singleton: one rank.
 
+Nodes are the ranks that share memory (MPI_COMM_TYPE_SHARED), or, with
+TESSERA_EMULATE_NODES=N, N blocks of consecutive ranks: no shared window and no direct
+copy between ranks of different emulated nodes (with MPICH's MPIR_CVAR_NOLOCAL=1 nothing
+goes through shared memory), so multi-node paths run on one machine. Progress "auto"
+(the default) becomes ghost progress, one ghost per node, when the ranks span more than
+one node, else none. Before anything else the rank count MPI reports is checked against
+the launcher's (runtime/launch.py).
+
 User code sees only the worker ranks: `world.comm` (== `world.workers`), `world.rank`
 and `world.size` refer to the workers in every mode. In ghost mode the ghost ranks run
 their serve loop inside `World.get()` and leave the process (SystemExit(0)) when the
@@ -34,7 +42,8 @@ from tessera.errors import RuntimeLayerError
 from tessera.runtime._mpi import SubarrayTypes, load_mpi
 from tessera.profile.commlog import CommLog
 from tessera.runtime.group import Group, allreduce_on, allreduce_peers
-from tessera.runtime.options import ENV_GHOSTS, RuntimeOptions
+from tessera.runtime.launch import check_world_size
+from tessera.runtime.options import ENV_EMULATE_NODES, ENV_GHOSTS, RuntimeOptions
 from tessera.runtime.progress import CONTROL_TAG, GhostServer, ProgressThread
 
 log = logging.getLogger("tessera.runtime")
@@ -77,7 +86,7 @@ class World:
         cls._current = world
         try:
             world._start()
-        except RuntimeLayerError:
+        except BaseException:
             cls._current = None
             raise
         return world
@@ -110,18 +119,39 @@ class World:
                 log.debug("progress thread: %s=1 (nanosleep in MPICH lock yields)", _HEAVY_YIELD)
         MPI = load_mpi()
         self._MPI = MPI
-        opts = self.options
+        check_world_size(MPI.COMM_WORLD.Get_size())     # never N one-rank copies
         self._full = MPI.COMM_WORLD.Dup()
         self._ctrl = MPI.COMM_WORLD.Dup()
-        self._node_all = self._full.Split_type(MPI.COMM_TYPE_SHARED)
-        self._comms += [self._full, self._ctrl, self._node_all]
+        self._comms += [self._full, self._ctrl]
         self.full_comm = self._full
         self.full_rank = self._full.Get_rank()
         self.full_size = self._full.Get_size()
         self.thread_level = MPI.Query_thread()
+        self._node_all = self._split_nodes(MPI)
+        self._comms.append(self._node_all)
 
         nrank, nsize = self._node_all.Get_rank(), self._node_all.Get_size()
         leaders = self._node_all.bcast(self.full_rank, root=0)
+        nnodes = len(set(self._full.allgather(leaders)))
+        # ghost ranks serve their node through MPI shared memory: every node needs a worker
+        # beside its ghost and memory that MPI can share among the node's ranks
+        probe = self._node_all.Split_type(MPI.COMM_TYPE_SHARED)
+        shares = self._full.allreduce(probe.Get_size() == nsize, op=MPI.LAND)
+        probe.Free()
+        auto = self.options.progress == "auto"
+        self.options = opts = self.options.on_nodes(
+            nnodes, shares and self._full.allreduce(nsize > 1, op=MPI.LAND))
+        if opts.progress == "ghost" and not shares:
+            self._free_comms()
+            raise RuntimeLayerError(
+                "ghost progress needs MPI shared memory among the ranks of a node, but this MPI "
+                "shares none between them (MPIR_CVAR_NOLOCAL=1, or TESSERA_EMULATE_NODES across "
+                "real nodes); unset that, or use TESSERA_PROGRESS=none|thread."
+            )
+        if auto and opts.progress == "none" and nnodes > 1 and self.full_rank == 0:
+            log.warning("the ranks span %d nodes but some node has one rank or no shared memory, so no "
+                        "ghost progress: a rank busy computing delays one-sided operations on its data "
+                        "from other nodes; start two or more ranks per node (docs/cluster.md)", nnodes)
         self.is_ghost = opts.ghosts > 0 and nrank >= nsize - opts.ghosts
         ok = nsize > opts.ghosts
         all_ok = self._full.allreduce(ok, op=MPI.LAND)
@@ -157,7 +187,7 @@ class World:
             self.node_comm = None
             self.nnodes = len({t[1] for t in table})
             self._serve_as_ghost()  # raises SystemExit
-        self.node_comm = self.workers.Split_type(MPI.COMM_TYPE_SHARED)
+        self.node_comm = self.workers.Split(self.node_of[self.rank], self.rank)
         self._comms.append(self.node_comm)
         self.nnodes = len({t[1] for t in table})
         if opts.progress == "thread":
@@ -169,6 +199,21 @@ class World:
         log.info("world started: %d worker rank(s), %d ghost(s), %d node(s), progress=%s, "
                  "window=%s", self.size, self.full_size - self.size, self.nnodes,
                  opts.progress, opts.window)
+
+    def _split_nodes(self, MPI):
+        """The communicator of this rank's node: the ranks that share memory, or with
+        TESSERA_EMULATE_NODES=N the N blocks of consecutive ranks (all ranks on one machine,
+        whatever MPI says of their locality: MPIR_CVAR_NOLOCAL=1 makes every rank its own)."""
+        n = self.options.emulate_nodes
+        if not n:
+            return self._full.Split_type(MPI.COMM_TYPE_SHARED)
+        if n > self.full_size:
+            self._free_comms()
+            raise RuntimeLayerError(
+                f"{ENV_EMULATE_NODES}={n} but only {self.full_size} rank(s) run; expected at most "
+                "one emulated node per rank. Lower it or start more ranks."
+            )
+        return self._full.Split(self.full_rank * n // self.full_size, self.full_rank)
 
     def _map_ghosts(self, table) -> None:
         """Who serves whom: ghost g serves the workers of its node round-robin."""
@@ -416,13 +461,15 @@ class World:
     # -- description ------------------------------------------------------------------
     def describe(self) -> dict:
         """Plain data for logs and reports: sizes and options."""
+        opts = self.options.to_dict()
+        opts["ghosts_per_node"] = opts.pop("ghosts")
         return {
             "workers": self.size,
             "ranks": self.full_size,
             "ghosts": self.full_size - self.size,
             "nodes": self.nnodes,
             "thread_level": self.thread_level,
-            **self.options.to_dict(),
+            **opts,
         }
 
     def __repr__(self) -> str:
