@@ -2,7 +2,6 @@
 
 import numpy as np
 
-import tessera as ts
 from tessera import BlockTensor, IndexSpace
 from tessera.backends.context import PlanningContext
 from tessera.cli.main import main
