@@ -170,6 +170,11 @@ class World:
                  "window=%s", self.size, self.full_size - self.size, self.nnodes,
                  opts.progress, opts.window)
 
+    @property
+    def node_workers(self) -> int:
+        """Worker ranks on this rank's node (this one included)."""
+        return len(self._same_node_workers)
+
     def _map_ghosts(self, table) -> None:
         """Who serves whom: ghost g serves the workers of its node round-robin."""
         self._ghost_of: list = []        # worker rank -> full rank of its target ghost
