@@ -23,14 +23,15 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
 and the peak is the baseline plus the largest phase.
 
 Ranks on one node (MPI): the default windows (``MPI_Win_allocate``, and ghost mode's
-node segments) live in shared memory, and a rank reads the blocks other ranks of its
-node hold with plain loads. Every page of another rank's window that a rank touches
-counts in that rank's resident size (VmRSS/ru_maxrss count touched shared pages), and
-one iteration reads nearly all of them (measured: 51 of 57 MiB per rank, glycine
-6-31G, 2 ranks). The part ``other ranks' windows`` counts them: (ranks on the node - 1)
-times a rank's own window bytes (the transform: the MO integrals; CCSD and (T): the
-integrals, T2, the amplitude copies and every intermediate; the DIIS history is
-private). They are in each rank's resident peak but in the node's memory once, so
+node segments) live in shared memory, and the one-sided executor reads the blocks other
+ranks of its node hold with plain loads. Every page of another rank's window that a
+rank touches counts in that rank's resident size (VmRSS/ru_maxrss count touched shared
+pages), and one CCSD iteration touches nearly all of them (measured: 51 of 57 MiB per
+rank, glycine 6-31G, 2 ranks; the collective executor moves blocks by collectives into
+private buffers and touches none). The part ``other ranks' windows`` counts them:
+(ranks on the node - 1) times a rank's own window bytes (the transform: the MO
+integrals; CCSD and (T): the integrals, T2, the amplitude copies and every
+intermediate; the DIIS history is private). They are in each rank's resident peak but in the node's memory once, so
 ``check`` compares a rank's *own* share (the peak less those pages) with the memory
 allowed per rank (``backends.budget``), and when it does not fit names what would: more
 ranks (and how many fit on a node of this one's available memory, so how many nodes),
