@@ -87,6 +87,17 @@ def test_refused_before_the_scf(monkeypatch, capsys):
     assert "Memory per rank (estimate" in out and "RHF" not in out
 
 
+def test_more_ranks_hint_counts_a_node(monkeypatch, capsys):
+    """More ranks on one node share its memory: with room for one rank per node, the hint
+    asks for as many nodes as ranks."""
+    import tessera.chem.memory as memory
+    monkeypatch.setattr(memory, "available_memory", lambda: 500 * 2**20)
+    code = main(["run", str(REPO / "examples" / "water_trimer.xyz"), "--basis", "cc-pvdz", "--method", "ccsd",
+                 "--max-memory", "400M", "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and "would fit: mpiexec -n 2 on 2 nodes, at most 1 per node" in err
+
+
 def test_nothing_fits(capsys):
     code = main(["run", WATER, "--basis", "sto-3g", "--max-memory", "1M"])
     _, err = capsys.readouterr()
