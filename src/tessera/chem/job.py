@@ -19,11 +19,11 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from tessera.backends.budget import memory_budget, parse_size
 from tessera.backends.context import Context, ranks_of
 from tessera.backends.local import threads_of
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
 from tessera.chem.ccsd import CCSD, CCSDStructure, minimal_flops
-from tessera.backends.budget import memory_budget, parse_size
 from tessera.chem.checkpoint import Checkpoint, fingerprint
 from tessera.chem.memory import RunShape, check, estimate, resident_peak
 from tessera.chem.outcome import check_output_path
