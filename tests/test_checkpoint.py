@@ -122,6 +122,26 @@ def test_restart_after_kill_two_ranks_and_onto_one(tmp_path, uninterrupted):
     assert sorted(p.name for p in other.glob("run.chk.h5.it*")) == [f"run.chk.h5.it{iters}.rank0"]
 
 
+def test_restart_sizes_the_estimate_from_the_checkpoint(tmp_path, monkeypatch, capsys):
+    """On restart neither the SCF nor an initial guess runs: the memory estimate takes
+    the checkpoint's orbitals."""
+    import tessera.chem.scf.driver as driver
+    chk = tmp_path / "c.chk.h5"
+    assert main([*ARGS[:3], "sto-3g", "--method", "ccsd", "--max-iter", "3", "--checkpoint", str(chk)]) == 1
+    first = capsys.readouterr().out
+
+    def no_guess(*_):
+        raise AssertionError("guess orbitals computed on restart")
+    monkeypatch.setattr(driver, "guess_orbitals", no_guess)
+    assert main([*ARGS[:3], "sto-3g", "--method", "ccsd", "--checkpoint", str(chk), "--restart"]) == 0
+    out = capsys.readouterr().out
+    assert "Memory per rank" in out and "from checkpoint" in out
+
+    def phases(text):          # the estimate's phase lines (the baseline is measured)
+        return [line for line in text.splitlines() if line.startswith(("  scf ", "  transform ", "  ccsd "))]
+    assert len(phases(out)) == 3 and phases(out) == phases(first)
+
+
 def _one_line_error(capsys, *argv) -> str:
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -151,9 +171,9 @@ def test_bad_checkpoint_options(tmp_path, capsys):
     js.write_text("{}")
     cases = [
         (["--checkpoint", ""], "empty"),
-        (["--checkpoint", str(tmp_path)], "folder"),
+        (["--checkpoint", str(tmp_path)], "is a directory"),
         (["--checkpoint", str(tmp_path / "missing" / "c.h5")], "does not exist"),
-        (["--checkpoint", WATER], "input geometry"),
+        (["--checkpoint", WATER], "is the input file"),
         (["--checkpoint", str(tmp_path / "none.h5"), "--restart"], "no checkpoint"),
         (["--checkpoint", str(js), "--restart"], "cannot read checkpoint"),
         (["--json", str(js), "--checkpoint", str(js)], "--json"),

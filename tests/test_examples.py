@@ -54,3 +54,17 @@ def test_examples_are_listed():
     readme = (ROOT / "examples" / "README.md").read_text()
     for path in (ROOT / "examples").glob("0*"):
         assert path.name in readme
+
+
+def test_mpi_example_prints_pyscf_energy(pyscf_energies, tmp_path):
+    """examples/04-mpi_run.sh over 2 ranks: Tessera's JSON and the QCSchema result hold
+    PySCF's CCSD(T) energy."""
+    import json
+    from mpirun import build_env
+    (tmp_path / "examples").symlink_to(ROOT / "examples")       # the script runs from a root
+    proc = subprocess.run(["sh", str(ROOT / "examples" / "04-mpi_run.sh")], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path, env={**build_env(), "BIN": str(Path(sys.executable).parent)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    total = json.loads((tmp_path / "water-mpi.json").read_text())["energies"]["total"]
+    assert abs(total - pyscf_energies["E(CCSD(T))"]) < 1e-7
+    assert json.loads((tmp_path / "water-mpi.qcschema.json").read_text())["return_result"] == total

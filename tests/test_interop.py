@@ -113,6 +113,14 @@ def test_unknown_keywords_are_errors(mf):
         tessera.RHF(mf.mol).run(maxiter=3)
 
 
+def test_verbose_as_pyscf_names_it(mf, capsys):
+    tessera.CCSD(mf, verbose=0).run()
+    assert capsys.readouterr().out == ""
+    mycc = tessera.CCSD(mf, verbose=4).run()
+    out = capsys.readouterr().out
+    assert f"E(CCSD) = {mycc.e_tot:.16g}" in out and "cycle = 1 " in out       # PySCF's lines
+
+
 def test_unconverged_ccsd_is_reported_not_raised(mf):
     mycc = tessera.CCSD(mf, max_cycle=2).run()
     assert not mycc.converged and len(mycc.result.data["iterations"]) == 2

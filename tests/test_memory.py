@@ -2,9 +2,11 @@
 
 The estimate of the peak memory per rank must be within 30% of the peak resident
 memory measured for the run's own process (ru_maxrss of a child process, read by an
-intermediate process that runs nothing else); a run estimated above --max-memory is
-refused with one line, naming what would fit, before the SCF starts; ``tessera plan``
-prints the whole estimate.
+intermediate process that runs nothing else), and under MPI of each rank's own peak
+(ru_maxrss at each rank, which counts the pages of other ranks' shared windows it
+touched); a run estimated above the memory budget (--max-memory, else
+TESSERA_MEMORY_PER_RANK_MB) is refused with one line, naming what would fit, before the
+SCF starts; ``tessera plan`` prints the whole estimate.
 """
 
 import json
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mpirun import build_env
+from mpirun import build_env, mpiexec_path
 
 import tessera.chem.job as job_module
 from tessera.cli.main import main
@@ -49,6 +51,28 @@ def test_estimate_within_30_percent_of_measured_peak(tmp_path, molecule, args):
     assert abs(data["memory"]["measured_peak"][0] - measured) <= 0.05 * measured
 
 
+@pytest.mark.parametrize("molecule, args", [
+    ("glycine.xyz", ["--basis", "6-31g", "--method", "ccsd", "--backend", "mpi-onesided"]),
+    ("water_trimer.xyz", ["--basis", "6-31g", "--method", "ccsd(t)", "--backend", "mpi-collective"]),
+])
+def test_estimate_within_30_percent_at_two_ranks(tmp_path, molecule, args):
+    out = tmp_path / "r.json"
+    cmd = [str(mpiexec_path()), "-n", "2", sys.executable, "-m", "tessera.cli.main", "run",
+           str(REPO / "examples" / molecule), *args, "--conv", "1e-6", "--json", str(out), "-q"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=build_env(), cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    estimate, measured = data["memory"]["estimate"], data["memory"]["measured_peak"]
+    assert len(measured) == 2 and estimate["ranks_per_node"] == 2
+    for peak in measured:                 # each rank's ru_maxrss
+        assert 0.7 <= estimate["peak"] / peak <= 1.3, (estimate, measured)
+    # one-sided ranks read each other's shared windows: pages counted in both ranks'
+    # resident sizes, once in the node's memory
+    shared = estimate["parts"]["ccsd"].get("other ranks' windows", 0)
+    assert (shared > 0) == ("mpi-onesided" in args)
+    assert estimate["own"] <= estimate["peak"] - shared + 1
+
+
 def test_refused_before_the_scf(monkeypatch, capsys):
     def no_scf(*_):
         raise AssertionError("the SCF started")
@@ -58,13 +82,64 @@ def test_refused_before_the_scf(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert "more than --max-memory 400 MiB" in err and "would fit: mpiexec -n" in err
+    # more ranks on one node share its memory: the hint says how many fit per node
+    assert "per rank" in err and ("on this node" in err or "per node" in err)
     assert "Memory per rank (estimate" in out and "RHF" not in out
+
+
+def test_more_ranks_hint_counts_a_node(monkeypatch, capsys):
+    """More ranks on one node share its memory: with room for one rank per node, the hint
+    asks for as many nodes as ranks."""
+    import tessera.chem.memory as memory
+    monkeypatch.setattr(memory, "available_memory", lambda: 500 * 2**20)
+    monkeypatch.setattr(memory, "resident_peak", lambda: 100 * 2**20)      # a fixed baseline
+    code = main(["run", str(REPO / "examples" / "water_trimer.xyz"), "--basis", "cc-pvdz", "--method", "ccsd",
+                 "--max-memory", "400M", "-q"])
+    err = capsys.readouterr().err
+    import re                  # how many ranks depends on the measured baseline of this process
+    assert code == 2 and re.search(r"would fit: mpiexec -n (\d+) on \1 nodes, at most 1 per node", err), err
 
 
 def test_nothing_fits(capsys):
     code = main(["run", WATER, "--basis", "sto-3g", "--max-memory", "1M"])
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and "neither more ranks" in err
+
+
+def test_one_memory_budget(monkeypatch, capsys):
+    """TESSERA_MEMORY_PER_RANK_MB is the default of --max-memory (same sizes, same
+    check); --max-memory wins; the cost model gets the same budget."""
+    from tessera.backends.budget import ENV_MEMORY, memory_budget
+    monkeypatch.setenv(ENV_MEMORY, "1M")
+    assert memory_budget(4) == (2**20, ENV_MEMORY)
+    assert memory_budget(4, 300) == (300 * 2**20, "--max-memory")
+    code = main(["run", WATER, "--basis", "sto-3g"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and f"more than {ENV_MEMORY} 1 MiB" in err
+    monkeypatch.setenv(ENV_MEMORY, "2G")
+    assert memory_budget(1) == (2 * 2**30, ENV_MEMORY)
+    for bad in ("nan", "-5", "1e999", "2X"):
+        monkeypatch.setenv(ENV_MEMORY, bad)
+        code = main(["run", WATER, "--basis", "sto-3g"])
+        _, err = capsys.readouterr()
+        assert code == 2 and err.count("\n") == 1 and ENV_MEMORY in err and "Traceback" not in err
+    monkeypatch.delenv(ENV_MEMORY)
+    from tessera.backends.budget import available_memory
+    allowed, source = memory_budget(2)
+    assert source.startswith("available memory") and 0 < allowed <= available_memory() / 2 * 1.1
+
+
+def test_cost_model_takes_the_budget():
+    """decide() judges its candidates against the budget it is given."""
+    import numpy as np
+    from tessera.backends.auto import decide
+    from tessera.chem.ccsd import CCSDStructure
+    orbsym = np.zeros(24, dtype=int)
+    roomy = decide(CCSDStructure(orbsym, 8, 0), 2, backend="mpi-onesided", tile=6, rate=5e9, budget=2**40)
+    tight = decide(CCSDStructure(orbsym, 8, 0), 2, backend="mpi-onesided", tile=6, rate=5e9, budget=1)
+    assert roomy["memory_budget_per_rank"] == 2**40 and tight["memory_budget_per_rank"] == 1
+    assert all(c["fits_memory"] for c in roomy["candidates"])
+    assert not any(c["fits_memory"] for c in tight["candidates"])
 
 
 @pytest.mark.parametrize("value", ["abc", "-5", "0", "nan", "inf", "5X", "", "1e999"])
@@ -75,7 +150,7 @@ def test_bad_max_memory(capsys, value):
 
 
 def test_max_memory_units():
-    from tessera.chem.memory import parse_size
+    from tessera.backends.budget import parse_size
     assert parse_size("4000") == 4000 and parse_size("500M") == 500 and parse_size("2GiB") == 2048
     assert parse_size("8GB") == 8192 and parse_size("1t") == 2**20 and parse_size(" 512 KB ") == 0.5
 

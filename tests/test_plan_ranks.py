@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from tessera.backends.auto import memory_budget
+from tessera.backends.budget import memory_budget
 from tessera.backends.machine import Machine
 from tessera.chem.inputs import load
 from tessera.cli.main import main
@@ -100,8 +100,8 @@ def test_bad_plan_options_are_one_line_errors(args, capsys):
 
 def test_memory_budget_is_per_node(monkeypatch):
     monkeypatch.delenv("TESSERA_MEMORY_PER_RANK_MB", raising=False)
-    assert memory_budget(1024, 64, 512 * 2**30) == 8 * 2**30
-    assert memory_budget(16, 64, 512 * 2**30) == 32 * 2**30        # 16 ranks fill no node
+    assert memory_budget(min(1024, 64), memory_per_node=512 * 2**30)[0] == 8 * 2**30
+    assert memory_budget(min(16, 64), memory_per_node=512 * 2**30)[0] == 32 * 2**30   # 16 ranks fill no node
 
 
 def test_machine_model_one_node_is_local():

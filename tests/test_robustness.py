@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import tessera.chem.job as job_module
 import tessera.chem.outcome as outcome
 from tessera.cli.main import main
 
@@ -120,6 +121,26 @@ def test_a_failing_write_never_corrupts_the_previous_json(tmp_path, capsys, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
+@pytest.mark.parametrize("flag", ["--json", "--checkpoint", "--qcschema"])
+def test_an_unwritable_output_folder_is_refused_at_start(tmp_path, capsys, monkeypatch, flag):
+    """A folder where no file can be created (emulated: root may write anywhere) is one
+    line before the SCF, not an error after the whole run."""
+    import tempfile
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == locked:
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(job_module.Job, "_scf", lambda *_: pytest.fail("the SCF started"))
+    others = [] if flag == "--checkpoint" else ["--checkpoint", str(tmp_path / "c.chk.h5")]
+    code, _, err = run(capsys, "run", WATER, "--basis", "sto-3g", *others, flag, str(locked / "out.file"))
+    assert code == 2 and err.count("\n") == 1 and flag in err and "cannot create files" in err
+
+
 def test_atomic_write_replaces_the_whole_file(tmp_path):
     path = tmp_path / "a.json"
     path.write_text("x" * 10000)
@@ -167,6 +188,9 @@ def test_a_signal_to_one_rank_ends_every_rank_and_keeps_the_phases(tmp_path, npr
     assert data["completed"] == ["scf", "transform", "ccsd"]
     if target == 0:             # the rank that writes the JSON saw the signal
         assert data["error"] == {"phase": "triples", "kind": "interrupted", "signal": sig.name}
+    import h5py                 # and the checkpoint (default: next to the JSON) holds the CCSD
+    with h5py.File(tmp_path / "out.chk.h5", "r") as f:
+        assert int(f.attrs["iteration"]) == len(data["iterations"]) >= 1
     # stdout is line-buffered: the iteration table made it out before the abrupt end
     assert "E(corr)" in out and "Tessera" in out.splitlines()[0]
 

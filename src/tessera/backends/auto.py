@@ -27,9 +27,11 @@ history) spread over the ranks; and the working set of the largest contraction s
 for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the homes
 of the inputs and one panel each; for ``cached`` its block cache; on one process the
 step's temporary matrices plus the gathered matrices of constant tensors the context
-caches), compared with
-``memory_budget`` (TESSERA_MEMORY_PER_RANK_MB, default half the node's memory shared
-by the ranks on that node). Candidates that do not fit are dropped (unless --variant names them), so
+caches; distributed, every intermediate of the iteration, which keeps its global array
+in the storage's pool until the context closes: measured), compared with the run's
+memory budget per rank (``backends.budget``: --max-memory, else
+TESSERA_MEMORY_PER_RANK_MB, else the memory available now shared by the ranks).
+Candidates that do not fit are dropped (unless --variant names them), so
 replication (c > 1) is chosen only where memory allows; so are candidates whose T2 +
 integrals are spread with a max/mean above 1.5. The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
@@ -43,13 +45,13 @@ choice can be overridden (``--backend``, ``--variant``, ``--schedule``, ``--tile
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import numpy as np
 
 from tessera.backends.context import CACHE_BYTES
-from tessera.backends.registry import ENV_MEMORY, VARIANTS, backend_of_variant, check_options, env_number
+from tessera.backends.budget import memory_budget
+from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
 from tessera.plan.blocktasks import contraction_tasks
 from tessera.runtime.distribution import block_owners, default_layers, grid_3d, grid_shape, makespan
@@ -98,15 +100,16 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
          "collective_steps": [], "max_step_distinct_bytes": 0, "temporary_bytes": 0}
     pr, pc = grid_shape(nranks)
     gathered: dict = {}          # (tensor, perm, sectors) -> bytes of a constant operand's matrices
-    pooled: dict = {}            # structure of an intermediate -> its bytes
+    pooled: dict = {}            # intermediate (not stored, not constant) -> its bytes
     for plan in run.plans:
         for step in plan.steps:
             # a step's matrices, and the planner's intermediates it reads
             temps = [r.tensor for r in (*step.inputs, step.out) if r.tensor.name in PLANNER_TEMPORARIES]
             held = sum(8 * allowed_elements(t.spaces, t.irrep) for t in temps if t is not step.out.tensor)
             s["temporary_bytes"] = max(s["temporary_bytes"], step.memory + held)
-            for t in temps:        # a distributed storage pools freed arrays by structure
-                pooled[(t.spaces, t.irrep, t.placement)] = 8 * allowed_elements(t.spaces, t.irrep)
+            for r in (*step.inputs, step.out):     # every intermediate keeps its global array
+                if not r.tensor.constant and all(r.tensor is not t for t in run.tensors):
+                    pooled[id(r.tensor)] = 8 * allowed_elements(r.tensor.spaces, r.tensor.irrep)
             if step.kind != "contract":
                 s["other_steps"] += 1
                 s["other_bytes"] += 8 * step.out.tensor.dense_elements
@@ -163,7 +166,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
     s["memory_max_over_mean"] = max(loads) / mean if mean else 1.0
     s["tiles"] = run.tiles
     s["gathered_bytes"] = min(CACHE_BYTES, sum(gathered.values()))
-    s["held_bytes"] = sum(getattr(run, "held", {}).values())
+    s["held"] = dict(getattr(run, "held", {}))
+    s["held_bytes"] = sum(s["held"].values())
     s["pooled_bytes"] = sum(pooled.values())
     return s
 
@@ -171,34 +175,6 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
 def grid_of(nranks: int, variant: str) -> tuple:
     """(pr, pc, layers) of ``mpi-collective`` with this variant on P ranks."""
     return grid_3d(nranks, default_layers(nranks) if variant == "2.5d" else 1)
-
-
-def memory_budget(nranks: int, ranks_per_node: int | None = None, memory_per_node: float | None = None) -> float:
-    """Bytes a rank may use: TESSERA_MEMORY_PER_RANK_MB if set, else the memory of a node
-    shared by the ranks of that node: ``memory_per_node`` (default half this machine's
-    physical memory) over ``ranks_per_node`` (default the ranks of the busiest node of
-    the running MPI world, else all ``nranks`` on one node)."""
-    mib = env_number(ENV_MEMORY, None)
-    if mib is not None:
-        return mib * 2**20
-    if memory_per_node is None:
-        try:
-            memory_per_node = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            memory_per_node = 4 * 2**30
-    if ranks_per_node is None:
-        ranks_per_node = _ranks_per_node(nranks)
-    return memory_per_node / max(1, min(nranks, ranks_per_node))
-
-
-def _ranks_per_node(nranks: int) -> int:
-    """Worker ranks on the fullest node of the running MPI world; ``nranks`` without one."""
-    import sys
-    module = sys.modules.get("tessera.runtime.world")
-    world = module.World.current() if module is not None else None
-    if world is None or world.size != nranks or not getattr(world, "node_of", None):
-        return nranks
-    return max(world.node_of.count(n) for n in set(world.node_of))
 
 
 def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
@@ -222,8 +198,8 @@ def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
 def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None) -> dict:
     """Bytes per rank of one CCSD iteration on ``backend`` (one of the local executors, or
     an MPI one with its ``variant``), by part: ``stored`` (T2 + integrals of the fullest
-    rank), ``held`` (the structure's other bytes and, distributed, the intermediates the
-    storage pools, spread over the ranks), ``working`` (the executor's working set; see
+    rank), ``held`` (the structure's other bytes and, distributed, every intermediate of
+    the iteration, each of which keeps its global array, spread over the ranks), ``working`` (the executor's working set; see
     the module docstring)."""
     held = s["held_bytes"] / nranks
     if backend in ("mpi-onesided", "mpi-collective"):
@@ -284,12 +260,14 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
 
 
 def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
-           variant=None, schedule=None, rate: float | None = None) -> dict:
+           variant=None, schedule=None, rate: float | None = None, budget: float | None = None) -> dict:
     """The executor, options and tile for a run on ``nranks`` ranks, with the estimates.
 
     ``structure(tile, occ_tile)`` returns the run's structure at those tile sizes:
     ``plans`` (one iteration, planned without data), ``tensors`` (what a run stores) and
-    ``tiles`` ({"o": sizes, "v": sizes}); ``structure.nocc`` is the active occupied count."""
+    ``tiles`` ({"o": sizes, "v": sizes}); ``structure.nocc`` is the active occupied count.
+    ``budget``: bytes a rank may use (default ``budget.memory_budget`` with every rank on
+    this node)."""
     if backend not in ("auto", "mpi-onesided", "mpi-collective"):
         raise InputError(f"backend {backend!r} is not decided by the cost model")
     check_options(backend, variant, schedule, ranks=max(2, nranks))
@@ -306,7 +284,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
         combos = [("mpi-onesided", variant)] if variant else [("mpi-onesided", v) for v in ONESIDED_VARIANTS]
     else:
         combos = [("mpi-onesided", v) for v in ONESIDED_VARIANTS] + collective
-    budget = memory_budget(nranks)
+    budget = budget or memory_budget(nranks)[0]
     candidates = []
     seen_tiles = set()
     # with several ranks each tile is also tried with the occupied space cut in two or
@@ -343,7 +321,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
     if not ok:
         log.warning("no candidate meets every condition (max/mean <= %.1f, no four-index tensor "
                     "whole on one rank, estimated memory within %d MiB per rank); running the "
-                    "fastest of the rest. Set --tile, --variant or TESSERA_MEMORY_PER_RANK_MB to choose.",
+                    "fastest of the rest. Set --tile, --variant or --max-memory to choose.",
                     BALANCE_LIMIT, int(budget) >> 20)
     best = min(pool, key=lambda c: (c["seconds"], -c["tile"]))
     sched = None
@@ -386,6 +364,6 @@ def render(decision: dict, limit: int = 12) -> str:
                      f"{c['bytes_per_rank'] / 2**20:8.1f} {c.get('bcast_bytes_per_rank', 0) / 2**20:8.1f} "
                      f"{mem:>8s} {c['memory_max_over_mean']:12.2f}")
     if any(not c.get("fits_memory", True) for c in decision["candidates"][:limit]):
-        lines.append("! estimated memory per rank above the allowed (TESSERA_MEMORY_PER_RANK_MB, default half "
-                     "the machine's memory shared by the ranks): not chosen unless --variant asks for it")
+        lines.append("! estimated memory per rank above the allowed (--max-memory, else TESSERA_MEMORY_PER_RANK_MB, "
+                     "else the memory available now shared by the ranks): not chosen unless --variant asks for it")
     return "\n".join(lines)

@@ -260,6 +260,10 @@ class Ranks:
         self._world = world          # None: one process, no MPI
         self.rank, self.size = (0, 1) if world is None else (world.rank, world.size)
         self.nodes = 1 if world is None else world.nnodes
+        # ranks on this rank's node, and whether they map each other's distributed
+        # storage (same-node windows in shared memory: every window but "create")
+        self.node_size = 1 if world is None else world.node_workers
+        self.shared_windows = world is not None and world.options.window != "create"
 
     def share(self, compute, root: int = 0):
         """``compute()`` on rank ``root`` only, its result on every rank. A TesseraError it

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 
+from tessera.backends.budget import env_memory
 from tessera.errors import InputError
 
 DEFAULT_BACKEND = "auto"
@@ -30,7 +31,6 @@ EXECUTOR_SCHEDULES = {"mpi-onesided": ("nxtval", "steal")}
 DEFAULT_SCHEDULE = "nxtval"
 
 
-ENV_MEMORY = "TESSERA_MEMORY_PER_RANK_MB"     # MiB a rank may use (the cost model's budget)
 ENV_BLAS_THREADS = "TESSERA_BLAS_THREADS"     # BLAS threads per MPI rank
 
 
@@ -54,7 +54,7 @@ def env_number(name: str, default, *, integer: bool = False):
 def check_environment() -> None:
     """Every TESSERA_* variable checked before any work (as options are), without
     starting MPI: the memory budget, BLAS threads per rank and the runtime's options."""
-    env_number(ENV_MEMORY, None)
+    env_memory()                                         # as --max-memory (backends.budget)
     env_number(ENV_BLAS_THREADS, 1, integer=True)
     from tessera.backends.local import threads_per_rank
     threads_per_rank()                                   # OMP_NUM_THREADS

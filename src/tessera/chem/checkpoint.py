@@ -21,7 +21,6 @@ leaves the last finished iteration complete. All ranks must see the same filesys
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,31 +32,6 @@ from tessera.chem.reference import Reference
 from tessera.errors import InputError
 
 FORMAT = "tessera-checkpoint-1"
-
-
-def check_path(path, geometry=None, restart: bool = False) -> Path:
-    """``path`` as a checkpoint file, validated before any work: not empty, not a
-    folder, not the input geometry, in an existing writable folder; with ``restart`` it
-    must exist."""
-    if path is None or not str(path).strip():
-        raise InputError("--checkpoint needs a file name, got an empty one; give e.g. "
-                         "--checkpoint run.chk.h5")
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(f"--checkpoint {path} is a folder; expected a file name such as {p / 'run.chk.h5'}")
-    if geometry is not None and isinstance(geometry, (str, os.PathLike)) and "\n" not in str(geometry) \
-            and p.exists() and Path(geometry).exists() and p.resolve() == Path(geometry).resolve():
-        raise InputError(f"--checkpoint {path} is the input geometry; choose another file name")
-    folder = p.parent if str(p.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"--checkpoint {path}: folder {folder} does not exist; create it or "
-                         "choose another path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"--checkpoint {path}: folder {folder} is not writable; choose another path")
-    if restart and not p.is_file():
-        raise InputError(f"--restart: no checkpoint at {path}; run once without --restart "
-                         "(it writes one), or give its path with --checkpoint")
-    return p
 
 
 def fingerprint(molecule: dict, basis: str, symmetry: bool, nfrozen: int, reference=None) -> dict:

@@ -13,17 +13,20 @@ communication per equation term and the memory held per rank.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from tessera.backends.budget import memory_budget, parse_size
 from tessera.backends.context import Context, ranks_of
 from tessera.backends.local import threads_of
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
 from tessera.chem.ccsd import CCSD, CCSDStructure, minimal_flops
-from tessera.chem.checkpoint import Checkpoint, check_path, fingerprint
-from tessera.chem.memory import RunShape, available_memory, check, estimate, parse_size, resident_peak
+from tessera.chem.checkpoint import Checkpoint, fingerprint
+from tessera.chem.memory import RunShape, check, estimate, resident_peak
+from tessera.chem.outcome import check_output_path
 from tessera.chem.inputs import load, with_model
 from tessera.chem.integrals import transform
 from tessera.chem.triples import triples_correction
@@ -53,7 +56,7 @@ class RunOptions:
     scf_max_iter: int = 100
     checkpoint: str | None = None    # HDF5 file for the orbitals, amplitudes and DIIS state
     restart: bool = False            # resume from ``checkpoint``
-    max_memory: float | str | None = None   # MiB per rank (or "8G", ...); None: available memory / ranks
+    max_memory: float | str | None = None   # MiB per rank (or "8G", ...); None: backends.budget's default
     units: str = "angstrom"          # of an XYZ or Z-matrix geometry: angstrom | bohr
     scf_mode: str = "auto"
 
@@ -76,7 +79,10 @@ class RunOptions:
         if self.restart and self.checkpoint is None:
             raise InputError("--restart needs a checkpoint; give --checkpoint FILE")
         if self.checkpoint is not None:
-            check_path(self.checkpoint, self.geometry, self.restart)
+            check_output_path(self.checkpoint, "--checkpoint", inputs=[self.geometry])
+            if self.restart and not os.path.isfile(self.checkpoint):
+                raise InputError(f"--restart: no checkpoint at {self.checkpoint}; run once without "
+                                 "--restart (it writes one), or give its path with --checkpoint")
 
 
 @dataclass
@@ -121,6 +127,7 @@ class Job:
         # the run's regions (phases, iterations, steps, task sets) and compute time, from
         # every context the job opens; detailed when the CLI profiles (--profile)
         self.recorder = recorder if recorder is not None else Recorder()
+        self.budget = None       # bytes a rank may use (backends.budget), set by _check_memory
 
     def _phase(self, timings: dict, name: str, t0: float) -> None:
         timings[name] = time.perf_counter() - t0
@@ -149,18 +156,20 @@ class Job:
         ranks = ranks_of(opt.backend)
         nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0
         given = reference or source.reference
-        memory = self._check_memory(mol, method, nfrozen, ranks, given)
         chk = None
         if opt.checkpoint is not None and method != "hf":     # amplitudes to keep: CCSD only
             chk = Checkpoint(opt.checkpoint, ranks, restart=opt.restart)
             chk.check(fingerprint(source.molecule, source.basis, opt.symmetry, nfrozen, given))
+        # on restart the checkpoint's orbitals size the estimate (no initial guess)
+        resumed = chk.reference(mol) if opt.restart and given is None and chk is not None else None
+        memory = self._check_memory(mol, method, nfrozen, ranks, given or resumed)
 
         t0 = time.perf_counter()
         self.report.phase("scf")
         if given is not None:
             ref, scf_error = given, None
-        elif opt.restart:
-            ref, scf_error = chk.reference(mol), None
+        elif resumed is not None:
+            ref, scf_error = resumed, None
         else:
             ref, scf_error = self._scf(mol, ranks)
         self._phase(timings, "scf", t0)
@@ -280,25 +289,28 @@ class Job:
         from tessera.backends.auto import decide
         structure = CCSDStructure(ref.orbsym, ref.nocc, nfrozen)
         decision = ranks.share(lambda: decide(structure, ranks.size, backend=opt.backend, tile=opt.tile,
-                                              variant=opt.variant, schedule=opt.schedule))
+                                              variant=opt.variant, schedule=opt.schedule, budget=self.budget))
         options = {"variant": decision["variant"], "schedule": decision.get("schedule")}
         return decision["backend"], options, decision["tile"], decision
 
     def _check_memory(self, mol, method, nfrozen, ranks, reference=None):
         """The estimate of the peak memory per rank (reported), before any heavy work; an
-        InputError on every rank when it exceeds --max-memory (default: the memory
-        available now, shared by the ranks)."""
+        InputError on every rank when it exceeds the memory budget per rank
+        (``backends.budget``: --max-memory, TESSERA_MEMORY_PER_RANK_MB, or the memory
+        available now shared by the node's ranks), which the cost model also uses."""
         opt = self.options
 
         def judge():
             shape = RunShape(mol, method, opt.backend, opt.variant, ranks.size, opt.tile or 32, None,
-                             nfrozen, runs_distributed(opt.backend), reference)
+                             nfrozen, runs_distributed(opt.backend), reference,
+                             node_ranks=ranks.node_size, shared_windows=ranks.shared_windows)
             est = estimate(shape)
             self.report.memory(est)
-            limit = opt.max_memory if opt.max_memory is not None else available_memory() / 2**20 / ranks.size
-            check(est, limit, shape)
-            return est
-        return ranks.share(judge)
+            budget = memory_budget(ranks.node_size, opt.max_memory)
+            check(est, budget, shape)
+            return est, budget[0]
+        est, self.budget = ranks.share(judge)
+        return est
 
     def _scf(self, mol, ranks):
         """The RHF reference. Tessera's own SCF is collective (every rank takes part, in an

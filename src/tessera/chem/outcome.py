@@ -112,8 +112,13 @@ def check_output_path(path, option: str = "--json", inputs=()) -> Path:
     if not folder.is_dir():
         raise InputError(f"{option} {path}: folder {str(folder)!r} does not exist; create it first "
                          "or choose another path")
-    for other in inputs:
-        if other is not None and p.exists() and Path(other).exists() and os.path.samefile(p, other):
+    for other in inputs:           # file names only (not XYZ text, not a PySCF Mole)
+        if not isinstance(other, (str, os.PathLike)) or "\n" in str(other):
+            continue
+        same = False
+        with suppress(OSError, ValueError):
+            same = p.exists() and Path(other).exists() and os.path.samefile(p, other)
+        if same:
             raise InputError(f"{option} {path} is the input file {other}; writing it would destroy "
                              "the input: choose another name")
     try:                            # the real test: can a file be created there?

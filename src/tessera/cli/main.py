@@ -64,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                        "PySCF's max_memory, else direct) | incore | direct (with --scf tessera)")
         s.add_argument("--max-memory", metavar="SIZE", default=None,
                        help="memory per rank a run may use: MiB, or with a unit (500M, 8G); a run "
-                            "estimated to need more is refused before the SCF (default: the memory "
-                            "available now, shared by the ranks)")
+                            "estimated to need more is refused before the SCF, and the cost model "
+                            "keeps within it (default: $TESSERA_MEMORY_PER_RANK_MB, else the memory "
+                            "available now, shared by the ranks on this node)")
         s.add_argument("--json", metavar="FILE", help="write the results as JSON (rewritten after each phase)")
         s.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
         loud = s.add_mutually_exclusive_group()

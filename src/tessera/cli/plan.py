@@ -28,8 +28,10 @@ def print_plan(options, rank: int = 0) -> None:
     structure = CCSDStructure(shape.orbsym, shape.nocc, nfrozen)
     if runs_distributed(options.backend):
         from tessera.backends.auto import decide, render
+        from tessera.backends.budget import memory_budget
         decision = decide(structure, nranks, backend=options.backend, tile=options.tile,
-                          variant=options.variant, schedule=options.schedule)
+                          variant=options.variant, schedule=options.schedule,
+                          budget=memory_budget(nranks, options.max_memory)[0])
         print(render(decision))
         tile, occ_tile = decision["tile"], decision["occ_tile"]
     elif options.backend == "auto":

@@ -121,7 +121,7 @@ def dominant_steps(plans, nranks: int, limit: int = DOMINANT_STEPS) -> list:
 def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_per_node: int,
              memory_per_node: float | None, machine, tile: int | None = None, occ_tile: int | None = None) -> dict:
     """The per-rank plan of a run on ``nranks`` simulated ranks (module docstring)."""
-    from tessera.backends.auto import (COLLECTIVE_VARIANTS, ONESIDED_VARIANTS, estimate, memory_budget,
+    from tessera.backends.auto import (COLLECTIVE_VARIANTS, ONESIDED_VARIANTS, estimate,
                                        memory_parts, structure_stats)
     from tessera.chem.ccsd import CCSDStructure
     from tessera.chem.memory import triples_parts
@@ -135,7 +135,8 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     memory = class_balance(tensors, nranks)
     if method == "ccsd(t)":
         memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1).items()}
-    budget = memory_budget(nranks, ranks_per_node, memory_per_node)
+    from tessera.backends.budget import memory_budget
+    budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     costs = machine.on(nranks, ranks_per_node)
     executors = []
     for backend, variants in (("mpi-onesided", ONESIDED_VARIANTS), ("mpi-collective", COLLECTIVE_VARIANTS)):
@@ -254,7 +255,7 @@ def print_simulation(options, args) -> dict:
     rpn = _whole("--ranks-per-node", args.ranks_per_node) or nranks
     node_bytes = args.memory_per_node
     if node_bytes is not None:
-        from tessera.chem.memory import parse_size
+        from tessera.backends.budget import parse_size
         node_bytes = parse_size(node_bytes, "--memory-per-node") * 2**20
     machine = Machine.calibrated(
         network_bandwidth=_positive("--network-bandwidth", args.network_bandwidth, 1e9) or NETWORK_BANDWIDTH,

@@ -215,6 +215,11 @@ class World:
             )
         return self._full.Split(self.full_rank * n // self.full_size, self.full_rank)
 
+    @property
+    def node_workers(self) -> int:
+        """Worker ranks on this rank's node (this one included)."""
+        return len(self._same_node_workers)
+
     def _map_ghosts(self, table) -> None:
         """Who serves whom: ghost g serves the workers of its node round-robin."""
         self._ghost_of: list = []        # worker rank -> full rank of its target ghost
