@@ -17,7 +17,9 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
              and the DIIS history (the structure's ``held``), the executor's working set
   (t)        the integrals, T2 and the gathered matrices kept from CCSD, the packed rows
              (T) reads (on one process every task tile's rows stay, with their pair-swapped
-             copies; a rank keeps its row cache), kernel buffers per thread
+             copies unless the kernel is blocked in the virtual index; a rank keeps its row
+             cache), kernel buffers per thread (``triples_tasks.kernel_plan``: ~v^3/nirrep,
+             or bounded by the kernel budget when blocked)
 
 and the peak is the baseline plus the largest phase. ``check`` refuses a run whose peak
 exceeds the memory allowed per rank, naming what would fit (more ranks, frozen core, a
@@ -171,13 +173,16 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * npair / P, "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)
     if shape.method == "ccsd(t)":
-        from tessera.chem.triples_tasks import DEFAULT_CACHE_MB
+        from tessera.chem.triples import VirtualLayout, irrep_ranges
+        from tessera.chem.triples_tasks import DEFAULT_CACHE_MB, kernel_plan
         dims = _class_bytes(o, v)
-        rows_t = 2 * dims["ovvv"] + 2 * dims["t2"] + dims["ovov"] + dims["ovoo"]
+        lay = VirtualLayout(irrep_ranges(v, "virtual"), v.irreps, np.zeros(v.dim), irrep_ranges(o, "occupied"))
+        _, vblock, _, kernel = kernel_plan(lay, o, v, None, not shape.distributed)   # the run's kernel choice
+        swapped = 2 if vblock is None else 1      # the whole-space kernel keeps pair-swapped rows
+        rows_t = swapped * (dims["ovvv"] + dims["t2"]) + dims["ovov"] + dims["ovoo"]
         if P > 1:
             rows_t = min(rows_t, DEFAULT_CACHE_MB * 2**20 + 2 * (dims["ovvv"] + dims["t2"]) / P)
-        nirrep = len(set(v.irreps.tolist())) or 1
-        kernel = T * 64 * v.dim ** 3 / nirrep
+        kernel *= T                               # buffers per thread
         gathered = s["gathered_bytes"] if P == 1 else 0
         parts["(t)"] = {"integrals": stored, "gathered": gathered, "rows": rows_t, "kernel": kernel}
     return MemoryEstimate(P, baseline, parts)
