@@ -24,6 +24,7 @@ batch n K, n the largest block, K the largest irrep (virtual or occupied).
 from __future__ import annotations
 
 from itertools import permutations
+from math import prod
 
 import numpy as np
 from scipy.linalg.blas import dgemm
@@ -103,7 +104,7 @@ class BlockedTripleKernel(TripleKernel):
 
     def _triple_energy(self, i, j, ks, order) -> float:
         nk, slot, eo = len(ks), self.slot, self.inp.eo
-        view = (lambda b, n, shape: self.wbuf[(3 * b + n) * nk * slot:][:int(np.prod(shape))].reshape(shape))
+        view = (lambda b, n, shape: self.wbuf[(3 * b + n) * nk * slot:][:prod(shape)].reshape(shape))
         shapes = {key: (nk, key[0][2], key[1][2], key[2][2]) for key in order}
         W, Y, U, Sa, Sb = {}, {}, {}, {}, {}
         for b, (X, Yb, Z) in enumerate(order):        # layouts a and b of every ordered block
