@@ -177,7 +177,10 @@ class BlockedTripleKernel(TripleKernel):
         h = self.irr[x] ^ gc
         first, second = (U, T) if swapped else (T, U)
         p0, n1, n2 = self.poff[h][first[0]], self.nv[first[0]], self.nv[second[0]]
-        seg = table[x][gc][:, p0:p0 + n1 * n2].reshape(nc, n1, n2)
+        seg = table[x][gc][:, p0:p0 + n1 * n2]
+        if not swapped and seg.flags.c_contiguous and (T[2], U[2]) == (n1, n2):
+            return seg                                   # the whole row: no copy
+        seg = seg.reshape(nc, n1, n2)
         seg = seg[:, first[1]:first[1] + first[2], second[1]:second[1] + second[2]]
         out = self.rbuf[:nc * T[2] * U[2]].reshape(nc, T[2], U[2])
         out[...] = seg.transpose(0, 2, 1) if swapped else seg
