@@ -364,8 +364,8 @@ class TripleKernel:
         of one triple's, and the stacked left operands."""
         nv, no, ntrip = int(lay.n.max()), int(lay.no.max()), max(int(lay.ntrip.max()), 1)
         left = [max(batch * nv * max(nv, no), 1)]
-        if len(set(lay.irrep.tolist())) == 1:         # W and a layout of the batch; X of one triple
-            return [batch * ntrip] * 2 + [ntrip] + left
+        if len(set(lay.irrep.tolist())) == 1:         # W and a layout of the batch; 3 of one triple
+            return [batch * ntrip] * 2 + [ntrip] * 3 + left
         return [batch * ntrip] * 3 + [ntrip] * 8 + left   # Sa, Sb, Sc of the batch; 8 of one triple
 
     @staticmethod
@@ -511,18 +511,27 @@ class TripleKernel:
         return sum(self._sweep_dense(W[n], i, j, k) for n, k in enumerate(ks))
 
     def _sweep_dense(self, W, i, j, k) -> float:
-        """sum_abc W r3(W + V) / D of one triple, W [a, b, c]: the fused sweep."""
-        from tessera.chem.triples_sweep import dense_triple_energy
-        nv, eo, t1 = self.nvir, self.inp.eo, self.inp.t1
-        X = self.buf[2][:nv ** 3].reshape(nv, nv, nv)
-        return dense_triple_energy(W, X, self.inp.lay.ev, eo[i] + eo[j] + eo[k], t1[i], t1[j], t1[k],
-                                   self._ovov(j, k), self._ovov(i, k), self._ovov(i, j))
-
-    def _ovov(self, x, y) -> np.ndarray:
-        """(x a|y b) [a, b] with one virtual irrep (zero when symmetry forbids the pair)."""
-        nv = self.nvir
-        row = self.inp.ovov[x][self.irr[y]][self.rel[y]]
-        return row.reshape(nv, nv) if row.size == nv * nv else np.zeros((nv, nv))
+        """sum_abc W r3(W + V) / D of one triple, W [a, b, c]."""
+        nv, t1 = self.nvir, self.inp.t1
+        Y, U, T = (a[:nv ** 3].reshape(nv, nv, nv) for a in self.buf[2:5])
+        flat = (lambda x: x.reshape(-1))
+        eo = self.inp.eo
+        np.subtract(eo[i] + eo[j] + eo[k], self.maps["e3"], out=flat(Y))
+        np.divide(W, Y, out=Y)                                    # Y = W / D
+        ks = range(k, k + 1)
+        P, Pz, ik = self._pair_rows(i, j, ks)
+        nv2 = nv * nv
+        e = float(flat(W) @ flat(Y)) + self._t1_dot(ks, ((flat(Y), i, P[0]),))
+        if ik.shape[-1] == nv2:                                   # else zero by symmetry
+            e += float(np.vdot(np.matmul(t1[j], Y), ik))
+        if P[2].size == nv2:
+            e += float(np.vdot(Y.reshape(-1, nv) @ t1[k], P[2]))
+        e *= 3.0
+        np.add(Y, Y.transpose(2, 0, 1), out=U)                    # + Y[bca]
+        U += Y.transpose(1, 2, 0)                                 # + Y[cab] = Yc
+        np.copyto(T, U.transpose(0, 2, 1))                        # Zs
+        return e + float(flat(U) @ flat(W)) - 2.0 * float(flat(T) @ flat(W)) + self._t1_dot(
+            ks, ((flat(U), i, Pz[0]), (flat(U), j, Pz[1]), (flat(U), None, Pz[2])))
 
     def _energy_packed(self, i, j, ks) -> float:
         """Point-group symmetry: the three cyclic layouts of the batch, then per k (moved out
