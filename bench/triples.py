@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/triples.py                       # water, benzene (fc), glycine (C1)
     .venv/bin/python bench/triples.py examples/water.xyz --repeat 3 --cache /tmp/tcache
+    .venv/bin/python bench/triples.py examples/glycine.xyz --no-symmetry --vblock 38   # blocked kernel
 
 Per molecule: PySCF RHF (conv_tol 1e-11) and CCSD (conv_tol 1e-9) give the amplitudes
 (cached with the orbitals under --cache, so reruns skip the CCSD). Then, on the same
@@ -97,7 +98,8 @@ def bench_one(path: Path, basis, symmetry, frozen, args) -> dict:
             runs.setdefault(f"pyscf_{threads}", []).append((t, cpu, float(e)))
             before = dgemm_peak(args.peak_n, threads)
             res, t, cpu = timed(lambda: triples_correction(ints, bt1, bt2, context=contexts[backend],
-                                                           occ_tile=args.occ_tile))
+                                                           occ_tile=args.occ_tile, vblock=args.vblock,
+                                                           kernel_mb=args.kernel_mb))
             peak = tuple(map(max, before, dgemm_peak(args.peak_n, threads)))
             runs.setdefault(f"tessera_{backend}", []).append((t, cpu, (res, peak)))
     for ctx in contexts.values():
@@ -117,7 +119,8 @@ def bench_one(path: Path, basis, symmetry, frozen, args) -> dict:
                     f"gflops_cpu_{backend}": gflops_cpu, f"dgemm_peak_cpu_{backend}": peak[1],
                     f"peak_fraction_cpu_{backend}": gflops_cpu / peak[1]})
         row.update(e_tessera=res.energy, gflop=res.flops / 1e9, minimal_gflop=res.minimal_flops / 1e9,
-                   flops_ratio=res.flops / res.minimal_flops, tasks=res.tasks, task_tile=res.task_tile)
+                   flops_ratio=res.flops / res.minimal_flops, tasks=res.tasks, task_tile=res.task_tile,
+                   virtual_block=res.virtual_block, kernel_buffer_bytes=res.kernel_buffer_bytes)
     row["e_diff"] = row["e_tessera"] - row["e_pyscf"]
     return row
 
@@ -131,6 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--tile", type=int, default=32, help="MO tile size of the transformation")
     ap.add_argument("--occ-tile", type=int, default=None)
+    ap.add_argument("--vblock", type=int, default=None,
+                    help="block the kernel in the virtual index, this many orbitals per block")
+    ap.add_argument("--kernel-mb", type=float, default=None, help="kernel buffers per thread (MiB)")
     ap.add_argument("--peak-n", type=int, default=2000, help="size of the square dgemm of the peak")
     ap.add_argument("--cache", type=Path, default=None, help="folder for cached amplitudes")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "triples.json")
@@ -143,7 +149,7 @@ def main(argv=None) -> int:
           "the fraction that holds on a loaded machine)")
     print(f"{'molecule':10s} {'group':5s} {'o':>3s} {'v':>4s} {'GFLOP':>7s} {'xmin':>5s} {'PySCF 1t':>16s} "
           f"{'Tess serial':>16s} {'ratio':>6s} {'GF/s 1t':>19s} {'PySCF nt':>9s} {'Tess thr':>9s} "
-          f"{'ratio':>6s} {'GF/s nt':>19s} {'dE':>9s} {'load':>5s}")
+          f"{'ratio':>6s} {'GF/s nt':>19s} {'dE':>9s} {'load':>5s} {'vblk':>4s} {'MiB/thr':>7s}")
     for path, symmetry, frozen in jobs:
         load = os.getloadavg()[0]
         r = bench_one(path, args.basis, symmetry, frozen, args)
@@ -156,7 +162,8 @@ def main(argv=None) -> int:
               f"{r['flops_ratio']:5.2f} {r['pyscf_1']:7.2f} ({r['pyscf_1_cpu']:6.2f}) {r['tessera_serial']:7.2f} "
               f"({r['tessera_serial_cpu']:6.2f}) {r['ratio_serial']:6.2f} {gf('serial'):>19s} "
               f"{r[f'pyscf_{nt}']:9.2f} {r['tessera_threads']:9.2f} {r['ratio_threads']:6.2f} "
-              f"{gf('threads'):>19s} {r['e_diff']:9.1e} {r['loadavg_after']:5.1f}", flush=True)
+              f"{gf('threads'):>19s} {r['e_diff']:9.1e} {r['loadavg_after']:5.1f} {r['virtual_block']:4d} "
+              f"{r['kernel_buffer_bytes'] / 2**20:7.1f}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": " ".join(sys.argv), "repeat": args.repeat,
                                     "rows": rows}, indent=1))

@@ -206,3 +206,58 @@ def test_flops_equal_the_minimal_count(systems):
     res = triples_correction(ints, bt1, bt2, context=Context("serial"))
     o, v = ints.o.dim, ints.v.dim
     assert res.flops == res.minimal_flops < 4 * v ** 3 * (v + o) * (3 * comb(o, 3) + 2 * o * (o - 1) + o) / 3
+
+
+@pytest.mark.parametrize("name", ["water", "n2", "h2o2"])
+def test_virtual_blocks_give_the_same_energy(systems, name):
+    """The kernel blocked in the virtual index (tasks visit block triples {A, B, C}) gives
+    the whole-space kernel's E(T) and its exact flop count, for blocks that split irreps
+    unevenly (3, 4, 5 orbitals), blocks as large as the irreps, k batches of one and of
+    several orbitals, serial and threads; N2 (D2h, 6-31G) has irreps without virtuals or
+    occupied orbitals."""
+    ref, runs = systems[name]
+    nfz, (t1, t2, e_ref) = next(iter(runs.items()))
+    ints, bt1, bt2 = _inputs(ref, t1, t2, nfz, 3)
+    if name == "n2":
+        assert len(set(ints.v.irreps.tolist())) < 8 and len(set(ints.o.irreps.tolist())) < 8
+    whole = triples_correction(ints, bt1, bt2, context=Context("serial"))
+    assert whole.virtual_block == 0
+    for vblock, occ_tile, backend in ((4, None, "serial"), (3, 2, "threads"), (5, 1, "serial"),
+                                      (ints.v.dim, 2, "serial")):
+        with Context(backend) as ctx:
+            res = triples_correction(ints, bt1, bt2, context=ctx, vblock=vblock, occ_tile=occ_tile)
+        ctx.close()
+        assert res.virtual_block == vblock
+        assert abs(res.energy - whole.energy) < 1e-12, (vblock, occ_tile, res.energy, whole.energy)
+        assert abs(res.energy - e_ref) < 1e-9
+        assert res.flops == res.minimal_flops == whole.minimal_flops
+
+
+def test_kernel_buffers_follow_the_budget(systems):
+    """Counted elements, not timings: the buffers the kernel allocates per thread fit
+    ``kernel_mb``, which picks the virtual block; the whole-space kernel's (~ v^3) do not.
+    Smaller blocks allocate less; the memory estimate counts the same bytes."""
+    from tessera.chem.triples_tasks import TriplesTasks
+    ref, runs = systems["h2o2"]
+    t1, t2, e_ref = runs[0]
+    ints, bt1, bt2 = _inputs(ref, t1, t2, 0, 4)
+    v, no = ints.v.dim, ints.o.dim
+
+    def allocated(run_all=False, **opts):
+        job = TriplesTasks(ints, bt1, bt2, None, None, True, opts.get("vblock"), opts.get("kernel_mb"))
+        energy = sum(job.work(task, {}) for task in range(len(job.triples) if run_all else 1))
+        assert abs(energy - e_ref) < 1e-9 or not run_all
+        return job, 8 * sum(a.size for a in job.local.pool)
+
+    whole, whole_bytes = allocated()
+    assert whole.vblock is None and whole_bytes >= 8 * v ** 3
+    budget = 0.02                                                   # MiB: below the whole-space kernel's
+    assert whole_bytes > budget * 2 ** 20
+    job, nbytes = allocated(run_all=True, kernel_mb=budget)
+    assert 1 <= job.vblock < v and nbytes == job.pool_bytes <= budget * 2 ** 20
+    n, k = job.vblock, max(v, no)                                   # C1: blocks of vblock orbitals
+    assert nbytes <= 8 * (19 * job.batch * n ** 3 + k * n * n + job.batch * n * k)
+    sizes = [allocated(vblock=b)[1] for b in (2, 4, 8)]                # same k batch
+    assert sizes[0] < sizes[1] < sizes[2]
+    res = triples_correction(ints, bt1, bt2, context=Context("serial"), kernel_mb=budget)
+    assert res.virtual_block == job.vblock and res.kernel_buffer_bytes == nbytes

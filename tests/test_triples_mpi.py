@@ -3,7 +3,7 @@
 One launch of tests/mpi/triples_checks.py per rank count: H2O2 distorted to C1 (one
 occupied and one virtual tensor tile, so every four-index tensor is one block) and
 water in C2v, each with mpi-onesided (nxtval, steal) and mpi-collective, default
-occ_tile and occ_tile 4, on the same t1/t2 as the serial ``triples_correction``.
+occ_tile, occ_tile 4, and occ_tile 4 with the virtual index blocked (vblock 3), on the same t1/t2 as the serial ``triples_correction``.
 Checked: E(T) equal to 1e-9; for H2O2 with the default occ_tile, task tiles smaller
 than the occupied space and, on every rank, the peak bytes held that come from each of
 ovvv, t2, (ov|ov) and (ov|oo) (fetched rows, packed rows, cache, scratch) below the
@@ -38,7 +38,8 @@ def test_distributed_triples_equal_serial(nranks):
     for name, mol in out["molecules"].items():
         assert len(mol["runs"]) == len(triples_checks.COMBOS)
         for combo, runs in mol["runs"].items():
-            assert set(runs) == {str(ot) for ot in triples_checks.OCC_TILES}
+            assert set(runs) == set(triples_checks.RUNS)
+            assert runs["4/vblock3"]["virtual_block"] == 3 and runs["4"]["virtual_block"] == 0
             for ot, run in runs.items():
                 e_ref = mol["e_serial"][ot]
                 assert abs(run["e_t"] - e_ref) < E_TOL, (name, combo, ot, run["e_t"], e_ref)

@@ -7,7 +7,8 @@ and a few serial CCSD iterations (not converged: any amplitudes will do) and the
 ``triples_correction`` on them, and broadcasts t1, t2 and that energy. Then, for each
 executor (mpi-onesided with nxtval and with steal, mpi-collective), the transform runs
 in that context, t1 and t2 become distributed tensors (from the same dense arrays) and
-``triples_correction`` runs on them with the default occ_tile and with occ_tile 4.
+``triples_correction`` runs on them with the default occ_tile, with occ_tile 4, and with
+occ_tile 4 and the kernel blocked in the virtual index (vblock 3).
 Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
 the bytes moved by one-sided gets during (T).
@@ -38,7 +39,8 @@ MOLECULES = {            # name -> (xyz, basis, MO tile)
 }
 COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
           ("mpi-collective", "summa", None)]
-OCC_TILES = (None, 4)
+RUNS = {"None": {}, "4": {"occ_tile": 4},               # default and given occ_tile
+        "4/vblock3": {"occ_tile": 4, "vblock": 3}}        # the kernel blocked in the virtual index too
 
 
 def serial_reference(world, name, iters):
@@ -54,8 +56,8 @@ def serial_reference(world, name, iters):
                 cc = CCSD(conv=1e-14, max_iter=iters).kernel(ints, ctx)
             except ConvergenceError as err:
                 cc = err.result
-            e_t = {str(ot): triples_correction(ints, cc.t1, cc.t2, context=ctx, occ_tile=ot).energy
-                   for ot in OCC_TILES}
+            e_t = {key: triples_correction(ints, cc.t1, cc.t2, context=ctx, **opts).energy
+                   for key, opts in RUNS.items()}
             out = (replace(ref, mol=None), cc.t1.to_dense(), cc.t2.to_dense(), e_t,
                    ints.o.dim, ints.v.dim, len(ints.o.tiles))
         ctx.close()
@@ -72,14 +74,15 @@ def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
             ints = transform(ref, 0, tile)
             t1 = BlockTensor.from_dense(t1d, (ints.o, ints.v), name="t1")
             t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2")
-            for ot in OCC_TILES:
+            for key, run_opts in RUNS.items():
                 snap = world.comm_log.snapshot()
-                res = triples_correction(ints, t1, t2, context=ctx, occ_tile=ot)
+                res = triples_correction(ints, t1, t2, context=ctx, **run_opts)
                 gets = sum(r.nbytes for r in world.comm_log.records(since=snap) if r.op == "get")
-                runs[str(ot)] = {"e_t": res.energy, "task_tile": res.task_tile, "tasks": res.tasks,
+                runs[key] = {"e_t": res.energy, "task_tile": res.task_tile, "tasks": res.tasks,
                                  "peak_operand_bytes": list(res.rank_peak_operand_bytes),
                                  "peak_share": res.peak_share, "whole_bytes": res.whole_bytes,
                                  "kernel_buffer_bytes": res.kernel_buffer_bytes,
+                                 "virtual_block": res.virtual_block,
                                  "get_bytes": int(world.allreduce(gets, "sum"))}
     finally:
         ctx.close()

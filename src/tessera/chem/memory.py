@@ -18,7 +18,9 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
   (t)        the integrals, T2 and the gathered matrices kept from CCSD (under MPI also
              CCSD's other global arrays, pooled until the context closes), the packed rows
              (T) reads (on one process every task tile's rows stay, with their pair-swapped
-             copies; a rank keeps its row cache), kernel buffers per thread
+             copies unless the kernel is blocked in the virtual index; a rank keeps its row
+             cache), kernel buffers per thread (``triples_tasks.kernel_plan``: ~v^3/nirrep,
+             or bounded by the kernel budget when blocked)
 
 and the peak is the baseline plus the largest phase.
 
@@ -179,7 +181,7 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     parts["ccsd"] = dict(ccsd)
     if shape.method == "ccsd(t)":
         gathered = s["gathered_bytes"] if P == 1 else 0
-        parts["(t)"] = {"integrals": stored, "gathered": gathered, **triples_parts(o, v, P, T)}
+        parts["(t)"] = {"integrals": stored, "gathered": gathered, **triples_parts(o, v, P, T, resident=not shape.distributed)}
     if shape.distributed:
         # this rank's windows in CCSD: T2 + integrals, amplitude copies, intermediates
         # (all but the DIIS history), pooled until the context closes after (T)
@@ -193,18 +195,24 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     return MemoryEstimate(P, baseline, parts, shape.node_ranks)
 
 
-def triples_parts(o, v, nranks: int, threads: int) -> dict:
+def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None) -> dict:
     """Bytes per rank of what (T) holds beside the integrals and T2, over spaces ``o``, ``v``:
-    ``rows`` (the packed rows it reads: on one process every task tile's rows with their
-    pair-swapped copies; a rank keeps its row cache) and ``kernel`` (buffers per thread).
-    The one formula of (T) memory, also used by ``tessera plan --ranks``."""
-    from tessera.chem.triples_tasks import DEFAULT_CACHE_MB
+    ``rows`` (the packed rows it reads: on one process, ``resident``, every task tile's rows,
+    with their pair-swapped copies unless the kernel is blocked in the virtual index; a
+    rank keeps its row cache) and ``kernel`` (buffers per thread, as
+    ``triples_tasks.kernel_plan`` sizes them). The one formula of (T) memory, also used
+    by ``tessera plan --ranks``."""
+    from tessera.chem.triples import VirtualLayout, irrep_ranges
+    from tessera.chem.triples_tasks import DEFAULT_CACHE_MB, kernel_plan
+    resident = nranks == 1 if resident is None else resident
     dims = _class_bytes(o, v)
-    rows_t = 2 * dims["ovvv"] + 2 * dims["t2"] + dims["ovov"] + dims["ovoo"]
+    lay = VirtualLayout(irrep_ranges(v, "virtual"), v.irreps, np.zeros(v.dim), irrep_ranges(o, "occupied"))
+    _, vblock, _, kernel = kernel_plan(lay, o, v, None, resident)   # the run's kernel choice
+    swapped = 2 if vblock is None else 1      # the whole-space kernel keeps pair-swapped rows
+    rows_t = swapped * (dims["ovvv"] + dims["t2"]) + dims["ovov"] + dims["ovoo"]
     if nranks > 1:
         rows_t = min(rows_t, DEFAULT_CACHE_MB * 2**20 + 2 * (dims["ovvv"] + dims["t2"]) / nranks)
-    nirrep = len(set(v.irreps.tolist())) or 1
-    return {"rows": rows_t, "kernel": threads * 64 * v.dim ** 3 / nirrep}
+    return {"rows": rows_t, "kernel": threads * kernel}
 
 
 def _executors(shape: RunShape) -> list:

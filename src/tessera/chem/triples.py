@@ -69,6 +69,7 @@ class TriplesResult:
     whole_bytes: dict = field(default_factory=dict)  # source -> bytes of the whole tensor
     cache_bytes: int = 0                         # cache limit per rank (bytes)
     kernel_buffer_bytes: int = 0                 # per thread of a rank
+    virtual_block: int = 0                       # virtual orbitals per block (0: the whole space)
 
 
 # --------------------------------------------------------------------------- layouts
@@ -598,7 +599,8 @@ def check_occ_tile(occ_tile) -> None:
 
 
 def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = None,
-                       cache_mb: float | None = None) -> TriplesResult:
+                       cache_mb: float | None = None, vblock: int | None = None,
+                       kernel_mb: float | None = None) -> TriplesResult:
     """E(T) of closed-shell CCSD amplitudes ``t1`` (o, v) and ``t2`` (o, o, v, v), local or
     distributed, on any backend (the tasks: :mod:`tessera.chem.triples_tasks`).
 
@@ -606,6 +608,9 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     RHF orbitals).  One task per unique triple of task tiles (``occ_tile`` occupied
     orbitals at most) runs through ``context.run_tasks`` (default: the current context).
     ``cache_mb``: per-rank cache of packed rows of distributed tensors (default 256 MiB).
+    ``kernel_mb``: the kernel's buffers per thread (default 256 MiB); when the whole-space
+    kernel (~ v^3 / nirrep per buffer) does not fit, the virtual index is blocked too
+    (:mod:`tessera.chem.triples_blocked`), in blocks of ``vblock`` orbitals if given.
     Collective under MPI: every rank calls it and gets the same result.  Raises
     ShapeError when the amplitudes are not over ``ints``' spaces, InputError for a bad
     ``occ_tile`` or ``cache_mb``, or distributed tensors with a local context.
@@ -620,14 +625,20 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
                          "(ints.o, ints.o, ints.v, ints.v), both of irrep 0; build them with "
                          "BlockTensor.from_dense(..., (ints.o, ints.v)) from the same MOIntegrals")
     check_occ_tile(occ_tile)
-    if cache_mb is not None and not (isinstance(cache_mb, (int, float)) and cache_mb >= 0):
-        raise InputError(f"cache_mb must be a number >= 0 or None, got {cache_mb!r}")
+    if vblock is not None:
+        try:
+            check_occ_tile(vblock)
+        except InputError:
+            raise InputError(f"vblock must be a positive integer or None, got {vblock!r}") from None
+    for name, val in (("cache_mb", cache_mb), ("kernel_mb", kernel_mb)):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0):
+            raise InputError(f"{name} must be a number >= 0 or None, got {val!r}")
     resident = all(getattr(t, "dist", None) is None for t in (t1, t2, *ints.tensors.values()))
     if not resident and not context.distributed:
         raise InputError("distributed tensors need a distributed context (mpi-onesided or "
                          "mpi-collective); run triples_correction inside the context that made them")
     from tessera.chem.triples_tasks import TriplesTasks
-    job = TriplesTasks(ints, t1, t2, occ_tile, cache_mb, resident)
+    job = TriplesTasks(ints, t1, t2, occ_tile, cache_mb, resident, vblock, kernel_mb)
     ranks = context.ranks
     task_set = job.task_set(ranks.size)
     results = context.run_tasks(task_set)
@@ -635,11 +646,12 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     flops = int(ranks.allreduce(job.flops, "sum"))
     seconds = time.perf_counter() - t_start
     out = TriplesResult(energy, flops, len(task_set), seconds, job.minimal_flops(), task_tile=job.occ_tile,
-                        kernel_buffer_bytes=job.pool_bytes)
+                        kernel_buffer_bytes=job.pool_bytes, virtual_block=job.vblock or 0)
     if resident:
         _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP (%.3f x minimal), %.2f s, %.1f GFLOP/s; "
-                  "task tile %d", energy, len(task_set), flops / 1e9, flops / max(1, out.minimal_flops),
-                  seconds, flops / seconds / 1e9, job.occ_tile)
+                  "task tile %d, virtual block %s", energy, len(task_set), flops / 1e9,
+                  flops / max(1, out.minimal_flops), seconds, flops / seconds / 1e9, job.occ_tile,
+                  job.vblock or "whole")
         return out
     everyone = ranks.allgather((job.held.peak, job.held.peak_by))
     peaks = tuple(int(p) for p, _ in everyone)

@@ -37,10 +37,31 @@ from functools import lru_cache
 import numpy as np
 
 from tessera.backends.tasks import TaskSet
+from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel, blocked_batch,
+                                          blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
+
+
+def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None, kernel_mb=None) -> tuple:
+    """(occ_tile, vblock, batch, kernel buffer bytes per thread) of a (T) run.  vblock None:
+    the whole-space kernel (its buffers ~ batch v^3 / nirrep fit ``kernel_mb``, default
+    DEFAULT_KERNEL_MB); else the kernel blocked in the virtual index (``vblock`` given, or
+    the largest block that fits ``kernel_mb``)."""
+    if occ_tile is None:
+        nirrep = len(set(v.irreps.tolist()) | set(o.irreps.tolist())) or 1
+        occ_tile = max(default_occ_tile(v.dim, nirrep), TripleKernel.batch_size(lay, o.dim))
+        occ_tile = occ_tile if resident else max(1, min(occ_tile, o.dim // 8))
+    budget = (DEFAULT_KERNEL_MB if kernel_mb is None else kernel_mb) * 2 ** 20
+    if vblock is None:
+        vblock, batch = choose_vblock(lay, occ_tile, budget)
+    else:
+        batch = blocked_batch(lay, vblock, occ_tile, budget)
+    sizes = (TripleKernel.pool_sizes(lay, batch) if vblock is None
+             else blocked_pool_sizes(lay, vblock, batch))
+    return int(occ_tile), vblock, batch, 8 * sum(max(n, 1) for n in sizes)
 
 
 class _Ledger:
@@ -65,7 +86,7 @@ class TriplesTasks:
     ``work`` and ``need`` are thread-safe (one lock for cache, ledger and flops; kernel
     buffers per thread)."""
 
-    def __init__(self, ints, t1, t2, occ_tile, cache_mb, resident: bool):
+    def __init__(self, ints, t1, t2, occ_tile, cache_mb, resident: bool, vblock=None, kernel_mb=None):
         o, v = ints.o, ints.v
         self.o, self.v, self.resident = o, v, resident
         self.tensors = dict(zip(SOURCES, (ints.ovvv, t2, ints.ovov, ints.ovoo)))
@@ -75,12 +96,8 @@ class TriplesTasks:
         self.eo = np.asarray(ints.eo, float)[o.orbitals]
         self.t1d = t1.to_dense()[np.ix_(o.orbitals, v.orbitals)]        # in space positions
         self.irrep = o.irreps.tolist()
-        if occ_tile is None:
-            nirrep = len(set(v.irreps.tolist()) | set(o.irreps.tolist())) or 1
-            occ_tile = max(default_occ_tile(v.dim, nirrep), TripleKernel.batch_size(lay, o.dim))
-            occ_tile = occ_tile if resident else max(1, min(occ_tile, o.dim // 8))
-        self.occ_tile = int(occ_tile)
-        self.batch = TripleKernel.batch_size(lay, self.occ_tile)     # k per kernel batch
+        self.occ_tile, self.vblock, self.batch, self.pool_bytes = kernel_plan(
+            lay, o, v, occ_tile, resident, vblock, kernel_mb)
         # task tiles: (start, stop, irrep, tensor tile, part or None) inside one tensor tile
         self.tiles = []
         for n, tl in enumerate(o.tiles):
@@ -90,7 +107,7 @@ class TriplesTasks:
                 self.tiles.append((s0, s1, tl.irrep, n, part))
         self.triples = [(a, b, c) for a in range(len(self.tiles)) for b in range(a + 1) for c in range(b + 1)]
         self.G = [self.tiles[a][2] ^ self.tiles[b][2] ^ self.tiles[c][2] for a, b, c in self.triples]
-        for G in sorted(set(self.G)):
+        for G in sorted(set(self.G)) if self.vblock is None else ():    # maps of the whole-space kernel
             lay.prepare(G)
         self.keys = {name: {} for name in SOURCES}     # source -> tensor tile -> keys with it first
         for name, t in self.tensors.items():
@@ -101,13 +118,12 @@ class TriplesTasks:
         self.cached = dict.fromkeys(SOURCES, 0)
         self.held = _Ledger()
         self.scratch = None
-        if not resident:                                 # pair-swapped rows made on access
+        if not resident and self.vblock is None:         # pair-swapped rows made on access
             self.held.add(self.scratch_bytes)
             self.scratch = tuple(np.empty(self.scratch_bytes[s] // 8) for s in ("ovvv", "t2"))
         self.lock = threading.Lock()
         self.local = threading.local()                   # the kernel's buffers, one set per thread
         self.flops = 0
-        self.pool_bytes = 8 * sum(TripleKernel.pool_sizes(lay, self.batch))   # per thread
 
     # ------------------------------------------------------------------ sizes
     def _row_elements(self, g: int) -> dict:
@@ -218,7 +234,7 @@ class TriplesTasks:
                     rows.append((key, blocks[(t.uid, key) if part is None else (t.uid, key, part)]))
             parts[name] = rows
         slab = RowSlab.from_blocks(self.lay, self.o, self.v, s0, s1, parts)
-        return slab.add_swapped(self.lay) if self.resident else slab
+        return slab.add_swapped(self.lay) if self.resident and self.vblock is None else slab
 
     def _admit(self, x: int, slab: RowSlab, keep) -> bool:
         """Put a new slab into the cache, dropping least recently used slabs (never one of
@@ -280,8 +296,10 @@ class TriplesTasks:
         inp = KernelInputs.from_slabs(self.lay, self.eo, self.t1d, self.irrep, slabs.values(),
                                       scratch=self.scratch)
         if not hasattr(self.local, "pool"):
-            self.local.pool = TripleKernel.new_pool(self.lay, self.batch)
-        kern = TripleKernel(inp, G, self.local.pool, self.batch)
+            self.local.pool = (TripleKernel.new_pool(self.lay, self.batch) if self.vblock is None
+                               else BlockedTripleKernel.new_pool(self.lay, self.vblock, self.batch))
+        kern = (TripleKernel(inp, G, self.local.pool, self.batch) if self.vblock is None
+                else BlockedTripleKernel(inp, G, self.local.pool, self.batch, self.vblock))
         I, J, K = (self.tiles[x][:2] for x in (a, b, c))
         energy = kern.tile_energy(I, J, K)
         with self.lock:
