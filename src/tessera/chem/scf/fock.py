@@ -25,7 +25,11 @@ Screening is density-weighted at the task level (Haser and Ahlrichs 1989, as PyS
 ``CVHFnrs8_prescreen``): a task (AB|CD) runs only when
 max Q_AB max Q_CD max(4|D_AB|, 4|D_CD|, |D_AC|, |D_BD|, |D_AD|, |D_BC|) reaches the
 threshold (max |D| over each density tile of the density the build contracts); inside a
-task only the Schwarz bound screens shell quartets (see ``tasks``).
+task the same bound screens each *shell quartet* (max |D| over each shell pair's
+functions, and the Schwarz bound Q_ab Q_cd itself): the sub-threshold quartets are
+excluded exactly (zeroed) and libcint computes only the box of shells that holds the
+surviving quartets (``quartet_screen``). Whatever the task partition, the same quartets
+survive for the same density.
 
 ``mode="incore"`` keeps, on each rank, the screened integral blocks of the tasks it ran
 in the first build, and later builds replay exactly those tasks (no scheduling); if they
@@ -67,7 +71,7 @@ class _Worker:
 
     def __init__(self):
         self.buf: dict = {}
-        self.tasks = self.nints = 0
+        self.tasks = self.nints = self.quartets_screened = 0
         self.busy = self.busy_cpu = 0.0
         self.stored: list = []
 
@@ -158,6 +162,51 @@ class FockBuilder:
                                   dmax[t.b, t.d], dmax[t.a, t.d], dmax[t.b, t.c]])
         return np.flatnonzero(self._qmax[t.p] * self._qmax[t.q] * dens >= t.threshold)
 
+    def shell_density(self, dm: np.ndarray) -> np.ndarray | None:
+        """max |D| over the functions of each shell pair (nbas, nbas), for the quartet
+        screening of a direct build; None when nothing is screened."""
+        if self.mode != "direct" or self.tasks.threshold <= 0:
+            return None
+        loc = np.asarray(self.blocks.ao_loc[:-1], dtype=np.int64)
+        return np.maximum.reduceat(np.maximum.reduceat(np.abs(dm), loc, axis=0), loc, axis=1)
+
+    def quartet_screen(self, quartet: tuple, dsh: np.ndarray) -> np.ndarray:
+        """Boolean (nsa, nsb, nsc, nsd) over the shells of a block quartet: Q_ab Q_cd and
+        Q_ab Q_cd max(4|D_ab|, 4|D_cd|, |D_ac|, |D_bd|, |D_ad|, |D_bc|) both reach the
+        threshold (shell-level maxima)."""
+        a, b, c, d = (slice(*self.blocks.shell_ranges[x]) for x in quartet)
+        q, thr = self.qshell, self.tasks.threshold
+        qq = q[a, b][:, :, None, None] * q[c, d][None, None]
+        dens = 4.0 * np.maximum(dsh[a, b][:, :, None, None], dsh[c, d][None, None])
+        for part in (dsh[a, c][:, None, :, None], dsh[b, d][None, :, None, :],
+                     dsh[a, d][:, None, None, :], dsh[b, c][None, :, :, None]):
+            dens = np.maximum(dens, part)
+        return (qq >= thr) & (qq * dens >= thr)
+
+    def screened_block(self, quartet: tuple, keep: np.ndarray) -> np.ndarray:
+        """(AB|CD) with the quartets not in ``keep`` zeroed; libcint computes the box of
+        shells spanning the kept quartets (the packed whole-block call when it is the
+        whole block)."""
+        sr = self.blocks.shell_ranges
+        box = []
+        for axis in range(4):
+            hit = np.flatnonzero(keep.any(axis=tuple(x for x in range(4) if x != axis)))
+            box.append((int(hit[0]), int(hit[-1]) + 1))
+        if all(lo == 0 and hi == keep.shape[n] for n, (lo, hi) in enumerate(box)):
+            g = self.eri.blocks(self.blocks, *quartet)
+        else:
+            shells = [(sr[x][0] + lo, sr[x][0] + hi) for x, (lo, hi) in zip(quartet, box)]
+            part = self.eri(*(s for pair in shells for s in pair))
+            g = np.zeros(tuple(self.blocks.sizes[x] for x in quartet))
+            loc = self.blocks.ao_loc
+            g[tuple(slice(int(loc[s0] - loc[sr[x][0]]), int(loc[s1] - loc[sr[x][0]]))
+                    for x, (s0, s1) in zip(quartet, shells))] = part
+        mask = keep
+        for axis, x in enumerate(quartet):
+            mask = np.repeat(mask, self.blocks.shell_sizes(x), axis=axis)
+        g *= mask
+        return g
+
     def _build(self, dm: np.ndarray, incremental: bool) -> np.ndarray:
         t_start = time.perf_counter()
         D, M = self.dens, self.fock
@@ -189,7 +238,7 @@ class FockBuilder:
         if replay:
             self._replay(worker(), tiles)
         elif len(active):            # the same on every rank: all skip, or none
-            self.context.run_tasks(self._task_set(worker, tiles, active))
+            self.context.run_tasks(self._task_set(worker, tiles, active, self.shell_density(dm)))
             deal = self.context.deal_stats
         tasks_s = time.perf_counter() - t_tasks
 
@@ -209,6 +258,7 @@ class FockBuilder:
         g2e = 0.5 * (m + m.T)        # only lower tiles hold data
         stats = {
             "tasks": sum(w.tasks for w in workers), "integrals": sum(w.nints for w in workers),
+            "shell_quartets_screened": sum(w.quartets_screened for w in workers),
             "busy_s": sum(w.busy for w in workers), "busy_cpu_s": sum(w.busy_cpu for w in workers),
             "tasks_s": tasks_s, "reduce_s": time.perf_counter() - t,
             "wall_s": time.perf_counter() - t_start, "density_tiles": len(tiles),
@@ -222,10 +272,10 @@ class FockBuilder:
         self.history.append(stats)
         return g2e
 
-    def _task_set(self, worker, tiles: dict, active: np.ndarray) -> TaskSet:
+    def _task_set(self, worker, tiles: dict, active: np.ndarray, dsh=None) -> TaskSet:
         """The build's tasks (ids ``active``): need() asks for density tiles not yet held;
         work() computes one block quartet into the calling thread's buffers
-        (thread-safe)."""
+        (thread-safe); ``dsh``: shell-pair density maxima of a screened direct build."""
         tasks, D = self.tasks, self.dens
         storing = self.mode == "incore"
         kept = {"bytes": 0}          # this rank's kept integral bytes; stop past the budget
@@ -241,10 +291,18 @@ class FockBuilder:
             w = worker()
             wall, cpu = time.perf_counter(), time.thread_time()
             quartet = tasks.quartet(i)
+            keep = None if dsh is None else self.quartet_screen(quartet, dsh)
+            if keep is not None and not keep.any():
+                w.quartets_screened += keep.size
+                return 0.0
             with with_omp_threads(self.threads):   # OpenMP settings are per thread
-                g = self.eri.blocks(self.blocks, *quartet)
-            if tasks.kind[i] == PARTIAL:
-                g *= tasks.mask(i)
+                if keep is not None and not keep.all():
+                    w.quartets_screened += int(keep.size - np.count_nonzero(keep))
+                    g = self.screened_block(quartet, keep)
+                else:
+                    g = self.eri.blocks(self.blocks, *quartet)
+                    if tasks.kind[i] == PARTIAL:
+                        g *= tasks.mask(i)
             contract_block(g, tasks.scale[i], quartet, tiles, w.buf)
             w.busy += time.perf_counter() - wall
             w.busy_cpu += time.thread_time() - cpu
