@@ -25,11 +25,12 @@ Screening is density-weighted at the task level (Haser and Ahlrichs 1989, as PyS
 ``CVHFnrs8_prescreen``): a task (AB|CD) runs only when
 max Q_AB max Q_CD max(4|D_AB|, 4|D_CD|, |D_AC|, |D_BD|, |D_AD|, |D_BC|) reaches the
 threshold (max |D| over each density tile of the density the build contracts); inside a
-task the same bound screens each *shell quartet* (max |D| over each shell pair's
-functions, and the Schwarz bound Q_ab Q_cd itself): the sub-threshold quartets are
-excluded exactly (zeroed) and libcint computes only the box of shells that holds the
-surviving quartets (``quartet_screen``). Whatever the task partition, the same quartets
-survive for the same density.
+task the same bound is evaluated per *shell quartet* (max |D| over each shell pair's
+functions, with the Schwarz bound Q_ab Q_cd; ``quartet_screen``), and libcint computes,
+per shell a, only the box of shells that holds a's surviving quartets when these boxes
+hold at most ``BOX_FRACTION`` of the block (``screened_block``; the rest of the block is
+never computed). The task's work, and so G, depends only on the density, not on the
+task partition or the rank count.
 
 ``mode="incore"`` keeps, on each rank, the screened integral blocks of the tasks it ran
 in the first build, and later builds replay exactly those tasks (no scheduling); if they
@@ -63,6 +64,9 @@ from tessera.tensor.space import IndexSpace, Tile
 MODES = ("auto", "direct", "incore")
 #: Direct mode: incremental builds between two full builds (PySCF's rebuild_nsteps).
 REBUILD_EVERY = 5
+#: Direct builds: a task's shell-quartet screen computes boxes of shells instead of the
+#: whole block when they hold at most this fraction of its integrals.
+BOX_FRACTION = 0.75
 _DEAL_KEYS = ("stolen", "steals", "counter_local", "counter_remote")
 
 
@@ -183,29 +187,32 @@ class FockBuilder:
             dens = np.maximum(dens, part)
         return (qq >= thr) & (qq * dens >= thr)
 
-    def screened_block(self, quartet: tuple, keep: np.ndarray) -> np.ndarray:
-        """(AB|CD) with the quartets not in ``keep`` zeroed; libcint computes the box of
-        shells spanning the kept quartets (the packed whole-block call when it is the
-        whole block)."""
-        sr = self.blocks.shell_ranges
-        box = []
-        for axis in range(4):
-            hit = np.flatnonzero(keep.any(axis=tuple(x for x in range(4) if x != axis)))
-            box.append((int(hit[0]), int(hit[-1]) + 1))
-        if all(lo == 0 and hi == keep.shape[n] for n, (lo, hi) in enumerate(box)):
-            g = self.eri.blocks(self.blocks, *quartet)
-        else:
-            shells = [(sr[x][0] + lo, sr[x][0] + hi) for x, (lo, hi) in zip(quartet, box)]
-            part = self.eri(*(s for pair in shells for s in pair))
-            g = np.zeros(tuple(self.blocks.sizes[x] for x in quartet))
-            loc = self.blocks.ao_loc
-            g[tuple(slice(int(loc[s0] - loc[sr[x][0]]), int(loc[s1] - loc[sr[x][0]]))
-                    for x, (s0, s1) in zip(quartet, shells))] = part
-        mask = keep
-        for axis, x in enumerate(quartet):
-            mask = np.repeat(mask, self.blocks.shell_sizes(x), axis=axis)
-        g *= mask
-        return g
+    def screened_block(self, quartet: tuple, keep: np.ndarray) -> tuple:
+        """(g, quartets not computed): (AB|CD) computed by libcint per shell a of A over
+        the box of shells (b, c, d) that holds a's kept quartets, zero elsewhere, when
+        these boxes hold at most ``BOX_FRACTION`` of the block's integrals; else None."""
+        sr, loc = self.blocks.shell_ranges, self.blocks.ao_loc
+        base = [sr[x][0] for x in quartet]
+        size = [np.diff(loc[sr[x][0]:sr[x][1] + 1]) for x in quartet]
+        boxes, n_box, q_box = [], 0, 0
+        for ia in np.flatnonzero(keep.any(axis=(1, 2, 3))):
+            box = [(int(ia), int(ia) + 1)]
+            for axis in range(3):
+                hit = np.flatnonzero(keep[ia].any(axis=tuple(x for x in range(3) if x != axis)))
+                box.append((int(hit[0]), int(hit[-1]) + 1))
+            boxes.append(box)
+            n_box += int(np.prod([size[n][lo:hi].sum() for n, (lo, hi) in enumerate(box)]))
+            q_box += int(np.prod([hi - lo for lo, hi in box]))
+        a, b, c, d = quartet
+        whole = np.prod([sz.sum() for sz in size]) / (2 if a == b else 1) / (2 if c == d else 1)
+        if n_box > BOX_FRACTION * whole:
+            return None, 0
+        g = np.zeros(tuple(int(sz.sum()) for sz in size))
+        for box in boxes:
+            shells = [(base[n] + lo, base[n] + hi) for n, (lo, hi) in enumerate(box)]
+            g[tuple(slice(int(loc[s0] - loc[base[n]]), int(loc[s1] - loc[base[n]]))
+                    for n, (s0, s1) in enumerate(shells))] = self.eri(*(s for sh in shells for s in sh))
+        return g, keep.size - q_box
 
     def _build(self, dm: np.ndarray, incremental: bool) -> np.ndarray:
         t_start = time.perf_counter()
@@ -296,10 +303,9 @@ class FockBuilder:
                 w.quartets_screened += keep.size
                 return 0.0
             with with_omp_threads(self.threads):   # OpenMP settings are per thread
-                if keep is not None and not keep.all():
-                    w.quartets_screened += int(keep.size - np.count_nonzero(keep))
-                    g = self.screened_block(quartet, keep)
-                else:
+                g, skipped = (None, 0) if keep is None or keep.all() else self.screened_block(quartet, keep)
+                w.quartets_screened += skipped
+                if g is None:
                     g = self.eri.blocks(self.blocks, *quartet)
                     if tasks.kind[i] == PARTIAL:
                         g *= tasks.mask(i)
