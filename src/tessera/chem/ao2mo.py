@@ -242,14 +242,16 @@ class ClassTransform:
         by_irrep: dict = {}
         for key in keys:
             by_irrep.setdefault((sp[2].tiles[key[2]].irrep, sp[3].tiles[key[3]].irrep), []).append(key)
-        spans = [_irrep_spans(sp[2]), _irrep_spans(sp[3])]
+        # per irrep pair the span of the tiles its blocks need (contiguous: the orbitals of
+        # an irrep are; a canonical class needs only part of an irrep's tiles)
+        spans = {hh: (_span(sp[2], [k[2] for k in hkeys]), _span(sp[3], [k[3] for k in hkeys]))
+                 for hh, hkeys in by_irrep.items()}
         out = {key: np.empty((npq,) + t.block_shape(key)[2:]) for key in keys}
         for r0 in range(0, npq, self.row_chunk):
             r1 = min(r0 + self.row_chunk, npq)
             tril = self.row_chunk_of(h, g, r0, r1)
             for (hz, hw), hkeys in by_irrep.items():
-                z0, z1 = spans[0][hz]
-                w0, w1 = spans[1][hw]
+                (z0, z1), (w0, w1) = spans[(hz, hw)]
                 if same_space and (z0, z1) == (w0, w1):
                     n = z1 - z0
                     res = _ao2mo.nr_e2(tril, cz[:, z0:z1], (0, n, 0, n), "s2kl", "s2",
@@ -321,13 +323,10 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
                                      if h.home[g] == ranks.rank))}
 
 
-def _irrep_spans(space) -> dict:
-    """{irrep: (first, stop)} positions spanning the tiles of each irrep."""
-    spans: dict = {}
-    for tl in space.tiles:
-        lo, hi = spans.get(tl.irrep, (tl.offset, tl.offset + tl.size))
-        spans[tl.irrep] = (min(lo, tl.offset), max(hi, tl.offset + tl.size))
-    return spans
+def _span(space, tiles) -> tuple:
+    """(first, stop) positions spanning the given tiles of a space."""
+    return (min(space.tiles[t].offset for t in tiles),
+            max(space.tiles[t].offset + space.tiles[t].size for t in tiles))
 
 
 def _rel(space, tile: int, start: int) -> tuple:
