@@ -138,6 +138,8 @@ def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
         else:
             budget = float(ref.mol.max_memory if max_memory_mb is None else max_memory_mb) * 1e6
             in_memory = not context.distributed and s8_bytes(ref.mol.nao) <= budget
+            if not in_memory and ref.ao_integrals is not None:
+                ref.ao_integrals.take()            # not used here: freed now, not at the end
             stats = transform_classes(context, ref.mol, ref.mo_coeff[:, nfrozen:], index, tensors,
                                       int(slab_bytes), in_memory, ref.ao_integrals)
     for t in tensors.values():
