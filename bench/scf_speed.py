@@ -9,9 +9,12 @@ Measured in one run, on the same machine (never a timed assertion):
    conv_tol, alternating A B A B; the best of the two of each, and the iterations.
 2. Ours under ``mpiexec`` at 1 and 2 ranks (``bench/hf.py``'s worker, schedule steal).
 3. Benzene: the AO->MO transform against CCSD (the phases of ``tessera.chem``).
-4. Benzene CCSD(T) as a whole process: ``tessera run`` against ``psi4 -n <cores>`` (when
-   ``psi4`` is on PATH; same basis, all electrons, SCF_TYPE PK, convergence 1e-8),
-   alternating, best of two.
+4. CCSD(T) as a whole process: benzene, ``tessera run`` against ``psi4 -n <cores>`` (when
+   ``psi4`` is on PATH; same basis, all electrons, SCF_TYPE PK, convergence 1e-8), and
+   each of ``--whole`` (default benzene, glycine) against one PySCF script (RHF, CCSD,
+   (T); same basis, all electrons, SCF 1e-10, CCSD 1e-8), alternating, best of two.
+
+    .venv/bin/python bench/scf_speed.py --skip ranks --molecules benzene   # transform/CCSD + whole processes
 
 Writes bench/results/scf_speed-<time>.json and prints a table with the load average.
 """
@@ -80,15 +83,17 @@ def transform_vs_ccsd(basis: str) -> dict:
     mol = hf.build("benzene", basis)
     with Context("threads") as ctx:
         ref = rhf(mol, conv_tol=CONV_TOL, context=ctx)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         ints = transform(ref, 0, 32)
-        t_tr = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t_tr, c_tr = time.perf_counter() - t0, time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()
         cc = CCSD(conv=1e-8).kernel(ints, ctx)
-        t_cc = time.perf_counter() - t0
+        t_cc, c_cc = time.perf_counter() - t0, time.process_time() - c0
     ctx.close()
+    # CPU seconds (all threads) besides wall: their ratio is less sensitive to a loaded machine
     return {"transform_s": t_tr, "ccsd_s": t_cc, "ccsd_iterations": len(cc.iterations),
-            "ratio": t_tr / t_cc, **ints.transform_stats}
+            "ratio": t_tr / t_cc, "transform_cpu_s": c_tr, "ccsd_cpu_s": c_cc,
+            "cpu_ratio": c_tr / c_cc, **ints.transform_stats}
 
 
 PSI4_INPUT = """memory 4 gb
@@ -136,11 +141,48 @@ def whole_process(basis: str, cores: int) -> dict:
             "psi4_runs": [r["wall_s"] for r in rb]}
 
 
+PYSCF_SCRIPT = """
+import sys
+from pyscf import gto, scf, cc
+atoms = "".join(open(sys.argv[1]).read().splitlines(True)[2:])
+mol = gto.M(atom=atoms, basis=sys.argv[2], symmetry=True, verbose=0)
+mf = scf.RHF(mol)
+mf.conv_tol = 1e-10
+mf.kernel()
+mycc = cc.CCSD(mf)
+mycc.conv_tol = 1e-8
+mycc.kernel()
+print(mf.e_tot + mycc.e_corr + mycc.ccsd_t())
+"""
+
+
+def whole_vs_pyscf(xyz: Path, basis: str) -> dict:
+    """CCSD(T) of ``xyz`` as a whole process: ``tessera run`` vs one PySCF script,
+    alternating, best of two."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def run(cmd):
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        return {"wall_s": time.perf_counter() - t0}
+
+    tessera = [str(Path(sys.executable).parent / "tessera"), "run", str(xyz), "--basis", basis,
+               "--conv", "1e-8"]
+    pyscf = [sys.executable, "-c", PYSCF_SCRIPT, str(xyz), basis]
+    a, b, ra, rb = alternate(2, lambda: run(tessera), lambda: run(pyscf))
+    return {"tessera_s": a["wall_s"], "pyscf_s": b["wall_s"], "ratio": a["wall_s"] / b["wall_s"],
+            "tessera_runs": [r["wall_s"] for r in ra], "pyscf_runs": [r["wall_s"] for r in rb]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--molecules", default="benzene,naphthalene")
     ap.add_argument("--basis", default="cc-pvdz")
-    ap.add_argument("--skip", default="", help="comma list of: ranks, transform, psi4")
+    ap.add_argument("--skip", default="", help="comma list of: ranks, transform, psi4, pyscf")
+    ap.add_argument("--whole", default="benzene,glycine",
+                    help="examples/<name>.xyz whose CCSD(T) whole process is compared with PySCF's")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     cores = available_cores()
@@ -173,12 +215,19 @@ def main() -> None:
         res["transform_vs_ccsd"] = t = transform_vs_ccsd(args.basis)
         lines.append(f"benzene/{args.basis}: transform {t['transform_s']:.2f} s, CCSD "
                      f"{t['ccsd_s']:.2f} s ({t['ccsd_iterations']} iterations), transform/CCSD "
-                     f"{t['ratio']:.2f}  load {os.getloadavg()[0]:.1f}")
+                     f"{t['ratio']:.2f} (CPU seconds {t['transform_cpu_s']:.2f} / {t['ccsd_cpu_s']:.2f} = "
+                     f"{t['cpu_ratio']:.2f}; AO integrals {t['ao_integrals']})  load {os.getloadavg()[0]:.1f}")
     if "psi4" not in skip:
         res["whole_process"] = w = whole_process(args.basis, cores)
         psi = f"Psi4 {w['psi4_s']:.2f} s, ratio {w['ratio']:.2f}" if w["psi4_s"] else w["psi4"]
         lines.append(f"benzene/{args.basis} CCSD(T) whole process: Tessera {w['tessera_s']:.2f} s, "
                      f"{psi}  load {os.getloadavg()[0]:.1f}")
+    if "pyscf" not in skip:
+        res["whole_vs_pyscf"] = {}
+        for name in filter(None, args.whole.split(",")):
+            w = res["whole_vs_pyscf"][name] = whole_vs_pyscf(ROOT / "examples" / f"{name}.xyz", args.basis)
+            lines.append(f"{name}/{args.basis} CCSD(T) whole process: Tessera {w['tessera_s']:.2f} s, "
+                         f"PySCF {w['pyscf_s']:.2f} s, ratio {w['ratio']:.2f}  load {os.getloadavg()[0]:.1f}")
     res["loadavg_end"] = os.getloadavg()
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """The direct Fock build's incremental (ΔD) builds, its periodic full rebuild and its
-density-weighted task screening, against full builds and PySCF's J - K/2 (no MPI: the
+density-weighted task and shell-quartet screening, against full builds and PySCF's J - K/2 (no MPI: the
 build is the same task set on every context)."""
 
 from pathlib import Path
@@ -61,6 +61,38 @@ def test_incremental_and_screened_builds_agree_with_full_rebuilds(trimer):
         assert all(h["tasks_active"] < hist[0]["tasks_active"] for h in hist[1:])
         assert all(not h["incremental"] and h["tasks_active"] == len(full.tasks)
                    for h in full.history)
+        inc.free()
+        full.free()
+
+
+def test_quartet_screening_inside_tasks_agrees_with_full_builds(trimer):
+    """Inside the tasks that pass the task-level bound, the density-weighted bound of each
+    shell quartet excludes quartets (more of them for a small ΔD); the builds still equal
+    unscreened full builds to 1e-9, and the screen is the shell-level bound itself."""
+    dms = densities(trimer, 3, 1e-6, seed=3)
+    with Context("serial") as ctx:
+        inc = builder(trimer, ctx, screening=1e-10)
+        full = builder(trimer, ctx, screening=0.0, rebuild_every=0)
+        for dm in dms:
+            np.testing.assert_allclose(inc.build(dm), full.build(dm), rtol=0, atol=1e-9)
+        screened = [h["shell_quartets_screened"] for h in inc.history]
+        assert all(n > 0 for n in screened[1:]) and screened[1] > screened[0], screened
+        assert all(h["shell_quartets_screened"] == 0 for h in full.history)
+        # one task's screen against the bound evaluated quartet by quartet
+        ddm = dms[1] - dms[0]
+        dsh = inc.shell_density(ddm)
+        t = inc.tasks
+        quartet = t.quartet(len(t) // 2)
+        keep = inc.quartet_screen(quartet, dsh)
+        sr = inc.blocks.shell_ranges
+        loc = inc.blocks.ao_loc
+        q = inc.qshell
+        for idx in np.ndindex(keep.shape):
+            a, b, c, d = (sr[x][0] + i for x, i in zip(quartet, idx))
+            dmax = lambda i, j: np.abs(ddm[loc[i]:loc[i + 1], loc[j]:loc[j + 1]]).max()  # noqa: E731
+            bound = q[a, b] * q[c, d] * max(4 * dmax(a, b), 4 * dmax(c, d), dmax(a, c),
+                                            dmax(b, d), dmax(a, d), dmax(b, c))
+            assert keep[idx] == (q[a, b] * q[c, d] >= 1e-10 and bound >= 1e-10)
         inc.free()
         full.free()
 

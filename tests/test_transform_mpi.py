@@ -5,6 +5,7 @@ One launch of tests/mpi/transform_checks.py per rank count (water C2v and H2O2 C
 Checked: every block of every class equals the serial transform to 1e-10 and every
 block was compared; each rank computed only its share of the AO integrals (the shares
 add up to the 4-fold packed total, npair^2, and at 4 ranks none exceeds 1.5x the mean);
+every rank finishes row groups, none more than 1.5x the mean rows;
 only puts moved data (no gets, no accumulates: nothing is gathered); the temporary
 arrays are freed; no rank holds a whole class tensor at 2+ ranks; no MPI warnings.
 """
@@ -59,6 +60,9 @@ def test_each_rank_computes_its_share(nranks):
             assert max(computed) < total
             held = [s["half_bytes_held"] for s in stats]
             assert all(h > 0 for h in held) and max(held) < sum(held), (name, held)
+            # the finish is spread over all ranks, whoever owns the class blocks
+            rows = [s["rows_finished"] for s in stats]
+            assert all(r > 0 for r in rows) and max(rows) <= 1.5 * sum(rows) / nranks, (name, rows)
 
 
 @pytest.mark.parametrize("nranks", RANKS)

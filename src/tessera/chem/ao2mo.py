@@ -1,11 +1,18 @@
-"""The AO->MO integral transformation of ``chem.integrals`` as two task sets.
+"""The AO->MO integral transformation of ``chem.integrals`` as task sets.
 
 One driver for every backend: the tasks run on the current context (serial, threads or
-over MPI ranks); the class tensors and the half-transformed intermediates are block
-tensors on the context's storage, so with a distributed context no rank computes or
-holds all AO integrals or a whole four-index tensor, and no data goes through one rank.
+over MPI ranks); the class tensors are block tensors on the context's storage, so with a
+distributed context no rank computes or holds all AO integrals or a whole four-index
+tensor, and no data goes through one rank. Two ways to the half-transformed rows
+(pq|lam sig), p >= q over the active orbitals, lam >= sig over the AOs:
 
-1. *AO units* (task set ``transform: AO integrals``, statically balanced by their exact
+A. *In memory* (a local context, serial or threads, when the 8-fold AO integrals fit the
+   memory budget): the unique AO integrals (ij|kl), ij >= kl, once (libcint, ``s8``; or
+   the SCF's own, handed over by the reference: ``Reference.ao_integrals``) are
+   half-transformed by PySCF's OpenMP kernel (``ao2mo.incore.half_e1``) into one array of
+   rows, and dropped before any MO block exists: the dense AO integrals and the MO
+   classes are never held at once.
+B. *AO units* (task set ``transform: AO integrals``, statically balanced by their exact
    cost under MPI; a unit's rows go wherever their owners are). AO shell
    pairs (lam >= sig) are cut into units of at most ``slab_bytes``/2 of integrals (a
    diagonal shell pair alone). A task computes (lam sig|mu nu) for its unit and all
@@ -15,21 +22,25 @@ holds all AO integrals or a whole four-index tensor, and no data goes through on
    p >= q over all active orbitals at once (``nr_e2``, s2), and writes the rows each
    class needs into that class's half-transformed tensor H[(P Q) rows, unit]
    (``put_block``: a one-sided put to the owner of the row group when distributed).
-2. *Row groups* (task set ``transform: finish``, owner computes: ``TaskSet.home``). The
-   rows of a first-pair group (P, Q) of a class live on the owner of the group's first
-   class block (H is laid out with placement ``("rows", owners)``); that rank finishes
-   lam sig -> r s per irrep of r (only symmetry-allowed (R, S); r >= s packed when both
-   indices run over the same orbitals) and puts each block to its owner (the class
-   tensors are spread block by block over all ranks, ``balanced``). When p and q run over
-   the same space (oooo, oovv, vvvv) only groups P >= Q are transformed: (qp|rs) = (pq|rs),
-   so the (Q, P, R, S) blocks are the transposes, put to their owner.
-The H tensors are released (collective) before returning.
 
-Memory per rank, in doubles: its class blocks (stored total / ranks to within one block,
-``balanced`` placement) + its rows of H, sum over classes of rows(P Q) x npair (~ (2 o^2 + 3 o v + v^2)
-npair / ranks; AO pairs carry no point-group symmetry, so with symmetry this can exceed
-the MO integrals) + per thread about ``slab_bytes`` of working arrays. Nothing scales as
-nao^4 or as a whole MO class on one of several ranks.
+Then the *row groups* (task set ``transform: finish``): a first-pair group (P, Q) of a
+class is finished lam sig -> r s per irrep of r (only symmetry-allowed (R, S): the
+orbitals of one irrep are contiguous in a space, so each irrep pair is one dense
+transform with the coefficients of those irreps; r >= s packed when both indices run
+over the same orbitals), and its blocks are written with ``put_block`` wherever the
+class tensor keeps them (any owner map). When p and q run over the same space (oooo,
+oovv, vvvv) only groups P >= Q are transformed: (qp|rs) = (pq|rs), so the (Q, P, R, S)
+blocks are the transposes. Only the canonical blocks of a canonical class are computed.
+Under MPI the row groups are balanced over *all* ranks (largest first by rows; H is laid
+out with placement ``("rows", homes)``) and each group is finished where its rows are
+(``TaskSet.home``): every rank takes part in both task sets whatever the class tensors'
+owner maps. The H tensors are released (collective) before returning.
+
+Memory per rank, in doubles: its class blocks (~ stored total / ranks) + its rows of H,
+sum over classes of rows(P Q) x npair (~ (2 o^2 + 3 o v + v^2) npair / ranks; AO pairs
+carry no point-group symmetry, so with symmetry this can exceed the MO integrals) + per
+thread about ``slab_bytes`` of working arrays; in memory (A): npair (npair + 1) / 2 AO
+integrals + nact (nact + 1) / 2 x npair rows, then the rows and the classes.
 """
 
 from __future__ import annotations
@@ -38,9 +49,11 @@ import threading
 
 import numpy as np
 from pyscf import lib
-from pyscf.ao2mo import _ao2mo
+from pyscf.ao2mo import _ao2mo, incore
 from pyscf.gto import moleintor
 
+from tessera.backends.local import threads_of
+from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet
 from tessera.tensor.block_tensor import BlockTensor
 from tessera.tensor.space import IndexSpace
@@ -93,7 +106,7 @@ def _unit_tril(ao_loc, unit) -> np.ndarray:
 class _Half:
     """The half-transformed rows of one class: H[(P Q) row group, unit]."""
 
-    def __init__(self, name, t, index, units_space):
+    def __init__(self, name, t, index):
         groups: dict = {}
         # (pq|rs) = (qp|rs): when p and q run over the same space only groups P >= Q are
         # transformed; the finish writes the (Q, P) blocks as transposes
@@ -107,37 +120,61 @@ class _Half:
         self.rows = np.concatenate([pair_index(index[name[0]][sp[0].slice(P)],
                                                index[name[1]][sp[1].slice(Q)]).ravel()
                                     for P, Q in self.gkeys]) if self.gkeys else np.zeros(0, np.int64)
-        sizes = [sp[0].tiles[P].size * sp[1].tiles[Q].size for P, Q in self.gkeys]
-        self.bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-        self.home = tuple(t.dist.owner(keys[0]) if t.dist is not None else 0 for keys in self.groups)
-        self.H = BlockTensor((IndexSpace.uniform(f"rows-{name}", sizes), units_space), 0,
-                             name=f"half-{name}", placement=("rows", self.home))
+        self.sizes = [sp[0].tiles[P].size * sp[1].tiles[Q].size for P, Q in self.gkeys]
+        self.bounds = np.concatenate([[0], np.cumsum(self.sizes)]).astype(int)
+        self.home, self.H = (0,) * len(self.groups), None
+
+    def place(self, home, units_space) -> None:
+        """Lay out H: row group g on rank ``home[g]`` (collective when distributed)."""
+        self.home = tuple(home)
+        self.H = BlockTensor((IndexSpace.uniform(f"rows-{self.name}", self.sizes), units_space), 0,
+                             name=f"half-{self.name}", placement=("rows", self.home))
 
 
 class ClassTransform:
     """Both task sets of one transformation (module docstring) and their counts."""
 
-    def __init__(self, mol, coeff, index, tensors, slab_bytes: int, nranks: int):
+    def __init__(self, mol, coeff, index, tensors, slab_bytes: int, nranks: int,
+                 in_memory: bool = False, omp: int = 1):
         self.mol, self.coeff, self.index = mol, coeff, index
+        self.omp = max(1, int(omp))          # OpenMP threads of each task's library calls
         nao, self.nact = coeff.shape
         self.npair = npair = nao * (nao + 1) // 2
         self.nact_pair = self.nact * (self.nact + 1) // 2
         self.intor = mol._add_suffix("int2e")
         self.ao_loc = moleintor.make_loc(mol._bas, self.intor)
-        # units of at most slab/2 bytes, and enough of them to spread over the ranks
-        max_cols = max(1, min(slab_bytes // (16 * npair), npair // (4 * nranks)))
-        self.units = ao_pair_units(self.ao_loc, max_cols)
-        col_tril = np.concatenate([_unit_tril(self.ao_loc, u) for u in self.units])
-        self.col_of_tril = np.empty(npair, dtype=np.int64)
-        self.col_of_tril[col_tril] = np.arange(npair)                 # tril order -> column
-        units_space = IndexSpace.uniform("ao-pairs", [u[4] for u in self.units])
-        self.halves = [_Half(name, t, index, units_space) for name, t in tensors.items()
-                       if t.allowed_keys()]
+        self.halves = [_Half(name, t, index) for name, t in tensors.items() if t.allowed_keys()]
+        self.rows = None                    # in memory (A): (pq|lam sig), all p >= q
+        self.units = []
+        if not in_memory:
+            # units of at most slab/2 bytes, and enough of them to spread over the ranks
+            max_cols = max(1, min(slab_bytes // (16 * npair), npair // (4 * nranks)))
+            self.units = ao_pair_units(self.ao_loc, max_cols)
+            col_tril = np.concatenate([_unit_tril(self.ao_loc, u) for u in self.units])
+            self.col_of_tril = np.empty(npair, dtype=np.int64)
+            self.col_of_tril[col_tril] = np.arange(npair)                 # tril order -> column
+            units_space = IndexSpace.uniform("ao-pairs", [u[4] for u in self.units])
+            # the row groups of all classes balanced over all ranks, largest first
+            groups = [(h, g) for h in self.halves for g in range(len(h.groups))]
+            home = np.zeros(len(groups), dtype=int)
+            for rank, queue in enumerate(partition([h.sizes[g] for h, g in groups], nranks)):
+                home[queue] = rank
+            start = 0
+            for h in self.halves:
+                h.place(home[start:start + len(h.groups)], units_space)
+                start += len(h.groups)
         self.row_chunk = max(1, slab_bytes // (16 * npair))
         self.cintopt = moleintor.make_cintopt(mol._atm, mol._bas, mol._env, self.intor)
         self.local = threading.local()              # per-thread scratch buffers
         self.lock = threading.Lock()
         self.computed = self.columns = 0            # this rank's AO integrals and AO-pair columns
+
+    def in_omp(self, work):
+        """``work`` run with this transform's OpenMP threads (a per-thread setting)."""
+        def run(i, blocks):
+            with lib.with_omp_threads(self.omp):
+                return work(i, blocks)
+        return run
 
     def scratch(self, name: str, shape: tuple) -> np.ndarray:
         bufs = self.local.__dict__.setdefault("bufs", {})
@@ -147,9 +184,15 @@ class ClassTransform:
             buf = bufs[name] = np.empty(size)
         return buf[:size].reshape(shape)
 
-    # -- task set 1: AO integrals of one unit, half-transformed, rows to their owners -------
+    # -- A: the 8-fold AO integrals in memory, half-transformed at once ---------------
+    def half_in_memory(self, eri_s8, threads: int) -> None:
+        """rows = (pq|lam sig) for all active p >= q from the 8-fold AO integrals."""
+        with lib.with_omp_threads(threads):
+            self.rows = incore.half_e1(eri_s8, (self.coeff, self.coeff), compact=True)
+
+    # -- B, task set 1: AO integrals of one unit, half-transformed, rows to their owners ---
     def ao_tasks(self) -> TaskSet:
-        return TaskSet("transform: AO integrals", [u[4] for u in self.units], self.ao_unit,
+        return TaskSet("transform: AO integrals", [u[4] for u in self.units], self.in_omp(self.ao_unit),
                        schedule="static", progress=True)   # costs are exact: a balanced split needs no counter
 
     def ao_unit(self, i: int, _blocks) -> float:
@@ -171,11 +214,21 @@ class ClassTransform:
                 h.H.put_block((g, i), rows[h.bounds[g]:h.bounds[g + 1]])
         return 0.0
 
-    # -- task set 2: finish the row groups where they live ------------------------------
+    def row_chunk_of(self, h, g: int, r0: int, r1: int) -> np.ndarray:
+        """Rows r0:r1 of group g of class half h, (r1 - r0, npair), AO pairs in packed order."""
+        out = self.scratch("tril", (r1 - r0, self.npair))
+        if self.rows is not None:
+            b = h.bounds[g]
+            return np.take(self.rows, h.rows[b + r0:b + r1], axis=0, out=out)
+        cols = np.concatenate([h.H.blocks[(g, u)][r0:r1] for u in range(len(self.units))], axis=1,
+                              out=self.scratch("cols", (r1 - r0, self.npair)))
+        return np.take(cols, self.col_of_tril, axis=1, mode="clip", out=out)
+
+    # -- task set 2: finish the row groups where their rows are ------------------------
     def finish_tasks(self) -> TaskSet:
         self.work = [(h, g) for h in self.halves for g in range(len(h.groups))]
         costs = [(h.bounds[g + 1] - h.bounds[g]) * self.npair for h, g in self.work]
-        return TaskSet("transform: finish", costs, self.finish_group,
+        return TaskSet("transform: finish", costs, self.in_omp(self.finish_group),
                        home=[h.home[g] for h, g in self.work], progress=True)
 
     def finish_group(self, j: int, _blocks) -> float:
@@ -184,22 +237,21 @@ class ClassTransform:
         t, keys, name = h.t, h.groups[g], h.name
         sp = t.spaces
         npq = int(h.bounds[g + 1] - h.bounds[g])
-        parts = [h.H.blocks[(g, u)] for u in range(len(self.units))]
         cz, cw = self.coeff[:, self.index[name[2]]], self.coeff[:, self.index[name[3]]]
         same_space = name[2] == name[3]
         by_irrep: dict = {}
         for key in keys:
             by_irrep.setdefault((sp[2].tiles[key[2]].irrep, sp[3].tiles[key[3]].irrep), []).append(key)
-        spans = [_irrep_spans(sp[2]), _irrep_spans(sp[3])]
+        # per irrep pair the span of the tiles its blocks need (contiguous: the orbitals of
+        # an irrep are; a canonical class needs only part of an irrep's tiles)
+        spans = {hh: (_span(sp[2], [k[2] for k in hkeys]), _span(sp[3], [k[3] for k in hkeys]))
+                 for hh, hkeys in by_irrep.items()}
         out = {key: np.empty((npq,) + t.block_shape(key)[2:]) for key in keys}
         for r0 in range(0, npq, self.row_chunk):
             r1 = min(r0 + self.row_chunk, npq)
-            cols = np.concatenate([p[r0:r1] for p in parts], axis=1, out=self.scratch("cols", (r1 - r0, self.npair)))
-            tril = np.take(cols, self.col_of_tril, axis=1, mode="clip",        # AO pairs, packed order
-                           out=self.scratch("tril", (r1 - r0, self.npair)))
+            tril = self.row_chunk_of(h, g, r0, r1)
             for (hz, hw), hkeys in by_irrep.items():
-                z0, z1 = spans[0][hz]
-                w0, w1 = spans[1][hw]
+                (z0, z1), (w0, w1) = spans[(hz, hw)]
                 if same_space and (z0, z1) == (w0, w1):
                     n = z1 - z0
                     res = _ao2mo.nr_e2(tril, cz[:, z0:z1], (0, n, 0, n), "s2kl", "s2",
@@ -222,36 +274,59 @@ class ClassTransform:
         return 0.0
 
 
-def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int) -> dict:
+def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
+                      in_memory: bool = False, kept=None) -> dict:
     """Fill the class tensors (local or distributed) on ``context``; collective under MPI.
-    Returns this rank's counts: AO integrals computed, AO-pair columns, bytes of
-    half-transformed rows held."""
+    ``in_memory``: the 8-fold AO integrals in memory (A; a local context only), those of
+    ``kept`` (``reference.KeptIntegrals``, taken) when it still holds them; else AO units (B).
+    Returns this rank's counts: AO integrals computed (packed as computed: 8-fold in
+    memory, 4-fold by units), AO-pair columns, bytes of half-transformed rows held."""
     ranks = context.ranks
-    job = ClassTransform(mol, np.ascontiguousarray(coeff), index, tensors, slab_bytes, ranks.size)
-    context.run_tasks(job.ao_tasks())
-    held = 0
-    for h in job.halves:
-        if h.H.dist is not None:
-            h.H.dist.sync()
-        held += h.H.local_nbytes
+    # ranks x task workers x OpenMP threads <= the threads of the rank
+    threads = threads_of(context.executor.name, context.distributed)
+    workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
+    job = ClassTransform(mol, np.ascontiguousarray(coeff), index, tensors, slab_bytes, ranks.size,
+                         in_memory=in_memory, omp=threads // workers)
+    if in_memory:
+        eri = kept.take() if kept is not None else None
+        if eri is None:
+            with lib.with_omp_threads(threads):
+                eri = moleintor.getints(job.intor, mol._atm, mol._bas, mol._env, aosym="s8")
+            job.computed = eri.size
+        job.half_in_memory(eri, threads)
+        job.columns = job.npair
+        del eri                                    # no AO integrals while MO blocks exist
+        held = job.rows.nbytes
+    else:
+        context.run_tasks(job.ao_tasks())
+        held = 0
+        for h in job.halves:
+            if h.H.dist is not None:
+                h.H.dist.sync()
+            held += h.H.local_nbytes
     context.run_tasks(job.finish_tasks())
     for h in job.halves:
-        h.H.release()
+        if h.H is not None:
+            h.H.release()
+    job.rows = None
     for t in tensors.values():
         if t.dist is not None:
             t.dist.sync()
-    return {"ao_integrals_computed": int(job.computed), "ao_integrals_total": int(job.npair ** 2),
+    return {"ao_integrals": "in memory" if in_memory else "units",
+            "ao_integrals_from_scf": bool(in_memory and not job.computed),
+            "ao_integrals_computed": int(job.computed),
+            "ao_integrals_total": int(job.npair * (job.npair + 1) // 2 if in_memory
+                                      else job.npair ** 2),
             "ao_pair_columns": int(job.columns), "ao_pairs": int(job.npair),
-            "half_bytes_held": int(held), "ranks": int(ranks.size)}
+            "half_bytes_held": int(held), "ranks": int(ranks.size),
+            "rows_finished": int(sum(h.sizes[g] for h in job.halves for g in range(len(h.groups))
+                                     if h.home[g] == ranks.rank))}
 
 
-def _irrep_spans(space) -> dict:
-    """{irrep: (first, stop)} positions spanning the tiles of each irrep."""
-    spans: dict = {}
-    for tl in space.tiles:
-        lo, hi = spans.get(tl.irrep, (tl.offset, tl.offset + tl.size))
-        spans[tl.irrep] = (min(lo, tl.offset), max(hi, tl.offset + tl.size))
-    return spans
+def _span(space, tiles) -> tuple:
+    """(first, stop) positions spanning the given tiles of a space."""
+    return (min(space.tiles[t].offset for t in tiles),
+            max(space.tiles[t].offset + space.tiles[t].size for t in tiles))
 
 
 def _rel(space, tile: int, start: int) -> tuple:

@@ -3,8 +3,9 @@
 ``(pq|rs)`` classes over the active occupied (o) and virtual (v) spaces, each stored
 only at the blocks that point-group symmetry allows: oooo, ovoo, oovv, ovov, ovvv, vvvv.
 
-The transformation is two task sets run on the current context (``chem/ao2mo.py``):
-one driver for local and distributed tensors alike. A reference of the MO kind (an
+The transformation is task sets run on the current context (``chem/ao2mo.py``): one
+driver for local and distributed tensors alike; on a local context with the 8-fold AO
+integrals in memory (the SCF's when it kept them) when they fit the memory budget. A reference of the MO kind (an
 FCIDUMP: integrals without a basis) has its class blocks cut from its packed MO
 integrals instead, by their owners (one task set, ``mo_classes``).
 """
@@ -105,16 +106,21 @@ SLAB_BYTES = 64 * 2**20   # working slab of the transform per thread (see chem/a
 
 
 def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
-              slab_bytes: int | None = None, context=None) -> MOIntegrals:
+              slab_bytes: int | None = None, max_memory_mb: float | None = None,
+              context=None) -> MOIntegrals:
     """MO integrals of the active orbitals of ``ref`` as frozen BlockTensors.
 
     The tensors live on ``context``'s storage (default: the current context; spread over
     the ranks for a distributed one) and are filled by its executor (``chem/ao2mo.py``);
     ``slab_bytes`` (default SLAB_BYTES) bounds the working arrays per thread.
-    ``occ_tile`` (default ``tile``) bounds the occupied tiles.
+    ``occ_tile`` (default ``tile``) bounds the occupied tiles. On a local context
+    (serial, threads) the 8-fold AO integrals are kept in memory when they fit
+    ``max_memory_mb`` (default ``mol.max_memory``, as the SCF): the SCF's own when the
+    reference still holds them (``ref.ao_integrals``, taken), else computed once.
     """
     from tessera.backends.context import current_context
     from tessera.chem.ao2mo import transform_classes
+    from tessera.chem.scf.incore import s8_bytes
 
     context = current_context() if context is None else context
     if slab_bytes is None:
@@ -130,7 +136,12 @@ def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
         if ref.eri_mo is not None:
             stats = mo_classes(context, ref.eri_mo, {k: i + nfrozen for k, i in index.items()}, tensors)
         else:
-            stats = transform_classes(context, ref.mol, ref.mo_coeff[:, nfrozen:], index, tensors, int(slab_bytes))
+            budget = float(ref.mol.max_memory if max_memory_mb is None else max_memory_mb) * 1e6
+            in_memory = not context.distributed and s8_bytes(ref.mol.nao) <= budget
+            if not in_memory and ref.ao_integrals is not None:
+                ref.ao_integrals.take()            # not used here: freed now, not at the end
+            stats = transform_classes(context, ref.mol, ref.mo_coeff[:, nfrozen:], index, tensors,
+                                      int(slab_bytes), in_memory, ref.ao_integrals)
     for t in tensors.values():
         t.freeze()
     return MOIntegrals(o, v, ref.mo_energy[nfrozen:ref.nocc], ref.mo_energy[ref.nocc:], tensors, nfrozen, stats)

@@ -11,7 +11,9 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
   transform  the MO integrals (this rank's share) and the half-transformed rows
              ((P Q | AO pair) rows of every class, this rank's share), plus each thread's
              slabs (AO integrals of one unit of AO pairs, its half transform, one chunk of
-             rows in the finish)
+             rows in the finish); in one local process whose 8-fold AO integrals fit
+             PySCF's default max_memory: the rows of all active pairs and the larger of
+             the 8-fold AO integrals and the MO integrals
   ccsd       one iteration as ``backends.auto.memory_parts`` counts it (the one estimator
              of the cost model): T2 + integrals of the fullest rank, the amplitude copies
              and the DIIS history (the structure's ``held``), the executor's working set
@@ -136,7 +138,10 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     """The per-rank estimate of ``shape`` (``baseline``: measured now unless given)."""
     from tessera.backends.auto import memory_parts, structure_stats
     from tessera.chem.ccsd import CCSDStructure
+    from pyscf.lib.parameters import MAX_MEMORY
+
     from tessera.chem.integrals import CLASSES, SLAB_BYTES, class_tensor, make_spaces
+    from tessera.chem.scf.incore import s8_bytes
 
     P, T = shape.nranks, shape.threads
     nao = shape.nao
@@ -176,6 +181,12 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     slabs = 8 * (max_cols * (npair + nact * (nact + 1)) + 2 * row_chunk * npair)
     if shape.mo_eri_bytes:
         parts["transform"] = {"integrals": stored, "fcidump integrals": shape.mo_eri_bytes}
+    elif not shape.distributed and s8_bytes(nao) <= MAX_MEMORY * 1e6:
+        # in memory (chem/ao2mo.py, A): the rows of all active pairs, with first the 8-fold
+        # AO integrals, then the MO integrals
+        parts["transform"] = {"AO or MO integrals": max(s8_bytes(nao), stored),
+                              "half-transformed": 8 * nact * (nact + 1) // 2 * npair,
+                              "slabs": T * slabs}
     else:
         parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * npair / P, "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)

@@ -7,6 +7,29 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+class KeptIntegrals:
+    """AO integrals an SCF kept in memory, handed to the transform once: ``take()`` returns
+    them (then None) and forgets them, so they are freed as soon as the transform is done
+    with them. Never copied to other ranks (pickles empty)."""
+
+    def __init__(self, eri: np.ndarray | None):
+        self._eri = eri
+
+    def take(self) -> np.ndarray | None:
+        eri, self._eri = self._eri, None
+        return eri
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._eri is None else int(self._eri.nbytes)
+
+    def __reduce__(self):
+        return KeptIntegrals, (None,)
+
+    def __repr__(self) -> str:
+        return f"KeptIntegrals({self.nbytes} bytes)"
+
+
 @dataclass(frozen=True)
 class Reference:
     """A closed-shell RHF reference with orbitals labelled by irrep.
@@ -35,6 +58,7 @@ class Reference:
     info: dict = field(default_factory=dict)   # SCF-specific data (schedules, screening, ...)
     h1_mo: np.ndarray | None = None    # MO kind: core Hamiltonian (nmo, nmo)
     eri_mo: np.ndarray | None = None   # MO kind: (pq|rs), 8-fold packed (pyscf.ao2mo 's8')
+    ao_integrals: KeptIntegrals | None = None   # the SCF's 8-fold AO integrals, for the transform
 
     @property
     def nmo(self) -> int:

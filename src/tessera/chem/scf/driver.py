@@ -205,13 +205,14 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
                          iteration_wall_s=iter_wall, fock_wall_s=fock_wall,
                          solve_wall_s=solve_wall, one_electron_s=setup_s,
                          total_wall_s=time.perf_counter() - t0)
+        kept = builder.hand_over() if isinstance(builder, IncoreFock) else None
     finally:
         builder.free()
 
     ref = Reference(mol=mol, e_hf=float(e_tot), e_nuc=e_nuc, mo_coeff=mo_coeff,
                     mo_energy=mo_energy, orbsym=orbsym, nocc=nocc, point_group=sym.group,
                     irrep_names=dict(sym.irrep_names), converged=bool(converged),
-                    iterations=it, source="tessera", info=info)
+                    iterations=it, source="tessera", info=info, ao_integrals=kept)
     if not converged:
         raise ConvergenceError(
             f"RHF did not converge in {max_iter} iterations: last energy "

@@ -25,7 +25,12 @@ Screening is density-weighted at the task level (Haser and Ahlrichs 1989, as PyS
 ``CVHFnrs8_prescreen``): a task (AB|CD) runs only when
 max Q_AB max Q_CD max(4|D_AB|, 4|D_CD|, |D_AC|, |D_BD|, |D_AD|, |D_BC|) reaches the
 threshold (max |D| over each density tile of the density the build contracts); inside a
-task only the Schwarz bound screens shell quartets (see ``tasks``).
+task the same bound is evaluated per *shell quartet* (max |D| over each shell pair's
+functions, with the Schwarz bound Q_ab Q_cd; ``quartet_screen``), and libcint computes,
+per shell a, only the box of shells that holds a's surviving quartets when these boxes
+hold at most ``BOX_FRACTION`` of the block (``screened_block``; the rest of the block is
+never computed). The task's work, and so G, depends only on the density, not on the
+task partition or the rank count.
 
 ``mode="incore"`` keeps, on each rank, the screened integral blocks of the tasks it ran
 in the first build, and later builds replay exactly those tasks (no scheduling); if they
@@ -59,6 +64,9 @@ from tessera.tensor.space import IndexSpace, Tile
 MODES = ("auto", "direct", "incore")
 #: Direct mode: incremental builds between two full builds (PySCF's rebuild_nsteps).
 REBUILD_EVERY = 5
+#: Direct builds: a task's shell-quartet screen computes boxes of shells instead of the
+#: whole block when they hold at most this fraction of its integrals.
+BOX_FRACTION = 0.75
 _DEAL_KEYS = ("stolen", "steals", "counter_local", "counter_remote")
 
 
@@ -67,7 +75,7 @@ class _Worker:
 
     def __init__(self):
         self.buf: dict = {}
-        self.tasks = self.nints = 0
+        self.tasks = self.nints = self.quartets_screened = 0
         self.busy = self.busy_cpu = 0.0
         self.stored: list = []
 
@@ -158,6 +166,54 @@ class FockBuilder:
                                   dmax[t.b, t.d], dmax[t.a, t.d], dmax[t.b, t.c]])
         return np.flatnonzero(self._qmax[t.p] * self._qmax[t.q] * dens >= t.threshold)
 
+    def shell_density(self, dm: np.ndarray) -> np.ndarray | None:
+        """max |D| over the functions of each shell pair (nbas, nbas), for the quartet
+        screening of a direct build; None when nothing is screened."""
+        if self.mode != "direct" or self.tasks.threshold <= 0:
+            return None
+        loc = np.asarray(self.blocks.ao_loc[:-1], dtype=np.int64)
+        return np.maximum.reduceat(np.maximum.reduceat(np.abs(dm), loc, axis=0), loc, axis=1)
+
+    def quartet_screen(self, quartet: tuple, dsh: np.ndarray) -> np.ndarray:
+        """Boolean (nsa, nsb, nsc, nsd) over the shells of a block quartet: Q_ab Q_cd and
+        Q_ab Q_cd max(4|D_ab|, 4|D_cd|, |D_ac|, |D_bd|, |D_ad|, |D_bc|) both reach the
+        threshold (shell-level maxima)."""
+        a, b, c, d = (slice(*self.blocks.shell_ranges[x]) for x in quartet)
+        q, thr = self.qshell, self.tasks.threshold
+        qq = q[a, b][:, :, None, None] * q[c, d][None, None]
+        dens = 4.0 * np.maximum(dsh[a, b][:, :, None, None], dsh[c, d][None, None])
+        for part in (dsh[a, c][:, None, :, None], dsh[b, d][None, :, None, :],
+                     dsh[a, d][:, None, None, :], dsh[b, c][None, :, :, None]):
+            dens = np.maximum(dens, part)
+        return (qq >= thr) & (qq * dens >= thr)
+
+    def screened_block(self, quartet: tuple, keep: np.ndarray) -> tuple:
+        """(g, quartets not computed): (AB|CD) computed by libcint per shell a of A over
+        the box of shells (b, c, d) that holds a's kept quartets, zero elsewhere, when
+        these boxes hold at most ``BOX_FRACTION`` of the block's integrals; else None."""
+        sr, loc = self.blocks.shell_ranges, self.blocks.ao_loc
+        base = [sr[x][0] for x in quartet]
+        size = [np.diff(loc[sr[x][0]:sr[x][1] + 1]) for x in quartet]
+        boxes, n_box, q_box = [], 0, 0
+        for ia in np.flatnonzero(keep.any(axis=(1, 2, 3))):
+            box = [(int(ia), int(ia) + 1)]
+            for axis in range(3):
+                hit = np.flatnonzero(keep[ia].any(axis=tuple(x for x in range(3) if x != axis)))
+                box.append((int(hit[0]), int(hit[-1]) + 1))
+            boxes.append(box)
+            n_box += int(np.prod([size[n][lo:hi].sum() for n, (lo, hi) in enumerate(box)]))
+            q_box += int(np.prod([hi - lo for lo, hi in box]))
+        a, b, c, d = quartet
+        whole = np.prod([sz.sum() for sz in size]) / (2 if a == b else 1) / (2 if c == d else 1)
+        if n_box > BOX_FRACTION * whole:
+            return None, 0
+        g = np.zeros(tuple(int(sz.sum()) for sz in size))
+        for box in boxes:
+            shells = [(base[n] + lo, base[n] + hi) for n, (lo, hi) in enumerate(box)]
+            g[tuple(slice(int(loc[s0] - loc[base[n]]), int(loc[s1] - loc[base[n]]))
+                    for n, (s0, s1) in enumerate(shells))] = self.eri(*(s for sh in shells for s in sh))
+        return g, keep.size - q_box
+
     def _build(self, dm: np.ndarray, incremental: bool) -> np.ndarray:
         t_start = time.perf_counter()
         D, M = self.dens, self.fock
@@ -189,7 +245,7 @@ class FockBuilder:
         if replay:
             self._replay(worker(), tiles)
         elif len(active):            # the same on every rank: all skip, or none
-            self.context.run_tasks(self._task_set(worker, tiles, active))
+            self.context.run_tasks(self._task_set(worker, tiles, active, self.shell_density(dm)))
             deal = self.context.deal_stats
         tasks_s = time.perf_counter() - t_tasks
 
@@ -209,6 +265,7 @@ class FockBuilder:
         g2e = 0.5 * (m + m.T)        # only lower tiles hold data
         stats = {
             "tasks": sum(w.tasks for w in workers), "integrals": sum(w.nints for w in workers),
+            "shell_quartets_screened": sum(w.quartets_screened for w in workers),
             "busy_s": sum(w.busy for w in workers), "busy_cpu_s": sum(w.busy_cpu for w in workers),
             "tasks_s": tasks_s, "reduce_s": time.perf_counter() - t,
             "wall_s": time.perf_counter() - t_start, "density_tiles": len(tiles),
@@ -222,10 +279,10 @@ class FockBuilder:
         self.history.append(stats)
         return g2e
 
-    def _task_set(self, worker, tiles: dict, active: np.ndarray) -> TaskSet:
+    def _task_set(self, worker, tiles: dict, active: np.ndarray, dsh=None) -> TaskSet:
         """The build's tasks (ids ``active``): need() asks for density tiles not yet held;
         work() computes one block quartet into the calling thread's buffers
-        (thread-safe)."""
+        (thread-safe); ``dsh``: shell-pair density maxima of a screened direct build."""
         tasks, D = self.tasks, self.dens
         storing = self.mode == "incore"
         kept = {"bytes": 0}          # this rank's kept integral bytes; stop past the budget
@@ -241,10 +298,17 @@ class FockBuilder:
             w = worker()
             wall, cpu = time.perf_counter(), time.thread_time()
             quartet = tasks.quartet(i)
+            keep = None if dsh is None else self.quartet_screen(quartet, dsh)
+            if keep is not None and not keep.any():
+                w.quartets_screened += keep.size
+                return 0.0
             with with_omp_threads(self.threads):   # OpenMP settings are per thread
-                g = self.eri.blocks(self.blocks, *quartet)
-            if tasks.kind[i] == PARTIAL:
-                g *= tasks.mask(i)
+                g, skipped = (None, 0) if keep is None or keep.all() else self.screened_block(quartet, keep)
+                w.quartets_screened += skipped
+                if g is None:
+                    g = self.eri.blocks(self.blocks, *quartet)
+                    if tasks.kind[i] == PARTIAL:
+                        g *= tasks.mask(i)
             contract_block(g, tasks.scale[i], quartet, tiles, w.buf)
             w.busy += time.perf_counter() - wall
             w.busy_cpu += time.thread_time() - cpu

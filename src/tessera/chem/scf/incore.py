@@ -6,7 +6,8 @@ The unique integrals (ij|kl), i >= j, k >= l, ij >= kl, are computed once by lib
 doubles with npair = nao (nao + 1) / 2; every build is then one call of PySCF's C kernel
 for 8-fold integrals (``pyscf.scf._vhf.incore``, OpenMP-parallel): G(D) = J(D) - K(D)/2.
 Both are library calls: no Python loop touches an integral. This is the build of one
-rank; with several ranks the SCF keeps screened integral blocks per rank instead
+rank, kept after the SCF for the transform of the same molecule (``hand_over``); with
+several ranks the SCF keeps screened integral blocks per rank instead
 (``fock.FockBuilder``, mode "incore"), so no rank holds all integrals.
 """
 
@@ -17,6 +18,8 @@ import time
 import numpy as np
 from pyscf.lib import with_omp_threads
 from pyscf.scf import _vhf
+
+from tessera.chem.reference import KeptIntegrals
 
 
 def s8_bytes(nao: int) -> int:
@@ -54,6 +57,12 @@ class IncoreFock:
                              "tasks_s": wall, "wall_s": wall, "replay": True,
                              "incore_bytes": self.nbytes})
         return g
+
+    def hand_over(self) -> KeptIntegrals:
+        """The integrals, for the transform of the same molecule (``Reference.ao_integrals``);
+        this builder no longer holds them."""
+        kept, self.eri = KeptIntegrals(self.eri), None
+        return kept
 
     def free(self) -> None:
         self.eri = None
