@@ -38,11 +38,12 @@ import logging
 import math
 import time
 import zlib
+from collections import OrderedDict
 from functools import lru_cache
 
 import numpy as np
 
-from tessera.backends.dist_base import DistributedExecutor, part_range
+from tessera.backends.dist_base import DEFAULT_CACHE_MB, DistributedExecutor, part_range
 from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import partition
 from tessera.backends.tasks import part_slice
@@ -75,10 +76,12 @@ def _deal_layers(sizes, layers: int, npanel: int, shift: int = 0) -> list:
 
 class CollectiveComm:
     """The process grid of ``mpi-collective``: pr x pc x c ranks (c layers), with a
-    runtime group per grid row and per grid column of each layer. All-to-all over the
-    workers (``World.alltoallv``, op ``alltoallv``) and broadcasts along a row or column
-    (``Group.bcast``, ops ``bcast_row`` and ``bcast_col``, peer: the root's World rank)
-    are recorded in the comm log by the runtime."""
+    runtime group per grid row and per grid column of each layer. ``pr x pc`` is chosen
+    per contraction (``use``; ``default`` is the most square one); the groups of each shape
+    are made on its first use. All-to-all over the workers (``World.alltoallv``, op
+    ``alltoallv``) and broadcasts along a row or column (``Group.bcast``, ops ``bcast_row``
+    and ``bcast_col``, peer: the root's World rank) are recorded in the comm log by the
+    runtime."""
 
     def __init__(self, world, layers: int = 1):
         self.world = world
@@ -88,13 +91,22 @@ class CollectiveComm:
                              "a 2.5D grid is pr x pc x layers ranks. Choose a divisor of the rank count "
                              "(or variant summa).")
         self.layers = layers
-        self.pr, self.pc = grid_shape(self.size // layers)
-        self.my_layer, rest = divmod(self.rank, self.pr * self.pc)
-        self.my_row, self.my_col = divmod(rest, self.pc)
-        # same layer and grid row, group rank = column; same layer and column, rank = row
-        self.row_group = world.split(self.my_layer * self.pr + self.my_row, self.my_col)
-        self.col_group = world.split(self.my_layer * self.pc + self.my_col, self.my_row)
+        self.default = grid_shape(self.size // layers)
+        self._grids: dict = {}        # (pr, pc) -> (row, col, row group, col group)
+        self.my_layer = self.rank // (self.size // layers)
+        self.use(*self.default)
         self.log = world.comm_log
+
+    def use(self, pr: int, pc: int) -> None:
+        """Make pr x pc the grid of every layer (collective the first time a shape is used:
+        every rank must pass the same shape)."""
+        if (pr, pc) not in self._grids:
+            row, col = divmod(self.rank % (pr * pc), pc)
+            # same layer and grid row, group rank = column; same layer and column, rank = row
+            self._grids[(pr, pc)] = (row, col, self.world.split(self.my_layer * pr + row, col),
+                                     self.world.split(self.my_layer * pc + col, row))
+        self.pr, self.pc = pr, pc
+        self.my_row, self.my_col, self.row_group, self.col_group = self._grids[(pr, pc)]
 
     def grid_rank(self, row: int, col: int, layer: int | None = None) -> int:
         """World rank of grid position (row, col) in ``layer`` (default: this rank's)."""
@@ -112,9 +124,10 @@ class CollectiveComm:
         group.bcast(buf, root, op_name=f"bcast_{axis}")
 
     def free(self) -> None:
-        for g in (self.row_group, self.col_group):
-            if g is not None:
-                g.free()
+        for _, _, rg, cg in self._grids.values():
+            rg.free()
+            cg.free()
+        self._grids = {}
         self.row_group = self.col_group = None
 
 
@@ -160,14 +173,49 @@ def exchange(cc: CollectiveComm, items) -> dict:
     return out
 
 
+def _encode(eid: int, key: tuple, part) -> list:
+    """One request as integers: array id, key length, key, then axis, lo, hi of the part
+    (axis -1: the whole block)."""
+    return [eid, len(key), *key, *(part if part is not None else (-1, 0, 0))]
+
+
+def _decode(ints) -> list:
+    """[(array id, key, part)] of a stream of ``_encode`` records."""
+    out, pos = [], 0
+    while pos < len(ints):
+        eid, n = int(ints[pos]), int(ints[pos + 1])
+        key = tuple(int(x) for x in ints[pos + 2:pos + 2 + n])
+        axis, lo, hi = (int(x) for x in ints[pos + 2 + n:pos + 5 + n])
+        out.append((eid, key, None if axis < 0 else (axis, lo, hi)))
+        pos += n + 5
+    return out
+
+
 def request_exchange(cc: CollectiveComm, arrays: dict, requests) -> dict:
-    """Blocks by request: every rank names what it needs (one allgather of keys), the
-    owners answer (one all-to-all). ``requests`` = [(global array, key)] or [(global
-    array, key, part)] of this rank; ``arrays`` maps array ids to the arrays any rank may
-    name."""
+    """Blocks by request: every rank sends each owner the keys it needs from it (one
+    all-to-all of counts, one of the requests, as integers), the owners answer (one
+    all-to-all of the blocks, ``exchange``). ``requests`` = [(global array, key)] or
+    [(global array, key, part)] of this rank; ``arrays`` maps array ids to the arrays any
+    rank may name. A rank receives only the requests addressed to it."""
+    me, size = cc.rank, cc.size
     mine = sorted({(ga.eid, key, *rest) for ga, key, *rest in requests}, key=repr)
-    everyone = cc.world.allgather(mine)
-    items = [(arrays[eid], key, dest, *rest) for dest, lst in enumerate(everyone) for eid, key, *rest in lst]
+    ask = [[] for _ in range(size)]
+    items = []
+    for eid, key, *rest in mine:
+        ga = arrays[eid]
+        items.append((ga, key, me, *rest))
+        owner = ga.owner(key)
+        if owner != me:
+            ask[owner] += _encode(eid, key, rest[0] if rest else None)
+    if size > 1:
+        # int64 records travel bit for bit as float64 elements (the runtime moves float64)
+        counts = cc.alltoallv([np.array([len(a)], dtype=np.int64).view(np.float64) for a in ask], [1] * size)
+        counts = [int(c.view(np.int64)[0]) for c in counts]
+        got = cc.alltoallv([np.array(a, dtype=np.int64).view(np.float64) for a in ask], counts)
+        for src, buf in enumerate(got):
+            # in the requester's order: ``exchange`` pairs sends and receives by list order
+            items += [(arrays[eid], key, src, *([part] if part is not None else []))
+                      for eid, key, part in _decode(buf.view(np.int64))]
     return exchange(cc, items)
 
 
@@ -190,18 +238,44 @@ class CollectiveExecutor(DistributedExecutor):
         elif layers is None:
             layers = default_layers(size)
         self.cc = CollectiveComm(self.world, layers)
+        self.frozen_bytes = DEFAULT_CACHE_MB << 20
+        self._panels: OrderedDict = OrderedDict()    # frozen operands' panels, see _frozen_panels
+        self._panel_bytes = 0
         if self.variant == "2.5d" and layers == 1:
             log.info("mpi-collective 2.5d on %d rank(s): one layer (no replication; the same steps as summa)",
                      size)
 
     def describe(self) -> dict:
-        return {**super().describe(), "variant": self.variant, "grid": [self.cc.pr, self.cc.pc],
+        return {**super().describe(), "variant": self.variant, "grid": list(self.cc.default),
                 "layers": self.cc.layers}
 
     def close(self) -> None:
         if not self.closed:
             self.cc.free()
+            self._panels.clear()
         super().close()
+
+    def _frozen_panels(self, t, side: str, lay: dict, layout_key) -> tuple:
+        """(panels kept from an earlier step, or None; a list to keep this step's panels in,
+        or None). Only a frozen operand (``BlockTensor.freeze``: the integrals) is kept, while
+        its largest strip on any rank fits ``frozen_bytes`` with the others kept (least
+        recently used out); structure alone decides, so every rank decides alike."""
+        if not t.constant:
+            return None, None
+        key = (t.uid, t.version, side, layout_key)
+        hit = self._panels.get(key)
+        if hit is not None:
+            self._panels.move_to_end(key)
+            return hit[0], None
+        need = lay[f"{side}_strip_bytes"]
+        if need > self.frozen_bytes:
+            return None, None
+        while self._panel_bytes + need > self.frozen_bytes:
+            self._panel_bytes -= self._panels.popitem(last=False)[1][1]
+        panels: list = []
+        self._panels[key] = (panels, need)
+        self._panel_bytes += need
+        return None, panels
 
     def task_order(self, task_set):
         """The static schedule, contiguous runs of near-equal cost (neighbouring tasks
@@ -283,15 +357,21 @@ class CollectiveExecutor(DistributedExecutor):
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
         pa, pb, pc_ = step.perms["a"], step.perms["b"], step.perms["c"]
         sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+        cc.use(*choose_grid(sig, pa, pb, cc.size // cc.layers, cc.layers))
         lay = _summa_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers)
         me_row, me_col, me_layer = cc.my_row, cc.my_col, cc.my_layer
+        layout_key = (sig, pa, pb, cc.pr, cc.pc, cc.layers)
+        kept_a, keep_a = self._frozen_panels(A, "a", lay, layout_key)
+        kept_b, keep_b = self._frozen_panels(B, "b", lay, layout_key)
         # (1) blocks (or parts: a cut inner tuple) to their homes, one each, in the layer
-        # of their inner unit
-        items = [(A.dist.ga, akey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
-                 for akey, part, hl, hr, hc in lay["a_homes"]]
-        items += [(B.dist.ga, bkey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
-                  for bkey, part, hl, hr, hc in lay["b_homes"]]
-        home = exchange(cc, items)
+        # of their inner unit (not for an operand whose panels were kept)
+        items = [] if kept_a is not None else \
+            [(A.dist.ga, akey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
+             for akey, part, hl, hr, hc in lay["a_homes"]]
+        if kept_b is None:
+            items += [(B.dist.ga, bkey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
+                      for bkey, part, hl, hr, hc in lay["b_homes"]]
+        home = exchange(cc, items) if items else {}
         # (2) this layer's panels: A along grid rows, B along grid columns
         nsec = len(sig)
         active = lay["active"]
@@ -300,14 +380,24 @@ class CollectiveExecutor(DistributedExecutor):
         compute = 0.0
         for p in range(lay["npanel"]):
             a_root, b_root = p % cc.pc, p % cc.pr
-            abuf = np.empty(lay["a_panel_size"][me_layer][p][me_row])
-            if me_col == a_root:
-                self._pack_a(abuf, lay, me_layer, p, me_row, A, home, pa)
-            cc.bcast(abuf, a_root, "row")
-            bbuf = np.empty(lay["b_panel_size"][me_layer][p][me_col])
-            if me_row == b_root:
-                self._pack_b(bbuf, lay, me_layer, p, me_col, B, home, pb)
-            cc.bcast(bbuf, b_root, "col")
+            if kept_a is not None:
+                abuf = kept_a[p]
+            else:
+                abuf = np.empty(lay["a_panel_size"][me_layer][p][me_row])
+                if me_col == a_root:
+                    self._pack_a(abuf, lay, me_layer, p, me_row, A, home, pa)
+                cc.bcast(abuf, a_root, "row")
+                if keep_a is not None:
+                    keep_a.append(abuf)
+            if kept_b is not None:
+                bbuf = kept_b[p]
+            else:
+                bbuf = np.empty(lay["b_panel_size"][me_layer][p][me_col])
+                if me_row == b_root:
+                    self._pack_b(bbuf, lay, me_layer, p, me_col, B, home, pb)
+                cc.bcast(bbuf, b_root, "col")
+                if keep_b is not None:
+                    keep_b.append(bbuf)
             c0 = time.perf_counter()
             aoff = boff = 0
             for n in range(nsec):
@@ -408,6 +498,29 @@ def _inner_units(inner, layers: int) -> list:
     return units
 
 
+def _deal(n, rows, inner, cols, pa, pb, pr: int, pc: int, layers: int) -> tuple:
+    """Sector n's deal: grid row of each row tuple, grid column of each column tuple, the
+    inner units (``_inner_units``), their sizes and their (layer, panel)."""
+    # rotate the deals by a stable number from the sector's structure, so that the
+    # remainders of steps with few tuples do not all land on grid row/column/layer 0
+    shift = zlib.crc32(repr((n, rows.tuples, inner.tuples, cols.tuples, pa, pb)).encode())
+    grow = _rotated(largest_first(rows.sizes, pr), pr, shift)
+    gcol = _rotated(largest_first(cols.sizes, pc), pc, shift // pr)
+    units = _inner_units(inner, layers)
+    usize = [inner.sizes[q] if part is None else inner.sizes[q] // inner.shapes[q][0] * (part[1] - part[0])
+             for q, part in units]
+    return grow, gcol, units, usize, _deal_layers(usize, layers, max(pr, pc), shift // (pr * pc))
+
+
+def _offsets(bins, sizes, nbins: int) -> tuple:
+    """(offset of each item in its bin, total per bin)."""
+    off, tot = [0] * len(bins), [0] * nbins
+    for i, g in enumerate(bins):
+        off[i] = tot[g]
+        tot[g] += sizes[i]
+    return off, tot
+
+
 @lru_cache(maxsize=2048)
 def _summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
     """Where every block of a contraction goes on the pr x pc x layers grid (structure
@@ -429,23 +542,9 @@ def _summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
     a_panel = [[[0] * pr for _ in range(npanel)] for _ in range(layers)]
     b_panel = [[[0] * pc for _ in range(npanel)] for _ in range(layers)]
     for n, (_, rows, inner, cols) in enumerate(sig):
-        # rotate the deals by a stable number from the sector's structure, so that the
-        # remainders of steps with few tuples do not all land on grid row/column/layer 0
-        shift = zlib.crc32(repr((n, rows.tuples, inner.tuples, cols.tuples, pa, pb)).encode())
-        grow = _rotated(largest_first(rows.sizes, pr), pr, shift)
-        gcol = _rotated(largest_first(cols.sizes, pc), pc, shift // pr)
-        units = _inner_units(inner, layers)
-        usize = [inner.sizes[q] if part is None else inner.sizes[q] // inner.shapes[q][0] * (part[1] - part[0])
-                 for q, part in units]
-        place = _deal_layers(usize, layers, npanel, shift // (pr * pc))
-        roff, rtot = [0] * len(rows.tuples), [0] * pr
-        for r, g in enumerate(grow):
-            roff[r] = rtot[g]
-            rtot[g] += rows.sizes[r]
-        coff, ctot = [0] * len(cols.tuples), [0] * pc
-        for c, g in enumerate(gcol):
-            coff[c] = ctot[g]
-            ctot[g] += cols.sizes[c]
+        grow, gcol, units, usize, place = _deal(n, rows, inner, cols, pa, pb, pr, pc, layers)
+        roff, rtot = _offsets(grow, rows.sizes, pr)
+        coff, ctot = _offsets(gcol, cols.sizes, pc)
         ioff, itot = [0] * len(units), [[0] * npanel for _ in range(layers)]
         for u, (l_, p) in enumerate(place):
             ioff[u] = itot[l_][p]
@@ -487,4 +586,54 @@ def _summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
         lay["out"].append(out)
     lay["a_panel_size"] = a_panel
     lay["b_panel_size"] = b_panel
+    # the most bytes of panels one rank receives for each operand (its strip of A or B)
+    lay["a_strip_bytes"] = 8 * max(sum(a_panel[l_][p][g] for p in range(npanel))
+                                   for l_ in range(layers) for g in range(pr))
+    lay["b_strip_bytes"] = 8 * max(sum(b_panel[l_][p][g] for p in range(npanel))
+                                   for l_ in range(layers) for g in range(pc))
     return lay
+
+
+FLOPS_PER_BYTE = 8.0     # a byte received costs about 8 flops (~16 GF/s and ~2 GB/s per rank)
+
+
+def grid_shapes(nranks: int) -> list:
+    """Every (pr, pc) with pr * pc = nranks."""
+    return [(d, nranks // d) for d in range(1, nranks + 1) if nranks % d == 0]
+
+
+def grid_score(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
+    """How a contraction fares on a pr x pc x layers grid (structure only): ``idle``, the
+    grid rows and columns with no output rows or columns in any sector; ``flops`` and
+    ``recv_bytes``, the most any rank computes and receives in panels; ``cost``, flops +
+    FLOPS_PER_BYTE * bytes of the busiest rank."""
+    rows, cols, inner = np.zeros((len(sig), pr)), np.zeros((len(sig), pc)), np.zeros((len(sig), layers))
+    for n, (_, r, i, c) in enumerate(sig):      # the deals of _summa_layout, without its lists
+        grow, gcol, _, usize, place = _deal(n, r, i, c, pa, pb, pr, pc, layers)
+        rows[n], cols[n] = _offsets(grow, r.sizes, pr)[1], _offsets(gcol, c.sizes, pc)[1]
+        for size, (l_, _) in zip(usize, place):
+            inner[n, l_] += size
+    flops = 2 * np.einsum("ng,nh,nl->lgh", rows, cols, inner)
+    # panels from the other pc - 1 columns (A) and pr - 1 rows (B), on average
+    recv = 8 * ((pc - 1) / pc * np.einsum("ng,nl->lg", rows, inner)[:, :, None]
+                + (pr - 1) / pr * np.einsum("nh,nl->lh", cols, inner)[:, None, :])
+    idle = int((rows.sum(0) == 0).sum() + (cols.sum(0) == 0).sum())
+    return {"idle": idle, "flops": float(flops.max(initial=0)), "recv_bytes": float(recv.max(initial=0)),
+            "cost": float((flops + FLOPS_PER_BYTE * recv).max(initial=0))}
+
+
+@lru_cache(maxsize=2048)
+def choose_grid(sig, pa, pb, nranks: int, layers: int = 1) -> tuple:
+    """(pr, pc) of the grid of ``nranks`` ranks (per layer) a contraction runs on: the fewest
+    idle grid lines (none where the sectors have as many row and column tuples as some
+    grid has lines), then the least cost of the busiest rank (``grid_score``), then the
+    most square. E.g. 9 (i, j) row tuples on 1024 ranks: 8 x 128, not 32 x 32 (23 idle rows)."""
+    if not sig:
+        return grid_shape(nranks)
+    best = None
+    for pr, pc in grid_shapes(nranks):
+        sc = grid_score(sig, pa, pb, pr, pc, layers)
+        rank = (sc["idle"], sc["cost"], abs(pr - pc))
+        if best is None or rank < best[0]:
+            best = (rank, (pr, pc))
+    return best[1]
