@@ -25,7 +25,8 @@ Loop orders (how blocks travel), as in TCE:
   needs into a local cache (kept across batches of the step, bounded, least recently
   used out), then computes and accumulates once per output block: every block of the
   larger operand is fetched once in all, the other's at most once per rank: the fewest
-  gets.
+  gets. A batch's distinct blocks fit the cache bound, and there are at least
+  ``BATCHES_PER_RANK`` batches per rank where the tasks allow (``cached_batches``).
 Gets are non-blocking: the next product's blocks are in flight during the current
 GEMM (original, inverted) or a whole batch is in flight at once (cached). Blocks the
 rank owns are read in place, never fetched.
@@ -266,19 +267,13 @@ class OneSidedExecutor(DistributedExecutor):
         self.compute_seconds += compute
 
     def _cached_groups(self, tasks, A, B) -> list:
-        """Batches of output tasks that share the operand with more bytes: one row of
-        blocks of A (or one column of B). A batch runs on one rank, so every block of that
-        operand is fetched once in all; the other operand's blocks come from the rank's
-        cache when its batches share them."""
+        """``cached_batches`` of the step, for this rank count and cache (kept per task list)."""
         by_row = A.nbytes >= B.nbytes
         key = ("cached", id(tasks), by_row)
         hit = self._inverted.get(key)
         if hit is not None and hit[0] is tasks:
             return hit[1]
-        groups: dict = {}
-        for i, t in enumerate(tasks):
-            groups.setdefault((t.sector, t.r) if by_row else (t.sector, t.c), []).append(i)
-        glist = [groups[k] for k in sorted(groups)]
+        glist = cached_batches(tasks, by_row, self.cache_bytes, self.world.size)
         self._inverted[key] = (tasks, glist)
         return glist
 
@@ -286,3 +281,60 @@ class OneSidedExecutor(DistributedExecutor):
     def _operand(blk, perm, shape) -> np.ndarray:
         """A block as a contiguous GEMM operand (permuted once, reused by every product)."""
         return np.ascontiguousarray(blk.transpose(perm)).reshape(shape)
+
+
+BATCHES_PER_RANK = 2      # cached: at least this many batches per rank where tasks allow
+
+
+def task_blocks(t) -> dict:
+    """{(operand, key): bytes} of the input blocks of one output task."""
+    out = {}
+    for p in t.products:
+        out[(0, p.a)] = 8 * t.m * p.k
+        out[(1, p.b)] = 8 * p.k * t.n
+    return out
+
+
+def batch_bytes(tasks, batch) -> int:
+    """Bytes of the distinct input blocks of a batch of output tasks (what it prefetches)."""
+    blocks = {}
+    for i in batch:
+        blocks.update(task_blocks(tasks[i]))
+    return sum(blocks.values())
+
+
+def cached_batches(tasks, by_row: bool, bound: int, nranks: int) -> list:
+    """Batches (lists of task indices) of the ``cached`` loop order. Output tasks that share
+    one row of blocks of A (``by_row``, A the operand with more bytes) or one column of B
+    form a group, in task order; a group whose distinct input blocks exceed ``bound`` bytes
+    is cut into consecutive runs that fit (a single task larger than the bound is a batch of
+    its own); then, while there are fewer than ``BATCHES_PER_RANK * nranks`` batches, the
+    batch with the most flops is halved (a cut batch fetches its shared row on each rank
+    that runs a part, the price of keeping every rank busy). The same on every rank."""
+    groups: dict = {}
+    for i, t in enumerate(tasks):
+        groups.setdefault((t.sector, t.r) if by_row else (t.sector, t.c), []).append(i)
+    out = []
+    for g in (groups[k] for k in sorted(groups)):
+        run, seen, size = [], set(), 0
+        for i in g:
+            blocks = task_blocks(tasks[i])
+            extra = sum(b for k, b in blocks.items() if k not in seen)
+            if run and size + extra > bound:
+                out.append(run)
+                run, seen, size, extra = [], set(), 0, sum(blocks.values())
+            run.append(i)
+            seen.update(blocks)
+            size += extra
+        out.append(run)
+    want = BATCHES_PER_RANK * nranks
+    flops = [sum(tasks[i].flops for i in b) for b in out]
+    while len(out) < want:
+        big = max(range(len(out)), key=lambda q: (flops[q], -q))
+        if len(out[big]) < 2:
+            break
+        half = len(out[big]) // 2
+        head, tail = out[big][:half], out[big][half:]
+        out[big:big + 1] = [head, tail]
+        flops[big:big + 1] = [sum(tasks[i].flops for i in head), sum(tasks[i].flops for i in tail)]
+    return out
