@@ -41,7 +41,8 @@ def test_requests_go_to_owners_by_alltoallv(nranks):
 def test_frozen_operands_move_once(nranks):
     """R = W * tau three times: a frozen operand's panels are kept after the first run, so
     the second and third runs move less, the same amount, and the savings of freezing W
-    and tau add up; the result is numpy's every time."""
+    and tau add up; likewise for the inputs of a permuted addition and a Hadamard product;
+    the result is numpy's every time."""
     out = launch(nranks)["frozen"]
     first = out["none"]["moved"][0]
     assert first > 0
@@ -51,5 +52,9 @@ def test_frozen_operands_move_once(nranks):
         assert moved[0] == first and moved[1] == moved[2] < first, (case, moved)
     saved_w, saved_tau = first - out["W"]["moved"][1], first - out["tau"]["moved"][1]
     assert out["both"]["moved"][1] == first - saved_w - saved_tau
+    # owner-computes steps (permuted addition, Hadamard): frozen inputs are not sent again
+    plain, frozen = out["owner_none"]["moved"], out["owner_frozen"]["moved"]
+    assert plain == [plain[0]] * 3 and frozen[0] == plain[0] > 0
+    assert frozen[1] == frozen[2] < frozen[0]
     for case in out.values():
         assert case["err"] < 1e-12

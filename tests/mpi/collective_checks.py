@@ -9,8 +9,9 @@ Rank 0 prints one JSON object:
 - ``requests``: max |error| of blocks fetched by request (``fetch_blocks``, whole blocks and
   parts) against the dense tensor, and whether any allgather was used;
 - ``frozen``: R = W * tau (ladder pattern) run three times per case (nothing, W, tau or
-  both frozen): the bytes received over all ranks per run (alltoallv and broadcasts) and
-  the max error against numpy.einsum.
+  both frozen), and a permuted addition plus a Hadamard product (``owner_none``,
+  ``owner_frozen``): the bytes received over all ranks per run (alltoallv and broadcasts)
+  and the max error against numpy.
 """
 
 import json
@@ -106,6 +107,28 @@ def check_frozen(world) -> dict:
                 mine = int(world.comm_log.row(world.size, COLL_OPS, since=snap).sum())
                 moved.append(int(world.allreduce(np.array([mine]), "sum")[0]))
                 err = max(err, float(np.abs(R.to_dense() - ref).max()))
+        out[case] = {"moved": moved, "err": err}
+    # owner-computes steps: a permuted addition and a Hadamard product of frozen inputs
+    for case in ("owner_none", "owner_frozen"):
+        with Context("mpi-collective", variant="summa"):
+            W = BlockTensor.random((v, v, v, v), 0, rng=np.random.default_rng(1), name="W")
+            tau = BlockTensor.random((o, o, v, v), 0, rng=np.random.default_rng(2), name="tau")
+            if case == "owner_frozen":
+                W.freeze()
+                tau.freeze()
+            w_, t_ = W.to_dense(), tau.to_dense()
+            ref_s = w_.transpose(1, 0, 3, 2) - 0.5 * w_.transpose(2, 3, 0, 1)
+            ref_h = t_ * t_.transpose(1, 0, 3, 2)
+            S, H = BlockTensor((v, v, v, v), 0, name="S"), BlockTensor((o, o, v, v), 0, name="H")
+            moved, err = [], 0.0
+            for _ in range(3):
+                snap = world.comm_log.snapshot()
+                with ts.equations():
+                    S["abcd"] = W["badc"] - 0.5 * W["cdab"]
+                    H["ijab"] = tau["ijab"] * tau["jiba"]
+                mine = int(world.comm_log.row(world.size, COLL_OPS, since=snap).sum())
+                moved.append(int(world.allreduce(np.array([mine]), "sum")[0]))
+                err = max(err, float(np.abs(S.to_dense() - ref_s).max()), float(np.abs(H.to_dense() - ref_h).max()))
         out[case] = {"moved": moved, "err": err}
     return out
 

@@ -152,9 +152,7 @@ def exchange(cc: CollectiveComm, items) -> dict:
         seen.add((tag, dest))
         src = ga.owner(key)
         if src == me:
-            view = ga.local_view(key)
-            if part is not None:
-                view = view[part_slice(view.ndim, part)]
+            view = _owned_view(ga, key, part)
             if dest == me:
                 out[tag] = view
             else:
@@ -170,6 +168,21 @@ def exchange(cc: CollectiveComm, items) -> dict:
             n = int(np.prod(shape))
             out[tag] = buf[pos:pos + n].reshape(shape)
             pos += n
+    return out
+
+
+def _owned_view(ga, key, part):
+    view = ga.local_view(key)
+    return view if part is None else view[part_slice(view.ndim, part)]
+
+
+def owned_views(me: int, items) -> dict:
+    """``exchange``'s answer for the items this rank owns itself (no communication)."""
+    out = {}
+    for ga, key, _, *part in items:
+        if ga.owner(key) == me:
+            part = part[0] if part else None
+            out[(ga.eid, key) if part is None else (ga.eid, key, part)] = _owned_view(ga, key, part)
     return out
 
 
@@ -239,7 +252,7 @@ class CollectiveExecutor(DistributedExecutor):
             layers = default_layers(size)
         self.cc = CollectiveComm(self.world, layers)
         self.frozen_bytes = DEFAULT_CACHE_MB << 20
-        self._panels: OrderedDict = OrderedDict()    # frozen operands' panels, see _frozen_panels
+        self._panels: OrderedDict = OrderedDict()    # what frozen operands sent, see _kept
         self._panel_bytes = 0
         if self.variant == "2.5d" and layers == 1:
             log.info("mpi-collective 2.5d on %d rank(s): one layer (no replication; the same steps as summa)",
@@ -255,27 +268,53 @@ class CollectiveExecutor(DistributedExecutor):
             self._panels.clear()
         super().close()
 
-    def _frozen_panels(self, t, side: str, lay: dict, layout_key) -> tuple:
-        """(panels kept from an earlier step, or None; a list to keep this step's panels in,
-        or None). Only a frozen operand (``BlockTensor.freeze``: the integrals) is kept, while
-        its largest strip on any rank fits ``frozen_bytes`` with the others kept (least
-        recently used out); structure alone decides, so every rank decides alike."""
+    def _kept(self, t, key, need: int, empty) -> tuple:
+        """(what was kept for ``key`` of frozen tensor ``t`` earlier, or None; ``empty``, now
+        kept under that key, to fill this time, or None). Only a frozen operand
+        (``BlockTensor.freeze``: the integrals) is kept, while ``need`` (bytes: the most any
+        rank keeps, from structure alone, so every rank decides alike) fits
+        ``frozen_bytes`` with the others kept (least recently used out)."""
         if not t.constant:
             return None, None
-        key = (t.uid, t.version, side, layout_key)
+        key = (t.uid, t.version, *key)
         hit = self._panels.get(key)
         if hit is not None:
             self._panels.move_to_end(key)
             return hit[0], None
-        need = lay[f"{side}_strip_bytes"]
         if need > self.frozen_bytes:
             return None, None
         while self._panel_bytes + need > self.frozen_bytes:
             self._panel_bytes -= self._panels.popitem(last=False)[1][1]
-        panels: list = []
-        self._panels[key] = (panels, need)
+        self._panels[key] = (empty, need)
         self._panel_bytes += need
-        return None, panels
+        return None, empty
+
+    def _exchange(self, parts) -> dict:
+        """``exchange`` of [(tensor, items)]: the blocks a rank receives for a frozen tensor
+        are kept (keyed by the items) and not sent again while kept."""
+        me, out, send, fill = self.cc.rank, {}, [], []
+        for t, items in parts:
+            ga = t.dist.ga
+            recv = [0] * self.cc.size
+            if t.constant:
+                for _, key, dest, *part in items:
+                    if ga.owner(key) != dest:
+                        lo, hi = part_range(ga, key, part[0] if part else None)
+                        recv[dest] += 8 * int(np.prod([b - a for a, b in zip(lo, hi)]))
+            kept, keep = self._kept(t, ("in", tuple(it[1:] for it in items)), max(recv), {})
+            if kept is None:
+                send += items
+                if keep is not None:
+                    fill.append((ga, keep))
+                continue
+            out.update(kept)
+            out.update(owned_views(me, [it for it in items if it[2] == me]))
+        got = exchange(self.cc, send) if send or fill else {}
+        for ga, keep in fill:
+            # copies: a view would hold the whole receive buffer
+            keep.update({tag: blk.copy() for tag, blk in got.items() if tag[0] == ga.eid and ga.owner(tag[1]) != me})
+        out.update(got)
+        return out
 
     def task_order(self, task_set):
         """The static schedule, contiguous runs of near-equal cost (neighbouring tasks
@@ -313,7 +352,7 @@ class CollectiveExecutor(DistributedExecutor):
     def add_step(self, step) -> None:
         out = step.out.tensor
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
-        items = []
+        items, ditems = [], []
         for okey in out.allowed_keys():
             dest = out.dist.owner(okey)
             akey, dkey = add_source(step, okey)
@@ -321,8 +360,8 @@ class CollectiveExecutor(DistributedExecutor):
                 continue
             items.append((a.dist.ga, akey, dest))
             if d is not None:
-                items.append((d.dist.ga, dkey, dest))
-        blocks = exchange(self.cc, items)
+                ditems.append((d.dist.ga, dkey, dest))
+        blocks = self._exchange([(a, items)] + ([(d, ditems)] if d is not None else []))
         t0 = time.perf_counter()
         for okey, view in out.blocks.items():
             akey, dkey = add_source(step, okey)
@@ -339,9 +378,8 @@ class CollectiveExecutor(DistributedExecutor):
         a, b = step.inputs[0].tensor, step.inputs[1].tensor
         pairs = hadamard_pairs(step)
         ga_a, ga_b = a.dist.ga, b.dist.ga
-        items = [(ga_a, ka, out.dist.owner(ok)) for ok, v in pairs.items() for ka, _ in v] + \
-                [(ga_b, kb, out.dist.owner(ok)) for ok, v in pairs.items() for _, kb in v]
-        blocks = exchange(self.cc, items)
+        blocks = self._exchange([(a, [(ga_a, ka, out.dist.owner(ok)) for ok, v in pairs.items() for ka, _ in v]),
+                                 (b, [(ga_b, kb, out.dist.owner(ok)) for ok, v in pairs.items() for _, kb in v])])
         t0 = time.perf_counter()
         expr = step.perms["einsum"]
         for okey, plist in pairs.items():
@@ -361,8 +399,8 @@ class CollectiveExecutor(DistributedExecutor):
         lay = _summa_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers)
         me_row, me_col, me_layer = cc.my_row, cc.my_col, cc.my_layer
         layout_key = (sig, pa, pb, cc.pr, cc.pc, cc.layers)
-        kept_a, keep_a = self._frozen_panels(A, "a", lay, layout_key)
-        kept_b, keep_b = self._frozen_panels(B, "b", lay, layout_key)
+        kept_a, keep_a = self._kept(A, ("a", layout_key), lay["a_strip_bytes"], [])
+        kept_b, keep_b = self._kept(B, ("b", layout_key), lay["b_strip_bytes"], [])
         # (1) blocks (or parts: a cut inner tuple) to their homes, one each, in the layer
         # of their inner unit (not for an operand whose panels were kept)
         items = [] if kept_a is not None else \
