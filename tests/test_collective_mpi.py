@@ -58,3 +58,13 @@ def test_frozen_operands_move_once(nranks):
     assert frozen[1] == frozen[2] < frozen[0]
     for case in out.values():
         assert case["err"] < 1e-12
+
+
+@pytest.mark.parametrize("nranks", (2, 4))
+def test_cached_batches_cut_tasks_larger_than_the_cache(nranks):
+    """mpi-onesided cached with a 0-byte cache bound: every product runs as its own part of
+    an output block (one accumulate each, so as many as block products) and the result is
+    numpy's."""
+    out = launch(nranks)["cached_split"]
+    assert out["err"] < 1e-12
+    assert out["accs"] == out["products"]

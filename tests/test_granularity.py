@@ -73,9 +73,9 @@ def test_grid_score_counts_flops_of_the_busiest_rank():
 
 def distinct_bytes(tasks, batch):
     a, b = {}, {}
-    for i in batch:
+    for i, lo, hi in batch:
         t = tasks[i]
-        for p in t.products:
+        for p in t.products[lo:hi]:
             a[p.a], b[p.b] = 8 * t.m * p.k, 8 * p.k * t.n
     return sum(a.values()) + sum(b.values())
 
@@ -85,13 +85,17 @@ def test_cached_batches_fit_the_cache_and_feed_every_rank(nranks):
     step = ladder_step(3, 6)
     tasks = contraction_tasks(step)
     whole = sum(8 * int(np.prod(t.out_shape)) for t in tasks)     # every output block, a scale
-    for bound in (10 ** 12, whole // 20):
+    one_task = min(distinct_bytes(tasks, [(i, 0, len(t.products))]) for i, t in enumerate(tasks))
+    every = [(i, q) for i, t in enumerate(tasks) for q in range(len(t.products))]
+    for bound in (10 ** 12, whole // 20, one_task // 3):
         batches = cached_batches(tasks, True, bound, nranks)
-        assert sorted(i for b in batches for i in b) == list(range(len(tasks)))
+        assert sorted((i, q) for b in batches for i, lo, hi in b for q in range(lo, hi)) == every
         for b in batches:
-            assert len(b) == 1 or distinct_bytes(tasks, b) <= bound
-            assert len({tasks[i].r for i in b}) == 1 or len({tasks[i].sector for i in b}) > 1
+            assert distinct_bytes(tasks, b) <= bound or (len(b) == 1 and b[0][2] - b[0][1] == 1)
+            assert len({(tasks[i].sector, tasks[i].r) for i, _, _ in b}) == 1
         assert len(batches) >= min(len(tasks), BATCHES_PER_RANK * nranks)
+        if bound == one_task // 3:                  # no task fits whole: each is cut in parts
+            assert all(hi - lo < len(tasks[i].products) for b in batches for i, lo, hi in b)
     # one rank, no bound: one batch per row of blocks of A (every A block fetched once)
     if nranks == 1:
         rows = {(t.sector, t.r) for t in tasks}

@@ -11,7 +11,9 @@ Rank 0 prints one JSON object:
 - ``frozen``: R = W * tau (ladder pattern) run three times per case (nothing, W, tau or
   both frozen), and a permuted addition plus a Hadamard product (``owner_none``,
   ``owner_frozen``): the bytes received over all ranks per run (alltoallv and broadcasts)
-  and the max error against numpy.
+  and the max error against numpy;
+- ``cached_split``: mpi-onesided ``cached`` with a cache bound of 0 (every product a batch of
+  its own): max error against numpy, accumulates over all ranks and block products.
 """
 
 import json
@@ -133,10 +135,28 @@ def check_frozen(world) -> dict:
     return out
 
 
+def check_cached_split(world) -> dict:
+    """mpi-onesided cached with a cache bound of 0 bytes: every batch is one product, each
+    accumulating its part of the output block; the result is numpy's."""
+    o = IndexSpace.from_irreps("o", np.zeros(4, int), 2)
+    v = IndexSpace.from_irreps("v", np.zeros(9, int), 3)
+    with Context("mpi-onesided", variant="cached", cache_mb=0):
+        W = BlockTensor.random((v, v, v, v), 0, rng=np.random.default_rng(1), name="W")
+        tau = BlockTensor.random((o, o, v, v), 0, rng=np.random.default_rng(2), name="tau")
+        R = BlockTensor((o, o, v, v), 0, name="R")
+        snap = world.comm_log.snapshot()
+        with ts.equations():
+            R["ijab"] = W["abcd"] * tau["ijcd"]
+        accs = sum(r.count for r in world.comm_log.records(snap) if r.op in ("acc", "local_acc"))
+        accs = int(world.allreduce(np.array([accs]), "sum")[0])
+        err = float(np.abs(R.to_dense() - np.einsum("abcd,ijcd->ijab", W.to_dense(), tau.to_dense())).max())
+    return {"err": err, "accs": accs, "products": 3 ** 2 * 2 ** 2 * 3 ** 2}
+
+
 def main():
     world = World.get()
     result = {"nranks": world.size, "alltoallv": check_alltoallv(world), "requests": check_requests(world),
-              "frozen": check_frozen(world)}
+              "frozen": check_frozen(world), "cached_split": check_cached_split(world)}
     if world.rank == 0:
         print(json.dumps(result), flush=True)
 

@@ -25,8 +25,9 @@ Loop orders (how blocks travel), as in TCE:
   needs into a local cache (kept across batches of the step, bounded, least recently
   used out), then computes and accumulates once per output block: every block of the
   larger operand is fetched once in all, the other's at most once per rank: the fewest
-  gets. A batch's distinct blocks fit the cache bound, and there are at least
-  ``BATCHES_PER_RANK`` batches per rank where the tasks allow (``cached_batches``).
+  gets. A batch's distinct blocks fit the cache bound (an output task whose own inputs do
+  not fit is cut into runs of products, each accumulating its part), and there are at
+  least ``BATCHES_PER_RANK`` batches per rank where the tasks allow (``cached_batches``).
 Gets are non-blocking: the next product's blocks are in flight during the current
 GEMM (original, inverted) or a whole batch is in flight at once (cached). Blocks the
 rank owns are read in place, never fetched.
@@ -216,17 +217,17 @@ class OneSidedExecutor(DistributedExecutor):
     def _cached_loop(self, step, tasks, A, B, out) -> None:
         pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
         ga_out, scale = out.dist.ga, step.scale
-        groups = self._cached_groups(tasks, A, B)
-        costs = [sum(tasks[i].flops for i in g) + 1 for g in groups]
+        groups = self._cached_groups(tasks, A, B)      # batches of (task, first product, end)
+        costs = [sum(tasks[i].flops * (hi - lo) // len(tasks[i].products) for i, lo, hi in g) + 1 for g in groups]
         cache = BlockCache(self.cache_bytes)      # (which, key) -> block as a GEMM operand
         compute = 0.0
         for gbatch in self.batches(costs, 1):
-            batch = [i for g in gbatch for i in groups[g]]
+            batch = [e for g in gbatch for e in groups[g]]
             have: dict = {}
             pending = []
-            for ti in batch:                         # prefetch the batch's distinct blocks
+            for ti, lo, hi in batch:                 # prefetch the batch's distinct blocks
                 t = tasks[ti]
-                for p in t.products:
+                for p in t.products[lo:hi]:
                     for which, ten, key, shape in ((0, A, p.a, (t.m, p.k)), (1, B, p.b, (p.k, t.n))):
                         k = (which, key)
                         if k in have:
@@ -249,11 +250,11 @@ class OneSidedExecutor(DistributedExecutor):
                 compute += time.perf_counter() - c0
                 cache.put(k, have[k])
             handles = []
-            for ti in batch:
+            for ti, lo, hi in batch:
                 t = tasks[ti]
                 c0 = time.perf_counter()
                 acc = None
-                for p in t.products:
+                for p in t.products[lo:hi]:
                     prod = have[(0, p.a)] @ have[(1, p.b)]
                     if acc is None:
                         acc = prod
@@ -261,7 +262,7 @@ class OneSidedExecutor(DistributedExecutor):
                         acc += prod
                 res = np.ascontiguousarray(acc.reshape(t.out_shape).transpose(pc))
                 compute += time.perf_counter() - c0
-                handles.append(ga_out.iacc(t.out, res, scale))       # once per output block
+                handles.append(ga_out.iacc(t.out, res, scale))   # once per output block (or part)
             for h in handles:
                 h.wait()
         self.compute_seconds += compute
@@ -286,55 +287,76 @@ class OneSidedExecutor(DistributedExecutor):
 BATCHES_PER_RANK = 2      # cached: at least this many batches per rank where tasks allow
 
 
-def task_blocks(t) -> dict:
-    """{(operand, key): bytes} of the input blocks of one output task."""
-    out = {}
-    for p in t.products:
+def entry_blocks(tasks, entry) -> dict:
+    """{(operand, key): bytes} of the input blocks of products lo..hi-1 of a task."""
+    i, lo, hi = entry
+    t, out = tasks[i], {}
+    for p in t.products[lo:hi]:
         out[(0, p.a)] = 8 * t.m * p.k
         out[(1, p.b)] = 8 * p.k * t.n
     return out
 
 
 def batch_bytes(tasks, batch) -> int:
-    """Bytes of the distinct input blocks of a batch of output tasks (what it prefetches)."""
+    """Bytes of the distinct input blocks of a batch (what it prefetches)."""
     blocks = {}
-    for i in batch:
-        blocks.update(task_blocks(tasks[i]))
+    for e in batch:
+        blocks.update(entry_blocks(tasks, e))
     return sum(blocks.values())
 
 
+def _runs(tasks, entries, bound: int) -> list:
+    """``entries`` cut, in order, into runs whose distinct input blocks fit ``bound`` bytes
+    (an entry larger than the bound is a run of its own)."""
+    out, run, seen, size = [], [], set(), 0
+    for e in entries:
+        blocks = entry_blocks(tasks, e)
+        extra = sum(b for k, b in blocks.items() if k not in seen)
+        if run and size + extra > bound:
+            out.append(run)
+            run, seen, size, extra = [], set(), 0, sum(blocks.values())
+        run.append(e)
+        seen.update(blocks)
+        size += extra
+    return out + [run] if run else out
+
+
 def cached_batches(tasks, by_row: bool, bound: int, nranks: int) -> list:
-    """Batches (lists of task indices) of the ``cached`` loop order. Output tasks that share
-    one row of blocks of A (``by_row``, A the operand with more bytes) or one column of B
-    form a group, in task order; a group whose distinct input blocks exceed ``bound`` bytes
-    is cut into consecutive runs that fit (a single task larger than the bound is a batch of
-    its own); then, while there are fewer than ``BATCHES_PER_RANK * nranks`` batches, the
-    batch with the most flops is halved (a cut batch fetches its shared row on each rank
-    that runs a part, the price of keeping every rank busy). The same on every rank."""
+    """Batches of the ``cached`` loop order: lists of (task, lo, hi), products lo..hi-1 of
+    an output task. Output tasks that share one row of blocks of A (``by_row``, A the
+    operand with more bytes) or one column of B form a group, in task order; a task whose
+    own input blocks exceed ``bound`` bytes is cut into runs of products that fit (each run
+    accumulates its part of the output block: one accumulate per part); a group whose
+    distinct input blocks exceed ``bound`` is cut into consecutive runs that fit (only a
+    single product larger than the bound exceeds it). Then, while there are fewer than
+    ``BATCHES_PER_RANK * nranks`` batches, the batch with the most flops is halved (a cut
+    batch fetches its shared row on each rank that runs a part, the price of keeping every
+    rank busy). The same on every rank."""
     groups: dict = {}
     for i, t in enumerate(tasks):
         groups.setdefault((t.sector, t.r) if by_row else (t.sector, t.c), []).append(i)
     out = []
     for g in (groups[k] for k in sorted(groups)):
-        run, seen, size = [], set(), 0
+        entries = []
         for i in g:
-            blocks = task_blocks(tasks[i])
-            extra = sum(b for k, b in blocks.items() if k not in seen)
-            if run and size + extra > bound:
-                out.append(run)
-                run, seen, size, extra = [], set(), 0, sum(blocks.values())
-            run.append(i)
-            seen.update(blocks)
-            size += extra
-        out.append(run)
+            n = len(tasks[i].products)
+            whole = [(i, 0, n)]
+            if batch_bytes(tasks, whole) <= bound:
+                entries += whole
+            else:
+                entries += [(i, run[0][1], run[-1][2]) for run in _runs(tasks, [(i, q, q + 1) for q in range(n)], bound)]
+        out += _runs(tasks, entries, bound)
     want = BATCHES_PER_RANK * nranks
-    flops = [sum(tasks[i].flops for i in b) for b in out]
+
+    def flops(batch):
+        return sum(tasks[i].flops * (hi - lo) // len(tasks[i].products) for i, lo, hi in batch)
+    work = [flops(b) for b in out]
     while len(out) < want:
-        big = max(range(len(out)), key=lambda q: (flops[q], -q))
+        big = max(range(len(out)), key=lambda q: (work[q], -q))
         if len(out[big]) < 2:
             break
         half = len(out[big]) // 2
         head, tail = out[big][:half], out[big][half:]
         out[big:big + 1] = [head, tail]
-        flops[big:big + 1] = [sum(tasks[i].flops for i in head), sum(tasks[i].flops for i in tail)]
+        work[big:big + 1] = [flops(head), flops(tail)]
     return out
