@@ -9,7 +9,8 @@ import pytest
 
 from tessera import BlockTensor, IndexSpace
 from tessera.backends import auto
-from tessera.backends.collective import _decode, _encode, _summa_layout, choose_grid, grid_score
+from tessera.backends.collective import _decode, _encode
+from tessera.backends.summa_layout import choose_grid, grid_score, summa_layout
 from tessera.backends.context import PlanningContext
 from tessera.backends.onesided import BATCHES_PER_RANK, cached_batches
 from tessera.chem.ccsd import CCSDStructure
@@ -24,7 +25,7 @@ def _drop_layouts():
     """The layouts of 1024 simulated ranks are large: not kept for later tests (whose
     memory estimates measure this process's peak)."""
     yield
-    _summa_layout.cache_clear()
+    summa_layout.cache_clear()
     choose_grid.cache_clear()
     _tasks.cache_clear()
 
@@ -44,7 +45,7 @@ def ladder_step(occ_tiles, vir_tiles, tile=2):
 def busy_lines(step, pr, pc, layers=1):
     """(grid rows, grid columns) with output work, from the layout the executor runs."""
     sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-    lay = _summa_layout(sig, step.perms["a"], step.perms["b"], pr, pc, layers)
+    lay = summa_layout(sig, step.perms["a"], step.perms["b"], pr, pc, layers)
     rows = sum(any(lay["row_total"][n][g] for n in range(len(sig))) for g in range(pr))
     cols = sum(any(lay["col_total"][n][h] for n in range(len(sig))) for h in range(pc))
     return rows, cols
@@ -75,7 +76,7 @@ def test_grid_score_counts_flops_of_the_busiest_rank():
     sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
     (_, rows, inner, cols), = sig
     for pr, pc in ((1, 1), (1, 2), (2, 2)):
-        lay = _summa_layout(sig, step.perms["a"], step.perms["b"], pr, pc, 1)
+        lay = summa_layout(sig, step.perms["a"], step.perms["b"], pr, pc, 1)
         flops = max(2 * lay["row_total"][0][g] * lay["col_total"][0][h] * inner.total
                     for g in range(pr) for h in range(pc))
         assert grid_score(sig, step.perms["a"], step.perms["b"], pr, pc)["flops"] == flops
