@@ -13,7 +13,8 @@ from tessera import BlockTensor, IndexSpace
 from tessera.backends.auto import decide, grid_of, render
 from tessera.backends.registry import check_options
 from tessera.chem.ccsd import CCSDStructure
-from tessera.backends.collective import CollectiveExecutor, _summa_layout
+from tessera.backends.collective import CollectiveExecutor
+from tessera.backends.summa_layout import summa_layout
 from tessera.backends.context import PlanningContext
 from tessera.backends.tasks import part_slice
 from tessera.runtime.distribution import block_owners as owner_map, contiguous_runs, default_layers, grid_shape
@@ -114,7 +115,7 @@ def test_summa_layout_places_every_block_once(nranks):
     pr, pc = grid_shape(nranks)
     assert pr * pc == nranks and pr <= pc
     sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-    lay = _summa_layout(sig, step.perms["a"], step.perms["b"], pr, pc)
+    lay = summa_layout(sig, step.perms["a"], step.perms["b"], pr, pc)
     a_keys = [k for k, _, _, _, _ in lay["a_homes"]]
     assert len(a_keys) == len(set(a_keys)) and set(a_keys) <= set(W.allowed_keys() + tau.allowed_keys())
     assert {(part, layer) for _, part, layer, _, _ in lay["a_homes"] + lay["b_homes"]} == {(None, 0)}
@@ -145,7 +146,7 @@ def test_25d_layout_covers_every_inner_panel_once(expr, seed, pr, pc, layers):
     sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
     pa, pb, pcp = step.perms["a"], step.perms["b"], step.perms["c"]
     assert sig, "no sector: the test would check nothing"
-    lay = _summa_layout(sig, pa, pb, pr, pc, layers)
+    lay = summa_layout(sig, pa, pb, pr, pc, layers)
     npanel = lay["npanel"]
     homes_a = {(k, part): (l_, r, c) for k, part, l_, r, c in lay["a_homes"]}
     homes_b = {(k, part): (l_, r, c) for k, part, l_, r, c in lay["b_homes"]}

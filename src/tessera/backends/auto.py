@@ -37,7 +37,10 @@ integrals are spread with a max/mean above 1.5. The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
 shared-memory figures measured on the development machine (docs/distributed.md);
 ``estimate`` takes others (``backends.machine``: calibrated node constants plus a
-network, as ``tessera plan --ranks`` uses for machines with many nodes). Every
+network, as ``tessera plan --ranks`` uses for machines with many nodes). Tiles
+are tried from large to small until a tile gives more than MAX_PRODUCTS block products
+per iteration, or PRODUCTS_PER_RANK per rank where that is more: on many ranks finer
+tiles (more tasks per rank, better balance) stay candidates. Every
 choice can be overridden (``--backend``, ``--variant``, ``--schedule``, ``--tile``);
 ``tessera run --plan-only`` prints the decision and its estimates.
 """
@@ -66,6 +69,7 @@ T_COLL = 60e-6        # s per collective call (latency, a few ranks on one node)
 BANDWIDTH = 2.0e9     # bytes/s moved per rank (shared memory copies)
 TILES = (48, 32, 24, 16, 12, 8)     # tried from large to small ...
 MAX_PRODUCTS = 60000                # ... down to the first with more block products per iteration
+PRODUCTS_PER_RANK = 1000            # ... or, on many ranks, more than this many per rank
 BALANCE_LIMIT = 1.5
 PLANNER_TEMPORARIES = ("tmp", "pairs", "half")     # names of the tensors the planner makes
 
@@ -298,7 +302,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
         if key in seen_tiles:          # a larger tile that changes nothing
             continue
         seen_tiles.add(key)
-        too_fine = s["products"] > MAX_PRODUCTS and not tile
+        too_fine = s["products"] > max(MAX_PRODUCTS, PRODUCTS_PER_RANK * nranks) and not tile
         for b, var in combos:
             e = estimate(s, nranks, b, var, rate)
             candidates.append({"backend": b, "variant": var, "tile": t, "occ_tile": ot,

@@ -11,7 +11,7 @@ Demmel 2011): the ranks form a pr x pc x c grid of c layers, each a pr x pc SUMM
 grid rows, column tuples to grid columns (balanced by size; the same in every layer),
 inner tuples to the layers and, within a layer, to max(pr, pc) panels; with c > 1 an
 inner tuple larger than a layer's share is cut into parts along its first tile
-(``_inner_units``: partial blocks), so one occupied tile still spreads over the layers.
+(``summa_layout._inner_units``: partial blocks), so one occupied tile still spreads over the layers.
 (1) One all-to-all moves every A block (part) from its owner to the rank of its layer
 and grid row that holds its panel, and every B block (part) to the rank of its layer and
 grid column that holds its panel (one home each: inputs are not replicated). (2) Each layer
@@ -35,50 +35,32 @@ all-to-all.
 from __future__ import annotations
 
 import logging
-import math
 import time
-import zlib
-from functools import lru_cache
+from collections import OrderedDict
 
 import numpy as np
 
-from tessera.backends.dist_base import DistributedExecutor, part_range
+from tessera.backends.dist_base import DEFAULT_CACHE_MB, DistributedExecutor, part_range
 from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import partition
+from tessera.backends.summa_layout import choose_grid, summa_layout
 from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
-from tessera.plan.blocktasks import add_source, hadamard_outputs, invert_key, source_block
+from tessera.plan.blocktasks import add_source, hadamard_outputs, source_block
 from tessera.runtime import distribution
-from tessera.runtime.distribution import default_layers, grid_shape, largest_first
+from tessera.runtime.distribution import default_layers, grid_shape
 
 log = logging.getLogger("tessera.backends")
 
 
-def _rotated(bins: list, nbins: int, shift: int) -> list:
-    """``bins`` relabelled by ``shift`` (the greedy deal favours bin 0 on ties: rotating it
-    per sector spreads the remainders of many small sectors over the ranks)."""
-    return [(b + shift) % nbins for b in bins]
-
-
-def _deal_layers(sizes, layers: int, npanel: int, shift: int = 0) -> list:
-    """(layer, panel) of each inner tuple: dealt to layers by size (labels rotated by
-    ``shift``), then within each layer to its panels by size (with one layer:
-    ``largest_first(sizes, npanel)``)."""
-    layer = _rotated(largest_first(sizes, layers), layers, shift) if layers > 1 else [0] * len(sizes)
-    out = [(0, 0)] * len(sizes)
-    for lay in range(layers):
-        members = [q for q, l_ in enumerate(layer) if l_ == lay]
-        for q, p in zip(members, largest_first([sizes[q] for q in members], npanel)):
-            out[q] = (lay, p)
-    return out
-
-
 class CollectiveComm:
     """The process grid of ``mpi-collective``: pr x pc x c ranks (c layers), with a
-    runtime group per grid row and per grid column of each layer. All-to-all over the
-    workers (``World.alltoallv``, op ``alltoallv``) and broadcasts along a row or column
-    (``Group.bcast``, ops ``bcast_row`` and ``bcast_col``, peer: the root's World rank)
-    are recorded in the comm log by the runtime."""
+    runtime group per grid row and per grid column of each layer. ``pr x pc`` is chosen
+    per contraction (``use``; ``default`` is the most square one); the groups of each shape
+    are made on its first use. All-to-all over the workers (``World.alltoallv``, op
+    ``alltoallv``) and broadcasts along a row or column (``Group.bcast``, ops ``bcast_row``
+    and ``bcast_col``, peer: the root's World rank) are recorded in the comm log by the
+    runtime."""
 
     def __init__(self, world, layers: int = 1):
         self.world = world
@@ -88,13 +70,22 @@ class CollectiveComm:
                              "a 2.5D grid is pr x pc x layers ranks. Choose a divisor of the rank count "
                              "(or variant summa).")
         self.layers = layers
-        self.pr, self.pc = grid_shape(self.size // layers)
-        self.my_layer, rest = divmod(self.rank, self.pr * self.pc)
-        self.my_row, self.my_col = divmod(rest, self.pc)
-        # same layer and grid row, group rank = column; same layer and column, rank = row
-        self.row_group = world.split(self.my_layer * self.pr + self.my_row, self.my_col)
-        self.col_group = world.split(self.my_layer * self.pc + self.my_col, self.my_row)
+        self.default = grid_shape(self.size // layers)
+        self._grids: dict = {}        # (pr, pc) -> (row, col, row group, col group)
+        self.my_layer = self.rank // (self.size // layers)
+        self.use(*self.default)
         self.log = world.comm_log
+
+    def use(self, pr: int, pc: int) -> None:
+        """Make pr x pc the grid of every layer (collective the first time a shape is used:
+        every rank must pass the same shape)."""
+        if (pr, pc) not in self._grids:
+            row, col = divmod(self.rank % (pr * pc), pc)
+            # same layer and grid row, group rank = column; same layer and column, rank = row
+            self._grids[(pr, pc)] = (row, col, self.world.split(self.my_layer * pr + row, col),
+                                     self.world.split(self.my_layer * pc + col, row))
+        self.pr, self.pc = pr, pc
+        self.my_row, self.my_col, self.row_group, self.col_group = self._grids[(pr, pc)]
 
     def grid_rank(self, row: int, col: int, layer: int | None = None) -> int:
         """World rank of grid position (row, col) in ``layer`` (default: this rank's)."""
@@ -112,9 +103,10 @@ class CollectiveComm:
         group.bcast(buf, root, op_name=f"bcast_{axis}")
 
     def free(self) -> None:
-        for g in (self.row_group, self.col_group):
-            if g is not None:
-                g.free()
+        for _, _, rg, cg in self._grids.values():
+            rg.free()
+            cg.free()
+        self._grids = {}
         self.row_group = self.col_group = None
 
 
@@ -139,9 +131,7 @@ def exchange(cc: CollectiveComm, items) -> dict:
         seen.add((tag, dest))
         src = ga.owner(key)
         if src == me:
-            view = ga.local_view(key)
-            if part is not None:
-                view = view[part_slice(view.ndim, part)]
+            view = _owned_view(ga, key, part)
             if dest == me:
                 out[tag] = view
             else:
@@ -160,14 +150,64 @@ def exchange(cc: CollectiveComm, items) -> dict:
     return out
 
 
+def _owned_view(ga, key, part):
+    view = ga.local_view(key)
+    return view if part is None else view[part_slice(view.ndim, part)]
+
+
+def owned_views(me: int, items) -> dict:
+    """``exchange``'s answer for the items this rank owns itself (no communication)."""
+    out = {}
+    for ga, key, _, *part in items:
+        if ga.owner(key) == me:
+            part = part[0] if part else None
+            out[(ga.eid, key) if part is None else (ga.eid, key, part)] = _owned_view(ga, key, part)
+    return out
+
+
+def _encode(eid: int, key: tuple, part) -> list:
+    """One request as integers: array id, key length, key, then axis, lo, hi of the part
+    (axis -1: the whole block)."""
+    return [eid, len(key), *key, *(part if part is not None else (-1, 0, 0))]
+
+
+def _decode(ints) -> list:
+    """[(array id, key, part)] of a stream of ``_encode`` records."""
+    out, pos = [], 0
+    while pos < len(ints):
+        eid, n = int(ints[pos]), int(ints[pos + 1])
+        key = tuple(int(x) for x in ints[pos + 2:pos + 2 + n])
+        axis, lo, hi = (int(x) for x in ints[pos + 2 + n:pos + 5 + n])
+        out.append((eid, key, None if axis < 0 else (axis, lo, hi)))
+        pos += n + 5
+    return out
+
+
 def request_exchange(cc: CollectiveComm, arrays: dict, requests) -> dict:
-    """Blocks by request: every rank names what it needs (one allgather of keys), the
-    owners answer (one all-to-all). ``requests`` = [(global array, key)] or [(global
-    array, key, part)] of this rank; ``arrays`` maps array ids to the arrays any rank may
-    name."""
+    """Blocks by request: every rank sends each owner the keys it needs from it (one
+    all-to-all of counts, one of the requests, as integers), the owners answer (one
+    all-to-all of the blocks, ``exchange``). ``requests`` = [(global array, key)] or
+    [(global array, key, part)] of this rank; ``arrays`` maps array ids to the arrays any
+    rank may name. A rank receives only the requests addressed to it."""
+    me, size = cc.rank, cc.size
     mine = sorted({(ga.eid, key, *rest) for ga, key, *rest in requests}, key=repr)
-    everyone = cc.world.allgather(mine)
-    items = [(arrays[eid], key, dest, *rest) for dest, lst in enumerate(everyone) for eid, key, *rest in lst]
+    ask = [[] for _ in range(size)]
+    items = []
+    for eid, key, *rest in mine:
+        ga = arrays[eid]
+        items.append((ga, key, me, *rest))
+        owner = ga.owner(key)
+        if owner != me:
+            ask[owner] += _encode(eid, key, rest[0] if rest else None)
+    if size > 1:
+        # int64 records travel bit for bit as float64 elements (the runtime moves float64)
+        counts = cc.alltoallv([np.array([len(a)], dtype=np.int64).view(np.float64) for a in ask], [1] * size)
+        counts = [int(c.view(np.int64)[0]) for c in counts]
+        got = cc.alltoallv([np.array(a, dtype=np.int64).view(np.float64) for a in ask], counts)
+        for src, buf in enumerate(got):
+            # in the requester's order: ``exchange`` pairs sends and receives by list order
+            items += [(arrays[eid], key, src, *([part] if part is not None else []))
+                      for eid, key, part in _decode(buf.view(np.int64))]
     return exchange(cc, items)
 
 
@@ -190,18 +230,70 @@ class CollectiveExecutor(DistributedExecutor):
         elif layers is None:
             layers = default_layers(size)
         self.cc = CollectiveComm(self.world, layers)
+        self.frozen_bytes = DEFAULT_CACHE_MB << 20
+        self._panels: OrderedDict = OrderedDict()    # what frozen operands sent, see _kept
+        self._panel_bytes = 0
         if self.variant == "2.5d" and layers == 1:
             log.info("mpi-collective 2.5d on %d rank(s): one layer (no replication; the same steps as summa)",
                      size)
 
     def describe(self) -> dict:
-        return {**super().describe(), "variant": self.variant, "grid": [self.cc.pr, self.cc.pc],
+        return {**super().describe(), "variant": self.variant, "grid": list(self.cc.default),
                 "layers": self.cc.layers}
 
     def close(self) -> None:
         if not self.closed:
             self.cc.free()
+            self._panels.clear()
         super().close()
+
+    def _kept(self, t, key, need: int, empty) -> tuple:
+        """(what was kept for ``key`` of frozen tensor ``t`` earlier, or None; ``empty``, now
+        kept under that key, to fill this time, or None). Only a frozen operand
+        (``BlockTensor.freeze``: the integrals) is kept, while ``need`` (bytes: the most any
+        rank keeps, from structure alone, so every rank decides alike) fits
+        ``frozen_bytes`` with the others kept (least recently used out)."""
+        if not t.constant:
+            return None, None
+        key = (t.uid, t.version, *key)
+        hit = self._panels.get(key)
+        if hit is not None:
+            self._panels.move_to_end(key)
+            return hit[0], None
+        if need > self.frozen_bytes:
+            return None, None
+        while self._panel_bytes + need > self.frozen_bytes:
+            self._panel_bytes -= self._panels.popitem(last=False)[1][1]
+        self._panels[key] = (empty, need)
+        self._panel_bytes += need
+        return None, empty
+
+    def _exchange(self, parts) -> dict:
+        """``exchange`` of [(tensor, items)]: the blocks a rank receives for a frozen tensor
+        are kept (keyed by the items) and not sent again while kept."""
+        me, out, send, fill = self.cc.rank, {}, [], []
+        for t, items in parts:
+            ga = t.dist.ga
+            recv = [0] * self.cc.size
+            if t.constant:
+                for _, key, dest, *part in items:
+                    if ga.owner(key) != dest:
+                        lo, hi = part_range(ga, key, part[0] if part else None)
+                        recv[dest] += 8 * int(np.prod([b - a for a, b in zip(lo, hi)]))
+            kept, keep = self._kept(t, ("in", tuple(it[1:] for it in items)), max(recv), {})
+            if kept is None:
+                send += items
+                if keep is not None:
+                    fill.append((ga, keep))
+                continue
+            out.update(kept)
+            out.update(owned_views(me, [it for it in items if it[2] == me]))
+        got = exchange(self.cc, send) if send or fill else {}
+        for ga, keep in fill:
+            # copies: a view would hold the whole receive buffer
+            keep.update({tag: blk.copy() for tag, blk in got.items() if tag[0] == ga.eid and ga.owner(tag[1]) != me})
+        out.update(got)
+        return out
 
     def task_order(self, task_set):
         """The static schedule, contiguous runs of near-equal cost (neighbouring tasks
@@ -239,7 +331,7 @@ class CollectiveExecutor(DistributedExecutor):
     def add_step(self, step) -> None:
         out = step.out.tensor
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
-        items = []
+        items, ditems = [], []
         for okey in out.stored_keys():          # canonical blocks only for a canonical output
             dest = out.dist.owner(okey)
             akey, dkey = add_source(step, okey)
@@ -247,8 +339,8 @@ class CollectiveExecutor(DistributedExecutor):
                 continue
             items.append((a.dist.ga, akey, dest))
             if d is not None:
-                items.append((d.dist.ga, dkey, dest))
-        blocks = exchange(self.cc, items)
+                ditems.append((d.dist.ga, dkey, dest))
+        blocks = self._exchange([(a, items)] + ([(d, ditems)] if d is not None else []))
         t0 = time.perf_counter()
         for okey in out.owned_keys():
             view = out.blocks[okey]
@@ -266,9 +358,8 @@ class CollectiveExecutor(DistributedExecutor):
         a, b = step.inputs[0].tensor, step.inputs[1].tensor
         pairs = hadamard_outputs(step)
         ga_a, ga_b = a.dist.ga, b.dist.ga
-        items = [(ga_a, ka, out.dist.owner(ok)) for ok, v in pairs.items() for ka, _ in v] + \
-                [(ga_b, kb, out.dist.owner(ok)) for ok, v in pairs.items() for _, kb in v]
-        blocks = exchange(self.cc, items)
+        blocks = self._exchange([(a, [(ga_a, ka, out.dist.owner(ok)) for ok, v in pairs.items() for ka, _ in v]),
+                                 (b, [(ga_b, kb, out.dist.owner(ok)) for ok, v in pairs.items() for _, kb in v])])
         t0 = time.perf_counter()
         expr = step.perms["einsum"]
         for okey, plist in pairs.items():
@@ -284,15 +375,21 @@ class CollectiveExecutor(DistributedExecutor):
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
         pa, pb, pc_ = step.perms["a"], step.perms["b"], step.perms["c"]
         sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-        lay = _summa_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers)
+        cc.use(*choose_grid(sig, pa, pb, cc.size // cc.layers, cc.layers))
+        lay = summa_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers)
         me_row, me_col, me_layer = cc.my_row, cc.my_col, cc.my_layer
+        layout_key = (sig, pa, pb, cc.pr, cc.pc, cc.layers)
+        kept_a, keep_a = self._kept(A, ("a", layout_key), lay["a_strip_bytes"], [])
+        kept_b, keep_b = self._kept(B, ("b", layout_key), lay["b_strip_bytes"], [])
         # (1) blocks (or parts: a cut inner tuple) to their homes, one each, in the layer
-        # of their inner unit
-        items = [(A.dist.ga, akey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
-                 for akey, part, hl, hr, hc in lay["a_homes"]]
-        items += [(B.dist.ga, bkey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
-                  for bkey, part, hl, hr, hc in lay["b_homes"]]
-        home = exchange(cc, items)
+        # of their inner unit (not for an operand whose panels were kept)
+        items = [] if kept_a is not None else \
+            [(A.dist.ga, akey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
+             for akey, part, hl, hr, hc in lay["a_homes"]]
+        if kept_b is None:
+            items += [(B.dist.ga, bkey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
+                      for bkey, part, hl, hr, hc in lay["b_homes"]]
+        home = exchange(cc, items) if items else {}
         # (2) this layer's panels: A along grid rows, B along grid columns
         nsec = len(sig)
         active = lay["active"]
@@ -301,14 +398,24 @@ class CollectiveExecutor(DistributedExecutor):
         compute = 0.0
         for p in range(lay["npanel"]):
             a_root, b_root = p % cc.pc, p % cc.pr
-            abuf = np.empty(lay["a_panel_size"][me_layer][p][me_row])
-            if me_col == a_root:
-                self._pack_a(abuf, lay, me_layer, p, me_row, A, home, pa)
-            cc.bcast(abuf, a_root, "row")
-            bbuf = np.empty(lay["b_panel_size"][me_layer][p][me_col])
-            if me_row == b_root:
-                self._pack_b(bbuf, lay, me_layer, p, me_col, B, home, pb)
-            cc.bcast(bbuf, b_root, "col")
+            if kept_a is not None:
+                abuf = kept_a[p]
+            else:
+                abuf = np.empty(lay["a_panel_size"][me_layer][p][me_row])
+                if me_col == a_root:
+                    self._pack_a(abuf, lay, me_layer, p, me_row, A, home, pa)
+                cc.bcast(abuf, a_root, "row")
+                if keep_a is not None:
+                    keep_a.append(abuf)
+            if kept_b is not None:
+                bbuf = kept_b[p]
+            else:
+                bbuf = np.empty(lay["b_panel_size"][me_layer][p][me_col])
+                if me_row == b_root:
+                    self._pack_b(bbuf, lay, me_layer, p, me_col, B, home, pb)
+                cc.bcast(bbuf, b_root, "col")
+                if keep_b is not None:
+                    keep_b.append(bbuf)
             c0 = time.perf_counter()
             aoff = boff = 0
             for n in range(nsec):
@@ -387,107 +494,3 @@ class CollectiveExecutor(DistributedExecutor):
                 blk = home[(B.dist.ga.eid, bkey) if part is None else (B.dist.ga.eid, bkey, part)]
                 mat[io:io + ks, co:co + cs] = blk.transpose(pb).reshape(ks, cs)
             off += k * ncol
-
-
-def _inner_units(inner, layers: int) -> list:
-    """The inner tuples of a sector cut into units for the layers: ``(q, part)`` with
-    ``part = None`` (the whole tuple) or ``(lo, hi)``, rows of the tuple's first inner
-    tile. With one layer every tuple is one unit. With c layers a tuple larger than a
-    layer's share (total / c) is cut into ceil(size / share) near-equal parts along its
-    first tile (at most one part per orbital), so that a sector with fewer inner tuples
-    than layers (e.g. one occupied tile) still spreads over the layers. An outer product
-    (no inner index) is one unit."""
-    if layers == 1:
-        return [(q, None) for q in range(len(inner.tuples))]
-    share = inner.total / layers
-    units = []
-    for q, shape in enumerate(inner.shapes):
-        m = min(shape[0], math.ceil(inner.sizes[q] / share)) if shape and share > 0 else 1
-        if m <= 1:
-            units.append((q, None))
-            continue
-        cuts = [round(i * shape[0] / m) for i in range(m + 1)]
-        units += [(q, (lo, hi)) for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
-    return units
-
-
-@lru_cache(maxsize=2048)
-def _summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
-    """Where every block of a contraction goes on the pr x pc x layers grid (structure
-    only). Per sector n: ``row_total[n][grid row]``, ``col_total[n][grid col]`` (output
-    rectangle, the same in every layer); ``units[n]`` = [(q, part)] the inner tuples (or
-    parts of them, see ``_inner_units``) and ``inner_panel[n][u] = (layer, panel)`` of
-    unit u; ``panel_inner[n][layer][panel]`` (inner width of a panel), ``active[n][layer]``
-    (the layer has inner work); ``a_pack[n][layer][panel][grid row]`` and
-    ``b_pack[n][layer][panel][grid col]``: (key, part, row/inner offset, inner/col offset,
-    rows, cols) of the blocks in a panel; ``out[n][grid row][grid col]``: output tile pairs
-    and offsets. ``a_homes``/``b_homes``: (key, part, layer, grid row, grid col) of every
-    input block (part) -- part is None or (axis, lo, hi) of the block, as ``exchange``
-    takes it; ``a_panel_size[layer][panel][grid row]``, ``b_panel_size[layer][panel][grid
-    col]``: elements of the broadcast panels."""
-    npanel = max(pr, pc)
-    lay = {"npanel": npanel, "layers": layers, "row_total": [], "col_total": [], "panel_inner": [],
-           "units": [], "inner_panel": [], "active": [], "a_homes": [], "b_homes": [], "a_pack": [],
-           "b_pack": [], "out": []}
-    a_panel = [[[0] * pr for _ in range(npanel)] for _ in range(layers)]
-    b_panel = [[[0] * pc for _ in range(npanel)] for _ in range(layers)]
-    for n, (_, rows, inner, cols) in enumerate(sig):
-        # rotate the deals by a stable number from the sector's structure, so that the
-        # remainders of steps with few tuples do not all land on grid row/column/layer 0
-        shift = zlib.crc32(repr((n, rows.tuples, inner.tuples, cols.tuples, pa, pb)).encode())
-        grow = _rotated(largest_first(rows.sizes, pr), pr, shift)
-        gcol = _rotated(largest_first(cols.sizes, pc), pc, shift // pr)
-        units = _inner_units(inner, layers)
-        usize = [inner.sizes[q] if part is None else inner.sizes[q] // inner.shapes[q][0] * (part[1] - part[0])
-                 for q, part in units]
-        place = _deal_layers(usize, layers, npanel, shift // (pr * pc))
-        roff, rtot = [0] * len(rows.tuples), [0] * pr
-        for r, g in enumerate(grow):
-            roff[r] = rtot[g]
-            rtot[g] += rows.sizes[r]
-        coff, ctot = [0] * len(cols.tuples), [0] * pc
-        for c, g in enumerate(gcol):
-            coff[c] = ctot[g]
-            ctot[g] += cols.sizes[c]
-        ioff, itot = [0] * len(units), [[0] * npanel for _ in range(layers)]
-        for u, (l_, p) in enumerate(place):
-            ioff[u] = itot[l_][p]
-            itot[l_][p] += usize[u]
-        apack = [[[[] for _ in range(pr)] for _ in range(npanel)] for _ in range(layers)]
-        bpack = [[[[] for _ in range(pc)] for _ in range(npanel)] for _ in range(layers)]
-        for r, rk in enumerate(rows.tuples):
-            for u, (q, part) in enumerate(units):
-                akey = invert_key(rk + inner.tuples[q], pa)
-                apart = None if part is None else (pa[len(rk)], *part)   # A's axis of the first inner tile
-                l_, p = place[u]
-                lay["a_homes"].append((akey, apart, l_, grow[r], p % pc))
-                apack[l_][p][grow[r]].append((akey, apart, roff[r], ioff[u], rows.sizes[r], usize[u]))
-        for u, (q, part) in enumerate(units):
-            for c, ck in enumerate(cols.tuples):
-                bkey = invert_key(inner.tuples[q] + ck, pb)
-                bpart = None if part is None else (pb[0], *part)         # B's axis of the first inner tile
-                l_, p = place[u]
-                lay["b_homes"].append((bkey, bpart, l_, p % pr, gcol[c]))
-                bpack[l_][p][gcol[c]].append((bkey, bpart, ioff[u], coff[c], usize[u], cols.sizes[c]))
-        out = [[[] for _ in range(pc)] for _ in range(pr)]
-        for r in range(len(rows.tuples)):
-            for c in range(len(cols.tuples)):
-                out[grow[r]][gcol[c]].append((r, c, roff[r], coff[c]))
-        for l_ in range(layers):
-            for p in range(npanel):
-                for g in range(pr):
-                    a_panel[l_][p][g] += rtot[g] * itot[l_][p]
-                for g in range(pc):
-                    b_panel[l_][p][g] += itot[l_][p] * ctot[g]
-        lay["row_total"].append(rtot)
-        lay["col_total"].append(ctot)
-        lay["panel_inner"].append(itot)
-        lay["units"].append(units)
-        lay["inner_panel"].append(place)
-        lay["active"].append([sum(itot[l_]) > 0 for l_ in range(layers)])
-        lay["a_pack"].append(apack)
-        lay["b_pack"].append(bpack)
-        lay["out"].append(out)
-    lay["a_panel_size"] = a_panel
-    lay["b_panel_size"] = b_panel
-    return lay

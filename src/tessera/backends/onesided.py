@@ -25,7 +25,9 @@ Loop orders (how blocks travel), as in TCE:
   needs into a local cache (kept across batches of the step, bounded, least recently
   used out), then computes and accumulates once per output block: every block of the
   larger operand is fetched once in all, the other's at most once per rank: the fewest
-  gets;
+  gets. A batch's distinct blocks fit the cache bound (an output task whose own inputs do
+  not fit is cut into runs of products, each accumulating its part), and there are at
+  least ``BATCHES_PER_RANK`` batches per rank where the tasks allow (``cached_batches``).
 - ``owner`` (owner computes, for networks where remote accumulates are slow): each output
   block is computed by the rank that owns it, in ``cached``'s batches and through its
   cache, and added in place: gets only, no accumulate leaves a rank. The deal follows
@@ -223,13 +225,13 @@ class OneSidedExecutor(DistributedExecutor):
 
     def _cached_loop(self, step, tasks, A, B, out) -> None:
         ga_out, scale = out.dist.ga, step.scale
-        groups = self._cached_groups(tasks, A, B)
-        costs = [sum(tasks[i].flops for i in g) + 1 for g in groups]
+        groups = self._cached_groups(tasks, A, B)      # batches of (task, first product, end)
+        costs = [sum(tasks[i].flops * (hi - lo) // len(tasks[i].products) for i, lo, hi in g) + 1 for g in groups]
         cache = BlockCache(self.cache_bytes)      # (which, key) -> block as a GEMM operand
         for gbatch in self.batches(costs, 1):
-            batch = [i for g in gbatch for i in groups[g]]
+            batch = [e for g in gbatch for e in groups[g]]
             have = self._prefetch(step, tasks, batch, A, B, cache)
-            handles = [ga_out.iacc(tasks[ti].out, res, scale)        # once per output block
+            handles = [ga_out.iacc(tasks[ti].out, res, scale)     # once per output block (or part)
                        for ti, res in self._products(step, tasks, batch, have)]
             for h in handles:
                 h.wait()
@@ -260,21 +262,21 @@ class OneSidedExecutor(DistributedExecutor):
         if hit is not None and hit[0] is tasks:
             return hit[1]
         mine = set(out.blocks)
-        groups = [b for b in ([i for i in g if tasks[i].out in mine]
+        groups = [b for b in ([e for e in g if tasks[e[0]].out in mine]
                               for g in self._cached_groups(tasks, A, B)) if b]
         self._inverted[key] = (tasks, groups)
         return groups
 
     def _prefetch(self, step, tasks, batch, A, B, cache) -> dict:
-        """{(0 | 1, key): GEMM operand} of every input block the batch's tasks need: from
-        the cache, in place for owned blocks, else by non-blocking gets all in flight at
-        once (each stored in the cache)."""
+        """{(0 | 1, key): GEMM operand} of every input block the batch's entries (task,
+        lo, hi) need: from the cache, in place for owned blocks, else by non-blocking gets
+        all in flight at once (each stored in the cache)."""
         pa, pb = step.perms["a"], step.perms["b"]
         have: dict = {}
         pending = []
-        for ti in batch:
+        for ti, lo, hi in batch:
             t = tasks[ti]
-            for p in t.products:
+            for p in t.products[lo:hi]:
                 for which, ten, key, shape in ((0, A, p.a, (t.m, p.k)), (1, B, p.b, (p.k, t.n))):
                     k = (which, key)
                     if k in have:
@@ -299,13 +301,14 @@ class OneSidedExecutor(DistributedExecutor):
         return have
 
     def _products(self, step, tasks, batch, have):
-        """(task, its output block) for each task of the batch, from the prefetched operands."""
+        """(task, its output block or the part of it from products lo..hi-1) for each entry
+        (task, lo, hi) of the batch, from the prefetched operands."""
         pc = step.perms["c"]
-        for ti in batch:
+        for ti, lo, hi in batch:
             t = tasks[ti]
             c0 = time.perf_counter()
             acc = None
-            for p in t.products:
+            for p in t.products[lo:hi]:
                 prod = have[(0, p.a)] @ have[(1, p.b)]
                 if acc is None:
                     acc = prod
@@ -316,19 +319,13 @@ class OneSidedExecutor(DistributedExecutor):
             yield ti, res
 
     def _cached_groups(self, tasks, A, B) -> list:
-        """Batches of output tasks that share the operand with more bytes: one row of
-        blocks of A (or one column of B). A batch runs on one rank, so every block of that
-        operand is fetched once in all; the other operand's blocks come from the rank's
-        cache when its batches share them."""
+        """``cached_batches`` of the step, for this rank count and cache (kept per task list)."""
         by_row = A.nbytes >= B.nbytes
         key = ("cached", id(tasks), by_row)
         hit = self._inverted.get(key)
         if hit is not None and hit[0] is tasks:
             return hit[1]
-        groups: dict = {}
-        for i, t in enumerate(tasks):
-            groups.setdefault((t.sector, t.r) if by_row else (t.sector, t.c), []).append(i)
-        glist = [groups[k] for k in sorted(groups)]
+        glist = cached_batches(tasks, by_row, self.cache_bytes, self.world.size)
         self._inverted[key] = (tasks, glist)
         return glist
 
@@ -336,3 +333,81 @@ class OneSidedExecutor(DistributedExecutor):
     def _operand(blk, perm, shape) -> np.ndarray:
         """A block as a contiguous GEMM operand (permuted once, reused by every product)."""
         return np.ascontiguousarray(blk.transpose(perm)).reshape(shape)
+
+
+BATCHES_PER_RANK = 2      # cached: at least this many batches per rank where tasks allow
+
+
+def entry_blocks(tasks, entry) -> dict:
+    """{(operand, key): bytes} of the input blocks of products lo..hi-1 of a task."""
+    i, lo, hi = entry
+    t, out = tasks[i], {}
+    for p in t.products[lo:hi]:
+        out[(0, p.a)] = 8 * t.m * p.k
+        out[(1, p.b)] = 8 * p.k * t.n
+    return out
+
+
+def batch_bytes(tasks, batch) -> int:
+    """Bytes of the distinct input blocks of a batch (what it prefetches)."""
+    blocks = {}
+    for e in batch:
+        blocks.update(entry_blocks(tasks, e))
+    return sum(blocks.values())
+
+
+def _runs(tasks, entries, bound: int) -> list:
+    """``entries`` cut, in order, into runs whose distinct input blocks fit ``bound`` bytes
+    (an entry larger than the bound is a run of its own)."""
+    out, run, seen, size = [], [], set(), 0
+    for e in entries:
+        blocks = entry_blocks(tasks, e)
+        extra = sum(b for k, b in blocks.items() if k not in seen)
+        if run and size + extra > bound:
+            out.append(run)
+            run, seen, size, extra = [], set(), 0, sum(blocks.values())
+        run.append(e)
+        seen.update(blocks)
+        size += extra
+    return out + [run] if run else out
+
+
+def cached_batches(tasks, by_row: bool, bound: int, nranks: int) -> list:
+    """Batches of the ``cached`` loop order: lists of (task, lo, hi), products lo..hi-1 of
+    an output task. Output tasks that share one row of blocks of A (``by_row``, A the
+    operand with more bytes) or one column of B form a group, in task order; a task whose
+    own input blocks exceed ``bound`` bytes is cut into runs of products that fit (each run
+    accumulates its part of the output block: one accumulate per part); a group whose
+    distinct input blocks exceed ``bound`` is cut into consecutive runs that fit (only a
+    single product larger than the bound exceeds it). Then, while there are fewer than
+    ``BATCHES_PER_RANK * nranks`` batches, the batch with the most flops is halved (a cut
+    batch fetches its shared row on each rank that runs a part, the price of keeping every
+    rank busy). The same on every rank."""
+    groups: dict = {}
+    for i, t in enumerate(tasks):
+        groups.setdefault((t.sector, t.r) if by_row else (t.sector, t.c), []).append(i)
+    out = []
+    for g in (groups[k] for k in sorted(groups)):
+        entries = []
+        for i in g:
+            n = len(tasks[i].products)
+            whole = [(i, 0, n)]
+            if batch_bytes(tasks, whole) <= bound:
+                entries += whole
+            else:
+                entries += [(i, run[0][1], run[-1][2]) for run in _runs(tasks, [(i, q, q + 1) for q in range(n)], bound)]
+        out += _runs(tasks, entries, bound)
+    want = BATCHES_PER_RANK * nranks
+
+    def flops(batch):
+        return sum(tasks[i].flops * (hi - lo) // len(tasks[i].products) for i, lo, hi in batch)
+    work = [flops(b) for b in out]
+    while len(out) < want:
+        big = max(range(len(out)), key=lambda q: (work[q], -q))
+        if len(out[big]) < 2:
+            break
+        half = len(out[big]) // 2
+        head, tail = out[big][:half], out[big][half:]
+        out[big:big + 1] = [head, tail]
+        work[big:big + 1] = [flops(head), flops(tail)]
+    return out

@@ -40,6 +40,7 @@ import numpy as np
 
 from tessera.errors import RuntimeLayerError
 from tessera.runtime._mpi import SubarrayTypes, load_mpi
+from tessera.runtime.alltoallv import alltoallv as chunked_alltoallv
 from tessera.profile.commlog import CommLog
 from tessera.runtime.group import Group, allreduce_on, allreduce_peers
 from tessera.runtime.launch import check_world_size
@@ -432,11 +433,7 @@ class World:
         if min(rc, default=0) < 0:
             raise RuntimeLayerError(f"alltoallv receive counts must be >= 0, got {rc}.")
         t0 = time.perf_counter()
-        sbuf = np.concatenate(parts) if sum(counts) else np.zeros(1)
-        sdis = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
-        rdis = np.concatenate([[0], np.cumsum(rc)[:-1]]).astype(int).tolist()
-        rbuf = np.empty(max(1, sum(rc)))
-        self.comm.Alltoallv([sbuf, (counts, sdis)], [rbuf, (rc, rdis)])
+        rbuf, rdis = chunked_alltoallv(self.comm, self._MPI, parts, rc)   # in rounds above 2^31 elements
         sent = 8 * (sum(counts) - counts[self.rank])
         self.comm_log.add("alltoallv", -1, sent, time.perf_counter() - t0,
                           peers=[(s, 8 * c) for s, c in enumerate(rc) if s != self.rank and c])

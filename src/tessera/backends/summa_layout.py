@@ -1,0 +1,202 @@
+"""Where the blocks of a contraction go on mpi-collective's process grid (structure only).
+
+``summa_layout``: the SUMMA / 2.5D layout of one contraction step on a pr x pc x c grid
+(which grid row, column, layer and panel every block (part) lives in, panel sizes, output
+rectangles); ``choose_grid``: the pr x pc shape a contraction runs on (no idle grid line
+where the tuples allow it, then the least cost of the busiest rank, ``grid_score``).
+Pure functions of the step's sectors and permutations, the same on every rank; no MPI
+(tests run them for simulated rank counts). The executor is ``backends.collective``.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from functools import lru_cache
+
+import numpy as np
+
+from tessera.plan.blocktasks import invert_key
+from tessera.runtime.distribution import grid_shape, largest_first
+
+
+def _rotated(bins: list, nbins: int, shift: int) -> list:
+    """``bins`` relabelled by ``shift`` (the greedy deal favours bin 0 on ties: rotating it
+    per sector spreads the remainders of many small sectors over the ranks)."""
+    return [(b + shift) % nbins for b in bins]
+
+
+def _deal_layers(sizes, layers: int, npanel: int, shift: int = 0) -> list:
+    """(layer, panel) of each inner tuple: dealt to layers by size (labels rotated by
+    ``shift``), then within each layer to its panels by size (with one layer:
+    ``largest_first(sizes, npanel)``)."""
+    layer = _rotated(largest_first(sizes, layers), layers, shift) if layers > 1 else [0] * len(sizes)
+    out = [(0, 0)] * len(sizes)
+    for lay in range(layers):
+        members = [q for q, l_ in enumerate(layer) if l_ == lay]
+        for q, p in zip(members, largest_first([sizes[q] for q in members], npanel)):
+            out[q] = (lay, p)
+    return out
+
+
+def _inner_units(inner, layers: int) -> list:
+    """The inner tuples of a sector cut into units for the layers: ``(q, part)`` with
+    ``part = None`` (the whole tuple) or ``(lo, hi)``, rows of the tuple's first inner
+    tile. With one layer every tuple is one unit. With c layers a tuple larger than a
+    layer's share (total / c) is cut into ceil(size / share) near-equal parts along its
+    first tile (at most one part per orbital), so that a sector with fewer inner tuples
+    than layers (e.g. one occupied tile) still spreads over the layers. An outer product
+    (no inner index) is one unit."""
+    if layers == 1:
+        return [(q, None) for q in range(len(inner.tuples))]
+    share = inner.total / layers
+    units = []
+    for q, shape in enumerate(inner.shapes):
+        m = min(shape[0], math.ceil(inner.sizes[q] / share)) if shape and share > 0 else 1
+        if m <= 1:
+            units.append((q, None))
+            continue
+        cuts = [round(i * shape[0] / m) for i in range(m + 1)]
+        units += [(q, (lo, hi)) for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+    return units
+
+
+def _deal(n, rows, inner, cols, pa, pb, pr: int, pc: int, layers: int) -> tuple:
+    """Sector n's deal: grid row of each row tuple, grid column of each column tuple, the
+    inner units (``_inner_units``), their sizes and their (layer, panel)."""
+    # rotate the deals by a stable number from the sector's structure, so that the
+    # remainders of steps with few tuples do not all land on grid row/column/layer 0
+    shift = zlib.crc32(repr((n, rows.tuples, inner.tuples, cols.tuples, pa, pb)).encode())
+    grow = _rotated(largest_first(rows.sizes, pr), pr, shift)
+    gcol = _rotated(largest_first(cols.sizes, pc), pc, shift // pr)
+    units = _inner_units(inner, layers)
+    usize = [inner.sizes[q] if part is None else inner.sizes[q] // inner.shapes[q][0] * (part[1] - part[0])
+             for q, part in units]
+    return grow, gcol, units, usize, _deal_layers(usize, layers, max(pr, pc), shift // (pr * pc))
+
+
+def _offsets(bins, sizes, nbins: int) -> tuple:
+    """(offset of each item in its bin, total per bin)."""
+    off, tot = [0] * len(bins), [0] * nbins
+    for i, g in enumerate(bins):
+        off[i] = tot[g]
+        tot[g] += sizes[i]
+    return off, tot
+
+
+@lru_cache(maxsize=2048)
+def summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
+    """Where every block of a contraction goes on the pr x pc x layers grid (structure
+    only). Per sector n: ``row_total[n][grid row]``, ``col_total[n][grid col]`` (output
+    rectangle, the same in every layer); ``units[n]`` = [(q, part)] the inner tuples (or
+    parts of them, see ``_inner_units``) and ``inner_panel[n][u] = (layer, panel)`` of
+    unit u; ``panel_inner[n][layer][panel]`` (inner width of a panel), ``active[n][layer]``
+    (the layer has inner work); ``a_pack[n][layer][panel][grid row]`` and
+    ``b_pack[n][layer][panel][grid col]``: (key, part, row/inner offset, inner/col offset,
+    rows, cols) of the blocks in a panel; ``out[n][grid row][grid col]``: output tile pairs
+    and offsets. ``a_homes``/``b_homes``: (key, part, layer, grid row, grid col) of every
+    input block (part) -- part is None or (axis, lo, hi) of the block, as ``exchange``
+    takes it; ``a_panel_size[layer][panel][grid row]``, ``b_panel_size[layer][panel][grid
+    col]``: elements of the broadcast panels."""
+    npanel = max(pr, pc)
+    lay = {"npanel": npanel, "layers": layers, "row_total": [], "col_total": [], "panel_inner": [],
+           "units": [], "inner_panel": [], "active": [], "a_homes": [], "b_homes": [], "a_pack": [],
+           "b_pack": [], "out": []}
+    a_panel = [[[0] * pr for _ in range(npanel)] for _ in range(layers)]
+    b_panel = [[[0] * pc for _ in range(npanel)] for _ in range(layers)]
+    for n, (_, rows, inner, cols) in enumerate(sig):
+        grow, gcol, units, usize, place = _deal(n, rows, inner, cols, pa, pb, pr, pc, layers)
+        roff, rtot = _offsets(grow, rows.sizes, pr)
+        coff, ctot = _offsets(gcol, cols.sizes, pc)
+        ioff, itot = [0] * len(units), [[0] * npanel for _ in range(layers)]
+        for u, (l_, p) in enumerate(place):
+            ioff[u] = itot[l_][p]
+            itot[l_][p] += usize[u]
+        apack = [[[[] for _ in range(pr)] for _ in range(npanel)] for _ in range(layers)]
+        bpack = [[[[] for _ in range(pc)] for _ in range(npanel)] for _ in range(layers)]
+        for r, rk in enumerate(rows.tuples):
+            for u, (q, part) in enumerate(units):
+                akey = invert_key(rk + inner.tuples[q], pa)
+                apart = None if part is None else (pa[len(rk)], *part)   # A's axis of the first inner tile
+                l_, p = place[u]
+                lay["a_homes"].append((akey, apart, l_, grow[r], p % pc))
+                apack[l_][p][grow[r]].append((akey, apart, roff[r], ioff[u], rows.sizes[r], usize[u]))
+        for u, (q, part) in enumerate(units):
+            for c, ck in enumerate(cols.tuples):
+                bkey = invert_key(inner.tuples[q] + ck, pb)
+                bpart = None if part is None else (pb[0], *part)         # B's axis of the first inner tile
+                l_, p = place[u]
+                lay["b_homes"].append((bkey, bpart, l_, p % pr, gcol[c]))
+                bpack[l_][p][gcol[c]].append((bkey, bpart, ioff[u], coff[c], usize[u], cols.sizes[c]))
+        out = [[[] for _ in range(pc)] for _ in range(pr)]
+        for r in range(len(rows.tuples)):
+            for c in range(len(cols.tuples)):
+                out[grow[r]][gcol[c]].append((r, c, roff[r], coff[c]))
+        for l_ in range(layers):
+            for p in range(npanel):
+                for g in range(pr):
+                    a_panel[l_][p][g] += rtot[g] * itot[l_][p]
+                for g in range(pc):
+                    b_panel[l_][p][g] += itot[l_][p] * ctot[g]
+        lay["row_total"].append(rtot)
+        lay["col_total"].append(ctot)
+        lay["panel_inner"].append(itot)
+        lay["units"].append(units)
+        lay["inner_panel"].append(place)
+        lay["active"].append([sum(itot[l_]) > 0 for l_ in range(layers)])
+        lay["a_pack"].append(apack)
+        lay["b_pack"].append(bpack)
+        lay["out"].append(out)
+    lay["a_panel_size"] = a_panel
+    lay["b_panel_size"] = b_panel
+    # the most bytes of panels one rank receives for each operand (its strip of A or B)
+    lay["a_strip_bytes"] = 8 * max(sum(a_panel[l_][p][g] for p in range(npanel))
+                                   for l_ in range(layers) for g in range(pr))
+    lay["b_strip_bytes"] = 8 * max(sum(b_panel[l_][p][g] for p in range(npanel))
+                                   for l_ in range(layers) for g in range(pc))
+    return lay
+
+
+FLOPS_PER_BYTE = 8.0     # a byte received costs about 8 flops (~16 GF/s and ~2 GB/s per rank)
+
+
+def grid_shapes(nranks: int) -> list:
+    """Every (pr, pc) with pr * pc = nranks."""
+    return [(d, nranks // d) for d in range(1, nranks + 1) if nranks % d == 0]
+
+
+def grid_score(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
+    """How a contraction fares on a pr x pc x layers grid (structure only): ``idle``, the
+    grid rows and columns with no output rows or columns in any sector; ``flops`` and
+    ``recv_bytes``, the most any rank computes and receives in panels; ``cost``, flops +
+    FLOPS_PER_BYTE * bytes of the busiest rank."""
+    rows, cols, inner = np.zeros((len(sig), pr)), np.zeros((len(sig), pc)), np.zeros((len(sig), layers))
+    for n, (_, r, i, c) in enumerate(sig):      # the deals of summa_layout, without its lists
+        grow, gcol, _, usize, place = _deal(n, r, i, c, pa, pb, pr, pc, layers)
+        rows[n], cols[n] = _offsets(grow, r.sizes, pr)[1], _offsets(gcol, c.sizes, pc)[1]
+        for size, (l_, _) in zip(usize, place):
+            inner[n, l_] += size
+    flops = 2 * np.einsum("ng,nh,nl->lgh", rows, cols, inner)
+    # panels from the other pc - 1 columns (A) and pr - 1 rows (B), on average
+    recv = 8 * ((pc - 1) / pc * np.einsum("ng,nl->lg", rows, inner)[:, :, None]
+                + (pr - 1) / pr * np.einsum("nh,nl->lh", cols, inner)[:, None, :])
+    idle = int((rows.sum(0) == 0).sum() + (cols.sum(0) == 0).sum())
+    return {"idle": idle, "flops": float(flops.max(initial=0)), "recv_bytes": float(recv.max(initial=0)),
+            "cost": float((flops + FLOPS_PER_BYTE * recv).max(initial=0))}
+
+
+@lru_cache(maxsize=2048)
+def choose_grid(sig, pa, pb, nranks: int, layers: int = 1) -> tuple:
+    """(pr, pc) of the grid of ``nranks`` ranks (per layer) a contraction runs on: the fewest
+    idle grid lines (none where the sectors have as many row and column tuples as some
+    grid has lines), then the least cost of the busiest rank (``grid_score``), then the
+    most square. E.g. 9 (i, j) row tuples on 1024 ranks: 8 x 128, not 32 x 32 (23 idle rows)."""
+    if not sig:
+        return grid_shape(nranks)
+    best = None
+    for pr, pc in grid_shapes(nranks):
+        sc = grid_score(sig, pa, pb, pr, pc, layers)
+        rank = (sc["idle"], sc["cost"], abs(pr - pc))
+        if best is None or rank < best[0]:
+            best = (rank, (pr, pc))
+    return best[1]

@@ -1,0 +1,159 @@
+"""Granularity from the rank count, checked on structure alone (simulated rank counts,
+no MPI): mpi-collective's grid per contraction leaves no grid row or column idle where
+the tuples allow it; the cached loop order's batches respect the cache bound and give
+every rank tasks; the all-to-all's rounds above the MPI count limit and the request
+encoding; the tile search goes finer on many ranks."""
+
+import numpy as np
+import pytest
+
+from tessera import BlockTensor, IndexSpace
+from tessera.backends import auto
+from tessera.backends.collective import _decode, _encode
+from tessera.backends.summa_layout import choose_grid, grid_score, summa_layout
+from tessera.backends.context import PlanningContext
+from tessera.backends.onesided import BATCHES_PER_RANK, cached_batches
+from tessera.chem.ccsd import CCSDStructure
+from tessera.errors import RuntimeLayerError
+from tessera.plan.blocktasks import _tasks, contraction_tasks
+from tessera.runtime.alltoallv import offsets, plan_rounds, round_counts
+from tessera.runtime.distribution import grid_shape
+
+
+@pytest.fixture(autouse=True)
+def _drop_layouts():
+    """The layouts of 1024 simulated ranks are large: not kept for later tests (whose
+    memory estimates measure this process's peak)."""
+    yield
+    summa_layout.cache_clear()
+    choose_grid.cache_clear()
+    _tasks.cache_clear()
+
+
+def ladder_step(occ_tiles, vir_tiles, tile=2):
+    """The contract step of R[ijab] += W[abcd] tau[ijcd] (C1, tiles of ``tile`` orbitals)."""
+    o = IndexSpace.from_irreps("o", np.zeros(tile * occ_tiles, int), tile)
+    v = IndexSpace.from_irreps("v", np.zeros(tile * vir_tiles, int), tile)
+    ctx = PlanningContext()
+    with ctx:
+        W, tau = BlockTensor((v,) * 4, 0, name="W"), BlockTensor((o, o, v, v), 0, name="tau")
+        R = BlockTensor((o, o, v, v), 0, name="R")
+        R["ijab"] += W["abcd"] * tau["ijcd"]
+    return next(s for s in ctx.plans[0].steps if s.kind == "contract")
+
+
+def busy_lines(step, pr, pc, layers=1):
+    """(grid rows, grid columns) with output work, from the layout the executor runs."""
+    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    lay = summa_layout(sig, step.perms["a"], step.perms["b"], pr, pc, layers)
+    rows = sum(any(lay["row_total"][n][g] for n in range(len(sig))) for g in range(pr))
+    cols = sum(any(lay["col_total"][n][h] for n in range(len(sig))) for h in range(pc))
+    return rows, cols
+
+
+@pytest.mark.parametrize("occ_tiles, vir_tiles, nranks", [(3, 12, 1024), (2, 10, 32), (3, 5, 32), (2, 3, 4)])
+def test_grid_per_contraction_leaves_no_line_idle(occ_tiles, vir_tiles, nranks):
+    """9 (i, j) tuples on 1024 ranks: the most square grid (32 x 32) idles 23 grid rows or
+    columns; the chosen grid none (8 x 128 or 4 x 256 fit 9 x 144 tuples), and its busiest
+    rank computes and receives no more."""
+    step = ladder_step(occ_tiles, vir_tiles)
+    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    pa, pb = step.perms["a"], step.perms["b"]
+    pr, pc = choose_grid(sig, pa, pb, nranks)
+    assert pr * pc == nranks
+    assert busy_lines(step, pr, pc) == (pr, pc)
+    square = grid_shape(nranks)
+    if occ_tiles ** 2 < max(square):
+        assert busy_lines(step, *square) != square     # the fixed grid idled some lines
+    chosen, fixed = grid_score(sig, pa, pb, pr, pc), grid_score(sig, pa, pb, *square)
+    assert chosen["cost"] <= fixed["cost"] and chosen["idle"] == 0
+
+
+def test_grid_score_counts_flops_of_the_busiest_rank():
+    """4 ij tuples x 9 ab tuples, one layer: the busiest rank's flops are 2 * rows * cols *
+    inner of its rectangle (by hand from the deal)."""
+    step = ladder_step(2, 3)
+    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    (_, rows, inner, cols), = sig
+    for pr, pc in ((1, 1), (1, 2), (2, 2)):
+        lay = summa_layout(sig, step.perms["a"], step.perms["b"], pr, pc, 1)
+        flops = max(2 * lay["row_total"][0][g] * lay["col_total"][0][h] * inner.total
+                    for g in range(pr) for h in range(pc))
+        assert grid_score(sig, step.perms["a"], step.perms["b"], pr, pc)["flops"] == flops
+    assert grid_score(sig, step.perms["a"], step.perms["b"], 1, 1)["flops"] == 2 * rows.total * cols.total * inner.total
+
+
+def distinct_bytes(tasks, batch):
+    a, b = {}, {}
+    for i, lo, hi in batch:
+        t = tasks[i]
+        for p in t.products[lo:hi]:
+            a[p.a], b[p.b] = 8 * t.m * p.k, 8 * p.k * t.n
+    return sum(a.values()) + sum(b.values())
+
+
+@pytest.mark.parametrize("nranks", (1, 4, 64))
+def test_cached_batches_fit_the_cache_and_feed_every_rank(nranks):
+    step = ladder_step(3, 6)
+    tasks = contraction_tasks(step)
+    whole = sum(8 * int(np.prod(t.out_shape)) for t in tasks)     # every output block, a scale
+    one_task = min(distinct_bytes(tasks, [(i, 0, len(t.products))]) for i, t in enumerate(tasks))
+    every = [(i, q) for i, t in enumerate(tasks) for q in range(len(t.products))]
+    for bound in (10 ** 12, whole // 20, one_task // 3):
+        batches = cached_batches(tasks, True, bound, nranks)
+        assert sorted((i, q) for b in batches for i, lo, hi in b for q in range(lo, hi)) == every
+        for b in batches:
+            assert distinct_bytes(tasks, b) <= bound or (len(b) == 1 and b[0][2] - b[0][1] == 1)
+            assert len({(tasks[i].sector, tasks[i].r) for i, _, _ in b}) == 1
+        assert len(batches) >= min(len(tasks), BATCHES_PER_RANK * nranks)
+        if bound == one_task // 3:                  # no task fits whole: each is cut in parts
+            assert all(hi - lo < len(tasks[i].products) for b in batches for i, lo, hi in b)
+    # one rank, no bound: one batch per row of blocks of A (every A block fetched once)
+    if nranks == 1:
+        rows = {(t.sector, t.r) for t in tasks}
+        assert len(cached_batches(tasks, True, 10 ** 12, 1)) == max(len(rows), BATCHES_PER_RANK)
+        tight = cached_batches(tasks, True, whole // 20, 1)
+        assert len(tight) > len(rows)              # all of tau per row did not fit
+
+
+@pytest.mark.parametrize("nranks, limit", [(2, 5), (3, 5), (4, 7), (5, 5), (8, 2 ** 31 - 1)])
+def test_alltoallv_rounds(nranks, limit):
+    rng = np.random.default_rng(nranks)
+    counts = rng.integers(0, 12, size=(nranks, nranks))     # counts[s][d]
+    totals = max(counts.sum(0).max(), counts.sum(1).max())
+    with pytest.raises(RuntimeLayerError, match="at least the rank count"):
+        plan_rounds(int(totals), int(counts.max()), nranks, nranks - 1)
+    rounds, per = plan_rounds(int(totals), int(counts.max()), nranks, limit)
+    if totals <= limit:
+        assert (rounds, per) == (1, None)
+        return
+    moved = np.zeros_like(counts)
+    for r in range(rounds):
+        for s in range(nranks):
+            sc = round_counts(counts[s].tolist(), r, per)
+            assert sum(sc) <= limit and max(offsets(sc)) <= limit
+            moved[s] += sc
+    assert (moved == counts).all()
+    assert rounds == -(-int(counts.max()) // (limit // nranks))
+
+
+def test_request_encoding_round_trip():
+    reqs = [(3, (0, 1, 2, 3), None), (7, (5,), (0, 2, 4)), (3, (1, 1), (1, 0, 1)), (0, (), None)]
+    ints = [x for eid, key, part in reqs for x in _encode(eid, key, part)]
+    assert _decode(np.array(ints, dtype=np.int64)) == reqs
+
+
+def test_tile_search_goes_finer_on_many_ranks(monkeypatch):
+    """The search stops at the first tile with more than max(MAX_PRODUCTS,
+    PRODUCTS_PER_RANK * P) block products: on 64 ranks it reaches finer tiles than on 2."""
+    monkeypatch.setattr(auto, "MAX_PRODUCTS", 200)
+    monkeypatch.setattr(auto, "PRODUCTS_PER_RANK", 50)
+    structure = CCSDStructure(np.zeros(30, dtype=int), 6, 0)
+    tiles = {}
+    for nranks in (2, 64):
+        d = auto.decide(structure, nranks, backend="mpi-collective", variant="summa", rate=5e9)
+        tiles[nranks] = {c["tile"] for c in d["candidates"]}
+        products = {c["tile"]: c["block_products"] for c in d["candidates"]}
+        coarser = [t for t in tiles[nranks] if t != min(tiles[nranks])]
+        assert all(products[t] <= max(200, 50 * nranks) for t in coarser)
+    assert min(tiles[64]) < min(tiles[2])
