@@ -124,22 +124,22 @@ def test_restart_after_kill_two_ranks_and_onto_one(tmp_path, uninterrupted):
 
 def test_restart_sizes_the_estimate_from_the_checkpoint(tmp_path, monkeypatch, capsys):
     """On restart neither the SCF nor an initial guess runs: the memory estimate takes
-    the checkpoint's orbitals."""
+    the checkpoint's orbitals and tiles (here not the default tile)."""
     import tessera.chem.scf.driver as driver
     chk = tmp_path / "c.chk.h5"
-    assert main([*ARGS[:3], "sto-3g", "--method", "ccsd", "--max-iter", "3", "--checkpoint", str(chk)]) == 1
-    first = capsys.readouterr().out
+    args = [*ARGS[:3], "6-31g", "--method", "ccsd", "--checkpoint", str(chk)]
+    assert main([*args, "--tile", "2", "--max-iter", "3", "--json", str(tmp_path / "a.json")]) == 1
+    capsys.readouterr()
 
     def no_guess(*_):
         raise AssertionError("guess orbitals computed on restart")
     monkeypatch.setattr(driver, "guess_orbitals", no_guess)
-    assert main([*ARGS[:3], "sto-3g", "--method", "ccsd", "--checkpoint", str(chk), "--restart"]) == 0
-    out = capsys.readouterr().out
-    assert "Memory per rank" in out and "from checkpoint" in out
+    assert main([*args, "--restart", "--json", str(tmp_path / "b.json")]) == 0
+    assert "from checkpoint" in capsys.readouterr().out
 
-    def phases(text):          # the estimate's phase lines (the baseline is measured)
-        return [line for line in text.splitlines() if line.startswith(("  scf ", "  transform ", "  ccsd "))]
-    assert len(phases(out)) == 3 and phases(out) == phases(first)
+    def phases(name):          # bytes per phase (the baseline is measured)
+        return json.loads((tmp_path / name).read_text())["memory"]["estimate"]["phases"]
+    assert phases("b.json") == phases("a.json")
 
 
 def _one_line_error(capsys, *argv) -> str:

@@ -123,12 +123,16 @@ class Checkpoint:
                                  f"there, {_short(mine)} here); resume with the same input, or run "
                                  "without --restart")
 
+    def stored_tiles(self) -> tuple | None:
+        """(tile, occupied tile) the checkpoint was written with; None without one."""
+        return None if self.stored is None else tuple(self.stored["fingerprint"]["tiles"])
+
     def tiles(self, tile: int, occ_tile: int | None, given: bool) -> tuple:
         """(tile, occupied tile) of this run: on restart the checkpoint's unless --tile was
         given (then they must agree); recorded in the fingerprint."""
         occ_tile = occ_tile or tile
         if self.stored is not None and not given:
-            tile, occ_tile = self.stored["fingerprint"]["tiles"]
+            tile, occ_tile = self.stored_tiles()
         self.check({"tiles": [int(tile), int(occ_tile)]})
         return int(tile), int(occ_tile)
 

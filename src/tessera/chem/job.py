@@ -162,7 +162,8 @@ class Job:
             chk.check(fingerprint(source.molecule, source.basis, opt.symmetry, nfrozen, given))
         # on restart the checkpoint's orbitals size the estimate (no initial guess)
         resumed = chk.reference(mol) if opt.restart and given is None and chk is not None else None
-        memory = self._check_memory(mol, method, nfrozen, ranks, given or resumed)
+        tiles = chk.stored_tiles() if chk is not None and opt.tile is None else None
+        memory = self._check_memory(mol, method, nfrozen, ranks, given or resumed, tiles)
 
         t0 = time.perf_counter()
         self.report.phase("scf")
@@ -293,15 +294,17 @@ class Job:
         options = {"variant": decision["variant"], "schedule": decision.get("schedule")}
         return decision["backend"], options, decision["tile"], decision
 
-    def _check_memory(self, mol, method, nfrozen, ranks, reference=None):
+    def _check_memory(self, mol, method, nfrozen, ranks, reference=None, tiles=None):
         """The estimate of the peak memory per rank (reported), before any heavy work; an
         InputError on every rank when it exceeds the memory budget per rank
         (``backends.budget``: --max-memory, TESSERA_MEMORY_PER_RANK_MB, or the memory
-        available now shared by the node's ranks), which the cost model also uses."""
+        available now shared by the node's ranks), which the cost model also uses.
+        ``tiles``: (tile, occupied tile) of a restart's checkpoint, else --tile or 32."""
         opt = self.options
+        tile, occ_tile = tiles or (opt.tile or 32, None)
 
         def judge():
-            shape = RunShape(mol, method, opt.backend, opt.variant, ranks.size, opt.tile or 32, None,
+            shape = RunShape(mol, method, opt.backend, opt.variant, ranks.size, tile, occ_tile,
                              nfrozen, runs_distributed(opt.backend), reference,
                              node_ranks=ranks.node_size, shared_windows=ranks.shared_windows)
             est = estimate(shape)
