@@ -183,10 +183,11 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         parts["transform"] = {"integrals": stored, "fcidump integrals": shape.mo_eri_bytes}
     elif not shape.distributed and s8_bytes(nao) <= MAX_MEMORY * 1e6:
         # in memory (chem/ao2mo.py, A): the rows of all active pairs, with first the 8-fold
-        # AO integrals, then the MO integrals
-        parts["transform"] = {"AO or MO integrals": max(s8_bytes(nao), stored),
-                              "half-transformed": 8 * nact * (nact + 1) // 2 * npair,
-                              "slabs": T * slabs}
+        # AO integrals (half_e1), then, once those are freed, the MO integrals and each
+        # thread's finish arrays (a chunk of rows and its result)
+        finish = 8 * row_chunk * (npair + nact * nact)
+        parts["transform"] = {"half-transformed": 8 * nact * (nact + 1) // 2 * npair,
+                              "AO integrals, or MO integrals and working": max(s8_bytes(nao), stored + T * finish)}
     else:
         parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * npair / P, "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)
