@@ -398,24 +398,10 @@ class CollectiveExecutor(DistributedExecutor):
         compute = 0.0
         for p in range(lay["npanel"]):
             a_root, b_root = p % cc.pc, p % cc.pr
-            if kept_a is not None:
-                abuf = kept_a[p]
-            else:
-                abuf = np.empty(lay["a_panel_size"][me_layer][p][me_row])
-                if me_col == a_root:
-                    self._pack_a(abuf, lay, me_layer, p, me_row, A, home, pa)
-                cc.bcast(abuf, a_root, "row")
-                if keep_a is not None:
-                    keep_a.append(abuf)
-            if kept_b is not None:
-                bbuf = kept_b[p]
-            else:
-                bbuf = np.empty(lay["b_panel_size"][me_layer][p][me_col])
-                if me_row == b_root:
-                    self._pack_b(bbuf, lay, me_layer, p, me_col, B, home, pb)
-                cc.bcast(bbuf, b_root, "col")
-                if keep_b is not None:
-                    keep_b.append(bbuf)
+            abuf = self._panel(kept_a, keep_a, p, lay["a_panel_size"][me_layer][p][me_row], a_root, "row",
+                               me_col == a_root and (lambda buf: self._pack_a(buf, lay, me_layer, p, me_row, A, home, pa)))
+            bbuf = self._panel(kept_b, keep_b, p, lay["b_panel_size"][me_layer][p][me_col], b_root, "col",
+                               me_row == b_root and (lambda buf: self._pack_b(buf, lay, me_layer, p, me_col, B, home, pb)))
             c0 = time.perf_counter()
             aoff = boff = 0
             for n in range(nsec):
@@ -472,6 +458,20 @@ class CollectiveExecutor(DistributedExecutor):
                 pos += view.size
         compute += time.perf_counter() - c0
         self.compute_seconds += compute
+
+    def _panel(self, kept, keep, p: int, size: int, root: int, axis: str, pack):
+        """Panel ``p`` of an operand on this rank: the one ``kept`` from an earlier iteration
+        (a frozen operand), else broadcast along the grid ``axis`` from ``root``, which
+        ``pack``s it (``pack`` is False elsewhere); appended to ``keep`` when kept."""
+        if kept is not None:
+            return kept[p]
+        buf = np.empty(size)
+        if pack:
+            pack(buf)
+        self.cc.bcast(buf, root, axis)
+        if keep is not None:
+            keep.append(buf)
+        return buf
 
     @staticmethod
     def _pack_a(buf, lay, layer, p, grow, A, home, pa) -> None:
