@@ -77,15 +77,12 @@ def _gemm_scatter_one(step, sec, amat, bmat, first, last) -> None:
     for r in range(first, last):
         rk, ro, rs, rsh = rows.tuples[r], rows.offsets[r] - r0, rows.sizes[r], rows.shapes[r]
         for c, ck in enumerate(cols.tuples):
-            co = cols.offsets[c]
-            blk = cmat[ro:ro + rs, co:co + cols.sizes[c]].reshape(rsh + cols.shapes[c])
-            key = rk + ck
-            if not identity:
-                blk = blk.transpose(cperm)
-                key = tuple(key[p] for p in cperm)
+            key = rk + ck if identity else tuple((rk + ck)[p] for p in cperm)
             if aliases and key in aliases:
                 continue
-            out.accumulate_block(key, blk, step.scale)
+            co = cols.offsets[c]
+            blk = cmat[ro:ro + rs, co:co + cols.sizes[c]].reshape(rsh + cols.shapes[c])
+            out.accumulate_block(key, blk if identity else blk.transpose(cperm), step.scale)
 
 
 def add_tasks(step) -> list:

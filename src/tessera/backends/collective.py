@@ -247,12 +247,13 @@ class CollectiveExecutor(DistributedExecutor):
             self._panels.clear()
         super().close()
 
-    def _kept(self, t, key, need: int, empty) -> tuple:
+    def _kept(self, t, key, need, empty) -> tuple:
         """(what was kept for ``key`` of frozen tensor ``t`` earlier, or None; ``empty``, now
         kept under that key, to fill this time, or None). Only a frozen operand
         (``BlockTensor.freeze``: the integrals) is kept, while ``need`` (bytes: the most any
-        rank keeps, from structure alone, so every rank decides alike) fits
-        ``frozen_bytes`` with the others kept (least recently used out)."""
+        rank keeps, from structure alone, so every rank decides alike; a number or a function
+        giving it, called on a miss only) fits ``frozen_bytes`` with the others kept (least
+        recently used out)."""
         if not t.constant:
             return None, None
         key = (t.uid, t.version, *key)
@@ -260,6 +261,7 @@ class CollectiveExecutor(DistributedExecutor):
         if hit is not None:
             self._panels.move_to_end(key)
             return hit[0], None
+        need = need() if callable(need) else need
         if need > self.frozen_bytes:
             return None, None
         while self._panel_bytes + need > self.frozen_bytes:
@@ -272,15 +274,19 @@ class CollectiveExecutor(DistributedExecutor):
         """``exchange`` of [(tensor, items)]: the blocks a rank receives for a frozen tensor
         are kept (keyed by the items) and not sent again while kept."""
         me, out, send, fill = self.cc.rank, {}, [], []
+
+        def most_received(ga, items) -> int:
+            """Bytes the rank receiving the most of ``items`` gets."""
+            recv = [0] * self.cc.size
+            for _, key, dest, *part in items:
+                if ga.owner(key) != dest:
+                    lo, hi = part_range(ga, key, part[0] if part else None)
+                    recv[dest] += 8 * int(np.prod([b - a for a, b in zip(lo, hi)]))
+            return max(recv)
         for t, items in parts:
             ga = t.dist.ga
-            recv = [0] * self.cc.size
-            if t.constant:
-                for _, key, dest, *part in items:
-                    if ga.owner(key) != dest:
-                        lo, hi = part_range(ga, key, part[0] if part else None)
-                        recv[dest] += 8 * int(np.prod([b - a for a, b in zip(lo, hi)]))
-            kept, keep = self._kept(t, ("in", tuple(it[1:] for it in items)), max(recv), {})
+            kept, keep = self._kept(t, ("in", tuple(it[1:] for it in items)),
+                                    lambda: most_received(ga, items), {})
             if kept is None:
                 send += items
                 if keep is not None:

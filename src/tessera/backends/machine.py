@@ -68,4 +68,4 @@ class Machine:
         return {"t_task": self.task_seconds, "t_get": self.get_seconds + f_off * self.network_latency,
                 "t_acc": self.acc_seconds + f_off * self.network_latency,
                 "t_coll": self.collective_seconds + tree * self.network_latency, "bandwidth": bandwidth,
-                "nodes": nodes, "off_node_share": f_off}
+                "nodes": nodes}

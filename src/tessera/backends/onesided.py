@@ -226,7 +226,7 @@ class OneSidedExecutor(DistributedExecutor):
     def _cached_loop(self, step, tasks, A, B, out) -> None:
         ga_out, scale = out.dist.ga, step.scale
         groups = self._cached_groups(tasks, A, B)      # batches of (task, first product, end)
-        costs = [sum(tasks[i].flops * (hi - lo) // len(tasks[i].products) for i, lo, hi in g) + 1 for g in groups]
+        costs = [batch_flops(tasks, g) + 1 for g in groups]
         cache = BlockCache(self.cache_bytes)      # (which, key) -> block as a GEMM operand
         for gbatch in self.batches(costs, 1):
             batch = [e for g in gbatch for e in groups[g]]
@@ -348,6 +348,11 @@ def entry_blocks(tasks, entry) -> dict:
     return out
 
 
+def batch_flops(tasks, batch) -> int:
+    """Flops of a batch of (task, lo, hi) entries: each task's share of its products."""
+    return sum(tasks[i].flops * (hi - lo) // len(tasks[i].products) for i, lo, hi in batch)
+
+
 def batch_bytes(tasks, batch) -> int:
     """Bytes of the distinct input blocks of a batch (what it prefetches)."""
     blocks = {}
@@ -399,9 +404,7 @@ def cached_batches(tasks, by_row: bool, bound: int, nranks: int) -> list:
         out += _runs(tasks, entries, bound)
     want = BATCHES_PER_RANK * nranks
 
-    def flops(batch):
-        return sum(tasks[i].flops * (hi - lo) // len(tasks[i].products) for i, lo, hi in batch)
-    work = [flops(b) for b in out]
+    work = [batch_flops(tasks, b) for b in out]
     while len(out) < want:
         big = max(range(len(out)), key=lambda q: (work[q], -q))
         if len(out[big]) < 2:
@@ -409,5 +412,5 @@ def cached_batches(tasks, by_row: bool, bound: int, nranks: int) -> list:
         half = len(out[big]) // 2
         head, tail = out[big][:half], out[big][half:]
         out[big:big + 1] = [head, tail]
-        work[big:big + 1] = [flops(head), flops(tail)]
+        work[big:big + 1] = [batch_flops(tasks, head), batch_flops(tasks, tail)]
     return out

@@ -120,7 +120,7 @@ def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
     """
     from tessera.backends.context import current_context
     from tessera.chem.ao2mo import transform_classes
-    from tessera.chem.scf.incore import s8_bytes
+    from tessera.chem.scf.incore import s8_fits
 
     context = current_context() if context is None else context
     if slab_bytes is None:
@@ -136,8 +136,8 @@ def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
         if ref.eri_mo is not None:
             stats = mo_classes(context, ref.eri_mo, {k: i + nfrozen for k, i in index.items()}, tensors)
         else:
-            budget = float(ref.mol.max_memory if max_memory_mb is None else max_memory_mb) * 1e6
-            in_memory = not context.distributed and s8_bytes(ref.mol.nao) <= budget
+            in_memory = not context.distributed and s8_fits(
+                ref.mol.nao, ref.mol.max_memory if max_memory_mb is None else max_memory_mb)
             if not in_memory and ref.ao_integrals is not None:
                 ref.ao_integrals.take()            # not used here: freed now, not at the end
             stats = transform_classes(context, ref.mol, ref.mo_coeff[:, nfrozen:], index, tensors,

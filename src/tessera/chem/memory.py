@@ -112,11 +112,13 @@ class RunShape:
         from tessera.backends.local import available_cores
         from tessera.chem.job import frozen_core_orbitals
         from tessera.chem.scf.driver import guess_orbitals
+        from pyscf.lib.parameters import MAX_MEMORY
         if reference is not None:
             self.orbsym, self.nocc, self.group = np.asarray(reference.orbsym), reference.nocc, reference.point_group
         else:
             self.orbsym, self.nocc, self.group, _ = guess_orbitals(mol)
         self.nao = int(mol.nao) if mol is not None else len(self.orbsym)
+        self.max_memory_mb = getattr(mol, "max_memory", MAX_MEMORY)    # the transform's in-memory budget
         self.chemcore = frozen_core_orbitals(mol) if mol is not None else 0
         # an FCIDUMP's MO integrals, held whole while its classes are filled
         eri = getattr(reference, "eri_mo", None)
@@ -138,10 +140,9 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     """The per-rank estimate of ``shape`` (``baseline``: measured now unless given)."""
     from tessera.backends.auto import memory_parts, structure_stats
     from tessera.chem.ccsd import CCSDStructure
-    from pyscf.lib.parameters import MAX_MEMORY
 
     from tessera.chem.integrals import CLASSES, SLAB_BYTES, class_tensor, make_spaces
-    from tessera.chem.scf.incore import s8_bytes
+    from tessera.chem.scf.incore import s8_bytes, s8_fits
 
     P, T = shape.nranks, shape.threads
     nao = shape.nao
@@ -181,7 +182,7 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     slabs = 8 * (max_cols * (npair + nact * (nact + 1)) + 2 * row_chunk * npair)
     if shape.mo_eri_bytes:
         parts["transform"] = {"integrals": stored, "fcidump integrals": shape.mo_eri_bytes}
-    elif not shape.distributed and s8_bytes(nao) <= MAX_MEMORY * 1e6:
+    elif not shape.distributed and s8_fits(nao, shape.max_memory_mb):
         # in memory (chem/ao2mo.py, A): the rows of all active pairs, with first the 8-fold
         # AO integrals (half_e1), then, once those are freed, the MO integrals and each
         # thread's finish arrays (a chunk of rows and its result)

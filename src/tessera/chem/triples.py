@@ -591,11 +591,11 @@ def default_occ_tile(nvir: int, nirrep: int) -> int:
     return max(1, int((2e6 / max(1.0, nvir ** 3 / nirrep)) ** (1 / 3)))
 
 
-def check_occ_tile(occ_tile) -> None:
-    """InputError unless ``occ_tile`` is None or a positive integer."""
+def check_occ_tile(occ_tile, name: str = "occ_tile") -> None:
+    """InputError unless ``occ_tile`` (the option ``name``) is None or a positive integer."""
     integer = isinstance(occ_tile, (int, np.integer)) and not isinstance(occ_tile, bool)
     if occ_tile is not None and not (integer and occ_tile >= 1):
-        raise InputError(f"occ_tile must be a positive integer or None, got {occ_tile!r}")
+        raise InputError(f"{name} must be a positive integer or None, got {occ_tile!r}")
 
 
 def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = None,
@@ -625,11 +625,7 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
                          "(ints.o, ints.o, ints.v, ints.v), both of irrep 0; build them with "
                          "BlockTensor.from_dense(..., (ints.o, ints.v)) from the same MOIntegrals")
     check_occ_tile(occ_tile)
-    if vblock is not None:
-        try:
-            check_occ_tile(vblock)
-        except InputError:
-            raise InputError(f"vblock must be a positive integer or None, got {vblock!r}") from None
+    check_occ_tile(vblock, "vblock")
     for name, val in (("cache_mb", cache_mb), ("kernel_mb", kernel_mb)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0):
             raise InputError(f"{name} must be a number >= 0 or None, got {val!r}")

@@ -62,10 +62,6 @@ class Launch:
     rank: int = 0
     source: str = ""
 
-    @property
-    def readable(self) -> bool:
-        return self.size is not None
-
 
 def _count(env: Mapping[str, str], name: str, minimum: int) -> int | None:
     raw = env.get(name)

@@ -28,6 +28,12 @@ def s8_bytes(nao: int) -> int:
     return npair * (npair + 1) // 2 * 8
 
 
+def s8_fits(nao: int, max_memory_mb: float) -> bool:
+    """Whether the 8-fold integrals of ``nao`` functions fit ``max_memory_mb`` (MB, as
+    PySCF's ``mol.max_memory``): the one rule of the in-memory SCF and transform."""
+    return s8_bytes(nao) <= float(max_memory_mb) * 1e6
+
+
 class IncoreFock:
     """``build(dm) -> G``; ``history``: one statistics dict per build (as ``FockBuilder``);
     ``threads``: OpenMP threads of the integrals and of the contraction."""
