@@ -131,7 +131,8 @@ def matmul_bound_bytes(mnk: float, ranks: int, itemsize: int = 8) -> float:
     return itemsize * 3 * (mnk / ranks) ** (2 / 3)
 
 
-def run_text(p: Profile) -> str:
+def run_text(p: Profile, bound: list | None = None) -> str:
+    """The text report of one run; ``bound`` is its ``bound_rows`` when already computed."""
     run = p.run
     atoms = (run.get("molecule") or {}).get("atoms") or []
     lines = [f"== {p.directory}: {len(atoms)} atoms, {run.get('basis')}, {run.get('method')}, "
@@ -169,7 +170,7 @@ def run_text(p: Profile) -> str:
     else:
         lines += ["", f"Energy to solution: unavailable: {energy['reason']}"]
     lines.append(f"Energy to solution (GPU, NVML): unavailable: {energy['gpu_reason']}")
-    bound = bound_rows(p)
+    bound = bound_rows(p) if bound is None else bound
     if bound:
         lines += ["", "Collective bytes per rank per contraction call vs the bound 3n^2/p^(2/3) (MiB)",
                   f"{'calls':>6s} {'measured':>9s} {'bound':>9s} {'ratio':>7s}  contraction"]
@@ -224,14 +225,14 @@ def report(dirs: list, out: str | None = None) -> str:
         raise InputError(f"cannot create report directory {out!r}: {err.strerror}") from None
     from tessera.profile import plots
     sections, figures = [], []
-    for p in runs:
-        sections.append(run_text(p))
+    bounds = [(p, bound_rows(p)) for p in runs]
+    for p, bound in bounds:
+        sections.append(run_text(p, bound))
         figures += [plots.terms(p, term_rows(p), out), plots.breakdown(p, out), plots.heatmap(p, matrix(p), out)]
     if len(runs) > 1:
         sections.append(scaling_text(runs))
         rows = scaling_rows(runs)
         figures += [plots.scaling(rows, out), plots.bytes_per_rank(rows, out)]
-    bounds = [(p, bound_rows(p)) for p in runs]
     bounds = [(p, b) for p, b in bounds if b]
     if bounds:
         figures.append(plots.bound(bounds, out))
