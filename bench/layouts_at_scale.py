@@ -143,8 +143,12 @@ def main(argv=None) -> None:
         rows = {}
         for P in ranks:
             if args.tile == "auto":          # as tessera plan --ranks chooses them
-                from tessera.cli.plan_ranks import choose_tiles
-                tile, occ_tile = choose_tiles(orbsym, nocc, 0, P)
+                try:
+                    from tessera.backends.balance import balanced_tiles
+                    tile, occ_tile = balanced_tiles(structure.stored, P)[:2]
+                except ImportError:          # older sources (--src)
+                    from tessera.cli.plan_ranks import choose_tiles
+                    tile, occ_tile = choose_tiles(orbsym, nocc, 0, P)
             else:
                 tile = occ_tile = int(args.tile)
             tensors = class_tensors(orbsym, nocc, tile, occ_tile)

@@ -12,11 +12,13 @@ import math
 import numpy as np
 import pytest
 
+from tessera.backends.balance import balanced_tiles, class_balance
 from tessera.backends.budget import memory_budget
 from tessera.backends.machine import Machine
+from tessera.chem.ccsd import CCSDStructure
 from tessera.chem.inputs import load
 from tessera.cli.main import main
-from tessera.cli.plan_ranks import choose_tiles, class_balance, orbitals, stored_tensors
+from tessera.cli.plan_ranks import orbitals
 
 RANKS = (64, 256, 1024)
 
@@ -39,15 +41,17 @@ def test_every_class_balanced_and_shrinking_with_ranks(n):
     orbsym, nocc = orbitals(source, True)
     assert (len(orbsym), nocc) == (24 * n, 5 * n) and not orbsym.any()      # C1, no SCF
     previous = None
+    structure = CCSDStructure(orbsym, nocc, 0)
     for P in RANKS:
-        tile, occ_tile = choose_tiles(orbsym, nocc, 0, P)
-        tensors = stored_tensors(orbsym, nocc, 0, tile, occ_tile)
+        tile, occ_tile, worst = balanced_tiles(structure.stored, P)
+        tensors = structure.stored(tile, occ_tile)
         mem = class_balance(tensors, P)
         for name, t in tensors.items():      # every stored block placed once
             stored = sum(int(np.prod(t.block_shape(k))) for k in t.stored_keys())
             assert mem[name]["mean_bytes"] * P == pytest.approx(8 * stored)
             assert mem[name]["max_over_mean"] <= 1.5, (n, P, name, mem[name])
         assert mem["total"]["max_over_mean"] <= 1.5
+        assert worst == max(mem[name]["max_over_mean"] for name in tensors)
         if previous is not None:
             assert mem["total"]["max_bytes"] < previous["total"]["max_bytes"]
             for name in tensors:
@@ -110,3 +114,20 @@ def test_machine_model_one_node_is_local():
     assert local["nodes"] == 1 and local["bandwidth"] == pytest.approx(m.copy_bytes_per_second)
     assert local["t_get"] == m.get_seconds and spread["t_get"] > m.get_seconds
     assert spread["nodes"] == 16 and spread["bandwidth"] < local["bandwidth"]
+
+
+def test_a_run_takes_the_balanced_tiles_and_warns_on_a_forced_tile(caplog):
+    """The cost model of a real run (``backends.auto.decide``, no --tile) chooses tiles at
+    which every stored class is spread with max/mean <= 1.5, as ``tessera plan --ranks``
+    does; a forced --tile that leaves a class above it gets one warning line naming it."""
+    from tessera.backends.auto import decide
+    orbsym, nocc = orbitals(load(water_cluster(4), basis="cc-pvdz", charge=0), True)
+    structure = CCSDStructure(orbsym, nocc, 0)
+    for P in (64, 256):
+        d = decide(structure, P, rate=5e9, budget=2**40)
+        mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), P)
+        assert max(m["max_over_mean"] for m in mem.values()) <= 1.5, (P, mem)
+    with caplog.at_level("WARNING"):
+        decide(structure, 64, tile=48, backend="mpi-collective", variant="summa", rate=5e9, budget=2**40)
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == 1 and "class oooo" in lines[0] and "max/mean 64.00" in lines[0], lines
