@@ -41,6 +41,7 @@ from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
+from tessera.chem.triples_window import Windows, WindowTables, WindowTripleKernel
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
 
@@ -114,6 +115,13 @@ class TriplesTasks:
             for key in t.allowed_keys():
                 self.keys[name].setdefault(key[0], []).append(key)
         self._budget(cache_mb)
+        # a task: a triple of task tiles and, when the operands are fetched by virtual tile
+        # (distributed tensors, blocked kernel: chem.triples_window), one window
+        self.windows = None if resident or self.vblock is None else \
+            Windows(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock)
+        self.tasks = ([(t, None) for t in range(len(self.triples))] if self.windows is None else
+                      [(t, w) for t in range(len(self.triples)) for w in self.windows.windows(self.G[t])])
+        self.read: dict = {}                             # windowed task -> bytes of rows it read
         self.cache: OrderedDict = OrderedDict()          # task tile -> RowSlab
         self.cached = dict.fromkeys(SOURCES, 0)
         self.held = _Ledger()
@@ -180,23 +188,34 @@ class TriplesTasks:
 
     # ------------------------------------------------------------------ tasks
     def task_set(self, nranks: int) -> TaskSet:
-        costs = [self.cost(i) for i in range(len(self.triples))]
+        costs = [self.cost(i) for i in range(len(self.tasks))]
         chunk = max(1, min(8, len(costs) // (4 * nranks)))
         return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
                        progress=True)
 
     def cost(self, task: int) -> float:
-        a, b, c = self.triples[task]
-        size = np.prod([self.tiles[x][1] - self.tiles[x][0] for x in (a, b, c)])
-        return float(size * max(1, int(self.lay.ntrip[self.G[task]])))
+        t, window = self.tasks[task]
+        size = np.prod([self.tiles[x][1] - self.tiles[x][0] for x in self.triples[t]])
+        virtual = (self.lay.ntrip[self.G[t]] if window is None
+                   else np.prod([self.windows.vtiles[w][2] for w in window]))
+        return float(size * max(1, int(virtual)))
 
     def need(self, task: int) -> list:
         """Rows of the blocks of the task's uncached task tiles (partial requests); first
         drops cached slabs (least recently used, not the task's) until what arrives fits.
-        Nothing for resident tensors."""
-        if self.resident or not self.lay.ntrip[self.G[task]]:
+        Nothing for resident tensors; a window's rows for a windowed task."""
+        t, window = self.tasks[task]
+        if self.resident or not self.lay.ntrip[self.G[t]]:
             return []
-        wanted = sorted(set(self.triples[task]))
+        wanted = sorted(set(self.triples[t]))
+        if window is not None:
+            out = []
+            for x in wanted:
+                n, part = self.tiles[x][3], self.tiles[x][4]
+                for name, keys in self.windows.requests(n, window).items():
+                    t_ = self.tensors[name]
+                    out += [(t_, key) if part is None else (t_, key, part) for key in keys]
+            return out
         with self.lock:
             new = [x for x in wanted if x not in self.cache]
             room = {s: 2 * sum(self.tile_bytes[x][s] for x in new) + self.scratch_bytes[s] for s in SOURCES}
@@ -284,27 +303,65 @@ class TriplesTasks:
             return slabs, [x for x in new if not self._admit(x, slabs[x], wanted)]
 
     def work(self, task: int, blocks: dict) -> float:
-        a, b, c = self.triples[task]
-        G = self.G[task]
+        t, window = self.tasks[task]
+        a, b, c = self.triples[t]
+        G = self.G[t]
         if not self.lay.ntrip[G]:
             return 0.0
         wanted = sorted({a, b, c})
+        if window is not None:
+            return self._window_work(task, wanted, blocks)
         if self.resident:
             slabs, transient = self._resident_slabs(wanted), []
         else:
             slabs, transient = self._fetched_slabs(wanted, blocks)
         inp = KernelInputs.from_slabs(self.lay, self.eo, self.t1d, self.irrep, slabs.values(),
                                       scratch=self.scratch)
-        if not hasattr(self.local, "pool"):
-            self.local.pool = (TripleKernel.new_pool(self.lay, self.batch) if self.vblock is None
-                               else BlockedTripleKernel.new_pool(self.lay, self.vblock, self.batch))
-        kern = (TripleKernel(inp, G, self.local.pool, self.batch) if self.vblock is None
-                else BlockedTripleKernel(inp, G, self.local.pool, self.batch, self.vblock))
+        kern = (TripleKernel(inp, G, self._pool(), self.batch) if self.vblock is None
+                else BlockedTripleKernel(inp, G, self._pool(), self.batch, self.vblock))
         I, J, K = (self.tiles[x][:2] for x in (a, b, c))
         energy = kern.tile_energy(I, J, K)
         with self.lock:
             self.flops += kern.flops
             for x in transient:
                 self.held.add(self.tile_bytes[x], -1)
+        return energy
+
+    def _pool(self) -> list:
+        """The kernel's buffers of this thread."""
+        if not hasattr(self.local, "pool"):
+            self.local.pool = (TripleKernel.new_pool(self.lay, self.batch) if self.vblock is None
+                               else BlockedTripleKernel.new_pool(self.lay, self.vblock, self.batch))
+        return self.local.pool
+
+    def _window_work(self, task: int, wanted: list, blocks: dict) -> float:
+        """A windowed task: its rows into WindowTables, the kernel on the window's block
+        triples, everything dropped after (the ledger holds fetched copies and tables)."""
+        t, window = self.tasks[task]
+        tables = WindowTables(self.windows, self.lay, self.irrep, self.o, self.v)
+        read, copies = 0, dict.fromkeys(SOURCES, 0)
+        for x in wanted:
+            s0, _, _, n, part = self.tiles[x]
+            for name, keys in self.windows.requests(n, window).items():
+                tensor = self.tensors[name]
+                for key in keys:
+                    arr = blocks[(tensor.uid, key) if part is None else (tensor.uid, key, part)]
+                    read += arr.nbytes
+                    if key not in tensor.blocks:          # owned blocks arrive as views
+                        copies[name] += arr.nbytes
+                    tables.add(name, key, arr, s0)
+        blocks.clear()
+        held = {**copies, "ovvv": copies["ovvv"] + tables.nbytes}
+        with self.lock:
+            self.read[task] = read
+            self.held.add(held)
+        inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, **tables.tables())
+        kern = WindowTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows,
+                                  window, tables)
+        I, J, K = (self.tiles[x][:2] for x in self.triples[t])
+        energy = kern.tile_energy(I, J, K)
+        with self.lock:
+            self.flops += kern.flops
+            self.held.add(held, -1)
         return energy
 
