@@ -93,7 +93,8 @@ def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
 
 
 def window_run(world, ref, t1d, t2d):
-    """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 2:
+    """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 2, and
+    cache_mb 0 (windows of single virtual tiles):
     the operands fetched by virtual tile; E(T), the rows each rank's tasks read, tiles."""
     ctx = Context("mpi-onesided", variant="cached")
     try:
@@ -101,7 +102,7 @@ def window_run(world, ref, t1d, t2d):
             ints = transform(ref, 0, WINDOW_TILE)
             t1 = BlockTensor.from_dense(t1d, (ints.o, ints.v), name="t1")
             t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2")
-            res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=2)
+            res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=2, cache_mb=0)
             tiles = {"o": [t.size for t in ints.o.tiles], "v": [t.size for t in ints.v.tiles]}
     finally:
         ctx.close()

@@ -41,7 +41,7 @@ from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
-from tessera.chem.triples_window import Windows, WindowTables, WindowTripleKernel
+from tessera.chem.triples_window import Windows, WindowTables, WindowTripleKernel, window_width
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
 
@@ -63,6 +63,64 @@ def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None,
     sizes = (TripleKernel.pool_sizes(lay, batch) if vblock is None
              else blocked_pool_sizes(lay, vblock, batch))
     return int(occ_tile), vblock, batch, 8 * sum(max(n, 1) for n in sizes)
+
+
+def task_tiles(o, occ_tile: int) -> tuple:
+    """(task tiles, their triples a >= b >= c, the triples' irreps G); a task tile is
+    (start, stop, irrep, tensor tile, part or None), a run of at most ``occ_tile``
+    orbitals inside one tensor tile."""
+    tiles = []
+    for n, tl in enumerate(o.tiles):
+        for s0 in range(tl.offset, tl.offset + tl.size, occ_tile):
+            s1 = min(s0 + occ_tile, tl.offset + tl.size)
+            part = None if s1 - s0 == tl.size else (0, s0 - tl.offset, s1 - tl.offset)
+            tiles.append((s0, s1, tl.irrep, n, part))
+    triples = [(a, b, c) for a in range(len(tiles)) for b in range(a + 1) for c in range(b + 1)]
+    return tiles, triples, [tiles[a][2] ^ tiles[b][2] ^ tiles[c][2] for a, b, c in triples]
+
+
+def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kernel_mb: float | None = None) -> dict:
+    """(T) of a distributed run on ``nranks`` ranks, from structure only (``tensors``: the
+    empty ovvv, t2, ovov, ovoo): its tasks, the bytes of rows they read (what a task
+    requests; a row-cached run reads less) and the most one task holds (windowed: its
+    fetched rows and tables; else its task tiles' packed rows, twice: fetched and packed)."""
+    o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+    orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
+    lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
+    occ_tile, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
+    tiles, triples, G = task_tiles(o, occ_tile)
+    keys = {name: {} for name in SOURCES}
+    for name in SOURCES:
+        for key in tensors[name].allowed_keys():
+            keys[name].setdefault(key[0], []).append(key)
+    rows = [t[1] - t[0] for t in tiles]
+    if vblock is None:                    # whole rows per task tile (``_row_elements``' counts)
+        per_row = {}
+        for name in SOURCES:
+            for n, ks in keys[name].items():
+                per_row[n] = per_row.get(n, 0) + 8 * sum(int(np.prod(tensors[name].block_shape(k)[1:]))
+                                                         for k in ks)
+        task = [sum(rows[x] * per_row.get(tiles[x][3], 0) for x in set(t)) for t in triples]
+        ntasks, read, most = len(triples), sum(task), 2 * max(task, default=0)
+    else:
+        budget = (DEFAULT_CACHE_MB if cache_mb is None else cache_mb) * 2 ** 20
+        win = Windows(o, v, vrange, orange, keys, tensors, vblock, window_width(o, v, occ_tile, budget))
+        sums = {}                          # (tensor tile, G) -> (sum, max) over windows, per row
+        ntasks = read = most = 0
+        for t, g in zip(triples, G):
+            per_tile = []
+            for x in set(t):
+                n = tiles[x][3]
+                if (n, g) not in sums:
+                    counts = [win.row_bytes(n, w) for w in win.windows(g)]
+                    sums[n, g] = (sum(r for r, _ in counts), max((r + h for r, h in counts), default=0))
+                per_tile.append((rows[x], *sums[n, g]))
+            ntasks += len(win.windows(g))
+            read += sum(r * total for r, total, _ in per_tile)
+            most = max(most, sum(r * top for r, _, top in per_tile))
+    return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
+            "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
+            "vblock": vblock or 0}
 
 
 class _Ledger:
@@ -99,15 +157,7 @@ class TriplesTasks:
         self.irrep = o.irreps.tolist()
         self.occ_tile, self.vblock, self.batch, self.pool_bytes = kernel_plan(
             lay, o, v, occ_tile, resident, vblock, kernel_mb)
-        # task tiles: (start, stop, irrep, tensor tile, part or None) inside one tensor tile
-        self.tiles = []
-        for n, tl in enumerate(o.tiles):
-            for s0 in range(tl.offset, tl.offset + tl.size, self.occ_tile):
-                s1 = min(s0 + self.occ_tile, tl.offset + tl.size)
-                part = None if s1 - s0 == tl.size else (0, s0 - tl.offset, s1 - tl.offset)
-                self.tiles.append((s0, s1, tl.irrep, n, part))
-        self.triples = [(a, b, c) for a in range(len(self.tiles)) for b in range(a + 1) for c in range(b + 1)]
-        self.G = [self.tiles[a][2] ^ self.tiles[b][2] ^ self.tiles[c][2] for a, b, c in self.triples]
+        self.tiles, self.triples, self.G = task_tiles(o, self.occ_tile)
         for G in sorted(set(self.G)) if self.vblock is None else ():    # maps of the whole-space kernel
             lay.prepare(G)
         self.keys = {name: {} for name in SOURCES}     # source -> tensor tile -> keys with it first
@@ -118,7 +168,8 @@ class TriplesTasks:
         # a task: a triple of task tiles and, when the operands are fetched by virtual tile
         # (distributed tensors, blocked kernel: chem.triples_window), one window
         self.windows = None if resident or self.vblock is None else \
-            Windows(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock)
+            Windows(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
+                    window_width(o, v, self.occ_tile, self.cache_limit))
         self.tasks = ([(t, None) for t in range(len(self.triples))] if self.windows is None else
                       [(t, w) for t in range(len(self.triples)) for w in self.windows.windows(self.G[t])])
         self.read: dict = {}                             # windowed task -> bytes of rows it read

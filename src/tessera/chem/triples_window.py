@@ -33,17 +33,43 @@ from tessera.chem.triples_blocked import BlockedTripleKernel
 SOURCES_OF = {"ov1": "ovvv", "t2r": "t2", "ovov": "ovov", "ooL": "ovoo"}
 
 
+def window_width(o, v, occ_tile: int, budget_bytes: float) -> int:
+    """Virtual orbitals per window tile: the most (at least 1) at which one task's rows
+    and tables (3 occ_tile rows, windows of three tiles, w = 3 x width orbitals: read
+    w^2 v + o w v + o w^2 + o^2 w, tables w^2 v + 2 o w v + o^2 w doubles per row, C1)
+    fit ``budget_bytes``; more width, fewer windows: each task refetches its rows."""
+    nocc, nvir = o.dim, v.dim
+    task = (lambda w: 8 * 3 * occ_tile * (2 * w * w * nvir + 3 * nocc * w * nvir + nocc * w * w
+                                          + 2 * nocc * nocc * w))
+    width = max(1, nvir)
+    while width > 1 and task(3 * width) > budget_bytes:
+        width -= 1
+    return width
+
+
 class Windows:
     """Windows, requests and bytes of windowed (T) tasks over spaces o, v; ``keys``:
     {source: {occupied tensor tile: allowed keys with it first}}; ``shapes``:
-    {source: tensor} (``block_shape``)."""
+    {source: tensor} (``block_shape``). Window tiles: runs of the tensors' virtual tiles
+    inside one irrep, each as long as ``width`` allows (at least one tensor tile)."""
 
-    def __init__(self, o, v, vr, orange, keys: dict, shapes: dict, vblock: int):
+    def __init__(self, o, v, vr, orange, keys: dict, shapes: dict, vblock: int, width: int):
         self.o, self.v, self.keys, self.shapes = o, v, keys, shapes
-        # (irrep, first position inside the irrep, size) of every virtual tile and of every
-        # kernel block (tiles cut into runs of at most vblock), and each block's tile
-        self.vtiles = [(tl.irrep, tl.offset - int(vr[tl.irrep, 0]), tl.size) for tl in v.tiles]
+        # window tiles (irrep, first position inside the irrep, size); per tensor tile its
+        # first position inside its irrep, its window tile and its offset there
+        self.irel = [tl.offset - int(vr[tl.irrep, 0]) for tl in v.tiles]
+        self.vtiles, self.group_of, self.group_off = [], [], []
+        for n, tl in enumerate(v.tiles):
+            last = self.vtiles[-1] if self.vtiles else None
+            if last is not None and last[0] == tl.irrep and last[2] + tl.size <= width:
+                self.vtiles[-1] = (last[0], last[1], last[2] + tl.size)
+                self.group_off.append(last[2])
+            else:
+                self.vtiles.append((tl.irrep, self.irel[n], tl.size))
+                self.group_off.append(0)
+            self.group_of.append(len(self.vtiles) - 1)
         self.orel = [tl.offset - int(orange[tl.irrep, 0]) for tl in o.tiles]
+        # kernel blocks: window tiles cut into runs of at most vblock, and their window tile
         self.blocks, self.block_tile = [], []
         for n, (g, r, size) in enumerate(self.vtiles):
             for k in range(0, size, vblock):
@@ -54,6 +80,7 @@ class Windows:
         nt = len(self.vtiles)
         self._by_G: dict = {}
         self._triples: dict = {}
+        self._totals: dict = {}
         for A in range(nt):
             for B in range(A + 1):
                 for C in range(B + 1):
@@ -84,17 +111,40 @@ class Windows:
 
     def requests(self, n: int, window) -> dict:
         """{source: keys} a task reads for the rows of occupied tensor tile ``n``."""
-        W = set(window)
-        ks = self.keys
-        return {"ovvv": [k for k in ks["ovvv"].get(n, ()) if k[1] in W and k[2] in W],
-                "t2": [k for k in ks["t2"].get(n, ()) if k[2] in W],
-                "ovov": [k for k in ks["ovov"].get(n, ()) if k[1] in W and k[3] in W],
-                "ovoo": [k for k in ks["ovoo"].get(n, ()) if k[1] in W]}
+        W, ks, of = set(window), self.keys, self.group_of
+        return {"ovvv": [k for k in ks["ovvv"].get(n, ()) if of[k[1]] in W and of[k[2]] in W],
+                "t2": [k for k in ks["t2"].get(n, ()) if of[k[2]] in W],
+                "ovov": [k for k in ks["ovov"].get(n, ()) if of[k[1]] in W and of[k[3]] in W],
+                "ovoo": [k for k in ks["ovoo"].get(n, ()) if of[k[1]] in W]}
 
-    def request_bytes(self, n: int, rows: int, window) -> int:
-        """Bytes of those requests for ``rows`` rows of tile ``n``."""
-        return 8 * rows * sum(int(np.prod(self.shapes[s].block_shape(k)[1:]))
-                              for s, keys in self.requests(n, window).items() for k in keys)
+    def row_bytes(self, n: int, window) -> tuple:
+        """(bytes read, bytes of the tables built) per row of occupied tile ``n`` for a
+        task of ``window``: the sums of :meth:`requests`' blocks, from per-tile totals
+        (:class:`WindowTables` keeps ovov's rows whole in q)."""
+        if n not in self._totals:
+            self._totals[n] = self._tile_totals(n)
+        pair, single, ovov_pair, ovov_whole = self._totals[n]
+        W = sorted(set(window))
+        read = pair[np.ix_(W, W)].sum() + single[W].sum()
+        return int(read), int(read - ovov_pair[np.ix_(W, W)].sum() + ovov_whole[W].sum())
+
+    def _tile_totals(self, n: int) -> tuple:
+        """Bytes per row of tile n's blocks: [P, Q] of ovvv and ovov (p, q in P, Q), [P] of
+        t2 and ovoo (p in P), and of ovov with any q."""
+        nt = len(self.vtiles)
+        pair, single = np.zeros((nt, nt)), np.zeros(nt)
+        ovov_pair, ovov_whole = np.zeros((nt, nt)), np.zeros(nt)
+        size = (lambda s, k: 8 * int(np.prod(self.shapes[s].block_shape(k)[1:])))
+        of = self.group_of
+        for k in self.keys["ovvv"].get(n, ()):
+            pair[of[k[1]], of[k[2]]] += size("ovvv", k)
+        for s in ("t2", "ovoo"):
+            for k in self.keys[s].get(n, ()):
+                single[of[k[1 if s == "ovoo" else 2]]] += size(s, k)
+        for k in self.keys["ovov"].get(n, ()):
+            ovov_pair[of[k[1]], of[k[3]]] += size("ovov", k)
+            ovov_whole[of[k[1]]] += size("ovov", k)
+        return pair + ovov_pair, single, ovov_pair, ovov_whole
 
 
 class _LeftRows:
@@ -183,26 +233,27 @@ class WindowTables:
         return (self.no[gy], vt[S][2], (self.no if kind == "ooL" else self.nv)[other])
 
     def add(self, source: str, key, rows: np.ndarray, x0: int) -> None:
-        """Rows x0.. of the block ``key`` of ``source`` ([rows, ...] as fetched)."""
-        vt, orel, vrel = self.win.vtiles, self.win.orel, (lambda t: self.win.vtiles[t][1])
-        osize = self.o.tiles
+        """Rows x0.. of the block ``key`` of ``source`` ([rows, ...] as fetched): placed by
+        the irrep positions of its whole-irrep indices and the window-tile offsets of the
+        others."""
+        w, ot, vt = self.win, self.o.tiles, self.v.tiles
+        occ = (lambda t: slice(w.orel[t], w.orel[t] + ot[t].size))      # in its irrep
+        vir = (lambda t: slice(w.irel[t], w.irel[t] + vt[t].size))
+        win = (lambda t: slice(w.group_off[t], w.group_off[t] + vt[t].size))   # in its window tile
+        of = w.group_of
         for r, blk in enumerate(rows):
             x = x0 + r
             if source == "ovvv":                     # blk[p q f]
-                f = vrel(key[3])
-                self.get("ov1", x, (key[1], key[2]))[f:f + vt[key[3]][2]] = blk.transpose(2, 0, 1)
+                self.get("ov1", x, (of[key[1]], of[key[2]]))[vir(key[3]), win(key[1]), win(key[2])] = \
+                    blk.transpose(2, 0, 1)
             elif source == "t2":                     # blk[y s f]
-                y, f = orel[key[1]], vrel(key[3])
-                self.get("t2r", x, (osize[key[1]].irrep, key[2]))[
-                    y:y + osize[key[1]].size, :, f:f + vt[key[3]][2]] = blk
+                self.get("t2r", x, (ot[key[1]].irrep, of[key[2]]))[occ(key[1]), win(key[2]), vir(key[3])] = blk
             elif source == "ovov":                   # blk[p y q]
-                y, q = orel[key[2]], vrel(key[3])
-                self.get("ovov", x, (osize[key[2]].irrep, key[1]))[
-                    y:y + osize[key[2]].size, :, q:q + vt[key[3]][2]] = blk.transpose(1, 0, 2)
+                self.get("ovov", x, (ot[key[2]].irrep, of[key[1]]))[occ(key[2]), win(key[1]), vir(key[3])] = \
+                    blk.transpose(1, 0, 2)
             else:                                    # ovoo blk[s y m]
-                y, m = orel[key[2]], orel[key[3]]
-                self.get("ooL", x, (osize[key[2]].irrep, key[1]))[
-                    y:y + osize[key[2]].size, :, m:m + osize[key[3]].size] = blk.transpose(1, 0, 2)
+                self.get("ooL", x, (ot[key[2]].irrep, of[key[1]]))[occ(key[2]), win(key[1]), occ(key[3])] = \
+                    blk.transpose(1, 0, 2)
 
     def tables(self) -> dict:
         """The kernel's tables (``KernelInputs`` keyword arguments)."""

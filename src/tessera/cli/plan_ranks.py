@@ -9,6 +9,9 @@ returns, per rank:
 - ``memory_per_rank``: per stored tensor class (T2 and the integral classes) and in
   total, ``max_bytes``, ``mean_bytes`` and ``max_over_mean``; with (T) its rows and
   kernel buffers (``chem.memory.triples_parts``, the one formula of (T) memory);
+- ``triples`` (with (T)): its tasks in all and per rank, the bytes of rows they read
+  (in all and per rank, the mean; what the tasks request, before any row cache) and the
+  most one task holds (``chem.triples_tasks.plan_counts``);
 - ``steps``: the dominant contraction steps (largest flops first) with their block
   tasks, tasks per rank and the busiest rank's flops over the mean;
 - ``executors``: for each executor and variant, bytes moved per rank per iteration,
@@ -58,20 +61,26 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     from tessera.backends.auto import (COLLECTIVE_VARIANTS, ONESIDED_VARIANTS, estimate,
                                        memory_parts, structure_stats)
     from tessera.chem.ccsd import CCSDStructure
-    from tessera.backends.balance import balanced_tiles, class_balance, forced_tile_warning
+    from tessera.backends.balance import BALANCE, balanced_tiles, class_balance, forced_tile_warning
     from tessera.chem.memory import triples_parts
     structure = CCSDStructure(orbsym, nocc, nfrozen)
     warning = None
     if tile is None:
-        tile, occ_tile, _ = balanced_tiles(structure.stored, nranks)
+        tile, occ_tile, worst = balanced_tiles(structure.stored, nranks)
+        if worst > BALANCE:
+            warning = (f"no tiles spread every class with max/mean <= {BALANCE} over {nranks} ranks "
+                       f"(too few blocks); these are the least unbalanced ({worst:.2f})")
     else:
         warning = forced_tile_warning(structure.stored, tile, occ_tile, nranks)
     occ_tile = occ_tile or tile
     run = structure(tile, occ_tile)
     stats = structure_stats(lambda *_: run, tile, occ_tile, nranks)
     memory = class_balance(structure.stored(tile, occ_tile), nranks)
+    triples = None
     if method == "ccsd(t)":
+        from tessera.chem.triples_tasks import plan_counts
         memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1).items()}
+        triples = plan_counts(structure.stored(tile, occ_tile), nranks)
     from tessera.backends.budget import memory_budget
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     costs = machine.on(nranks, ranks_per_node)
@@ -90,7 +99,8 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
             "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile, "tile_warning": warning,
             "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
             "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
-            "memory_per_rank": memory, "steps": dominant_steps(run.plans, nranks), "executors": executors,
+            "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, nranks),
+            "executors": executors,
             "machine": {**{k: getattr(machine, k) for k in ("gemm_flops_per_second", "task_seconds",
                         "get_seconds", "acc_seconds", "collective_seconds", "copy_bytes_per_second",
                         "network_bandwidth", "network_latency")}, "measured": machine.measured,
@@ -116,6 +126,13 @@ def render(sim: dict) -> str:
         t = sim["memory_per_rank"]["(t)"]
         lines.append("  (t)      " + ", ".join(f"{k} {_size(v).strip()}" for k, v in t.items())
                      + " (per rank, one thread; beside the classes and T2)")
+    if sim.get("triples"):
+        t = sim["triples"]
+        how = (f"operands by virtual tile (windows), kernel blocks of {t['vblock']}" if t["vblock"]
+               else "whole occupied rows per task tile")
+        lines.append(f"(T): {t['tasks']} tasks ({t['tasks_per_rank']:.1f} per rank, {t['occ_tile']} occupied "
+                     f"orbitals per task tile, {how}); rows read {_size(t['read_bytes_per_rank']).strip()} "
+                     f"per rank, at most {_size(t['task_bytes']).strip()} held by one task")
     lines.append(f"Dominant contraction steps ({sim['flops_per_iteration']:.3e} flops and "
                  f"{sim['block_products']} block products per iteration):")
     lines.append(f"  {'flops':>10s} {'tasks':>7s} {'per rank':>9s} {'busiest/mean':>12s}  step")
