@@ -26,6 +26,12 @@ always possible when the task alone fits: with n_S <= 3 occ_tile orbitals per ta
 2 n_S + 1 rows < o, which the default gives for nocc >= 8.  With fewer occupied
 orbitals (water: 5) a rank can hold as many bytes from one tensor as the whole tensor
 has, and with nocc = 1 necessarily whole o-slabs.  Never o^3 v^3 or v^4 data.
+
+Distributed tensors with the kernel blocked in the virtual index: a task is a triple of
+task tiles and a window of virtual tiles (``chem.triples_window``); it requests only its
+window's rows, builds them into tables, and drops them after (no cache; ``cache_mb``
+bounds one task's bytes instead).  ``plan_counts`` counts tasks and rows read from
+structure alone, for ``tessera plan --ranks``.
 """
 
 from __future__ import annotations
@@ -402,7 +408,7 @@ class TriplesTasks:
                         copies[name] += arr.nbytes
                     tables.add(name, key, arr, s0)
         blocks.clear()
-        held = {**copies, "ovvv": copies["ovvv"] + tables.nbytes}
+        held = {s: copies[s] + tables.nbytes[s] for s in SOURCES}
         with self.lock:
             self.read[task] = read
             self.held.add(held)

@@ -2,10 +2,12 @@
 
 With distributed tensors and the kernel blocked in the virtual index
 (:mod:`tessera.chem.triples_blocked`), a (T) task is a triple of occupied task tiles
-*and* a *window*: an unordered triple of the tensors' virtual tiles A >= B >= C whose
-irreps multiply to the task's G.  The kernel's virtual blocks are the tiles cut into
-runs of at most ``vblock`` orbitals, so every block triple the kernel visits lies in
-exactly one window, and the window's tasks together visit each block triple once.  A
+*and* a *window*: an unordered triple of window tiles A >= B >= C (runs of the tensors'
+virtual tiles inside one irrep, joined while one task's bytes stay within a budget,
+``window_width``) whose irreps multiply to the task's G.  The kernel's virtual blocks
+are the window tiles cut into runs of at most ``vblock`` orbitals, so every block
+triple the kernel visits lies in exactly one window, and the windows' tasks together
+visit each block triple once.  A
 task fetches, for the rows x of its occupied task tiles, only what the block triples of
 its window read (W = the window's tiles, f any virtual, y and m any occupied):
 
@@ -30,7 +32,7 @@ import numpy as np
 
 from tessera.chem.triples_blocked import BlockedTripleKernel
 
-SOURCES_OF = {"ov1": "ovvv", "t2r": "t2", "ovov": "ovov", "ooL": "ovoo"}
+SOURCE_OF = {"ov1": "ovvv", "t2r": "t2", "ovov": "ovov", "ooL": "ovoo"}     # table -> tensor
 
 
 def window_width(o, v, occ_tile: int, budget_bytes: float) -> int:
@@ -214,13 +216,13 @@ class WindowTables:
         self.offsets = {"t2r": lay.poff.tolist(), "ooL": lay.vooff.tolist()}
         self.dims = {"t2r": self.nv, "ooL": self.no}
         self.data: dict = {}          # (kind, x, key) -> array
-        self.nbytes = 0
+        self.nbytes = dict.fromkeys(SOURCE_OF.values(), 0)      # per source tensor
 
     def get(self, kind: str, x: int, key) -> np.ndarray:
         arr = self.data.get((kind, x, key))
         if arr is None:
             arr = self.data[(kind, x, key)] = np.zeros(self._shape(kind, x, key))
-            self.nbytes += arr.nbytes
+            self.nbytes[SOURCE_OF[kind]] += arr.nbytes
         return arr
 
     def _shape(self, kind, x, key) -> tuple:
