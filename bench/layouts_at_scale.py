@@ -10,6 +10,8 @@ For water clusters (H2O)n in cc-pVDZ (C1, geometries built deterministically), e
 stored tensor class (T2 and the integral classes) is placed over P ranks with Tessera's
 own placement code (``runtime.distribution.block_owners``, what ``TensorStore`` uses),
 and the per-rank bytes of each class are summed: max, mean and max/mean per class.
+(T) per rank: the rows and kernel buffers it holds beside them, its tasks and the
+bytes of rows they read (``chem.memory.triples_parts``, ``chem.triples_tasks.plan_counts``).
 The bytes each rank moves per CCSD iteration come from the cost model
 (``backends.auto.structure_stats`` and ``estimate``) for each executor and variant.
 Also the Python time and memory (tracemalloc peak) of building the owner maps of every
@@ -67,6 +69,26 @@ def _stats(load) -> dict:
     mean = float(load.mean())
     return {"max_bytes": int(load.max()), "mean_bytes": mean,
             "max_over_mean": float(load.max() / mean) if mean else 1.0}
+
+
+def triples_per_rank(tensors, P) -> dict:
+    """(T) per rank beside the classes: ``rows`` and ``kernel`` bytes (``chem.memory.
+    triples_parts``) and, where the sources have it, tasks and rows read per rank
+    (``chem.triples_tasks.plan_counts``)."""
+    o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+    out = {}
+    try:
+        from tessera.chem.memory import triples_parts
+        out.update(triples_parts(o, v, P, 1))
+    except ImportError:
+        pass
+    try:
+        from tessera.chem.triples_tasks import plan_counts
+        c = plan_counts(tensors, P)
+        out.update(tasks_per_rank=c["tasks_per_rank"], read_bytes_per_rank=c["read_bytes_per_rank"])
+    except ImportError:
+        pass
+    return out
 
 
 def layout_cost(nranks: int) -> dict:
@@ -143,14 +165,19 @@ def main(argv=None) -> None:
         rows = {}
         for P in ranks:
             if args.tile == "auto":          # as tessera plan --ranks chooses them
-                from tessera.cli.plan_ranks import choose_tiles
-                tile, occ_tile = choose_tiles(orbsym, nocc, 0, P)
+                try:
+                    from tessera.backends.balance import balanced_tiles
+                    tile, occ_tile = balanced_tiles(structure.stored, P)[:2]
+                except ImportError:          # older sources (--src)
+                    from tessera.cli.plan_ranks import choose_tiles
+                    tile, occ_tile = choose_tiles(orbsym, nocc, 0, P)
             else:
                 tile = occ_tile = int(args.tile)
             tensors = class_tensors(orbsym, nocc, tile, occ_tile)
             s = structure_stats(structure, tile, occ_tile, P)
             moved = {f"{b} {v}": estimate(s, P, b, v, 10e9)["bytes_per_rank"] for b, v in EXECUTORS}
-            rows[P] = {"tiles": [tile, occ_tile], "memory_per_rank": per_rank(tensors, P), "bytes_per_rank": moved}
+            rows[P] = {"tiles": [tile, occ_tile], "memory_per_rank": per_rank(tensors, P), "bytes_per_rank": moved,
+                       "triples": triples_per_rank(tensors, P)}
         result["clusters"][f"(H2O){n}"] = rows
         print(f"\n(H2O){n} cc-pVDZ, C1, o={nocc} v={nmo - nocc}, tile {args.tile}: per-rank memory "
               "(MiB max / MiB mean / max/mean) per class; tiles (v/o) per rank count: "
@@ -161,6 +188,11 @@ def main(argv=None) -> None:
             cells = [f"{m['max_bytes'] / 2**20:8.1f}/{m['mean_bytes'] / 2**20:7.1f}/{m['max_over_mean']:5.2f}"
                      for m in row["memory_per_rank"].values()]
             print(f"{P:6d} " + " ".join(f"{c:>22s}" for c in cells))
+        print("(T) per rank: rows held, kernel buffers (MiB); tasks; rows read (MiB)")
+        for P, row in rows.items():
+            t = row["triples"]
+            print(f"{P:6d} rows {t.get('rows', 0) / 2**20:10.1f} kernel {t.get('kernel', 0) / 2**20:8.1f} "
+                  f"tasks {t.get('tasks_per_rank', float('nan')):10.1f} read {t.get('read_bytes_per_rank', float('nan')) / 2**20:12.1f}")
         print("bytes moved per rank per CCSD iteration (MiB), by executor and variant")
         print(f"{'ranks':>6s} " + " ".join(f"{e:>22s}" for e in rows[ranks[0]]["bytes_per_rank"]))
         for P, row in rows.items():

@@ -8,6 +8,8 @@ between the emulated nodes) for two CCSD iterations plus (T):
   another rank, bytes crossing the nodes, no accumulate under owner;
 - with the default progress (auto: ghost, one ghost per emulated node, 2 workers): the
   energies, and the NXTVAL counter held by a ghost.
+(T) runs twice: as the run does, and with the kernel blocked in the virtual index
+(vblock 1), whose tasks fetch their operands by virtual tile (chem.triples_window).
 A 2-rank `tessera run` writes `nodes: 2` in its JSON; a ghost mode that MPI cannot give
 shared memory to is a one-line error.
 """
@@ -76,6 +78,8 @@ def check_energies(out, combos, serial):
         assert run["iterations"] == ITERS
         assert abs(run["e_ccsd"] - e_cc) < E_TOL, (combo, run["e_ccsd"], e_cc)
         assert abs(run["e_t"] - e_t) < E_TOL, (combo, run["e_t"], e_t)
+        assert abs(run["e_t_windowed"] - e_t) < E_TOL, (combo, run["e_t_windowed"], e_t)
+        assert len(run["read_bytes"]) == len(out["node_of"]) and sum(run["read_bytes"]) > 0
 
 
 def test_two_emulated_nodes_nothing_shared(serial):

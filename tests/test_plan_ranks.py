@@ -12,11 +12,13 @@ import math
 import numpy as np
 import pytest
 
+from tessera.backends.balance import balanced_tiles, class_balance
 from tessera.backends.budget import memory_budget
 from tessera.backends.machine import Machine
+from tessera.chem.ccsd import CCSDStructure
 from tessera.chem.inputs import load
 from tessera.cli.main import main
-from tessera.cli.plan_ranks import choose_tiles, class_balance, orbitals, stored_tensors
+from tessera.cli.plan_ranks import orbitals
 
 RANKS = (64, 256, 1024)
 
@@ -39,15 +41,17 @@ def test_every_class_balanced_and_shrinking_with_ranks(n):
     orbsym, nocc = orbitals(source, True)
     assert (len(orbsym), nocc) == (24 * n, 5 * n) and not orbsym.any()      # C1, no SCF
     previous = None
+    structure = CCSDStructure(orbsym, nocc, 0)
     for P in RANKS:
-        tile, occ_tile = choose_tiles(orbsym, nocc, 0, P)
-        tensors = stored_tensors(orbsym, nocc, 0, tile, occ_tile)
+        tile, occ_tile, worst = balanced_tiles(structure.stored, P)
+        tensors = structure.stored(tile, occ_tile)
         mem = class_balance(tensors, P)
         for name, t in tensors.items():      # every stored block placed once
             stored = sum(int(np.prod(t.block_shape(k))) for k in t.stored_keys())
             assert mem[name]["mean_bytes"] * P == pytest.approx(8 * stored)
             assert mem[name]["max_over_mean"] <= 1.5, (n, P, name, mem[name])
         assert mem["total"]["max_over_mean"] <= 1.5
+        assert worst == max(mem[name]["max_over_mean"] for name in tensors)
         if previous is not None:
             assert mem["total"]["max_bytes"] < previous["total"]["max_bytes"]
             for name in tensors:
@@ -73,6 +77,11 @@ def test_plan_ranks_json(tmp_path, capsys):
         assert m["max_over_mean"] == pytest.approx(m["max_bytes"] / m["mean_bytes"], rel=1e-3)
         assert m["max_over_mean"] <= 1.5
     assert set(a["memory_per_rank"]["(t)"]) == {"rows", "kernel"}
+    for sim, P in ((a, 64), (b, 256)):           # (T) tasks and rows read per rank
+        t = sim["triples"]
+        assert t["tasks"] > 0 and t["tasks_per_rank"] == pytest.approx(t["tasks"] / P)
+        assert t["read_bytes_per_rank"] == pytest.approx(t["read_bytes"] / P) and t["task_bytes"] > 0
+    assert "(T): " in text and "tasks" in text
     assert {(e["backend"], e["variant"]) for e in a["executors"]} == {
         ("mpi-onesided", "original"), ("mpi-onesided", "inverted"), ("mpi-onesided", "cached"),
         ("mpi-collective", "summa"), ("mpi-collective", "2.5d")}
@@ -110,3 +119,61 @@ def test_machine_model_one_node_is_local():
     assert local["nodes"] == 1 and local["bandwidth"] == pytest.approx(m.copy_bytes_per_second)
     assert local["t_get"] == m.get_seconds and spread["t_get"] > m.get_seconds
     assert spread["nodes"] == 16 and spread["bandwidth"] < local["bandwidth"]
+
+
+def test_a_run_takes_the_balanced_tiles_and_warns_on_a_forced_tile(caplog):
+    """The cost model of a real run (``backends.auto.decide``, no --tile) chooses tiles at
+    which every stored class is spread with max/mean <= 1.5, as ``tessera plan --ranks``
+    does; a forced --tile that leaves a class above it gets one warning line naming it."""
+    from tessera.backends.auto import decide
+    orbsym, nocc = orbitals(load(water_cluster(4), basis="cc-pvdz", charge=0), True)
+    structure = CCSDStructure(orbsym, nocc, 0)
+    for P in (64, 256):
+        d = decide(structure, P, rate=5e9, budget=2**40)
+        mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), P)
+        assert max(m["max_over_mean"] for m in mem.values()) <= 1.5, (P, mem)
+    with caplog.at_level("WARNING"):
+        decide(structure, 64, tile=48, backend="mpi-collective", variant="summa", rate=5e9, budget=2**40)
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == 1 and "class oooo" in lines[0] and "max/mean 64.00" in lines[0], lines
+
+
+def test_triples_plan_counts_what_the_windowed_tasks_request():
+    """``plan_counts`` (``tessera plan --ranks``' (T) numbers, from per-tile totals) equals
+    the sum over every windowed task of the bytes of the rows it requests (the lists a
+    run's tasks fetch; tests/test_triples_mpi.py checks those against what arrives);
+    more ranks, fewer tasks and bytes per rank; a tighter budget, smaller windows."""
+    from tessera.chem.triples import VirtualLayout, irrep_ranges
+    from tessera.chem.triples_tasks import kernel_plan, plan_counts, task_tiles
+    from tessera.chem.triples_window import Windows, window_width
+    orbsym, nocc = orbitals(load(water_cluster(2), basis="cc-pvdz", charge=0), True)
+    tensors = CCSDStructure(orbsym, nocc, 0).stored(8, 4)
+    o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+    keys = {n: {} for n in ("ovvv", "t2", "ovov", "ovoo")}
+    for n in keys:
+        for k in tensors[n].allowed_keys():
+            keys[n].setdefault(k[0], []).append(k)
+    orange, vrange = irrep_ranges(o, "o"), irrep_ranges(v, "v")
+    lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
+    for cache_mb in (0, 64):
+        occ_tile, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=0.01)
+        assert vblock is not None                 # the blocked kernel: windowed tasks
+        win = Windows(o, v, vrange, orange, keys, tensors, vblock,
+                      window_width(o, v, occ_tile, cache_mb * 2**20))
+        tiles, triples, G = task_tiles(o, occ_tile)
+        read = tasks = 0
+        for t, g in zip(triples, G):
+            for w in win.windows(g):
+                tasks += 1
+                for x in set(t):
+                    for name, ks in win.requests(tiles[x][3], w).items():
+                        read += 8 * (tiles[x][1] - tiles[x][0]) * sum(
+                            int(np.prod(tensors[name].block_shape(k)[1:])) for k in ks)
+        counts = {P: plan_counts(tensors, P, cache_mb=cache_mb, kernel_mb=0.01) for P in (64, 256)}
+        assert (counts[64]["tasks"], counts[64]["read_bytes"]) == (tasks, read), cache_mb
+        assert counts[256]["read_bytes_per_rank"] < counts[64]["read_bytes_per_rank"]
+        assert counts[256]["tasks_per_rank"] < counts[64]["tasks_per_rank"]
+        if cache_mb == 0:
+            assert len(win.vtiles) == len(v.tiles)        # windows of single tensor tiles
+        else:
+            assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles

@@ -47,6 +47,41 @@ def test_distributed_triples_equal_serial(nranks):
 
 
 @pytest.mark.parametrize("nranks", RANKS)
+def test_operands_fetched_by_virtual_tile(nranks):
+    """Distributed tensors, kernel blocked in the virtual index: a task is a triple of task
+    tiles and a window (three virtual tiles); it reads only the window's rows. In C1 a task
+    with occupied task tiles X (rows r_x) and window tiles W (w orbitals in all) reads
+    8 sum_x r_x (w^2 v + o w v + o w^2 + o^2 w) bytes: (x p|q f), t2[x y p f], (x p|y q)
+    and (x p|y m) for p, q in W. Summed over the tasks, what the ranks read equals that
+    count; E(T) equals the serial one; a rank holds at most one task's rows and tables."""
+    mol = launch(nranks)["molecules"]["h2o2_c1"]
+    run = mol["windows"]
+    assert abs(run["e_t"] - mol["e_serial"]["None"]) < E_TOL
+    o_tiles, v_tiles = run["tiles"]["o"], run["tiles"]["v"]
+    o, v = sum(o_tiles), sum(v_tiles)
+    assert (o_tiles, v_tiles) == ([3, 3, 3], [4, 3, 3, 3])
+    count = tasks = bound = 0
+    nt = len(v_tiles)
+    for a in range(3):
+        for b in range(a + 1):
+            for c in range(b + 1):
+                for A in range(nt):
+                    for B in range(A + 1):
+                        for C in range(B + 1):
+                            w = sum(v_tiles[t] for t in {A, B, C})
+                            rows = sum(o_tiles[x] for x in {a, b, c})
+                            read = 8 * rows * (w * w * v + o * w * v + o * w * w + o * o * w)
+                            tables = 8 * rows * (w * w * v + 2 * o * w * v + o * o * w)
+                            count += read
+                            bound = max(bound, read + tables)
+                            tasks += 1
+    assert run["tasks"] == tasks and len(run["read_bytes"]) == nranks
+    assert sum(run["read_bytes"]) == count
+    # held at once: one task's fetched copies and the tables built from them
+    assert all(0 < p <= bound for p in run["peak_operand_bytes"]), (run["peak_operand_bytes"], bound)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
 def test_no_rank_holds_a_whole_tensor_for_triples(nranks):
     mol = launch(nranks)["molecules"]["h2o2_c1"]
     assert mol["occ_tensor_tiles"] == 1            # the case that used to fetch whole tensors

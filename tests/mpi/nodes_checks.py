@@ -46,10 +46,12 @@ def one_run(world, ref, backend, variant, schedule, iters):
             except ConvergenceError as err:
                 cc = err.result
             tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
+            windowed = triples_correction(ints, cc.t1, cc.t2, context=ctx, vblock=1)   # operands by virtual tile
             comm = ctx.executor.account.summary()
     finally:
         ctx.close()
-    out = {"e_ccsd": cc.e_corr, "e_t": tr.energy, "iterations": len(cc.iterations),
+    out = {"e_ccsd": cc.e_corr, "e_t": tr.energy, "e_t_windowed": windowed.energy,
+           "read_bytes": list(windowed.rank_read_bytes), "iterations": len(cc.iterations),
            "offnode_bytes": world.allreduce(offnode_bytes(world, world.comm_log.records(since=snap)), "sum")}
     if comm is not None:            # rank 0: the terms' operations summed over ranks
         contract = [r for r in comm["per_term"] if not r["update"].startswith(("(T)", "transform:"))]

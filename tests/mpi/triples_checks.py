@@ -8,7 +8,9 @@ and a few serial CCSD iterations (not converged: any amplitudes will do) and the
 executor (mpi-onesided with nxtval and with steal, mpi-collective), the transform runs
 in that context, t1 and t2 become distributed tensors (from the same dense arrays) and
 ``triples_correction`` runs on them with the default occ_tile, with occ_tile 4, and with
-occ_tile 4 and the kernel blocked in the virtual index (vblock 3).
+occ_tile 4 and the kernel blocked in the virtual index (vblock 3: the operands are then
+fetched by virtual tile, chem.triples_window); H2O2 also with tile 4 and vblock 2 on
+mpi-onesided (``window_run``: the rows each rank's windowed tasks read).
 Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
 the bytes moved by one-sided gets during (T).
@@ -37,6 +39,7 @@ MOLECULES = {            # name -> (xyz, basis, MO tile)
     "h2o2_c1": ("h2o2_distorted.xyz", "6-31g", 16),
     "water_c2v": ("water.xyz", "6-31g", 4),
 }
+WINDOW_TILE = 4          # h2o2_c1 again, operands fetched by virtual tile (window_run)
 COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
           ("mpi-collective", "summa", None)]
 RUNS = {"None": {}, "4": {"occ_tile": 4},               # default and given occ_tile
@@ -89,6 +92,24 @@ def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
     return runs
 
 
+def window_run(world, ref, t1d, t2d):
+    """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 2, and
+    cache_mb 0 (windows of single virtual tiles):
+    the operands fetched by virtual tile; E(T), the rows each rank's tasks read, tiles."""
+    ctx = Context("mpi-onesided", variant="cached")
+    try:
+        with ctx:
+            ints = transform(ref, 0, WINDOW_TILE)
+            t1 = BlockTensor.from_dense(t1d, (ints.o, ints.v), name="t1")
+            t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2")
+            res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=2, cache_mb=0)
+            tiles = {"o": [t.size for t in ints.o.tiles], "v": [t.size for t in ints.v.tiles]}
+    finally:
+        ctx.close()
+    return {"e_t": res.energy, "tasks": res.tasks, "read_bytes": list(res.rank_read_bytes), "tiles": tiles,
+            "peak_operand_bytes": list(res.rank_peak_operand_bytes), "whole_bytes": res.whole_bytes}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=2, help="serial CCSD iterations for the amplitudes")
@@ -103,6 +124,8 @@ def main():
         for backend, variant, schedule in COMBOS:
             out[name]["runs"][f"{backend}/{schedule}"] = one_run(world, ref, MOLECULES[name][2], t1, t2,
                                                                  backend, variant, schedule)
+        if name == "h2o2_c1":
+            out[name]["windows"] = window_run(world, ref, t1, t2)
     if world.rank == 0:
         print(json.dumps({"nranks": world.size, "molecules": out,
                           "seconds": time.perf_counter() - t_start}), flush=True)

@@ -32,8 +32,11 @@ in the storage's pool until the context closes: measured), compared with the run
 memory budget per rank (``backends.budget``: --max-memory, else
 TESSERA_MEMORY_PER_RANK_MB, else the memory available now shared by the ranks).
 Candidates that do not fit are dropped (unless --variant names them), so
-replication (c > 1) is chosen only where memory allows; so are candidates whose T2 +
-integrals are spread with a max/mean above 1.5. The
+replication (c > 1) is chosen only where memory allows; so are candidates at which a
+stored class (T2, an integral class) is spread with a max/mean above 1.5; the tiles of
+``backends.balance`` (the largest at which every class is balanced, as ``tessera plan
+--ranks`` chooses them) are always a candidate, and a forced --tile that leaves a class
+above 1.5 gets one warning line. The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
 shared-memory figures measured on the development machine (docs/distributed.md);
 ``estimate`` takes others (``backends.machine``: calibrated node constants plus a
@@ -52,12 +55,13 @@ import time
 
 import numpy as np
 
+from tessera.backends.balance import BALANCE, balanced_tiles, class_balance, forced_tile_warning
 from tessera.backends.context import CACHE_BYTES
 from tessera.backends.budget import memory_budget
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
 from tessera.plan.blocktasks import contraction_tasks
-from tessera.runtime.distribution import block_owners, default_layers, grid_3d, grid_shape, makespan
+from tessera.runtime.distribution import default_layers, grid_3d, grid_shape, makespan
 from tessera.tensor.block_tensor import allowed_elements
 
 log = logging.getLogger(__name__)
@@ -70,7 +74,6 @@ BANDWIDTH = 2.0e9     # bytes/s moved per rank (shared memory copies)
 TILES = (48, 32, 24, 16, 12, 8)     # tried from large to small ...
 MAX_PRODUCTS = 60000                # ... down to the first with more block products per iteration
 PRODUCTS_PER_RANK = 1000            # ... or, on many ranks, more than this many per rank
-BALANCE_LIMIT = 1.5
 PLANNER_TEMPORARIES = ("tmp", "pairs", "half")     # names of the tensors the planner makes
 
 # auto weighs the TCE loop orders; ``owner`` (for networks with slow accumulates, which
@@ -155,19 +158,15 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
             s["collective_steps"].append((bytes_a, bytes_b, out_bytes))
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
-    # memory balance of the stored tensors, and the largest share of one tensor on one rank
-    loads = [0] * nranks
-    s["max_tensor_share"] = 0.0
-    for t in run.tensors:
-        mine = [0] * nranks
-        for k, r in block_owners(t.spaces, t.irrep, t.stored_keys(), nranks, t.placement).items():
-            mine[r] += 8 * int(np.prod(t.block_shape(k)))
-        loads = [a + b for a, b in zip(loads, mine)]
-        if sum(mine):
-            s["max_tensor_share"] = max(s["max_tensor_share"], max(mine) / sum(mine))
-    mean = sum(loads) / nranks
-    s["memory_per_rank_max"] = max(loads)
-    s["memory_max_over_mean"] = max(loads) / mean if mean else 1.0
+    # memory balance of the stored tensors (in total and of the worst class), and the
+    # largest share of one tensor on one rank
+    per_class = class_balance({i: t for i, t in enumerate(run.tensors)}, nranks)
+    total = per_class.pop("total")
+    s["max_tensor_share"] = max((c["max_bytes"] / (c["mean_bytes"] * nranks) for c in per_class.values()
+                                 if c["mean_bytes"]), default=0.0)
+    s["class_max_over_mean"] = max((c["max_over_mean"] for c in per_class.values()), default=1.0)
+    s["memory_per_rank_max"] = total["max_bytes"]
+    s["memory_max_over_mean"] = total["max_over_mean"]
     s["tiles"] = run.tiles
     s["gathered_bytes"] = min(CACHE_BYTES, sum(gathered.values()))
     s["held"] = dict(getattr(run, "held", {}))
@@ -296,6 +295,15 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
     half_occ = max(1, -(-structure.nocc // 2))
     pairs = [(t, t) for t in tiles] if tile or nranks == 1 else \
         [p for t in tiles for p in dict.fromkeys([(t, t), (t, min(t, half_occ))])]
+    # the tiles at which every stored class is balanced (``backends.balance``, the rule of
+    # ``tessera plan --ranks``) are always a candidate; a forced --tile that is not gets a warning
+    balanced = None
+    if nranks > 1 and not tile:
+        *balanced, worst = balanced_tiles(structure.stored, nranks)
+        balanced = tuple(balanced) if worst <= BALANCE else None
+        pairs = [balanced] + pairs if balanced else pairs
+    elif nranks > 1 and (note := forced_tile_warning(structure.stored, tile, None, nranks)):
+        log.warning(note)
     for t, ot in pairs:
         s = structure_stats(structure, t, ot, nranks)
         key = (tuple(s["tiles"]["o"]), tuple(s["tiles"]["v"]))
@@ -307,17 +315,18 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
             e = estimate(s, nranks, b, var, rate)
             candidates.append({"backend": b, "variant": var, "tile": t, "occ_tile": ot,
                                "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
+                               "class_max_over_mean": round(s["class_max_over_mean"], 3),
                                "max_tensor_share": round(s["max_tensor_share"], 3),
                                "flops": s["flops"], "block_products": s["products"],
                                "fits_memory": e["memory_per_rank"] <= budget,
                                **{k: (round(x, 6) if isinstance(x, float) else x) for k, x in e.items()}})
-        if too_fine:
+        if too_fine and (t, ot) != balanced:
             break
     # a candidate must spread the tensors evenly, with no four-index tensor whole on one
     # rank (unless the tile was given), and fit in memory per rank (unless the variant was
     # given): 2.5d's c-times larger output rectangle is the reason it may not
     ok = [c for c in candidates
-          if (tile or (c["memory_max_over_mean"] <= BALANCE_LIMIT
+          if (tile or (c["class_max_over_mean"] <= BALANCE
                        and (c["max_tensor_share"] < 1.0 or nranks == 1)))
           and (c["fits_memory"] or variant)]
     pool = ok or [c for c in candidates if c["fits_memory"] or variant] \
@@ -326,7 +335,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
         log.warning("no candidate meets every condition (max/mean <= %.1f, no four-index tensor "
                     "whole on one rank, estimated memory within %d MiB per rank); running the "
                     "fastest of the rest. Set --tile, --variant or --max-memory to choose.",
-                    BALANCE_LIMIT, int(budget) >> 20)
+                    BALANCE, int(budget) >> 20)
     best = min(pool, key=lambda c: (c["seconds"], -c["tile"]))
     sched = None
     if best["backend"] == "mpi-onesided":

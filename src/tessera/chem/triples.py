@@ -70,6 +70,7 @@ class TriplesResult:
     cache_bytes: int = 0                         # cache limit per rank (bytes)
     kernel_buffer_bytes: int = 0                 # per thread of a rank
     virtual_block: int = 0                       # virtual orbitals per block (0: the whole space)
+    rank_read_bytes: tuple = ()                  # per rank: rows its windowed tasks read (chem.triples_window)
 
 
 # --------------------------------------------------------------------------- layouts
@@ -607,7 +608,8 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     ``ints`` are the MO integrals of :func:`tessera.chem.integrals.transform` (canonical
     RHF orbitals).  One task per unique triple of task tiles (``occ_tile`` occupied
     orbitals at most) runs through ``context.run_tasks`` (default: the current context).
-    ``cache_mb``: per-rank cache of packed rows of distributed tensors (default 256 MiB).
+    ``cache_mb``: per-rank cache of packed rows of distributed tensors (default 256 MiB);
+    with the blocked kernel, the bytes one task's windows may take (``chem.triples_window``).
     ``kernel_mb``: the kernel's buffers per thread (default 256 MiB); when the whole-space
     kernel (~ v^3 / nirrep per buffer) does not fit, the virtual index is blocked too
     (:mod:`tessera.chem.triples_blocked`), in blocks of ``vblock`` orbitals if given.
@@ -649,12 +651,13 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
                   flops / max(1, out.minimal_flops), seconds, flops / seconds / 1e9, job.occ_tile,
                   job.vblock or "whole")
         return out
-    everyone = ranks.allgather((job.held.peak, job.held.peak_by))
-    peaks = tuple(int(p) for p, _ in everyone)
-    share = {s: max(by[s] for _, by in everyone) / max(1, job.whole[s]) for s in SOURCES}
+    everyone = ranks.allgather((job.held.peak, job.held.peak_by, sum(job.read.values())))
+    peaks = tuple(int(p) for p, _, _ in everyone)
+    share = {s: max(by[s] for _, by, _ in everyone) / max(1, job.whole[s]) for s in SOURCES}
     _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP, %.2f s; task tile %d, peak (T) operands "
               "%.3g MB/rank (largest share of one tensor %.2f%s)", energy, len(task_set), flops / 1e9,
               seconds, job.occ_tile, max(peaks) / 1e6, max(share.values()),
               "" if job.bounded else "; occupied space too small for task rows below whole tensors")
     return replace(out, peak_operand_bytes=max(peaks), rank_peak_operand_bytes=peaks, peak_share=share,
-                   whole_bytes=dict(job.whole), cache_bytes=job.cache_limit)
+                   whole_bytes=dict(job.whole), cache_bytes=job.cache_limit,
+                   rank_read_bytes=tuple(int(r) for _, _, r in everyone))

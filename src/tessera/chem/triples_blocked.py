@@ -77,9 +77,10 @@ def blocked_batch(lay: VirtualLayout, vblock: int, occ_tile: int, budget_bytes: 
 
 class BlockedTripleKernel(TripleKernel):
     """:class:`TripleKernel` (same batches, weights and inputs) with the virtual triples
-    visited by block triples; ``pool`` from ``new_pool(lay, vblock, batch)``."""
+    visited by block triples; ``pool`` from ``new_pool(lay, vblock, batch)``; ``triples``:
+    the ordered block triples to visit (default: all of G's, in blocks of ``vblock``)."""
 
-    def __init__(self, inp, G: int, pool: list, batch: int, vblock: int):
+    def __init__(self, inp, G: int, pool: list, batch: int, vblock: int, triples=None):
         self.inp, self.G, self.batch = inp, G, batch
         lay = inp.lay
         self.irr, self.rel = inp.irrep, inp.rel
@@ -89,9 +90,10 @@ class BlockedTripleKernel(TripleKernel):
         self.wbuf, self.sbuf, self.rbuf, self.lbuf = pool
         blocks = virtual_blocks(lay, vblock)
         self.slot = max(s for _, _, s in blocks) ** 3
-        self.triples = [sorted(set(permutations((blocks[a], blocks[b], blocks[c]))))
-                        for a in range(len(blocks)) for b in range(a + 1) for c in range(b + 1)
-                        if blocks[a][0] ^ blocks[b][0] ^ blocks[c][0] == G]
+        self.triples = triples if triples is not None else \
+            [sorted(set(permutations((blocks[a], blocks[b], blocks[c]))))
+             for a in range(len(blocks)) for b in range(a + 1) for c in range(b + 1)
+             if blocks[a][0] ^ blocks[b][0] ^ blocks[c][0] == G]
         self.flops = 0
 
     @staticmethod

@@ -26,6 +26,12 @@ always possible when the task alone fits: with n_S <= 3 occ_tile orbitals per ta
 2 n_S + 1 rows < o, which the default gives for nocc >= 8.  With fewer occupied
 orbitals (water: 5) a rank can hold as many bytes from one tensor as the whole tensor
 has, and with nocc = 1 necessarily whole o-slabs.  Never o^3 v^3 or v^4 data.
+
+Distributed tensors with the kernel blocked in the virtual index: a task is a triple of
+task tiles and a window of virtual tiles (``chem.triples_window``); it requests only its
+window's rows, builds them into tables, and drops them after (no cache; ``cache_mb``
+bounds one task's bytes instead).  ``plan_counts`` counts tasks and rows read from
+structure alone, for ``tessera plan --ranks``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
+from tessera.chem.triples_window import Windows, WindowTables, WindowTripleKernel, window_width
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
 
@@ -62,6 +69,64 @@ def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None,
     sizes = (TripleKernel.pool_sizes(lay, batch) if vblock is None
              else blocked_pool_sizes(lay, vblock, batch))
     return int(occ_tile), vblock, batch, 8 * sum(max(n, 1) for n in sizes)
+
+
+def task_tiles(o, occ_tile: int) -> tuple:
+    """(task tiles, their triples a >= b >= c, the triples' irreps G); a task tile is
+    (start, stop, irrep, tensor tile, part or None), a run of at most ``occ_tile``
+    orbitals inside one tensor tile."""
+    tiles = []
+    for n, tl in enumerate(o.tiles):
+        for s0 in range(tl.offset, tl.offset + tl.size, occ_tile):
+            s1 = min(s0 + occ_tile, tl.offset + tl.size)
+            part = None if s1 - s0 == tl.size else (0, s0 - tl.offset, s1 - tl.offset)
+            tiles.append((s0, s1, tl.irrep, n, part))
+    triples = [(a, b, c) for a in range(len(tiles)) for b in range(a + 1) for c in range(b + 1)]
+    return tiles, triples, [tiles[a][2] ^ tiles[b][2] ^ tiles[c][2] for a, b, c in triples]
+
+
+def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kernel_mb: float | None = None) -> dict:
+    """(T) of a distributed run on ``nranks`` ranks, from structure only (``tensors``: the
+    empty ovvv, t2, ovov, ovoo): its tasks, the bytes of rows they read (what a task
+    requests; a row-cached run reads less) and the most one task holds (windowed: its
+    fetched rows and tables; else its task tiles' packed rows, twice: fetched and packed)."""
+    o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+    orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
+    lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
+    occ_tile, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
+    tiles, triples, G = task_tiles(o, occ_tile)
+    keys = {name: {} for name in SOURCES}
+    for name in SOURCES:
+        for key in tensors[name].allowed_keys():
+            keys[name].setdefault(key[0], []).append(key)
+    rows = [t[1] - t[0] for t in tiles]
+    if vblock is None:                    # whole rows per task tile (``_row_elements``' counts)
+        per_row = {}
+        for name in SOURCES:
+            for n, ks in keys[name].items():
+                per_row[n] = per_row.get(n, 0) + 8 * sum(int(np.prod(tensors[name].block_shape(k)[1:]))
+                                                         for k in ks)
+        task = [sum(rows[x] * per_row.get(tiles[x][3], 0) for x in set(t)) for t in triples]
+        ntasks, read, most = len(triples), sum(task), 2 * max(task, default=0)
+    else:
+        budget = (DEFAULT_CACHE_MB if cache_mb is None else cache_mb) * 2 ** 20
+        win = Windows(o, v, vrange, orange, keys, tensors, vblock, window_width(o, v, occ_tile, budget))
+        sums = {}                          # (tensor tile, G) -> (sum, max) over windows, per row
+        ntasks = read = most = 0
+        for t, g in zip(triples, G):
+            per_tile = []
+            for x in set(t):
+                n = tiles[x][3]
+                if (n, g) not in sums:
+                    counts = [win.row_bytes(n, w) for w in win.windows(g)]
+                    sums[n, g] = (sum(r for r, _ in counts), max((r + h for r, h in counts), default=0))
+                per_tile.append((rows[x], *sums[n, g]))
+            ntasks += len(win.windows(g))
+            read += sum(r * total for r, total, _ in per_tile)
+            most = max(most, sum(r * top for r, _, top in per_tile))
+    return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
+            "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
+            "vblock": vblock or 0}
 
 
 class _Ledger:
@@ -98,15 +163,7 @@ class TriplesTasks:
         self.irrep = o.irreps.tolist()
         self.occ_tile, self.vblock, self.batch, self.pool_bytes = kernel_plan(
             lay, o, v, occ_tile, resident, vblock, kernel_mb)
-        # task tiles: (start, stop, irrep, tensor tile, part or None) inside one tensor tile
-        self.tiles = []
-        for n, tl in enumerate(o.tiles):
-            for s0 in range(tl.offset, tl.offset + tl.size, self.occ_tile):
-                s1 = min(s0 + self.occ_tile, tl.offset + tl.size)
-                part = None if s1 - s0 == tl.size else (0, s0 - tl.offset, s1 - tl.offset)
-                self.tiles.append((s0, s1, tl.irrep, n, part))
-        self.triples = [(a, b, c) for a in range(len(self.tiles)) for b in range(a + 1) for c in range(b + 1)]
-        self.G = [self.tiles[a][2] ^ self.tiles[b][2] ^ self.tiles[c][2] for a, b, c in self.triples]
+        self.tiles, self.triples, self.G = task_tiles(o, self.occ_tile)
         for G in sorted(set(self.G)) if self.vblock is None else ():    # maps of the whole-space kernel
             lay.prepare(G)
         self.keys = {name: {} for name in SOURCES}     # source -> tensor tile -> keys with it first
@@ -114,6 +171,14 @@ class TriplesTasks:
             for key in t.allowed_keys():
                 self.keys[name].setdefault(key[0], []).append(key)
         self._budget(cache_mb)
+        # a task: a triple of task tiles and, when the operands are fetched by virtual tile
+        # (distributed tensors, blocked kernel: chem.triples_window), one window
+        self.windows = None if resident or self.vblock is None else \
+            Windows(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
+                    window_width(o, v, self.occ_tile, self.cache_limit))
+        self.tasks = ([(t, None) for t in range(len(self.triples))] if self.windows is None else
+                      [(t, w) for t in range(len(self.triples)) for w in self.windows.windows(self.G[t])])
+        self.read: dict = {}                             # windowed task -> bytes of rows it read
         self.cache: OrderedDict = OrderedDict()          # task tile -> RowSlab
         self.cached = dict.fromkeys(SOURCES, 0)
         self.held = _Ledger()
@@ -180,23 +245,34 @@ class TriplesTasks:
 
     # ------------------------------------------------------------------ tasks
     def task_set(self, nranks: int) -> TaskSet:
-        costs = [self.cost(i) for i in range(len(self.triples))]
+        costs = [self.cost(i) for i in range(len(self.tasks))]
         chunk = max(1, min(8, len(costs) // (4 * nranks)))
         return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
                        progress=True)
 
     def cost(self, task: int) -> float:
-        a, b, c = self.triples[task]
-        size = np.prod([self.tiles[x][1] - self.tiles[x][0] for x in (a, b, c)])
-        return float(size * max(1, int(self.lay.ntrip[self.G[task]])))
+        t, window = self.tasks[task]
+        size = np.prod([self.tiles[x][1] - self.tiles[x][0] for x in self.triples[t]])
+        virtual = (self.lay.ntrip[self.G[t]] if window is None
+                   else np.prod([self.windows.vtiles[w][2] for w in window]))
+        return float(size * max(1, int(virtual)))
 
     def need(self, task: int) -> list:
         """Rows of the blocks of the task's uncached task tiles (partial requests); first
         drops cached slabs (least recently used, not the task's) until what arrives fits.
-        Nothing for resident tensors."""
-        if self.resident or not self.lay.ntrip[self.G[task]]:
+        Nothing for resident tensors; a window's rows for a windowed task."""
+        t, window = self.tasks[task]
+        if self.resident or not self.lay.ntrip[self.G[t]]:
             return []
-        wanted = sorted(set(self.triples[task]))
+        wanted = sorted(set(self.triples[t]))
+        if window is not None:
+            out = []
+            for x in wanted:
+                n, part = self.tiles[x][3], self.tiles[x][4]
+                for name, keys in self.windows.requests(n, window).items():
+                    t_ = self.tensors[name]
+                    out += [(t_, key) if part is None else (t_, key, part) for key in keys]
+            return out
         with self.lock:
             new = [x for x in wanted if x not in self.cache]
             room = {s: 2 * sum(self.tile_bytes[x][s] for x in new) + self.scratch_bytes[s] for s in SOURCES}
@@ -284,27 +360,65 @@ class TriplesTasks:
             return slabs, [x for x in new if not self._admit(x, slabs[x], wanted)]
 
     def work(self, task: int, blocks: dict) -> float:
-        a, b, c = self.triples[task]
-        G = self.G[task]
+        t, window = self.tasks[task]
+        a, b, c = self.triples[t]
+        G = self.G[t]
         if not self.lay.ntrip[G]:
             return 0.0
         wanted = sorted({a, b, c})
+        if window is not None:
+            return self._window_work(task, wanted, blocks)
         if self.resident:
             slabs, transient = self._resident_slabs(wanted), []
         else:
             slabs, transient = self._fetched_slabs(wanted, blocks)
         inp = KernelInputs.from_slabs(self.lay, self.eo, self.t1d, self.irrep, slabs.values(),
                                       scratch=self.scratch)
-        if not hasattr(self.local, "pool"):
-            self.local.pool = (TripleKernel.new_pool(self.lay, self.batch) if self.vblock is None
-                               else BlockedTripleKernel.new_pool(self.lay, self.vblock, self.batch))
-        kern = (TripleKernel(inp, G, self.local.pool, self.batch) if self.vblock is None
-                else BlockedTripleKernel(inp, G, self.local.pool, self.batch, self.vblock))
+        kern = (TripleKernel(inp, G, self._pool(), self.batch) if self.vblock is None
+                else BlockedTripleKernel(inp, G, self._pool(), self.batch, self.vblock))
         I, J, K = (self.tiles[x][:2] for x in (a, b, c))
         energy = kern.tile_energy(I, J, K)
         with self.lock:
             self.flops += kern.flops
             for x in transient:
                 self.held.add(self.tile_bytes[x], -1)
+        return energy
+
+    def _pool(self) -> list:
+        """The kernel's buffers of this thread."""
+        if not hasattr(self.local, "pool"):
+            self.local.pool = (TripleKernel.new_pool(self.lay, self.batch) if self.vblock is None
+                               else BlockedTripleKernel.new_pool(self.lay, self.vblock, self.batch))
+        return self.local.pool
+
+    def _window_work(self, task: int, wanted: list, blocks: dict) -> float:
+        """A windowed task: its rows into WindowTables, the kernel on the window's block
+        triples, everything dropped after (the ledger holds fetched copies and tables)."""
+        t, window = self.tasks[task]
+        tables = WindowTables(self.windows, self.lay, self.irrep, self.o, self.v)
+        read, copies = 0, dict.fromkeys(SOURCES, 0)
+        for x in wanted:
+            s0, _, _, n, part = self.tiles[x]
+            for name, keys in self.windows.requests(n, window).items():
+                tensor = self.tensors[name]
+                for key in keys:
+                    arr = blocks[(tensor.uid, key) if part is None else (tensor.uid, key, part)]
+                    read += arr.nbytes
+                    if key not in tensor.blocks:          # owned blocks arrive as views
+                        copies[name] += arr.nbytes
+                    tables.add(name, key, arr, s0)
+        blocks.clear()
+        held = {s: copies[s] + tables.nbytes[s] for s in SOURCES}
+        with self.lock:
+            self.read[task] = read
+            self.held.add(held)
+        inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, **tables.tables())
+        kern = WindowTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows,
+                                  window, tables)
+        I, J, K = (self.tiles[x][:2] for x in self.triples[t])
+        energy = kern.tile_energy(I, J, K)
+        with self.lock:
+            self.flops += kern.flops
+            self.held.add(held, -1)
         return energy
 

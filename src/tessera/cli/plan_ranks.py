@@ -9,6 +9,9 @@ returns, per rank:
 - ``memory_per_rank``: per stored tensor class (T2 and the integral classes) and in
   total, ``max_bytes``, ``mean_bytes`` and ``max_over_mean``; with (T) its rows and
   kernel buffers (``chem.memory.triples_parts``, the one formula of (T) memory);
+- ``triples`` (with (T)): its tasks in all and per rank, the bytes of rows they read
+  (in all and per rank, the mean; what the tasks request, before any row cache) and the
+  most one task holds (``chem.triples_tasks.plan_counts``);
 - ``steps``: the dominant contraction steps (largest flops first) with their block
   tasks, tasks per rank and the busiest rank's flops over the mean;
 - ``executors``: for each executor and variant, bytes moved per rank per iteration,
@@ -17,11 +20,10 @@ returns, per rank:
   calibrated model (``backends.machine``: this machine's measured constants plus the
   network given as options).
 
-Without ``--tile`` the tiles are the largest of TILES (occupied tiles no larger, from
-OCC_TILES) at which every stored class is spread with max/mean <= 1.5 over the P ranks:
-blocks are the unit of ownership, so a class needs at least about 2 P blocks, and a
-small molecule on many ranks needs small tiles (the estimates show what they cost in
-block products); when no tile pair reaches it, the one with the smallest worst max/mean.
+Without ``--tile`` the tiles are those a run on P ranks takes (``backends.balance``:
+the largest at which every stored class is spread with max/mean <= 1.5; a small molecule
+on many ranks needs small tiles, and the estimates show what they cost in block
+products); with a --tile that leaves a class above 1.5, one warning line names it.
 """
 
 from __future__ import annotations
@@ -33,72 +35,7 @@ import numpy as np
 
 from tessera.errors import InputError
 
-BALANCE = 1.5
 DOMINANT_STEPS = 6
-TILES = (48, 32, 24, 16, 12, 8, 6, 4)         # tried from large to small ...
-OCC_TILES = TILES + (3, 2)                     # ... with occupied tiles no larger
-
-
-def class_balance(tensors: dict, nranks: int) -> dict:
-    """{name: {max_bytes, mean_bytes, max_over_mean}} of each tensor's blocks placed over
-    ``nranks`` ranks, and ``total`` (the ranks' sums)."""
-    out, total = {}, np.zeros(nranks)
-    for name, t in tensors.items():
-        load = _loads(t, nranks)
-        total += load
-        out[name] = _stats(load)
-    out["total"] = _stats(total)
-    return out
-
-
-def _loads(t, nranks: int) -> np.ndarray:
-    """Bytes of tensor ``t`` on each of ``nranks`` ranks (``balanced`` placement)."""
-    from tessera.runtime.distribution import block_owner_array, block_sizes
-    keys = t.stored_keys()
-    return np.bincount(block_owner_array(t.spaces, t.irrep, keys, nranks),
-                       weights=8.0 * block_sizes(t.spaces, keys), minlength=nranks)
-
-
-def _stats(load) -> dict:
-    mean = float(load.mean())
-    return {"max_bytes": int(load.max()), "mean_bytes": mean,
-            "max_over_mean": round(float(load.max()) / mean, 4) if mean else 1.0}
-
-
-def stored_tensors(orbsym, nocc: int, nfrozen: int, tile: int, occ_tile: int) -> dict:
-    """{name: empty tensor} of what a CCSD run stores: T2 and the integral classes."""
-    from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
-    from tessera.tensor.block_tensor import BlockTensor
-    o, v = make_spaces(orbsym, nocc, nfrozen, tile, occ_tile)
-    return {"t2": BlockTensor((o, o, v, v), 0, name="t2"), **{n: class_tensor(n, o, v) for n in CLASSES}}
-
-
-def choose_tiles(orbsym, nocc: int, nfrozen: int, nranks: int) -> tuple:
-    """(tile, occ_tile): see the module docstring. Each class's balance is computed once
-    per tile size of the spaces it has."""
-    from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
-    from tessera.tensor.block_tensor import BlockTensor
-    memo: dict = {}
-    best, best_worst = None, math.inf
-    for tile in TILES:
-        for occ_tile in [t for t in OCC_TILES if t <= tile]:
-            o, v = make_spaces(orbsym, nocc, nfrozen, tile, occ_tile)
-            worst = 0.0
-            for name in ("vvvv", "t2", *CLASSES):
-                key = (name, tile if "v" in name or name == "t2" else None, occ_tile if "o" in name or name == "t2" else None)
-                if key not in memo:
-                    t = BlockTensor((o, o, v, v), 0) if name == "t2" else class_tensor(name, o, v)
-                    memo[key] = _stats(_loads(t, nranks))["max_over_mean"]
-                worst = max(worst, memo[key])
-                if worst > BALANCE:
-                    break
-            if worst <= BALANCE:
-                return tile, occ_tile
-            if worst < best_worst:
-                best, best_worst = (tile, occ_tile), worst
-            if memo[("vvvv", tile, None)] > BALANCE:     # no occupied tile helps vvvv
-                break
-    return best
 
 
 def dominant_steps(plans, nranks: int, limit: int = DOMINANT_STEPS) -> list:
@@ -124,17 +61,26 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     from tessera.backends.auto import (COLLECTIVE_VARIANTS, ONESIDED_VARIANTS, estimate,
                                        memory_parts, structure_stats)
     from tessera.chem.ccsd import CCSDStructure
+    from tessera.backends.balance import BALANCE, balanced_tiles, class_balance, forced_tile_warning
     from tessera.chem.memory import triples_parts
-    if tile is None:
-        tile, occ_tile = choose_tiles(orbsym, nocc, nfrozen, nranks)
-    occ_tile = occ_tile or tile
     structure = CCSDStructure(orbsym, nocc, nfrozen)
+    warning = None
+    if tile is None:
+        tile, occ_tile, worst = balanced_tiles(structure.stored, nranks)
+        if worst > BALANCE:
+            warning = (f"no tiles spread every class with max/mean <= {BALANCE} over {nranks} ranks "
+                       f"(too few blocks); these are the least unbalanced ({worst:.2f})")
+    else:
+        warning = forced_tile_warning(structure.stored, tile, occ_tile, nranks)
+    occ_tile = occ_tile or tile
     run = structure(tile, occ_tile)
     stats = structure_stats(lambda *_: run, tile, occ_tile, nranks)
-    tensors = {t.name or "t2": t for t in run.tensors}
-    memory = class_balance(tensors, nranks)
+    memory = class_balance(structure.stored(tile, occ_tile), nranks)
+    triples = None
     if method == "ccsd(t)":
+        from tessera.chem.triples_tasks import plan_counts
         memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1).items()}
+        triples = plan_counts(structure.stored(tile, occ_tile), nranks)
     from tessera.backends.budget import memory_budget
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     costs = machine.on(nranks, ranks_per_node)
@@ -150,10 +96,11 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
                               "memory_parts": {k: int(v) for k, v in parts.items()},
                               "fits_memory": sum(parts.values()) <= budget})
     return {"ranks": nranks, "ranks_per_node": ranks_per_node, "nodes": costs["nodes"],
-            "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile,
+            "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile, "tile_warning": warning,
             "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
             "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
-            "memory_per_rank": memory, "steps": dominant_steps(run.plans, nranks), "executors": executors,
+            "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, nranks),
+            "executors": executors,
             "machine": {**{k: getattr(machine, k) for k in ("gemm_flops_per_second", "task_seconds",
                         "get_seconds", "acc_seconds", "collective_seconds", "copy_bytes_per_second",
                         "network_bandwidth", "network_latency")}, "measured": machine.measured,
@@ -168,6 +115,7 @@ def render(sim: dict) -> str:
     lines = [f"Simulated machine: {sim['ranks']} ranks, {sim['ranks_per_node']} per node ({sim['nodes']} nodes), "
              f"{_size(sim['memory_budget_per_rank']).strip()} per rank; tiles o {sim['tiles']['o']} "
              f"v {sim['tiles']['v']} (o={sim['nocc']}, v={sim['nvir']})",
+             *([f"warning: {sim['tile_warning']}"] if sim.get("tile_warning") else []),
              "Memory per rank by tensor class (blocks placed as a run places them):",
              f"  {'class':8s} {'max':>12s} {'mean':>12s} {'max/mean':>9s}"]
     for name, m in sim["memory_per_rank"].items():
@@ -178,6 +126,13 @@ def render(sim: dict) -> str:
         t = sim["memory_per_rank"]["(t)"]
         lines.append("  (t)      " + ", ".join(f"{k} {_size(v).strip()}" for k, v in t.items())
                      + " (per rank, one thread; beside the classes and T2)")
+    if sim.get("triples"):
+        t = sim["triples"]
+        how = (f"operands by virtual tile (windows), kernel blocks of {t['vblock']}" if t["vblock"]
+               else "whole occupied rows per task tile")
+        lines.append(f"(T): {t['tasks']} tasks ({t['tasks_per_rank']:.1f} per rank, {t['occ_tile']} occupied "
+                     f"orbitals per task tile, {how}); rows read {_size(t['read_bytes_per_rank']).strip()} "
+                     f"per rank, at most {_size(t['task_bytes']).strip()} held by one task")
     lines.append(f"Dominant contraction steps ({sim['flops_per_iteration']:.3e} flops and "
                  f"{sim['block_products']} block products per iteration):")
     lines.append(f"  {'flops':>10s} {'tasks':>7s} {'per rank':>9s} {'busiest/mean':>12s}  step")

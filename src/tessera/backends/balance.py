@@ -1,0 +1,96 @@
+"""One rule for the tiles of a distributed run: every stored class balanced over the ranks.
+
+Blocks are the unit of ownership, so a tensor class with fewer blocks than about twice
+the ranks cannot be spread with max/mean <= BALANCE (oooo and ovoo of a small occupied
+space on many ranks). ``balanced_tiles`` picks the largest tiles of TILES (occupied
+tiles no larger, from OCC_TILES) at which every class a run stores is spread with
+max/mean <= BALANCE over P ranks (when no pair reaches it, the pair with the smallest
+worst max/mean). ``tessera plan --ranks`` (``cli.plan_ranks``) and the cost model of a
+real run (``backends.auto.decide``, when --tile is not given) both use it; a forced
+--tile that leaves a class above BALANCE gets one warning line (``forced_tile_warning``).
+
+``stored(tile, occ_tile)`` is the caller's: {class name: empty tensor} of what a run
+stores at those tiles (for CCSD ``chem.ccsd.CCSDStructure.stored``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+BALANCE = 1.5
+TILES = (48, 32, 24, 16, 12, 8, 6, 4)         # tried from large to small ...
+OCC_TILES = TILES + (3, 2)                     # ... with occupied tiles no larger
+
+
+def loads(t, nranks: int) -> np.ndarray:
+    """Bytes of tensor ``t`` on each of ``nranks`` ranks, placed as a run places them."""
+    from tessera.runtime.distribution import block_owner_array, block_sizes
+    keys = t.stored_keys()
+    return np.bincount(block_owner_array(t.spaces, t.irrep, keys, nranks, t.placement),
+                       weights=8.0 * block_sizes(t.spaces, keys), minlength=nranks)
+
+
+def stats(load) -> dict:
+    """{max_bytes, mean_bytes, max_over_mean} of per-rank bytes ``load``."""
+    mean = float(np.mean(load))
+    return {"max_bytes": int(np.max(load)), "mean_bytes": mean,
+            "max_over_mean": round(float(np.max(load)) / mean, 4) if mean else 1.0}
+
+
+def class_balance(tensors: dict, nranks: int) -> dict:
+    """{name: stats} of each tensor's blocks placed over ``nranks`` ranks, and ``total``
+    (the ranks' sums)."""
+    out, total = {}, np.zeros(nranks)
+    for name, t in tensors.items():
+        load = loads(t, nranks)
+        total += load
+        out[name] = stats(load)
+    out["total"] = stats(total)
+    return out
+
+
+def _signature(t) -> tuple:
+    """What a tensor's placement depends on: its name and the tiles of its spaces."""
+    return (t.name, t.irrep, tuple(tuple((tl.size, tl.irrep) for tl in s.tiles) for s in t.spaces))
+
+
+def worst_class(stored, tile: int, occ_tile: int, nranks: int, memo: dict | None = None,
+                stop: float = math.inf) -> tuple:
+    """(class name, max/mean) of the least balanced stored class at these tiles; stops at
+    the first class above ``stop``. ``memo`` keeps each class's balance by its tiles."""
+    memo = {} if memo is None else memo
+    worst = ("", 0.0)
+    for name, t in stored(tile, occ_tile).items():
+        key = _signature(t)
+        if key not in memo:
+            memo[key] = stats(loads(t, nranks))["max_over_mean"]
+        if memo[key] > worst[1]:
+            worst = (name, memo[key])
+        if worst[1] > stop:
+            break
+    return worst
+
+
+def balanced_tiles(stored, nranks: int) -> tuple:
+    """(tile, occ_tile, worst class max/mean there) by the rule of the module docstring."""
+    memo: dict = {}
+    best, best_worst = None, math.inf
+    for tile in TILES:
+        for occ_tile in [t for t in OCC_TILES if t <= tile]:
+            worst = worst_class(stored, tile, occ_tile, nranks, memo, stop=BALANCE)[1]
+            if worst <= BALANCE:
+                return tile, occ_tile, worst
+            if worst < best_worst:
+                best, best_worst = (tile, occ_tile), worst
+    return (*best, best_worst)
+
+
+def forced_tile_warning(stored, tile: int, occ_tile: int | None, nranks: int) -> str | None:
+    """One line when tiles the user gave leave a stored class above BALANCE, else None."""
+    name, worst = worst_class(stored, tile, occ_tile or tile, nranks)
+    if worst <= BALANCE:
+        return None
+    return (f"--tile {tile}: class {name} is spread over {nranks} ranks with max/mean {worst:.2f} "
+            f"(above {BALANCE}); drop --tile to let Tessera choose balanced tiles")

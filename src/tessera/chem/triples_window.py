@@ -1,0 +1,295 @@
+"""(T) on distributed tensors, operands fetched by virtual tile: memory bounded by tiles.
+
+With distributed tensors and the kernel blocked in the virtual index
+(:mod:`tessera.chem.triples_blocked`), a (T) task is a triple of occupied task tiles
+*and* a *window*: an unordered triple of window tiles A >= B >= C (runs of the tensors'
+virtual tiles inside one irrep, joined while one task's bytes stay within a budget,
+``window_width``) whose irreps multiply to the task's G.  The kernel's virtual blocks
+are the window tiles cut into runs of at most ``vblock`` orbitals, so every block
+triple the kernel visits lies in exactly one window, and the windows' tasks together
+visit each block triple once.  A
+task fetches, for the rows x of its occupied task tiles, only what the block triples of
+its window read (W = the window's tiles, f any virtual, y and m any occupied):
+
+    ovvv  (x p|q f)      p, q in W          the right operands of the (ov|vv) terms
+    t2    t2[x y p f]    p in W             right operands (f in W) and left ones (f any)
+    ovov  (x p|y q)      p, q in W          the pairs of V
+    ovoo  (x s|y m)      s in W             the left operands of the (ov|oo) terms
+
+so a task holds about rows x (|W|^2 tile^2 v + |W| tile (o v + o^2) + |W|^2 tile^2 o)
+doubles, never a v^3 row.  :class:`Windows` (structure only: spaces and allowed keys,
+no data) lists the windows, the requests and their bytes (the count ``tessera plan
+--ranks`` reports); :class:`WindowTables` holds one task's fetched rows in the forms the
+kernel reads; :class:`WindowTripleKernel` is the blocked kernel reading them.  Nothing
+is cached between tasks: every task fetches its windows (bytes traded for a bound).
+"""
+
+from __future__ import annotations
+
+from itertools import permutations
+
+import numpy as np
+
+from tessera.chem.triples_blocked import BlockedTripleKernel
+
+SOURCE_OF = {"ov1": "ovvv", "t2r": "t2", "ovov": "ovov", "ooL": "ovoo"}     # table -> tensor
+
+
+def window_width(o, v, occ_tile: int, budget_bytes: float) -> int:
+    """Virtual orbitals per window tile: the most (at least 1) at which one task's rows
+    and tables (3 occ_tile rows, windows of three tiles, w = 3 x width orbitals: read
+    w^2 v + o w v + o w^2 + o^2 w, tables w^2 v + 2 o w v + o^2 w doubles per row, C1)
+    fit ``budget_bytes``; more width, fewer windows: each task refetches its rows."""
+    nocc, nvir = o.dim, v.dim
+    task = (lambda w: 8 * 3 * occ_tile * (2 * w * w * nvir + 3 * nocc * w * nvir + nocc * w * w
+                                          + 2 * nocc * nocc * w))
+    width = max(1, nvir)
+    while width > 1 and task(3 * width) > budget_bytes:
+        width -= 1
+    return width
+
+
+class Windows:
+    """Windows, requests and bytes of windowed (T) tasks over spaces o, v; ``keys``:
+    {source: {occupied tensor tile: allowed keys with it first}}; ``shapes``:
+    {source: tensor} (``block_shape``). Window tiles: runs of the tensors' virtual tiles
+    inside one irrep, each as long as ``width`` allows (at least one tensor tile)."""
+
+    def __init__(self, o, v, vr, orange, keys: dict, shapes: dict, vblock: int, width: int):
+        self.o, self.v, self.keys, self.shapes = o, v, keys, shapes
+        # window tiles (irrep, first position inside the irrep, size); per tensor tile its
+        # first position inside its irrep, its window tile and its offset there
+        self.irel = [tl.offset - int(vr[tl.irrep, 0]) for tl in v.tiles]
+        self.vtiles, self.group_of, self.group_off = [], [], []
+        for n, tl in enumerate(v.tiles):
+            last = self.vtiles[-1] if self.vtiles else None
+            if last is not None and last[0] == tl.irrep and last[2] + tl.size <= width:
+                self.vtiles[-1] = (last[0], last[1], last[2] + tl.size)
+                self.group_off.append(last[2])
+            else:
+                self.vtiles.append((tl.irrep, self.irel[n], tl.size))
+                self.group_off.append(0)
+            self.group_of.append(len(self.vtiles) - 1)
+        self.orel = [tl.offset - int(orange[tl.irrep, 0]) for tl in o.tiles]
+        # kernel blocks: window tiles cut into runs of at most vblock, and their window tile
+        self.blocks, self.block_tile = [], []
+        for n, (g, r, size) in enumerate(self.vtiles):
+            for k in range(0, size, vblock):
+                self.blocks.append((g, r + k, min(vblock, size - k)))
+                self.block_tile.append(n)
+        self.tile_at = {(b[0], b[1]): (self.block_tile[i], b[1] - self.vtiles[self.block_tile[i]][1])
+                        for i, b in enumerate(self.blocks)}
+        nt = len(self.vtiles)
+        self._by_G: dict = {}
+        self._triples: dict = {}
+        self._totals: dict = {}
+        for A in range(nt):
+            for B in range(A + 1):
+                for C in range(B + 1):
+                    G = self.vtiles[A][0] ^ self.vtiles[B][0] ^ self.vtiles[C][0]
+                    self._by_G.setdefault(G, []).append((A, B, C))
+
+    def windows(self, G: int) -> list:
+        """The tile triples (A >= B >= C) of irrep G."""
+        return self._by_G.get(G, [])
+
+    def block_triples(self, G: int, window) -> list:
+        """The kernel's ordered block triples (per unordered block triple, as
+        BlockedTripleKernel lists them) whose tiles are ``window``."""
+        key = (G, tuple(window))
+        if key not in self._triples:
+            self._triples[key] = self._block_triples(G, window)
+        return self._triples[key]
+
+    def _block_triples(self, G: int, window) -> list:
+        out, bl, bt = [], self.blocks, self.block_tile
+        cand = [i for i, t in enumerate(bt) if t in window]
+        for a in cand:
+            for b in (x for x in cand if x <= a):
+                for c in (x for x in cand if x <= b):
+                    if (bt[a], bt[b], bt[c]) == tuple(window) and bl[a][0] ^ bl[b][0] ^ bl[c][0] == G:
+                        out.append(sorted(set(permutations((bl[a], bl[b], bl[c])))))
+        return out
+
+    def requests(self, n: int, window) -> dict:
+        """{source: keys} a task reads for the rows of occupied tensor tile ``n``."""
+        W, ks, of = set(window), self.keys, self.group_of
+        return {"ovvv": [k for k in ks["ovvv"].get(n, ()) if of[k[1]] in W and of[k[2]] in W],
+                "t2": [k for k in ks["t2"].get(n, ()) if of[k[2]] in W],
+                "ovov": [k for k in ks["ovov"].get(n, ()) if of[k[1]] in W and of[k[3]] in W],
+                "ovoo": [k for k in ks["ovoo"].get(n, ()) if of[k[1]] in W]}
+
+    def row_bytes(self, n: int, window) -> tuple:
+        """(bytes read, bytes of the tables built) per row of occupied tile ``n`` for a
+        task of ``window``: the sums of :meth:`requests`' blocks, from per-tile totals
+        (:class:`WindowTables` keeps ovov's rows whole in q)."""
+        if n not in self._totals:
+            self._totals[n] = self._tile_totals(n)
+        pair, single, ovov_pair, ovov_whole = self._totals[n]
+        W = sorted(set(window))
+        read = pair[np.ix_(W, W)].sum() + single[W].sum()
+        return int(read), int(read - ovov_pair[np.ix_(W, W)].sum() + ovov_whole[W].sum())
+
+    def _tile_totals(self, n: int) -> tuple:
+        """Bytes per row of tile n's blocks: [P, Q] of ovvv and ovov (p, q in P, Q), [P] of
+        t2 and ovoo (p in P), and of ovov with any q."""
+        nt = len(self.vtiles)
+        pair, single = np.zeros((nt, nt)), np.zeros(nt)
+        ovov_pair, ovov_whole = np.zeros((nt, nt)), np.zeros(nt)
+        size = (lambda s, k: 8 * int(np.prod(self.shapes[s].block_shape(k)[1:])))
+        of = self.group_of
+        for k in self.keys["ovvv"].get(n, ()):
+            pair[of[k[1]], of[k[2]]] += size("ovvv", k)
+        for s in ("t2", "ovoo"):
+            for k in self.keys[s].get(n, ()):
+                single[of[k[1 if s == "ovoo" else 2]]] += size(s, k)
+        for k in self.keys["ovov"].get(n, ()):
+            ovov_pair[of[k[1]], of[k[3]]] += size("ovov", k)
+            ovov_whole[of[k[1]]] += size("ovov", k)
+        return pair + ovov_pair, single, ovov_pair, ovov_whole
+
+
+class _LeftRows:
+    """``table[x][g_y]`` of a packed left operand (``kind`` t2r or ooL) of one task: rows
+    y of irrep g_y, indexed as the kernel indexes packed rows (``[r][p0:p1]`` and
+    ``[r0:r1, p0:p1]``); columns p0:p1 are (s in a kernel block S, c of one irrep)."""
+
+    def __init__(self, tables, kind: str, x: int, gy: int):
+        self.t, self.kind, self.x, self.gy = tables, kind, x, gy
+
+    def cols(self, cols: slice) -> np.ndarray:
+        """[n_y, n_S, n_c] of the block S whose packed columns start at cols.start."""
+        t = self.t
+        h = t.irrep[self.x] ^ self.gy
+        offs, dims = t.offsets[self.kind], t.dims[self.kind]
+        p0, width = cols.start, cols.stop - cols.start
+        for gs in range(len(t.nv)):
+            nc = dims[gs ^ h]
+            if t.nv[gs] and nc and offs[h][gs] <= p0 < offs[h][gs] + t.nv[gs] * nc:
+                tile, off = t.win.tile_at[(gs, (p0 - offs[h][gs]) // nc)]
+                return t.get(self.kind, self.x, (self.gy, tile))[:, off:off + width // nc, :]
+        raise IndexError(f"columns {cols} start no kernel block")
+
+    def __getitem__(self, idx):
+        if isinstance(idx, tuple):              # [r0:r1, p0:p1]
+            seg = self.cols(idx[1])[idx[0]]
+            return seg.reshape(seg.shape[0], -1)
+        return _Row(self, idx)
+
+
+class _Row:
+    def __init__(self, rows: _LeftRows, r: int):
+        self.rows, self.r = rows, r
+
+    def __getitem__(self, cols: slice) -> np.ndarray:
+        return self.rows.cols(cols)[self.r].reshape(-1)
+
+
+class _Table:
+    """``table[x][g_y]`` (a :class:`_LeftRows`) of one packed left table."""
+
+    def __init__(self, tables, kind: str):
+        self.tables, self.kind = tables, kind
+
+    def __getitem__(self, x):
+        return _ByIrrep(self.tables, self.kind, x)
+
+
+class _ByIrrep:
+    def __init__(self, tables, kind: str, x: int):
+        self.tables, self.kind, self.x = tables, kind, x
+
+    def __getitem__(self, gy):
+        return _LeftRows(self.tables, self.kind, self.x, gy)
+
+
+class WindowTables:
+    """One task's fetched rows, in the forms the windowed kernel reads, per occupied
+    orbital x and key: ``ov1`` (P, Q) -> [n_f, n_P, n_Q] = (x p|q f); ``t2r`` (g_y, S) ->
+    [n_y, n_S, n_f] = t2[x y s f]; ``ooL`` (g_y, S) -> [n_y, n_S, n_m] = (x s|y m);
+    ``ovov`` (g_y, P) -> [n_y, n_P, n_q] = (x p|y q) (P, Q, S virtual tiles, the others
+    whole irreps; missing keys are zero)."""
+
+    def __init__(self, win: Windows, lay, irrep, o, v):
+        self.win, self.lay, self.irrep, self.o, self.v = win, lay, irrep, o, v
+        self.nv, self.no = lay.n.tolist(), lay.no.tolist()
+        self.offsets = {"t2r": lay.poff.tolist(), "ooL": lay.vooff.tolist()}
+        self.dims = {"t2r": self.nv, "ooL": self.no}
+        self.data: dict = {}          # (kind, x, key) -> array
+        self.nbytes = dict.fromkeys(SOURCE_OF.values(), 0)      # per source tensor
+
+    def get(self, kind: str, x: int, key) -> np.ndarray:
+        arr = self.data.get((kind, x, key))
+        if arr is None:
+            arr = self.data[(kind, x, key)] = np.zeros(self._shape(kind, x, key))
+            self.nbytes[SOURCE_OF[kind]] += arr.nbytes
+        return arr
+
+    def _shape(self, kind, x, key) -> tuple:
+        g, vt = self.irrep[x], self.win.vtiles
+        if kind == "ov1":
+            P, Q = key
+            return (self.nv[g ^ vt[P][0] ^ vt[Q][0]], vt[P][2], vt[Q][2])
+        gy, S = key
+        other = g ^ gy ^ vt[S][0]
+        return (self.no[gy], vt[S][2], (self.no if kind == "ooL" else self.nv)[other])
+
+    def add(self, source: str, key, rows: np.ndarray, x0: int) -> None:
+        """Rows x0.. of the block ``key`` of ``source`` ([rows, ...] as fetched): placed by
+        the irrep positions of its whole-irrep indices and the window-tile offsets of the
+        others."""
+        w, ot, vt = self.win, self.o.tiles, self.v.tiles
+        occ = (lambda t: slice(w.orel[t], w.orel[t] + ot[t].size))      # in its irrep
+        vir = (lambda t: slice(w.irel[t], w.irel[t] + vt[t].size))
+        win = (lambda t: slice(w.group_off[t], w.group_off[t] + vt[t].size))   # in its window tile
+        of = w.group_of
+        for r, blk in enumerate(rows):
+            x = x0 + r
+            if source == "ovvv":                     # blk[p q f]
+                self.get("ov1", x, (of[key[1]], of[key[2]]))[vir(key[3]), win(key[1]), win(key[2])] = \
+                    blk.transpose(2, 0, 1)
+            elif source == "t2":                     # blk[y s f]
+                self.get("t2r", x, (ot[key[1]].irrep, of[key[2]]))[occ(key[1]), win(key[2]), vir(key[3])] = blk
+            elif source == "ovov":                   # blk[p y q]
+                self.get("ovov", x, (ot[key[2]].irrep, of[key[1]]))[occ(key[2]), win(key[1]), vir(key[3])] = \
+                    blk.transpose(1, 0, 2)
+            else:                                    # ovoo blk[s y m]
+                self.get("ooL", x, (ot[key[2]].irrep, of[key[1]]))[occ(key[2]), win(key[1]), occ(key[3])] = \
+                    blk.transpose(1, 0, 2)
+
+    def tables(self) -> dict:
+        """The kernel's tables (``KernelInputs`` keyword arguments)."""
+        return {"ov1": self, "ov2": None, "t2r": _Table(self, "t2r"), "t2s": None,
+                "ooL": _Table(self, "ooL"), "ovov": self}
+
+
+class WindowTripleKernel(BlockedTripleKernel):
+    """The blocked kernel on one window: its block triples only, operands from
+    :class:`WindowTables` (``inp.ov1`` and ``inp.ovov`` are the tables themselves)."""
+
+    def __init__(self, inp, G: int, pool: list, batch: int, vblock: int, win: Windows, window, tables):
+        super().__init__(inp, G, pool, batch, vblock, triples=win.block_triples(G, window))
+        self.win, self.tab = win, tables
+
+    def _right(self, table, x, gc, nc, T, U, swapped) -> np.ndarray:
+        first, second = (U, T) if swapped else (T, U)
+        (t1, o1), (t2, o2) = self._tile(first), self._tile(second)
+        if table is self.inp.ov1:
+            seg = self.tab.get("ov1", x, (t1, t2))[:, o1:o1 + first[2], o2:o2 + second[2]]
+        else:                                        # t2r: rows m of irrep gc, (s in first, f any)
+            seg = self.tab.get("t2r", x, (gc, t1))[:, o1:o1 + first[2], second[1]:second[1] + second[2]]
+        out = self.rbuf[:nc * T[2] * U[2]].reshape(nc, T[2], U[2])
+        out[...] = seg.transpose(0, 2, 1) if swapped else seg
+        return out.reshape(nc, T[2] * U[2])
+
+    def _pairs(self, x, gy, rows: slice, P, Q):
+        if P[0] ^ Q[0] != self.irr[x] ^ gy:
+            return None
+        tp, op = self._tile(P)
+        seg = self.tab.get("ovov", x, (gy, tp))[rows]
+        return seg[:, op:op + P[2], Q[1]:Q[1] + Q[2]]
+
+    def _tile(self, block) -> tuple:
+        """(virtual tile, offset inside it) of a kernel block."""
+        tile, off = self.win.tile_at[(block[0], block[1])]
+        return tile, off
