@@ -112,13 +112,17 @@ def _add_one(step, entries) -> None:
             if dblk is None:
                 raise SymmetryError(f"denominator {div.tensor.name!r} has no block for {okey}")
             blk = blk / dblk.transpose(dperm)
+            if scale != 1.0:
+                blk *= scale
+        elif scale != 1.0:
+            blk = scale * blk
         oblk = oget(okey)
-        if oblk is None:
-            out.accumulate_block(okey, blk, scale)
-        elif scale == 1.0:
+        if oblk is not None:
             oblk += blk
+        elif blk.base is None and out.dist is None:     # a new array (quotient or scaled): kept
+            out.store_block(okey, blk)
         else:
-            oblk += scale * blk
+            out.accumulate_block(okey, blk)
     out.version += 1
 
 
