@@ -2,7 +2,9 @@
 
 An executor runs the task lists these functions return; the functions know blocks and
 matrices, never physics, ranks or threads. Tasks of one list write disjoint output
-blocks, so they may run in any order or concurrently.
+blocks, so they may run in any order or concurrently. Which block goes where is worked
+out once per block structure (``sectors``); a task only looks blocks up and copies or
+adds them.
 """
 
 from __future__ import annotations
@@ -11,106 +13,117 @@ from functools import partial
 
 import numpy as np
 
+from tessera.backends.sectors import add_map, gather_map, scatter_map
 from tessera.errors import SymmetryError
-from tessera.plan.blocktasks import invert_key, pair_block, pair_outputs
+from tessera.plan.blocktasks import pair_block, pair_outputs
 
-# rows of one GEMM task: enough work per task for BLAS, enough tasks for the pool
+# a sector's GEMM is split by rows into at most one task per worker, each of at least
+# this many flops: few large GEMMs (each task reads all of B) that still fill the pool
 _TASK_FLOPS = 2e7
 
 
-def _sector_of(key, positions, spaces) -> int:
-    g = 0
-    for p in positions:
-        g ^= spaces[p].tiles[key[p]].irrep
-    return g
-
-
-def gather_tasks(ref, perm, n_left, layouts: dict, sector_axes, into: dict) -> list:
+def gather_tasks(ref, perm, layouts: dict, into: dict) -> list:
     """Tasks that copy ``ref``'s blocks, transposed by ``perm``, into one matrix per sector.
 
-    ``layouts[g] = (row_layout, col_layout)``; the first ``n_left`` permuted axes are rows;
-    a block's sector is the irrep of its ``sector_axes`` (the contracted ones). Results
-    land in ``into[g]``.
+    ``layouts[g] = (row_layout, col_layout)``: the leading permuted axes are rows, the
+    others columns. Results land in ``into[g]``.
     """
-    t = ref.tensor
-    left, right = perm[:n_left], perm[n_left:]
-    by_sector: dict = {}
-    for key in t.blocks:
-        by_sector.setdefault(_sector_of(key, sector_axes, t.spaces), []).append(key)
-    return [partial(_gather_one, t, by_sector.get(g, []), left, right, perm, rows, cols, into, g)
+    blocks = ref.tensor.blocks
+    return [partial(_gather_one, blocks, gather_map(rows, cols, perm), perm, (rows.total, cols.total), into, g)
             for g, (rows, cols) in layouts.items()]
 
 
-def _gather_one(t, keys, left, right, perm, rows, cols, into, g) -> None:
-    mat = np.zeros((rows.total, cols.total))
-    for key in keys:
-        r = rows.index[tuple(key[p] for p in left)]
-        c = cols.index[tuple(key[p] for p in right)]
-        r0, c0 = rows.offsets[r], cols.offsets[c]
-        blk = t.blocks[key].transpose(perm)
-        mat[r0:r0 + rows.sizes[r], c0:c0 + cols.sizes[c]] = blk.reshape(rows.sizes[r], cols.sizes[c])
+def _gather_one(blocks, entries, perm, shape, into, g) -> None:
+    found = [blocks.get(e[0]) for e in entries]
+    mat = np.empty(shape) if all(blk is not None for blk in found) else np.zeros(shape)
+    for (_, rsl, csl, bshape), blk in zip(entries, found):
+        if blk is not None:        # splitting the axes of a 2-d slice is always a view
+            mat[rsl, csl].reshape(bshape)[...] = blk.transpose(perm)
     into[g] = mat
 
 
-def gemm_scatter_tasks(step, amats: dict, bmats: dict) -> list:
+def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> list:
     """Tasks computing C_g = A_g @ B_g by row ranges and adding the blocks into the output."""
+    cperm = step.perms["c"]
+    aliases = step.out.tensor.aliases or None     # a canonical output receives its canonical blocks only
+    transpose = None if cperm == tuple(range(len(cperm))) else cperm
     tasks = []
     for sec in step.sectors:
-        per_row = 2.0 * sec.inner.total * sec.cols.total
-        n = len(sec.rows.tuples)
-        rows_per_task = max(1, int(_TASK_FLOPS / max(per_row * max(1, sec.rows.total / n), 1.0)))
-        for start in range(0, n, rows_per_task):
-            tasks.append(partial(_gemm_scatter_one, step, sec, amats[sec.irrep], bmats[sec.irrep],
-                                 start, min(n, start + rows_per_task)))
+        rows = sec.rows
+        n = len(rows.tuples)
+        per_task = -(-n // max(1, min(workers, n, int(sec.flops // _TASK_FLOPS))))
+        for start in range(0, n, per_task):
+            stop = min(n, start + per_task)
+            r0, r1 = rows.offsets[start], rows.offsets[stop - 1] + rows.sizes[stop - 1]
+            tasks.append(partial(_gemm_scatter_one, step.out.tensor, step.scale, transpose,
+                                 amats[sec.irrep][r0:r1], bmats[sec.irrep],
+                                 scatter_map(rows, sec.cols, cperm, aliases, start, stop)))
     return tasks
 
 
-def _gemm_scatter_one(step, sec, amat, bmat, first, last) -> None:
-    rows, cols = sec.rows, sec.cols
-    r0 = rows.offsets[first]
-    r1 = rows.offsets[last - 1] + rows.sizes[last - 1]
-    cmat = amat[r0:r1] @ bmat
-    out = step.out.tensor
-    cperm = step.perms["c"]
-    identity = cperm == tuple(range(len(cperm)))
-    aliases = out.aliases        # a canonical output receives its canonical blocks only
-    for r in range(first, last):
-        rk, ro, rs, rsh = rows.tuples[r], rows.offsets[r] - r0, rows.sizes[r], rows.shapes[r]
-        for c, ck in enumerate(cols.tuples):
-            key = rk + ck if identity else tuple((rk + ck)[p] for p in cperm)
-            if aliases and key in aliases:
-                continue
-            co = cols.offsets[c]
-            blk = cmat[ro:ro + rs, co:co + cols.sizes[c]].reshape(rsh + cols.shapes[c])
-            out.accumulate_block(key, blk if identity else blk.transpose(cperm), step.scale)
+def _gemm_scatter_one(out, scale, transpose, amat, bmat, entries) -> None:
+    cmat = amat @ bmat
+    if scale != 1.0:
+        cmat *= scale
+    get = out.blocks.get
+    for key, rsl, csl, shape in entries:
+        src = cmat[rsl, csl].reshape(shape)
+        if transpose is not None:
+            src = src.transpose(transpose)
+        blk = get(key)
+        if blk is None:
+            out.accumulate_block(key, src)
+        else:
+            blk += src
+    out.version += 1
 
 
-def add_tasks(step) -> list:
-    """C[out] += scale * A[perm] (/ D[perm]) block by block."""
-    a = step.inputs[0]
-    perm = step.perms["a"]
-    keys = list(a.tensor.blocks)
-    chunks = [keys[i::4] for i in range(min(4, len(keys)))]
-    return [partial(_add_one, step, chunk, perm) for chunk in chunks]
+def add_tasks(step, workers: int = 1) -> list:
+    """C[out] += scale * A[perm] (/ D[perm]) block by block, one task per worker."""
+    a = step.inputs[0].tensor
+    if step.pairs:
+        keys = list(a.blocks)
+        return [partial(_pairs_one, step, keys[i::workers]) for i in range(min(workers, len(keys)))]
+    dperm = step.perms["d"] if step.divisor is not None else None
+    entries = add_map(a.spaces, a.irrep, step.perms["a"], dperm, step.out.tensor.aliases or None)
+    return [partial(_add_one, step, entries[i::workers]) for i in range(min(workers, len(entries)))]
 
 
-def _add_one(step, keys, perm) -> None:
-    a, out, div = step.inputs[0].tensor, step.out.tensor, step.divisor
+def _pairs_one(step, keys) -> None:
+    """A ``pack`` / ``unpack_half`` step (``plan.blocktasks.pair_block``)."""
+    a, out = step.inputs[0].tensor, step.out.tensor
     for key in keys:
-        if step.pairs:
-            for okey in pair_outputs(step, key):
-                out.accumulate_block(okey, pair_block(step, okey, a.blocks[key]), step.scale)
+        for okey in pair_outputs(step, key):
+            out.accumulate_block(okey, pair_block(step, okey, a.blocks[key]), step.scale)
+
+
+def _add_one(step, entries) -> None:
+    a, out, div, scale = step.inputs[0].tensor, step.out.tensor, step.divisor, step.scale
+    perm = step.perms["a"]
+    dget, dperm = (div.tensor.blocks.get, step.perms["d"]) if div is not None else (None, None)
+    aget, oget = a.blocks.get, out.blocks.get
+    for key, okey, dkey in entries:
+        src = aget(key)
+        if src is None:
             continue
-        okey = tuple(key[p] for p in perm)
-        if okey in out.aliases:           # a canonical output receives its canonical blocks only
-            continue
-        blk = a.blocks[key].transpose(perm)
-        if div is not None:
-            dblk = div.tensor.blocks.get(invert_key(okey, step.perms["d"]))
+        blk = src.transpose(perm)
+        if dget is not None:
+            dblk = dget(dkey)
             if dblk is None:
                 raise SymmetryError(f"denominator {div.tensor.name!r} has no block for {okey}")
-            blk = blk / dblk.transpose(step.perms["d"])
-        out.accumulate_block(okey, blk, step.scale)
+            blk = blk / dblk.transpose(dperm)
+            if scale != 1.0:
+                blk *= scale
+        elif scale != 1.0:
+            blk = scale * blk
+        oblk = oget(okey)
+        if oblk is not None:
+            oblk += blk
+        elif blk.base is None and out.dist is None:     # a new array (quotient or scaled): kept
+            out.store_block(okey, blk)
+        else:
+            out.accumulate_block(okey, blk)
+    out.version += 1
 
 
 def hadamard_tasks(step) -> list:

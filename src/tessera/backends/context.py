@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import replace
+from functools import cache
 
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from tessera.backends import blockops
 from tessera.backends.registry import (BACKENDS, DEFAULT_BACKEND, LOCAL_BACKENDS, check_options,
@@ -69,6 +70,7 @@ class Context:
         # regions run here: time, flops (a run's contexts may share one recorder)
         self.profile = recorder if recorder is not None else Recorder()
         self._tokens: list = []
+        self._uses, self._batch = Counter(), {}     # gathers reused within one plan (execute)
         self.distributed = bool(getattr(self.executor, "distributed", False))
         self.deal_stats = None      # DealStats of the last run_tasks on this rank (see run_tasks)
 
@@ -91,6 +93,10 @@ class Context:
     def close(self) -> None:
         self.executor.close()
         self._cache.clear()
+
+    def _blas_limit(self):
+        """Limits BLAS to the executor's threads per worker while in use (``with``)."""
+        return _blas().limit(limits=self.executor.blas_threads, user_api="blas")
 
     def record_step(self, step, seconds: float, start: float | None = None) -> None:
         self.record(step.label, seconds, step.flops, start, step.kind)
@@ -132,7 +138,7 @@ class Context:
             task_set = replace(task_set, work=progress.wrap(task_set.work))
         if self.profile.detailed:
             task_set = _timed_tasks(task_set, self.profile)
-        with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
+        with self._blas_limit():
             if self.distributed:
                 results = self.executor.run_tasks(task_set)
                 self.deal_stats = getattr(self.executor, "deal_stats", None)
@@ -151,64 +157,95 @@ class Context:
             c0 = self.executor.compute_seconds
             try:
                 plan = plan_updates(updates)
-                with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
+                with self._blas_limit():
                     self.executor.execute_plan(plan, self)
             finally:
                 reset_storage(token)
             self._computed(c0, 0.0)
             return
         plan = plan_updates(updates)
-        with threadpool_limits(limits=self.executor.blas_threads, user_api="blas"):
-            for step in plan.steps:
-                t0 = time.perf_counter()
-                self._run_step(step)
-                dt = time.perf_counter() - t0
-                self._computed(0.0, dt)
-                self.record_step(step, dt, t0)
+        # gathers of a non-constant operand that a later step of the plan repeats (same
+        # tensor, permutation and layouts) are kept until their last use, while unchanged
+        self._uses = Counter(_gather_key(ref.tensor, perm, layouts)
+                             for step in plan.steps if step.kind == "contract"
+                             for ref, perm, layouts in _operands(step) if not ref.tensor.constant)
+        self._batch = {}
+        try:
+            with self._blas_limit():
+                for step in plan.steps:
+                    t0 = time.perf_counter()
+                    self._run_step(step)
+                    dt = time.perf_counter() - t0
+                    self._computed(0.0, dt)
+                    self.record_step(step, dt, t0)
+        finally:
+            self._uses, self._batch = Counter(), {}
 
     def _run_step(self, step) -> None:
         run = self.executor.run
         if step.kind == "zero":
             step.out.tensor.zero_()
         elif step.kind == "add":
-            run(blockops.add_tasks(step))
+            run(blockops.add_tasks(step, self.executor.workers))
         elif step.kind == "hadamard":
             run(blockops.hadamard_tasks(step))
         elif step.kind == "contract":
-            a, b = step.inputs
-            n_ext_a, n_contr, _ = step.perms["split"]
-            amats = self._gathered(a, step.perms["a"], n_ext_a,
-                                   {s.irrep: (s.rows, s.inner) for s in step.sectors},
-                                   step.perms["a"][n_ext_a:])
-            bmats = self._gathered(b, step.perms["b"], n_contr,
-                                   {s.irrep: (s.inner, s.cols) for s in step.sectors},
-                                   step.perms["b"][:n_contr])
-            run(blockops.gemm_scatter_tasks(step, amats, bmats))
+            amats, bmats = (self._gathered(*operand) for operand in _operands(step))
+            run(blockops.gemm_scatter_tasks(step, amats, bmats, self.executor.workers))
         else:  # the planner makes no other kind
             raise AssertionError(step.kind)
 
-    def _gathered(self, ref, perm, n_left, layouts, sector_axes) -> dict:
+    def _gathered(self, ref, perm, layouts) -> dict:
         t = ref.tensor
-        key = None
-        if t.constant:
-            key = (t.uid, t.version, perm, tuple((g, id(r), id(c)) for g, (r, c) in layouts.items()))
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
+        if not t.constant:
+            return self._batch_gathered(ref, perm, layouts)
+        key = (t.version,) + _gather_key(t, perm, layouts)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
         mats: dict = {}
-        self.executor.run(blockops.gather_tasks(ref, perm, n_left, layouts, sector_axes, mats))
-        if key is not None:
-            size = sum(m.nbytes for m in mats.values())
-            if size <= self.cache_bytes:
-                self._cache[key] = mats
-                while sum(m.nbytes for v in self._cache.values() for m in v.values()) > self.cache_bytes:
-                    self._cache.popitem(last=False)
+        self.executor.run(blockops.gather_tasks(ref, perm, layouts, mats))
+        size = sum(m.nbytes for m in mats.values())
+        if size <= self.cache_bytes:
+            self._cache[key] = mats
+            while sum(m.nbytes for v in self._cache.values() for m in v.values()) > self.cache_bytes:
+                self._cache.popitem(last=False)
+        return mats
+
+    def _batch_gathered(self, ref, perm, layouts) -> dict:
+        """The sector matrices of a non-constant operand, reused within one plan."""
+        t = ref.tensor
+        key = _gather_key(t, perm, layouts)
+        self._uses[key] -= 1
+        version, mats = self._batch.pop(key, (None, None))
+        if version != t.version:
+            mats = {}
+            self.executor.run(blockops.gather_tasks(ref, perm, layouts, mats))
+        if self._uses[key] > 0:
+            self._batch[key] = (t.version, mats)
         return mats
 
     def report(self) -> list:
         """(label, calls, seconds, flops) per region, slowest first."""
         return self.profile.rows()
+
+
+@cache
+def _blas() -> ThreadpoolController:
+    """The BLAS libraries of this process, found once (a search reads /proc/self/maps)."""
+    return ThreadpoolController()
+
+
+def _operands(step) -> tuple:
+    """(ref, permutation, {irrep: (row layout, column layout)}) of a contraction's A and B."""
+    a, b = step.inputs
+    return ((a, step.perms["a"], {s.irrep: (s.rows, s.inner) for s in step.sectors}),
+            (b, step.perms["b"], {s.irrep: (s.inner, s.cols) for s in step.sectors}))
+
+
+def _gather_key(t, perm, layouts) -> tuple:
+    return (t.uid, perm, tuple((g, id(r), id(c)) for g, (r, c) in layouts.items()))
 
 
 def _timed_tasks(task_set, recorder):

@@ -45,6 +45,7 @@ def threads_per_rank() -> int | None:
 class SerialExecutor:
     name = "serial"
     blas_threads = 1
+    workers = 1
 
     def run(self, tasks) -> None:
         for task in tasks:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -204,13 +205,19 @@ def _best_order(factors, out: Ref, term, label: str, choices: list) -> list:
         return [(0, 1)] if len(factors) == 2 else []
     final = set(out.indices) | set(term.divisor.indices if term.divisor is not None else "")
     ops = [_operand(r) for r in factors]
-    paths = sorted(_orders(ops, final), key=lambda p: (p[1], p[2]))
+    paths = _ranked_orders(tuple(ops), frozenset(final))
     show = " * ".join(f"{op.name}[{op.indices}]" for op in ops)
     choices.append(PathChoice(show, tuple((p[3], p[1], p[2]) for p in paths)))
     return list(paths[0][0])
 
 
-def _orders(ops: list, final: set) -> list:
+@lru_cache(maxsize=4096)
+def _ranked_orders(ops: tuple, final: frozenset) -> tuple:
+    """``_orders`` cheapest first; cached, as the same terms are planned every iteration."""
+    return tuple(sorted(_orders(list(ops), final), key=lambda p: (p[1], p[2])))
+
+
+def _orders(ops: list, final: frozenset) -> list:
     """Every pairing order of ``ops``: (pair choices, flops, largest intermediate, text)."""
     if len(ops) == 1:
         return [((), 0, 0, ops[0].name)]
@@ -237,21 +244,23 @@ def _pair_flops(a: _Operand, b: _Operand, keep: set) -> int:
     if set(a.indices) & set(b.indices) & keep:
         sp = dict(zip(a.indices, a.spaces)) | dict(zip(b.indices, b.spaces))
         return 2 * int(np.prod([sp[ch].dim for ch in sp], dtype=np.float64))
-    return sum(s.flops for s in _contraction(a, b, keep)[3])
+    return sum(s.flops for s in _contraction(a, b, frozenset(keep))[3])
 
 
 def _operand(r: Ref) -> _Operand:
     return _Operand(r.indices, tuple(r.tensor.spaces), r.tensor.irrep, r.tensor.name or "tmp")
 
 
-def _contraction(a: _Operand, b: _Operand, keep: set) -> tuple:
+@lru_cache(maxsize=4096)
+def _contraction(a: _Operand, b: _Operand, keep: frozenset) -> tuple:
     """(a's kept letters, contracted letters, b's kept letters, sectors) of a pairwise
-    contraction: one GEMM per irrep of the contracted letters, empty ones left out."""
+    contraction: one GEMM per irrep of the contracted letters, empty ones left out
+    (cached per structure, shared: do not modify)."""
     sp = dict(zip(a.indices, a.spaces)) | dict(zip(b.indices, b.spaces))
     grp = lambda letters: tuple(sp[ch] for ch in letters)  # noqa: E731
-    ext_a = [ch for ch in a.indices if ch in keep]
-    contr = [ch for ch in a.indices if ch in b.indices]
-    ext_b = [ch for ch in b.indices if ch in keep]
+    ext_a = tuple(ch for ch in a.indices if ch in keep)
+    contr = tuple(ch for ch in a.indices if ch in b.indices)
+    ext_b = tuple(ch for ch in b.indices if ch in keep)
     sectors = []
     for g in group_irreps(grp(contr)):
         rows = matrix_layout(grp(ext_a), a.irrep ^ g)
@@ -259,7 +268,7 @@ def _contraction(a: _Operand, b: _Operand, keep: set) -> tuple:
         cols = matrix_layout(grp(ext_b), b.irrep ^ g)
         if rows.total and inner.total and cols.total:
             sectors.append(Sector(g, rows, inner, cols))
-    return ext_a, contr, ext_b, sectors
+    return ext_a, contr, ext_b, tuple(sectors)
 
 
 # ------------------------------------------------------------------------- steps
@@ -399,7 +408,7 @@ def _pair_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
                              "appears in no other factor and not in the output")
     if sa & sb & so:
         return _hadamard_step(a, b, out, scale, label)
-    ext_a, contr, ext_b, sectors = _contraction(_operand(a), _operand(b), so)
+    ext_a, contr, ext_b, sectors = _contraction(_operand(a), _operand(b), frozenset(so))
     perms = {
         "a": tuple(a.indices.index(ch) for ch in ext_a + contr),
         "b": tuple(b.indices.index(ch) for ch in contr + ext_b),
@@ -408,7 +417,7 @@ def _pair_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
     }
     m = sum(8 * (s.rows.total * s.inner.total + s.inner.total * s.cols.total + s.rows.total * s.cols.total)
             for s in sectors)
-    return Step("contract", out, (a, b), scale, None, label, sectors=sectors, perms=perms,
+    return Step("contract", out, (a, b), scale, None, label, sectors=list(sectors), perms=perms,
                 flops=sum(s.flops for s in sectors),
                 bytes_in=a.tensor.nbytes + b.tensor.nbytes,
                 bytes_out=8 * sum(s.rows.total * s.cols.total for s in sectors), memory=m)

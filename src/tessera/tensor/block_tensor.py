@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -85,8 +86,7 @@ def _allowed_keys(spaces: tuple, irrep: int) -> tuple:
 
 @lru_cache(maxsize=4096)
 def allowed_elements(spaces: tuple, irrep: int) -> int:
-    return int(sum(int(np.prod([s.tiles[t].size for s, t in zip(spaces, k)], dtype=np.int64))
-                   for k in _allowed_keys(spaces, irrep)))
+    return int(sum(math.prod(s.tiles[t].size for s, t in zip(spaces, k)) for k in _allowed_keys(spaces, irrep)))
 
 
 @lru_cache(maxsize=256)
@@ -413,8 +413,9 @@ class BlockTensor:
     def stored_elements(self) -> int:
         """Elements stored (over all processes for a distributed tensor)."""
         if self.aliases:
-            keys = self.stored_keys() if self.dist is not None else [k for k in self.blocks if k not in self.aliases]
-            return int(sum(int(np.prod(self.block_shape(k), dtype=np.int64)) for k in keys))
+            if self.dist is None:
+                return int(sum(b.size for k, b in self.blocks.items() if k not in self.aliases))
+            return int(sum(math.prod(self.block_shape(k)) for k in self.stored_keys()))
         if self.dist is not None:
             return allowed_elements(self.spaces, self.irrep)
         return int(sum(b.size for b in self.blocks.values()))
