@@ -4,8 +4,9 @@ The equations live in ``ccsd_equations``; this module only iterates them.
 DIIS (``chem.diis``) on the amplitude vector. With distributed amplitudes each process
 keeps the part of the vector it stores; inner products are summed over processes, so
 every process gets the same DIIS coefficients. With a ``checkpoint``
-(``chem.checkpoint``) the amplitudes and the DIIS state are saved after every iteration,
-and a restart resumes from them.
+(``chem.checkpoint``) the amplitudes and the DIIS state are saved after the first and the
+last iteration and, by its write policy, after iterations in between; a restart resumes
+from them.
 """
 
 from __future__ import annotations
@@ -135,14 +136,13 @@ class CCSD:
             history.append(row)
             if self.progress:
                 self.progress(row)
+            converged = abs(e - e_old) < self.conv and res < self.conv_residual
             if chk is not None:         # after the iteration's report: the write is not in its time
-                chk.save(it, e, history, layout, vec, diis)
+                chk.save(it, e, history, layout, vec, diis, final=converged or it == self.max_iter)
             log.info("CCSD iter %d  E=%.12f  dE=%.3e  |r|=%.3e", it, e, e - e_old, res)
-            if abs(e - e_old) < self.conv and res < self.conv_residual:
-                converged = True
-                e_old = e
-                break
             e_old = e
+            if converged:
+                break
         result = CCSDResult(e_old, converged, history, t1, t2, flops)
         if not converged:
             raise ConvergenceError(
