@@ -16,6 +16,8 @@ from tessera.plan.blocktasks import invert_key, pair_block, pair_outputs
 
 # rows of one GEMM task: enough work per task for BLAS, enough tasks for the pool
 _TASK_FLOPS = 2e7
+# elements of blocks one gather task copies
+_GATHER_ELEMENTS = 1 << 19
 
 
 def _sector_of(key, positions, spaces) -> int:
@@ -30,26 +32,46 @@ def gather_tasks(ref, perm, n_left, layouts: dict, sector_axes, into: dict) -> l
 
     ``layouts[g] = (row_layout, col_layout)``; the first ``n_left`` permuted axes are rows;
     a block's sector is the irrep of its ``sector_axes`` (the contracted ones). Results
-    land in ``into[g]``.
+    land in ``into[g]``: a sector that is one block whose transpose reshapes without a
+    copy is that view; else a matrix filled by tasks of about ``_GATHER_ELEMENTS``
+    elements each, so that the pool copies in parallel.
     """
     t = ref.tensor
     left, right = perm[:n_left], perm[n_left:]
     by_sector: dict = {}
     for key in t.blocks:
         by_sector.setdefault(_sector_of(key, sector_axes, t.spaces), []).append(key)
-    return [partial(_gather_one, t, by_sector.get(g, []), left, right, perm, rows, cols, into, g)
-            for g, (rows, cols) in layouts.items()]
+    tasks = []
+    for g, (rows, cols) in layouts.items():
+        keys = by_sector.get(g, [])
+        if len(keys) == 1 and t.blocks[keys[0]].size == rows.total * cols.total:
+            blk = t.blocks[keys[0]]
+            view = blk.transpose(perm).reshape(rows.total, cols.total)
+            if np.may_share_memory(view, blk):
+                into[g] = view
+                continue
+        into[g] = mat = np.zeros((rows.total, cols.total))
+        chunk, size = [], 0
+        for key in keys:
+            chunk.append(key)
+            size += t.blocks[key].size
+            if size >= _GATHER_ELEMENTS:
+                tasks.append(partial(_gather_one, t, chunk, left, right, perm, rows, cols, mat))
+                chunk, size = [], 0
+        if chunk:
+            tasks.append(partial(_gather_one, t, chunk, left, right, perm, rows, cols, mat))
+    return tasks
 
 
-def _gather_one(t, keys, left, right, perm, rows, cols, into, g) -> None:
-    mat = np.zeros((rows.total, cols.total))
+def _gather_one(t, keys, left, right, perm, rows, cols, mat) -> None:
+    """Copy blocks ``keys`` into their places in ``mat`` (one copy each: the place,
+    reshaped to the transposed block's shape, is a view: splitting axes never copies)."""
     for key in keys:
         r = rows.index[tuple(key[p] for p in left)]
         c = cols.index[tuple(key[p] for p in right)]
         r0, c0 = rows.offsets[r], cols.offsets[c]
         blk = t.blocks[key].transpose(perm)
-        mat[r0:r0 + rows.sizes[r], c0:c0 + cols.sizes[c]] = blk.reshape(rows.sizes[r], cols.sizes[c])
-    into[g] = mat
+        mat[r0:r0 + rows.sizes[r], c0:c0 + cols.sizes[c]].reshape(blk.shape)[...] = blk
 
 
 def gemm_scatter_tasks(step, amats: dict, bmats: dict) -> list:
