@@ -315,6 +315,8 @@ def test_canonical_targets_equal_einsum(backend, seed):
         for got, ref in ((tau, tau_d), (R, r), (Q, np.divide(r, d, out=np.zeros_like(r), where=d != 0))):
             np.testing.assert_allclose(got.to_dense(), ref, rtol=0, atol=1e-11 * np.abs(ref).max())
             assert got.stored_elements == T.stored_elements
+        # two canonical tensors in one index order: each orbit once, weighted by its size
+        assert abs(ts.dot(R["ijab"], tau["ijab"]) - float(np.vdot(r, tau_d))) < 1e-12 * np.abs(r).sum() * np.abs(tau_d).max()
         with pytest.raises(ShapeError, match="canonical blocks only.*mirror") as err:
             R["ijab"] = Z["ijab"] + T["ijab"]
         assert "\n" not in str(err.value)

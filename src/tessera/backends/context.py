@@ -92,6 +92,11 @@ class Context:
         self.executor.close()
         self._cache.clear()
 
+    def drop_gathered(self) -> None:
+        """Free the gathered matrices of constant tensors kept for later steps (a driver
+        whose equations are done: its next phase does not contract those tensors)."""
+        self._cache.clear()
+
     def record_step(self, step, seconds: float, start: float | None = None) -> None:
         self.record(step.label, seconds, step.flops, start, step.kind)
 

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 DIIS_SPACE = 6
 # amplitude-sized arrays alive beside the DIIS history at the peak of an iteration: t2,
-# D2, tau, theta, Wvoov, Wvovo, Z and R2 (then R2, the new t2 and the packed vectors)
+# D2, tau, L (the energy's integrals), Wvoov, Wvovo, Z and R2 (then R2, the new t2 and the packed vectors)
 AMPLITUDE_COPIES = 8
 
 
@@ -87,7 +87,10 @@ class CCSD:
     def kernel(self, ints, context=None) -> CCSDResult:
         ctx = context or ts.current_context()
         with ctx:
-            return self._iterate(ints, ctx)
+            try:
+                return self._iterate(ints, ctx)
+            finally:            # the integrals' gathered matrices: no use after CCSD ((T) has its own)
+                ctx.drop_gathered()
 
     def _iterate(self, ints, ctx) -> CCSDResult:
         D1 = denominator(ints.spaces("ov"), (ints.eo, ints.ev), (1, -1), "D1")
@@ -99,7 +102,9 @@ class CCSD:
         t2.fill_zero_blocks()
         keys = (sorted(t1.owned_keys()), sorted(t2.owned_keys()))      # T2: its canonical blocks
         weight = _weight(t1, t2, keys)
-        e_old = eq.correlation_energy(ints, t1, t2)
+        L = eq.energy_integrals(ints)
+        tau = eq.make_tau(ints, t1, t2)
+        e_old = eq.correlation_energy(L, tau)
         log.info("MP2 correlation energy %.12f", e_old)
         # reduce through the handle, not a bound method of t2: that would keep the first
         # t2 (and its distributed storage) alive for the whole run
@@ -110,13 +115,15 @@ class CCSD:
         resumed = chk.resume(layout) if chk is not None else None
         if resumed is not None:
             _unpack(resumed.vector, t1, t2, keys)
+            tau = eq.make_tau(ints, t1, t2)
             diis.vectors, diis.errors, diis.gram = resumed.diis_vectors, resumed.diis_errors, resumed.diis_gram
             history, e_old, first = resumed.history, resumed.e_corr, resumed.iteration + 1
             log.info("CCSD resumed after iteration %d, E=%.12f", resumed.iteration, e_old)
         converged = False
         for it in range(first, self.max_iter + 1):
             t0, f0 = time.perf_counter(), ctx.flops
-            r1, r2 = eq.residual(ints, t1, t2)
+            r1, r2 = eq.residual(ints, t1, t2, tau)
+            del tau                     # free until the next amplitudes' tau
             new1, new2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
             with ts.equations():
                 new1["ia"] = r1["ia"] / D1["ia"]
@@ -129,7 +136,8 @@ class CCSD:
             vec = diis.update(new_vec, err)
             _unpack(vec, new1, new2, keys)
             t1, t2 = new1, new2
-            e = eq.correlation_energy(ints, t1, t2)
+            tau = eq.make_tau(ints, t1, t2)     # for the energy and the next residual
+            e = eq.correlation_energy(L, tau)
             flops, seconds = ctx.flops - f0, time.perf_counter() - t0
             row = {"iter": it, "e_corr": e, "delta": e - e_old, "residual": res, "seconds": seconds,
                    "flops": flops, "gflops_per_s": flops / seconds / 1e9 if seconds > 0 else 0.0}

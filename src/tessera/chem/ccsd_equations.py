@@ -33,24 +33,32 @@ def new(ints, letters: str, name: str, symmetry=None) -> BlockTensor:
 
 
 def make_tau(ints, t1, t2):
-    """tau_ijab = t_ijab + t_ia t_jb;  theta_ijab = 2 tau_ijab - tau_ijba."""
-    tau, theta = new(ints, "oovv", "tau"), new(ints, "oovv", "theta")
+    """tau_ijab = t_ijab + t_ia t_jb."""
+    tau = new(ints, "oovv", "tau")
     with ts.equations():
         tau["ijab"] = t2["ijab"] + t1["ia"] * t1["jb"]                  # o2v2
-        theta["ijab"] = 2.0 * tau["ijab"] - tau["ijba"]                 # o2v2
-    return tau, theta
+    return tau
 
 
-def correlation_energy(ints, t1, t2) -> float:
-    """E = sum_ijab (ia|jb) (2 tau_ijab - tau_ijba)."""
-    _, theta = make_tau(ints, t1, t2)
-    return ts.dot(ints.ovov["iajb"], theta["ijab"])
+def energy_integrals(ints):
+    """L_ijab = 2 (ia|jb) - (ib|ja), in T2's layout (constant; pair-symmetric like T2)."""
+    L = new(ints, "oovv", "L")
+    with ts.equations():
+        L["ijab"] = 2.0 * ints.ovov["iajb"] - ints.ovov["ibja"]         # o2v2, once
+    return L.freeze()
 
 
-def residual(ints, t1, t2):
-    """Right-hand sides (without the orbital-energy diagonal) of the T1 and T2 equations."""
+def correlation_energy(L, tau) -> float:
+    """E = sum_ijab (ia|jb) (2 tau_ijab - tau_ijba) = sum_ijab L_ijab tau_ijab (swap a, b
+    in the second sum): one dot of two tensors of the same layout, no transposes."""
+    return ts.dot(L["ijab"], tau["ijab"])
+
+
+def residual(ints, t1, t2, tau=None):
+    """Right-hand sides (without the orbital-energy diagonal) of the T1 and T2 equations;
+    ``tau``: ``make_tau(ints, t1, t2)`` when the caller has it already."""
     I = ints  # noqa: E741  (integral classes: I.ovov[iajb] = (ia|jb), ...)
-    tau, _ = make_tau(ints, t1, t2)
+    tau = make_tau(ints, t1, t2) if tau is None else tau
     u, tauh, th = new(I, "oovv", "u"), new(I, "oovv", "tauh"), new(I, "oovv", "th")
     taup, taupp = new(I, "oovv", "taup"), new(I, "ovov", "taupp")
     Fov, fvv, foo = new(I, "ov", "Fov"), new(I, "vv", "fvv"), new(I, "oo", "foo")
