@@ -102,9 +102,9 @@ class CCSD:
         t2.fill_zero_blocks()
         keys = (sorted(t1.owned_keys()), sorted(t2.owned_keys()))      # T2: its canonical blocks
         weight = _weight(t1, t2, keys)
-        L = eq.energy_integrals(ints)
+        fixed = eq.fixed_intermediates(ints)
         tau = eq.make_tau(ints, t1, t2)
-        e_old = eq.correlation_energy(L, tau)
+        e_old = eq.correlation_energy(fixed["L"], tau)
         log.info("MP2 correlation energy %.12f", e_old)
         # reduce through the handle, not a bound method of t2: that would keep the first
         # t2 (and its distributed storage) alive for the whole run
@@ -122,7 +122,7 @@ class CCSD:
         converged = False
         for it in range(first, self.max_iter + 1):
             t0, f0 = time.perf_counter(), ctx.flops
-            r1, r2 = eq.residual(ints, t1, t2, tau)
+            r1, r2 = eq.residual(ints, t1, t2, tau, fixed)
             del tau                     # free until the next amplitudes' tau
             new1, new2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
             with ts.equations():
@@ -137,7 +137,7 @@ class CCSD:
             _unpack(vec, new1, new2, keys)
             t1, t2 = new1, new2
             tau = eq.make_tau(ints, t1, t2)     # for the energy and the next residual
-            e = eq.correlation_energy(L, tau)
+            e = eq.correlation_energy(fixed["L"], tau)
             flops, seconds = ctx.flops - f0, time.perf_counter() - t0
             row = {"iter": it, "e_corr": e, "delta": e - e_old, "residual": res, "seconds": seconds,
                    "flops": flops, "gflops_per_s": flops / seconds / 1e9 if seconds > 0 else 0.0}
@@ -213,7 +213,9 @@ class CCSDStructure:
             tensors = {name: _structural(class_tensor(name, o, v)).freeze() for name in CLASSES}
             ints = MOIntegrals(o, v, np.zeros(o.dim), np.zeros(v.dim), tensors, self.nfrozen)
             t1, t2 = _structural(eq.new(ints, "ov", "t1")), _structural(eq.new(ints, "oovv", "t2"))
-            eq.residual(ints, t1, t2)
+            fixed = {k: _structural(t) for k, t in eq.fixed_intermediates(ints).items()}
+            ctx.plans.clear()               # those are made once per CCSD, not per iteration
+            eq.residual(ints, t1, t2, fixed=fixed)
         amplitudes = 8 * (t1.stored_elements + t2.stored_elements)
         held = {"amplitudes": (AMPLITUDE_COPIES - 1) * amplitudes, "diis": 2 * DIIS_SPACE * amplitudes}
         return IterationStructure(o, v, ctx.plans, [t2, *tensors.values()],

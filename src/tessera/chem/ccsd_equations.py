@@ -40,23 +40,28 @@ def make_tau(ints, t1, t2):
     return tau
 
 
-def energy_integrals(ints):
-    """L_ijab = 2 (ia|jb) - (ib|ja), in T2's layout (constant; pair-symmetric like T2)."""
-    L = new(ints, "oovv", "L")
+def fixed_intermediates(ints) -> dict:
+    """The intermediates made of integrals alone, once per CCSD (frozen: executors keep
+    their gathered matrices like the integrals'): ``L`` for the energy, in T2's layout
+    (pair-symmetric like T2), and ``VO`` for W2."""
+    L, VO = new(ints, "oovv", "L"), new(ints, "voov", "VO")
     with ts.equations():
-        L["ijab"] = 2.0 * ints.ovov["iajb"] - ints.ovov["ibja"]         # o2v2, once
-    return L.freeze()
+        L["ijab"] = 2.0 * ints.ovov["iajb"] - ints.ovov["ibja"]         # o2v2
+        VO["aikc"] = ints.ovov["iakc"] - 0.5 * ints.ovov["kaic"]        # o2v2
+    return {"L": L.freeze(), "VO": VO.freeze()}
 
 
 def correlation_energy(L, tau) -> float:
     """E = sum_ijab (ia|jb) (2 tau_ijab - tau_ijba) = sum_ijab L_ijab tau_ijab (swap a, b
-    in the second sum): one dot of two tensors of the same layout, no transposes."""
+    in the second sum; ``L`` of ``fixed_intermediates``): one dot of two tensors of the
+    same layout, no transposes."""
     return ts.dot(L["ijab"], tau["ijab"])
 
 
-def residual(ints, t1, t2, tau=None):
+def residual(ints, t1, t2, tau=None, fixed=None):
     """Right-hand sides (without the orbital-energy diagonal) of the T1 and T2 equations;
-    ``tau``: ``make_tau(ints, t1, t2)`` when the caller has it already."""
+    ``tau``: ``make_tau(ints, t1, t2)`` and ``fixed``: ``fixed_intermediates(ints)``, when
+    the caller has them already."""
     I = ints  # noqa: E741  (integral classes: I.ovov[iajb] = (ia|jb), ...)
     tau = make_tau(ints, t1, t2) if tau is None else tau
     u, tauh, th = new(I, "oovv", "u"), new(I, "oovv", "tauh"), new(I, "oovv", "th")
@@ -65,7 +70,8 @@ def residual(ints, t1, t2, tau=None):
     ftv, fto = new(I, "vv", "ftv"), new(I, "oo", "fto")
     Woooo = new(I, "oooo", "Woooo", T2_SYMMETRY)                  # Woooo[ijkl] = Woooo[jilk]
     X0, X = new(I, "voov", "X0"), new(I, "voov", "X")
-    VO, W2, Y = new(I, "voov", "VO"), new(I, "voov", "W2"), new(I, "ovov", "Y")
+    VO = (fixed or fixed_intermediates(ints))["VO"]
+    W2, Y = new(I, "voov", "W2"), new(I, "ovov", "Y")
     r1, r2, Z = new(I, "ov", "R1"), new(I, "oovv", "R2"), new(I, "oovv", "Z", symmetry=())
 
     with ts.equations():
@@ -75,7 +81,6 @@ def residual(ints, t1, t2, tau=None):
         th["ijab"] = 2.0 * tauh["ijab"] - tauh["ijba"]
         taup["jkca"] = 0.5 * t2["jkca"] + t1["jc"] * t1["ka"]
         taupp["kcjb"] = 2.0 * t2["jkbc"] - t2["kjbc"] - 2.0 * t1["kb"] * t1["jc"]
-        VO["aikc"] = I.ovov["iakc"] - 0.5 * I.ovov["kaic"]
 
         # one-body intermediates (PySCF fov, fvv, foo; ft_ab, ft_ij)
         Fov["kc"] += 2.0 * I.ovov["kcld"] * t1["ld"] - I.ovov["kdlc"] * t1["ld"]          # o2v2
