@@ -179,6 +179,8 @@ def test_bad_checkpoint_options(tmp_path, capsys):
         (["--checkpoint", str(tmp_path / "none.h5"), "--restart"], "no checkpoint"),
         (["--checkpoint", str(js), "--restart"], "cannot read checkpoint"),
         (["--json", str(js), "--checkpoint", str(js)], "--json"),
+        (["--checkpoint-interval", "-1"], "--checkpoint-interval"),
+        (["--checkpoint-interval", "nan"], "--checkpoint-interval"),
     ]
     for extra, needle in cases:
         assert needle in _one_line_error(capsys, *ARGS, *extra)

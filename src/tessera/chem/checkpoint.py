@@ -4,7 +4,7 @@ Files (h5py), for ``--checkpoint FILE``:
 
 - ``FILE``, the manifest, written by rank 0: the run's fingerprint (molecule, charge,
   basis, symmetry, frozen core, tile layout), the reference (``mo_coeff``,
-  ``mo_energy``, ``orbsym``, ...), the last finished CCSD iteration with its energy and
+  ``mo_energy``, ``orbsym``, ...), the last written CCSD iteration with its energy and
   the iteration table, the DIIS Gram matrix, and the names of that iteration's block
   files.
 - ``FILE.it<N>.rank<R>``, one per rank and written iteration: the T1 and T2 blocks rank
@@ -23,7 +23,7 @@ for all ranks.
 Every file is written under a temporary name and renamed (``os.replace``, atomic); the
 manifest is written after every rank's block file of its iteration is in place, and
 older block files are removed only after it. A process killed at any moment therefore
-leaves the last finished iteration complete. All ranks must see the same filesystem.
+leaves the last written iteration complete. All ranks must see the same filesystem.
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ def _read_blocks(f, need: set) -> dict:
     found = {}
     for group in ("amplitudes", "diis_vectors", "diis_errors"):
         for name in ("t1", "t2"):
-            if name not in f[group]:
+            if group not in f or name not in f[group]:       # (a rank that held no block)
                 continue
             if "index" not in f:                    # one dataset per block
                 for k in f[group][name]:
