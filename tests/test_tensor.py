@@ -66,8 +66,13 @@ def test_patterns(backend, expr):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", range(4))
-def test_random_ranks_and_tilings(backend, seed):
-    """Random contractions of rank 2..6 operands over random tilings and irreps (D2h labels)."""
+@pytest.mark.parametrize("one_block_gathers", [False, True])
+def test_random_ranks_and_tilings(backend, seed, one_block_gathers, monkeypatch):
+    """Random contractions of rank 2..6 operands over random tilings and irreps (D2h labels);
+    also with every gather task copying a single block (many tasks fill one matrix)."""
+    if one_block_gathers:
+        from tessera.backends import blockops
+        monkeypatch.setattr(blockops, "_GATHER_ELEMENTS", 1)
     rng = np.random.default_rng(100 + seed)
     nirrep = [1, 2, 4, 8][seed]
     sp = [IndexSpace.from_irreps(f"s{n}", rng.integers(0, nirrep, rng.integers(3, 7)),
