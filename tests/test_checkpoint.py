@@ -1,7 +1,7 @@
 """Checkpoint and restart (``--checkpoint``, ``--restart``).
 
-A ``tessera run`` killed by SIGKILL while it iterates CCSD (once its checkpoint holds
-iteration 2 or later) resumes with ``--restart`` to the energy of an uninterrupted run
+A ``tessera run`` writing every CCSD iteration, killed by SIGKILL while it iterates CCSD
+(once its checkpoint holds iteration 2 or later), resumes with ``--restart`` to the energy of an uninterrupted run
 within 1e-9 Eh: on one rank, on two ranks, and from a two-rank checkpoint onto one
 rank. A checkpoint of another run is refused, and bad option values are one-line
 errors. Water/6-31G with tile 2 (many blocks per tensor), converged to 1e-10.
@@ -31,7 +31,9 @@ TIMEOUT = 240
 
 
 def _cmd(nranks: int, *args) -> list:
-    tessera = [sys.executable, "-m", "tessera.cli.main", *ARGS, *args]
+    """The run, writing every CCSD iteration (``--checkpoint-interval 0``) so that a kill
+    lands between two written iterations."""
+    tessera = [sys.executable, "-m", "tessera.cli.main", *ARGS, "--checkpoint-interval", "0", *args]
     if nranks == 1:
         return tessera + ["--backend", "serial"]
     return [str(mpiexec_path()), "-n", str(nranks), *tessera, "--backend", "mpi-onesided"]
@@ -177,6 +179,31 @@ def test_bad_checkpoint_options(tmp_path, capsys):
         (["--checkpoint", str(tmp_path / "none.h5"), "--restart"], "no checkpoint"),
         (["--checkpoint", str(js), "--restart"], "cannot read checkpoint"),
         (["--json", str(js), "--checkpoint", str(js)], "--json"),
+        (["--checkpoint-interval", "-1"], "--checkpoint-interval"),
+        (["--checkpoint-interval", "nan"], "--checkpoint-interval"),
     ]
     for extra, needle in cases:
         assert needle in _one_line_error(capsys, *ARGS, *extra)
+
+
+def test_a_checkpoint_of_one_dataset_per_block_resumes(tmp_path, capsys, uninterrupted):
+    """Block files as written before one dataset per tensor (``group/name/<key>`` per
+    block, no index) still resume to the uninterrupted energy."""
+    chk, js = tmp_path / "c.chk.h5", tmp_path / "r.json"
+    assert main([*ARGS, "--max-iter", "3", "--checkpoint", str(chk), "--backend", "serial"]) == 1
+    parts = json.loads(h5py.File(chk, "r").attrs["parts"])
+    for part in parts:                       # rewrite each block file in the old layout
+        with h5py.File(tmp_path / part, "r+") as f:
+            for name in list(f["index"]):
+                index = f["index"][name][()]
+                for group in ("amplitudes", "diis_vectors", "diis_errors"):
+                    data = f[group][name][()]
+                    del f[group][name]
+                    for *key, start, size in index.tolist():
+                        f.create_dataset(f"{group}/{name}/{'_'.join(map(str, key))}",
+                                         data=data[:, start:start + size])
+            del f["index"]
+    capsys.readouterr()
+    assert main([*ARGS, "--checkpoint", str(chk), "--restart", "--backend", "serial", "--json", str(js)]) == 0
+    e, n = _energy(js)
+    assert abs(e - uninterrupted[1][0]) < TOL and n == uninterrupted[1][1]

@@ -66,8 +66,13 @@ def test_patterns(backend, expr):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", range(4))
-def test_random_ranks_and_tilings(backend, seed):
-    """Random contractions of rank 2..6 operands over random tilings and irreps (D2h labels)."""
+@pytest.mark.parametrize("one_block_gathers", [False, True])
+def test_random_ranks_and_tilings(backend, seed, one_block_gathers, monkeypatch):
+    """Random contractions of rank 2..6 operands over random tilings and irreps (D2h labels);
+    also with every gather task copying a single block (many tasks fill one matrix)."""
+    if one_block_gathers:
+        from tessera.backends import blockops
+        monkeypatch.setattr(blockops, "_GATHER_ELEMENTS", 1)
     rng = np.random.default_rng(100 + seed)
     nirrep = [1, 2, 4, 8][seed]
     sp = [IndexSpace.from_irreps(f"s{n}", rng.integers(0, nirrep, rng.integers(3, 7)),
@@ -315,6 +320,8 @@ def test_canonical_targets_equal_einsum(backend, seed):
         for got, ref in ((tau, tau_d), (R, r), (Q, np.divide(r, d, out=np.zeros_like(r), where=d != 0))):
             np.testing.assert_allclose(got.to_dense(), ref, rtol=0, atol=1e-11 * np.abs(ref).max())
             assert got.stored_elements == T.stored_elements
+        # two canonical tensors in one index order: each orbit once, weighted by its size
+        assert abs(ts.dot(R["ijab"], tau["ijab"]) - float(np.vdot(r, tau_d))) < 1e-12 * np.abs(r).sum() * np.abs(tau_d).max()
         with pytest.raises(ShapeError, match="canonical blocks only.*mirror") as err:
             R["ijab"] = Z["ijab"] + T["ijab"]
         assert "\n" not in str(err.value)

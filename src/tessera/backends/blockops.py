@@ -20,26 +20,48 @@ from tessera.plan.blocktasks import pair_block, pair_outputs
 # a sector's GEMM is split by rows into at most one task per worker, each of at least
 # this many flops: few large GEMMs (each task reads all of B) that still fill the pool
 _TASK_FLOPS = 2e7
+# elements of blocks one gather task copies
+_GATHER_ELEMENTS = 1 << 19
 
 
 def gather_tasks(ref, perm, layouts: dict, into: dict) -> list:
     """Tasks that copy ``ref``'s blocks, transposed by ``perm``, into one matrix per sector.
 
     ``layouts[g] = (row_layout, col_layout)``: the leading permuted axes are rows, the
-    others columns. Results land in ``into[g]``.
+    others columns. Results land in ``into[g]``: a sector that is one block whose
+    transpose reshapes without a copy is that view; else a matrix filled by tasks of
+    about ``_GATHER_ELEMENTS`` elements each, so that the pool copies in parallel.
     """
     blocks = ref.tensor.blocks
-    return [partial(_gather_one, blocks, gather_map(rows, cols, perm), perm, (rows.total, cols.total), into, g)
-            for g, (rows, cols) in layouts.items()]
+    tasks = []
+    for g, (rows, cols) in layouts.items():
+        entries = gather_map(rows, cols, perm)
+        shape = (rows.total, cols.total)
+        found = [(e, blocks[e[0]]) for e in entries if e[0] in blocks]
+        if len(found) == 1 and found[0][1].size == shape[0] * shape[1]:
+            blk = found[0][1]
+            view = blk.transpose(perm).reshape(shape)
+            if np.may_share_memory(view, blk):
+                into[g] = view
+                continue
+        into[g] = mat = np.empty(shape) if len(found) == len(entries) else np.zeros(shape)
+        chunk, size = [], 0
+        for item in found:
+            chunk.append(item)
+            size += item[1].size
+            if size >= _GATHER_ELEMENTS:
+                tasks.append(partial(_gather_one, mat, chunk, perm))
+                chunk, size = [], 0
+        if chunk:
+            tasks.append(partial(_gather_one, mat, chunk, perm))
+    return tasks
 
 
-def _gather_one(blocks, entries, perm, shape, into, g) -> None:
-    found = [blocks.get(e[0]) for e in entries]
-    mat = np.empty(shape) if all(blk is not None for blk in found) else np.zeros(shape)
-    for (_, rsl, csl, bshape), blk in zip(entries, found):
-        if blk is not None:        # splitting the axes of a 2-d slice is always a view
-            mat[rsl, csl].reshape(bshape)[...] = blk.transpose(perm)
-    into[g] = mat
+def _gather_one(mat, found, perm) -> None:
+    """Copy blocks into their places in ``mat`` (one copy each: splitting the axes of a
+    2-d slice is always a view)."""
+    for (_, rsl, csl, bshape), blk in found:
+        mat[rsl, csl].reshape(bshape)[...] = blk.transpose(perm)
 
 
 def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> list:

@@ -98,6 +98,11 @@ class Context:
         """Limits BLAS to the executor's threads per worker while in use (``with``)."""
         return _blas().limit(limits=self.executor.blas_threads, user_api="blas")
 
+    def drop_gathered(self) -> None:
+        """Free the gathered matrices of constant tensors kept for later steps (a driver
+        whose equations are done: its next phase does not contract those tensors)."""
+        self._cache.clear()
+
     def record_step(self, step, seconds: float, start: float | None = None) -> None:
         self.record(step.label, seconds, step.flops, start, step.kind)
 

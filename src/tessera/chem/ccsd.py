@@ -4,8 +4,9 @@ The equations live in ``ccsd_equations``; this module only iterates them.
 DIIS (``chem.diis``) on the amplitude vector. With distributed amplitudes each process
 keeps the part of the vector it stores; inner products are summed over processes, so
 every process gets the same DIIS coefficients. With a ``checkpoint``
-(``chem.checkpoint``) the amplitudes and the DIIS state are saved after every iteration,
-and a restart resumes from them.
+(``chem.checkpoint``) the amplitudes and the DIIS state are saved after the first and the
+last iteration and, by its write policy, after iterations in between; a restart resumes
+from them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 DIIS_SPACE = 6
 # amplitude-sized arrays alive beside the DIIS history at the peak of an iteration: t2,
-# D2, tau, theta, Wvoov, Wvovo, Z and R2 (then R2, the new t2 and the packed vectors)
+# D2, tau, L (the energy's integrals), Wvoov, Wvovo, Z and R2 (then R2, the new t2 and the packed vectors)
 AMPLITUDE_COPIES = 8
 
 
@@ -86,7 +87,10 @@ class CCSD:
     def kernel(self, ints, context=None) -> CCSDResult:
         ctx = context or ts.current_context()
         with ctx:
-            return self._iterate(ints, ctx)
+            try:
+                return self._iterate(ints, ctx)
+            finally:            # the integrals' gathered matrices: no use after CCSD ((T) has its own)
+                ctx.drop_gathered()
 
     def _iterate(self, ints, ctx) -> CCSDResult:
         D1 = denominator(ints.spaces("ov"), (ints.eo, ints.ev), (1, -1), "D1")
@@ -98,7 +102,9 @@ class CCSD:
         t2.fill_zero_blocks()
         keys = (sorted(t1.owned_keys()), sorted(t2.owned_keys()))      # T2: its canonical blocks
         weight = _weight(t1, t2, keys)
-        e_old = eq.correlation_energy(ints, t1, t2)
+        fixed = eq.fixed_intermediates(ints)
+        tau = eq.make_tau(ints, t1, t2)
+        e_old = eq.correlation_energy(fixed["L"], tau)
         log.info("MP2 correlation energy %.12f", e_old)
         # reduce through the handle, not a bound method of t2: that would keep the first
         # t2 (and its distributed storage) alive for the whole run
@@ -109,13 +115,15 @@ class CCSD:
         resumed = chk.resume(layout) if chk is not None else None
         if resumed is not None:
             _unpack(resumed.vector, t1, t2, keys)
+            tau = eq.make_tau(ints, t1, t2)
             diis.vectors, diis.errors, diis.gram = resumed.diis_vectors, resumed.diis_errors, resumed.diis_gram
             history, e_old, first = resumed.history, resumed.e_corr, resumed.iteration + 1
             log.info("CCSD resumed after iteration %d, E=%.12f", resumed.iteration, e_old)
         converged = False
         for it in range(first, self.max_iter + 1):
             t0, f0 = time.perf_counter(), ctx.flops
-            r1, r2 = eq.residual(ints, t1, t2)
+            r1, r2 = eq.residual(ints, t1, t2, tau, fixed)
+            del tau                     # free until the next amplitudes' tau
             new1, new2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
             with ts.equations():
                 new1["ia"] = r1["ia"] / D1["ia"]
@@ -128,21 +136,21 @@ class CCSD:
             vec = diis.update(new_vec, err)
             _unpack(vec, new1, new2, keys)
             t1, t2 = new1, new2
-            e = eq.correlation_energy(ints, t1, t2)
+            tau = eq.make_tau(ints, t1, t2)     # for the energy and the next residual
+            e = eq.correlation_energy(fixed["L"], tau)
             flops, seconds = ctx.flops - f0, time.perf_counter() - t0
             row = {"iter": it, "e_corr": e, "delta": e - e_old, "residual": res, "seconds": seconds,
                    "flops": flops, "gflops_per_s": flops / seconds / 1e9 if seconds > 0 else 0.0}
             history.append(row)
             if self.progress:
                 self.progress(row)
+            converged = abs(e - e_old) < self.conv and res < self.conv_residual
             if chk is not None:         # after the iteration's report: the write is not in its time
-                chk.save(it, e, history, layout, vec, diis)
+                chk.save(it, e, history, layout, vec, diis, final=converged or it == self.max_iter)
             log.info("CCSD iter %d  E=%.12f  dE=%.3e  |r|=%.3e", it, e, e - e_old, res)
-            if abs(e - e_old) < self.conv and res < self.conv_residual:
-                converged = True
-                e_old = e
-                break
             e_old = e
+            if converged:
+                break
         result = CCSDResult(e_old, converged, history, t1, t2, flops)
         if not converged:
             raise ConvergenceError(
@@ -205,7 +213,9 @@ class CCSDStructure:
             tensors = {name: _structural(class_tensor(name, o, v)).freeze() for name in CLASSES}
             ints = MOIntegrals(o, v, np.zeros(o.dim), np.zeros(v.dim), tensors, self.nfrozen)
             t1, t2 = _structural(eq.new(ints, "ov", "t1")), _structural(eq.new(ints, "oovv", "t2"))
-            eq.residual(ints, t1, t2)
+            fixed = {k: _structural(t) for k, t in eq.fixed_intermediates(ints).items()}
+            ctx.plans.clear()               # those are made once per CCSD, not per iteration
+            eq.residual(ints, t1, t2, fixed=fixed)
         amplitudes = 8 * (t1.stored_elements + t2.stored_elements)
         held = {"amplitudes": (AMPLITUDE_COPIES - 1) * amplitudes, "diis": 2 * DIIS_SPACE * amplitudes}
         return IterationStructure(o, v, ctx.plans, [t2, *tensors.values()],

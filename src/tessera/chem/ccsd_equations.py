@@ -33,31 +33,45 @@ def new(ints, letters: str, name: str, symmetry=None) -> BlockTensor:
 
 
 def make_tau(ints, t1, t2):
-    """tau_ijab = t_ijab + t_ia t_jb;  theta_ijab = 2 tau_ijab - tau_ijba."""
-    tau, theta = new(ints, "oovv", "tau"), new(ints, "oovv", "theta")
+    """tau_ijab = t_ijab + t_ia t_jb."""
+    tau = new(ints, "oovv", "tau")
     with ts.equations():
         tau["ijab"] = t2["ijab"] + t1["ia"] * t1["jb"]                  # o2v2
-        theta["ijab"] = 2.0 * tau["ijab"] - tau["ijba"]                 # o2v2
-    return tau, theta
+    return tau
 
 
-def correlation_energy(ints, t1, t2) -> float:
-    """E = sum_ijab (ia|jb) (2 tau_ijab - tau_ijba)."""
-    _, theta = make_tau(ints, t1, t2)
-    return ts.dot(ints.ovov["iajb"], theta["ijab"])
+def fixed_intermediates(ints) -> dict:
+    """The intermediates made of integrals alone, once per CCSD (frozen: executors keep
+    their gathered matrices like the integrals'): ``L`` for the energy, in T2's layout
+    (pair-symmetric like T2), and ``VO`` for W2."""
+    L, VO = new(ints, "oovv", "L"), new(ints, "voov", "VO")
+    with ts.equations():
+        L["ijab"] = 2.0 * ints.ovov["iajb"] - ints.ovov["ibja"]         # o2v2
+        VO["aikc"] = ints.ovov["iakc"] - 0.5 * ints.ovov["kaic"]        # o2v2
+    return {"L": L.freeze(), "VO": VO.freeze()}
 
 
-def residual(ints, t1, t2):
-    """Right-hand sides (without the orbital-energy diagonal) of the T1 and T2 equations."""
+def correlation_energy(L, tau) -> float:
+    """E = sum_ijab (ia|jb) (2 tau_ijab - tau_ijba) = sum_ijab L_ijab tau_ijab (swap a, b
+    in the second sum; ``L`` of ``fixed_intermediates``): one dot of two tensors of the
+    same layout, no transposes."""
+    return ts.dot(L["ijab"], tau["ijab"])
+
+
+def residual(ints, t1, t2, tau=None, fixed=None):
+    """Right-hand sides (without the orbital-energy diagonal) of the T1 and T2 equations;
+    ``tau``: ``make_tau(ints, t1, t2)`` and ``fixed``: ``fixed_intermediates(ints)``, when
+    the caller has them already."""
     I = ints  # noqa: E741  (integral classes: I.ovov[iajb] = (ia|jb), ...)
-    tau, _ = make_tau(ints, t1, t2)
+    tau = make_tau(ints, t1, t2) if tau is None else tau
     u, tauh, th = new(I, "oovv", "u"), new(I, "oovv", "tauh"), new(I, "oovv", "th")
     taup, taupp = new(I, "oovv", "taup"), new(I, "ovov", "taupp")
     Fov, fvv, foo = new(I, "ov", "Fov"), new(I, "vv", "fvv"), new(I, "oo", "foo")
     ftv, fto = new(I, "vv", "ftv"), new(I, "oo", "fto")
     Woooo = new(I, "oooo", "Woooo", T2_SYMMETRY)                  # Woooo[ijkl] = Woooo[jilk]
     X0, X = new(I, "voov", "X0"), new(I, "voov", "X")
-    VO, W2, Y = new(I, "voov", "VO"), new(I, "voov", "W2"), new(I, "ovov", "Y")
+    VO = (fixed or fixed_intermediates(ints))["VO"]
+    W2, Y = new(I, "voov", "W2"), new(I, "ovov", "Y")
     r1, r2, Z = new(I, "ov", "R1"), new(I, "oovv", "R2"), new(I, "oovv", "Z", symmetry=())
 
     with ts.equations():
@@ -67,7 +81,6 @@ def residual(ints, t1, t2):
         th["ijab"] = 2.0 * tauh["ijab"] - tauh["ijba"]
         taup["jkca"] = 0.5 * t2["jkca"] + t1["jc"] * t1["ka"]
         taupp["kcjb"] = 2.0 * t2["jkbc"] - t2["kjbc"] - 2.0 * t1["kb"] * t1["jc"]
-        VO["aikc"] = I.ovov["iakc"] - 0.5 * I.ovov["kaic"]
 
         # one-body intermediates (PySCF fov, fvv, foo; ft_ab, ft_ij)
         Fov["kc"] += 2.0 * I.ovov["kcld"] * t1["ld"] - I.ovov["kdlc"] * t1["ld"]          # o2v2

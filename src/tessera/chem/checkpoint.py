@@ -4,24 +4,33 @@ Files (h5py), for ``--checkpoint FILE``:
 
 - ``FILE``, the manifest, written by rank 0: the run's fingerprint (molecule, charge,
   basis, symmetry, frozen core, tile layout), the reference (``mo_coeff``,
-  ``mo_energy``, ``orbsym``, ...), the last finished CCSD iteration with its energy and
+  ``mo_energy``, ``orbsym``, ...), the last written CCSD iteration with its energy and
   the iteration table, the DIIS Gram matrix, and the names of that iteration's block
   files.
-- ``FILE.it<N>.rank<R>``, one per rank and iteration: the T1 and T2 blocks rank ``R``
-  holds and its part of each DIIS vector and error, stored by block key. A restart
-  reads the blocks each rank owns then, from whichever file holds them, so it may run
-  on another number of ranks; no tensor is ever gathered onto one rank.
+- ``FILE.it<N>.rank<R>``, one per rank and written iteration: the T1 and T2 blocks rank
+  ``R`` holds and its part of each DIIS vector and error, stored by block key (one
+  dataset per group and tensor, blocks side by side, and an index of block keys,
+  offsets and sizes; files of earlier versions hold one dataset per block and are read
+  too). A restart reads the blocks each rank owns then, from whichever file holds them,
+  so it may run on another number of ranks; no tensor is ever gathered onto one rank.
+
+Which iterations are written: the first, the last (converged, or the last allowed) and
+in between one whenever the time since the last write reaches ``interval`` seconds, or
+by default ``WRITE_SHARE_INVERSE`` times the last write's duration (the writes then cost
+at most ~2% of the CCSD time; ``interval=0`` writes every iteration). Rank 0 decides
+for all ranks.
 
 Every file is written under a temporary name and renamed (``os.replace``, atomic); the
 manifest is written after every rank's block file of its iteration is in place, and
 older block files are removed only after it. A process killed at any moment therefore
-leaves the last finished iteration complete. All ranks must see the same filesystem.
+leaves the last written iteration complete. All ranks must see the same filesystem.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +41,9 @@ from tessera.chem.reference import Reference
 from tessera.errors import InputError
 
 FORMAT = "tessera-checkpoint-1"
+# by default a CCSD iteration is written once the time since the last write is this many
+# times that write's duration: writing then takes at most ~2% of the run
+WRITE_SHARE_INVERSE = 50
 
 
 def fingerprint(molecule: dict, basis: str, symmetry: bool, nfrozen: int, reference=None) -> dict:
@@ -101,9 +113,12 @@ class Checkpoint:
     """The checkpoint of one run (collective under MPI: every rank makes one and calls
     ``start`` and ``save`` alike). ``restart``: resume from the file at ``path``."""
 
-    def __init__(self, path, ranks, *, restart: bool = False):
+    def __init__(self, path, ranks, *, restart: bool = False, interval: float | None = None):
         self.path = Path(path)
         self.ranks = ranks
+        self.interval = interval          # seconds between writes; None: by the write's cost
+        self._written = None              # when the last write ended (time.monotonic)
+        self._cost = 0.0                  # how long it took
         self.stored = ranks.share(lambda: _read_manifest(self.path)) if restart else None
         self.fingerprint: dict = {}
         self._reference: dict = {}
@@ -163,25 +178,33 @@ class Checkpoint:
             self._remove_parts(keep=None)
 
     # ------------------------------------------------------------------ CCSD state
-    def save(self, iteration: int, e_corr: float, history: list, layout: list, vector, diis) -> None:
-        """After CCSD iteration ``iteration`` (collective): this rank's blocks of T1, T2
-        (``vector`` packed in ``layout``: (name, key, shape) per block) and of the DIIS
-        history, then the manifest."""
+    def save(self, iteration: int, e_corr: float, history: list, layout: list, vector, diis,
+             final: bool = False) -> bool:
+        """After CCSD iteration ``iteration`` (collective): when the policy says so (always
+        when ``final``), this rank's blocks of T1, T2 (``vector`` packed in ``layout``:
+        (name, key, shape) per block) and of the DIIS history, then the manifest.
+        Returns whether it wrote."""
+        if not final and not self.ranks.share(self._due):
+            return False
+        t0 = time.monotonic()
         part = self.path.with_name(f"{self.path.name}.it{iteration}.rank{self.ranks.rank}")
-        bounds = np.cumsum([0] + [int(np.prod(shape)) for _, _, shape in layout])
-
-        def write(f):
-            for group, vecs in (("amplitudes", [vector]), ("diis_vectors", diis.vectors),
-                                ("diis_errors", diis.errors)):
-                g = f.create_group(group)
-                for (name, key, shape), lo, hi in zip(layout, bounds[:-1], bounds[1:]):
-                    data = np.stack([v[lo:hi] for v in vecs]) if vecs else np.zeros((0, hi - lo))
-                    g.create_dataset(f"{name}/{_name(key)}", data=data.reshape((len(vecs),) + tuple(shape)))
-        _atomic_h5(part, write)
+        _atomic_h5(part, lambda f: _write_blocks(f, layout, vector, diis))
         parts = [p.name for p in self.ranks.allgather(part)]      # every rank's file is in place
         if self.ranks.rank == 0:
             self._write_manifest(iteration, e_corr, history, diis.gram, parts)
             self._remove_parts(keep=iteration)
+        self._written = time.monotonic()
+        self._cost = self._written - t0
+        return True
+
+    def _due(self) -> bool:
+        """The write policy: the first iteration; then once ``interval`` seconds have passed
+        since the last write, or (``interval`` None) WRITE_SHARE_INVERSE times the last
+        write's duration, so that writing costs at most ~1/WRITE_SHARE_INVERSE of the run."""
+        if self._written is None:
+            return True
+        wait = self.interval if self.interval is not None else WRITE_SHARE_INVERSE * self._cost
+        return time.monotonic() - self._written >= wait
 
     def resume(self, layout: list) -> Resumed | None:
         """The stored CCSD state for this rank's ``layout``, or None when the checkpoint
@@ -194,13 +217,7 @@ class Checkpoint:
         for part in self.stored["parts"]:
             try:
                 with h5py.File(self.path.with_name(part), "r") as f:
-                    for group in ("amplitudes", "diis_vectors", "diis_errors"):
-                        for name in ("t1", "t2"):
-                            if name not in f[group]:
-                                continue
-                            for k in f[group][name]:
-                                if (name, k) in need:
-                                    found[(group, name, k)] = f[group][name][k][()]
+                    found.update(_read_blocks(f, need))
             except OSError as err:
                 raise InputError(f"cannot read checkpoint block file {part}: {err}; run without "
                                  "--restart") from None
@@ -242,6 +259,44 @@ class Checkpoint:
             m = pattern.match(p.name)
             if m and (keep is None or int(m.group(1)) < keep):
                 p.unlink(missing_ok=True)
+
+
+def _write_blocks(f, layout, vector, diis) -> None:
+    """One dataset per group and tensor: ``group/name`` holds the group's vectors (rows)
+    restricted to the tensor's blocks, which lie side by side in ``layout`` order;
+    ``index/name`` holds per block its key, offset and size within a row."""
+    bounds = np.cumsum([0] + [int(np.prod(shape)) for _, _, shape in layout])
+    for name in dict.fromkeys(n for n, _, _ in layout):
+        rows = [j for j, (n, _, _) in enumerate(layout) if n == name]
+        lo, hi = bounds[rows[0]], bounds[rows[-1] + 1]
+        f.create_dataset(f"index/{name}", data=np.array(
+            [[*layout[j][1], bounds[j] - lo, bounds[j + 1] - bounds[j]] for j in rows], dtype=np.int64))
+        for group, vecs in (("amplitudes", [vector]), ("diis_vectors", diis.vectors),
+                            ("diis_errors", diis.errors)):
+            ds = f.create_dataset(f"{group}/{name}", shape=(len(vecs), hi - lo), dtype=np.float64)
+            for j, v in enumerate(vecs):
+                ds[j] = v[lo:hi]
+
+
+def _read_blocks(f, need: set) -> dict:
+    """{(group, name, block name): array (vectors, ...)} of the blocks in ``need`` that
+    block file ``f`` holds: ``_write_blocks``' layout, or one dataset per block (files
+    written before it)."""
+    found = {}
+    for group in ("amplitudes", "diis_vectors", "diis_errors"):
+        for name in ("t1", "t2"):
+            if group not in f or name not in f[group]:       # (a rank that held no block)
+                continue
+            if "index" not in f:                    # one dataset per block
+                for k in f[group][name]:
+                    if (name, k) in need:
+                        found[(group, name, k)] = f[group][name][k][()]
+                continue
+            data = f[group][name][()]
+            for *key, start, size in f["index"][name][()].tolist():
+                if (name, _name(key)) in need:
+                    found[(group, name, _name(key))] = data[:, start:start + size]
+    return found
 
 
 def _short(value) -> str:

@@ -56,6 +56,7 @@ class RunOptions:
     scf_max_iter: int = 100
     checkpoint: str | None = None    # HDF5 file for the orbitals, amplitudes and DIIS state
     restart: bool = False            # resume from ``checkpoint``
+    checkpoint_interval: float | None = None   # seconds between CCSD writes; None: by their cost
     max_memory: float | str | None = None   # MiB per rank (or "8G", ...); None: backends.budget's default
     units: str = "angstrom"          # of an XYZ or Z-matrix geometry: angstrom | bohr
     scf_mode: str = "auto"
@@ -76,6 +77,10 @@ class RunOptions:
         check_options(self.backend, self.variant, self.schedule)
         if self.max_memory is not None:
             object.__setattr__(self, "max_memory", parse_size(self.max_memory))
+        if self.checkpoint_interval is not None and not (math.isfinite(self.checkpoint_interval)
+                                                         and self.checkpoint_interval >= 0):
+            raise InputError(f"--checkpoint-interval must be a number of seconds >= 0 (0: every CCSD "
+                             f"iteration), got {self.checkpoint_interval}")
         if self.restart and self.checkpoint is None:
             raise InputError("--restart needs a checkpoint; give --checkpoint FILE")
         if self.checkpoint is not None:
@@ -158,7 +163,7 @@ class Job:
         given = reference or source.reference
         chk = None
         if opt.checkpoint is not None and method != "hf":     # amplitudes to keep: CCSD only
-            chk = Checkpoint(opt.checkpoint, ranks, restart=opt.restart)
+            chk = Checkpoint(opt.checkpoint, ranks, restart=opt.restart, interval=opt.checkpoint_interval)
             chk.check(fingerprint(source.molecule, source.basis, opt.symmetry, nfrozen, given))
         # on restart the checkpoint's orbitals size the estimate (no initial guess)
         resumed = chk.reference(mol) if opt.restart and given is None and chk is not None else None

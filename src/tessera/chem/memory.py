@@ -17,7 +17,7 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
   ccsd       one iteration as ``backends.auto.memory_parts`` counts it (the one estimator
              of the cost model): T2 + integrals of the fullest rank, the amplitude copies
              and the DIIS history (the structure's ``held``), the executor's working set
-  (t)        the integrals, T2 and the gathered matrices kept from CCSD (under MPI also
+  (t)        the integrals and T2 (CCSD frees its gathered matrices; under MPI also
              CCSD's other global arrays, pooled until the context closes), the packed rows
              (T) reads (on one process every task tile's rows stay, with their pair-swapped
              copies unless the kernel is blocked in the virtual index; a rank keeps its row
@@ -193,8 +193,7 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * npair / P, "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)
     if shape.method == "ccsd(t)":
-        gathered = s["gathered_bytes"] if P == 1 else 0
-        parts["(t)"] = {"integrals": stored, "gathered": gathered, **triples_parts(o, v, P, T, resident=not shape.distributed)}
+        parts["(t)"] = {"integrals": stored, **triples_parts(o, v, P, T, resident=not shape.distributed)}
     if shape.distributed:
         # this rank's windows in CCSD: T2 + integrals, amplitude copies, intermediates
         # (all but the DIIS history), pooled until the context closes after (T)

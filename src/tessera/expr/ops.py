@@ -39,14 +39,20 @@ def dot(x: Ref, y: Ref) -> float:
     if sorted(x.indices) != sorted(y.indices):
         raise ShapeError(f"dot needs the same indices on both sides, got {x.indices!r} and {y.indices!r}")
     perm = tuple(y.indices.index(ch) for ch in x.indices)
+    xt = x.tensor
+    # two canonical tensors of one structure, same index order: each orbit of blocks
+    # once, its canonical block weighted by the orbit's size (aliases are its transposes)
+    orbits = bool(xt.aliases) and xt.aliases is y.tensor.aliases and perm == tuple(range(len(perm)))
+    xkeys = [k for k in xt.blocks if k not in xt.aliases] if orbits else list(xt.blocks)
     total = 0.0
     yb = y.tensor.blocks
-    ykeys = {key: tuple(key[perm.index(n)] for n in range(len(perm))) for key in x.tensor.blocks}
+    ykeys = {key: tuple(key[perm.index(n)] for n in range(len(perm))) for key in xkeys}
     if y.tensor.dist is not None:      # blocks of y that another process stores
         yb = dict(yb)
         yb.update(y.tensor.dist.fetch_many([k for k in ykeys.values() if k not in yb]))
-    for key, blk in x.tensor.blocks.items():
+    for key in xkeys:
         other = yb.get(ykeys[key])
         if other is not None:
-            total += float(np.vdot(blk, other.transpose(perm)))
-    return float(x.tensor.global_sum(total))
+            weight = xt.orbit_size(key) if orbits else 1
+            total += weight * float(np.vdot(xt.blocks[key], other.transpose(perm)))
+    return float(xt.global_sum(total))
