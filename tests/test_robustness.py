@@ -372,6 +372,20 @@ def test_forkable_task_sets_run_in_worker_processes(caplog, monkeypatch):
         assert lines[-1].startswith("squares: done 12 of 12 tasks (100%)"), lines
 
 
+def test_forked_triples_under_the_command_line(tmp_path):
+    """The CLI's signal watcher (a wakeup descriptor the workers inherit) is not woken when
+    the (T) workers end: the run completes, with PySCF's energy."""
+    out = tmp_path / "w.json"
+    proc = subprocess.run([sys.executable, "-m", "tessera.cli.main", "run", str(REPO / WATER), "--basis",
+                           "sto-3g", "--backend", "threads", "--threads", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["completed"] and data["flops"]["triples"] > 0
+    assert abs(data["energies"]["total"] - pyscf_ccsd_t((REPO / WATER).read_text())) < 1e-7
+
+
 def test_closed_stdout_is_not_an_internal_error(tmp_path):
     """`tessera run ... | head -1`: the pipe closes; a one-line note, exit 141, no traceback file."""
     proc = subprocess.Popen([sys.executable, "-m", "tessera.cli.main", "run", str(REPO / WATER),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -103,13 +104,16 @@ class ThreadsExecutor:
             return None
         results, flops = np.zeros(len(task_set)), 0
         _forked = task_set
+        pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_worker_signals)
         try:
-            with multiprocessing.get_context("fork").Pool(self.workers) as pool:
-                for i, result, n in pool.imap_unordered(_forked_task, order):
-                    results[i] = result
-                    flops += n
-                    done()
+            for i, result, n in pool.imap_unordered(_forked_task, order):
+                results[i] = result
+                flops += n
+                done()
+            pool.close()
+            pool.join()
         finally:
+            pool.terminate()            # only on an error: the workers have ended otherwise
             _forked = None
         if task_set.add_flops is not None:
             task_set.add_flops(flops)
@@ -117,6 +121,15 @@ class ThreadsExecutor:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _worker_signals() -> None:
+    """In a forked worker: Ctrl-C is the parent's to handle, SIGTERM (the pool ending it
+    after an error) ends it, and neither wakes a signal watcher the parent may run
+    (``cli.interrupt``: the wakeup descriptor is inherited)."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _forked_task(i: int) -> tuple:
