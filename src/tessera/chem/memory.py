@@ -211,7 +211,8 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
 def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None) -> dict:
     """Bytes per rank of what (T) holds beside the integrals and T2, over spaces ``o``, ``v``:
     ``rows`` (the packed rows it reads: on one process, ``resident``, every task tile's rows,
-    with their pair-swapped copies unless the kernel is blocked in the virtual index; a
+    with their pair-swapped copies unless the kernel is blocked in the virtual index, and
+    in C1 the fused left operands of ``RowSlab.add_swapped``; a
     rank keeps its row cache) and ``kernel`` (buffers per thread, as
     ``triples_tasks.kernel_plan`` sizes them). The one formula of (T) memory, also used
     by ``tessera plan --ranks``."""
@@ -223,6 +224,8 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None)
     _, vblock, _, kernel = kernel_plan(lay, o, v, None, resident)   # the run's kernel choice
     swapped = 2 if vblock is None else 1      # the whole-space kernel keeps pair-swapped rows
     rows_t = swapped * (dims["ovvv"] + dims["t2"]) + dims["ovov"] + dims["ovoo"]
+    if resident and vblock is None and lay.c1:     # + the fused left operands (t2 beside ovoo rows)
+        rows_t += dims["t2"] + dims["ovoo"]
     if nranks > 1:
         rows_t = min(rows_t, DEFAULT_CACHE_MB * 2**20 + 2 * (dims["ovvv"] + dims["t2"]) / nranks)
     return {"rows": rows_t, "kernel": threads * kernel}
