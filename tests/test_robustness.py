@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tessera.chem.job as job_module
@@ -336,6 +337,53 @@ def test_progress_lines_under_mpi_are_estimates_from_rank_0(caplog, monkeypatch)
     assert all("(rank 0 ran " in ln for ln in lines[:-1]) and all(ln.endswith(" s") for ln in lines)
     assert [ln.split("about ")[1].split("%")[0] for ln in lines[:-1]] == [str(10 * k) for k in range(1, 10)]
     assert lines[-1].startswith("(T) triples: rank 0 done (ran 20 of 40 tasks on 2 ranks)")
+
+
+def test_forkable_task_sets_run_in_worker_processes(caplog, monkeypatch):
+    """threads runs a forkable task set in forked workers: results in task order, the
+    workers' flops handed to add_flops, progress counted by the parent; one worker (or
+    a task set not marked forkable) runs here."""
+    import logging
+
+    import tessera.backends.tasklog as tasklog
+    from tessera.backends.context import Context
+    from tessera.backends.tasks import TaskSet
+    monkeypatch.setattr(tasklog, "MIN_INTERVAL", 0.0)
+    data, here = np.arange(12.0), os.getpid()        # the workers read data from the fork
+    count = {"flops": 0}
+
+    def work(i, blocks):
+        count["flops"] += 3 * i
+        return data[i] ** 2 + (1000.0 if os.getpid() != here else 0.0)
+
+    def merged(n):
+        count["flops"] += n
+    for workers, forkable, away in ((2, True, 1000.0), (1, True, 0.0), (2, False, 0.0)):
+        count["flops"] = 0
+        tasks = TaskSet("squares", list(data), work, flops=lambda: count["flops"], progress=True,
+                        forkable=forkable, add_flops=merged)
+        with caplog.at_level(logging.INFO, logger="tessera.progress"):
+            caplog.clear()
+            with Context("threads", workers=workers) as ctx:
+                results = ctx.run_tasks(tasks)
+        assert results.tolist() == (data ** 2 + away).tolist()
+        assert count["flops"] == 3 * 66 and ctx.flops == 3 * 66
+        lines = [r.getMessage() for r in caplog.records]
+        assert lines[-1].startswith("squares: done 12 of 12 tasks (100%)"), lines
+
+
+def test_forked_triples_under_the_command_line(tmp_path):
+    """The CLI's signal watcher (a wakeup descriptor the workers inherit) is not woken when
+    the (T) workers end: the run completes, with PySCF's energy."""
+    out = tmp_path / "w.json"
+    proc = subprocess.run([sys.executable, "-m", "tessera.cli.main", "run", str(REPO / WATER), "--basis",
+                           "sto-3g", "--backend", "threads", "--threads", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["completed"] and data["flops"]["triples"] > 0
+    assert abs(data["energies"]["total"] - pyscf_ccsd_t((REPO / WATER).read_text())) < 1e-7
 
 
 def test_closed_stdout_is_not_an_internal_error(tmp_path):

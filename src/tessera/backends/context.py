@@ -140,15 +140,16 @@ class Context:
         if task_set.progress:
             ranks = self.ranks
             progress = TaskProgress(task_set.name, len(task_set), ranks.rank, ranks.size)
-            task_set = replace(task_set, work=progress.wrap(task_set.work))
-        if self.profile.detailed:
-            task_set = _timed_tasks(task_set, self.profile)
+            if self.distributed:
+                task_set = replace(task_set, work=progress.wrap(task_set.work))
+        if self.profile.detailed:         # per-task records are kept in this process
+            task_set = replace(_timed_tasks(task_set, self.profile), forkable=False)
         with self._blas_limit():
             if self.distributed:
                 results = self.executor.run_tasks(task_set)
                 self.deal_stats = getattr(self.executor, "deal_stats", None)
             else:
-                results = run_local(self.executor, task_set)
+                results = run_local(self.executor, task_set, progress and progress.tick)
         if progress is not None:
             progress.finish()
         dt = time.perf_counter() - t0

@@ -5,14 +5,31 @@ deterministic reference. ``threads`` runs them on a pool with dynamic scheduling
 releases the GIL, and threadpoolctl keeps pool threads x BLAS threads <= cores (the
 threads per rank: ``OMP_NUM_THREADS`` when set, which ``tessera run --threads`` sets,
 else the cores this process may use). Executors are made by name in ``registry``.
+
+A task set marked ``forkable`` (``backends.tasks``) runs on ``threads`` in forked worker
+processes instead, one per worker, each with the BLAS threads of a pool thread: work
+whose numpy passes between GEMMs hold the GIL or are short then scales as separate
+processes do. The workers inherit the process's memory copy-on-write (tasks read it,
+never write it) and send back only each task's result and flop count; tasks are handed
+out dynamically, largest first. Where the platform cannot fork, the threads run them
+(and say so in the log).
 """
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import os
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
+from tessera.backends.tasks import local_blocks
 from tessera.errors import InputError
+
+_log = logging.getLogger(__name__)
+_forked = None        # the task set forked workers run: set by the parent right before the fork
 
 
 def available_cores() -> int:
@@ -74,5 +91,51 @@ class ThreadsExecutor:
         for f in [self._pool.submit(t) for t in tasks]:
             f.result()
 
+    def run_forked(self, task_set, order, done) -> np.ndarray | None:
+        """Results of a forkable task set's tasks (in ``order``, dynamically, largest
+        first) run in ``workers`` forked processes; ``done()`` as each one comes back;
+        the workers' flops go to ``task_set.add_flops``. None (run them on the threads)
+        with one worker or task, or where fork is not available."""
+        global _forked
+        if self.workers < 2 or len(order) < 2:
+            return None
+        if "fork" not in multiprocessing.get_all_start_methods():
+            _log.info("%s: this platform cannot fork worker processes; running its tasks on %d threads",
+                      task_set.name, self.workers)
+            return None
+        results, flops = np.zeros(len(task_set)), 0
+        _forked = task_set
+        pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_worker_signals)
+        try:
+            for i, result, n in pool.imap_unordered(_forked_task, order):
+                results[i] = result
+                flops += n
+                done()
+            pool.close()
+            pool.join()
+        finally:
+            pool.terminate()            # only on an error: the workers have ended otherwise
+            _forked = None
+        if task_set.add_flops is not None:
+            task_set.add_flops(flops)
+        return results
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _worker_signals() -> None:
+    """In a forked worker: Ctrl-C is the parent's to handle, SIGTERM (the pool ending it
+    after an error) ends it, and neither wakes a signal watcher the parent may run
+    (``cli.interrupt``: the wakeup descriptor is inherited)."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _forked_task(i: int) -> tuple:
+    """In a forked worker: (i, result of task i, flops it counted)."""
+    ts = _forked
+    before = ts.flops() if ts.flops else 0
+    result = float(ts.work(i, local_blocks(ts.need(i))))
+    return i, result, (ts.flops() - before) if ts.flops else 0

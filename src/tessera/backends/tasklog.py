@@ -40,11 +40,14 @@ class TaskProgress:
 
         def counted(i, blocks):
             result = work(i, blocks)
-            self._tick()
+            self.tick()
             return result
         return counted
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
+        """One more task finished."""
+        if not self.active:
+            return
         with self._lock:
             self.done += 1
             tenth = min(10, self.done * self.nranks * 10 // self.ntasks)

@@ -62,7 +62,13 @@ class TaskSet:
     flops: ``flops() -> int`` this rank's flops after the run (for accounting), or None;
     home: ``home[i]`` the rank that must run task i (owner computes: its data is there),
         or None for any rank; with homes the schedule is static, no task moves;
-    progress: log throttled progress lines while it runs (``backends.tasklog``).
+    progress: log throttled progress lines while it runs (``backends.tasklog``);
+    forkable: ``work`` may run in a forked worker process of the ``threads`` executor
+        (``backends.local``): it reads only what the process holds when the run starts
+        (inherited copy-on-write) and changes nothing the caller needs but its result
+        and the count behind ``flops``;
+    add_flops: ``add_flops(n)`` receives the flops that forked workers counted (their
+        ``flops()`` increments), so that ``flops()`` afterwards covers the whole run.
     """
 
     name: str
@@ -76,6 +82,8 @@ class TaskSet:
     flops: Callable[[], int] | None = None
     home: Sequence[int] | None = None
     progress: bool = False
+    forkable: bool = False
+    add_flops: Callable[[int], None] | None = None
 
     def __len__(self) -> int:
         return len(self.costs)
@@ -94,12 +102,21 @@ def local_blocks(requests) -> dict:
     return out
 
 
-def run_local(executor, task_set: TaskSet) -> np.ndarray:
-    """Every task in this process, largest first, on a serial or threads executor."""
-    results = np.zeros(len(task_set))
+def run_local(executor, task_set: TaskSet, done: Callable[[], None] | None = None) -> np.ndarray:
+    """Every task on a serial or threads executor, largest first; ``done()`` after each
+    task. A forkable task set runs in the threads executor's worker processes
+    (``executor.run_forked``) when it has more than one worker."""
     order = sorted(range(len(task_set)), key=lambda i: (-task_set.costs[i], i))
+    done = done or (lambda: None)
+    forked = getattr(executor, "run_forked", None)
+    if task_set.forkable and forked is not None:
+        results = forked(task_set, order, done)
+        if results is not None:
+            return results
+    results = np.zeros(len(task_set))
 
     def one(i):
         results[i] = task_set.work(i, local_blocks(task_set.need(i)))
+        done()
     executor.run([(lambda i=i: one(i)) for i in order])
     return results

@@ -116,6 +116,7 @@ class VirtualLayout:
         sizes = n[:, None] * self.npair[xor]         # triples of irrep G: [g_s, G] blocks
         self.ntrip, self.foff = sizes.sum(axis=0), offsets(sizes)              # foff[G, g_s]
         self.rel = np.arange(len(irreps)) - vrange[irreps, 0]
+        self.c1 = not np.any(irreps) and not np.any(no[1:])      # every orbital of irrep 0
 
     def blocks(self, G: int) -> list:
         """(g_s, offset, n_single, n_pairs) of the non-empty single-irrep blocks of G."""
@@ -183,13 +184,17 @@ class RowSlab:
     ``ooL[g_y]`` [n_y, mixed pairs of g^g_y] = (x s|y m) at (s, m);
     ``ovov[g_y]`` [n_y, pairs of g^g_y] = (x a|y b);
     optionally (``add_swapped``) ``ov2`` and ``t2s``: ov1 and t2r with the pairs swapped.
-    Every entry holds exactly the symmetry-allowed elements of those rows once.
+    Every entry holds exactly the symmetry-allowed elements of those rows once.  In C1
+    ``add_swapped`` also stores the fused operands of the dense kernel: ``right_a``
+    [x, v + o, v^2] = ov1 over t2r and ``right_b`` = ov2 over t2s (ov1, t2r, ov2, t2s
+    become views of them), and ``left`` [x, y, v, v + o] = t2[x y s f] beside
+    -(x s|y m), so that the four W0 terms of one single index are two GEMMs.
     """
 
     def __init__(self, x0: int, x1: int, g: int, ov1, t2r, ooL, ovov):
         self.x0, self.x1, self.g = x0, x1, g
         self.ov1, self.t2r, self.ooL, self.ovov = ov1, t2r, ooL, ovov
-        self.ov2 = self.t2s = None
+        self.ov2 = self.t2s = self.right_a = self.right_b = self.left = None
 
     @classmethod
     def from_blocks(cls, lay: VirtualLayout, o, v, x0: int, x1: int, parts: dict) -> "RowSlab":
@@ -247,14 +252,25 @@ class RowSlab:
                 out.append(b)
             return out
         self.ov2, self.t2s = swapped(self.ov1), swapped(self.t2r)
+        if lay.c1:
+            nv, no, tx = int(lay.n[0]), int(lay.no[0]), self.x1 - self.x0
+            self.right_a = np.concatenate((self.ov1[0], self.t2r[0]), axis=1)
+            self.right_b = np.concatenate((self.ov2[0], self.t2s[0]), axis=1)
+            self.ov1[0], self.t2r[0] = self.right_a[:, :nv], self.right_a[:, nv:]
+            self.ov2[0], self.t2s[0] = self.right_b[:, :nv], self.right_b[:, nv:]
+            self.left = np.empty((tx, no, nv, nv + no))
+            self.left[..., :nv] = self.t2r[0].reshape(tx, no, nv, nv)
+            np.negative(self.ooL[0].reshape(tx, no, nv, no), out=self.left[..., nv:])
         return self
 
     def nbytes(self) -> dict:
         """Bytes held per source tensor (ov2 counts for ovvv, t2s for t2)."""
         size = (lambda *lists: sum(a.nbytes for lst in lists if lst is not None
                                    for a in lst if a is not None))
-        return {"ovvv": size(self.ov1, self.ov2), "t2": size(self.t2r, self.t2s),
-                "ovov": size(self.ovov), "ovoo": size(self.ooL)}
+        left = 0 if self.left is None else self.left.nbytes     # t2 and ovoo rows side by side
+        share = 0 if self.left is None else left * self.left.shape[-2] // self.left.shape[-1]
+        return {"ovvv": size(self.ov1, self.ov2), "t2": size(self.t2r, self.t2s) + share,
+                "ovov": size(self.ovov), "ovoo": size(self.ooL) + left - share}
 
 
 class SwappedRows:
@@ -290,20 +306,24 @@ class KernelInputs:
     :class:`RowSlab`: ``ov1``, ``ov2``, ``t2r``, ``t2s``, ``ooL``, ``ovov``; any object
     with ``[x]`` will do (e.g. :class:`SwappedRows`), and orbitals the kernel is not run
     on may be missing (None).  The kernel reads rows of i, j, k only (over all y).
+    Optional (C1): ``right_a``, ``right_b``, ``left``, per orbital x the fused operands
+    of :class:`RowSlab` (``[x]`` an array); given, the dense kernel uses them.
     """
 
-    def __init__(self, lay, eo, t1, irrep, *, ov1, ov2, t2r, t2s, ooL, ovov):
+    def __init__(self, lay, eo, t1, irrep, *, ov1, ov2, t2r, t2s, ooL, ovov,
+                 right_a=None, right_b=None, left=None):
         self.lay, self.eo, self.t1 = lay, eo, t1
         self.irrep = [int(g) for g in irrep]
         self.rel = [x - int(lay.orange[g, 0]) for x, g in enumerate(self.irrep)]
         self.ov1, self.ov2, self.t2r, self.t2s, self.ooL, self.ovov = ov1, ov2, t2r, t2s, ooL, ovov
+        self.right_a, self.right_b, self.left = right_a, right_b, left
 
     @classmethod
     def from_slabs(cls, lay, eo, t1, irrep, slabs, scratch=None) -> "KernelInputs":
         """Tables from :class:`RowSlab` s (views, no copies).  With ``scratch`` = two flat
         buffers, ov2 and t2s are :class:`SwappedRows` made on access (the slabs need not
         carry them); otherwise the slabs must have ``add_swapped`` done."""
-        nocc = len(irrep)
+        nocc, slabs = len(irrep), list(slabs)
         tables = {name: [None] * nocc for name in ("ov1", "ov2", "t2r", "t2s", "ooL", "ovov")}
         for s in slabs:
             for name, table in tables.items():
@@ -311,6 +331,11 @@ class KernelInputs:
                 if arrs is not None:
                     for x in range(s.x0, s.x1):
                         table[x] = [None if a is None else a[x - s.x0] for a in arrs]
+        if slabs and all(s.left is not None for s in slabs):
+            for name in ("right_a", "right_b", "left"):
+                tables[name] = [None] * nocc
+                for s in slabs:
+                    tables[name][s.x0:s.x1] = getattr(s, name)
         inp = cls(lay, eo, t1, irrep, **tables)
         if scratch is not None:
             inp.ov2 = SwappedRows(inp.ov1, inp.irrep, lay, scratch[0])
@@ -338,6 +363,7 @@ class TripleKernel:
         lay = inp.lay
         self.maps = lay.maps[G]
         self.dense = self.maps["dense"]
+        self.fused = self.dense and inp.left is not None and lay.c1
         self.batch = batch                 # the batch new_pool(lay, batch) sized ``pool`` for
         self.buf = pool[:-1]
         self.lbuf = pool[-1]
@@ -364,7 +390,7 @@ class TripleKernel:
         """Elements of one thread's buffers: some of a batch's W (in the batch layout), some
         of one triple's, and the stacked left operands."""
         nv, no, ntrip = int(lay.n.max()), int(lay.no.max()), max(int(lay.ntrip.max()), 1)
-        left = [max(batch * nv * max(nv, no), 1)]
+        left = [max(batch * nv * (nv + no), 1)]          # stacked left operands (fused C1: v + o wide)
         if len(set(lay.irrep.tolist())) == 1:         # W and a layout of the batch; 3 of one triple
             return [batch * ntrip] * 2 + [ntrip] * 3 + left
         return [batch * ntrip] * 3 + [ntrip] * 8 + left   # Sa, Sb, Sc of the batch; 8 of one triple
@@ -396,6 +422,8 @@ class TripleKernel:
         Invariant weights meet V = V1 + V2 + V3 in any cyclic layout, where each V_l is
         rank 1; 3Y meets V in layout (a; b, c).
         """
+        if self.fused:
+            return self._energy_fused(i, j, ks)
         return self._energy_dense(i, j, ks) if self.dense else self._energy_packed(i, j, ks)
 
     def _left(self, table, x, y, ks, p0: int, width: int) -> np.ndarray:
@@ -511,6 +539,45 @@ class TripleKernel:
         W += Sb.transpose(0, 2, 3, 1)                             # W[abc]
         return sum(self._sweep_dense(W[n], i, j, k) for n, k in enumerate(ks))
 
+    def _single(self, out, s, t, ks, u=None) -> None:
+        """out = the 4 W0 terms of single (o_s s), pair (o_t t, o_u u) for every k in ks, as
+        GEMMs on the fused C1 operands: left[o_s][o_u] right_a[o_t] + left[o_s][o_t]
+        right_b[o_u].  u None: o_u is k and out is [k, s, t, u]; else o_s is k (s None)
+        and out is [k, s, (t, u)] too, both halves over the whole batch."""
+        inp, nv, nk = self.inp, self.nvir, len(ks)
+        left, ra, rb, k0 = inp.left, inp.right_a, inp.right_b, ks[0]
+        c = out[:nk * nv ** 3].reshape(nk * nv, nv * nv).T
+        if u is None:                                  # right_a[o_t] for all k, right_b[k] per k
+            nf = ra[t].shape[0]
+            dgemm(1.0, ra[t].T, left[s][k0:k0 + nk].reshape(nk * nv, nf).T, beta=0.0, c=c, overwrite_c=1)
+            for n, k in enumerate(ks):
+                dgemm(1.0, rb[k].T, left[s][t].T, beta=1.0, c=c[:, n * nv:(n + 1) * nv], overwrite_c=1)
+        else:                                          # both rights fixed; lefts of each k stacked
+            nf = ra[t].shape[0]
+            lft = self.lbuf[:nk * nv * nf].reshape(nk, nv, nf)
+            for beta, right, y in ((0.0, ra[t], u), (1.0, rb[u], t)):
+                for n, k in enumerate(ks):
+                    lft[n] = left[k][y]
+                dgemm(1.0, right.T, lft.reshape(nk * nv, nf).T, beta=beta, c=c, overwrite_c=1)
+        self.flops += 4 * nk * nv ** 3 * nf
+
+    def _energy_fused(self, i, j, ks) -> float:
+        """C1 with the fused operands: W of the batch [k, a, b, c] = X_a + X_b[bac] + X_c[cab]
+        from X_a [k, a, (b c)], X_b [k, b, (a c)], X_c [k, c, (a b)]; the sweep per k."""
+        nv, nk = self.nvir, len(ks)
+        W, X = (a[:nk * nv ** 3].reshape(nk, nv, nv, nv) for a in self.buf[:2])
+        if i == j:                                                # single a and b alike
+            self._single(X, j, i, ks)
+            np.add(X, X.transpose(0, 2, 1, 3), out=W)
+        else:
+            self._single(W, i, j, ks)
+            self._single(X, j, i, ks)
+            W += X.transpose(0, 2, 1, 3)
+        if ks[0] != j:                                            # else single c as single b
+            self._single(X, None, i, ks, j)
+        W += X.transpose(0, 2, 3, 1)
+        return sum(self._sweep_dense(W[n], i, j, k) for n, k in enumerate(ks))
+
     def _sweep_dense(self, W, i, j, k) -> float:
         """sum_abc W r3(W + V) / D of one triple, W [a, b, c]."""
         nv, t1 = self.nvir, self.inp.t1
@@ -562,7 +629,7 @@ class TripleKernel:
         return e
 
     def _sweep_packed(self, Sa, Sb, Sc, i, j, k) -> float:
-        """sum_abc W r3(W + V) / D of one triple from its three cyclic layouts (Sa is changed)."""
+        """sum_abc W r3(W + V) / D of one triple from its three cyclic layouts."""
         m = self.maps
         W, Y, Y1, Y2, U = (a[:Sa.size] for a in self.buf[6:11])
         np.take(Sb, m["rot"], out=W, mode="wrap")
@@ -579,11 +646,9 @@ class TripleKernel:
         ks = range(k, k + 1)
         P, Pz, _ = self._pair_rows(i, j, ks)
         e = 3.0 * (float(W @ Y) + self._t1_dot(ks, ((Y, i, P[0]), (Y2, j, P[1]), (Y1, None, P[2]))))
-        Sa += Sb
-        Sa += Sc                                                  # U.W = U.(Sa + Sb + Sc)
         np.take(U, m["swap"], out=Y1, mode="wrap")                # Zs
-        return e + float(U @ Sa) - 2.0 * float(Y1 @ Sa) + self._t1_dot(ks, ((U, i, Pz[0]), (U, j, Pz[1]),
-                                                                            (U, None, Pz[2])))
+        return e + float(U @ W) - 2.0 * float(Y1 @ W) + self._t1_dot(ks, ((U, i, Pz[0]), (U, j, Pz[1]),
+                                                                          (U, None, Pz[2])))
 
 
 # --------------------------------------------------------------------------- driver

@@ -247,8 +247,14 @@ class TriplesTasks:
     def task_set(self, nranks: int) -> TaskSet:
         costs = [self.cost(i) for i in range(len(self.tasks))]
         chunk = max(1, min(8, len(costs) // (4 * nranks)))
+        if self.resident:        # packed once, before any worker starts: forked workers share them
+            self._resident_slabs(range(len(self.tiles)))
         return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
-                       progress=True)
+                       progress=True, forkable=self.resident, add_flops=self._add_flops)
+
+    def _add_flops(self, n: int) -> None:
+        with self.lock:
+            self.flops += n
 
     def cost(self, task: int) -> float:
         t, window = self.tasks[task]
