@@ -8,7 +8,8 @@ Ownership is a deterministic function of a tensor's structure, so every rank com
 the same map without communication:
 - ``balanced`` (every tensor, the integral classes included): the allowed blocks ranked
   by size and dealt round-robin, the rank labels rotated by a structural hash so that
-  many small tensors do not all start on rank 0 (``runtime.distribution.block_owners``);
+  many small tensors do not all start on rank 0 (``runtime.distribution.block_owners``),
+  computed per key (``runtime.placement``): a rank lists only its own blocks;
 - ``("rows", owners)``: a tensor that follows another's ownership row by row.
 
 Collective lifetime. Creating a GlobalArray is collective; tensors are created in the
@@ -33,6 +34,8 @@ import numpy as np
 from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, World
 from tessera.runtime.distribution import block_owner_array
+from tessera.runtime.placement import balanced_placement
+from tessera.tensor.block_tensor import symmetry_group
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +106,7 @@ class TensorStore:
         self.fetcher = fetcher
         self._free: dict = {}          # structure key -> [GlobalArray], agreed free, by eid
         self._pending: list = []       # (structure key, GlobalArray) released here
-        self._owners: dict = {}        # structure key -> owner of each stored key
+        self._owners: dict = {}        # structure key -> where its blocks live (GlobalArray arguments)
         self.by_eid: dict = {}         # array id (the same on every rank) -> GlobalArray
         self.closed = False
 
@@ -136,14 +139,21 @@ class TensorStore:
         handle.ga.free()
 
     def _create(self, tensor, placement, skey) -> GlobalArray:
-        keys = tensor.stored_keys()
-        owners = self._owners.get(skey)
-        if owners is None:       # aligned with keys
-            owners = block_owner_array(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
-            self._owners[skey] = owners
+        """A new array for ``tensor``: under ``balanced`` its owners and offsets are computed
+        per key (``runtime.placement``; no rank lists every block), under ``("rows", ..)``
+        from an owner per stored key."""
         tiling = [[t.size for t in s.tiles] for s in tensor.spaces]   # no keys: an empty array
-        ga = GlobalArray(tiling, keys=keys, owners=owners, name=tensor.name or "tensor", world=self.world,
-                         aliases=tensor.aliases)
+        args = self._owners.get(skey)
+        if args is None:
+            if placement == "balanced":
+                group = symmetry_group(tensor.symmetry, tensor.ndim) if tensor.canonical else ()
+                args = {"placement": balanced_placement(tensor.spaces, tensor.irrep, group, self.world.size)}
+            else:
+                keys = tensor.stored_keys()
+                args = {"keys": keys, "owners": block_owner_array(tensor.spaces, tensor.irrep, keys,
+                                                                  self.world.size, placement)}
+            self._owners[skey] = args
+        ga = GlobalArray(tiling, name=tensor.name or "tensor", world=self.world, aliases=tensor.aliases, **args)
         self.by_eid[ga.eid] = ga
         return ga
 
