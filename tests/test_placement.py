@@ -10,6 +10,7 @@ from tessera import BlockTensor, IndexSpace
 from tessera.backends.context import PlanningContext
 from tessera.chem.ccsd_equations import T2_SYMMETRY
 from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
+from tessera.backends.onesided import cached_batches
 from tessera.plan.blocktasks import contraction_tasks, owned_tasks
 from tessera.runtime.distribution import block_owner_array
 from tessera.runtime.placement import balanced_placement
@@ -94,3 +95,4 @@ def test_owned_tasks_are_the_owners_share(expr):
     for r in range(3):
         mine = outs[r::3]
         assert owned_tasks(step, mine) == tuple(t for t in every if t.out in set(mine))
+    assert owned_tasks(step, []) == () and cached_batches((), True, 2**20, 4) == []   # a rank owning nothing

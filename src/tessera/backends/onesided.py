@@ -408,7 +408,7 @@ def cached_batches(tasks, by_row: bool, bound: int, nranks: int) -> list:
     want = BATCHES_PER_RANK * nranks
 
     work = [batch_flops(tasks, b) for b in out]
-    while len(out) < want:
+    while out and len(out) < want:
         big = max(range(len(out)), key=lambda q: (work[q], -q))
         if len(out[big]) < 2:
             break

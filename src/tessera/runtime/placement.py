@@ -32,7 +32,7 @@ import numpy as np
 
 from tessera.runtime.distribution import block_offsets
 
-CHUNK = 1 << 20            # grid cells evaluated at once when building the counts
+CHUNK = 1 << 14            # grid cells evaluated at once when building the counts
 ROWS = 64                  # prefix rows kept by a placement (``_row``)
 
 
