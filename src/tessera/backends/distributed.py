@@ -125,9 +125,10 @@ class TensorStore:
             ga = self._create(tensor, placement, skey)
         handle = DistHandle(self, ga, tensor.name)
         tensor.blocks = {k: ga.local_view(k) for k in ga.local_keys()}
-        for alias, (canon, _) in tensor.aliases.items():     # views of owned canonical blocks
-            if canon in tensor.blocks:
-                tensor.blocks[alias] = ga.local_view(alias)
+        if tensor.aliases:                  # views of owned canonical blocks (their aliases only)
+            for canon in ga.local_keys():
+                for alias, _ in tensor.aliases.of(canon):
+                    tensor.blocks[alias] = ga.local_view(alias)
         handle.release = weakref.finalize(tensor, self._pending.append, (skey, ga))
         return handle
 
