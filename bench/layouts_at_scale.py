@@ -117,13 +117,13 @@ def build(tensors, keys, nranks: int) -> dict:
     for n, t in tensors.items():
         tiling = [[tl.size for tl in s.tiles] for s in t.spaces]
         try:                                                 # owners per key, own keys only
-            from tessera.runtime.placement import balanced_placement
+            from tessera.runtime.placement import block_placement
             from tessera.tensor.block_tensor import symmetry_group
         except ImportError:
-            balanced_placement = None
-        if balanced_placement is not None:
+            block_placement = None
+        if block_placement is not None:
             group = symmetry_group(t.symmetry, t.ndim) if t.canonical else ()
-            pl = balanced_placement(t.spaces, t.irrep, group, nranks)
+            pl = block_placement(t.spaces, t.irrep, group, nranks)
             mine = pl.local_keys(0)                          # one after the other, as GlobalArray
             offsets = np.cumsum([0] + [int(np.prod(t.block_shape(k))) for k in mine])
             kept[n] = (pl, {k: (0, int(off), t.block_shape(k)) for k, off in zip(mine, offsets.tolist())})
@@ -157,7 +157,7 @@ def task_lists(iteration, nranks: int) -> list:
     steps = [s for plan in iteration.plans for s in plan.steps if s.kind == "contract"]
     if not hasattr(blocktasks, "owned_tasks"):
         return [blocktasks.contraction_tasks(s) for s in steps]
-    from tessera.runtime.placement import balanced_placement
+    from tessera.runtime.placement import block_placement
     from tessera.tensor.block_tensor import symmetry_group
     placements, out = {}, []
     for s in steps:
@@ -165,7 +165,7 @@ def task_lists(iteration, nranks: int) -> list:
         skey = (t.spaces, t.irrep, t.canonical)
         if skey not in placements:
             group = symmetry_group(t.symmetry, t.ndim) if t.canonical else ()
-            placements[skey] = balanced_placement(t.spaces, t.irrep, group, nranks).local_keys(0)
+            placements[skey] = block_placement(t.spaces, t.irrep, group, nranks).local_keys(0)
         out.append(blocktasks.owned_tasks(s, placements[skey]))
     return out
 

@@ -12,8 +12,9 @@ from tessera.chem.ccsd_equations import T2_SYMMETRY
 from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
 from tessera.backends.onesided import cached_batches
 from tessera.plan.blocktasks import contraction_tasks, owned_tasks
+from tessera.errors import RuntimeLayerError
 from tessera.runtime.distribution import block_owner_array
-from tessera.runtime.placement import balanced_placement
+from tessera.runtime.placement import block_placement
 from tessera.tensor.block_tensor import symmetry_group
 
 
@@ -27,14 +28,15 @@ def structures(orbsym, nocc, tile, occ_tile):
     return out
 
 
-def placement_of(t, nranks):
+def placement_of(t, nranks, placement="balanced"):
     group = symmetry_group(t.symmetry, t.ndim) if t.canonical else ()
-    return balanced_placement(t.spaces, t.irrep, group, nranks)
+    return block_placement(t.spaces, t.irrep, group, nranks, placement)
 
 
 @pytest.mark.parametrize("orbsym", [[0] * 30, [0, 1, 2, 3, 1, 0, 2, 0, 3, 1] * 3], ids=["C1", "D2"])
 @pytest.mark.parametrize("nranks", [1, 3, 8])
-def test_owner_per_key_equals_bulk_placement(orbsym, nranks):
+@pytest.mark.parametrize("how", ["balanced", "rows"])
+def test_owner_per_key_equals_bulk_placement(orbsym, nranks, how):
     """Owner of every stored key as block_owner_array places it; each rank's keys (only
     its own unranked) lie one after the other in its memory; aliases and forbidden keys
     are not stored."""
@@ -42,10 +44,12 @@ def test_owner_per_key_equals_bulk_placement(orbsym, nranks):
         keys = t.stored_keys()
         if not keys:
             continue
-        pl = placement_of(t, nranks)
-        ref = block_owner_array(t.spaces, t.irrep, keys, nranks)
-        assert pl.nblocks == len(keys) and sorted(pl.keys()) == sorted(keys), name
-        assert (pl.owner_of(pl.positions(keys)) == ref).all(), name
+        placement = how if how == "balanced" else ("rows", tuple((3 * i + 1) % nranks
+                                                                 for i in range(len(t.spaces[0].tiles))))
+        pl = placement_of(t, nranks, placement)
+        ref = block_owner_array(t.spaces, t.irrep, keys, nranks, placement)
+        assert pl.nblocks == len(keys) and pl.keys() == keys, name
+        assert [pl.locate(k)[0] for k in keys] == ref.tolist(), name
         total = 0
         for r in range(nranks):
             mine = pl.local_keys(r)
@@ -62,6 +66,14 @@ def test_owner_per_key_equals_bulk_placement(orbsym, nranks):
         forbidden = [k for k in np.ndindex(*(len(s.tiles) for s in t.spaces)) if not t.is_allowed(k)]
         assert not any(pl.stored(k) for k in forbidden[:20])
         assert not pl.stored((0,) * (t.ndim + 1)) and not pl.stored((-1,) * t.ndim)
+
+
+def test_bad_placement_is_an_error():
+    t = structures([0] * 30, 8, 5, 3)["ovvv"]
+    with pytest.raises(RuntimeLayerError, match="placement 'rows' needs one rank"):
+        placement_of(t, 2, ("rows", (0, 5)))
+    with pytest.raises(RuntimeLayerError, match="unknown placement"):
+        placement_of(t, 2, "cyclic")
 
 
 def test_placement_holds_half_grid_tables():

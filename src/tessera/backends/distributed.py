@@ -33,8 +33,7 @@ import numpy as np
 
 from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, World
-from tessera.runtime.distribution import block_owner_array
-from tessera.runtime.placement import balanced_placement
+from tessera.runtime.placement import block_placement
 from tessera.tensor.block_tensor import symmetry_group
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,7 @@ class TensorStore:
         self.fetcher = fetcher
         self._free: dict = {}          # structure key -> [GlobalArray], agreed free, by eid
         self._pending: list = []       # (structure key, GlobalArray) released here
-        self._owners: dict = {}        # structure key -> where its blocks live (GlobalArray arguments)
+        self._placements: dict = {}    # structure key -> where its blocks live (runtime.placement)
         self.by_eid: dict = {}         # array id (the same on every rank) -> GlobalArray
         self.closed = False
 
@@ -140,21 +139,16 @@ class TensorStore:
         handle.ga.free()
 
     def _create(self, tensor, placement, skey) -> GlobalArray:
-        """A new array for ``tensor``: under ``balanced`` its owners and offsets are computed
-        per key (``runtime.placement``; no rank lists every block), under ``("rows", ..)``
-        from an owner per stored key."""
-        tiling = [[t.size for t in s.tiles] for s in tensor.spaces]   # no keys: an empty array
-        args = self._owners.get(skey)
-        if args is None:
-            if placement == "balanced":
-                group = symmetry_group(tensor.symmetry, tensor.ndim) if tensor.canonical else ()
-                args = {"placement": balanced_placement(tensor.spaces, tensor.irrep, group, self.world.size)}
-            else:
-                keys = tensor.stored_keys()
-                args = {"keys": keys, "owners": block_owner_array(tensor.spaces, tensor.irrep, keys,
-                                                                  self.world.size, placement)}
-            self._owners[skey] = args
-        ga = GlobalArray(tiling, name=tensor.name or "tensor", world=self.world, aliases=tensor.aliases, **args)
+        """A new array for ``tensor``: its owners and offsets computed per key
+        (``runtime.placement``; no rank lists every block)."""
+        tiling = [[t.size for t in s.tiles] for s in tensor.spaces]
+        where = self._placements.get(skey)
+        if where is None:
+            group = symmetry_group(tensor.symmetry, tensor.ndim) if tensor.canonical else ()
+            where = self._placements[skey] = block_placement(tensor.spaces, tensor.irrep, group,
+                                                             self.world.size, placement)
+        ga = GlobalArray(tiling, placement=where, name=tensor.name or "tensor", world=self.world,
+                         aliases=tensor.aliases)
         self.by_eid[ga.eid] = ga
         return ga
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera.runtime.distribution import block_offsets
+from tessera.runtime.distribution import block_offsets, check_placement, structure_signature
 
 CHUNK = 1 << 14            # grid cells evaluated at once when building the counts
 ROWS = 64                  # prefix rows kept by a placement (``_row``)
@@ -43,43 +43,28 @@ def _grid(radix) -> np.ndarray:
     return np.indices(tuple(radix), dtype=np.int64).reshape(len(radix), -1).T
 
 
-class BalancedPlacement:
-    """The ``balanced`` placement of one structure on ``nranks`` ranks, per key.
+class StoredGrid:
+    """The stored blocks of a structure, as rule, not list: a key is split into a prefix
+    (its first ``m`` tiles) and a suffix (the rest); ``_stored(rows)`` says which suffixes
+    are stored under each prefix of ``rows``: their tiles' irreps XOR to ``irrep`` and,
+    with a ``group`` (axis permutations), the key is the largest of its orbit (as
+    ``tensor.block_tensor.aliases``; empty group: every allowed key is stored)."""
 
-    ``sizes[d]`` / ``irreps[d]``: tile sizes and irreps of dimension ``d``; ``irrep``:
-    the tensor's irrep; ``group``: axis permutations under which only the largest key
-    of an orbit is stored (empty: every allowed key is stored); ``shift``: the start
-    rank (``distribution.structure_signature(spaces, irrep) % nranks``)."""
-
-    def __init__(self, sizes, irreps, irrep: int, group, nranks: int, shift: int = 0):
-        self.nranks, self.shift, self.irrep = int(nranks), int(shift) % int(nranks), int(irrep)
+    def __init__(self, sizes, irreps, irrep: int, group, m: int):
+        self.irrep = int(irrep)
         self.ndim = nd = len(sizes)
         self.radix = np.asarray([len(s) for s in sizes], dtype=np.int64)
         self.tile_sizes = [np.asarray(s, dtype=np.int64) for s in sizes]
         self.tile_irreps = [np.asarray(g, dtype=np.int64) for g in irreps]
         self.group = [tuple(g) for g in group if tuple(g) != tuple(range(nd))]
-        self.m = m = nd // 2
+        self.m = m
         self.code_base = int(self.radix.max()) if nd else 1   # lexicographic code of a key
         self.pgrid, self.sgrid = _grid(self.radix[:m]), _grid(self.radix[m:])
         self.psize, self.pirr = self._fold(self.pgrid, 0)
         self.ssize, self.sirr = self._fold(self.sgrid, m)
-        self.classes = np.unique(np.multiply.outer(np.unique(self.psize), np.unique(self.ssize)))[::-1]
-        counts = np.zeros((len(self.pgrid), len(self.classes)), dtype=np.int64)
-        step = max(1, CHUNK // max(1, len(self.sgrid)))
-        for p0 in range(0, len(self.pgrid), step):
-            rows = np.arange(p0, min(p0 + step, len(self.pgrid)))
-            stored, cls = self._rows(rows)
-            flat = (rows[:, None] * len(self.classes) + cls)[stored]
-            counts += np.bincount(flat, minlength=counts.size).reshape(counts.shape)
-        self.before = np.cumsum(counts, axis=0) - counts      # exclusive, per class
-        per_class = counts.sum(axis=0)
-        self.start = np.concatenate(([0], np.cumsum(per_class)))      # class c: [start[c], start[c+1])
-        self.nblocks = int(self.start[-1])
         self._cache: dict = {}         # prefix -> _row
-        self._local: dict = {}         # rank -> its keys
         self._located: dict = {}       # key -> locate(key)
 
-    # -- the stored-block rule, on rows of the grid ------------------------------------
     def _fold(self, grid, first: int):
         size = np.ones(len(grid), dtype=np.int64)
         irr = np.zeros(len(grid), dtype=np.int64)
@@ -88,9 +73,15 @@ class BalancedPlacement:
             irr ^= self.tile_irreps[first + j][grid[:, j]]
         return size, irr
 
-    def _rows(self, rows) -> tuple:
-        """(stored, size class) of every suffix under each prefix of ``rows``: two
-        (len(rows), suffixes) arrays."""
+    def _chunks(self):
+        """(prefixes, their stored masks) over the whole grid, CHUNK cells at a time."""
+        step = max(1, CHUNK // max(1, len(self.sgrid)))
+        for p0 in range(0, len(self.pgrid), step):
+            rows = np.arange(p0, min(p0 + step, len(self.pgrid)))
+            yield rows, self._stored(rows)
+
+    def _stored(self, rows) -> np.ndarray:
+        """Whether each suffix under each prefix of ``rows`` is stored: (len(rows), suffixes)."""
         stored = (self.pirr[rows][:, None] ^ self.sirr[None, :]) == self.irrep
         if self.group:
             keys = [np.broadcast_to(self.pgrid[rows, j][:, None], stored.shape) for j in range(self.m)]
@@ -98,9 +89,7 @@ class BalancedPlacement:
             code = self._code(keys, range(self.ndim))
             for g in self.group:
                 stored &= code >= self._code(keys, g)
-        size = self.psize[rows][:, None] * self.ssize[None, :]
-        cls = len(self.classes) - 1 - np.searchsorted(self.classes[::-1], size)
-        return stored, cls
+        return stored
 
     def _code(self, keys, order) -> np.ndarray:
         out = np.zeros(keys[0].shape, dtype=np.int64)
@@ -108,7 +97,6 @@ class BalancedPlacement:
             out = out * self.code_base + keys[d]
         return out
 
-    # -- per key ------------------------------------------------------------------------
     def _split(self, keys: np.ndarray) -> tuple:
         p = np.zeros(len(keys), dtype=np.int64)
         for j in range(self.m):
@@ -118,20 +106,82 @@ class BalancedPlacement:
             q = q * self.radix[j] + keys[:, j]
         return p, q
 
-    def _row(self, p: int) -> tuple:
-        """(stored, size class, rank among the stored suffixes of its class) of every
-        suffix under prefix ``p``; the last ROWS rows used are kept."""
+    def _cached_row(self, p: int, make) -> tuple:
+        """``make(p)`` of prefix ``p``, the last ROWS prefixes used kept."""
         hit = self._cache.get(p)
         if hit is None:
-            stored, cls = (a[0] for a in self._rows(np.asarray([p])))
+            if len(self._cache) >= ROWS:
+                self._cache.pop(next(iter(self._cache)))
+            hit = self._cache[p] = make(p)
+        return hit
+
+    def stored(self, key) -> bool:
+        """Whether ``key`` (a tuple of tile indices) is a stored block."""
+        try:
+            self.locate(key)
+        except (KeyError, TypeError, ValueError):
+            return False
+        return True
+
+    def locate(self, key) -> tuple:
+        """(owner, offset in the owner's memory) of a stored key; KeyError otherwise.
+        Kept for the next array of this structure (the keys a rank touches)."""
+        hit = self._located.get(key)
+        if hit is None:
+            if len(key) != self.ndim:
+                raise KeyError(key)
+            hit = self._located[key] = self._locate(np.asarray([key], dtype=np.int64))
+        return hit
+
+    def keys(self) -> list:
+        """Every stored key in key order (O(blocks): for inspection, not for a run)."""
+        out = []
+        for rows, stored in self._chunks():
+            for p, mask in zip(rows.tolist(), stored):
+                out += [tuple(self.pgrid[p].tolist()) + tuple(self.sgrid[q].tolist()) for q in np.flatnonzero(mask)]
+        return out
+
+
+class BalancedPlacement(StoredGrid):
+    """The ``balanced`` placement of one structure on ``nranks`` ranks, per key.
+
+    ``sizes[d]`` / ``irreps[d]``: tile sizes and irreps of dimension ``d``; ``irrep``:
+    the tensor's irrep; ``group``: axis permutations under which only the largest key
+    of an orbit is stored (empty: every allowed key is stored); ``shift``: the start
+    rank (``distribution.structure_signature(spaces, irrep) % nranks``)."""
+
+    def __init__(self, sizes, irreps, irrep: int, group, nranks: int, shift: int = 0):
+        super().__init__(sizes, irreps, irrep, group, len(sizes) // 2)
+        self.nranks, self.shift = int(nranks), int(shift) % int(nranks)
+        self.classes = np.unique(np.multiply.outer(np.unique(self.psize), np.unique(self.ssize)))[::-1]
+        counts = np.zeros((len(self.pgrid), len(self.classes)), dtype=np.int64)
+        for rows, stored in self._chunks():
+            flat = (rows[:, None] * len(self.classes) + self._classes(rows))[stored]
+            counts += np.bincount(flat, minlength=counts.size).reshape(counts.shape)
+        self.before = np.cumsum(counts, axis=0) - counts      # exclusive, per class
+        per_class = counts.sum(axis=0)
+        self.start = np.concatenate(([0], np.cumsum(per_class)))      # class c: [start[c], start[c+1])
+        self.nblocks = int(self.start[-1])
+        self._local: dict = {}         # rank -> its keys
+
+    def _classes(self, rows) -> np.ndarray:
+        """Size class of every suffix under each prefix of ``rows``."""
+        size = self.psize[rows][:, None] * self.ssize[None, :]
+        return len(self.classes) - 1 - np.searchsorted(self.classes[::-1], size)
+
+    # -- per key ------------------------------------------------------------------------
+    def _row(self, p: int) -> tuple:
+        """(stored, size class, rank among the stored suffixes of its class) of every
+        suffix under prefix ``p``."""
+        def make(p):
+            rows = np.asarray([p])
+            stored, cls = self._stored(rows)[0], self._classes(rows)[0]
             rank = np.zeros(len(stored), dtype=np.int64)
             for c in np.unique(cls[stored]):
                 idx = np.flatnonzero(stored & (cls == c))
                 rank[idx] = np.arange(len(idx))
-            if len(self._cache) >= ROWS:
-                self._cache.pop(next(iter(self._cache)))
-            hit = self._cache[p] = (stored, cls, rank)
-        return hit
+            return stored, cls, rank
+        return self._cached_row(p, make)
 
     def positions(self, keys) -> np.ndarray:
         """Global position (rank in the size-ranked order) of each key; -1 for a key that
@@ -148,14 +198,6 @@ class BalancedPlacement:
             out[sel] = self.start[c] + self.before[pu, c] + rank[q[sel]]
         return out
 
-    def stored(self, key) -> bool:
-        """Whether ``key`` (a tuple of tile indices) is a stored block."""
-        try:
-            self.locate(key)
-        except (KeyError, TypeError, ValueError):
-            return False
-        return True
-
     def owner_of(self, positions) -> np.ndarray:
         return (np.asarray(positions) + self.shift) % self.nranks
 
@@ -169,20 +211,12 @@ class BalancedPlacement:
         n = np.minimum(self._count_below(g0, self.start), j)
         return int(np.dot(np.diff(n), self.classes))
 
-    def locate(self, key) -> tuple:
-        """(owner, offset in the owner's memory) of a stored key; KeyError otherwise.
-        Kept for the next array of this structure (the keys a rank touches)."""
-        hit = self._located.get(key)
-        if hit is None:
-            if len(key) != self.ndim:
-                raise KeyError(key)
-            g = int(self.positions([key])[0])
-            if g < 0:
-                raise KeyError(key)
-            r = int(self.owner_of(g))
-            hit = self._located[key] = (r, self._elements_before(r, (g - (r - self.shift) % self.nranks)
-                                                                  // self.nranks))
-        return hit
+    def _locate(self, key) -> tuple:
+        g = int(self.positions(key)[0])
+        if g < 0:
+            raise KeyError(tuple(key[0].tolist()))
+        r = int(self.owner_of(g))
+        return r, self._elements_before(r, (g - (r - self.shift) % self.nranks) // self.nranks)
 
     def elements(self, rank: int) -> int:
         """Elements ``rank`` holds."""
@@ -215,13 +249,54 @@ class BalancedPlacement:
             out[sel, :self.m] = self.pgrid[pu]
         return tuple(map(tuple, out.tolist()))
 
-    def keys(self) -> list:
-        """Every stored key in key order (O(blocks): for inspection, not for a run)."""
+
+class RowsPlacement(StoredGrid):
+    """The ``("rows", owners)`` placement per key: every stored block of first tile ``i``
+    on rank ``owners[i]``, a rank's blocks in key order. Kept: the elements under each
+    first tile and where each row starts in its owner's memory (O(tiles))."""
+
+    def __init__(self, sizes, irreps, irrep: int, group, owners):
+        super().__init__(sizes, irreps, irrep, group, 1)
+        self.rows = np.asarray(owners, dtype=np.int64)
+        elements = np.zeros(len(self.pgrid), dtype=np.int64)
+        count = 0
+        for rows, stored in self._chunks():
+            elements[rows] = (stored * self.ssize[None, :]).sum(axis=1) * self.psize[rows]
+            count += int(stored.sum())
+        self.nblocks = count
+        self.row_start = np.zeros(len(self.rows), dtype=np.int64)
+        self._elements: dict = {}
+        for i, r in enumerate(self.rows.tolist()):
+            self.row_start[i] = self._elements.get(r, 0)
+            self._elements[r] = self.row_start[i] + elements[i]
+
+    def _row(self, p: int) -> tuple:
+        """(stored, elements before each suffix) under first tile ``p``."""
+        def make(p):
+            stored = self._stored(np.asarray([p]))[0]
+            sizes = stored * self.ssize * self.psize[p]
+            return stored, np.cumsum(sizes) - sizes
+        return self._cached_row(p, make)
+
+    def _locate(self, key) -> tuple:
+        if not ((key >= 0) & (key < self.radix)).all():
+            raise KeyError(tuple(key[0].tolist()))
+        p, q = (int(x[0]) for x in self._split(key))
+        stored, before = self._row(p)
+        if not stored[q]:
+            raise KeyError(tuple(key[0].tolist()))
+        return int(self.rows[p]), int(self.row_start[p] + before[q])
+
+    def elements(self, rank: int) -> int:
+        return int(self._elements.get(rank, 0))
+
+    def local_keys(self, rank: int) -> list:
+        """``rank``'s keys in key order (its rows only)."""
         out = []
-        for p in range(len(self.pgrid)):
-            stored = self._rows(np.asarray([p]))[0][0]
-            out += [tuple(self.pgrid[p]) + tuple(self.sgrid[q]) for q in np.flatnonzero(stored).tolist()]
-        return [tuple(map(int, k)) for k in out]
+        for p in np.flatnonzero(self.rows == rank).tolist():
+            first = tuple(self.pgrid[p].tolist())
+            out += [first + tuple(self.sgrid[q].tolist()) for q in np.flatnonzero(self._row(p)[0])]
+        return out
 
 
 class TablePlacement:
@@ -249,10 +324,13 @@ class TablePlacement:
         return list(self.layout.keys)
 
 
-def balanced_placement(spaces, irrep: int, group, nranks: int) -> BalancedPlacement:
-    """The ``balanced`` placement of a structure (index spaces with ``tiles`` of ``size``
-    and ``irrep``, the tensor's irrep, its canonical group or ``()``) on ``nranks``."""
-    from tessera.runtime.distribution import structure_signature
-    return BalancedPlacement([[t.size for t in s.tiles] for s in spaces],
-                             [[t.irrep for t in s.tiles] for s in spaces], irrep, group, nranks,
-                             structure_signature(spaces, irrep) % nranks)
+def block_placement(spaces, irrep: int, group, nranks: int, placement="balanced"):
+    """The placement of a structure (index spaces with ``tiles`` of ``size`` and
+    ``irrep``, the tensor's irrep, its canonical group or ``()``) on ``nranks`` ranks:
+    ``"balanced"`` or ``("rows", owners)`` (see ``distribution.block_owner_array``)."""
+    sizes = [[t.size for t in s.tiles] for s in spaces]
+    irreps = [[t.irrep for t in s.tiles] for s in spaces]
+    rows = check_placement(placement, len(sizes[0]), nranks)
+    if rows is not None:
+        return RowsPlacement(sizes, irreps, irrep, group, rows)
+    return BalancedPlacement(sizes, irreps, irrep, group, nranks, structure_signature(spaces, irrep) % nranks)
