@@ -3,7 +3,10 @@
 The array is a grid of blocks (irregular tile sizes per dimension, block-sparse: only
 the listed keys exist). Each block has one owner among the worker ranks; a rank's
 blocks lie contiguously (sorted key order) in its exposed window memory (see
-exposure.py for where that memory lives in each progress mode).
+exposure.py for where that memory lives in each progress mode). With ``placement``
+(runtime/placement.py) the blocks are the ones it stores, owner and offset of a key
+are computed from the key, a rank's blocks lie in the placement's order, and no rank
+lists every block: a rank keeps slots for its own blocks and those it touches.
 
 Semantics
 - Blocks start at zero.
@@ -127,10 +130,10 @@ class GlobalArray:
         self._mpitype = mpi_datatype(self.dtype)
         self.itemsize = self.dtype.itemsize
         if placement is not None:
-            # owner and offset of a key computed from it (placement.BalancedPlacement): no
-            # rank lists every block, a rank unranks its own keys only
+            # owner and offset of a key computed from it (runtime.placement): no rank lists
+            # every block, a rank unranks its own keys only
             self.layout = BlockLayout(tiling, exists=placement.stored)
-            self.distribution = "balanced"
+            self.distribution = placement.name
         else:
             self.layout = BlockLayout(tiling, keys)
             placement = TablePlacement(self.layout, self._owner_table(owners, distribution, costs, world.size),

@@ -21,9 +21,12 @@ key grid, never from a list of every block:
 
 Memory: O(prefixes x size classes + suffixes) integers (for a 4-index tensor, the tiles
 squared; the blocks are the tiles to the fourth). Building the counts evaluates the
-stored-block rule over the grid with NumPy in chunks (no Python work per block).
-``TablePlacement`` is the same interface over an explicit owner per key (the other
-distributions, explicit owners and the ``("rows", owners)`` placement).
+stored-block rule over the grid with NumPy in chunks of CHUNK cells (no Python work per
+block, but NumPy work over every block, the same on every rank count).
+``RowsPlacement`` is the ``("rows", owners)`` placement the same way (per first tile:
+its elements and where its row starts in its owner's memory); ``TablePlacement`` the
+same interface over an explicit owner per listed key (GlobalArray's distributions and
+explicit owners). ``block_placement`` makes the one a tensor structure asks for.
 """
 
 from __future__ import annotations
@@ -150,6 +153,8 @@ class BalancedPlacement(StoredGrid):
     of an orbit is stored (empty: every allowed key is stored); ``shift``: the start
     rank (``distribution.structure_signature(spaces, irrep) % nranks``)."""
 
+    name = "balanced"
+
     def __init__(self, sizes, irreps, irrep: int, group, nranks: int, shift: int = 0):
         super().__init__(sizes, irreps, irrep, group, len(sizes) // 2)
         self.nranks, self.shift = int(nranks), int(shift) % int(nranks)
@@ -254,6 +259,8 @@ class RowsPlacement(StoredGrid):
     """The ``("rows", owners)`` placement per key: every stored block of first tile ``i``
     on rank ``owners[i]``, a rank's blocks in key order. Kept: the elements under each
     first tile and where each row starts in its owner's memory (O(tiles))."""
+
+    name = "rows"
 
     def __init__(self, sizes, irreps, irrep: int, group, owners):
         super().__init__(sizes, irreps, irrep, group, 1)
