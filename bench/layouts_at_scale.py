@@ -14,9 +14,10 @@ and the per-rank bytes of each class are summed: max, mean and max/mean per clas
 bytes of rows they read (``chem.memory.triples_parts``, ``chem.triples_tasks.plan_counts``).
 The bytes each rank moves per CCSD iteration come from the cost model
 (``backends.auto.structure_stats`` and ``estimate``) for each executor and variant.
-Also the Python time and memory (tracemalloc peak) of building the owner maps of every
-class at the largest rank count for the issue's example (C1, 100 occupied, 800
-virtual, tile 48).
+Also, at each rank count, the Python time and memory (tracemalloc peak) of what one
+rank builds for the issue's example (C1, 100 occupied, 800 virtual, tile 48): the
+owners and own slots of every class, and the owner-computes variant's task lists of one
+planned CCSD iteration (``layout_cost``).
 """
 
 from __future__ import annotations
@@ -91,24 +92,44 @@ def triples_per_rank(tensors, P) -> dict:
     return out
 
 
-def layout_cost(nranks: int) -> dict:
-    """Seconds and tracemalloc peak of what one rank builds for every class of the issue's
-    example before a GlobalArray allocates its window: the block grid, the owners, where
-    each block lies, and the slots (target, offset, shape) it keeps. Run against older
-    sources (``--src``), whose GlobalArray made a slot for every block, it measures those
-    same steps as they were."""
+def layout_cost(nranks: int, iteration=None) -> dict:
+    """Seconds and tracemalloc peak of what rank 0 builds for the issue's example before a
+    GlobalArray allocates its window: for every stored class the owners and where its own
+    blocks lie (the slots it keeps), and, given ``iteration`` (a planned CCSD iteration),
+    the owner-computes variant's task lists of its contraction steps. On these sources
+    (``runtime.placement``) both are per key: the placement's half-grid tables, rank 0's
+    own keys, its own output tasks. Run against older sources (``--src``) it measures the
+    steps as they were (every block's owner and offset; every task of every step)."""
     orbsym, nocc = np.zeros(900, dtype=int), 100
     tensors = class_tensors(orbsym, nocc, 48)
     keys = {n: t.stored_keys() for n, t in tensors.items()}   # cached structure, not layout work
-    t0 = time.perf_counter()
-    build(tensors, keys, nranks)
-    seconds = time.perf_counter() - t0              # timed without tracemalloc, which slows Python
-    tracemalloc.start()
-    build(tensors, keys, nranks)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return {"ranks": nranks, "seconds": seconds, "tracemalloc_peak_bytes": peak,
-            "blocks": {n: len(k) for n, k in keys.items()}, "memory": per_rank(tensors, nranks)}
+    out = {"ranks": nranks, "blocks": {n: len(k) for n, k in keys.items()}}
+    for what, fn in (("layouts", lambda: build(tensors, keys, nranks)),
+                     ("tasks", lambda: task_lists(iteration, nranks))):
+        if what == "tasks" and iteration is None:
+            continue
+        clear_caches()
+        t0 = time.perf_counter()
+        kept = fn()
+        out[f"{what}_seconds"] = time.perf_counter() - t0   # timed without tracemalloc, which slows Python
+        del kept
+        clear_caches()
+        tracemalloc.start()
+        kept = fn()
+        out[f"{what}_peak_bytes"] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        if what == "tasks":
+            out["own_tasks"] = sum(len(t) for t in kept)
+        del kept
+    return out
+
+
+def clear_caches() -> None:
+    """Task lists are cached per structure: each measurement starts without them."""
+    from tessera.plan import blocktasks
+    for name in ("_tasks", "_owned"):
+        if hasattr(blocktasks, name):
+            getattr(blocktasks, name).cache_clear()
 
 
 def build(tensors, keys, nranks: int) -> dict:
@@ -117,14 +138,26 @@ def build(tensors, keys, nranks: int) -> dict:
     kept = {}
     for n, t in tensors.items():
         tiling = [[tl.size for tl in s.tiles] for s in t.spaces]
-        lay = BlockLayout(tiling, keys[n])
-        if hasattr(distribution, "block_offsets"):          # owners and offsets as arrays
+        try:                                                 # owners per key, own keys only
+            from tessera.runtime.placement import block_placement
+            from tessera.tensor.block_tensor import symmetry_group
+        except ImportError:
+            block_placement = None
+        if block_placement is not None:
+            group = symmetry_group(t.symmetry, t.ndim) if t.canonical else ()
+            pl = block_placement(t.spaces, t.irrep, group, nranks)
+            mine = pl.local_keys(0)                          # one after the other, as GlobalArray
+            offsets = np.cumsum([0] + [int(np.prod(t.block_shape(k))) for k in mine])
+            kept[n] = (pl, {k: (0, int(off), t.block_shape(k)) for k, off in zip(mine, offsets.tolist())})
+        elif hasattr(distribution, "block_offsets"):        # owners and offsets as arrays
+            lay = BlockLayout(tiling, keys[n])
             owner = distribution.block_owner_array(t.spaces, t.irrep, keys[n], nranks, t.placement)[lay.order]
             offsets, run = distribution.block_offsets(owner, lay.sizes(), nranks)
             mine = np.flatnonzero(owner == 0)
             kept[n] = (lay, owner, offsets, {lay.keys[i]: (0, int(offsets[i]), lay.block_shape(lay.keys[i]))
                                              for i in mine})
         else:                                                # a slot per block, every rank
+            lay = BlockLayout(tiling, keys[n])
             owners = distribution.block_owners(t.spaces, t.irrep, keys[n], nranks, t.placement)
             owners = {lay.normalize_key(k): r for k, r in owners.items()}
             sizes = [int(np.prod(lay.block_shape(k))) for k in lay.keys]
@@ -138,9 +171,30 @@ def build(tensors, keys, nranks: int) -> dict:
     return kept
 
 
+def task_lists(iteration, nranks: int) -> list:
+    """Rank 0's task lists of the iteration's contraction steps under the owner-computes
+    variant: its own output blocks' tasks (``owned_tasks``), or, on sources without it,
+    every task of the step (what the variant listed before cutting it to its own)."""
+    from tessera.plan import blocktasks
+    steps = [s for plan in iteration.plans for s in plan.steps if s.kind == "contract"]
+    if not hasattr(blocktasks, "owned_tasks"):
+        return [blocktasks.contraction_tasks(s) for s in steps]
+    from tessera.runtime.placement import block_placement
+    from tessera.tensor.block_tensor import symmetry_group
+    placements, out = {}, []
+    for s in steps:
+        t = s.out.tensor
+        skey = (t.spaces, t.irrep, t.canonical)
+        if skey not in placements:
+            group = symmetry_group(t.symmetry, t.ndim) if t.canonical else ()
+            placements[skey] = block_placement(t.spaces, t.irrep, group, nranks).local_keys(0)
+        out.append(blocktasks.owned_tasks(s, placements[skey]))
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--waters", default="8,16")
+    ap.add_argument("--waters", default="8,16", help="water cluster sizes (empty: only the issue example)")
     ap.add_argument("--ranks", default="64,256,1024")
     ap.add_argument("--tile", default="32", help="largest tile, or auto: the tiles tessera plan --ranks "
                     "chooses for each rank count")
@@ -155,7 +209,7 @@ def main(argv=None) -> None:
         del rest[i:i + 2]
         env = dict(os.environ, TESSERA_BENCH_SRC=args.src)
         raise SystemExit(subprocess.call([sys.executable, __file__, *rest], env=env))
-    waters = [int(x) for x in args.waters.split(",")]
+    waters = [int(x) for x in args.waters.split(",") if x]
     ranks = [int(x) for x in args.ranks.split(",")]
     result = {"tile": args.tile, "load": os.getloadavg()[0], "clusters": {}}
     for n in waters:
@@ -197,12 +251,19 @@ def main(argv=None) -> None:
         print(f"{'ranks':>6s} " + " ".join(f"{e:>22s}" for e in rows[ranks[0]]["bytes_per_rank"]))
         for P, row in rows.items():
             print(f"{P:6d} " + " ".join(f"{b / 2**20:22.1f}" for b in row["bytes_per_rank"].values()))
-    cost = layout_cost(max(ranks))
-    result["layout_cost"] = cost
-    print(f"\nissue example (C1, o=100, v=800, tile 48) at {cost['ranks']} ranks: owner maps of every class "
-          f"built in {cost['seconds']:.2f} s (one rank's layouts), tracemalloc peak {cost['tracemalloc_peak_bytes'] / 2**20:.1f} MiB")
-    for n, m in cost["memory"].items():
-        print(f"  {n:6s} blocks {cost['blocks'].get(n, ''):>7} max {m['max_bytes'] / 2**30:7.2f} GiB "
+    from tessera.chem.ccsd import CCSDStructure
+    iteration = CCSDStructure(np.zeros(900, dtype=int), 100)(48, 48)   # planned once: structure, not layout work
+    costs = [layout_cost(P, iteration) for P in ranks]
+    result["layout_cost"] = costs
+    print("\nissue example (C1, o=100, v=800, tile 48), what rank 0 builds: the owners and own slots of every "
+          "class (layouts) and the owner variant's task lists of one CCSD iteration (tasks)")
+    print(f"{'ranks':>6s} {'layouts s':>10s} {'peak MiB':>9s} {'tasks s':>8s} {'peak MiB':>9s} {'own tasks':>10s}")
+    for c in costs:
+        print(f"{c['ranks']:6d} {c['layouts_seconds']:10.3f} {c['layouts_peak_bytes'] / 2**20:9.2f} "
+              f"{c['tasks_seconds']:8.3f} {c['tasks_peak_bytes'] / 2**20:9.2f} {c['own_tasks']:10d}")
+    memory = per_rank(class_tensors(np.zeros(900, dtype=int), 100, 48), max(ranks))
+    for n, m in memory.items():
+        print(f"  {n:6s} blocks {costs[-1]['blocks'].get(n, ''):>7} max {m['max_bytes'] / 2**30:7.2f} GiB "
               f"mean {m['mean_bytes'] / 2**30:7.3f} GiB max/mean {m['max_over_mean']:7.2f}")
     print(f"(load average {result['load']:.2f})")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

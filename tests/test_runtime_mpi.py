@@ -76,7 +76,7 @@ ERROR_PHRASES = {
 def check_core(r, workers):
     assert r["size"] == workers
     assert r["mismatches"] == {k: 0 for k in r["mismatches"]}, r["mismatches"]
-    assert len(r["mismatches"]) == 8
+    assert len(r["mismatches"]) == 10
     assert r["initially_zero"] is True
     assert r["fingerprint"] == r["model_fingerprint"]
     # patches really span 1, 2 and 4 owners (as many as there are ranks)
@@ -93,6 +93,7 @@ def check_core(r, workers):
     loads = r["balanced_loads"]  # costs 1, 3, 3, 5, 3 (sum 15), max 5
     assert sum(loads) == 15.0 and max(loads) <= 15.0 / workers + 5.0
     assert r["explicit_owners_ok"] is True
+    assert r["placed_partition"] is True
     # NXTVAL: 0..N-1 exactly once across ranks
     nx = r["nxtval"]
     assert nx["n"] == 10000 and nx["exactly_once"] is True

@@ -18,6 +18,7 @@ import numpy as np
 from tessera.backends.schedule import Scheduler
 from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, TaskCounter, World
+from tessera.runtime.placement import BalancedPlacement
 
 SEED = 20240611
 TILING = [[3, 5, 2, 4], [4, 1, 6], [2, 3]]
@@ -219,6 +220,33 @@ def main():
     ex = GlobalArray(tiling2, keys=keys2, owners=owners, name="explicit", world=world)
     out["explicit_owners_ok"] = all(ex.owner(k) == r for k, r in owners.items())
     ex.free()
+
+    # ---- owners and offsets computed per key (runtime.placement): no rank lists every
+    # block; irreps and a pair symmetry (canonical keys only) make it block-sparse
+    tiling3, irreps3 = [[3, 2, 4], [3, 2, 4], [5, 1]], [[0, 1, 1], [0, 1, 1], [0, 1]]
+    pl = BalancedPlacement(tiling3, irreps3, 0, [(1, 0, 2)], size, shift=1)
+    pa = GlobalArray(tiling3, placement=pl, name="placed", world=world)
+    keys3, offs3 = pl.keys(), offsets(tiling3)
+    model3 = np.zeros(pa.shape)
+    for i, key in enumerate(keys3):
+        data = ints([SEED, 600, i], pa.block_shape(key))
+        model3[tuple(slice(o[a], o[a + 1]) for o, a in zip(offs3, key))] = 3 * data
+        if i % size == rank:
+            pa.put(key, data)
+    pa.sync()
+    for i, key in enumerate(keys3):
+        if i % size == rank:
+            pa.acc(key, ints([SEED, 600, i], pa.block_shape(key)), 2.0)
+    pa.sync()
+    bad["placed_blocks"] = sum(not np.array_equal(pa.get(k), model3[tuple(slice(o[a], o[a + 1]) for o, a in
+                                                                        zip(offs3, k))]) for k in keys3)
+    bad["placed_get_patch"] = int(not np.array_equal(pa.get_patch((0, 0, 0), pa.shape), model3))
+    placed = world.allgather(sorted(pa.local_keys()))
+    flat3 = [tuple(k) for lst in placed for k in lst]
+    out["placed_partition"] = (sorted(flat3) == sorted(keys3) and len(flat3) == len(set(flat3))
+                               and all(pa.owner(tuple(k)) == r for r, lst in enumerate(placed) for k in lst)
+                               and (0, 1, 1) not in pa and (1, 0, 1) in pa)
+    pa.free()
 
     # ---- counters: NXTVAL and static partition + stealing --------------------------
     ntickets = 10000

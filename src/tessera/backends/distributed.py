@@ -8,7 +8,8 @@ Ownership is a deterministic function of a tensor's structure, so every rank com
 the same map without communication:
 - ``balanced`` (every tensor, the integral classes included): the allowed blocks ranked
   by size and dealt round-robin, the rank labels rotated by a structural hash so that
-  many small tensors do not all start on rank 0 (``runtime.distribution.block_owners``);
+  many small tensors do not all start on rank 0 (``runtime.distribution.block_owners``),
+  computed per key (``runtime.placement``): a rank lists only its own blocks;
 - ``("rows", owners)``: a tensor that follows another's ownership row by row.
 
 Collective lifetime. Creating a GlobalArray is collective; tensors are created in the
@@ -32,7 +33,8 @@ import numpy as np
 
 from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, World
-from tessera.runtime.distribution import block_owner_array
+from tessera.runtime.placement import block_placement
+from tessera.tensor.block_tensor import symmetry_group
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,7 @@ class TensorStore:
         self.fetcher = fetcher
         self._free: dict = {}          # structure key -> [GlobalArray], agreed free, by eid
         self._pending: list = []       # (structure key, GlobalArray) released here
-        self._owners: dict = {}        # structure key -> owner of each stored key
+        self._placements: dict = {}    # structure key -> where its blocks live (runtime.placement)
         self.by_eid: dict = {}         # array id (the same on every rank) -> GlobalArray
         self.closed = False
 
@@ -122,9 +124,10 @@ class TensorStore:
             ga = self._create(tensor, placement, skey)
         handle = DistHandle(self, ga, tensor.name)
         tensor.blocks = {k: ga.local_view(k) for k in ga.local_keys()}
-        for alias, (canon, _) in tensor.aliases.items():     # views of owned canonical blocks
-            if canon in tensor.blocks:
-                tensor.blocks[alias] = ga.local_view(alias)
+        if tensor.aliases:                  # views of owned canonical blocks (their aliases only)
+            for canon in ga.local_keys():
+                for alias, _ in tensor.aliases.of(canon):
+                    tensor.blocks[alias] = ga.local_view(alias)
         handle.release = weakref.finalize(tensor, self._pending.append, (skey, ga))
         return handle
 
@@ -136,13 +139,15 @@ class TensorStore:
         handle.ga.free()
 
     def _create(self, tensor, placement, skey) -> GlobalArray:
-        keys = tensor.stored_keys()
-        owners = self._owners.get(skey)
-        if owners is None:       # aligned with keys
-            owners = block_owner_array(tensor.spaces, tensor.irrep, keys, self.world.size, placement)
-            self._owners[skey] = owners
-        tiling = [[t.size for t in s.tiles] for s in tensor.spaces]   # no keys: an empty array
-        ga = GlobalArray(tiling, keys=keys, owners=owners, name=tensor.name or "tensor", world=self.world,
+        """A new array for ``tensor``: its owners and offsets computed per key
+        (``runtime.placement``; no rank lists every block)."""
+        tiling = [[t.size for t in s.tiles] for s in tensor.spaces]
+        where = self._placements.get(skey)
+        if where is None:
+            group = symmetry_group(tensor.symmetry, tensor.ndim) if tensor.canonical else ()
+            where = self._placements[skey] = block_placement(tensor.spaces, tensor.irrep, group,
+                                                             self.world.size, placement)
+        ga = GlobalArray(tiling, placement=where, name=tensor.name or "tensor", world=self.world,
                          aliases=tensor.aliases)
         self.by_eid[ga.eid] = ga
         return ga

@@ -31,7 +31,10 @@ Loop orders (how blocks travel), as in TCE:
 - ``owner`` (owner computes, for networks where remote accumulates are slow): each output
   block is computed by the rank that owns it, in ``cached``'s batches and through its
   cache, and added in place: gets only, no accumulate leaves a rank. The deal follows
-  ownership (no counter), so the balance is the layout's.
+  ownership (no counter), so the balance is the layout's; a rank lists only its own
+  output blocks' tasks (``plan.blocktasks.owned_tasks``). The dealt variants keep the
+  step's global task list: a counter (nxtval, steal) or a cost-balanced partition
+  (static) hands out indices into one numbering that every rank shares.
 Gets are non-blocking: the next product's blocks are in flight during the current
 GEMM (original, inverted) or a whole batch is in flight at once (cached). Blocks the
 rank owns are read in place, never fetched.
@@ -48,7 +51,7 @@ from tessera.backends.distributed import BlockCache
 from tessera.backends.registry import DEFAULT_SCHEDULE, DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Scheduler
 from tessera.backends.tasks import part_slice
-from tessera.plan.blocktasks import contraction_tasks
+from tessera.plan.blocktasks import contraction_tasks, owned_tasks
 
 
 class OneSidedExecutor(DistributedExecutor):
@@ -128,9 +131,11 @@ class OneSidedExecutor(DistributedExecutor):
 
     # ---------------------------------------------------------------- contraction
     def contract_step(self, step) -> None:
-        tasks = contraction_tasks(step)
         A, B = step.inputs[0].tensor, step.inputs[1].tensor
         out = step.out.tensor
+        # owner computes: a rank lists only the tasks of its own output blocks; the dealt
+        # variants number every task (a counter hands out global task indices)
+        tasks = owned_tasks(step, out.owned_keys()) if self.variant == "owner" else contraction_tasks(step)
         if self.variant == "inverted":
             self._inverted_loop(step, tasks, A, B, out)
         elif self.variant == "cached":
@@ -255,15 +260,13 @@ class OneSidedExecutor(DistributedExecutor):
                 self.compute_seconds += time.perf_counter() - c0
 
     def _owner_groups(self, tasks, A, B, out) -> list:
-        """This rank's batches under ``owner``: the ``cached`` batches cut to the tasks whose
-        output block it owns."""
+        """This rank's batches under ``owner``: its own tasks (``owned_tasks``) in batches
+        as ``cached`` forms them for one rank (kept per task list)."""
         key = ("owner", id(tasks))
         hit = self._inverted.get(key)
         if hit is not None and hit[0] is tasks:
             return hit[1]
-        mine = set(out.blocks)
-        groups = [b for b in ([e for e in g if tasks[e[0]].out in mine]
-                              for g in self._cached_groups(tasks, A, B)) if b]
+        groups = cached_batches(tasks, A.nbytes >= B.nbytes, self.cache_bytes, 1)
         self._inverted[key] = (tasks, groups)
         return groups
 
@@ -405,7 +408,7 @@ def cached_batches(tasks, by_row: bool, bound: int, nranks: int) -> list:
     want = BATCHES_PER_RANK * nranks
 
     work = [batch_flops(tasks, b) for b in out]
-    while len(out) < want:
+    while out and len(out) < want:
         big = max(range(len(out)), key=lambda q: (work[q], -q))
         if len(out[big]) < 2:
             break

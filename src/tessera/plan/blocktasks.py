@@ -80,6 +80,42 @@ def _tasks(sig, perm_a, perm_b, perm_c, aliases=None) -> tuple:
     return tuple(out)
 
 
+def owned_tasks(step, keys) -> tuple:
+    """The OutputTasks of ``contraction_tasks(step)`` whose output key is one of ``keys``
+    (a rank's own output blocks), in the same order, built from those keys alone: each
+    key is found in its sector's row and column layouts (no other output is listed), so
+    the work is O(own outputs x inner tuples), not O(all outputs)."""
+    perms = step.perms
+    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    return _owned(sig, perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None,
+                  frozenset(keys))
+
+
+@lru_cache(maxsize=1024)
+def _owned(sig, perm_a, perm_b, perm_c, aliases, keys) -> tuple:
+    nk = (len(perm_a) + len(perm_b) - len(perm_c)) // 2       # contracted indices
+    nl = len(perm_a) - nk                                      # A's external (row) indices
+    found = []
+    for okey in keys:
+        if aliases and okey in aliases:
+            continue
+        key = invert_key(okey, perm_c)
+        rk, ck = key[:nl], key[nl:]
+        for n, (_, rows, inner, cols) in enumerate(sig):
+            r, c = rows.index.get(rk), cols.index.get(ck)
+            if r is not None and c is not None:
+                found.append((n, r, c, okey))
+                break
+    out = []
+    for n, r, c, okey in sorted(found):
+        _, rows, inner, cols = sig[n]
+        rk, ck = rows.tuples[r], cols.tuples[c]
+        prods = tuple(Product(invert_key(rk + kk, perm_a), invert_key(kk + ck, perm_b), inner.sizes[q], q)
+                      for q, kk in enumerate(inner.tuples))
+        out.append(OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c], rows.shapes[r] + cols.shapes[c], prods))
+    return tuple(out)
+
+
 def hadamard_pairs(step) -> dict:
     """{output key: [(a key, b key), ...]} of a ``hadamard`` step over all allowed blocks."""
     a, b = step.inputs

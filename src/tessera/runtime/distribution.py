@@ -269,19 +269,28 @@ def block_owner_array(spaces, irrep, keys, nranks: int, placement="balanced") ->
       laid out to follow another's ownership).
 
     Vectorised: no Python work per block."""
-    if isinstance(placement, tuple) and len(placement) == 2 and placement[0] == "rows":
-        rows = placement[1]
-        if len(rows) != len(spaces[0].tiles) or not all(0 <= r < nranks for r in rows):
-            raise RuntimeLayerError(f"placement 'rows' needs one rank in 0..{nranks - 1} per tile of "
-                                    f"the first space ({len(spaces[0].tiles)}), got {list(rows)}")
+    rows = check_placement(placement, len(spaces[0].tiles), nranks)
+    if rows is not None:
         first = np.asarray(keys, dtype=np.int64).reshape(len(keys), len(spaces))[:, 0]
         return np.asarray(rows, dtype=np.int64)[first]
-    if placement not in PLACEMENTS:
-        raise RuntimeLayerError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)} "
-                                "or ('rows', owners)")
     if nranks == 1:
         return np.zeros(len(keys), dtype=np.int64)
     return size_ranked(block_sizes(spaces, keys), nranks, structure_signature(spaces, irrep) % nranks)
+
+
+def check_placement(placement, ntiles: int, nranks: int):
+    """The owner of each first tile of a ``("rows", owners)`` placement (checked), None
+    for ``balanced``; an error for anything else."""
+    if isinstance(placement, tuple) and len(placement) == 2 and placement[0] == "rows":
+        rows = placement[1]
+        if len(rows) != ntiles or not all(0 <= r < nranks for r in rows):
+            raise RuntimeLayerError(f"placement 'rows' needs one rank in 0..{nranks - 1} per tile of "
+                                    f"the first space ({ntiles}), got {list(rows)}")
+        return rows
+    if placement not in PLACEMENTS:
+        raise RuntimeLayerError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)} "
+                                "or ('rows', owners)")
+    return None
 
 
 def block_owners(spaces, irrep, keys, nranks: int, placement="balanced") -> dict:

@@ -3,7 +3,10 @@
 The array is a grid of blocks (irregular tile sizes per dimension, block-sparse: only
 the listed keys exist). Each block has one owner among the worker ranks; a rank's
 blocks lie contiguously (sorted key order) in its exposed window memory (see
-exposure.py for where that memory lives in each progress mode).
+exposure.py for where that memory lives in each progress mode). With ``placement``
+(runtime/placement.py) the blocks are the ones it stores, owner and offset of a key
+are computed from the key, a rank's blocks lie in the placement's order, and no rank
+lists every block: a rank keeps slots for its own blocks and those it touches.
 
 Semantics
 - Blocks start at zero.
@@ -35,9 +38,10 @@ import numpy as np
 
 from tessera.errors import RuntimeLayerError
 from tessera.runtime._mpi import load_mpi, mpi_datatype
-from tessera.runtime.distribution import assign_owners, block_offsets
+from tessera.runtime.distribution import assign_owners
 from tessera.runtime.exposure import Exposure
 from tessera.runtime.layout import BlockLayout
+from tessera.runtime.placement import TablePlacement
 
 log = logging.getLogger("tessera.runtime")
 
@@ -104,9 +108,7 @@ class _Slots(dict):
         self._ga = ga
 
     def __missing__(self, key):
-        if key not in self._ga.layout:
-            raise KeyError(key)
-        slot = self[key] = self._ga._make_slot(key)
+        slot = self[key] = self._ga._make_slot(key)     # KeyError for a key not stored
         return slot
 
 
@@ -114,7 +116,8 @@ class GlobalArray:
     """Distributed blocks addressed by key or by global patch (see module docstring)."""
 
     def __init__(self, tiling, keys=None, distribution: str = "cyclic", costs=None,
-                 owners=None, dtype="float64", name: str = "GA", world=None, aliases=None):
+                 owners=None, dtype="float64", name: str = "GA", world=None, aliases=None,
+                 placement=None):
         if world is None:
             from tessera.runtime.world import World
 
@@ -123,44 +126,41 @@ class GlobalArray:
         self._MPI = load_mpi()
         self.world = world
         self.name = str(name)
-        self.layout = BlockLayout(tiling, keys)
         self.dtype = np.dtype(dtype)
         self._mpitype = mpi_datatype(self.dtype)
         self.itemsize = self.dtype.itemsize
-        lay = self.layout
-        sizes = lay.sizes()
-        if owners is not None and not hasattr(owners, "items"):
-            self._owner = self._owner_array(owners, world.size)
+        if placement is not None:
+            # owner and offset of a key computed from it (runtime.placement): no rank lists
+            # every block, a rank unranks its own keys only
+            self.layout = BlockLayout(tiling, exists=placement.stored)
+            self.distribution = placement.name
         else:
-            if owners is not None:
-                owners = {lay.normalize_key(k): r for k, r in dict(owners).items()}
-            if costs is not None and hasattr(costs, "items"):
-                costs = {lay.normalize_key(k): c for k, c in costs.items()}
-            owner_map = assign_owners(lay.keys, world.size, distribution, costs, owners,
-                                      default_costs=sizes.tolist())
-            self._owner = np.fromiter((owner_map[k] for k in lay.keys), dtype=np.int64, count=len(lay.keys))
-        self.distribution = "owners" if owners is not None else distribution
+            self.layout = BlockLayout(tiling, keys)
+            placement = TablePlacement(self.layout, self._owner_table(owners, distribution, costs, world.size),
+                                       world.size)
+            self.distribution = "owners" if owners is not None else distribution
+        self._place = placement
         me = world.rank
-        self._offset, run = block_offsets(self._owner, sizes, world.size)
-        self._sizes = sizes
-        self._local_count = int(run[me])
+        self._local_count = placement.elements(me)
         self._exp = Exposure(world, self._local_count * self.itemsize, self.itemsize, kind="data")
         self.eid = self._exp.eid
         self._win = self._exp.win
-        self._local = self._exp.local.view(self.dtype) if run[me] else np.zeros(0, self.dtype)
+        self._local = self._exp.local.view(self.dtype) if self._local_count else np.zeros(0, self.dtype)
         self._mapped = {w: region.view(self.dtype) for w, region in self._exp.direct.items()
-                        if len(region) >= run[w] * self.itemsize}
+                        if len(region) >= placement.elements(w) * self.itemsize}
         # a block's slot (owner, target, MPI target spec, shape, count, bytes, mapped view) is
         # made when first used: a rank holds the slots of its own blocks and of those it
         # touches, not one per block of the array
         self._slots = _Slots(self)
-        self._local_keys = [lay.keys[n] for n in np.flatnonzero(self._owner == me)]
-        for key in self._local_keys:
-            self._slots[key]
+        self._local_keys = placement.local_keys(me)
+        off = 0
+        for key in self._local_keys:                  # one after the other in memory
+            slot = self._slots[key] = self._slot_at(key, me, off)
+            off += slot[4]
         # alias key -> (stored key, perm): block(alias) = block(stored).transpose(perm),
-        # read through the stored block (no memory of its own)
-        self.aliases = {lay.normalize_key(a): (lay.normalize_key(k), tuple(p))
-                        for a, (k, p) in (aliases or {}).items()}
+        # read through the stored block (no memory of its own); keys are tuples of ints,
+        # the mapping is shared (a tensor structure's), not copied
+        self.aliases = aliases if aliases is not None else {}
         self.direct_ranks = sorted(self._mapped)
         self._log = world.comm_log
         self._types = world._types
@@ -171,7 +171,7 @@ class GlobalArray:
         world.comm.Barrier()
         world._register(self)
         log.debug("global array %r: %d blocks, %d local (%d bytes)", self.name,
-                  len(lay.keys), len(self._local_keys), self.nbytes_local())
+                  placement.nblocks, len(self._local_keys), self.nbytes_local())
 
     # -- description ------------------------------------------------------------------
     @property
@@ -188,39 +188,47 @@ class GlobalArray:
 
     @property
     def keys(self) -> tuple:
-        return self.layout.keys
+        """Every block key (computed on demand under a placement: O(blocks))."""
+        return tuple(self._place.keys())
 
     def __contains__(self, key) -> bool:
-        return key in self.layout or key in self.aliases
+        return key in self._slots or key in self.aliases or key in self.layout
 
     def owner(self, key) -> int:
         if key in self.aliases:
             key = self.aliases[key][0]
-        try:
-            n = self.layout.index[key]
-        except (KeyError, TypeError):
-            n = self.layout.index[self._key(key)]
-        return int(self._owner[n])
+        return self._slot(key)[0]
 
     def owners(self) -> dict:
-        """{key: owner rank} for every block."""
-        return dict(zip(self.layout.keys, self._owner.tolist()))
+        """{key: owner rank} for every block (O(blocks): for inspection)."""
+        return {k: self.owner(k) for k in self._place.keys()}
 
-    def _owner_array(self, owners, nranks: int) -> np.ndarray:
-        """Owners given as a sequence aligned with the ``keys`` passed in, checked."""
-        arr = np.asarray(owners)
-        if arr.shape != (len(self.layout.keys),) or arr.dtype.kind not in "iu" \
-                or (len(arr) and not (0 <= arr.min() and arr.max() < nranks)):
-            raise RuntimeLayerError(
-                f"owners of global array {self.name!r} is a sequence of shape {arr.shape} and "
-                f"type {arr.dtype}; expected one rank 0 <= r < {nranks} per key, aligned with "
-                "keys, or a dict {key: rank}.")
-        return arr.astype(np.int64)[self.layout.order]
+    def _owner_table(self, owners, distribution, costs, nranks: int) -> np.ndarray:
+        """Owner of every key of the layout (aligned with ``layout.keys``), checked."""
+        lay = self.layout
+        if owners is not None and not hasattr(owners, "items"):
+            arr = np.asarray(owners)
+            if arr.shape != (len(lay.keys),) or arr.dtype.kind not in "iu" \
+                    or (len(arr) and not (0 <= arr.min() and arr.max() < nranks)):
+                raise RuntimeLayerError(
+                    f"owners of global array {self.name!r} is a sequence of shape {arr.shape} and "
+                    f"type {arr.dtype}; expected one rank 0 <= r < {nranks} per key, aligned with "
+                    "keys, or a dict {key: rank}.")
+            return arr.astype(np.int64)[lay.order]
+        if owners is not None:
+            owners = {lay.normalize_key(k): r for k, r in dict(owners).items()}
+        if costs is not None and hasattr(costs, "items"):
+            costs = {lay.normalize_key(k): c for k, c in costs.items()}
+        owner_map = assign_owners(lay.keys, nranks, distribution, costs, owners,
+                                  default_costs=lay.sizes().tolist())
+        return np.fromiter((owner_map[k] for k in lay.keys), dtype=np.int64, count=len(lay.keys))
 
     def _make_slot(self, key):
-        n = self.layout.index[key]
-        r, off, count = int(self._owner[n]), int(self._offset[n]), int(self._sizes[n])
+        return self._slot_at(key, *self._place.locate(key))
+
+    def _slot_at(self, key, r: int, off: int):
         shape = self.layout.block_shape(key)
+        count = int(np.prod(shape, dtype=np.int64))
         view = self._mapped[r][off:off + count].reshape(shape) if r in self._mapped else None
         return (r, self._exp.targets[r], (self._exp.base[r] + off, count, self._mpitype), shape,
                 count, count * self.itemsize, view)
@@ -243,7 +251,7 @@ class GlobalArray:
         return self._local_count * self.itemsize
 
     def __repr__(self) -> str:
-        return (f"GlobalArray({self.name!r}, shape={self.shape}, blocks={len(self.keys)}, "
+        return (f"GlobalArray({self.name!r}, shape={self.shape}, blocks={self._place.nblocks}, "
                 f"dtype={self.dtype}, distribution={self.distribution!r})")
 
     # -- key handling -----------------------------------------------------------------
@@ -260,7 +268,7 @@ class GlobalArray:
         if k not in self.layout and k not in self.aliases:
             raise RuntimeLayerError(
                 f"block {k} does not exist in global array {self.name!r} (it stores "
-                f"{len(self.keys)} of the blocks of its tile grid); expected one of its keys, "
+                f"{self._place.nblocks} of the blocks of its tile grid); expected one of its keys, "
                 "see ga.keys."
             )
         return k

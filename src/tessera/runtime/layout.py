@@ -43,9 +43,12 @@ class Piece:
 
 
 class BlockLayout:
-    """Tiles per dimension plus the set of blocks that exist (block-sparse)."""
+    """Tiles per dimension plus the set of blocks that exist (block-sparse): the listed
+    ``keys`` (default: every tile tuple), or, with ``exists`` (a predicate on a key), the
+    keys it accepts, never listed (``keys``, ``order``, ``index``, ``sizes`` are then
+    absent; see GlobalArray's ``placement``)."""
 
-    def __init__(self, tiling: Sequence[Sequence[int]], keys: Iterable | None = None):
+    def __init__(self, tiling: Sequence[Sequence[int]], keys: Iterable | None = None, exists=None):
         self.tiling = self._check_tiling(tiling)
         self.ndim = len(self.tiling)
         offsets = []
@@ -56,6 +59,9 @@ class BlockLayout:
             offsets.append(tuple(acc))
         self.offsets = tuple(offsets)
         self.shape = tuple(o[-1] for o in self.offsets)
+        self.exists = exists
+        if exists is not None:
+            return
         fast = None if keys is None else self._fast_keys(keys)
         if keys is None:
             all_keys = itertools.product(*(range(len(t)) for t in self.tiling))
@@ -151,7 +157,7 @@ class BlockLayout:
         return k
 
     def __contains__(self, key) -> bool:
-        return key in self.index
+        return key in self.index if self.exists is None else self.exists(key)
 
     def block_shape(self, key: Key) -> tuple:
         return tuple(t[i] for t, i in zip(self.tiling, key))
@@ -206,7 +212,7 @@ class BlockLayout:
         found, missing = [], []
         for combo in itertools.product(*per_dim):
             key = tuple(c[0] for c in combo)
-            if key in self.index:
+            if key in self:
                 found.append(Piece(key, tuple(c[1] for c in combo),
                                    tuple(c[2] for c in combo), tuple(c[3] for c in combo)))
             else:

@@ -1,0 +1,343 @@
+"""Where each block of a GlobalArray lives, computed per key (no per-block table).
+
+``BalancedPlacement`` is the ``balanced`` placement of ``distribution.block_owner_array``
+(the stored blocks ranked by decreasing size, ties in key order, dealt round-robin from
+a structure-hashed start rank) computed for any key from tables the size of a *half*
+key grid, never from a list of every block:
+
+- the key grid is split into a prefix (the first ``ndim // 2`` tiles) and a suffix (the
+  rest); a block is stored when its tiles' irreps XOR to the tensor's irrep and, for a
+  tensor stored as canonical blocks, it is the largest key of its orbit under the
+  permutation group (as ``tensor.block_tensor.aliases``);
+- ``before[p, c]``: stored blocks of size class ``c`` (sizes in decreasing order) under
+  the prefixes before ``p``; ``start[c]``: stored blocks of the larger classes. The
+  global position of a key is ``start[c] + before[p, c] +`` (stored suffixes of class
+  ``c`` before its own under ``p``, counted on the one prefix's row of suffixes), its
+  owner ``(position + shift) mod nranks``;
+- a rank's blocks are the positions ``g0, g0 + P, g0 + 2P, ...``; they lie in its
+  memory in that order, so the offset of a block in its owner's memory and a rank's
+  element count are sums over the size classes (arithmetic, no other rank's keys);
+- ``local_keys(rank)`` unranks only that rank's positions.
+
+Memory: O(prefixes x size classes + suffixes) integers (for a 4-index tensor, the tiles
+squared; the blocks are the tiles to the fourth). Building the counts evaluates the
+stored-block rule over the grid with NumPy in chunks of CHUNK cells (no Python work per
+block, but NumPy work over every block, the same on every rank count).
+``RowsPlacement`` is the ``("rows", owners)`` placement the same way (per first tile:
+its elements and where its row starts in its owner's memory); ``TablePlacement`` the
+same interface over an explicit owner per listed key (GlobalArray's distributions and
+explicit owners). ``block_placement`` makes the one a tensor structure asks for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.runtime.distribution import block_offsets, check_placement, structure_signature
+
+CHUNK = 1 << 14            # grid cells evaluated at once when building the counts
+ROWS = 64                  # prefix rows kept by a placement (``_row``)
+
+
+def _grid(radix) -> np.ndarray:
+    """Every tile tuple of a grid with these tiles per dimension, in key order (rows)."""
+    if not len(radix):
+        return np.zeros((1, 0), dtype=np.int64)         # the one empty tuple
+    return np.indices(tuple(radix), dtype=np.int64).reshape(len(radix), -1).T
+
+
+class StoredGrid:
+    """The stored blocks of a structure, as rule, not list: a key is split into a prefix
+    (its first ``m`` tiles) and a suffix (the rest); ``_stored(rows)`` says which suffixes
+    are stored under each prefix of ``rows``: their tiles' irreps XOR to ``irrep`` and,
+    with a ``group`` (axis permutations), the key is the largest of its orbit (as
+    ``tensor.block_tensor.aliases``; empty group: every allowed key is stored)."""
+
+    def __init__(self, sizes, irreps, irrep: int, group, m: int):
+        self.irrep = int(irrep)
+        self.ndim = nd = len(sizes)
+        self.radix = np.asarray([len(s) for s in sizes], dtype=np.int64)
+        self.tile_sizes = [np.asarray(s, dtype=np.int64) for s in sizes]
+        self.tile_irreps = [np.asarray(g, dtype=np.int64) for g in irreps]
+        self.group = [tuple(g) for g in group if tuple(g) != tuple(range(nd))]
+        self.m = m
+        self.code_base = int(self.radix.max()) if nd else 1   # lexicographic code of a key
+        self.pgrid, self.sgrid = _grid(self.radix[:m]), _grid(self.radix[m:])
+        self.psize, self.pirr = self._fold(self.pgrid, 0)
+        self.ssize, self.sirr = self._fold(self.sgrid, m)
+        self._cache: dict = {}         # prefix -> _row
+        self._located: dict = {}       # key -> locate(key)
+
+    def _fold(self, grid, first: int):
+        size = np.ones(len(grid), dtype=np.int64)
+        irr = np.zeros(len(grid), dtype=np.int64)
+        for j in range(grid.shape[1]):
+            size *= self.tile_sizes[first + j][grid[:, j]]
+            irr ^= self.tile_irreps[first + j][grid[:, j]]
+        return size, irr
+
+    def _chunks(self):
+        """(prefixes, their stored masks) over the whole grid, CHUNK cells at a time."""
+        step = max(1, CHUNK // max(1, len(self.sgrid)))
+        for p0 in range(0, len(self.pgrid), step):
+            rows = np.arange(p0, min(p0 + step, len(self.pgrid)))
+            yield rows, self._stored(rows)
+
+    def _stored(self, rows) -> np.ndarray:
+        """Whether each suffix under each prefix of ``rows`` is stored: (len(rows), suffixes)."""
+        stored = (self.pirr[rows][:, None] ^ self.sirr[None, :]) == self.irrep
+        if self.group:
+            keys = [np.broadcast_to(self.pgrid[rows, j][:, None], stored.shape) for j in range(self.m)]
+            keys += [np.broadcast_to(self.sgrid[:, j][None, :], stored.shape) for j in range(self.ndim - self.m)]
+            code = self._code(keys, range(self.ndim))
+            for g in self.group:
+                stored &= code >= self._code(keys, g)
+        return stored
+
+    def _code(self, keys, order) -> np.ndarray:
+        out = np.zeros(keys[0].shape, dtype=np.int64)
+        for d in order:
+            out = out * self.code_base + keys[d]
+        return out
+
+    def _split(self, keys: np.ndarray) -> tuple:
+        p = np.zeros(len(keys), dtype=np.int64)
+        for j in range(self.m):
+            p = p * self.radix[j] + keys[:, j]
+        q = np.zeros(len(keys), dtype=np.int64)
+        for j in range(self.m, self.ndim):
+            q = q * self.radix[j] + keys[:, j]
+        return p, q
+
+    def _cached_row(self, p: int, make) -> tuple:
+        """``make(p)`` of prefix ``p``, the last ROWS prefixes used kept."""
+        hit = self._cache.get(p)
+        if hit is None:
+            if len(self._cache) >= ROWS:
+                self._cache.pop(next(iter(self._cache)))
+            hit = self._cache[p] = make(p)
+        return hit
+
+    def stored(self, key) -> bool:
+        """Whether ``key`` (a tuple of tile indices) is a stored block."""
+        try:
+            self.locate(key)
+        except (KeyError, TypeError, ValueError):
+            return False
+        return True
+
+    def locate(self, key) -> tuple:
+        """(owner, offset in the owner's memory) of a stored key; KeyError otherwise.
+        Kept for the next array of this structure (the keys a rank touches)."""
+        hit = self._located.get(key)
+        if hit is None:
+            if len(key) != self.ndim:
+                raise KeyError(key)
+            hit = self._located[key] = self._locate(np.asarray([key], dtype=np.int64))
+        return hit
+
+    def keys(self) -> list:
+        """Every stored key in key order (O(blocks): for inspection, not for a run)."""
+        out = []
+        for rows, stored in self._chunks():
+            for p, mask in zip(rows.tolist(), stored):
+                out += [tuple(self.pgrid[p].tolist()) + tuple(self.sgrid[q].tolist()) for q in np.flatnonzero(mask)]
+        return out
+
+
+class BalancedPlacement(StoredGrid):
+    """The ``balanced`` placement of one structure on ``nranks`` ranks, per key.
+
+    ``sizes[d]`` / ``irreps[d]``: tile sizes and irreps of dimension ``d``; ``irrep``:
+    the tensor's irrep; ``group``: axis permutations under which only the largest key
+    of an orbit is stored (empty: every allowed key is stored); ``shift``: the start
+    rank (``distribution.structure_signature(spaces, irrep) % nranks``)."""
+
+    name = "balanced"
+
+    def __init__(self, sizes, irreps, irrep: int, group, nranks: int, shift: int = 0):
+        super().__init__(sizes, irreps, irrep, group, len(sizes) // 2)
+        self.nranks, self.shift = int(nranks), int(shift) % int(nranks)
+        self.classes = np.unique(np.multiply.outer(np.unique(self.psize), np.unique(self.ssize)))[::-1]
+        counts = np.zeros((len(self.pgrid), len(self.classes)), dtype=np.int64)
+        for rows, stored in self._chunks():
+            flat = (rows[:, None] * len(self.classes) + self._classes(rows))[stored]
+            counts += np.bincount(flat, minlength=counts.size).reshape(counts.shape)
+        self.before = np.cumsum(counts, axis=0) - counts      # exclusive, per class
+        per_class = counts.sum(axis=0)
+        self.start = np.concatenate(([0], np.cumsum(per_class)))      # class c: [start[c], start[c+1])
+        self.nblocks = int(self.start[-1])
+        self._local: dict = {}         # rank -> its keys
+
+    def _classes(self, rows) -> np.ndarray:
+        """Size class of every suffix under each prefix of ``rows``."""
+        size = self.psize[rows][:, None] * self.ssize[None, :]
+        return len(self.classes) - 1 - np.searchsorted(self.classes[::-1], size)
+
+    # -- per key ------------------------------------------------------------------------
+    def _row(self, p: int) -> tuple:
+        """(stored, size class, rank among the stored suffixes of its class) of every
+        suffix under prefix ``p``."""
+        def make(p):
+            rows = np.asarray([p])
+            stored, cls = self._stored(rows)[0], self._classes(rows)[0]
+            rank = np.zeros(len(stored), dtype=np.int64)
+            for c in np.unique(cls[stored]):
+                idx = np.flatnonzero(stored & (cls == c))
+                rank[idx] = np.arange(len(idx))
+            return stored, cls, rank
+        return self._cached_row(p, make)
+
+    def positions(self, keys) -> np.ndarray:
+        """Global position (rank in the size-ranked order) of each key; -1 for a key that
+        is not stored (outside the grid, not allowed, or an alias)."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1, self.ndim)
+        out = np.full(len(keys), -1, dtype=np.int64)
+        inside = ((keys >= 0) & (keys < self.radix)).all(axis=1)
+        p, q = self._split(np.where(inside[:, None], keys, 0))
+        for pu in np.unique(p[inside]).tolist():
+            stored, cls, rank = self._row(pu)
+            sel = np.flatnonzero(inside & (p == pu))
+            sel = sel[stored[q[sel]]]
+            c = cls[q[sel]]
+            out[sel] = self.start[c] + self.before[pu, c] + rank[q[sel]]
+        return out
+
+    def owner_of(self, positions) -> np.ndarray:
+        return (np.asarray(positions) + self.shift) % self.nranks
+
+    def _count_below(self, g0: int, x) -> np.ndarray:
+        """Positions g0, g0 + P, ... below x."""
+        return np.maximum(0, (np.asarray(x) - g0 + self.nranks - 1) // self.nranks)
+
+    def _elements_before(self, rank: int, j) -> int:
+        """Elements of ``rank``'s first ``j`` blocks (its memory before its j-th block)."""
+        g0 = (rank - self.shift) % self.nranks
+        n = np.minimum(self._count_below(g0, self.start), j)
+        return int(np.dot(np.diff(n), self.classes))
+
+    def _locate(self, key) -> tuple:
+        g = int(self.positions(key)[0])
+        if g < 0:
+            raise KeyError(tuple(key[0].tolist()))
+        r = int(self.owner_of(g))
+        return r, self._elements_before(r, (g - (r - self.shift) % self.nranks) // self.nranks)
+
+    def elements(self, rank: int) -> int:
+        """Elements ``rank`` holds."""
+        return self._elements_before(rank, self.nblocks)
+
+    def local_keys(self, rank: int) -> list:
+        """``rank``'s keys in memory order, one after the other (only its own positions
+        are unranked; kept for the next array of this structure)."""
+        hit = self._local.get(rank)
+        if hit is None:
+            hit = self._local[rank] = self._unrank(rank)
+        return list(hit)
+
+    def _unrank(self, rank: int) -> tuple:
+        g0 = (rank - self.shift) % self.nranks
+        g = np.arange(g0, self.nblocks, self.nranks, dtype=np.int64)
+        c = np.searchsorted(self.start, g, side="right") - 1
+        t = g - self.start[c]
+        p = np.empty(len(g), dtype=np.int64)
+        for cu in np.unique(c):
+            sel = c == cu
+            p[sel] = np.searchsorted(self.before[:, cu], t[sel], side="right") - 1
+        out = np.empty((len(g), self.ndim), dtype=np.int64)
+        for pu in np.unique(p).tolist():
+            stored, cls, rank = self._row(pu)
+            sel = np.flatnonzero(p == pu)
+            for n in sel:
+                q = np.flatnonzero(stored & (cls == c[n]) & (rank == t[n] - self.before[pu, c[n]]))[0]
+                out[n, self.m:] = self.sgrid[q]
+            out[sel, :self.m] = self.pgrid[pu]
+        return tuple(map(tuple, out.tolist()))
+
+
+class RowsPlacement(StoredGrid):
+    """The ``("rows", owners)`` placement per key: every stored block of first tile ``i``
+    on rank ``owners[i]``, a rank's blocks in key order. Kept: the elements under each
+    first tile and where each row starts in its owner's memory (O(tiles))."""
+
+    name = "rows"
+
+    def __init__(self, sizes, irreps, irrep: int, group, owners):
+        super().__init__(sizes, irreps, irrep, group, 1)
+        self.rows = np.asarray(owners, dtype=np.int64)
+        elements = np.zeros(len(self.pgrid), dtype=np.int64)
+        count = 0
+        for rows, stored in self._chunks():
+            elements[rows] = (stored * self.ssize[None, :]).sum(axis=1) * self.psize[rows]
+            count += int(stored.sum())
+        self.nblocks = count
+        self.row_start = np.zeros(len(self.rows), dtype=np.int64)
+        self._elements: dict = {}
+        for i, r in enumerate(self.rows.tolist()):
+            self.row_start[i] = self._elements.get(r, 0)
+            self._elements[r] = self.row_start[i] + elements[i]
+
+    def _row(self, p: int) -> tuple:
+        """(stored, elements before each suffix) under first tile ``p``."""
+        def make(p):
+            stored = self._stored(np.asarray([p]))[0]
+            sizes = stored * self.ssize * self.psize[p]
+            return stored, np.cumsum(sizes) - sizes
+        return self._cached_row(p, make)
+
+    def _locate(self, key) -> tuple:
+        if not ((key >= 0) & (key < self.radix)).all():
+            raise KeyError(tuple(key[0].tolist()))
+        p, q = (int(x[0]) for x in self._split(key))
+        stored, before = self._row(p)
+        if not stored[q]:
+            raise KeyError(tuple(key[0].tolist()))
+        return int(self.rows[p]), int(self.row_start[p] + before[q])
+
+    def elements(self, rank: int) -> int:
+        return int(self._elements.get(rank, 0))
+
+    def local_keys(self, rank: int) -> list:
+        """``rank``'s keys in key order (its rows only)."""
+        out = []
+        for p in np.flatnonzero(self.rows == rank).tolist():
+            first = tuple(self.pgrid[p].tolist())
+            out += [first + tuple(self.sgrid[q].tolist()) for q in np.flatnonzero(self._row(p)[0])]
+        return out
+
+
+class TablePlacement:
+    """The same interface over an explicit owner of every key of ``layout`` (aligned
+    with ``layout.keys``): a rank's blocks lie in key order."""
+
+    def __init__(self, layout, owners, nranks: int):
+        self.layout, self.owner = layout, np.asarray(owners, dtype=np.int64)
+        self.sizes = layout.sizes()
+        self.offset, self.run = block_offsets(self.owner, self.sizes, nranks)
+        self.nblocks = len(layout.keys)
+
+    def locate(self, key) -> tuple:
+        n = self.layout.index[key]
+        return int(self.owner[n]), int(self.offset[n])
+
+    def elements(self, rank: int) -> int:
+        return int(self.run[rank])
+
+    def local_keys(self, rank: int) -> list:
+        """``rank``'s keys in memory order (key order), one after the other."""
+        return [self.layout.keys[n] for n in np.flatnonzero(self.owner == rank)]
+
+    def keys(self) -> list:
+        return list(self.layout.keys)
+
+
+def block_placement(spaces, irrep: int, group, nranks: int, placement="balanced"):
+    """The placement of a structure (index spaces with ``tiles`` of ``size`` and
+    ``irrep``, the tensor's irrep, its canonical group or ``()``) on ``nranks`` ranks:
+    ``"balanced"`` or ``("rows", owners)`` (see ``distribution.block_owner_array``)."""
+    sizes = [[t.size for t in s.tiles] for s in spaces]
+    irreps = [[t.irrep for t in s.tiles] for s in spaces]
+    rows = check_placement(placement, len(sizes[0]), nranks)
+    if rows is not None:
+        return RowsPlacement(sizes, irreps, irrep, group, rows)
+    return BalancedPlacement(sizes, irreps, irrep, group, nranks, structure_signature(spaces, irrep) % nranks)

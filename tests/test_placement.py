@@ -1,0 +1,110 @@
+"""The balanced placement computed per key (runtime.placement) against the bulk one
+(runtime.distribution.block_owner_array: every stored key ranked by size at once), and
+a rank's own block tasks (plan.blocktasks.owned_tasks) against the full task list."""
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import BlockTensor, IndexSpace
+from tessera.backends.context import PlanningContext
+from tessera.chem.ccsd_equations import T2_SYMMETRY
+from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
+from tessera.backends.onesided import cached_batches
+from tessera.plan.blocktasks import contraction_tasks, owned_tasks
+from tessera.errors import RuntimeLayerError
+from tessera.runtime.distribution import block_owner_array
+from tessera.runtime.placement import block_placement
+from tessera.tensor.block_tensor import symmetry_group
+
+
+def structures(orbsym, nocc, tile, occ_tile):
+    o, v = make_spaces(orbsym, nocc, 0, tile, occ_tile)
+    out = {n: class_tensor(n, o, v) for n in CLASSES}
+    out["t2"] = BlockTensor((o, o, v, v), 0, name="t2", symmetry=T2_SYMMETRY, canonical=True)
+    out["ov"] = BlockTensor((o, v), 0, name="ov")
+    out["ovv"] = BlockTensor((o, v, v), 1, name="ovv")
+    out["v"] = BlockTensor((v,), 0, name="v")
+    return out
+
+
+def placement_of(t, nranks, placement="balanced"):
+    group = symmetry_group(t.symmetry, t.ndim) if t.canonical else ()
+    return block_placement(t.spaces, t.irrep, group, nranks, placement)
+
+
+@pytest.mark.parametrize("orbsym", [[0] * 30, [0, 1, 2, 3, 1, 0, 2, 0, 3, 1] * 3], ids=["C1", "D2"])
+@pytest.mark.parametrize("nranks", [1, 3, 8])
+@pytest.mark.parametrize("how", ["balanced", "rows"])
+def test_owner_per_key_equals_bulk_placement(orbsym, nranks, how):
+    """Owner of every stored key as block_owner_array places it; each rank's keys (only
+    its own unranked) lie one after the other in its memory; aliases and forbidden keys
+    are not stored."""
+    for name, t in structures(orbsym, 8, 5, 3).items():
+        keys = t.stored_keys()
+        if not keys:
+            continue
+        placement = how if how == "balanced" else ("rows", tuple((3 * i + 1) % nranks
+                                                                 for i in range(len(t.spaces[0].tiles))))
+        pl = placement_of(t, nranks, placement)
+        ref = block_owner_array(t.spaces, t.irrep, keys, nranks, placement)
+        assert pl.nblocks == len(keys) and pl.keys() == keys, name
+        assert [pl.locate(k)[0] for k in keys] == ref.tolist(), name
+        total = 0
+        for r in range(nranks):
+            mine = pl.local_keys(r)
+            assert sorted(mine) == sorted(k for k, o in zip(keys, ref) if o == r), (name, r)
+            off = 0
+            for k in mine:
+                assert pl.locate(k) == (r, off), (name, k)
+                off += int(np.prod(t.block_shape(k)))
+            assert pl.elements(r) == off
+            total += off
+        assert total == sum(int(np.prod(t.block_shape(k))) for k in keys)
+        for alias in list(t.aliases)[:20]:
+            assert not pl.stored(alias)
+        forbidden = [k for k in np.ndindex(*(len(s.tiles) for s in t.spaces)) if not t.is_allowed(k)]
+        assert not any(pl.stored(k) for k in forbidden[:20])
+        assert not pl.stored((0,) * (t.ndim + 1)) and not pl.stored((-1,) * t.ndim)
+
+
+def test_bad_placement_is_an_error():
+    t = structures([0] * 30, 8, 5, 3)["ovvv"]
+    with pytest.raises(RuntimeLayerError, match="placement 'rows' needs one rank"):
+        placement_of(t, 2, ("rows", (0, 5)))
+    with pytest.raises(RuntimeLayerError, match="unknown placement"):
+        placement_of(t, 2, "cyclic")
+
+
+def test_placement_holds_half_grid_tables():
+    """What a placement keeps: counts per prefix (half the tile indices) and size class,
+    not a row per block: the issue's example (C1, o=100, v=800, tile 48) at 1024 ranks."""
+    t = structures([0] * 900, 100, 48, 48)["vvvv"]
+    pl = placement_of(t, 1024)
+    nv = len(t.spaces[0].tiles)
+    assert pl.before.shape == (nv * nv, len(pl.classes)) and pl.nblocks > 5 * nv * nv
+    mine = pl.local_keys(5)
+    assert len(mine) in (pl.nblocks // 1024, pl.nblocks // 1024 + 1)
+    assert all(pl.locate(k)[0] == 5 for k in mine)
+
+
+@pytest.mark.parametrize("expr", ["acbd,ijcd->ijab", "akic,kjcb->ijab", "kcld,ilcd->ki", "iajm,mkbc->ijkabc"])
+def test_owned_tasks_are_the_owners_share(expr):
+    """owned_tasks(step, keys) is contraction_tasks(step) cut to the outputs in keys, in
+    the same order, with the same products; a canonical output's aliases get none."""
+    rng = np.random.default_rng(3)
+    o = IndexSpace.from_irreps("o", rng.integers(0, 4, 7), 3)
+    v = IndexSpace.from_irreps("v", rng.integers(0, 4, 11), 4)
+    ins = expr.split("->")[0].split(",")
+    tens = [BlockTensor.random(tuple(o if c in "ijklm" else v for c in s), int(rng.integers(0, 4)), rng=rng)
+            for s in ins]
+    ctx = PlanningContext()
+    with ctx:
+        ts.einsum(expr, *tens)
+    (step,) = ctx.plans[0].steps
+    every = contraction_tasks(step)
+    outs = step.out.tensor.allowed_keys()
+    for r in range(3):
+        mine = outs[r::3]
+        assert owned_tasks(step, mine) == tuple(t for t in every if t.out in set(mine))
+    assert owned_tasks(step, []) == () and cached_batches((), True, 2**20, 4) == []   # a rank owning nothing
