@@ -305,3 +305,20 @@ def test_block_offsets_and_layout_order():
     lay = BlockLayout([[1, 2, 3], [4, 5, 6, 7]], keys)
     assert lay.keys == tuple(sorted(keys)) and [keys[n] for n in lay.order] == list(lay.keys)
     assert list(lay.sizes()) == [5, 7, 8, 15]
+
+
+def test_frozen_cache_keeps_only_frozen_tensors_within_its_bound():
+    """What an executor keeps across iterations (mpi-onesided's fetched integral blocks,
+    mpi-collective's panels): frozen tensors only, keyed by version, least recent out."""
+    from tessera.backends.distributed import FrozenCache
+    o, v = spaces(3)
+    ints, amps = BlockTensor((o, v), 0).freeze(), BlockTensor((o, v), 0)
+    cache = FrozenCache(100)
+    assert not cache.put(amps, ("k",), "t", 8) and cache.get(amps, ("k",)) is None
+    assert not cache.put(ints, ("big",), "x", 101) and cache.get(ints, ("big",)) is None
+    assert cache.put(ints, ("a",), "A", 60) and cache.put(ints, ("b",), "B", 30)
+    assert cache.get(ints, ("a",)) == "A"              # a is now the most recent
+    assert cache.put(ints, ("c",), "C", 40)            # 130 > 100: b (least recent) goes
+    assert cache.get(ints, ("b",)) is None and cache.get(ints, ("a",)) == "A" and cache.bytes == 100
+    ints.version += 1                                   # a new version is a new tensor
+    assert cache.get(ints, ("a",)) is None

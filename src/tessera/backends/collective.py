@@ -36,11 +36,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-
 import numpy as np
 
 from tessera.backends.dist_base import DEFAULT_CACHE_MB, DistributedExecutor, part_range
+from tessera.backends.distributed import FrozenCache
 from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import partition
 from tessera.backends.summa_layout import choose_grid, summa_layout
@@ -230,9 +229,7 @@ class CollectiveExecutor(DistributedExecutor):
         elif layers is None:
             layers = default_layers(size)
         self.cc = CollectiveComm(self.world, layers)
-        self.frozen_bytes = DEFAULT_CACHE_MB << 20
-        self._panels: OrderedDict = OrderedDict()    # what frozen operands sent, see _kept
-        self._panel_bytes = 0
+        self.frozen = FrozenCache(DEFAULT_CACHE_MB << 20)    # what frozen operands sent, see _kept
         if self.variant == "2.5d" and layers == 1:
             log.info("mpi-collective 2.5d on %d rank(s): one layer (no replication; the same steps as summa)",
                      size)
@@ -244,31 +241,20 @@ class CollectiveExecutor(DistributedExecutor):
     def close(self) -> None:
         if not self.closed:
             self.cc.free()
-            self._panels.clear()
+            self.frozen.clear()
         super().close()
 
     def _kept(self, t, key, need, empty) -> tuple:
         """(what was kept for ``key`` of frozen tensor ``t`` earlier, or None; ``empty``, now
-        kept under that key, to fill this time, or None). Only a frozen operand
-        (``BlockTensor.freeze``: the integrals) is kept, while ``need`` (bytes: the most any
-        rank keeps, from structure alone, so every rank decides alike; a number or a function
-        giving it, called on a miss only) fits ``frozen_bytes`` with the others kept (least
-        recently used out)."""
-        if not t.constant:
-            return None, None
-        key = (t.uid, t.version, *key)
-        hit = self._panels.get(key)
-        if hit is not None:
-            self._panels.move_to_end(key)
-            return hit[0], None
+        kept under that key, to fill this time, or None). Only a frozen operand is kept
+        (``FrozenCache``), while ``need`` (bytes: the most any rank keeps, from structure
+        alone, so every rank decides alike; a number or a function giving it, called on a
+        miss only) fits the bound with the others kept."""
+        hit = self.frozen.get(t, key)
+        if hit is not None or not t.constant:
+            return hit, None
         need = need() if callable(need) else need
-        if need > self.frozen_bytes:
-            return None, None
-        while self._panel_bytes + need > self.frozen_bytes:
-            self._panel_bytes -= self._panels.popitem(last=False)[1][1]
-        self._panels[key] = (empty, need)
-        self._panel_bytes += need
-        return None, empty
+        return (None, empty) if self.frozen.put(t, key, empty, need) else (None, None)
 
     def _exchange(self, parts) -> dict:
         """``exchange`` of [(tensor, items)]: the blocks a rank receives for a frozen tensor
