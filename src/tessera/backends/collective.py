@@ -29,7 +29,9 @@ reach pc - 1 ranks of a grid 1/c the size, over 1/c of the inner tuples), while 
 rank holds an output rectangle c times larger than with SUMMA on the same ranks: the
 memory cost of replication, which the cost model (``auto``) checks before choosing c > 1.
 Owner-computes steps (permuted additions, Hadamard products) get their inputs by one
-all-to-all.
+all-to-all. A contraction may instead keep one operand where it lives (its products on
+the owners of A, of B or of the output; ``backends.stationary``), chosen per contraction
+by cost (``stationary`` option: auto | never | a | b | c).
 """
 
 from __future__ import annotations

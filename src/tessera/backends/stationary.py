@@ -68,11 +68,12 @@ def score(p: dict, moved_once=()) -> dict:
 def summa_score(sig, pa, pb, pr: int, pc: int, layers: int, in_bytes: dict, out_bytes: float, nranks: int,
                 moved_once=()) -> dict:
     """SUMMA's busiest rank on its grid in the same terms: ``grid_score``'s panels (an
-    operand in ``moved_once`` kept: no panels) plus a rank's share of the redistribution,
-    the inputs to their homes (``in_bytes``: {"a", "b": bytes}) and ``layers`` partial
-    outputs of ``out_bytes`` to the owners."""
+    operand in ``moved_once`` kept: no panels) plus a rank's share of the redistribution
+    that leaves its owner, the inputs to their homes (``in_bytes``: {"a", "b": bytes})
+    and ``layers`` partial outputs of ``out_bytes`` to the owners."""
     sc = grid_score(sig, pa, pb, pr, pc, layers, a=("a" not in moved_once), b=("b" not in moved_once))
-    share = (sum(v for x, v in in_bytes.items() if x not in moved_once) + layers * out_bytes) / nranks
+    share = (sum(v for x, v in in_bytes.items() if x not in moved_once) + layers * out_bytes) \
+        * (nranks - 1) / nranks ** 2                    # a rank's share, less what stays with it
     recv = sc["recv_bytes"] + share
     return {"flops": sc["flops"], "recv_bytes": recv, "cost": sc["cost"] + FLOPS_PER_BYTE * share}
 
