@@ -39,7 +39,7 @@ def test_requests_go_to_owners_by_alltoallv(nranks):
 
 @pytest.mark.parametrize("nranks", (2, 3, 4))
 def test_frozen_operands_move_once(nranks):
-    """R = W * tau three times: a frozen operand's panels are kept after the first run, so
+    """R = W * tau three times on the grid: a frozen operand's panels are kept after the first run, so
     the second and third runs move less, the same amount, and the savings of freezing W
     and tau add up; likewise for the inputs of a permuted addition and a Hadamard product;
     the result is numpy's every time."""
@@ -52,6 +52,9 @@ def test_frozen_operands_move_once(nranks):
         assert moved[0] == first and moved[1] == moved[2] < first, (case, moved)
     saved_w, saved_tau = first - out["W"]["moved"][1], first - out["tau"]["moved"][1]
     assert out["both"]["moved"][1] == first - saved_w - saved_tau
+    # products on the output's owners (stationary c): the W blocks a rank receives are kept
+    plain, kept = out["stationary_c_none"]["moved"], out["stationary_c_W"]["moved"]
+    assert plain == [plain[0]] * 3 and kept[0] == plain[0] > 0 and kept[1] == kept[2] < kept[0]
     # owner-computes steps (permuted addition, Hadamard): frozen inputs are not sent again
     plain, frozen = out["owner_none"]["moved"], out["owner_frozen"]["moved"]
     assert plain == [plain[0]] * 3 and frozen[0] == plain[0] > 0

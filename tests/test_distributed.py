@@ -227,29 +227,40 @@ def test_25d_layout_covers_every_inner_panel_once(expr, seed, pr, pc, layers):
     assert np.allclose(C.to_dense(), ref, atol=1e-12 * max(1.0, np.abs(ref).max()))
 
 
-def test_cost_model_replicates_only_when_memory_allows(monkeypatch):
-    """2.5d (c > 1 layers) is a candidate at 4 ranks; with too little memory per rank for
-    its larger output rectangle it is not chosen (unless asked for), and --plan-only's
+def test_cost_model_per_contraction_and_memory(monkeypatch):
+    """The collective model runs every contraction as the executor does (its grid, or an
+    operand stationary where that costs less): the modes cover every contraction step,
+    broadcasts only where some run on the grid (on 16 ranks some do).
+    A candidate over the memory budget is not chosen unless asked for, and --plan-only's
     table shows the layers and the memory estimate."""
+    from tessera.backends.auto import structure_stats
     rng = np.random.default_rng(4)
     orbsym = np.sort(rng.integers(0, 4, 30))
-    d = decide(CCSDStructure(orbsym, 8, 0), 4, backend="mpi-collective", tile=6, rate=5e9)
+    structure = CCSDStructure(orbsym, 8, 0)
+    d = decide(structure, 4, backend="mpi-collective", tile=6, rate=5e9)
     cand = {c["variant"]: c for c in d["candidates"]}
     assert set(cand) == {"summa", "2.5d"} and cand["2.5d"]["layers"] == 2 and cand["summa"]["layers"] == 1
-    assert cand["2.5d"]["bcast_bytes_per_rank"] < cand["summa"]["bcast_bytes_per_rank"]
-    assert cand["2.5d"]["memory_per_rank"] > cand["summa"]["memory_per_rank"]
+    steps = structure_stats(structure, 6, 6, 4)["contract_steps"]
+    for c in cand.values():
+        assert sum(c["contraction_modes"].values()) == steps and c["bytes_per_rank"] > 0
+        assert set(c["contraction_modes"]) - {"summa"}         # some operand kept stationary
+        assert (c["bcast_bytes_per_rank"] > 0) == ("summa" in c["contraction_modes"])
     assert "c=2" in render(d) and "MiB allowed" in render(d)
-    between = (cand["2.5d"]["memory_per_rank"] + cand["summa"]["memory_per_rank"]) / 2
-    monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", str(between / 2**20))
-    tight = decide(CCSDStructure(orbsym, 8, 0), 4, backend="mpi-collective", tile=6, rate=5e9)
-    assert tight["variant"] == "summa" and tight["layers"] == 1 and tight["grid"] == [2, 2, 1]
-    assert not {c["variant"]: c for c in tight["candidates"]}["2.5d"]["fits_memory"]
-    forced = decide(CCSDStructure(orbsym, 8, 0), 4, backend="mpi-collective", variant="2.5d", tile=6, rate=5e9)
-    assert forced["variant"] == "2.5d" and forced["grid"] == [1, 2, 2]
+    wide = {c["variant"]: c for c in decide(structure, 16, backend="mpi-collective", tile=6, rate=5e9)["candidates"]}
+    assert all(c["contraction_modes"].get("summa", 0) > 0 and c["bcast_bytes_per_rank"] > 0 for c in wide.values())
+    lo, hi = sorted(c["memory_per_rank"] for c in wide.values())
+    assert lo < hi
+    monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", str((lo + hi) / 2 / 2**20))
+    tight = decide(structure, 16, backend="mpi-collective", tile=6, rate=5e9)
+    assert tight["estimated_memory_per_rank"] == lo
+    assert sum(not c["fits_memory"] for c in tight["candidates"]) == 1
+    big = max(wide.values(), key=lambda c: c["memory_per_rank"])["variant"]
+    forced = decide(structure, 16, backend="mpi-collective", variant=big, tile=6, rate=5e9)
+    assert forced["variant"] == big
     monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", "1e9")
-    roomy = decide(CCSDStructure(orbsym, 8, 0), 4, backend="auto", tile=6, rate=5e9)
+    roomy = decide(structure, 4, backend="auto", tile=6, rate=5e9)
     assert all(c["fits_memory"] for c in roomy["candidates"])
-    assert decide(CCSDStructure(orbsym, 8, 0), 3, backend="mpi-collective", tile=6, rate=5e9)["candidates"][0]["layers"] in (1, 3)
+    assert decide(structure, 3, backend="mpi-collective", tile=6, rate=5e9)["candidates"][0]["layers"] in (1, 3)
 
 
 def test_cost_model_never_leaves_a_four_index_tensor_whole_on_a_rank():
@@ -305,3 +316,59 @@ def test_block_offsets_and_layout_order():
     lay = BlockLayout([[1, 2, 3], [4, 5, 6, 7]], keys)
     assert lay.keys == tuple(sorted(keys)) and [keys[n] for n in lay.order] == list(lay.keys)
     assert list(lay.sizes()) == [5, 7, 8, 15]
+
+
+def test_frozen_cache_keeps_only_frozen_tensors_within_its_bound():
+    """What an executor keeps across iterations (mpi-onesided's fetched integral blocks,
+    mpi-collective's panels): frozen tensors only, keyed by version, least recent out."""
+    from tessera.backends.distributed import FrozenCache
+    o, v = spaces(3)
+    ints, amps = BlockTensor((o, v), 0).freeze(), BlockTensor((o, v), 0)
+    cache = FrozenCache(100)
+    assert not cache.put(amps, ("k",), "t", 8) and cache.get(amps, ("k",)) is None
+    assert not cache.put(ints, ("big",), "x", 101) and cache.get(ints, ("big",)) is None
+    assert cache.put(ints, ("a",), "A", 60) and cache.put(ints, ("b",), "B", 30)
+    assert cache.get(ints, ("a",)) == "A"              # a is now the most recent
+    assert cache.put(ints, ("c",), "C", 40)            # 130 > 100: b (least recent) goes
+    assert cache.get(ints, ("b",)) is None and cache.get(ints, ("a",)) == "A" and cache.bytes == 100
+    ints.version += 1                                   # a new version is a new tensor
+    assert cache.get(ints, ("a",)) is None
+
+
+@pytest.mark.parametrize("nranks", [1, 3, 4])
+def test_stationary_plans_run_every_product_once_where_they_say(nranks):
+    """backends.stationary on a ladder step: each mode runs every block product once, on
+    the owner of its A block, B block or output block; the flops add up to the step's; a
+    rank receives exactly the remote blocks its products need and, as an output's owner,
+    one partial block per other rank with products of it (both counted here by brute
+    force); a frozen operand moved once costs nothing in the score."""
+    from tessera.backends import stationary
+    step, (A, B) = contraction_step("acbd,ijcd->ijab", 2)
+    tasks = contraction_tasks(step)
+    own = {n: owner_map(t.spaces, t.irrep, t.stored_keys(), nranks)
+           for n, t in (("a", A), ("b", B), ("c", step.out.tensor))}
+    owners = tuple(own[n].__getitem__ for n in "abc")
+    for mode in stationary.MODES:
+        p = stationary.plan(tasks, mode, *owners, nranks)
+        assert p["flops"].sum() == step.flops
+        need = {x: [set() for _ in range(nranks)] for x in "ab"}
+        parts = [0] * nranks
+        for t, ranks in zip(tasks, p["where"]):
+            assert len(ranks) == len(t.products)
+            for q, r in zip(t.products, ranks):
+                assert r == {"a": own["a"][q.a], "b": own["b"][q.b], "c": own["c"][t.out]}[mode]
+                need["a"][r].add((q.a, t.m * q.k))
+                need["b"][r].add((q.b, q.k * t.n))
+            parts[own["c"][t.out]] += 8 * t.m * t.n * len(set(ranks) - {own["c"][t.out]})
+        for x in "ab":
+            assert p["recv"][x].tolist() == [8 * sum(n for k, n in need[x][r] if own[x][k] != r)
+                                            for r in range(nranks)]
+        assert p["recv"]["c"].tolist() == parts and (mode != "c" or not any(parts))
+        if mode == "a":
+            assert not p["recv"]["a"].any()
+        assert stationary.score(p, ("a", "b"))["recv_bytes"] == max(parts)
+    mode, scores, _ = stationary.choose(tasks, tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors),
+                                        step.perms["a"], step.perms["b"], (1, nranks, 1), owners, nranks)
+    assert scores[mode]["cost"] == min(sc["cost"] for sc in scores.values())
+    if nranks == 1:
+        assert mode == "summa"          # nothing moves: a tie keeps the grid

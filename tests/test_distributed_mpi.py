@@ -8,7 +8,9 @@ CCSD, (T)) to 1e-8 Eh; T2 + integrals per rank within 1.5x of the mean at 4 rank
 rank holding a whole four-index tensor at 2+ ranks; the get/accumulate counts the loop
 orders imply (cached < inverted < original gets; inverted more accumulates); no
 one-sided operation in mpi-collective (summa and 2.5d); 2.5d's layers and its broadcast
-bytes per rank against SUMMA's; and the CLI's JSON and rank-0-only output.
+bytes per rank against SUMMA's (both on the grid: ``stationary=never``); with operands
+kept stationary where that costs less (the default), fewer bytes moved than on the grid
+and the same energies; and the CLI's JSON and rank-0-only output.
 """
 
 import json
@@ -97,7 +99,8 @@ def test_tensor_operations_equal_einsum(nranks):
     """CCSD contraction patterns, a batch with permutations, a denominator and aliasing,
     dot and norm on random block-sparse tensors: every executor agrees with numpy."""
     ops = launch(nranks)["tensor_ops"]
-    assert len(ops) == len(ccsd_checks.COMBOS) + 1 and f"mpi-collective/2.5d/layers={nranks}" in ops
+    assert len(ops) == len(ccsd_checks.COMBOS) + 4 and f"mpi-collective/2.5d/layers={nranks}" in ops
+    assert {f"mpi-collective/summa/stationary={m}" for m in "abc"} <= set(ops)
     for combo, err in ops.items():
         assert err < 1e-12, (combo, err)
 
@@ -126,8 +129,8 @@ def test_loop_orders_move_what_they_should(nranks):
             assert all(x["collective_bytes"] == 0 for x in r.values())
         owner = out["runs"][f"{name}/mpi-onesided/owner/nxtval"]     # owner computes: gets only
         assert owner["accs"] == 0 and owner["gets"] > 0 and owner["collective_bytes"] == 0
-        for variant in ("summa", "2.5d"):
-            coll = out["runs"][f"{name}/mpi-collective/{variant}/None"]
+        for variant in ("summa", "2.5d", "summa/stationary=never", "2.5d/stationary=never"):
+            coll = out["runs"][f"{name}/mpi-collective/{variant}" + ("" if "/" in variant else "/None")]
             assert coll["gets"] == 0 and coll["accs"] == 0 and coll["triples_onesided_ops"] == 0
             assert coll["collective_bytes"] > 0
             fields = set(coll["per_term_fields"])
@@ -143,8 +146,8 @@ def test_25d_layers_and_broadcast_bytes(nranks):
     broadcast, the inputs move only by the all-to-alls."""
     out = launch(nranks)
     for name in ccsd_checks.MOLECULES:
-        summa = out["runs"][f"{name}/mpi-collective/summa/None"]
-        d25 = out["runs"][f"{name}/mpi-collective/2.5d/None"]
+        summa = out["runs"][f"{name}/mpi-collective/summa/stationary=never"]
+        d25 = out["runs"][f"{name}/mpi-collective/2.5d/stationary=never"]
         layers = {1: 1, 2: 2, 3: 3, 4: 2}[nranks]
         assert d25["executor"]["layers"] == layers and summa["executor"]["layers"] == 1
         pr, pc = d25["executor"]["grid"]
@@ -160,6 +163,12 @@ def test_25d_layers_and_broadcast_bytes(nranks):
             assert d25["bcast_bytes_per_rank"] == [0] * nranks
         if nranks == 1:
             assert summa["bcast_bytes_per_rank"] == d25["bcast_bytes_per_rank"] == [0]
+        if nranks >= 2:
+            # operands kept where they live when that costs less: fewer bytes than the grid
+            auto = out["runs"][f"{name}/mpi-collective/summa/None"]
+            assert set(auto["executor"]["contraction_modes"]) - {"summa"}, auto["executor"]
+            assert auto["bytes_moved"] < summa["bytes_moved"], (name, auto["bytes_moved"], summa["bytes_moved"])
+            assert set(summa["executor"]["contraction_modes"]) == {"summa"}
     errors = out["layer_options"]["errors"]      # explicit layers=P ran in the tensor operations
     assert "do not divide" in errors["not_divisor"] and f"{nranks + 1} layer(s)" in errors["not_divisor"]
     assert "variant 2.5d" in errors["summa_layers"]

@@ -72,6 +72,11 @@ def test_plan_ranks_json(tmp_path, capsys):
     assert "Memory per rank by tensor class" in text and "mpi-collective" in text and "(t)" in text
     a, b = out[64], out[256]
     assert a["memory_budget_per_rank"] == 8 * 2**30 and a["nodes"] == 1 and b["nodes"] == 4
+    # one ghost per node once the ranks span nodes (progress auto): the executors are the workers'
+    assert (a["workers"], a["ghosts_per_node"], b["workers"], b["ghosts_per_node"]) == (64, 0, 252, 1)
+    assert "252 workers beside one ghost per node" in text
+    coll = [e for e in b["executors"] if e["backend"] == "mpi-collective"]
+    assert coll and all(sum(e["contraction_modes"].values()) > 0 for e in coll)
     for name in ("t2", "oooo", "ovoo", "oovv", "ovov", "ovvv", "vvvv", "total"):
         m = a["memory_per_rank"][name]
         assert m["max_over_mean"] == pytest.approx(m["max_bytes"] / m["mean_bytes"], rel=1e-3)
@@ -177,3 +182,23 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
             assert len(win.vtiles) == len(v.tiles)        # windows of single tensor tiles
         else:
             assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles
+
+
+def test_auto_puts_the_network_between_nodes():
+    """``auto`` decides with the formulas ``plan --ranks`` uses: on one node its local
+    constants, across nodes the network between them (``Machine.on``)."""
+    from tessera.backends.auto import LOCAL_COSTS, decide, run_costs
+    from tessera.backends.machine import NETWORK_BANDWIDTH
+    from tessera.chem.ccsd import CCSDStructure
+    one = run_costs(8)
+    assert all(one[k] == pytest.approx(v) for k, v in LOCAL_COSTS.items()) and one["nodes"] == 1
+    two = run_costs(8, 4)
+    off = 4 / 7                         # of a rank's 7 peers, 4 are on the other node
+    assert two["nodes"] == 2 and two["t_get"] > one["t_get"] and two["t_coll"] > one["t_coll"]
+    assert two["bandwidth"] == pytest.approx(1 / ((1 - off) / LOCAL_COSTS["bandwidth"] + off / (NETWORK_BANDWIDTH / 4)))
+    structure = CCSDStructure(np.zeros(20, dtype=int), 5, 0)
+    local = {(c["backend"], c["variant"]): c for c in decide(structure, 8, tile=8, rate=5e9)["candidates"]}
+    spread = decide(structure, 8, tile=8, rate=5e9, ranks_per_node=2)["candidates"]
+    for c in spread:                    # the same counts at other prices
+        same = local[(c["backend"], c["variant"])]
+        assert c["bytes_per_rank"] == same["bytes_per_rank"] and c["seconds"] != same["seconds"]

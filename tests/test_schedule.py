@@ -24,19 +24,32 @@ class _Counters:
         return old
 
 
-def _schedulers(size, schedule):
+class _Logged:
+    """A rank's handle on a simulated counter window: records (rank, target) of each operation."""
+
+    def __init__(self, window, rank, log):
+        self.window, self.rank, self.log = window, rank, log
+
+    def fetch_add(self, n, target=None):
+        self.log.append((self.rank, 0 if target is None else target))
+        return self.window.fetch_add(n, target)
+
+
+def _schedulers(size, schedule, node_of=None, progress="none", log=None):
     windows = [[] for _ in range(NCOUNTERS)]
     out = []
+    log = [] if log is None else log
     for r in range(size):
         made = iter(range(NCOUNTERS))
 
-        def make(kind, made=made):
+        def make(kind, made=made, r=r):
             k = next(made)
             if len(windows[k]) == 0:
                 windows[k].append(_Counters(kind, size))
-            return windows[k][0]
-        out.append(Scheduler(SimpleNamespace(rank=r, size=size, barrier=lambda: None), schedule,
-                             make_counter=make))
+            return _Logged(windows[k][0], r, log)
+        world = SimpleNamespace(rank=r, size=size, barrier=lambda: None, node_of=node_of,
+                                options=SimpleNamespace(progress=progress))
+        out.append(Scheduler(world, schedule, make_counter=make))
     return out
 
 
@@ -97,3 +110,38 @@ def test_partitions():
         assert max(loads) == pytest.approx(makespan(cost, n))
         assert max(loads) <= 4 / 3 * max(cost.sum() / n, cost.max()) + 1e-9   # Graham's bound
     assert largest_first([3, 1, 2], 2) == [0, 1, 1]
+
+
+
+@pytest.mark.parametrize("node_of", [[0, 0, 1, 1], [0, 0, 0, 1, 1], [0, 1, 1, 2]])
+def test_nxtval_across_nodes_counts_on_each_node(node_of):
+    """nxtval on several nodes with progress none: one counter per node, on its first
+    worker; a rank takes its node's tasks there and goes to another node's counter only
+    to steal (one read per other node, then its steals): every task still once, and the
+    counter operations between nodes are a few per rank, not one per task."""
+    size = len(node_of)
+    rng = np.random.default_rng(size)
+    log = []
+    scheds = _schedulers(size, "nxtval", node_of, log=log)
+    leaders = [node_of.index(n) for n in range(max(node_of) + 1)]
+    assert all(s.leaders == leaders for s in scheds)
+    assert _schedulers(size, "nxtval", node_of, progress="ghost")[0].leaders == []   # a ghost serves it
+    assert _schedulers(size, "nxtval")[0].leaders == []                              # one node
+    speed = [1, 3, 1, 2, 1][:size]
+    for n_deal in range(2 * NCOUNTERS + 1):
+        cost = rng.uniform(1, 10, int(rng.integers(0, 80)))
+        for chunk, order in ((1, "index"), (2, "cost")):
+            del log[:]
+            deals = [s.deal(cost, chunk, order=order) for s in scheds]
+            got = _interleave(deals, speed)
+            assert sorted(got) == list(range(len(cost))), (n_deal, chunk)
+            assert {t for _, t in log} <= set(leaders)
+            for r, d in enumerate(deals):
+                offnode = sum(1 for rank, t in log if rank == r and node_of[t] != node_of[r])
+                # a read of each other node's counter, and per steal a read, a claim and a give-back
+                assert offnode <= len(leaders) - 1 + 3 * d.stats.steals, (r, offnode, d.stats)
+                assert set(d.stats.victims) <= set(leaders) - {leaders[node_of[r]]}
+            if len(cost) >= 40 and chunk == 1:
+                assert sum(1 for rank, t in log if node_of[t] != node_of[rank]) < len(cost) / 2
+            for s in scheds:
+                s.synced()

@@ -1,4 +1,5 @@
-"""Distributed CCSD(T) under `mpiexec -n K`: every executor, loop order and schedule.
+"""Distributed CCSD(T) under `mpiexec -n K`: every executor, loop order and schedule
+(mpi-collective: operands kept stationary where that costs less, and always the grid).
 
 For each molecule (water 6-31G in C2v, H2O2 distorted to C1 in 6-31G) the RHF reference
 is computed once (rank 0, shared); then every combination runs the transform, CCSD for
@@ -38,7 +39,8 @@ MOLECULES = {            # name -> (xyz, basis, tile): tiles small enough for ma
     "h2o2_c1": ("h2o2_distorted.xyz", "6-31g", 8),
 }
 COMBOS = [("mpi-onesided", v, s) for v in ("original", "inverted", "cached") for s in ("nxtval", "steal")] \
-    + [("mpi-onesided", "owner", "nxtval"), ("mpi-collective", "summa", None), ("mpi-collective", "2.5d", None)]
+    + [("mpi-onesided", "owner", "nxtval"), ("mpi-collective", "summa", None), ("mpi-collective", "2.5d", None),
+       ("mpi-collective", "summa", "stationary=never"), ("mpi-collective", "2.5d", "stationary=never")]
 CONVERGED = [("mpi-onesided", "cached", "nxtval"), ("mpi-collective", "summa", None)]
 
 
@@ -69,13 +71,10 @@ def tensor_ops(world) -> dict:
     permutations, division by a denominator, aliasing, dot and norm."""
     from tessera.chem.integrals import denominator
     errors = {}
-    extra = [("mpi-collective", "2.5d", f"layers={world.size}")]
+    extra = [("mpi-collective", "2.5d", f"layers={world.size}")] + \
+        [("mpi-collective", "summa", f"stationary={m}") for m in ("a", "b", "c")]
     for backend, variant, schedule in COMBOS + extra:
-        if schedule is not None and schedule.startswith("layers="):
-            opts = {"variant": variant, "layers": int(schedule.split("=")[1])}
-        else:
-            opts = {"variant": variant} if schedule is None else {"variant": variant, "schedule": schedule}
-        ctx = Context(backend, **opts)
+        ctx = Context(backend, **options(variant, schedule))
         rng = np.random.default_rng(7)
         o = IndexSpace.from_irreps("o", rng.integers(0, 4, 7), 3)
         v = IndexSpace.from_irreps("v", rng.integers(0, 4, 10), 4)
@@ -162,9 +161,19 @@ def reference(world, name):
     return replace(shared, mol=mol)
 
 
+def options(variant, schedule) -> dict:
+    """Context options of a combination: its third field is a schedule, None, or an
+    executor option ``name=value`` (mpi-collective's layers or stationary)."""
+    if schedule is None:
+        return {"variant": variant}
+    if "=" in schedule:
+        name, value = schedule.split("=")
+        return {"variant": variant, name: int(value) if value.isdigit() else value}
+    return {"variant": variant, "schedule": schedule}
+
+
 def one_run(world, ref, tile, backend, variant, schedule, iters, conv):
-    opts = {"variant": variant} if schedule is None else {"variant": variant, "schedule": schedule}
-    ctx = Context(backend, **opts)
+    ctx = Context(backend, **options(variant, schedule))
     t0 = time.perf_counter()
     try:
         with ctx:

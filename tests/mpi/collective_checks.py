@@ -9,7 +9,7 @@ Rank 0 prints one JSON object:
 - ``requests``: max |error| of blocks fetched by request (``fetch_blocks``, whole blocks and
   parts) against the dense tensor, and whether any allgather was used;
 - ``frozen``: R = W * tau (ladder pattern) run three times per case (nothing, W, tau or
-  both frozen), and a permuted addition plus a Hadamard product (``owner_none``,
+  both frozen, on the grid; nothing or W frozen with the products on the output's owners), and a permuted addition plus a Hadamard product (``owner_none``,
   ``owner_frozen``): the bytes received over all ranks per run (alltoallv and broadcasts)
   and the max error against numpy;
 - ``cached_split``: mpi-onesided ``cached`` with a cache bound of 0 (every product a batch of
@@ -91,11 +91,12 @@ def check_frozen(world) -> dict:
     o = IndexSpace.from_irreps("o", np.zeros(4, int), 2)
     v = IndexSpace.from_irreps("v", np.zeros(9, int), 3)
     out = {}
-    for case in ("none", "W", "tau", "both"):
-        with Context("mpi-collective", variant="summa"):
+    for case in ("none", "W", "tau", "both", "stationary_c_none", "stationary_c_W"):
+        # the grid's panels (stationary never), and products on the output's owners (c)
+        with Context("mpi-collective", variant="summa", stationary="c" if case.startswith("stationary") else "never"):
             W = BlockTensor.random((v, v, v, v), 0, rng=np.random.default_rng(1), name="W")
             tau = BlockTensor.random((o, o, v, v), 0, rng=np.random.default_rng(2), name="tau")
-            if case in ("W", "both"):
+            if case in ("W", "both", "stationary_c_W"):
                 W.freeze()
             if case in ("tau", "both"):
                 tau.freeze()

@@ -5,8 +5,9 @@ Reports the World's view of its nodes (node of every worker, the progress mode a
 or the one asked), which ranks a GlobalArray reads by direct copy (only ranks of the
 same emulated node may be mapped), and, for water in STO-3G with one orbital per tile,
 CCSD for ``--iters`` iterations plus (T) on every executor and one-sided loop order
-given by ``--combos``: energies, gets, accumulates and the bytes that crossed emulated
-nodes (one-sided operations to a rank on another node), summed over ranks. Rank 0
+given by ``--combos``: energies, gets, accumulates, the bytes that crossed emulated
+nodes (one-sided operations to a rank on another node) and the counter operations (all,
+and those on another node's counter), summed over ranks. Rank 0
 prints one JSON object; tests/test_nodes_mpi.py compares it with the serial backend.
 """
 
@@ -29,9 +30,9 @@ WATER = Path(__file__).resolve().parents[2] / "examples" / "water.xyz"
 TILE = 1
 
 
-def offnode_bytes(world, records) -> int:
-    return sum(r.nbytes for r in records if r.op in ("get", "acc", "put", "fetch_add")
-               and 0 <= r.peer < world.size and world.node_of[r.peer] != world.node_of[world.rank])
+def offnode(world, records, ops=("get", "acc", "put", "fetch_add")) -> list:
+    return [r for r in records if r.op in ops and 0 <= r.peer < world.size
+            and world.node_of[r.peer] != world.node_of[world.rank]]
 
 
 def one_run(world, ref, backend, variant, schedule, iters):
@@ -50,9 +51,13 @@ def one_run(world, ref, backend, variant, schedule, iters):
             comm = ctx.executor.account.summary()
     finally:
         ctx.close()
+    records = world.comm_log.records(since=snap)
     out = {"e_ccsd": cc.e_corr, "e_t": tr.energy, "e_t_windowed": windowed.energy,
            "read_bytes": list(windowed.rank_read_bytes), "iterations": len(cc.iterations),
-           "offnode_bytes": world.allreduce(offnode_bytes(world, world.comm_log.records(since=snap)), "sum")}
+           "offnode_bytes": world.allreduce(sum(r.nbytes for r in offnode(world, records)), "sum"),
+           "counter_ops": world.allreduce(sum(r.count for r in records if r.op == "fetch_add"), "sum"),
+           "offnode_counter_ops": world.allreduce(sum(r.count for r in offnode(world, records, ("fetch_add",))),
+                                                  "sum")}
     if comm is not None:            # rank 0: the terms' operations summed over ranks
         contract = [r for r in comm["per_term"] if not r["update"].startswith(("(T)", "transform:"))]
         out.update(gets=sum(r["gets"] for r in contract), accs=sum(r["accs"] for r in contract))

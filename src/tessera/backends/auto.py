@@ -17,10 +17,12 @@ each executor the model estimates, per rank:
 with the gets, accumulates and bytes the loop order implies (``original``: both inputs
 of every product, one accumulate per output block; ``inverted``: the reused operand
 once, the other per product, one accumulate per product; ``cached``: every distinct
-remote block once per rank; ``mpi-collective``: the SUMMA panels broadcast along
-process rows and columns, plus the redistribution into and out of the SUMMA layout;
-variant ``2.5d`` on a pr x pc x c grid: panels broadcast within a layer's smaller grid,
-c partial outputs to the owners). Each candidate also gets a memory estimate per rank
+remote block once per rank, a frozen operand's once per run; ``mpi-collective``: per
+contraction as the executor runs it (``collective_traffic``: its grid shape and SUMMA on
+it, or an operand stationary, ``backends.stationary``; frozen operands moved once), the
+busiest rank's bytes; variant ``2.5d`` on a pr x pc x c grid: panels broadcast within a
+layer's smaller grid, c partial outputs to the owners). The constants are per node, with
+the network between nodes when the ranks span several (``run_costs``). Each candidate also gets a memory estimate per rank
 (``memory_parts``: T2 + integrals of the fullest rank; what the driver holds beside
 them, the structure's ``held`` bytes (for CCSD the amplitude copies and the DIIS
 history) spread over the ranks; and the working set of the largest contraction step:
@@ -57,11 +59,12 @@ import numpy as np
 
 from tessera.backends.balance import BALANCE, balanced_tiles, class_balance, forced_tile_warning
 from tessera.backends.context import CACHE_BYTES
+from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
 from tessera.plan.blocktasks import contraction_tasks
-from tessera.runtime.distribution import default_layers, grid_3d, grid_shape, makespan
+from tessera.runtime.distribution import block_owners, default_layers, grid_3d, makespan
 from tessera.tensor.block_tensor import allowed_elements
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,7 @@ BANDWIDTH = 2.0e9     # bytes/s moved per rank (shared memory copies)
 TILES = (48, 32, 24, 16, 12, 8)     # tried from large to small ...
 MAX_PRODUCTS = 60000                # ... down to the first with more block products per iteration
 PRODUCTS_PER_RANK = 1000            # ... or, on many ranks, more than this many per rank
+FROZEN_CACHE_BYTES = DEFAULT_CACHE_MB << 20      # what an executor keeps of frozen operands
 PLANNER_TEMPORARIES = ("tmp", "pairs", "half")     # names of the tensors the planner makes
 
 # auto weighs the TCE loop orders; ``owner`` (for networks with slow accumulates, which
@@ -103,9 +107,10 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
     run = structure(tile, occ_tile)
     s = {"flops": 0, "products": 0, "out_tasks": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
          "distinct_bytes": 0, "inv_gets": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
-         "other_bytes": 0, "summa_bytes": 0, "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0,
-         "collective_steps": [], "max_step_distinct_bytes": 0, "temporary_bytes": 0}
-    pr, pc = grid_shape(nranks)
+         "other_bytes": 0, "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0,
+         "collective_steps": [], "max_step_distinct_bytes": 0, "temporary_bytes": 0,
+         "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0}
+    owners: dict = {}            # id(tensor) -> owner function on nranks ranks
     gathered: dict = {}          # (tensor, perm, sectors) -> bytes of a constant operand's matrices
     pooled: dict = {}            # intermediate (not stored, not constant) -> its bytes
     for plan in run.plans:
@@ -131,6 +136,7 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
             s["makespan_flops"] += makespan([t.flops for t in tasks], nranks)
             bytes_a = bytes_b = 0
             seen_a, seen_b = set(), set()
+            frozen_a, frozen_b = (r.tensor.constant for r in step.inputs)
             for t in tasks:
                 s["out_tasks"] += 1
                 s["out_bytes"] += 8 * t.m * t.n
@@ -139,6 +145,7 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
                     s["flops"] += 2 * t.m * p.k * t.n
                     s["a_bytes"] += 8 * t.m * p.k
                     s["b_bytes"] += 8 * p.k * t.n
+                    s["frozen_ab_bytes"] += 8 * (frozen_a * t.m * p.k + frozen_b * p.k * t.n)
                     if p.a not in seen_a:
                         seen_a.add(p.a)
                         bytes_a += 8 * t.m * p.k
@@ -146,16 +153,19 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
                         seen_b.add(p.b)
                         bytes_b += 8 * p.k * t.n
             s["distinct_bytes"] += bytes_a + bytes_b
+            s["frozen_distinct_bytes"] += frozen_a * bytes_a + frozen_b * bytes_b
             s["max_step_distinct_bytes"] = max(s["max_step_distinct_bytes"], bytes_a + bytes_b)
             s["distinct_blocks"] += len(seen_a) + len(seen_b)
             reuse_a = bytes_a >= bytes_b
             s["inv_gets"] += len(seen_a if reuse_a else seen_b)
             s["inv_bytes"] += (bytes_a if reuse_a else bytes_b)
             s["inv_bytes"] += sum(8 * (p.k * t.n if reuse_a else t.m * p.k) for t in tasks for p in t.products)
-            # SUMMA: A panels reach pc ranks, B panels pr ranks; plus in/out redistribution
             out_bytes = sum(8 * t.m * t.n for t in tasks)
-            s["summa_bytes"] += bytes_a * (pc - 1) + bytes_b * (pr - 1) + bytes_a + bytes_b + out_bytes
-            s["collective_steps"].append((bytes_a, bytes_b, out_bytes))
+            s["collective_steps"].append({
+                "bytes": (bytes_a, bytes_b, out_bytes), "tasks": tasks, "perms": (step.perms["a"], step.perms["b"]),
+                "sig": tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in step.sectors),
+                "owners": tuple(_owner(owners, r.tensor, nranks) for r in (*step.inputs, step.out)),
+                "moved_once": tuple(x for x, r in zip("ab", step.inputs) if r.tensor.constant)})
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
     # memory balance of the stored tensors (in total and of the worst class), and the
@@ -175,27 +185,56 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
     return s
 
 
+def _owner(owners: dict, t, nranks: int):
+    """The owner function of tensor ``t``'s blocks (aliases: their canonical block's) on
+    ``nranks`` ranks, as a run places them (made once per tensor)."""
+    if id(t) not in owners:
+        where = block_owners(t.spaces, t.irrep, t.stored_keys(), nranks, t.placement)
+        alias = t.aliases
+        owners[id(t)] = (t, lambda key: where[key] if key in where else where[alias[key][0]])
+    return owners[id(t)][1]
+
+
 def grid_of(nranks: int, variant: str) -> tuple:
     """(pr, pc, layers) of ``mpi-collective`` with this variant on P ranks."""
     return grid_3d(nranks, default_layers(nranks) if variant == "2.5d" else 1)
 
 
 def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
-    """What ``mpi-collective`` moves and holds per CCSD iteration on a pr x pc x c grid:
-    ``bcast_bytes`` (A blocks reach the pc - 1 other ranks of their layer's grid row, B
-    blocks the pr - 1 of their grid column), ``exchange_bytes`` (inputs to their homes,
-    c partial outputs to the owners), summed over ranks, and ``working_bytes`` per rank
-    (largest step: twice the output rectangle, c times SUMMA's, for the GEMMs and the
-    send buffers; the homes twice; one A and one B panel)."""
+    """What ``mpi-collective`` moves and holds per CCSD iteration on a pr x pc x c grid,
+    contraction by contraction as the executor runs it: the grid shape of the contraction
+    (``summa_layout.choose_grid``) and SUMMA on it, or an operand kept stationary
+    (``backends.stationary.choose``, owner maps as a run places the blocks; frozen operands
+    moved once, as the executor keeps them). ``bytes_per_rank``: per contraction the bytes
+    the busiest rank receives, summed; ``bcast_bytes_per_rank``: of which panels of the
+    contractions run on the grid; ``modes``: contractions per mode; ``working_bytes`` per
+    rank (largest step: on the grid twice the output rectangle, c times SUMMA's, for the
+    GEMMs and the send buffers, the homes twice and one A and one B panel; stationary, the
+    blocks received and the partial outputs)."""
+    from tessera.backends import stationary
+    from tessera.backends.summa_layout import choose_grid, grid_score
     pr, pc, c = grid_of(nranks, variant)
-    npanel = max(pr, pc)
-    bcast = exch = work = 0.0
-    for a, b, out in s["collective_steps"]:
-        bcast += a * (pc - 1) + b * (pr - 1)
-        exch += a + b + c * out
-        work = max(work, 2 * out * c / nranks + 2 * (a + b) / nranks
-                   + a / (pr * c * npanel) + b / (pc * c * npanel))
-    return {"grid": (pr, pc, c), "bcast_bytes": bcast, "exchange_bytes": exch, "working_bytes": work}
+    moved = bcast = work = 0.0
+    modes: dict = {}
+    for st in s["collective_steps"]:
+        a, b, out = st["bytes"]
+        pa, pb = st["perms"]
+        gr, gc = choose_grid(st["sig"], pa, pb, nranks // c, c)
+        mode, scores, _ = stationary.choose(st["tasks"], st["sig"], pa, pb, (gr, gc, c), st["owners"], nranks,
+                                            st["moved_once"]) if nranks > 1 else ("summa", None, None)
+        modes[mode] = modes.get(mode, 0) + 1
+        if mode == "summa":
+            if nranks > 1:
+                moved += scores["summa"]["recv_bytes"]
+                bcast += grid_score(st["sig"], pa, pb, gr, gc, c, a="a" not in st["moved_once"],
+                                    b="b" not in st["moved_once"])["recv_bytes"]
+            work = max(work, 2 * out * c / nranks + 2 * (a + b) / nranks
+                       + a / (gr * c * max(gr, gc)) + b / (gc * c * max(gr, gc)))
+        else:
+            moved += scores[mode]["recv_bytes"]
+            work = max(work, 2 * scores[mode]["recv_bytes"] + out / nranks)
+    return {"grid": (pr, pc, c), "bytes_per_rank": moved, "bcast_bytes_per_rank": bcast,
+            "working_bytes": work, "modes": modes}
 
 
 def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None) -> dict:
@@ -210,13 +249,30 @@ def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None)
     if backend == "mpi-collective":
         working = collective_traffic(s, nranks, variant)["working_bytes"]
     elif backend == "mpi-onesided":
-        working = min(512 * 2**20, s["max_step_distinct_bytes"]) if variant in ("cached", "owner") else 0
+        working = min(FROZEN_CACHE_BYTES, s["max_step_distinct_bytes"]) + \
+            min(FROZEN_CACHE_BYTES, frozen_share(s, nranks)) if variant in ("cached", "owner") else 0
     else:
         working = s["temporary_bytes"] + s["gathered_bytes"]
     return {"stored": s["memory_per_rank_max"], "held": held, "working": working}
 
 
+def frozen_share(s: dict, nranks: int) -> float:
+    """Bytes of frozen operands' blocks a rank fetches (``cached``, ``owner``) and keeps."""
+    return min(s["frozen_distinct_bytes"], s["frozen_ab_bytes"] / nranks)
+
+
 LOCAL_COSTS = {"t_task": T_TASK, "t_get": T_GET, "t_acc": T_ACC, "t_coll": T_COLL, "bandwidth": BANDWIDTH}
+
+
+def run_costs(nranks: int, ranks_per_node: int | None = None) -> dict:
+    """The per-operation constants of a run: LOCAL_COSTS within a node and, when the
+    ranks span nodes (``ranks_per_node`` < ``nranks``), the network between them by the
+    formulas ``tessera plan --ranks`` uses (``backends.machine.Machine.on``, default
+    network)."""
+    from tessera.backends.machine import Machine
+    node = Machine(gemm_flops_per_second=0.0, task_seconds=T_TASK, get_seconds=T_GET, acc_seconds=T_ACC,
+                   collective_seconds=T_COLL, copy_bytes_per_second=BANDWIDTH)
+    return node.on(nranks, ranks_per_node or nranks)
 
 
 def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, costs: dict | None = None) -> dict:
@@ -235,11 +291,11 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         tr = collective_traffic(s, P, variant)
         pr, pc, c = tr["grid"]
         coll = s["contract_steps"] * (2 + 2 * max(pr, pc)) + s["other_steps"]
-        moved = (tr["bcast_bytes"] + tr["exchange_bytes"]) / P + other_bytes
+        moved = tr["bytes_per_rank"] + other_bytes
         seconds = compute + overhead + coll * T_COLL + moved / BANDWIDTH
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
-                "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes"] / P, "layers": c,
-                "memory_per_rank": memory}
+                "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes_per_rank"], "layers": c,
+                "contraction_modes": tr["modes"], "memory_per_rank": memory}
     if variant == "original":
         gets = 2 * s["products"] * remote
         accs = s["out_tasks"]
@@ -249,11 +305,14 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         accs = s["products"]
         moved = s["inv_bytes"] * remote + s["out_bytes"] * remote * 2
     else:
-        # each rank fetches every distinct block it needs once: at most all of them;
-        # ``owner`` adds its results in place (no accumulate)
+        # each rank fetches every distinct block it needs once: at most all of them, but
+        # a frozen operand's only in the first iteration while its share fits the frozen
+        # cache (``frozen_share``); ``owner`` adds its results in place (no accumulate)
         gets = P * min(s["distinct_blocks"], 2 * s["products"] / P) * remote
         accs = 0 if variant == "owner" else s["out_tasks"]
-        moved = P * min(s["distinct_bytes"], (s["a_bytes"] + s["b_bytes"]) / P) * remote \
+        kept = frozen_share(s, P) <= FROZEN_CACHE_BYTES
+        moved = P * min(s["distinct_bytes"] - kept * s["frozen_distinct_bytes"],
+                        (s["a_bytes"] + s["b_bytes"] - kept * s["frozen_ab_bytes"]) / P) * remote \
             + (0 if variant == "owner" else s["out_bytes"] * remote)
     seconds = (compute + overhead + (gets * T_GET + accs * T_ACC) / P
                + (moved / P + other_bytes) / BANDWIDTH + s["contract_steps"] * 4 * T_COLL)
@@ -262,15 +321,16 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
             "bcast_bytes_per_rank": 0.0, "layers": None, "memory_per_rank": memory}
 
 
-def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
-           variant=None, schedule=None, rate: float | None = None, budget: float | None = None) -> dict:
+def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=None, schedule=None,
+           rate: float | None = None, budget: float | None = None, ranks_per_node: int | None = None) -> dict:
     """The executor, options and tile for a run on ``nranks`` ranks, with the estimates.
 
     ``structure(tile, occ_tile)`` returns the run's structure at those tile sizes:
     ``plans`` (one iteration, planned without data), ``tensors`` (what a run stores) and
     ``tiles`` ({"o": sizes, "v": sizes}); ``structure.nocc`` is the active occupied count.
     ``budget``: bytes a rank may use (default ``budget.memory_budget`` with every rank on
-    this node)."""
+    this node). ``ranks_per_node``: worker ranks per node (default: all on one node; fewer
+    put the network between them, ``run_costs``)."""
     if backend not in ("auto", "mpi-onesided", "mpi-collective"):
         raise InputError(f"backend {backend!r} is not decided by the cost model")
     check_options(backend, variant, schedule, ranks=max(2, nranks))
@@ -288,6 +348,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
     else:
         combos = [("mpi-onesided", v) for v in ONESIDED_VARIANTS] + collective
     budget = budget or memory_budget(nranks)[0]
+    costs = run_costs(nranks, ranks_per_node)
     candidates = []
     seen_tiles = set()
     # with several ranks each tile is also tried with the occupied space cut in two or
@@ -312,7 +373,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None,
         seen_tiles.add(key)
         too_fine = s["products"] > max(MAX_PRODUCTS, PRODUCTS_PER_RANK * nranks) and not tile
         for b, var in combos:
-            e = estimate(s, nranks, b, var, rate)
+            e = estimate(s, nranks, b, var, rate, costs)
             candidates.append({"backend": b, "variant": var, "tile": t, "occ_tile": ot,
                                "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
                                "class_max_over_mean": round(s["class_max_over_mean"], 3),

@@ -29,28 +29,32 @@ reach pc - 1 ranks of a grid 1/c the size, over 1/c of the inner tuples), while 
 rank holds an output rectangle c times larger than with SUMMA on the same ranks: the
 memory cost of replication, which the cost model (``auto``) checks before choosing c > 1.
 Owner-computes steps (permuted additions, Hadamard products) get their inputs by one
-all-to-all.
+all-to-all. A contraction may instead keep one operand where it lives (its products on
+the owners of A, of B or of the output; ``backends.stationary``), chosen per contraction
+by cost (``stationary`` option: auto | never | a | b | c).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-
 import numpy as np
 
 from tessera.backends.dist_base import DEFAULT_CACHE_MB, DistributedExecutor, part_range
+from tessera.backends.distributed import FrozenCache
+from tessera.backends import stationary
 from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import partition
 from tessera.backends.summa_layout import choose_grid, summa_layout
 from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
-from tessera.plan.blocktasks import add_source, hadamard_outputs, source_block
+from tessera.plan.blocktasks import add_source, contraction_tasks, hadamard_outputs, source_block
 from tessera.runtime import distribution
 from tessera.runtime.distribution import default_layers, grid_shape
 
 log = logging.getLogger("tessera.backends")
+
+STATIONARY = ("auto", "never", *stationary.MODES)    # the executor's ``stationary`` option
 
 
 class CollectiveComm:
@@ -215,7 +219,7 @@ class CollectiveExecutor(DistributedExecutor):
     name = "mpi-collective"
 
     def __init__(self, variant: str = DEFAULT_VARIANT["mpi-collective"], world=None, schedule=None,
-                 layers: int | None = None):
+                 layers: int | None = None, stationary: str = "auto"):
         super().__init__(world, fetcher=self._fetch_many)
         check_options(self.name, variant, schedule, ranks=max(2, self.world.size))
         self.variant = variant
@@ -229,46 +233,42 @@ class CollectiveExecutor(DistributedExecutor):
             layers = 1
         elif layers is None:
             layers = default_layers(size)
+        if stationary not in STATIONARY:
+            raise InputError(f"mpi-collective: stationary={stationary!r}; expected one of {', '.join(STATIONARY)} "
+                             "(auto: per contraction, by cost; never: always the grid)")
+        self.stationary = stationary
+        self._modes: dict = {}        # contraction -> (mode, where each product runs)
         self.cc = CollectiveComm(self.world, layers)
-        self.frozen_bytes = DEFAULT_CACHE_MB << 20
-        self._panels: OrderedDict = OrderedDict()    # what frozen operands sent, see _kept
-        self._panel_bytes = 0
+        self.frozen = FrozenCache(DEFAULT_CACHE_MB << 20)    # what frozen operands sent, see _kept
         if self.variant == "2.5d" and layers == 1:
             log.info("mpi-collective 2.5d on %d rank(s): one layer (no replication; the same steps as summa)",
                      size)
 
     def describe(self) -> dict:
+        modes: dict = {}
+        for mode, _ in self._modes.values():
+            modes[mode] = modes.get(mode, 0) + 1
         return {**super().describe(), "variant": self.variant, "grid": list(self.cc.default),
-                "layers": self.cc.layers}
+                "layers": self.cc.layers, "stationary": self.stationary, "contraction_modes": modes}
 
     def close(self) -> None:
         if not self.closed:
             self.cc.free()
-            self._panels.clear()
+            self.frozen.clear()
+            self._modes.clear()
         super().close()
 
     def _kept(self, t, key, need, empty) -> tuple:
         """(what was kept for ``key`` of frozen tensor ``t`` earlier, or None; ``empty``, now
-        kept under that key, to fill this time, or None). Only a frozen operand
-        (``BlockTensor.freeze``: the integrals) is kept, while ``need`` (bytes: the most any
-        rank keeps, from structure alone, so every rank decides alike; a number or a function
-        giving it, called on a miss only) fits ``frozen_bytes`` with the others kept (least
-        recently used out)."""
-        if not t.constant:
-            return None, None
-        key = (t.uid, t.version, *key)
-        hit = self._panels.get(key)
-        if hit is not None:
-            self._panels.move_to_end(key)
-            return hit[0], None
+        kept under that key, to fill this time, or None). Only a frozen operand is kept
+        (``FrozenCache``), while ``need`` (bytes: the most any rank keeps, from structure
+        alone, so every rank decides alike; a number or a function giving it, called on a
+        miss only) fits the bound with the others kept."""
+        hit = self.frozen.get(t, key)
+        if hit is not None or not t.constant:
+            return hit, None
         need = need() if callable(need) else need
-        if need > self.frozen_bytes:
-            return None, None
-        while self._panel_bytes + need > self.frozen_bytes:
-            self._panel_bytes -= self._panels.popitem(last=False)[1][1]
-        self._panels[key] = (empty, need)
-        self._panel_bytes += need
-        return None, empty
+        return (None, empty) if self.frozen.put(t, key, empty, need) else (None, None)
 
     def _exchange(self, parts) -> dict:
         """``exchange`` of [(tensor, items)]: the blocks a rank receives for a frozen tensor
@@ -376,12 +376,90 @@ class CollectiveExecutor(DistributedExecutor):
         self.compute_seconds += time.perf_counter() - t0
 
     # ---------------------------------------------------------------- SUMMA / 2.5D
+    def _mode(self, step, sig, grid) -> tuple:
+        """(mode, where): ``"summa"`` (the grid; where None) or the operand kept stationary
+        (``backends.stationary``, chosen per contraction by cost from structure and owner
+        maps, the same on every rank; frozen operands count as moved once) with the rank
+        of every block product."""
+        A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
+        key = (sig, step.perms["a"], step.perms["b"], step.perms["c"], grid, self.stationary,
+               A.dist.ga.eid, B.dist.ga.eid, C.dist.ga.eid, A.constant, B.constant)
+        if key in self._modes:
+            return self._modes[key]
+        if self.stationary == "never" or self.cc.size == 1:
+            self._modes[key] = ("summa", None)
+        else:
+            tasks = contraction_tasks(step)
+            owners = (A.dist.owner, B.dist.owner, C.dist.owner)
+            modes = stationary.MODES if self.stationary == "auto" else (self.stationary,)
+            mode, _, plans = stationary.choose(tasks, sig, step.perms["a"], step.perms["b"], (*grid, self.cc.layers),
+                                               owners, self.cc.size, [x for x, t in (("a", A), ("b", B)) if t.constant],
+                                               modes)
+            if self.stationary != "auto":
+                mode = self.stationary
+            self._modes[key] = (mode, None if mode == "summa" else plans[mode]["where"])
+        return self._modes[key]
+
+    def _stationary_step(self, step, where) -> None:
+        """One contraction with an operand stationary: every block product on the rank
+        ``where`` names; the blocks it lacks by one all-to-all (a frozen operand's kept,
+        ``_exchange``); each rank sums its products of an output block and sends that
+        partial block to the owner, who adds it (one all-to-all)."""
+        cc, me = self.cc, self.cc.rank
+        A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
+        pa, pb, pc_ = step.perms["a"], step.perms["b"], step.perms["c"]
+        tasks = contraction_tasks(step)
+        ga_a, ga_b = A.dist.ga, B.dist.ga
+        blocks = self._exchange([(A, [(ga_a, p.a, r) for t, rs in zip(tasks, where) for p, r in zip(t.products, rs)]),
+                                 (B, [(ga_b, p.b, r) for t, rs in zip(tasks, where) for p, r in zip(t.products, rs)])])
+        send = [[] for _ in range(cc.size)]
+        expect = [[] for _ in range(cc.size)]
+        c0 = time.perf_counter()
+        for t, rs in zip(tasks, where):
+            dest = C.dist.owner(t.out)
+            if dest == me:          # partial blocks from the other ranks with products of it, in task order
+                for r in sorted(set(rs) - {me}):
+                    expect[r].append(t.out)
+            acc = None
+            for p, r in zip(t.products, rs):
+                if r != me:
+                    continue
+                prod = (blocks[(ga_a.eid, p.a)].transpose(pa).reshape(t.m, p.k)
+                        @ blocks[(ga_b.eid, p.b)].transpose(pb).reshape(p.k, t.n))
+                if acc is None:
+                    acc = prod
+                else:
+                    acc += prod
+            if acc is None:
+                continue
+            res = acc.reshape(t.out_shape).transpose(pc_)
+            if dest == me:
+                C.blocks[t.out] += step.scale * res
+            else:
+                send[dest].append(np.ascontiguousarray(res).ravel())
+        compute = time.perf_counter() - c0
+        counts = [sum(C.blocks[k].size for k in keys) for keys in expect]
+        recv = cc.alltoallv([np.concatenate(s) if s else np.zeros(0) for s in send], counts)
+        c0 = time.perf_counter()
+        for src, keys in enumerate(expect):
+            pos, buf = 0, recv[src]
+            for okey in keys:
+                view = C.blocks[okey]
+                view += step.scale * buf[pos:pos + view.size].reshape(view.shape)
+                pos += view.size
+        self.compute_seconds += compute + time.perf_counter() - c0
+
     def contract_step(self, step) -> None:
         cc = self.cc
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
         pa, pb, pc_ = step.perms["a"], step.perms["b"], step.perms["c"]
         sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-        cc.use(*choose_grid(sig, pa, pb, cc.size // cc.layers, cc.layers))
+        grid = choose_grid(sig, pa, pb, cc.size // cc.layers, cc.layers)
+        mode, where = self._mode(step, sig, grid)
+        if mode != "summa":
+            self._stationary_step(step, where)
+            return
+        cc.use(*grid)
         lay = summa_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers)
         me_row, me_col, me_layer = cc.my_row, cc.my_col, cc.my_layer
         layout_key = (sig, pa, pb, cc.pr, cc.pc, cc.layers)

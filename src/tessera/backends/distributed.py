@@ -214,3 +214,45 @@ class BlockCache:
     def clear(self) -> None:
         self._d.clear()
         self.bytes = 0
+
+
+class FrozenCache:
+    """What an executor derived from frozen tensors (``BlockTensor.freeze``: the integrals,
+    which never change between iterations), kept across steps and iterations: fetched
+    blocks (``mpi-onesided``), received panels and blocks (``mpi-collective``). Keyed by the
+    tensor's uid and version and the caller's key; bounded by ``limit`` bytes, least
+    recently used first out. A non-frozen tensor is never kept."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit = int(limit_bytes)
+        self.bytes = 0
+        self._d: OrderedDict = OrderedDict()     # key -> (value, bytes)
+
+    def get(self, t, key):
+        """What was kept for ``key`` of tensor ``t``, or None."""
+        if not t.constant:
+            return None
+        hit = self._d.get((t.uid, t.version, *key))
+        if hit is None:
+            return None
+        self._d.move_to_end((t.uid, t.version, *key))
+        return hit[0]
+
+    def put(self, t, key, value, nbytes: int) -> bool:
+        """Keep ``value`` (``nbytes``) for ``key`` of ``t`` if ``t`` is frozen and it fits the
+        bound (older entries out); True when kept. Deterministic in its arguments, so
+        ranks that pass the same sizes keep the same entries."""
+        if not t.constant or nbytes > self.limit:
+            return False
+        k = (t.uid, t.version, *key)
+        if k in self._d:
+            return True
+        while self.bytes + nbytes > self.limit:
+            self.bytes -= self._d.popitem(last=False)[1][1]
+        self._d[k] = (value, int(nbytes))
+        self.bytes += int(nbytes)
+        return True
+
+    def clear(self) -> None:
+        self._d.clear()
+        self.bytes = 0

@@ -28,6 +28,9 @@ Loop orders (how blocks travel), as in TCE:
   gets. A batch's distinct blocks fit the cache bound (an output task whose own inputs do
   not fit is cut into runs of products, each accumulating its part), and there are at
   least ``BATCHES_PER_RANK`` batches per rank where the tasks allow (``cached_batches``).
+  Remote blocks of a frozen operand (the integrals) go to the executor's ``FrozenCache``
+  instead, kept across steps and iterations (bounded, least recently used out): a rank
+  fetches such a block once per run while it stays there.
 - ``owner`` (owner computes, for networks where remote accumulates are slow): each output
   block is computed by the rank that owns it, in ``cached``'s batches and through its
   cache, and added in place: gets only, no accumulate leaves a rank. The deal follows
@@ -47,7 +50,7 @@ import time
 import numpy as np
 
 from tessera.backends.dist_base import DEFAULT_CACHE_MB, DistributedExecutor, part_range
-from tessera.backends.distributed import BlockCache
+from tessera.backends.distributed import BlockCache, FrozenCache
 from tessera.backends.registry import DEFAULT_SCHEDULE, DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Scheduler
 from tessera.backends.tasks import part_slice
@@ -67,6 +70,8 @@ class OneSidedExecutor(DistributedExecutor):
         self._schedulers = {schedule: self.scheduler}   # schedule name -> Scheduler
         self.deal_stats = None        # DealStats of the last task set's deal on this rank
         self._inverted: dict = {}
+        # cached/owner: remote blocks of frozen operands (integrals) kept across iterations
+        self.frozen = FrozenCache(self.cache_bytes)
 
     def describe(self) -> dict:
         return {**super().describe(), "variant": self.variant, "schedule": self.schedule}
@@ -83,6 +88,7 @@ class OneSidedExecutor(DistributedExecutor):
         if not self.closed:
             for s in self._schedulers.values():
                 s.free()
+            self.frozen.clear()
         super().close()
 
     def batches(self, costs, chunk: int = 1, partition: str = "largest_first", home=None):
@@ -272,9 +278,10 @@ class OneSidedExecutor(DistributedExecutor):
 
     def _prefetch(self, step, tasks, batch, A, B, cache) -> dict:
         """{(0 | 1, key): GEMM operand} of every input block the batch's entries (task,
-        lo, hi) need: from the cache, in place for owned blocks, else by non-blocking gets
-        all in flight at once (each stored in the cache)."""
-        pa, pb = step.perms["a"], step.perms["b"]
+        lo, hi) need: from the cache (remote blocks of a frozen operand: from the
+        executor's ``FrozenCache``, kept across steps and iterations), in place for owned
+        blocks, else by non-blocking gets all in flight at once (each stored in a cache)."""
+        perms = (step.perms["a"], step.perms["b"])
         have: dict = {}
         pending = []
         for ti, lo, hi in batch:
@@ -285,22 +292,25 @@ class OneSidedExecutor(DistributedExecutor):
                     if k in have:
                         continue
                     mat = cache.get(k)
+                    if mat is None:
+                        mat = self.frozen.get(ten, (key, perms[which], shape))
                     if mat is not None:
                         have[k] = mat
                         continue
                     blk = ten.blocks.get(key)
                     if blk is None:
-                        pending.append((k, shape, ten.dist.ga.iget(key)))
+                        pending.append((k, ten, shape, ten.dist.ga.iget(key)))
                         have[k] = None
                     else:
-                        have[k] = self._operand(blk, pa if which == 0 else pb, shape)
+                        have[k] = self._operand(blk, perms[which], shape)
                         cache.put(k, have[k])
-        for k, shape, h in pending:
+        for k, ten, shape, h in pending:
             blk = h.wait()
             c0 = time.perf_counter()
-            have[k] = self._operand(blk, pa if k[0] == 0 else pb, shape)
+            have[k] = self._operand(blk, perms[k[0]], shape)
             self.compute_seconds += time.perf_counter() - c0
-            cache.put(k, have[k])
+            if not self.frozen.put(ten, (k[1], perms[k[0]], shape), have[k], have[k].nbytes):
+                cache.put(k, have[k])
         return have
 
     def _products(self, step, tasks, batch, have):

@@ -18,6 +18,17 @@ the transform) gets its tasks from :meth:`Scheduler.deal`; the schedule decides:
   remaining tasks* with one remote fetch-and-add on the victim's counter, until every
   queue is empty.
 
+``nxtval`` across nodes without a helper to serve the counter (ranks on more than one
+node and progress ``none``: no ghost holds it, no progress thread answers for a busy
+rank) is hierarchical instead of one counter on worker 0, whose fetch-and-adds from
+other nodes would complete only when worker 0 enters MPI: the tasks are first split
+among the nodes (by cost: contiguous runs for ``order="index"``, largest first for
+``"cost"``, each in the deal's order), each node's share is handed out by a counter on
+the node's first worker, ``chunk`` tickets at a time, to that node's ranks only; a rank
+whose node has run out steals half of what another node has left (``steal``'s rule,
+node by node in ring order). Counter traffic between nodes is then one read per other
+node per rank and deal, plus the steals.
+
 Counters are not reset between deals (a reset needs two barriers); every rank must know
 where a counter stands after a deal without a message. Under nxtval every claim takes
 ``chunk`` tickets and every rank stops after exactly one failing claim, so the counter
@@ -82,14 +93,18 @@ class Deal:
         self.chunk = max(1, int(chunk))
         self.stats = DealStats()
         size, me = scheduler.size, scheduler.rank
+        if order not in ORDERS:
+            raise ValueError(f"unknown task order {order!r}; expected one of {ORDERS}")
         self.schedule = "static" if home is not None else scheduler.schedule
         if home is not None:
             self.queues = queues(home, size)
             self.own = self.queues[me]
+        elif self.schedule == "nxtval" and scheduler.leaders:
+            self.schedule = "node"
+            self.queues = partition(costs, len(scheduler.leaders), "contiguous" if order == "index" else "largest_first")
+            self.own = []
         elif self.schedule == "nxtval" or size == 1:
             self.queues = None
-            if order not in ORDERS:
-                raise ValueError(f"unknown task order {order!r}; expected one of {ORDERS}")
             self.order = (list(range(self.n)) if order == "index"
                           else sorted(range(self.n), key=lambda i: (-costs[i], i)))
             self.own = self.order if size == 1 else []
@@ -113,6 +128,15 @@ class Deal:
             # ends at base + chunk * (claims that got tasks + ranks): nothing to give back
             yield from self._claims(k, None, 0, self.order, self.chunk, give_back=False)
             s.advance(k, [self.chunk * (-(-self.n // self.chunk) + s.size)])
+            return
+        if self.schedule == "node":
+            # the own node's counter (on its first worker), then steal node by node
+            nodes, mine = len(s.leaders), s.node
+            yield from self._claims(k, s.leaders[mine], mine, self.queues[mine], self.chunk)
+            for j in range(1, nodes):
+                victim = (mine + j) % nodes
+                yield from self._claims(k, s.leaders[victim], victim, self.queues[victim], None)
+            s.advance(k, [len(q) for q in self.queues])
             return
         me = s.rank
         yield from self._claims(k, me, me, self.own, self.chunk)
@@ -167,8 +191,16 @@ class Scheduler:
         self.rank, self.size = world.rank, world.size
         self._barrier = barrier or self._world_barrier
         self.counters = []
+        # nxtval on several nodes with no ghost or thread to serve a counter: one counter
+        # per node, on its first worker (``leaders[node]``; module docstring)
+        node_of = list(getattr(world, "node_of", None) or [0] * self.size)
+        progress = getattr(getattr(world, "options", None), "progress", "none")
+        self.leaders = []
+        if schedule == "nxtval" and len(set(node_of)) > 1 and progress == "none":
+            self.leaders = [node_of.index(n) for n in range(max(node_of) + 1)]
+            self.node = node_of[self.rank]
         if self.size > 1 and schedule != "static":
-            kind = "global" if schedule == "nxtval" else "per_rank"
+            kind = "global" if schedule == "nxtval" and not self.leaders else "per_rank"
             make = make_counter or (lambda kind: TaskCounter(kind=kind, world=world))
             self.counters = [make(kind) for _ in range(NCOUNTERS)]
         self.bases = [[0] * self.size for _ in range(NCOUNTERS)]

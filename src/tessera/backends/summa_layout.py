@@ -165,11 +165,12 @@ def grid_shapes(nranks: int) -> list:
     return [(d, nranks // d) for d in range(1, nranks + 1) if nranks % d == 0]
 
 
-def grid_score(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
+def grid_score(sig, pa, pb, pr: int, pc: int, layers: int = 1, a: bool = True, b: bool = True) -> dict:
     """How a contraction fares on a pr x pc x layers grid (structure only): ``idle``, the
     grid rows and columns with no output rows or columns in any sector; ``flops`` and
-    ``recv_bytes``, the most any rank computes and receives in panels; ``cost``, flops +
-    FLOPS_PER_BYTE * bytes of the busiest rank."""
+    ``recv_bytes``, the most any rank computes and receives in panels (of A and B, or
+    only of those with ``a`` / ``b`` true: an operand whose panels are kept moves once);
+    ``cost``, flops + FLOPS_PER_BYTE * bytes of the busiest rank."""
     rows, cols, inner = np.zeros((len(sig), pr)), np.zeros((len(sig), pc)), np.zeros((len(sig), layers))
     for n, (_, r, i, c) in enumerate(sig):      # the deals of summa_layout, without its lists
         grow, gcol, _, usize, place = _deal(n, r, i, c, pa, pb, pr, pc, layers)
@@ -178,8 +179,8 @@ def grid_score(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
             inner[n, l_] += size
     flops = 2 * np.einsum("ng,nh,nl->lgh", rows, cols, inner)
     # panels from the other pc - 1 columns (A) and pr - 1 rows (B), on average
-    recv = 8 * ((pc - 1) / pc * np.einsum("ng,nl->lg", rows, inner)[:, :, None]
-                + (pr - 1) / pr * np.einsum("nh,nl->lh", cols, inner)[:, None, :])
+    recv = 8 * (a * (pc - 1) / pc * np.einsum("ng,nl->lg", rows, inner)[:, :, None]
+                + b * (pr - 1) / pr * np.einsum("nh,nl->lh", cols, inner)[:, None, :])
     idle = int((rows.sum(0) == 0).sum() + (cols.sum(0) == 0).sum())
     return {"idle": idle, "flops": float(flops.max(initial=0)), "recv_bytes": float(recv.max(initial=0)),
             "cost": float((flops + FLOPS_PER_BYTE * recv).max(initial=0))}

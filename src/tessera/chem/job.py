@@ -295,7 +295,8 @@ class Job:
         from tessera.backends.auto import decide
         structure = CCSDStructure(ref.orbsym, ref.nocc, nfrozen)
         decision = ranks.share(lambda: decide(structure, ranks.size, backend=opt.backend, tile=opt.tile,
-                                              variant=opt.variant, schedule=opt.schedule, budget=self.budget))
+                                              variant=opt.variant, schedule=opt.schedule, budget=self.budget,
+                                              ranks_per_node=ranks.node_size))
         options = {"variant": decision["variant"], "schedule": decision.get("schedule")}
         return decision["backend"], options, decision["tile"], decision
 

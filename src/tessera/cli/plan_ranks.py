@@ -18,7 +18,11 @@ returns, per rank:
   memory per rank (stored + held + working, ``backends.auto.memory_parts``) against the
   budget (memory per node / ranks per node) and seconds per iteration from the
   calibrated model (``backends.machine``: this machine's measured constants plus the
-  network given as options).
+  network given as options); the model ``auto`` decides with (``backends.auto.estimate``:
+  mpi-collective contraction by contraction on its grid or with an operand stationary,
+  ``contraction_modes``; frozen operands moved once). On several nodes a run has one
+  ghost rank per node (progress ``auto``): the executors' figures are for the
+  ``workers`` (ranks minus ghosts), the class table above for all ranks.
 
 Without ``--tile`` the tiles are those a run on P ranks takes (``backends.balance``:
 the largest at which every stored class is spread with max/mean <= 1.5; a small molecule
@@ -74,7 +78,12 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
         warning = forced_tile_warning(structure.stored, tile, occ_tile, nranks)
     occ_tile = occ_tile or tile
     run = structure(tile, occ_tile)
-    stats = structure_stats(lambda *_: run, tile, occ_tile, nranks)
+    # on several nodes a run has one ghost per node (progress auto): the executors' work,
+    # bytes and time are those of the workers
+    rpn = min(ranks_per_node, nranks)
+    ghosts = 1 if nranks > rpn > 1 else 0
+    workers = nranks - ghosts * -(-nranks // rpn)
+    stats = structure_stats(lambda *_: run, tile, occ_tile, workers)
     memory = class_balance(structure.stored(tile, occ_tile), nranks)
     triples = None
     if method == "ccsd(t)":
@@ -83,19 +92,21 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
         triples = plan_counts(structure.stored(tile, occ_tile), nranks)
     from tessera.backends.budget import memory_budget
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
-    costs = machine.on(nranks, ranks_per_node)
+    costs = machine.on(workers, rpn - ghosts)
     executors = []
     for backend, variants in (("mpi-onesided", ONESIDED_VARIANTS), ("mpi-collective", COLLECTIVE_VARIANTS)):
         for variant in variants:
-            e = estimate(stats, nranks, backend, variant, machine.gemm_flops_per_second, costs)
-            parts = memory_parts(stats, nranks, backend, variant)
+            e = estimate(stats, workers, backend, variant, machine.gemm_flops_per_second, costs)
+            parts = memory_parts(stats, workers, backend, variant)
             executors.append({"backend": backend, "variant": variant,
                               "bytes_per_rank": int(e["bytes_per_rank"]), "gets": e["gets"], "accs": e["accs"],
                               "collectives": e["collectives"], "seconds_per_iteration": e["seconds"],
                               "compute_seconds": e["compute"], "memory_per_rank": int(sum(parts.values())),
                               "memory_parts": {k: int(v) for k, v in parts.items()},
-                              "fits_memory": sum(parts.values()) <= budget})
-    return {"ranks": nranks, "ranks_per_node": ranks_per_node, "nodes": costs["nodes"],
+                              "fits_memory": sum(parts.values()) <= budget,
+                              **({"contraction_modes": e["contraction_modes"]} if "contraction_modes" in e else {})})
+    return {"ranks": nranks, "ranks_per_node": ranks_per_node, "nodes": -(-nranks // rpn), "workers": workers,
+            "ghosts_per_node": ghosts,
             "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile, "tile_warning": warning,
             "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
             "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
@@ -112,7 +123,8 @@ def _size(n: float) -> str:
 
 
 def render(sim: dict) -> str:
-    lines = [f"Simulated machine: {sim['ranks']} ranks, {sim['ranks_per_node']} per node ({sim['nodes']} nodes), "
+    ghosts = f", {sim['workers']} workers beside one ghost per node" if sim["ghosts_per_node"] else ""
+    lines = [f"Simulated machine: {sim['ranks']} ranks, {sim['ranks_per_node']} per node ({sim['nodes']} nodes{ghosts}), "
              f"{_size(sim['memory_budget_per_rank']).strip()} per rank; tiles o {sim['tiles']['o']} "
              f"v {sim['tiles']['v']} (o={sim['nocc']}, v={sim['nvir']})",
              *([f"warning: {sim['tile_warning']}"] if sim.get("tile_warning") else []),
