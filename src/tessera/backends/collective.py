@@ -437,17 +437,7 @@ class CollectiveExecutor(DistributedExecutor):
                 C.blocks[t.out] += step.scale * res
             else:
                 send[dest].append(np.ascontiguousarray(res).ravel())
-        compute = time.perf_counter() - c0
-        counts = [sum(C.blocks[k].size for k in keys) for keys in expect]
-        recv = cc.alltoallv([np.concatenate(s) if s else np.zeros(0) for s in send], counts)
-        c0 = time.perf_counter()
-        for src, keys in enumerate(expect):
-            pos, buf = 0, recv[src]
-            for okey in keys:
-                view = C.blocks[okey]
-                view += step.scale * buf[pos:pos + view.size].reshape(view.shape)
-                pos += view.size
-        self.compute_seconds += compute + time.perf_counter() - c0
+        self.compute_seconds += time.perf_counter() - c0 + _add_partials(cc, C, step.scale, send, expect)
 
     def contract_step(self, step) -> None:
         cc = self.cc
@@ -531,17 +521,7 @@ class CollectiveExecutor(DistributedExecutor):
                             okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
                             if okey not in C.aliases and C.dist.owner(okey) == cc.rank:
                                 expect[src].append(okey)
-        counts = [sum(C.blocks[k].size for k in keys) for keys in expect]
-        recv = cc.alltoallv([np.concatenate(s) if s else np.zeros(0) for s in send], counts)
-        c0 = time.perf_counter()
-        for src, keys in enumerate(expect):
-            pos, buf = 0, recv[src]
-            for okey in keys:
-                view = C.blocks[okey]
-                view += step.scale * buf[pos:pos + view.size].reshape(view.shape)
-                pos += view.size
-        compute += time.perf_counter() - c0
-        self.compute_seconds += compute
+        self.compute_seconds += compute + _add_partials(cc, C, step.scale, send, expect)
 
     def _panel(self, kept, keep, p: int, size: int, root: int, axis: str, pack):
         """Panel ``p`` of an operand on this rank: the one ``kept`` from an earlier iteration
@@ -578,3 +558,19 @@ class CollectiveExecutor(DistributedExecutor):
                 blk = home[(B.dist.ga.eid, bkey) if part is None else (B.dist.ga.eid, bkey, part)]
                 mat[io:io + ks, co:co + cs] = blk.transpose(pb).reshape(ks, cs)
             off += k * ncol
+
+
+def _add_partials(cc, C, scale, send, expect) -> float:
+    """Send partial output blocks to their owners (``send[d]``: flat arrays for rank d) and
+    add what arrives (``expect[s]``: the keys rank s sends here, in order) into ``C``;
+    returns the seconds spent adding."""
+    counts = [sum(C.blocks[k].size for k in keys) for keys in expect]
+    recv = cc.alltoallv([np.concatenate(s) if s else np.zeros(0) for s in send], counts)
+    c0 = time.perf_counter()
+    for src, keys in enumerate(expect):
+        pos, buf = 0, recv[src]
+        for okey in keys:
+            view = C.blocks[okey]
+            view += scale * buf[pos:pos + view.size].reshape(view.shape)
+            pos += view.size
+    return time.perf_counter() - c0
