@@ -55,6 +55,7 @@ from pyscf.gto import moleintor
 from tessera.backends.local import threads_of
 from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet
+from tessera.chem.ao2mo_symmetry import pair_orbits
 from tessera.tensor.block_tensor import BlockTensor
 from tessera.tensor.space import IndexSpace
 
@@ -145,6 +146,7 @@ class ClassTransform:
         self.ao_loc = moleintor.make_loc(mol._bas, self.intor)
         self.halves = [_Half(name, t, index) for name, t in tensors.items() if t.allowed_keys()]
         self.rows = None                    # in memory (A): (pq|lam sig), all p >= q
+        self.orbits = None                  # in memory with symmetry: ao2mo_symmetry.PairOrbits
         self.units = []
         if not in_memory:
             # units of at most slab/2 bytes, and enough of them to spread over the ranks
@@ -186,7 +188,12 @@ class ClassTransform:
 
     # -- A: the 8-fold AO integrals in memory, half-transformed at once ---------------
     def half_in_memory(self, eri_s8, threads: int) -> None:
-        """rows = (pq|lam sig) for all active p >= q from the 8-fold AO integrals."""
+        """rows = (pq|lam sig) for all active p >= q from the 8-fold AO integrals; with
+        point-group orbits, rows[pq, u] = (pq|u) for their representative AO pairs u only."""
+        if self.orbits is not None:
+            with lib.with_omp_threads(threads):
+                self.rows = lib.transpose(self.orbits.half_rows(eri_s8, self.coeff, threads))
+            return
         with lib.with_omp_threads(threads):
             self.rows = incore.half_e1(eri_s8, (self.coeff, self.coeff), compact=True)
 
@@ -234,11 +241,9 @@ class ClassTransform:
     def finish_group(self, j: int, _blocks) -> float:
         """(P Q | lam sig) rows of one first-pair group -> its blocks (P Q | R S)."""
         h, g = self.work[j]
-        t, keys, name = h.t, h.groups[g], h.name
+        t, keys = h.t, h.groups[g]
         sp = t.spaces
         npq = int(h.bounds[g + 1] - h.bounds[g])
-        cz, cw = self.coeff[:, self.index[name[2]]], self.coeff[:, self.index[name[3]]]
-        same_space = name[2] == name[3]
         by_irrep: dict = {}
         for key in keys:
             by_irrep.setdefault((sp[2].tiles[key[2]].irrep, sp[3].tiles[key[3]].irrep), []).append(key)
@@ -247,6 +252,34 @@ class ClassTransform:
         spans = {hh: (_span(sp[2], [k[2] for k in hkeys]), _span(sp[3], [k[3] for k in hkeys]))
                  for hh, hkeys in by_irrep.items()}
         out = {key: np.empty((npq,) + t.block_shape(key)[2:]) for key in keys}
+        if self.orbits is not None:          # through the SO basis (chem/ao2mo_symmetry.py)
+            self._finish_so(h, g, npq, by_irrep, spans, out)
+        else:
+            self._finish_ao(h, g, npq, by_irrep, spans, out)
+        for key, blk in out.items():
+            blk = blk.reshape(t.block_shape(key))
+            t.put_block(key, blk)
+            if h.mirror and key[0] > key[1] and not t.aliases:   # (Q P|R S) = (P Q|R S) transposed
+                t.put_block((key[1], key[0]) + key[2:], np.ascontiguousarray(blk.transpose(1, 0, 2, 3)))
+        return 0.0
+
+    def _finish_so(self, h, g, npq, by_irrep, spans, out) -> None:
+        """Finish from the representative AO pairs' rows, one SO irrep pair at a time."""
+        name, sp = h.name, h.t.spaces
+        b = h.bounds[g]
+        rows = lib.transpose(np.take(self.rows, h.rows[b:b + npq], axis=0))    # (nrep, npq)
+        iz, iw = self.index[name[2]], self.index[name[3]]
+        for (hz, hw), hkeys in by_irrep.items():
+            (z0, z1), (w0, w1) = spans[(hz, hw)]
+            res = self.orbits.finish(rows, hz, hw, iz[z0:z1], iw[w0:w1])
+            for key in hkeys:
+                out[key][:] = res[:, slice(*_rel(sp[2], key[2], z0)), slice(*_rel(sp[3], key[3], w0))]
+
+    def _finish_ao(self, h, g, npq, by_irrep, spans, out) -> None:
+        """Finish from all AO pairs' rows, in chunks of rows, one irrep pair at a time."""
+        name, sp = h.name, h.t.spaces
+        cz, cw = self.coeff[:, self.index[name[2]]], self.coeff[:, self.index[name[3]]]
+        same_space = name[2] == name[3]
         for r0 in range(0, npq, self.row_chunk):
             r1 = min(r0 + self.row_chunk, npq)
             tril = self.row_chunk_of(h, g, r0, r1)
@@ -266,12 +299,6 @@ class ClassTransform:
                     res = res.reshape(r1 - r0, nz, nw)
                     for key in hkeys:
                         out[key][r0:r1] = res[:, slice(*_rel(sp[2], key[2], z0)), slice(*_rel(sp[3], key[3], w0))]
-        for key, blk in out.items():
-            blk = blk.reshape(t.block_shape(key))
-            t.put_block(key, blk)
-            if h.mirror and key[0] > key[1] and not t.aliases:   # (Q P|R S) = (P Q|R S) transposed
-                t.put_block((key[1], key[0]) + key[2:], np.ascontiguousarray(blk.transpose(1, 0, 2, 3)))
-        return 0.0
 
 
 def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
@@ -279,7 +306,8 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
     """Fill the class tensors (local or distributed) on ``context``; collective under MPI.
     ``in_memory``: the 8-fold AO integrals in memory (A; a local context only), those of
     ``kept`` (``reference.KeptIntegrals``, taken) when it still holds them; else AO units (B).
-    Returns this rank's counts: AO integrals computed (packed as computed: 8-fold in
+    In memory with point-group symmetry the half transform takes one AO pair per orbit
+    (``ao2mo_symmetry``). Returns this rank's counts: AO integrals computed (packed as computed: 8-fold in
     memory, 4-fold by units), AO-pair columns, bytes of half-transformed rows held."""
     ranks = context.ranks
     # ranks x task workers x OpenMP threads <= the threads of the rank
@@ -293,8 +321,9 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
             with lib.with_omp_threads(threads):
                 eri = moleintor.getints(job.intor, mol._atm, mol._bas, mol._env, aosym="s8")
             job.computed = eri.size
+        job.orbits = pair_orbits(mol, job.coeff)
         job.half_in_memory(eri, threads)
-        job.columns = job.npair
+        job.columns = job.npair if job.orbits is None else len(job.orbits.reps)
         del eri                                    # no AO integrals while MO blocks exist
         held = job.rows.nbytes
     else:
