@@ -68,9 +68,9 @@ def ao_operations(mol, U: np.ndarray) -> list:
 
 class PairOrbits:
     """The AO pairs of ``mol`` up to its point group, and the SO coefficients of the
-    orbitals ``coeff`` (module docstring)."""
+    orbitals ``coeff`` when given (module docstring)."""
 
-    def __init__(self, mol, coeff: np.ndarray):
+    def __init__(self, mol, coeff: np.ndarray | None = None):
         U = np.hstack(mol.symm_orb)
         so_irrep = np.concatenate([np.full(c.shape[1], i, dtype=np.int64)
                                    for i, c in zip(mol.irrep_id, mol.symm_orb)])
@@ -93,7 +93,7 @@ class PairOrbits:
         self.op_of = best                                # 0: E, else ops[best - 1]
         self.sign_of = np.array(signs)[best, np.arange(npair)]
         self.U, self.so_irrep, self.nao = U, so_irrep, nao
-        self.c = U.T @ coeff            # SO-basis coefficients (c_R: the rows of irrep R)
+        self.c = None if coeff is None else U.T @ coeff   # SO basis (c_R: the rows of irrep R)
         self._maps: dict = {}
 
     def so_map(self, R: int, S: int) -> scipy.sparse.csr_matrix:
@@ -148,7 +148,7 @@ class PairOrbits:
         return np.tensordot(z, self.c[np.ix_(KS, s_orbs)], axes=([1], [0])).transpose(1, 0, 2)
 
 
-def pair_orbits(mol, coeff: np.ndarray) -> PairOrbits | None:
+def pair_orbits(mol, coeff: np.ndarray | None = None) -> PairOrbits | None:
     """The AO pair orbits of ``mol`` when its point group has fewer of them than AO
     pairs (None: no symmetry, or none that maps AOs onto signed AOs -- axes of the group
     other than the input's -- so the transform takes every AO pair)."""
