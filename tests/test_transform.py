@@ -113,3 +113,18 @@ def test_point_group_orbits_equal_dense_einsum(xyz, symmetry, group, orbits, bac
     else:
         assert stats["ao_pair_columns"] == npair
     assert check_blocks(ints, ref, eri_mo, 1) > 0
+
+
+def test_orbits_only_for_orbitals_of_one_irrep(system):
+    """The SO finish takes each orbital's coefficients on the SOs of its irrep alone: with
+    orbitals that mix two irreps the transform takes every AO pair (no orbits)."""
+    from tessera.chem.ao2mo_symmetry import pair_orbits
+    ref, _ = system
+    if ref.point_group == "C1":
+        assert pair_orbits(ref.mol, ref.mo_coeff) is None
+        return
+    assert pair_orbits(ref.mol, ref.mo_coeff) is not None
+    p, q = (int(np.flatnonzero(ref.orbsym == g)[0]) for g in sorted(set(ref.orbsym.tolist()))[:2])
+    mixed = ref.mo_coeff.copy()
+    mixed[:, [p, q]] = ref.mo_coeff[:, [p, q]] @ np.array([[0.8, -0.6], [0.6, 0.8]])
+    assert pair_orbits(ref.mol, mixed) is None

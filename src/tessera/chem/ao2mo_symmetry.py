@@ -28,6 +28,7 @@ when they map every SO onto itself: the group is the one the orbitals are labell
 from __future__ import annotations
 
 import ctypes
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.sparse
@@ -96,9 +97,10 @@ class PairOrbits:
         self.c = None if coeff is None else U.T @ coeff   # SO basis (c_R: the rows of irrep R)
         self._maps: dict = {}
 
-    def so_map(self, R: int, S: int) -> scipy.sparse.csr_matrix:
-        """M_RS^T as a sparse (nso_R * nso_S, nrep) matrix: Y_RS (flattened) = M_RS^T @ H,
-        H[u] = (pq|u) for the representative pairs u (rows of one irrep G = R ^ S)."""
+    def so_map(self, R: int, S: int) -> tuple:
+        """(M, SOs of R, SOs of S): M = M_RS^T as a sparse (nso_R * nso_S, nrep) matrix,
+        Y_RS (flattened) = M @ H for H[u] = (pq|u) over the representative pairs u (rows
+        of one irrep G = R x S). Built once per irrep pair."""
         key = (R, S)
         if key not in self._maps:
             chi = self.chi[R] * self.chi[S]             # chi_G, G = R x S
@@ -120,8 +122,10 @@ class PairOrbits:
 
     def half_rows(self, eri_s8: np.ndarray, coeff: np.ndarray, threads: int) -> np.ndarray:
         """H[u, pq] = (pq|u) for the representative AO pairs u and all p >= q of
-        ``coeff``'s orbitals, from the 8-fold AO integrals (PySCF's e1 kernel on each
-        contiguous run of representatives)."""
+        ``coeff``'s orbitals, from the 8-fold AO integrals: PySCF's e1 kernel on pieces of
+        at most 32 consecutive representatives (their runs are mostly short, so the pieces
+        go to ``threads`` threads of one OpenMP thread each rather than one run at a time
+        to OpenMP)."""
         nmo = coeff.shape[1]
         out = np.empty((len(self.reps), nmo * (nmo + 1) // 2))
         mo = np.asarray(coeff, order="F")
@@ -130,13 +134,20 @@ class PairOrbits:
         fmmm = _ao2mo.libao2mo.AO2MOmmm_nr_s2_s2
         starts = np.flatnonzero(np.diff(self.reps, prepend=-2) != 1)
         stops = np.append(starts[1:], len(self.reps))
-        with lib.with_omp_threads(threads):
-            for a, b in zip(starts, stops):
+        pieces = [(p, min(p + 32, stop)) for start, stop in zip(starts, stops)
+                  for p in range(start, stop, 32)]
+
+        def piece(ab):
+            a, b = ab
+            with lib.with_omp_threads(1):
                 fdrv(ftrans, fmmm, out[a:b].ctypes.data_as(ctypes.c_void_p),
                      eri_s8.ctypes.data_as(ctypes.c_void_p), mo.ctypes.data_as(ctypes.c_void_p),
                      ctypes.c_int(int(self.reps[a])), ctypes.c_int(int(b - a)),
                      ctypes.c_int(self.nao), ctypes.c_int(0), ctypes.c_int(nmo),
                      ctypes.c_int(0), ctypes.c_int(nmo))
+
+        with ThreadPoolExecutor(max(1, int(threads))) as pool:
+            list(pool.map(piece, pieces))
         return out
 
     def finish(self, H: np.ndarray, R: int, S: int, r_orbs, s_orbs) -> np.ndarray:
@@ -151,11 +162,19 @@ class PairOrbits:
 def pair_orbits(mol, coeff: np.ndarray | None = None) -> PairOrbits | None:
     """The AO pair orbits of ``mol`` when its point group has fewer of them than AO
     pairs (None: no symmetry, or none that maps AOs onto signed AOs -- axes of the group
-    other than the input's -- so the transform takes every AO pair)."""
+    other than the input's -- or orbitals ``coeff`` that mix irreps beyond 1e-8, so the
+    transform takes every AO pair)."""
     if not getattr(mol, "symmetry", False) or mol.symm_orb is None or mol.groupname == "C1":
         return None
     orbits = PairOrbits(mol, coeff)
-    return orbits if len(orbits.reps) < orbits.npair else None
+    if len(orbits.reps) == orbits.npair:
+        return None
+    if coeff is not None:      # orbitals of one irrep each (the finish takes c_R alone)
+        weight = np.zeros((max(orbits.chi) + 1, coeff.shape[1]))
+        np.add.at(weight, orbits.so_irrep, orbits.c ** 2)
+        if np.any(weight.sum(axis=0) - weight.max(axis=0) > 1e-16):
+            return None
+    return orbits
 
 
 def _pair(k, l) -> np.ndarray:
