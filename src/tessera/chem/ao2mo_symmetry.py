@@ -71,7 +71,7 @@ class PairOrbits:
     """The AO pairs of ``mol`` up to its point group, and the SO coefficients of the
     orbitals ``coeff`` when given (module docstring)."""
 
-    def __init__(self, mol, coeff: np.ndarray | None = None):
+    def __init__(self, mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False):
         U = np.hstack(mol.symm_orb)
         so_irrep = np.concatenate([np.full(c.shape[1], i, dtype=np.int64)
                                    for i, c in zip(mol.irrep_id, mol.symm_orb)])
@@ -84,10 +84,23 @@ class PairOrbits:
                     for lab in set(so_irrep.tolist())}
         k, l = np.tril_indices(nao)
         self.npair = npair = k.size
-        images = [np.arange(npair)] + [_pair(perm[k], perm[l]) for perm, _ in self.ops]
+        images = np.array([np.arange(npair)] + [_pair(perm[k], perm[l]) for perm, _ in self.ops])
         signs = [np.ones(npair)] + [sign[k] * sign[l] for _, sign in self.ops]
-        images = np.array(images)
-        best = images.argmin(axis=0)                     # the op g_t mapping t to rep(t)
+        if by_shell_pair:
+            # representatives: the AO pairs of one shell pair per orbit of shell pairs (the
+            # units of AO integrals are shell pairs); g_t maps t's shell pair onto it
+            shell = np.repeat(np.arange(mol.nbas), np.diff(mol.ao_loc_nr()))
+            nsp = mol.nbas * (mol.nbas + 1) // 2
+            sp = np.array([_pair(shell[k], shell[l])] + [_pair(shell[perm[k]], shell[perm[l]])
+                                                          for perm, _ in self.ops])
+            best = sp.argmin(axis=0)
+            rep_sp = np.zeros(nsp, dtype=bool)
+            rep_sp[sp[best, np.arange(npair)]] = True
+            L, S = np.tril_indices(mol.nbas)
+            self.rep_shell_pairs = np.zeros((mol.nbas, mol.nbas), dtype=bool)
+            self.rep_shell_pairs[L, S] = rep_sp[_pair(L, S)]
+        else:
+            best = images.argmin(axis=0)                 # the op g_t mapping t to rep(t)
         rep_of = images[best, np.arange(npair)]
         self.reps = np.unique(rep_of)                    # representative pairs, ascending
         self.row_of = np.searchsorted(self.reps, rep_of)
@@ -159,14 +172,14 @@ class PairOrbits:
         return np.tensordot(z, self.c[np.ix_(KS, s_orbs)], axes=([1], [0])).transpose(1, 0, 2)
 
 
-def pair_orbits(mol, coeff: np.ndarray | None = None) -> PairOrbits | None:
+def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False) -> PairOrbits | None:
     """The AO pair orbits of ``mol`` when its point group has fewer of them than AO
     pairs (None: no symmetry, or none that maps AOs onto signed AOs -- axes of the group
     other than the input's -- or orbitals ``coeff`` that mix irreps beyond 1e-8, so the
     transform takes every AO pair)."""
     if not getattr(mol, "symmetry", False) or mol.symm_orb is None or mol.groupname == "C1":
         return None
-    orbits = PairOrbits(mol, coeff)
+    orbits = PairOrbits(mol, coeff, by_shell_pair)
     if len(orbits.reps) == orbits.npair:
         return None
     if coeff is not None:      # orbitals of one irrep each (the finish takes c_R alone)

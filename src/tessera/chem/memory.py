@@ -121,9 +121,14 @@ class RunShape:
         self.nao = int(mol.nao) if mol is not None else len(self.orbsym)
         self.max_memory_mb = getattr(mol, "max_memory", MAX_MEMORY)    # the transform's in-memory budget
         self.chemcore = frozen_core_orbitals(mol) if mol is not None else 0
-        # AO pairs the in-memory transform half-transforms: one per point-group orbit
-        orbits = pair_orbits(mol) if mol is not None else None
-        self.ao_pair_reps = len(orbits.reps) if orbits is not None else self.nao * (self.nao + 1) // 2
+        # AO pairs the transform half-transforms: in memory one per point-group orbit, by
+        # units those of one shell pair per orbit (chem/ao2mo_symmetry.py)
+        npair = self.nao * (self.nao + 1) // 2
+        counts = []
+        for by_shell_pair in (False, True):
+            orbits = pair_orbits(mol, by_shell_pair=by_shell_pair) if mol is not None else None
+            counts.append(npair if orbits is None else len(orbits.reps))
+        self.ao_pair_reps, self.ao_pair_unit_columns = counts
         # an FCIDUMP's MO integrals, held whole while its classes are filled
         eri = getattr(reference, "eri_mo", None)
         self.mo_eri_bytes = int(eri.nbytes) if eri is not None else 0
@@ -200,7 +205,8 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         parts["transform"] = {"half-transformed": half,
                               "AO integrals, or MO integrals and working": max(first, stored + T * finish)}
     else:
-        parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * npair / P, "slabs": T * slabs}
+        parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * shape.ao_pair_unit_columns / P,
+                              "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)
     if shape.method == "ccsd(t)":
         gathered = s["gathered_bytes"] if P == 1 else 0
