@@ -1,4 +1,4 @@
-"""Point-group symmetry in the AO->MO transform with the 8-fold AO integrals in memory.
+"""Point-group symmetry in the AO->MO transform (``chem/ao2mo.py``, both ways).
 
 Every operation g of an Abelian group (D2h and its subgroups: g flips signs of axes,
 g = g^-1) maps AO k to a signed AO, phi_k(g r) = s_g(k) phi_pi_g(k)(r), and each orbital
@@ -9,7 +9,9 @@ first pair (p q) of irrep G = P x Q and an AO pair t = (k l)
 
 The AO pairs fall into orbits under the group; the half transform (pq| is done for one
 *representative* pair u of each orbit only (about npair / |orbit|: 4x fewer rows for a
-planar D2h molecule, 8x for a non-planar one), and the second half goes through the
+planar D2h molecule, 8x for a non-planar one; by AO units, whose integrals come in shell
+pairs, the AO pairs of one shell pair per orbit of shell pairs, a few more), and the
+second half goes through the
 symmetry-adapted (SO) basis U (``mol.symm_orb``, orthogonal, each SO a signed combination
 of one AO orbit): with C_R = U_R c_R for the orbitals of irrep R,
 
