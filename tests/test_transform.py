@@ -121,13 +121,15 @@ def test_point_group_orbits_equal_dense_einsum(xyz, symmetry, group, orbits, bac
 
 def test_orbits_only_for_orbitals_of_one_irrep(system):
     """The SO finish takes each orbital's coefficients on the SOs of its irrep alone: with
-    orbitals that mix two irreps the transform takes every AO pair (no orbits)."""
+    orbitals that mix two irreps, or labelled other than their irreps (all C1), the
+    transform takes every AO pair (no orbits)."""
     from tessera.chem.ao2mo_symmetry import pair_orbits
     ref, _ = system
     if ref.point_group == "C1":
         assert pair_orbits(ref.mol, ref.mo_coeff) is None
         return
-    assert pair_orbits(ref.mol, ref.mo_coeff) is not None
+    assert pair_orbits(ref.mol, ref.mo_coeff, orbsym=ref.orbsym) is not None
+    assert pair_orbits(ref.mol, ref.mo_coeff, orbsym=np.zeros_like(ref.orbsym)) is None
     p, q = (int(np.flatnonzero(ref.orbsym == g)[0]) for g in sorted(set(ref.orbsym.tolist()))[:2])
     mixed = ref.mo_coeff.copy()
     mixed[:, [p, q]] = ref.mo_coeff[:, [p, q]] @ np.array([[0.8, -0.6], [0.6, 0.8]])

@@ -335,8 +335,13 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
     threads = threads_of(context.executor.name, context.distributed)
     workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
     coeff = np.ascontiguousarray(coeff)
+    orbsym = np.zeros(coeff.shape[1], dtype=np.int64)        # the irreps of the class tiles
+    for name, t in tensors.items():
+        for ch, sp in zip(name, t.spaces):
+            for tile in range(len(sp.tiles)):
+                orbsym[index[ch][sp.slice(tile)]] = sp.tiles[tile].irrep
     job = ClassTransform(mol, coeff, index, tensors, slab_bytes, ranks.size, in_memory=in_memory,
-                         omp=threads // workers, orbits=pair_orbits(mol, coeff, not in_memory))
+                         omp=threads // workers, orbits=pair_orbits(mol, coeff, not in_memory, orbsym))
     if in_memory:
         eri = kept.take() if kept is not None else None
         if eri is None:

@@ -174,20 +174,23 @@ class PairOrbits:
         return np.tensordot(z, self.c[np.ix_(KS, s_orbs)], axes=([1], [0])).transpose(1, 0, 2)
 
 
-def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False) -> PairOrbits | None:
+def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False,
+                orbsym=None) -> PairOrbits | None:
     """The AO pair orbits of ``mol`` when its point group has fewer of them than AO
     pairs (None: no symmetry, or none that maps AOs onto signed AOs -- axes of the group
-    other than the input's -- or orbitals ``coeff`` that mix irreps beyond 1e-8, so the
-    transform takes every AO pair)."""
+    other than the input's -- or orbitals ``coeff`` that mix irreps beyond 1e-8 or whose
+    irreps are not their labels ``orbsym``, so the transform takes every AO pair)."""
     if not getattr(mol, "symmetry", False) or mol.symm_orb is None or mol.groupname == "C1":
         return None
     orbits = PairOrbits(mol, coeff, by_shell_pair)
     if len(orbits.reps) == orbits.npair:
         return None
-    if coeff is not None:      # orbitals of one irrep each (the finish takes c_R alone)
+    if coeff is not None:      # orbitals of one irrep each, their label (the finish takes c_R)
         weight = np.zeros((max(orbits.chi) + 1, coeff.shape[1]))
         np.add.at(weight, orbits.so_irrep, orbits.c ** 2)
         if np.any(weight.sum(axis=0) - weight.max(axis=0) > 1e-16):
+            return None
+        if orbsym is not None and np.any(weight.argmax(axis=0) != np.asarray(orbsym)):
             return None
     return orbits
 
