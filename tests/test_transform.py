@@ -57,7 +57,11 @@ def test_in_memory_and_units_equal_dense_einsum(system, backend, nfz, tile):
     assert units.transform_stats["ao_integrals"] == "units"
     npair = ref.mol.nao * (ref.mol.nao + 1) // 2
     assert mem.transform_stats["ao_integrals_total"] == npair * (npair + 1) // 2
-    assert units.transform_stats["ao_integrals_computed"] == npair ** 2
+    # by units each AO pair of the computed shell pairs with all AO pairs (4-fold); with
+    # point-group symmetry only the shell pairs of one shell pair per orbit
+    cols = units.transform_stats["ao_pair_columns"]
+    assert units.transform_stats["ao_integrals_computed"] == npair * cols
+    assert (cols < npair) == (ref.point_group != "C1")
     assert check_blocks(mem, ref, eri_mo, nfz) == check_blocks(units, ref, eri_mo, nfz) > 0
 
 
@@ -79,3 +83,54 @@ def test_scf_integrals_are_handed_to_the_transform_once(system):
     for a, b in zip(first.tensors.values(), second.tensors.values()):
         for key in a.stored_keys():
             np.testing.assert_array_equal(a.blocks[key], b.blocks[key])
+
+
+@pytest.mark.parametrize("xyz,symmetry,group,orbits", [
+    ("benzene.xyz", True, "D2h", True),      # planar D2h: AO pairs in orbits of up to 4
+    ("benzene.xyz", False, "C1", False),     # the same molecule without symmetry: all AO pairs
+    ("ammonia.xyz", True, "Cs", False),      # mirror not a plane of the input axes: all pairs
+])
+@pytest.mark.parametrize("backend", ["serial", "threads"])
+def test_point_group_orbits_equal_dense_einsum(xyz, symmetry, group, orbits, backend):
+    """In memory with point-group symmetry the half transform takes one AO pair per orbit
+    and finishes through the SO basis (chem/ao2mo_symmetry.py); every block still equals
+    the dense einsum transform, with and without symmetry."""
+    mol = Molecule.from_xyz(str(EXAMPLES / xyz), basis="sto-3g").to_pyscf(symmetry=symmetry)
+    with Context(backend) as ctx:
+        ref = rhf(mol, context=ctx)
+        ints = transform(ref, 1, 4)
+    ctx.close()
+    assert ref.point_group == group
+    c = ref.mo_coeff
+    eri_mo = np.einsum("pqrs,pi,qj,rk,sl->ijkl", mol.intor("int2e", aosym="s1"), c, c, c, c,
+                       optimize=True)
+    stats = ints.transform_stats
+    assert stats["ao_integrals"] == "in memory"
+    npair = mol.nao * (mol.nao + 1) // 2
+    if orbits:
+        # Burnside: orbits = sum over the 8 operations of the AO pairs each fixes, / 8. The
+        # 36 AOs: E and the molecular plane fix all (666 pairs each); the C2 axis and the
+        # mirror through the 4 on-axis atoms fix their 12 AOs (78 pairs + 12 swapped
+        # pairs {k, g k}); the other 4 operations fix no AO (18 swapped pairs each):
+        # (2 * 666 + 2 * 90 + 4 * 18) / 8 = 198
+        assert stats["ao_pair_columns"] == 198 < npair // 3
+    else:
+        assert stats["ao_pair_columns"] == npair
+    assert check_blocks(ints, ref, eri_mo, 1) > 0
+
+
+def test_orbits_only_for_orbitals_of_one_irrep(system):
+    """The SO finish takes each orbital's coefficients on the SOs of its irrep alone: with
+    orbitals that mix two irreps, or labelled other than their irreps (all C1), the
+    transform takes every AO pair (no orbits)."""
+    from tessera.chem.ao2mo_symmetry import pair_orbits
+    ref, _ = system
+    if ref.point_group == "C1":
+        assert pair_orbits(ref.mol, ref.mo_coeff) is None
+        return
+    assert pair_orbits(ref.mol, ref.mo_coeff, orbsym=ref.orbsym) is not None
+    assert pair_orbits(ref.mol, ref.mo_coeff, orbsym=np.zeros_like(ref.orbsym)) is None
+    p, q = (int(np.flatnonzero(ref.orbsym == g)[0]) for g in sorted(set(ref.orbsym.tolist()))[:2])
+    mixed = ref.mo_coeff.copy()
+    mixed[:, [p, q]] = ref.mo_coeff[:, [p, q]] @ np.array([[0.8, -0.6], [0.6, 0.8]])
+    assert pair_orbits(ref.mol, mixed) is None

@@ -23,8 +23,16 @@ B. *AO units* (task set ``transform: AO integrals``, statically balanced by thei
    class needs into that class's half-transformed tensor H[(P Q) rows, unit]
    (``put_block``: a one-sided put to the owner of the row group when distributed).
 
+*Point-group symmetry* (``chem/ao2mo_symmetry.py``; when the group's operations map AOs
+onto signed AOs and each orbital is of one irrep): the rows of one AO pair give those of
+its whole orbit under the group, so A half-transforms one AO pair per orbit and B only
+the units of one shell pair per orbit of shell pairs (about 1/4 of the AO pairs of a
+planar D2h molecule, 1/8 of a non-planar one); the finish then goes through the
+symmetry-adapted basis (a sparse map from those AO pairs to each SO block, then the SO
+coefficients of the orbitals of each irrep).
+
 Then the *row groups* (task set ``transform: finish``): a first-pair group (P, Q) of a
-class is finished lam sig -> r s per irrep of r (only symmetry-allowed (R, S): the
+class is finished lam sig -> r s per irrep of r (without orbits; only symmetry-allowed (R, S): the
 orbitals of one irrep are contiguous in a space, so each irrep pair is one dense
 transform with the coefficients of those irreps; r >= s packed when both indices run
 over the same orbitals), and its blocks are written with ``put_block`` wherever the
@@ -37,10 +45,11 @@ out with placement ``("rows", homes)``) and each group is finished where its row
 owner maps. The H tensors are released (collective) before returning.
 
 Memory per rank, in doubles: its class blocks (~ stored total / ranks) + its rows of H,
-sum over classes of rows(P Q) x npair (~ (2 o^2 + 3 o v + v^2) npair / ranks; AO pairs
-carry no point-group symmetry, so with symmetry this can exceed the MO integrals) + per
+sum over classes of rows(P Q) x columns (~ (2 o^2 + 3 o v + v^2) columns / ranks; the
+columns are npair AO pairs, or with orbits those of the representative shell pairs) + per
 thread about ``slab_bytes`` of working arrays; in memory (A): npair (npair + 1) / 2 AO
-integrals + nact (nact + 1) / 2 x npair rows, then the rows and the classes.
+integrals + nact (nact + 1) / 2 x columns rows (twice while they are transposed, with
+orbits), then the rows and the classes.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from pyscf.gto import moleintor
 from tessera.backends.local import threads_of
 from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet
+from tessera.chem.ao2mo_symmetry import pair_orbits
 from tessera.tensor.block_tensor import BlockTensor
 from tessera.tensor.space import IndexSpace
 
@@ -66,13 +76,14 @@ def pair_index(p, q) -> np.ndarray:
     return hi * (hi + 1) // 2 + lo
 
 
-def ao_pair_units(ao_loc, max_cols: int) -> list:
+def ao_pair_units(ao_loc, max_cols: int, keep=None) -> list:
     """The AO integral work units: [(l, s0, s1, diagonal, ncols)].
 
-    Shell pairs (l, s), s <= l, in (l, s) order; a diagonal shell pair (s = l) is a unit
-    of its own, the others of one l are grouped into units of at most ``max_cols`` AO
-    pairs (at least one shell pair). A unit's columns are the AO pairs (lam, sig) in
-    libcint's order (lam-major; lam >= sig within a diagonal shell pair).
+    Shell pairs (l, s), s <= l, in (l, s) order (only those with ``keep[l, s]`` when
+    given); a diagonal shell pair (s = l) is a unit of its own, consecutive others of one
+    l are grouped into units of at most ``max_cols`` AO pairs (at least one shell pair).
+    A unit's columns are the AO pairs (lam, sig) in libcint's order (lam-major; lam >=
+    sig within a diagonal shell pair).
     """
     size = np.diff(np.asarray(ao_loc, dtype=np.int64))
     units = []
@@ -80,13 +91,18 @@ def ao_pair_units(ao_loc, max_cols: int) -> list:
         s0, ncols = 0, 0
         for s in range(l):
             cost = int(size[l] * size[s])
-            if ncols and ncols + cost > max_cols:
+            if ncols and (ncols + cost > max_cols or (keep is not None and not keep[l, s])):
                 units.append((l, s0, s, False, ncols))
-                s0, ncols = s, 0
+                ncols = 0
+            if keep is not None and not keep[l, s]:
+                continue
+            if not ncols:
+                s0 = s
             ncols += cost
         if ncols:
             units.append((l, s0, l, False, ncols))
-        units.append((l, l, l + 1, True, int(size[l] * (size[l] + 1) // 2)))
+        if keep is None or keep[l, l]:
+            units.append((l, l, l + 1, True, int(size[l] * (size[l] + 1) // 2)))
     return units
 
 
@@ -135,7 +151,7 @@ class ClassTransform:
     """Both task sets of one transformation (module docstring) and their counts."""
 
     def __init__(self, mol, coeff, index, tensors, slab_bytes: int, nranks: int,
-                 in_memory: bool = False, omp: int = 1):
+                 in_memory: bool = False, omp: int = 1, orbits=None):
         self.mol, self.coeff, self.index = mol, coeff, index
         self.omp = max(1, int(omp))          # OpenMP threads of each task's library calls
         nao, self.nact = coeff.shape
@@ -145,14 +161,19 @@ class ClassTransform:
         self.ao_loc = moleintor.make_loc(mol._bas, self.intor)
         self.halves = [_Half(name, t, index) for name, t in tensors.items() if t.allowed_keys()]
         self.rows = None                    # in memory (A): (pq|lam sig), all p >= q
+        self.orbits = orbits                # point-group orbits of the AO pairs (ao2mo_symmetry)
         self.units = []
         if not in_memory:
-            # units of at most slab/2 bytes, and enough of them to spread over the ranks
+            # units of at most slab/2 bytes, and enough of them to spread over the ranks;
+            # with orbits those of the representative shell pairs only
             max_cols = max(1, min(slab_bytes // (16 * npair), npair // (4 * nranks)))
-            self.units = ao_pair_units(self.ao_loc, max_cols)
+            keep = None if orbits is None else orbits.rep_shell_pairs
+            self.units = ao_pair_units(self.ao_loc, max_cols, keep)
             col_tril = np.concatenate([_unit_tril(self.ao_loc, u) for u in self.units])
-            self.col_of_tril = np.empty(npair, dtype=np.int64)
-            self.col_of_tril[col_tril] = np.arange(npair)                 # tril order -> column
+            self.col_of_tril = np.zeros(npair, dtype=np.int64)
+            self.col_of_tril[col_tril] = np.arange(col_tril.size)          # tril order -> column
+            if orbits is not None:             # the columns in the orbits' order
+                self.col_of_tril = self.col_of_tril[orbits.reps]
             units_space = IndexSpace.uniform("ao-pairs", [u[4] for u in self.units])
             # the row groups of all classes balanced over all ranks, largest first
             groups = [(h, g) for h in self.halves for g in range(len(h.groups))]
@@ -186,7 +207,12 @@ class ClassTransform:
 
     # -- A: the 8-fold AO integrals in memory, half-transformed at once ---------------
     def half_in_memory(self, eri_s8, threads: int) -> None:
-        """rows = (pq|lam sig) for all active p >= q from the 8-fold AO integrals."""
+        """rows = (pq|lam sig) for all active p >= q from the 8-fold AO integrals; with
+        point-group orbits, rows[pq, u] = (pq|u) for their representative AO pairs u only."""
+        if self.orbits is not None:
+            with lib.with_omp_threads(threads):
+                self.rows = lib.transpose(self.orbits.half_rows(eri_s8, self.coeff, threads))
+            return
         with lib.with_omp_threads(threads):
             self.rows = incore.half_e1(eri_s8, (self.coeff, self.coeff), compact=True)
 
@@ -215,13 +241,15 @@ class ClassTransform:
         return 0.0
 
     def row_chunk_of(self, h, g: int, r0: int, r1: int) -> np.ndarray:
-        """Rows r0:r1 of group g of class half h, (r1 - r0, npair), AO pairs in packed order."""
-        out = self.scratch("tril", (r1 - r0, self.npair))
+        """Rows r0:r1 of group g of class half h, (r1 - r0, AO pairs), AO pairs in packed
+        order (with orbits: the representatives, ``orbits.reps``)."""
+        width = self.npair if self.orbits is None else len(self.orbits.reps)
+        out = self.scratch("tril", (r1 - r0, width))
         if self.rows is not None:
             b = h.bounds[g]
             return np.take(self.rows, h.rows[b + r0:b + r1], axis=0, out=out)
         cols = np.concatenate([h.H.blocks[(g, u)][r0:r1] for u in range(len(self.units))], axis=1,
-                              out=self.scratch("cols", (r1 - r0, self.npair)))
+                              out=self.scratch("cols", (r1 - r0, width)))
         return np.take(cols, self.col_of_tril, axis=1, mode="clip", out=out)
 
     # -- task set 2: finish the row groups where their rows are ------------------------
@@ -234,11 +262,9 @@ class ClassTransform:
     def finish_group(self, j: int, _blocks) -> float:
         """(P Q | lam sig) rows of one first-pair group -> its blocks (P Q | R S)."""
         h, g = self.work[j]
-        t, keys, name = h.t, h.groups[g], h.name
+        t, keys = h.t, h.groups[g]
         sp = t.spaces
         npq = int(h.bounds[g + 1] - h.bounds[g])
-        cz, cw = self.coeff[:, self.index[name[2]]], self.coeff[:, self.index[name[3]]]
-        same_space = name[2] == name[3]
         by_irrep: dict = {}
         for key in keys:
             by_irrep.setdefault((sp[2].tiles[key[2]].irrep, sp[3].tiles[key[3]].irrep), []).append(key)
@@ -247,6 +273,33 @@ class ClassTransform:
         spans = {hh: (_span(sp[2], [k[2] for k in hkeys]), _span(sp[3], [k[3] for k in hkeys]))
                  for hh, hkeys in by_irrep.items()}
         out = {key: np.empty((npq,) + t.block_shape(key)[2:]) for key in keys}
+        if self.orbits is not None:          # through the SO basis (chem/ao2mo_symmetry.py)
+            self._finish_so(h, g, npq, by_irrep, spans, out)
+        else:
+            self._finish_ao(h, g, npq, by_irrep, spans, out)
+        for key, blk in out.items():
+            blk = blk.reshape(t.block_shape(key))
+            t.put_block(key, blk)
+            if h.mirror and key[0] > key[1] and not t.aliases:   # (Q P|R S) = (P Q|R S) transposed
+                t.put_block((key[1], key[0]) + key[2:], np.ascontiguousarray(blk.transpose(1, 0, 2, 3)))
+        return 0.0
+
+    def _finish_so(self, h, g, npq, by_irrep, spans, out) -> None:
+        """Finish from the representative AO pairs' rows, one SO irrep pair at a time."""
+        name, sp = h.name, h.t.spaces
+        rows = lib.transpose(self.row_chunk_of(h, g, 0, npq))                   # (nrep, npq)
+        iz, iw = self.index[name[2]], self.index[name[3]]
+        for (hz, hw), hkeys in by_irrep.items():
+            (z0, z1), (w0, w1) = spans[(hz, hw)]
+            res = self.orbits.finish(rows, hz, hw, iz[z0:z1], iw[w0:w1])
+            for key in hkeys:
+                out[key][:] = res[:, slice(*_rel(sp[2], key[2], z0)), slice(*_rel(sp[3], key[3], w0))]
+
+    def _finish_ao(self, h, g, npq, by_irrep, spans, out) -> None:
+        """Finish from all AO pairs' rows, in chunks of rows, one irrep pair at a time."""
+        name, sp = h.name, h.t.spaces
+        cz, cw = self.coeff[:, self.index[name[2]]], self.coeff[:, self.index[name[3]]]
+        same_space = name[2] == name[3]
         for r0 in range(0, npq, self.row_chunk):
             r1 = min(r0 + self.row_chunk, npq)
             tril = self.row_chunk_of(h, g, r0, r1)
@@ -266,12 +319,6 @@ class ClassTransform:
                     res = res.reshape(r1 - r0, nz, nw)
                     for key in hkeys:
                         out[key][r0:r1] = res[:, slice(*_rel(sp[2], key[2], z0)), slice(*_rel(sp[3], key[3], w0))]
-        for key, blk in out.items():
-            blk = blk.reshape(t.block_shape(key))
-            t.put_block(key, blk)
-            if h.mirror and key[0] > key[1] and not t.aliases:   # (Q P|R S) = (P Q|R S) transposed
-                t.put_block((key[1], key[0]) + key[2:], np.ascontiguousarray(blk.transpose(1, 0, 2, 3)))
-        return 0.0
 
 
 def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
@@ -279,14 +326,22 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
     """Fill the class tensors (local or distributed) on ``context``; collective under MPI.
     ``in_memory``: the 8-fold AO integrals in memory (A; a local context only), those of
     ``kept`` (``reference.KeptIntegrals``, taken) when it still holds them; else AO units (B).
-    Returns this rank's counts: AO integrals computed (packed as computed: 8-fold in
-    memory, 4-fold by units), AO-pair columns, bytes of half-transformed rows held."""
+    With point-group symmetry the half transform takes one AO pair per orbit in memory,
+    the shell pairs of one shell pair per orbit by units (``ao2mo_symmetry``). Returns
+    this rank's counts: AO integrals computed (packed as computed: 8-fold in memory,
+    4-fold by units), AO-pair columns, bytes of half-transformed rows held."""
     ranks = context.ranks
     # ranks x task workers x OpenMP threads <= the threads of the rank
     threads = threads_of(context.executor.name, context.distributed)
     workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
-    job = ClassTransform(mol, np.ascontiguousarray(coeff), index, tensors, slab_bytes, ranks.size,
-                         in_memory=in_memory, omp=threads // workers)
+    coeff = np.ascontiguousarray(coeff)
+    orbsym = np.zeros(coeff.shape[1], dtype=np.int64)        # the irreps of the class tiles
+    for name, t in tensors.items():
+        for ch, sp in zip(name, t.spaces):
+            for tile in range(len(sp.tiles)):
+                orbsym[index[ch][sp.slice(tile)]] = sp.tiles[tile].irrep
+    job = ClassTransform(mol, coeff, index, tensors, slab_bytes, ranks.size, in_memory=in_memory,
+                         omp=threads // workers, orbits=pair_orbits(mol, coeff, not in_memory, orbsym))
     if in_memory:
         eri = kept.take() if kept is not None else None
         if eri is None:
@@ -294,7 +349,7 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
                 eri = moleintor.getints(job.intor, mol._atm, mol._bas, mol._env, aosym="s8")
             job.computed = eri.size
         job.half_in_memory(eri, threads)
-        job.columns = job.npair
+        job.columns = job.npair if job.orbits is None else len(job.orbits.reps)
         del eri                                    # no AO integrals while MO blocks exist
         held = job.rows.nbytes
     else:
@@ -316,7 +371,7 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
             "ao_integrals_from_scf": bool(in_memory and not job.computed),
             "ao_integrals_computed": int(job.computed),
             "ao_integrals_total": int(job.npair * (job.npair + 1) // 2 if in_memory
-                                      else job.npair ** 2),
+                                      else job.npair * sum(u[4] for u in job.units)),
             "ao_pair_columns": int(job.columns), "ao_pairs": int(job.npair),
             "half_bytes_held": int(held), "ranks": int(ranks.size),
             "rows_finished": int(sum(h.sizes[g] for h in job.halves for g in range(len(h.groups))

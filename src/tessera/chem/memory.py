@@ -110,6 +110,7 @@ class RunShape:
         ``node_ranks``: ranks on one node (default: all of them, when distributed);
         ``shared_windows``: whether they map each other's windows (module docstring)."""
         from tessera.backends.local import available_cores
+        from tessera.chem.ao2mo_symmetry import pair_orbits
         from tessera.chem.job import frozen_core_orbitals
         from tessera.chem.scf.driver import guess_orbitals
         from pyscf.lib.parameters import MAX_MEMORY
@@ -120,6 +121,14 @@ class RunShape:
         self.nao = int(mol.nao) if mol is not None else len(self.orbsym)
         self.max_memory_mb = getattr(mol, "max_memory", MAX_MEMORY)    # the transform's in-memory budget
         self.chemcore = frozen_core_orbitals(mol) if mol is not None else 0
+        # AO pairs the transform half-transforms: in memory one per point-group orbit, by
+        # units those of one shell pair per orbit (chem/ao2mo_symmetry.py)
+        npair = self.nao * (self.nao + 1) // 2
+        counts = []
+        for by_shell_pair in (False, True):
+            orbits = pair_orbits(mol, by_shell_pair=by_shell_pair) if mol is not None else None
+            counts.append(npair if orbits is None else len(orbits.reps))
+        self.ao_pair_reps, self.ao_pair_unit_columns = counts
         # an FCIDUMP's MO integrals, held whole while its classes are filled
         eri = getattr(reference, "eri_mo", None)
         self.mo_eri_bytes = int(eri.nbytes) if eri is not None else 0
@@ -185,12 +194,19 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     elif not shape.distributed and s8_fits(nao, shape.max_memory_mb):
         # in memory (chem/ao2mo.py, A): the rows of all active pairs, with first the 8-fold
         # AO integrals (half_e1), then, once those are freed, the MO integrals and each
-        # thread's finish arrays (a chunk of rows and its result)
-        finish = 8 * row_chunk * (npair + nact * nact)
-        parts["transform"] = {"half-transformed": 8 * nact * (nact + 1) // 2 * npair,
-                              "AO integrals, or MO integrals and working": max(s8_bytes(nao), stored + T * finish)}
+        # thread's finish arrays (a chunk of rows and its result). With point-group orbits
+        # (chem/ao2mo_symmetry.py) the rows have one column per orbit, transposed once
+        # while the AO integrals are held; a finish takes a group's rows and their transpose
+        half = 8 * nact * (nact + 1) // 2 * shape.ao_pair_reps
+        if shape.ao_pair_reps < npair:
+            first, finish = s8_bytes(nao) + half, 8 * group_rows * (2 * shape.ao_pair_reps + nact * nact)
+        else:
+            first, finish = s8_bytes(nao), 8 * row_chunk * (npair + nact * nact)
+        parts["transform"] = {"half-transformed": half,
+                              "AO integrals, or MO integrals and working": max(first, stored + T * finish)}
     else:
-        parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * npair / P, "slabs": T * slabs}
+        parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * shape.ao_pair_unit_columns / P,
+                              "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)
     if shape.method == "ccsd(t)":
         parts["(t)"] = {"integrals": stored, **triples_parts(o, v, P, T, resident=not shape.distributed)}

@@ -1,0 +1,200 @@
+"""Point-group symmetry in the AO->MO transform (``chem/ao2mo.py``, both ways).
+
+Every operation g of an Abelian group (D2h and its subgroups: g flips signs of axes,
+g = g^-1) maps AO k to a signed AO, phi_k(g r) = s_g(k) phi_pi_g(k)(r), and each orbital
+p of irrep P to chi_P(g) phi_p. The integrals are invariant under r -> g r, so for a
+first pair (p q) of irrep G = P x Q and an AO pair t = (k l)
+
+    (pq|pi_g k pi_g l) = chi_G(g) s_g(k) s_g(l) (pq|k l).
+
+The AO pairs fall into orbits under the group; the half transform (pq| is done for one
+*representative* pair u of each orbit only (about npair / |orbit|: 4x fewer rows for a
+planar D2h molecule, 8x for a non-planar one; by AO units, whose integrals come in shell
+pairs, the AO pairs of one shell pair per orbit of shell pairs, a few more), and the
+second half goes through the
+symmetry-adapted (SO) basis U (``mol.symm_orb``, orthogonal, each SO a signed combination
+of one AO orbit): with C_R = U_R c_R for the orbitals of irrep R,
+
+    (pq|rs) = c_R^T Y_RS c_S,   Y_RS = U_R^T X U_S = sum_u (pq|u) M_RS[u],
+
+where X = (pq|k l) over all AO pairs and M_RS[u] = sum over the pairs t of u's orbit of
+chi_G(g_t) s(t) (U_kR U_lS + U_lR U_kS) -- a sparse matrix of about |orbit| entries per
+representative, built once (``PairOrbits.so_map``). Only SO blocks with R x S = G exist;
+each is a sparse product and two small dense transforms (c_R has the SOs of one irrep as
+rows), so the second half costs a fraction of the dense one.
+
+The operations are found numerically (AO values at points and at their images) and kept
+when they map every SO onto itself: the group is the one the orbitals are labelled in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import scipy.sparse
+from pyscf import lib
+from pyscf.ao2mo import _ao2mo
+
+_AXIS_FLIPS = [np.array(s) for s in ((-1, -1, 1), (-1, 1, -1), (1, -1, -1), (-1, -1, -1),
+                                    (1, 1, -1), (1, -1, 1), (-1, 1, 1))]
+
+
+def ao_operations(mol, U: np.ndarray) -> list:
+    """[(perm, sign)] of the group's operations other than E: phi_k(g r) = sign[k]
+    phi_perm[k](r), for the flips of the group's axes that map each SO (column of U)
+    onto +-itself."""
+    rng = np.random.default_rng(7)
+    coords = mol.atom_coords()
+    pts = (coords[:, None, :] + rng.normal(scale=0.7, size=(len(coords), 8, 3))).reshape(-1, 3)
+    ao = mol.eval_gto("GTOval", pts)
+    # the axes of the point group (PySCF keeps the input frame: mol._symm_orig/_symm_axes)
+    orig = np.asarray(getattr(mol, "_symm_orig", np.zeros(3)))
+    axes = np.asarray(getattr(mol, "_symm_axes", np.eye(3)))
+    local = (pts - orig) @ axes.T
+    norm = np.linalg.norm(ao, axis=0)
+    ops = []
+    for flip in _AXIS_FLIPS:
+        aog = mol.eval_gto("GTOval", orig + (local * flip) @ axes)
+        overlap = (aog.T @ ao) / np.outer(np.linalg.norm(aog, axis=0), norm)
+        perm = np.abs(overlap).argmax(axis=1)
+        best = overlap[np.arange(mol.nao), perm]
+        if not np.allclose(np.abs(best), 1.0, atol=1e-8) or len(set(perm.tolist())) != mol.nao:
+            continue                                    # not a symmetry of the molecule
+        sign = np.sign(best)
+        rep = U.T @ (sign[:, None] * U[perm])           # D^T U in the SO basis
+        if np.abs(rep - np.diag(np.diag(rep))).max() < 1e-8:
+            ops.append((perm, sign))                    # maps every SO onto +-itself
+    return ops
+
+
+class PairOrbits:
+    """The AO pairs of ``mol`` up to its point group, and the SO coefficients of the
+    orbitals ``coeff`` when given (module docstring)."""
+
+    def __init__(self, mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False):
+        U = np.hstack(mol.symm_orb)
+        so_irrep = np.concatenate([np.full(c.shape[1], i, dtype=np.int64)
+                                   for i, c in zip(mol.irrep_id, mol.symm_orb)])
+        nao = mol.nao
+        self.ops = ao_operations(mol, U)
+        # characters chi[irrep] over (E, ops) from the SOs (D^T U_K = chi U_K)
+        diag = np.array([np.ones(nao)] + [np.einsum("kK,kK->K", U, sign[:, None] * U[perm])
+                                          for perm, sign in self.ops])
+        self.chi = {lab: np.round(diag[:, np.flatnonzero(so_irrep == lab)[0]])
+                    for lab in set(so_irrep.tolist())}
+        k, l = np.tril_indices(nao)
+        self.npair = npair = k.size
+        images = np.array([np.arange(npair)] + [_pair(perm[k], perm[l]) for perm, _ in self.ops])
+        signs = [np.ones(npair)] + [sign[k] * sign[l] for _, sign in self.ops]
+        if by_shell_pair:
+            # representatives: the AO pairs of one shell pair per orbit of shell pairs (the
+            # units of AO integrals are shell pairs); g_t maps t's shell pair onto it
+            shell = np.repeat(np.arange(mol.nbas), np.diff(mol.ao_loc_nr()))
+            nsp = mol.nbas * (mol.nbas + 1) // 2
+            sp = np.array([_pair(shell[k], shell[l])] + [_pair(shell[perm[k]], shell[perm[l]])
+                                                          for perm, _ in self.ops])
+            best = sp.argmin(axis=0)
+            rep_sp = np.zeros(nsp, dtype=bool)
+            rep_sp[sp[best, np.arange(npair)]] = True
+            L, S = np.tril_indices(mol.nbas)
+            self.rep_shell_pairs = np.zeros((mol.nbas, mol.nbas), dtype=bool)
+            self.rep_shell_pairs[L, S] = rep_sp[_pair(L, S)]
+        else:
+            best = images.argmin(axis=0)                 # the op g_t mapping t to rep(t)
+        rep_of = images[best, np.arange(npair)]
+        self.reps = np.unique(rep_of)                    # representative pairs, ascending
+        self.row_of = np.searchsorted(self.reps, rep_of)
+        self.op_of = best                                # 0: E, else ops[best - 1]
+        self.sign_of = np.array(signs)[best, np.arange(npair)]
+        self.U, self.so_irrep, self.nao = U, so_irrep, nao
+        self.c = None if coeff is None else U.T @ coeff   # SO basis (c_R: the rows of irrep R)
+        self._maps: dict = {}
+
+    def so_map(self, R: int, S: int) -> tuple:
+        """(M, SOs of R, SOs of S): M = M_RS^T as a sparse (nso_R * nso_S, nrep) matrix,
+        Y_RS (flattened) = M @ H for H[u] = (pq|u) over the representative pairs u (rows
+        of one irrep G = R x S). Built once per irrep pair."""
+        key = (R, S)
+        if key not in self._maps:
+            chi = self.chi[R] * self.chi[S]             # chi_G, G = R x S
+            KR, KS = np.flatnonzero(self.so_irrep == R), np.flatnonzero(self.so_irrep == S)
+            kr, cr = np.nonzero(self.U[:, KR])           # AO k, SO column (within R)
+            ks, cs = np.nonzero(self.U[:, KS])
+            vr, vs = self.U[kr, KR[cr]], self.U[ks, KS[cs]]
+            k, l = np.repeat(kr, len(ks)), np.tile(ks, len(kr))
+            t = _pair(k, l)
+            val = (np.repeat(vr, len(ks)) * np.tile(vs, len(kr))
+                   * chi[self.op_of[t]] * self.sign_of[t])
+            col = np.repeat(cr, len(ks)) * len(KS) + np.tile(cs, len(kr))
+            m = scipy.sparse.coo_matrix((val, (col, self.row_of[t])),
+                                        shape=(len(KR) * len(KS), len(self.reps))).tocsr()
+            m.sum_duplicates()
+            m.eliminate_zeros()
+            self._maps[key] = (m, KR, KS)
+        return self._maps[key]
+
+    def half_rows(self, eri_s8: np.ndarray, coeff: np.ndarray, threads: int) -> np.ndarray:
+        """H[u, pq] = (pq|u) for the representative AO pairs u and all p >= q of
+        ``coeff``'s orbitals, from the 8-fold AO integrals: PySCF's e1 kernel on pieces of
+        at most 32 consecutive representatives (their runs are mostly short, so the pieces
+        go to ``threads`` threads of one OpenMP thread each rather than one run at a time
+        to OpenMP)."""
+        nmo = coeff.shape[1]
+        out = np.empty((len(self.reps), nmo * (nmo + 1) // 2))
+        mo = np.asarray(coeff, order="F")
+        fdrv = _ao2mo.libao2mo.AO2MOnr_e1incore_drv
+        ftrans = _ao2mo.libao2mo.AO2MOtranse1_incore_s8
+        fmmm = _ao2mo.libao2mo.AO2MOmmm_nr_s2_s2
+        starts = np.flatnonzero(np.diff(self.reps, prepend=-2) != 1)
+        stops = np.append(starts[1:], len(self.reps))
+        pieces = [(p, min(p + 32, stop)) for start, stop in zip(starts, stops)
+                  for p in range(start, stop, 32)]
+
+        def piece(ab):
+            a, b = ab
+            with lib.with_omp_threads(1):
+                fdrv(ftrans, fmmm, out[a:b].ctypes.data_as(ctypes.c_void_p),
+                     eri_s8.ctypes.data_as(ctypes.c_void_p), mo.ctypes.data_as(ctypes.c_void_p),
+                     ctypes.c_int(int(self.reps[a])), ctypes.c_int(int(b - a)),
+                     ctypes.c_int(self.nao), ctypes.c_int(0), ctypes.c_int(nmo),
+                     ctypes.c_int(0), ctypes.c_int(nmo))
+
+        with ThreadPoolExecutor(max(1, int(threads))) as pool:
+            list(pool.map(piece, pieces))
+        return out
+
+    def finish(self, H: np.ndarray, R: int, S: int, r_orbs, s_orbs) -> np.ndarray:
+        """(pq|rs) for the rows of H (nrep, nrows; one irrep R ^ S) and the orbitals
+        r_orbs (irrep R), s_orbs (irrep S): (nrows, len(r_orbs), len(s_orbs))."""
+        m, KR, KS = self.so_map(R, S)
+        y = (m @ H).reshape(len(KR), len(KS), H.shape[1])
+        z = np.tensordot(self.c[np.ix_(KR, r_orbs)], y, axes=([0], [0]))   # (nr, nsoS, rows)
+        return np.tensordot(z, self.c[np.ix_(KS, s_orbs)], axes=([1], [0])).transpose(1, 0, 2)
+
+
+def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False,
+                orbsym=None) -> PairOrbits | None:
+    """The AO pair orbits of ``mol`` when its point group has fewer of them than AO
+    pairs (None: no symmetry, or none that maps AOs onto signed AOs -- axes of the group
+    other than the input's -- or orbitals ``coeff`` that mix irreps beyond 1e-8 or whose
+    irreps are not their labels ``orbsym``, so the transform takes every AO pair)."""
+    if not getattr(mol, "symmetry", False) or mol.symm_orb is None or mol.groupname == "C1":
+        return None
+    orbits = PairOrbits(mol, coeff, by_shell_pair)
+    if len(orbits.reps) == orbits.npair:
+        return None
+    if coeff is not None:      # orbitals of one irrep each, their label (the finish takes c_R)
+        weight = np.zeros((max(orbits.chi) + 1, coeff.shape[1]))
+        np.add.at(weight, orbits.so_irrep, orbits.c ** 2)
+        if np.any(weight.sum(axis=0) - weight.max(axis=0) > 1e-16):
+            return None
+        if orbsym is not None and np.any(weight.argmax(axis=0) != np.asarray(orbsym)):
+            return None
+    return orbits
+
+
+def _pair(k, l) -> np.ndarray:
+    hi, lo = np.maximum(k, l), np.minimum(k, l)
+    return hi * (hi + 1) // 2 + lo
