@@ -191,7 +191,7 @@ class Context:
         t = ref.tensor
         key = None
         if t.constant:
-            key = (t.uid, t.version, perm, tuple((g, id(r), id(c)) for g, (r, c) in layouts.items()))
+            key = (t.uid, t.version, perm, tuple((g, r, c) for g, (r, c) in layouts.items()))  # layouts held: no id reuse
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
