@@ -5,6 +5,7 @@ irreps; every contraction pattern the CCSD and (T) equations use, ranks 2 to 6, 
 executors. Reference: numpy.einsum on the dense arrays (symmetry-forbidden parts zero).
 """
 
+import threading
 import zlib
 
 import numpy as np
@@ -325,3 +326,38 @@ def test_canonical_targets_equal_einsum(backend, seed):
         with pytest.raises(ShapeError, match="canonical blocks only.*mirror") as err:
             R["ijab"] = Z["ijab"] + T["ijab"]
         assert "\n" not in str(err.value)
+
+
+def test_alias_index_is_never_seen_half_built():
+    """AliasMap.of builds its canonical -> aliases index on first use, from any thread
+    (the threads backend stores blocks concurrently, e.g. the integral transform). A
+    second thread asking while the first is still building must get the full answer, not
+    a half-built index (a missing alias block gathers as zeros: a converged wrong energy)."""
+    from tessera.tensor.block_tensor import AliasMap, aliases
+    v = IndexSpace.uniform("v", [1] * 4)
+    full = aliases((v,) * 4, 0, VVVV_SYMMETRY)
+    building, resume = threading.Event(), threading.Event()
+
+    class Paused(AliasMap):      # the first build stops after one entry until resumed
+        calls = 0
+
+        def items(self):
+            Paused.calls += 1
+            first = Paused.calls == 1
+            for n, item in enumerate(super().items()):
+                if first and n == 1:
+                    building.set()
+                    resume.wait(10)
+                yield item
+
+    m = Paused(full)
+    last = list(full.values())[-1][0]
+    worker = threading.Thread(target=m.of, args=(list(full.values())[0][0],))
+    worker.start()
+    assert building.wait(10)
+    try:
+        assert sorted(m.of(last)) == sorted((a, p) for a, (c, p) in full.items() if c == last)
+    finally:
+        resume.set()
+        worker.join()
+    assert sorted(m.of(last)) == sorted(full.of(last))

@@ -251,7 +251,9 @@ def _operands(step) -> tuple:
 
 
 def _gather_key(t, perm, layouts) -> tuple:
-    return (t.uid, perm, tuple((g, id(r), id(c)) for g, (r, c) in layouts.items()))
+    """The layouts themselves, not their ids: the key holds them, so no freed layout's id
+    can be reused by another while the entry exists."""
+    return (t.uid, perm, tuple((g, r, c) for g, (r, c) in layouts.items()))
 
 
 def _timed_tasks(task_set, recorder):

@@ -121,10 +121,11 @@ class AliasMap(dict):
     def of(self, key) -> list:
         """[(alias, perm)] of canonical ``key``."""
         index = self.__dict__.get("_index")
-        if index is None:
-            index = self._index = {}
+        if index is None:   # built whole, then published: threads storing blocks share the map
+            index = {}
             for alias, (canon, perm) in self.items():
                 index.setdefault(canon, []).append((alias, perm))
+            self._index = index
         return index.get(key, [])
 
 
