@@ -19,6 +19,7 @@ import pytest
 from mpirun import build_env, mpiexec_path
 
 import tessera.chem.job as job_module
+import tessera.chem.memory as memory_module
 from tessera.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +78,9 @@ def test_refused_before_the_scf(monkeypatch, capsys):
     def no_scf(*_):
         raise AssertionError("the SCF started")
     monkeypatch.setattr(job_module.Job, "_scf", no_scf)
+    # the baseline is this process's peak so far, which earlier tests in the same pytest
+    # process raise; a fresh CLI process starts near 150 MiB, as here
+    monkeypatch.setattr(memory_module, "resident_peak", lambda: 150 << 20)
     code = main(["run", str(REPO / "examples" / "water_trimer.xyz"), "--basis", "cc-pvdz", "--method", "ccsd",
                  "--max-memory", "400M"])
     out, err = capsys.readouterr()
