@@ -413,7 +413,6 @@ def _pair_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
         "a": tuple(a.indices.index(ch) for ch in ext_a + contr),
         "b": tuple(b.indices.index(ch) for ch in contr + ext_b),
         "c": tuple((ext_a + ext_b).index(ch) for ch in out.indices),
-        "split": (len(ext_a), len(contr), len(ext_b)),
     }
     m = sum(8 * (s.rows.total * s.inner.total + s.inner.total * s.cols.total + s.rows.total * s.cols.total)
             for s in sectors)
