@@ -112,29 +112,33 @@ energy('ccsd(t)')
 """
 
 
+def _timed(cmd: list, cwd: Path) -> dict:
+    """Wall seconds of one subprocess run of ``cmd`` (this checkout's sources first on the path)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {"wall_s": time.perf_counter() - t0}
+
+
+def _tessera_run(xyz: Path, basis: str) -> dict:
+    return _timed([str(Path(sys.executable).parent / "tessera"), "run", str(xyz), "--basis", basis,
+                   "--conv", "1e-8"], ROOT)
+
+
 def whole_process(basis: str, cores: int) -> dict:
     """benzene CCSD(T): ``tessera run`` vs ``psi4 -n cores``, alternating, best of two."""
     psi4 = shutil.which("psi4")
     atoms = "".join(BENZENE.read_text().splitlines(True)[2:]).strip()
     tmp = Path(tempfile.mkdtemp(prefix="tessera-psi4-"))
     (tmp / "benzene.in").write_text(PSI4_INPUT.format(atoms=atoms, basis=basis))
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-    def run(cmd, cwd):
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        return {"wall_s": time.perf_counter() - t0}
-
-    tessera = [str(Path(sys.executable).parent / "tessera"), "run", str(BENZENE),
-               "--basis", basis, "--conv", "1e-8"]
-    ours_run = lambda: run(tessera, ROOT)                                        # noqa: E731
+    ours_run = lambda: _tessera_run(BENZENE, basis)                              # noqa: E731
     if psi4 is None:
         best, _, runs, _ = alternate(2, ours_run, lambda: {"wall_s": float("nan")})
         return {"tessera_s": best["wall_s"], "psi4_s": None, "psi4": "not on PATH",
                 "tessera_runs": [r["wall_s"] for r in runs]}
-    psi = lambda: run([psi4, "-n", str(cores), "benzene.in", "benzene.out"], tmp)  # noqa: E731
+    psi = lambda: _timed([psi4, "-n", str(cores), "benzene.in", "benzene.out"], tmp)  # noqa: E731
     a, b, ra, rb = alternate(2, ours_run, psi)
     return {"tessera_s": a["wall_s"], "psi4_s": b["wall_s"], "ratio": a["wall_s"] / b["wall_s"],
             "psi4": psi4, "tessera_runs": [r["wall_s"] for r in ra],
@@ -159,19 +163,8 @@ print(mf.e_tot + mycc.e_corr + mycc.ccsd_t())
 def whole_vs_pyscf(xyz: Path, basis: str) -> dict:
     """CCSD(T) of ``xyz`` as a whole process: ``tessera run`` vs one PySCF script,
     alternating, best of two."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-    def run(cmd):
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        return {"wall_s": time.perf_counter() - t0}
-
-    tessera = [str(Path(sys.executable).parent / "tessera"), "run", str(xyz), "--basis", basis,
-               "--conv", "1e-8"]
     pyscf = [sys.executable, "-c", PYSCF_SCRIPT, str(xyz), basis]
-    a, b, ra, rb = alternate(2, lambda: run(tessera), lambda: run(pyscf))
+    a, b, ra, rb = alternate(2, lambda: _tessera_run(xyz, basis), lambda: _timed(pyscf, ROOT))
     return {"tessera_s": a["wall_s"], "pyscf_s": b["wall_s"], "ratio": a["wall_s"] / b["wall_s"],
             "tessera_runs": [r["wall_s"] for r in ra], "pyscf_runs": [r["wall_s"] for r in rb]}
 
