@@ -28,7 +28,7 @@ from tessera.errors import InputError, TesseraError
 from tessera.expr import terms
 from tessera.plan.planner import plan_updates
 from tessera.profile.records import Recorder
-from tessera.tensor.block_tensor import reset_storage, use_storage
+from tessera.tensor.block_tensor import reset_storage, symmetry_group, use_storage
 
 CACHE_BYTES = 2 << 30      # gathered matrices of constant tensors a context keeps, at most
 
@@ -210,6 +210,9 @@ class Context:
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
+        hit = self._cached_equal(t, perm, layouts)
+        if hit is not None:
+            return hit
         mats: dict = {}
         self.executor.run(blockops.gather_tasks(ref, perm, layouts, mats))
         size = sum(m.nbytes for m in mats.values())
@@ -218,6 +221,25 @@ class Context:
             while sum(m.nbytes for v in self._cache.values() for m in v.values()) > self.cache_bytes:
                 self._cache.popitem(last=False)
         return mats
+
+    def _cached_equal(self, t, perm, layouts) -> dict | None:
+        """The matrices of gather ``perm`` of constant ``t`` from a cached gather of the
+        same values: a permutation the tensor's symmetry makes equal (``T.transpose(g) ==
+        T``, so ``T.transpose(perm) == T.transpose(g[perm])``), with the rows and columns
+        of every sector swapped (a transposed view: no copy, no memory) or not. None when
+        there is none. In C1 CCSD a third of the integrals' gathers are such twins."""
+        nrow = len(next(iter(layouts.values()))[0].tuples[0])
+        images = {tuple(g[p] for p in perm) for g in symmetry_group(t.symmetry, t.ndim)}
+        for (version, uid, cperm, sectors), mats in self._cache.items():
+            if uid != t.uid or version != t.version:
+                continue
+            have = {(r, c): g for g, r, c in sectors}
+            for q in images:
+                if q == cperm and all((r, c) in have for r, c in layouts.values()):
+                    return {g: mats[have[r, c]] for g, (r, c) in layouts.items()}
+                if q[nrow:] + q[:nrow] == cperm and all((c, r) in have for r, c in layouts.values()):
+                    return {g: mats[have[c, r]].T for g, (r, c) in layouts.items()}
+        return None
 
     def _batch_gathered(self, ref, perm, layouts) -> dict:
         """The sector matrices of a non-constant operand, reused within one plan."""
