@@ -223,22 +223,20 @@ class Context:
         return mats
 
     def _cached_equal(self, t, perm, layouts) -> dict | None:
-        """The matrices of gather ``perm`` of constant ``t`` from a cached gather of the
-        same values: a permutation the tensor's symmetry makes equal (``T.transpose(g) ==
-        T``, so ``T.transpose(perm) == T.transpose(g[perm])``), with the rows and columns
-        of every sector swapped (a transposed view: no copy, no memory) or not. None when
-        there is none. In C1 CCSD a third of the integrals' gathers are such twins."""
+        """The matrices of gather ``perm`` of constant ``t`` from a cached twin
+        (``gather_twins``): its own matrices or their transposes (views: no copy, no
+        memory), or None. In C1 CCSD a third of the integrals' gathers have a twin."""
         nrow = len(next(iter(layouts.values()))[0].tuples[0])
-        images = {tuple(g[p] for p in perm) for g in symmetry_group(t.symmetry, t.ndim)}
+        twins = gather_twins(t, perm, nrow)
         for (version, uid, cperm, sectors), mats in self._cache.items():
             if uid != t.uid or version != t.version:
                 continue
             have = {(r, c): g for g, r, c in sectors}
-            for q in images:
-                if q == cperm and all((r, c) in have for r, c in layouts.values()):
-                    return {g: mats[have[r, c]] for g, (r, c) in layouts.items()}
-                if q[nrow:] + q[:nrow] == cperm and all((c, r) in have for r, c in layouts.values()):
-                    return {g: mats[have[c, r]].T for g, (r, c) in layouts.items()}
+            for q, swapped in twins:
+                if q == cperm:
+                    need = [(c, r) if swapped else (r, c) for r, c in layouts.values()]
+                    if all(k in have for k in need):
+                        return {g: mats[have[k]].T if swapped else mats[have[k]] for g, k in zip(layouts, need)}
         return None
 
     def _batch_gathered(self, ref, perm, layouts) -> dict:
@@ -270,6 +268,19 @@ def _operands(step) -> tuple:
     a, b = step.inputs
     return ((a, step.perms["a"], {s.irrep: (s.rows, s.inner) for s in step.sectors}),
             (b, step.perms["b"], {s.irrep: (s.inner, s.cols) for s in step.sectors}))
+
+
+def gather_twins(t, perm: tuple, nrow: int) -> list:
+    """(perm', swapped) of the gathers of ``t`` whose matrices equal this gather's (the
+    first ``nrow`` axes of ``t.transpose(perm)`` as rows): the images ``g[perm]`` under
+    the tensor's declared symmetries (``T.transpose(g) == T``, so ``T.transpose(perm) ==
+    T.transpose(g[perm])``) with the same rows (swapped False), and the same with rows and
+    columns exchanged (swapped True: this gather is that one's transpose)."""
+    out = []
+    for g in sorted(symmetry_group(t.symmetry, t.ndim)):
+        q = tuple(g[p] for p in perm)
+        out += [(q, False), (q[nrow:] + q[:nrow], True)]
+    return out
 
 
 def _gather_key(t, perm, layouts) -> tuple:
