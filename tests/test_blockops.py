@@ -81,3 +81,35 @@ def test_gathered_operand_reused_only_while_unchanged(backend, monkeypatch):
     _close(F.to_dense(), a @ (x + b))
     assert sorted(gathered) == ["A", "X", "X"]
     assert not ctx._batch                          # nothing is held after the batch
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constant_gather_served_by_its_transpose_or_symmetric_twin(backend, monkeypatch):
+    """A constant tensor's gathered matrices are reused for a gather that equals one of
+    them transposed, or equals it through the tensor's declared symmetry (ovvv[kbca] =
+    ovvv[kbac]): four contractions of a frozen ovvv-like tensor gather it twice, and
+    every result equals numpy.einsum (random irreps, so several sectors per GEMM)."""
+    o, v, rng = _spaces(13)
+    w = BlockTensor.random((o, v, v, v), 0, rng=rng).to_dense()
+    w = w + w.transpose(0, 1, 3, 2)                                  # (kc|ab) = (kc|ba)
+    W = BlockTensor.from_dense(w, (o, v, v, v), 0, name="W", symmetry=(ts.PermutationalSymmetry((0, 1, 3, 2)),))
+    W.freeze()
+    U = BlockTensor.random((o, o, v, v), 0, rng=rng, name="U")
+    t1 = BlockTensor.random((o, v), 0, rng=rng, name="t1")
+    P, F = BlockTensor((o, v), 0, name="P"), BlockTensor((v, v), 0, name="F")
+    Q, S = BlockTensor((o, v, v, o), 0, name="Q"), BlockTensor((o, o, o, v), 0, name="S")
+    gathered = []
+    gather_tasks = blockops.gather_tasks
+    monkeypatch.setattr(blockops, "gather_tasks", lambda ref, *args: gathered.append(ref.tensor.name)
+                        or gather_tasks(ref, *args))
+    with ts.Context(backend) as ctx, ts.equations():
+        Q["iabj"] = W["iabc"] * t1["jc"]            # W rows iab, columns c
+        P["ia"] = W["jcba"] * U["ijbc"]             # its transpose: rows a, columns jcb
+        S["ijkb"] = W["kcdb"] * U["ijcd"]           # rows kb, columns cd
+        F["ab"] = W["kbca"] * t1["kc"]              # rows ba, columns kc: the transpose of rows kb,
+    u, s = U.to_dense(), t1.to_dense()             # columns ac, which the symmetry makes cd above
+    _close(Q.to_dense(), np.einsum("iabc,jc->iabj", w, s))
+    _close(P.to_dense(), np.einsum("jcba,ijbc->ia", w, u))
+    _close(S.to_dense(), np.einsum("kcdb,ijcd->ijkb", w, u))
+    _close(F.to_dense(), np.einsum("kbca,kc->ab", w, s))
+    assert gathered.count("W") == 2 and len(ctx._cache) == 2       # two cached gathers, no more

@@ -58,7 +58,7 @@ import time
 import numpy as np
 
 from tessera.backends.balance import BALANCE, balanced_tiles, class_balance, forced_tile_warning
-from tessera.backends.context import CACHE_BYTES
+from tessera.backends.context import CACHE_BYTES, gather_twins
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
@@ -129,9 +129,13 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
             s["contract_steps"] += 1
             for ref, side in zip(step.inputs, "ab"):
                 if ref.tensor.constant:
-                    dims = [(sec.rows, sec.inner) if side == "a" else (sec.inner, sec.cols) for sec in step.sectors]
-                    key = (ref.tensor.uid, step.perms[side], tuple((r.total, c.total) for r, c in dims))
-                    gathered[key] = 8 * sum(r.total * c.total for r, c in dims)
+                    dims = [(sec.rows.total, sec.inner.total) if side == "a" else (sec.inner.total, sec.cols.total)
+                            for sec in step.sectors]
+                    rows = step.sectors[0].rows if side == "a" else step.sectors[0].inner
+                    # a gather and its twins (context.gather_twins) are cached once
+                    key = min((ref.tensor.uid, q, tuple(sorted((c, r) if swapped else (r, c) for r, c in dims)))
+                              for q, swapped in gather_twins(ref.tensor, step.perms[side], len(rows.tuples[0])))
+                    gathered[key] = 8 * sum(r * c for r, c in dims)
             tasks = contraction_tasks(step)
             s["makespan_flops"] += makespan([t.flops for t in tasks], nranks)
             bytes_a = bytes_b = 0
