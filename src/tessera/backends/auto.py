@@ -101,9 +101,11 @@ def gemm_rate() -> float:
     return float(min(50e9, max(1e9, 2 * 256 ** 3 / max(best, 1e-9))))
 
 
-def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
+def structure_stats(structure, tile: int, occ_tile: int, nranks: int, block_tasks: bool = True) -> dict:
     """Counts of one iteration with these tile sizes, from ``structure(tile, occ_tile)``:
-    its ``plans`` (structure only, no data) and the ``tensors`` a run stores."""
+    its ``plans`` (structure only, no data) and the ``tensors`` a run stores.
+    ``block_tasks=False``: only what ``memory_parts`` needs for a local executor (no
+    block tasks: their flops, bytes and the distributed working sets are left out)."""
     run = structure(tile, occ_tile)
     s = {"flops": 0, "products": 0, "out_tasks": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
          "distinct_bytes": 0, "inv_gets": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
@@ -136,6 +138,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int) -> dict:
                     key = min((ref.tensor.uid, q, tuple(sorted((c, r) if swapped else (r, c) for r, c in dims)))
                               for q, swapped in gather_twins(ref.tensor, step.perms[side], len(rows.tuples[0])))
                     gathered[key] = 8 * sum(r * c for r, c in dims)
+            if not block_tasks:
+                continue
             tasks = contraction_tasks(step)
             s["makespan_flops"] += makespan([t.flops for t in tasks], nranks)
             bytes_a = bytes_b = 0

@@ -30,6 +30,7 @@ when they map every SO onto itself: the group is the one the orbitals are labell
 from __future__ import annotations
 
 import ctypes
+import hashlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -41,10 +42,26 @@ _AXIS_FLIPS = [np.array(s) for s in ((-1, -1, 1), (-1, 1, -1), (1, -1, -1), (-1,
                                     (1, 1, -1), (1, -1, 1), (-1, 1, 1))]
 
 
+_OPERATIONS: dict = {}      # fingerprint of (molecule, SOs) -> ao_operations' answer
+_KEEP_OPERATIONS = 4
+
+
 def ao_operations(mol, U: np.ndarray) -> list:
     """[(perm, sign)] of the group's operations other than E: phi_k(g r) = sign[k]
     phi_perm[k](r), for the flips of the group's axes that map each SO (column of U)
-    onto +-itself."""
+    onto +-itself. Searched once per molecule and SOs (the last few are kept, keyed by
+    their arrays): the memory estimate before the SCF and the transform after it ask
+    for the same (do not modify the arrays)."""
+    key = hashlib.sha1(b"".join(np.ascontiguousarray(a).tobytes() for a in (
+        mol._atm, mol._bas, mol._env, U, getattr(mol, "_symm_orig", ()), getattr(mol, "_symm_axes", ())))).digest()
+    if key not in _OPERATIONS:
+        if len(_OPERATIONS) >= _KEEP_OPERATIONS:
+            del _OPERATIONS[next(iter(_OPERATIONS))]
+        _OPERATIONS[key] = _search_operations(mol, U)
+    return _OPERATIONS[key]
+
+
+def _search_operations(mol, U: np.ndarray) -> list:
     rng = np.random.default_rng(7)
     coords = mol.atom_coords()
     pts = (coords[:, None, :] + rng.normal(scale=0.7, size=(len(coords), 8, 3))).reshape(-1, 3)

@@ -48,6 +48,7 @@ import resource
 import sys
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from tessera.backends.budget import available_memory
 from tessera.errors import InputError
@@ -55,6 +56,10 @@ from tessera.errors import InputError
 SCF_MATRICES = 30
 PHASES = ("scf", "transform", "ccsd", "(t)")
 SHARED = "other ranks' windows"     # pages of same-node windows this rank reads (module docstring)
+#: The estimate's matrices are small: one BLAS thread (several threads of a BLAS pool, next
+#: to the OpenMP threads PySCF's integral calls leave spinning, ran its guess and pair
+#: orbits several times slower, measured).
+_SMALL = threadpool_limits.wrap(limits=1, user_api="blas")
 
 
 def resident_peak() -> int:
@@ -102,6 +107,7 @@ class RunShape:
     """What the estimate needs of a run: the orbitals per irrep (of the initial guess),
     the molecule's size and the run's choices."""
 
+    @_SMALL
     def __init__(self, mol, method: str, backend: str, variant, nranks: int, tile: int,
                  occ_tile: int | None, nfrozen: int, distributed: bool, reference=None,
                  node_ranks: int | None = None, shared_windows: bool = True):
@@ -145,6 +151,7 @@ class RunShape:
         return other
 
 
+@_SMALL
 def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     """The per-rank estimate of ``shape`` (``baseline``: measured now unless given)."""
     from tessera.backends.auto import memory_parts, structure_stats
@@ -160,7 +167,7 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     if shape.method == "hf":
         return MemoryEstimate(P, baseline, parts, shape.node_ranks)
     s = structure_stats(CCSDStructure(shape.orbsym, shape.nocc, shape.nfrozen), shape.tile,
-                        shape.occ_tile or shape.tile, P)
+                        shape.occ_tile or shape.tile, P, block_tasks=shape.distributed)
     # the executor's share: on several ranks the most of the executors the run may use;
     # a one-sided executor on several ranks of a node also touches their windows
     others = shape.node_ranks - 1 if shape.distributed and shape.shared_windows else 0

@@ -195,7 +195,7 @@ def _whole(flag: str, text) -> int | None:
 
 def orbitals(source, symmetry: bool) -> tuple:
     """(orbsym, nocc) without an SCF: an FCIDUMP's own, C1's without any work, else the
-    initial guess's (one Fock build)."""
+    initial guess's (``guess_orbitals``: no two-electron integrals)."""
     from tessera.chem.scf.driver import guess_orbitals
     ref = source.reference
     if ref is not None:
