@@ -48,15 +48,12 @@ def ao_operations(mol, U: np.ndarray) -> list:
     rng = np.random.default_rng(7)
     coords = mol.atom_coords()
     pts = (coords[:, None, :] + rng.normal(scale=0.7, size=(len(coords), 8, 3))).reshape(-1, 3)
-    ao = mol.eval_gto("GTOval", pts)
-    # the axes of the point group (PySCF keeps the input frame: mol._symm_orig/_symm_axes)
-    orig = np.asarray(getattr(mol, "_symm_orig", np.zeros(3)))
-    axes = np.asarray(getattr(mol, "_symm_axes", np.eye(3)))
-    local = (pts - orig) @ axes.T
+    with lib.with_omp_threads(1):      # a few points: waking OpenMP threads costs more
+        ao = mol.eval_gto("GTOval", np.vstack([pts] + [_image(pts, mol, flip) for flip in _AXIS_FLIPS]))
+    ao, images = ao[:len(pts)], ao[len(pts):].reshape(len(_AXIS_FLIPS), len(pts), -1)
     norm = np.linalg.norm(ao, axis=0)
     ops = []
-    for flip in _AXIS_FLIPS:
-        aog = mol.eval_gto("GTOval", orig + (local * flip) @ axes)
+    for aog in images:
         overlap = (aog.T @ ao) / np.outer(np.linalg.norm(aog, axis=0), norm)
         perm = np.abs(overlap).argmax(axis=1)
         best = overlap[np.arange(mol.nao), perm]
@@ -67,6 +64,14 @@ def ao_operations(mol, U: np.ndarray) -> list:
         if np.abs(rep - np.diag(np.diag(rep))).max() < 1e-8:
             ops.append((perm, sign))                    # maps every SO onto +-itself
     return ops
+
+
+def _image(pts: np.ndarray, mol, flip: np.ndarray) -> np.ndarray:
+    """The points mapped by the flip of the point group's axes (PySCF keeps the input
+    frame: the group's origin and axes are mol._symm_orig/_symm_axes)."""
+    orig = np.asarray(getattr(mol, "_symm_orig", np.zeros(3)))
+    axes = np.asarray(getattr(mol, "_symm_axes", np.eye(3)))
+    return orig + (((pts - orig) @ axes.T) * flip) @ axes
 
 
 class PairOrbits:
