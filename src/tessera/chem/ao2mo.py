@@ -48,8 +48,7 @@ Memory per rank, in doubles: its class blocks (~ stored total / ranks) + its row
 sum over classes of rows(P Q) x columns (~ (2 o^2 + 3 o v + v^2) columns / ranks; the
 columns are npair AO pairs, or with orbits those of the representative shell pairs) + per
 thread about ``slab_bytes`` of working arrays; in memory (A): npair (npair + 1) / 2 AO
-integrals + nact (nact + 1) / 2 x columns rows (twice while they are transposed, with
-orbits), then the rows and the classes.
+integrals + nact (nact + 1) / 2 x columns rows, then the rows and the classes.
 """
 
 from __future__ import annotations
@@ -161,6 +160,7 @@ class ClassTransform:
         self.ao_loc = moleintor.make_loc(mol._bas, self.intor)
         self.halves = [_Half(name, t, index) for name, t in tensors.items() if t.allowed_keys()]
         self.rows = None                    # in memory (A): (pq|lam sig), all p >= q
+        self.rep_rows = None                # in memory with orbits: (pq|u), (u, pq)
         self.orbits = orbits                # point-group orbits of the AO pairs (ao2mo_symmetry)
         self.units = []
         if not in_memory:
@@ -208,10 +208,9 @@ class ClassTransform:
     # -- A: the 8-fold AO integrals in memory, half-transformed at once ---------------
     def half_in_memory(self, eri_s8, threads: int) -> None:
         """rows = (pq|lam sig) for all active p >= q from the 8-fold AO integrals; with
-        point-group orbits, rows[pq, u] = (pq|u) for their representative AO pairs u only."""
-        if self.orbits is not None:
-            with lib.with_omp_threads(threads):
-                self.rows = lib.transpose(self.orbits.half_rows(eri_s8, self.coeff, threads))
+        point-group orbits, rep_rows[u, pq] = (pq|u) for their representative AO pairs u only."""
+        if self.orbits is not None:       # kept (u, pq): the finish takes (u, rows of a group)
+            self.rep_rows = self.orbits.half_rows(eri_s8, self.coeff, threads)
             return
         with lib.with_omp_threads(threads):
             self.rows = incore.half_e1(eri_s8, (self.coeff, self.coeff), compact=True)
@@ -287,7 +286,11 @@ class ClassTransform:
     def _finish_so(self, h, g, npq, by_irrep, spans, out) -> None:
         """Finish from the representative AO pairs' rows, one SO irrep pair at a time."""
         name, sp = h.name, h.t.spaces
-        rows = lib.transpose(self.row_chunk_of(h, g, 0, npq))                   # (nrep, npq)
+        if self.rep_rows is not None:
+            b = h.bounds[g]
+            rows = self.rep_rows[:, h.rows[b:b + npq]]      # (nrep, npq); np.take is slower
+        else:
+            rows = lib.transpose(self.row_chunk_of(h, g, 0, npq))
         iz, iw = self.index[name[2]], self.index[name[3]]
         for (hz, hw), hkeys in by_irrep.items():
             (z0, z1), (w0, w1) = spans[(hz, hw)]
@@ -351,7 +354,7 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
         job.half_in_memory(eri, threads)
         job.columns = job.npair if job.orbits is None else len(job.orbits.reps)
         del eri                                    # no AO integrals while MO blocks exist
-        held = job.rows.nbytes
+        held = (job.rows if job.rep_rows is None else job.rep_rows).nbytes
     else:
         context.run_tasks(job.ao_tasks())
         held = 0
@@ -363,7 +366,7 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
     for h in job.halves:
         if h.H is not None:
             h.H.release()
-    job.rows = None
+    job.rows = job.rep_rows = None
     for t in tensors.values():
         if t.dist is not None:
             t.dist.sync()

@@ -54,13 +54,15 @@ def ao_operations(mol, U: np.ndarray) -> list:
     norm = np.linalg.norm(ao, axis=0)
     ops = []
     for aog in images:
-        overlap = (aog.T @ ao) / np.outer(np.linalg.norm(aog, axis=0), norm)
+        # einsum, not BLAS: these products are tiny, and a BLAS thread woken on a
+        # loaded machine cost more than all of them
+        overlap = np.einsum("xk,xl->kl", aog, ao) / np.outer(np.linalg.norm(aog, axis=0), norm)
         perm = np.abs(overlap).argmax(axis=1)
         best = overlap[np.arange(mol.nao), perm]
         if not np.allclose(np.abs(best), 1.0, atol=1e-8) or len(set(perm.tolist())) != mol.nao:
             continue                                    # not a symmetry of the molecule
         sign = np.sign(best)
-        rep = U.T @ (sign[:, None] * U[perm])           # D^T U in the SO basis
+        rep = np.einsum("kK,kL->KL", U, sign[:, None] * U[perm])   # D^T U in the SO basis
         if np.abs(rep - np.diag(np.diag(rep))).max() < 1e-8:
             ops.append((perm, sign))                    # maps every SO onto +-itself
     return ops
