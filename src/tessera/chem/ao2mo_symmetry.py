@@ -29,13 +29,9 @@ when they map every SO onto itself: the group is the one the orbitals are labell
 
 from __future__ import annotations
 
-import ctypes
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import scipy.sparse
 from pyscf import lib
-from pyscf.ao2mo import _ao2mo
 
 _AXIS_FLIPS = [np.array(s) for s in ((-1, -1, 1), (-1, 1, -1), (1, -1, -1), (-1, -1, -1),
                                     (1, 1, -1), (1, -1, 1), (-1, 1, 1))]
@@ -142,36 +138,6 @@ class PairOrbits:
             self._maps[key] = (m, KR, KS)
         return self._maps[key]
 
-    def half_rows(self, eri_s8: np.ndarray, coeff: np.ndarray, threads: int) -> np.ndarray:
-        """H[u, pq] = (pq|u) for the representative AO pairs u and all p >= q of
-        ``coeff``'s orbitals, from the 8-fold AO integrals: PySCF's e1 kernel on pieces of
-        at most 32 consecutive representatives (their runs are mostly short, so the pieces
-        go to ``threads`` threads of one OpenMP thread each rather than one run at a time
-        to OpenMP)."""
-        nmo = coeff.shape[1]
-        out = np.empty((len(self.reps), nmo * (nmo + 1) // 2))
-        mo = np.asarray(coeff, order="F")
-        fdrv = _ao2mo.libao2mo.AO2MOnr_e1incore_drv
-        ftrans = _ao2mo.libao2mo.AO2MOtranse1_incore_s8
-        fmmm = _ao2mo.libao2mo.AO2MOmmm_nr_s2_s2
-        starts = np.flatnonzero(np.diff(self.reps, prepend=-2) != 1)
-        stops = np.append(starts[1:], len(self.reps))
-        pieces = [(p, min(p + 32, stop)) for start, stop in zip(starts, stops)
-                  for p in range(start, stop, 32)]
-
-        def piece(ab):
-            a, b = ab
-            with lib.with_omp_threads(1):
-                fdrv(ftrans, fmmm, out[a:b].ctypes.data_as(ctypes.c_void_p),
-                     eri_s8.ctypes.data_as(ctypes.c_void_p), mo.ctypes.data_as(ctypes.c_void_p),
-                     ctypes.c_int(int(self.reps[a])), ctypes.c_int(int(b - a)),
-                     ctypes.c_int(self.nao), ctypes.c_int(0), ctypes.c_int(nmo),
-                     ctypes.c_int(0), ctypes.c_int(nmo))
-
-        with ThreadPoolExecutor(max(1, int(threads))) as pool:
-            list(pool.map(piece, pieces))
-        return out
-
     def finish(self, H: np.ndarray, R: int, S: int, r_orbs, s_orbs) -> np.ndarray:
         """(pq|rs) for the rows of H (nrep, nrows; one irrep R ^ S) and the orbitals
         r_orbs (irrep R), s_orbs (irrep S): (nrows, len(r_orbs), len(s_orbs))."""
@@ -179,6 +145,12 @@ class PairOrbits:
         y = (m @ H).reshape(len(KR), len(KS), H.shape[1])
         z = np.tensordot(self.c[np.ix_(KR, r_orbs)], y, axes=([0], [0]))   # (nr, nsoS, rows)
         return np.tensordot(z, self.c[np.ix_(KS, s_orbs)], axes=([1], [0])).transpose(1, 0, 2)
+
+
+    def finish_flops(self, R: int, S: int, nr: int, ns: int, nrows: int) -> int:
+        """Flops of ``finish`` for ``nrows`` rows and nr, ns orbitals of irreps R, S."""
+        m, KR, KS = self.so_map(R, S)
+        return 2 * nrows * (m.nnz + nr * len(KR) * len(KS) + nr * len(KS) * ns)
 
 
 def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False,
