@@ -8,7 +8,9 @@ Measured in one run, on the same machine (never a timed assertion):
    context) and PySCF's default ``scf.RHF`` (incore ERIs when they fit), same basis and
    conv_tol, alternating A B A B; the best of the two of each, and the iterations.
 2. Ours under ``mpiexec`` at 1 and 2 ranks (``bench/hf.py``'s worker, schedule steal).
-3. Benzene: the AO->MO transform against CCSD (the phases of ``tessera.chem``).
+3. The AO->MO transform against CCSD (the phases of ``tessera.chem``) for each of
+   ``--transform`` (default benzene; e.g. benzene,glycine), with the transform's flops
+   and GFLOP/s against a DGEMM peak on all cores measured in the same run.
 4. CCSD(T) as a whole process: benzene, ``tessera run`` against ``psi4 -n <cores>`` (when
    ``psi4`` is on PATH; same basis, all electrons, SCF_TYPE PK, convergence 1e-8), and
    each of ``--whole`` (default benzene, glycine) against one PySCF script (RHF, CCSD,
@@ -75,12 +77,18 @@ def alternate(pairs: int, a, b) -> tuple:
     return best(runs_a), best(runs_b), runs_a, runs_b
 
 
-def transform_vs_ccsd(basis: str) -> dict:
+def transform_vs_ccsd(name: str, basis: str) -> dict:
+    from pyscf import gto
+
     from tessera.backends.context import Context
     from tessera.chem.ccsd import CCSD
     from tessera.chem.integrals import transform
     from tessera.chem.scf import rhf
-    mol = hf.build("benzene", basis)
+    if name in hf.MOLECULES:
+        mol = hf.build(name, basis)
+    else:
+        xyz = (ROOT / "examples" / f"{name}.xyz").read_text().splitlines(True)[2:]
+        mol = gto.M(atom="".join(xyz), basis=basis, symmetry=True, verbose=0)
     with Context("threads") as ctx:
         ref = rhf(mol, conv_tol=CONV_TOL, context=ctx)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -91,7 +99,8 @@ def transform_vs_ccsd(basis: str) -> dict:
         t_cc, c_cc = time.perf_counter() - t0, time.process_time() - c0
     ctx.close()
     # CPU seconds (all threads) besides wall: their ratio is less sensitive to a loaded machine
-    return {"transform_s": t_tr, "ccsd_s": t_cc, "ccsd_iterations": len(cc.iterations),
+    return {"nao": mol.nao, "group": mol.groupname, "transform_s": t_tr, "ccsd_s": t_cc,
+            "ccsd_iterations": len(cc.iterations), "transform_gflops_per_s": ints.transform_stats["flops"] / t_tr / 1e9,
             "ratio": t_tr / t_cc, "transform_cpu_s": c_tr, "ccsd_cpu_s": c_cc,
             "cpu_ratio": c_tr / c_cc, **ints.transform_stats}
 
@@ -174,6 +183,8 @@ def main() -> None:
     ap.add_argument("--molecules", default="benzene,naphthalene")
     ap.add_argument("--basis", default="cc-pvdz")
     ap.add_argument("--skip", default="", help="comma list of: ranks, transform, psi4, pyscf")
+    ap.add_argument("--transform", default="benzene",
+                    help="molecules (bench/hf.py's or examples/<name>.xyz) of the transform/CCSD section")
     ap.add_argument("--whole", default="benzene,glycine",
                     help="examples/<name>.xyz whose CCSD(T) whole process is compared with PySCF's")
     args = ap.parse_args()
@@ -205,11 +216,17 @@ def main() -> None:
                          f"{two['wall_s'] / one['wall_s']:.2f}  load {os.getloadavg()[0]:.1f}")
         res["rhf"][name] = row
     if "transform" not in skip:
-        res["transform_vs_ccsd"] = t = transform_vs_ccsd(args.basis)
-        lines.append(f"benzene/{args.basis}: transform {t['transform_s']:.2f} s, CCSD "
-                     f"{t['ccsd_s']:.2f} s ({t['ccsd_iterations']} iterations), transform/CCSD "
-                     f"{t['ratio']:.2f} (CPU seconds {t['transform_cpu_s']:.2f} / {t['ccsd_cpu_s']:.2f} = "
-                     f"{t['cpu_ratio']:.2f}; AO integrals {t['ao_integrals']})  load {os.getloadavg()[0]:.1f}")
+        from common import dgemm_peak
+        res["dgemm_peak_gflops"] = peak = dgemm_peak(threads=cores)[0]
+        res["transform_vs_ccsd"] = {}
+        for name in filter(None, args.transform.split(",")):
+            t = res["transform_vs_ccsd"][name] = transform_vs_ccsd(name, args.basis)
+            lines.append(f"{name}/{args.basis} ({t['nao']} AOs, {t['group']}): transform {t['transform_s']:.2f} s "
+                         f"({t['flops'] / 1e9:.1f} GFLOP, {t['transform_gflops_per_s']:.1f} GFLOP/s = "
+                         f"{t['transform_gflops_per_s'] / peak:.2f} of DGEMM's {peak:.1f} on {cores} cores), CCSD "
+                         f"{t['ccsd_s']:.2f} s ({t['ccsd_iterations']} iterations), transform/CCSD "
+                         f"{t['ratio']:.2f} (CPU seconds {t['transform_cpu_s']:.2f} / {t['ccsd_cpu_s']:.2f} = "
+                         f"{t['cpu_ratio']:.2f}; AO integrals {t['ao_integrals']})  load {os.getloadavg()[0]:.1f}")
     if "psi4" not in skip:
         res["whole_process"] = w = whole_process(args.basis, cores)
         psi = f"Psi4 {w['psi4_s']:.2f} s, ratio {w['ratio']:.2f}" if w["psi4_s"] else w["psi4"]

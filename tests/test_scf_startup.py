@@ -1,6 +1,5 @@
 """SCF start-up: the initial guess the memory estimate sizes a run by (no two-electron
-integrals), and the AO symmetry operations searched once per molecule. References: the
-occupied orbitals per irrep of PySCF's converged RHF, and the search run afresh."""
+integrals). Reference: the occupied orbitals per irrep of PySCF's converged RHF."""
 
 from pathlib import Path
 
@@ -9,7 +8,6 @@ import pytest
 from pyscf import gto, scf
 from pyscf.scf import hf_symm
 
-from tessera.chem import ao2mo_symmetry
 from tessera.chem.scf.driver import guess_orbitals
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -52,28 +50,3 @@ def test_guess_without_symmetry_is_one_irrep():
     orbsym, nocc, group, names = guess_orbitals(mol)
     assert (group, nocc, names) == ("C1", 5, {0: "A"})
     assert not np.any(orbsym)
-
-
-def test_ao_operations_searched_once_per_molecule(monkeypatch):
-    """The memory estimate and the transform ask for the same operations: the second
-    asking gets the first answer; another geometry (same atoms and basis) is searched
-    anew and gets its own."""
-    mol = gto.M(atom=_xyz("water.xyz"), basis="sto-3g", symmetry=True, verbose=0)
-    U = np.hstack(mol.symm_orb)
-    fresh = ao2mo_symmetry._search_operations(mol, U)
-    first = ao2mo_symmetry.ao_operations(mol, U)
-    assert len(first) == len(fresh) == 3          # C2v: C2 and two mirror planes
-    for (p, s), (pf, sf) in zip(first, fresh):
-        np.testing.assert_array_equal(p, pf)
-        np.testing.assert_array_equal(s, sf)
-    calls = []
-    search = ao2mo_symmetry._search_operations
-    monkeypatch.setattr(ao2mo_symmetry, "_search_operations",
-                        lambda *a: calls.append(1) or search(*a))
-    assert ao2mo_symmetry.ao_operations(mol, U) is first
-    assert ao2mo_symmetry.pair_orbits(mol) is not None and not calls
-    stretched = gto.M(atom=_xyz("water.xyz").replace("0.755453", "0.800000"), basis="sto-3g",
-                      symmetry=True, verbose=0)
-    assert "0.800" in stretched.atom
-    ao2mo_symmetry.ao_operations(stretched, np.hstack(stretched.symm_orb))
-    assert calls == [1]

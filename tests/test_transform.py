@@ -63,6 +63,15 @@ def test_in_memory_and_units_equal_dense_einsum(system, backend, nfz, tile):
     assert units.transform_stats["ao_integrals_computed"] == npair * cols
     assert (cols < npair) == (ref.point_group != "C1")
     assert check_blocks(mem, ref, eri_mo, nfz) == check_blocks(units, ref, eri_mo, nfz) > 0
+    # flops of both halves: each AO-pair column's row costs at least the 2 nao^2 nact of
+    # its first product; both ways finish the same rows, so with as many columns (all AO
+    # pairs; water's shell-pair orbits are its AO-pair orbits) they count the same flops
+    stats = mem.transform_stats, units.transform_stats
+    nact = ref.mol.nao - nfz
+    for s in stats:
+        assert s["flops"] > s["ao_pair_columns"] * 2 * ref.mol.nao ** 2 * nact
+    assert stats[0]["ao_pair_columns"] == stats[1]["ao_pair_columns"]
+    assert stats[0]["flops"] == stats[1]["flops"]
 
 
 def test_scf_integrals_are_handed_to_the_transform_once(system):

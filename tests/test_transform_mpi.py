@@ -6,7 +6,8 @@ Checked: every block of every class equals the serial transform to 1e-10 and eve
 block was compared; each rank computed only its share of the AO integrals (the shares
 add up to the 4-fold packed total, npair x the AO-pair columns: all npair in C1, one
 shell pair per orbit with symmetry; at 4 ranks none exceeds 1.5x the mean);
-every rank finishes row groups, none more than 1.5x the mean rows;
+every rank finishes row groups, none more than 1.5x the mean rows; the flops of both
+halves, totalled over the ranks, are the same at every rank count;
 only puts moved data (no gets, no accumulates: nothing is gathered); the temporary
 arrays are freed; no rank holds a whole class tensor at 2+ ranks; no MPI warnings.
 """
@@ -55,6 +56,10 @@ def test_each_rank_computes_its_share(nranks):
         # C1: every AO pair; C2v: the shell pairs of one shell pair per orbit
         assert columns == npair if name.startswith("h2o2") else columns < npair, (name, columns)
         assert total == npair * columns
+        # the flops of both halves, added over the ranks: every rank reports the same
+        # total, and it does not depend on how many ranks shared the work
+        flops = {s["flops"] for s in stats}
+        assert flops == {launch(1)["cases"][name]["stats"][0]["flops"]} and min(flops) > 0, (name, flops)
         computed = [s["ao_integrals_computed"] for s in stats]
         assert sum(computed) == total, (name, computed)
         if nranks == 4:

@@ -9,9 +9,9 @@ tensor, and no data goes through one rank. Two ways to the half-transformed rows
 A. *In memory* (a local context, serial or threads, when the 8-fold AO integrals fit the
    memory budget): the unique AO integrals (ij|kl), ij >= kl, once (libcint, ``s8``; or
    the SCF's own, handed over by the reference: ``Reference.ao_integrals``) are
-   half-transformed by PySCF's OpenMP kernel (``ao2mo.incore.half_e1``) into one array of
-   rows, and dropped before any MO block exists: the dense AO integrals and the MO
-   classes are never held at once.
+   half-transformed by PySCF's e1 kernel (``half_rows``: pieces of AO pairs on the
+   threads) into one array of rows (AO pair, pq), and dropped before any MO block exists:
+   the dense AO integrals and the MO classes are never held at once.
 B. *AO units* (task set ``transform: AO integrals``, statically balanced by their exact
    cost under MPI; a unit's rows go wherever their owners are). AO shell
    pairs (lam >= sig) are cut into units of at most ``slab_bytes``/2 of integrals (a
@@ -48,17 +48,19 @@ Memory per rank, in doubles: its class blocks (~ stored total / ranks) + its row
 sum over classes of rows(P Q) x columns (~ (2 o^2 + 3 o v + v^2) columns / ranks; the
 columns are npair AO pairs, or with orbits those of the representative shell pairs) + per
 thread about ``slab_bytes`` of working arrays; in memory (A): npair (npair + 1) / 2 AO
-integrals + nact (nact + 1) / 2 x columns rows (twice while they are transposed, with
-orbits), then the rows and the classes.
+integrals + nact (nact + 1) / 2 x columns rows, then the rows and the classes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from pyscf import lib
-from pyscf.ao2mo import _ao2mo, incore
+from pyscf.ao2mo import _ao2mo
 from pyscf.gto import moleintor
 
 from tessera.backends.local import threads_of
@@ -74,6 +76,51 @@ def pair_index(p, q) -> np.ndarray:
     hi = np.maximum(p[:, None], q[None, :])
     lo = np.minimum(p[:, None], q[None, :])
     return hi * (hi + 1) // 2 + lo
+
+
+def half_flops(nao: int, nmo: int) -> int:
+    """Flops of one AO-pair row (mu nu|u) -> (pq|u), all p >= q of ``nmo`` orbitals
+    (PySCF's s2 kernel: a symmetric product, then the lower triangle of the second)."""
+    return 2 * nao * nao * nmo + nao * nmo * (nmo + 1)
+
+
+def pair_flops(nao: int, nz: int, nw: int, same: bool) -> int:
+    """Flops of one row (pq|lam sig) -> (pq|rs), r over ``nz``, s over ``nw`` orbitals
+    (``same``: the same orbitals, r >= s packed), as ``_ao2mo.nr_e2`` runs it."""
+    if same:
+        return half_flops(nao, nz)
+    return 2 * nao * nao * min(nz, nw) + 2 * nao * nz * nw
+
+
+def half_rows(eri_s8: np.ndarray, coeff: np.ndarray, pairs: np.ndarray, threads: int) -> np.ndarray:
+    """H[u, pq] = (pq|u) for the AO pairs ``pairs`` (packed index, ascending) and all
+    p >= q of ``coeff``'s orbitals, from the 8-fold AO integrals: PySCF's e1 kernel on
+    pieces of at most 32 consecutive pairs, handed to ``threads`` threads of one OpenMP
+    thread each as they come free (with point-group orbits the runs of pairs are mostly
+    short; and a loaded machine delays one OpenMP thread of a static split, which the
+    others wait for, where here the free thread takes the next piece)."""
+    nao, nmo = coeff.shape
+    out = np.empty((len(pairs), nmo * (nmo + 1) // 2))
+    mo = np.asarray(coeff, order="F")
+    fdrv = _ao2mo.libao2mo.AO2MOnr_e1incore_drv
+    ftrans = _ao2mo.libao2mo.AO2MOtranse1_incore_s8
+    fmmm = _ao2mo.libao2mo.AO2MOmmm_nr_s2_s2
+    starts = np.flatnonzero(np.diff(pairs, prepend=-2) != 1)
+    stops = np.append(starts[1:], len(pairs))
+    pieces = [(p, min(p + 32, stop)) for start, stop in zip(starts, stops)
+              for p in range(start, stop, 32)]
+
+    def piece(ab):
+        a, b = ab
+        with lib.with_omp_threads(1):
+            fdrv(ftrans, fmmm, out[a:b].ctypes.data_as(ctypes.c_void_p),
+                 eri_s8.ctypes.data_as(ctypes.c_void_p), mo.ctypes.data_as(ctypes.c_void_p),
+                 ctypes.c_int(int(pairs[a])), ctypes.c_int(int(b - a)), ctypes.c_int(nao),
+                 ctypes.c_int(0), ctypes.c_int(nmo), ctypes.c_int(0), ctypes.c_int(nmo))
+
+    with ThreadPoolExecutor(max(1, int(threads))) as pool:
+        list(pool.map(piece, pieces))
+    return out
 
 
 def ao_pair_units(ao_loc, max_cols: int, keep=None) -> list:
@@ -160,7 +207,7 @@ class ClassTransform:
         self.intor = mol._add_suffix("int2e")
         self.ao_loc = moleintor.make_loc(mol._bas, self.intor)
         self.halves = [_Half(name, t, index) for name, t in tensors.items() if t.allowed_keys()]
-        self.rows = None                    # in memory (A): (pq|lam sig), all p >= q
+        self.rep_rows = None                # in memory (A): (pq|u), (AO pair u, pq), all p >= q
         self.orbits = orbits                # point-group orbits of the AO pairs (ao2mo_symmetry)
         self.units = []
         if not in_memory:
@@ -189,6 +236,7 @@ class ClassTransform:
         self.local = threading.local()              # per-thread scratch buffers
         self.lock = threading.Lock()
         self.computed = self.columns = 0            # this rank's AO integrals and AO-pair columns
+        self.flops = {"half": 0, "finish": 0}       # this rank's, by half
 
     def in_omp(self, work):
         """``work`` run with this transform's OpenMP threads (a per-thread setting)."""
@@ -207,19 +255,21 @@ class ClassTransform:
 
     # -- A: the 8-fold AO integrals in memory, half-transformed at once ---------------
     def half_in_memory(self, eri_s8, threads: int) -> None:
-        """rows = (pq|lam sig) for all active p >= q from the 8-fold AO integrals; with
-        point-group orbits, rows[pq, u] = (pq|u) for their representative AO pairs u only."""
-        if self.orbits is not None:
-            with lib.with_omp_threads(threads):
-                self.rows = lib.transpose(self.orbits.half_rows(eri_s8, self.coeff, threads))
-            return
-        with lib.with_omp_threads(threads):
-            self.rows = incore.half_e1(eri_s8, (self.coeff, self.coeff), compact=True)
+        """rep_rows[u, pq] = (pq|u) for all active p >= q from the 8-fold AO integrals, u
+        over all AO pairs, or with point-group orbits their representative pairs only."""
+        pairs = np.arange(self.npair) if self.orbits is None else self.orbits.reps
+        self.rep_rows = half_rows(eri_s8, self.coeff, pairs, threads)
+        self.count("half", half_flops(len(self.coeff), self.nact) * len(pairs))
+
+    def count(self, half: str, flops: int) -> int:
+        with self.lock:
+            self.flops[half] += flops
+        return flops
 
     # -- B, task set 1: AO integrals of one unit, half-transformed, rows to their owners ---
     def ao_tasks(self) -> TaskSet:
         return TaskSet("transform: AO integrals", [u[4] for u in self.units], self.in_omp(self.ao_unit),
-                       schedule="static", progress=True)   # costs are exact: a balanced split needs no counter
+                       schedule="static", progress=True, flops=lambda: self.flops["half"])   # costs are exact: a balanced split needs no counter
 
     def ao_unit(self, i: int, _blocks) -> float:
         l, s0, s1, diag, n = self.units[i]
@@ -229,6 +279,7 @@ class ClassTransform:
                                aosym="s4" if diag else "s2kl", cintopt=self.cintopt).reshape(n, self.npair)
         half = _ao2mo.nr_e2(ao, self.coeff, (0, self.nact, 0, self.nact), "s2kl", "s2",
                             out=self.scratch("half", (n, self.nact_pair)))
+        flops = self.count("half", half_flops(len(self.coeff), self.nact) * n)
         with self.lock:
             self.computed += ao.size
             self.columns += n
@@ -238,16 +289,16 @@ class ClassTransform:
             rows = np.take(half_t, h.rows, axis=0, mode="clip")
             for g in range(len(h.groups)):
                 h.H.put_block((g, i), rows[h.bounds[g]:h.bounds[g + 1]])
-        return 0.0
+        return float(flops)
 
     def row_chunk_of(self, h, g: int, r0: int, r1: int) -> np.ndarray:
         """Rows r0:r1 of group g of class half h, (r1 - r0, AO pairs), AO pairs in packed
         order (with orbits: the representatives, ``orbits.reps``)."""
         width = self.npair if self.orbits is None else len(self.orbits.reps)
         out = self.scratch("tril", (r1 - r0, width))
-        if self.rows is not None:
+        if self.rep_rows is not None:
             b = h.bounds[g]
-            return np.take(self.rows, h.rows[b + r0:b + r1], axis=0, out=out)
+            return lib.transpose(self.rep_rows[:, h.rows[b + r0:b + r1]], out=out)
         cols = np.concatenate([h.H.blocks[(g, u)][r0:r1] for u in range(len(self.units))], axis=1,
                               out=self.scratch("cols", (r1 - r0, width)))
         return np.take(cols, self.col_of_tril, axis=1, mode="clip", out=out)
@@ -257,7 +308,7 @@ class ClassTransform:
         self.work = [(h, g) for h in self.halves for g in range(len(h.groups))]
         costs = [(h.bounds[g + 1] - h.bounds[g]) * self.npair for h, g in self.work]
         return TaskSet("transform: finish", costs, self.in_omp(self.finish_group),
-                       home=[h.home[g] for h, g in self.work], progress=True)
+                       home=[h.home[g] for h, g in self.work], progress=True, flops=lambda: self.flops["finish"])
 
     def finish_group(self, j: int, _blocks) -> float:
         """(P Q | lam sig) rows of one first-pair group -> its blocks (P Q | R S)."""
@@ -274,32 +325,43 @@ class ClassTransform:
                  for hh, hkeys in by_irrep.items()}
         out = {key: np.empty((npq,) + t.block_shape(key)[2:]) for key in keys}
         if self.orbits is not None:          # through the SO basis (chem/ao2mo_symmetry.py)
-            self._finish_so(h, g, npq, by_irrep, spans, out)
+            flops = self._finish_so(h, g, npq, by_irrep, spans, out)
         else:
-            self._finish_ao(h, g, npq, by_irrep, spans, out)
+            flops = self._finish_ao(h, g, npq, by_irrep, spans, out)
         for key, blk in out.items():
             blk = blk.reshape(t.block_shape(key))
             t.put_block(key, blk)
             if h.mirror and key[0] > key[1] and not t.aliases:   # (Q P|R S) = (P Q|R S) transposed
                 t.put_block((key[1], key[0]) + key[2:], np.ascontiguousarray(blk.transpose(1, 0, 2, 3)))
-        return 0.0
+        return float(self.count("finish", flops))
 
-    def _finish_so(self, h, g, npq, by_irrep, spans, out) -> None:
-        """Finish from the representative AO pairs' rows, one SO irrep pair at a time."""
+    def _finish_so(self, h, g, npq, by_irrep, spans, out) -> int:
+        """Finish from the representative AO pairs' rows, one SO irrep pair at a time;
+        returns its flops."""
         name, sp = h.name, h.t.spaces
-        rows = lib.transpose(self.row_chunk_of(h, g, 0, npq))                   # (nrep, npq)
+        if self.rep_rows is not None:
+            b = h.bounds[g]
+            rows = self.rep_rows[:, h.rows[b:b + npq]]      # (nrep, npq); np.take is slower
+        else:
+            rows = lib.transpose(self.row_chunk_of(h, g, 0, npq))
         iz, iw = self.index[name[2]], self.index[name[3]]
+        flops = 0
         for (hz, hw), hkeys in by_irrep.items():
             (z0, z1), (w0, w1) = spans[(hz, hw)]
             res = self.orbits.finish(rows, hz, hw, iz[z0:z1], iw[w0:w1])
+            flops += self.orbits.finish_flops(hz, hw, z1 - z0, w1 - w0, npq)
             for key in hkeys:
                 out[key][:] = res[:, slice(*_rel(sp[2], key[2], z0)), slice(*_rel(sp[3], key[3], w0))]
+        return flops
 
-    def _finish_ao(self, h, g, npq, by_irrep, spans, out) -> None:
-        """Finish from all AO pairs' rows, in chunks of rows, one irrep pair at a time."""
+    def _finish_ao(self, h, g, npq, by_irrep, spans, out) -> int:
+        """Finish from all AO pairs' rows, in chunks of rows, one irrep pair at a time;
+        returns its flops."""
         name, sp = h.name, h.t.spaces
         cz, cw = self.coeff[:, self.index[name[2]]], self.coeff[:, self.index[name[3]]]
         same_space = name[2] == name[3]
+        flops = npq * sum(pair_flops(len(self.coeff), z1 - z0, w1 - w0, same_space and (z0, z1) == (w0, w1))
+                          for (z0, z1), (w0, w1) in spans.values())
         for r0 in range(0, npq, self.row_chunk):
             r1 = min(r0 + self.row_chunk, npq)
             tril = self.row_chunk_of(h, g, r0, r1)
@@ -319,6 +381,7 @@ class ClassTransform:
                     res = res.reshape(r1 - r0, nz, nw)
                     for key in hkeys:
                         out[key][r0:r1] = res[:, slice(*_rel(sp[2], key[2], z0)), slice(*_rel(sp[3], key[3], w0))]
+        return flops
 
 
 def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
@@ -329,7 +392,9 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
     With point-group symmetry the half transform takes one AO pair per orbit in memory,
     the shell pairs of one shell pair per orbit by units (``ao2mo_symmetry``). Returns
     this rank's counts: AO integrals computed (packed as computed: 8-fold in memory,
-    4-fold by units), AO-pair columns, bytes of half-transformed rows held."""
+    4-fold by units), AO-pair columns, bytes of half-transformed rows held; and the flops
+    of both halves over all ranks (the products of the half and finish kernels, the
+    sparse SO maps' multiply-adds included; not the AO integrals)."""
     ranks = context.ranks
     # ranks x task workers x OpenMP threads <= the threads of the rank
     threads = threads_of(context.executor.name, context.distributed)
@@ -348,22 +413,25 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
             with lib.with_omp_threads(threads):
                 eri = moleintor.getints(job.intor, mol._atm, mol._bas, mol._env, aosym="s8")
             job.computed = eri.size
+        t0 = time.perf_counter()
         job.half_in_memory(eri, threads)
-        job.columns = job.npair if job.orbits is None else len(job.orbits.reps)
+        context.record("transform: half in memory", time.perf_counter() - t0, job.flops["half"], t0)
+        job.columns = len(job.rep_rows)
         del eri                                    # no AO integrals while MO blocks exist
-        held = job.rows.nbytes
+        held = job.rep_rows.nbytes
+        flops = job.flops["half"]
     else:
-        context.run_tasks(job.ao_tasks())
+        flops = context.run_tasks(job.ao_tasks()).sum()         # every rank's
         held = 0
         for h in job.halves:
             if h.H.dist is not None:
                 h.H.dist.sync()
             held += h.H.local_nbytes
-    context.run_tasks(job.finish_tasks())
+    flops += context.run_tasks(job.finish_tasks()).sum()
     for h in job.halves:
         if h.H is not None:
             h.H.release()
-    job.rows = None
+    job.rep_rows = None
     for t in tensors.values():
         if t.dist is not None:
             t.dist.sync()
@@ -375,7 +443,8 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
             "ao_pair_columns": int(job.columns), "ao_pairs": int(job.npair),
             "half_bytes_held": int(held), "ranks": int(ranks.size),
             "rows_finished": int(sum(h.sizes[g] for h in job.halves for g in range(len(h.groups))
-                                     if h.home[g] == ranks.rank))}
+                                     if h.home[g] == ranks.rank)),
+            "flops": int(flops)}
 
 
 def _span(space, tiles) -> tuple:

@@ -29,61 +29,47 @@ when they map every SO onto itself: the group is the one the orbitals are labell
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import scipy.sparse
 from pyscf import lib
-from pyscf.ao2mo import _ao2mo
 
 _AXIS_FLIPS = [np.array(s) for s in ((-1, -1, 1), (-1, 1, -1), (1, -1, -1), (-1, -1, -1),
                                     (1, 1, -1), (1, -1, 1), (-1, 1, 1))]
 
 
-_OPERATIONS: dict = {}      # fingerprint of (molecule, SOs) -> ao_operations' answer
-_KEEP_OPERATIONS = 4
-
-
 def ao_operations(mol, U: np.ndarray) -> list:
     """[(perm, sign)] of the group's operations other than E: phi_k(g r) = sign[k]
     phi_perm[k](r), for the flips of the group's axes that map each SO (column of U)
-    onto +-itself. Searched once per molecule and SOs (the last few are kept, keyed by
-    their arrays): the memory estimate before the SCF and the transform after it ask
-    for the same (do not modify the arrays)."""
-    key = hashlib.sha1(b"".join(np.ascontiguousarray(a).tobytes() for a in (
-        mol._atm, mol._bas, mol._env, U, getattr(mol, "_symm_orig", ()), getattr(mol, "_symm_axes", ())))).digest()
-    if key not in _OPERATIONS:
-        if len(_OPERATIONS) >= _KEEP_OPERATIONS:
-            del _OPERATIONS[next(iter(_OPERATIONS))]
-        _OPERATIONS[key] = _search_operations(mol, U)
-    return _OPERATIONS[key]
-
-
-def _search_operations(mol, U: np.ndarray) -> list:
+    onto +-itself."""
     rng = np.random.default_rng(7)
     coords = mol.atom_coords()
     pts = (coords[:, None, :] + rng.normal(scale=0.7, size=(len(coords), 8, 3))).reshape(-1, 3)
-    ao = mol.eval_gto("GTOval", pts)
-    # the axes of the point group (PySCF keeps the input frame: mol._symm_orig/_symm_axes)
-    orig = np.asarray(getattr(mol, "_symm_orig", np.zeros(3)))
-    axes = np.asarray(getattr(mol, "_symm_axes", np.eye(3)))
-    local = (pts - orig) @ axes.T
+    with lib.with_omp_threads(1):      # a few points: waking OpenMP threads costs more
+        ao = mol.eval_gto("GTOval", np.vstack([pts] + [_image(pts, mol, flip) for flip in _AXIS_FLIPS]))
+    ao, images = ao[:len(pts)], ao[len(pts):].reshape(len(_AXIS_FLIPS), len(pts), -1)
     norm = np.linalg.norm(ao, axis=0)
     ops = []
-    for flip in _AXIS_FLIPS:
-        aog = mol.eval_gto("GTOval", orig + (local * flip) @ axes)
-        overlap = (aog.T @ ao) / np.outer(np.linalg.norm(aog, axis=0), norm)
+    for aog in images:
+        # einsum, not BLAS: these products are tiny, and a BLAS thread woken on a
+        # loaded machine cost more than all of them
+        overlap = np.einsum("xk,xl->kl", aog, ao) / np.outer(np.linalg.norm(aog, axis=0), norm)
         perm = np.abs(overlap).argmax(axis=1)
         best = overlap[np.arange(mol.nao), perm]
         if not np.allclose(np.abs(best), 1.0, atol=1e-8) or len(set(perm.tolist())) != mol.nao:
             continue                                    # not a symmetry of the molecule
         sign = np.sign(best)
-        rep = U.T @ (sign[:, None] * U[perm])           # D^T U in the SO basis
+        rep = np.einsum("kK,kL->KL", U, sign[:, None] * U[perm])   # D^T U in the SO basis
         if np.abs(rep - np.diag(np.diag(rep))).max() < 1e-8:
             ops.append((perm, sign))                    # maps every SO onto +-itself
     return ops
+
+
+def _image(pts: np.ndarray, mol, flip: np.ndarray) -> np.ndarray:
+    """The points mapped by the flip of the point group's axes (PySCF keeps the input
+    frame: the group's origin and axes are mol._symm_orig/_symm_axes)."""
+    orig = np.asarray(getattr(mol, "_symm_orig", np.zeros(3)))
+    axes = np.asarray(getattr(mol, "_symm_axes", np.eye(3)))
+    return orig + (((pts - orig) @ axes.T) * flip) @ axes
 
 
 class PairOrbits:
@@ -152,36 +138,6 @@ class PairOrbits:
             self._maps[key] = (m, KR, KS)
         return self._maps[key]
 
-    def half_rows(self, eri_s8: np.ndarray, coeff: np.ndarray, threads: int) -> np.ndarray:
-        """H[u, pq] = (pq|u) for the representative AO pairs u and all p >= q of
-        ``coeff``'s orbitals, from the 8-fold AO integrals: PySCF's e1 kernel on pieces of
-        at most 32 consecutive representatives (their runs are mostly short, so the pieces
-        go to ``threads`` threads of one OpenMP thread each rather than one run at a time
-        to OpenMP)."""
-        nmo = coeff.shape[1]
-        out = np.empty((len(self.reps), nmo * (nmo + 1) // 2))
-        mo = np.asarray(coeff, order="F")
-        fdrv = _ao2mo.libao2mo.AO2MOnr_e1incore_drv
-        ftrans = _ao2mo.libao2mo.AO2MOtranse1_incore_s8
-        fmmm = _ao2mo.libao2mo.AO2MOmmm_nr_s2_s2
-        starts = np.flatnonzero(np.diff(self.reps, prepend=-2) != 1)
-        stops = np.append(starts[1:], len(self.reps))
-        pieces = [(p, min(p + 32, stop)) for start, stop in zip(starts, stops)
-                  for p in range(start, stop, 32)]
-
-        def piece(ab):
-            a, b = ab
-            with lib.with_omp_threads(1):
-                fdrv(ftrans, fmmm, out[a:b].ctypes.data_as(ctypes.c_void_p),
-                     eri_s8.ctypes.data_as(ctypes.c_void_p), mo.ctypes.data_as(ctypes.c_void_p),
-                     ctypes.c_int(int(self.reps[a])), ctypes.c_int(int(b - a)),
-                     ctypes.c_int(self.nao), ctypes.c_int(0), ctypes.c_int(nmo),
-                     ctypes.c_int(0), ctypes.c_int(nmo))
-
-        with ThreadPoolExecutor(max(1, int(threads))) as pool:
-            list(pool.map(piece, pieces))
-        return out
-
     def finish(self, H: np.ndarray, R: int, S: int, r_orbs, s_orbs) -> np.ndarray:
         """(pq|rs) for the rows of H (nrep, nrows; one irrep R ^ S) and the orbitals
         r_orbs (irrep R), s_orbs (irrep S): (nrows, len(r_orbs), len(s_orbs))."""
@@ -189,6 +145,12 @@ class PairOrbits:
         y = (m @ H).reshape(len(KR), len(KS), H.shape[1])
         z = np.tensordot(self.c[np.ix_(KR, r_orbs)], y, axes=([0], [0]))   # (nr, nsoS, rows)
         return np.tensordot(z, self.c[np.ix_(KS, s_orbs)], axes=([1], [0])).transpose(1, 0, 2)
+
+
+    def finish_flops(self, R: int, S: int, nr: int, ns: int, nrows: int) -> int:
+        """Flops of ``finish`` for ``nrows`` rows and nr, ns orbitals of irreps R, S."""
+        m, KR, KS = self.so_map(R, S)
+        return 2 * nrows * (m.nnz + nr * len(KR) * len(KS) + nr * len(KS) * ns)
 
 
 def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False,
