@@ -565,38 +565,31 @@ class TripleKernel:
         W += Sb.transpose(0, 2, 3, 1)                             # W[abc]
         return sum(self._sweep_dense(W[n], i, j, k) for n, k in enumerate(ks))
 
-    def _single(self, out, s, t, ks) -> None:
-        """out [k, s, t, u] = the 4 W0 terms of single (o_s s), pair (o_t t, k u) for every k
-        in ks, as GEMMs on the fused C1 operands: left[o_s][k] right_a[o_t] (one GEMM over
-        the batch) + left[o_s][o_t] right_b[k] (one per k)."""
+    def _single(self, out, s, t, ks, u=None) -> None:
+        """out = the 4 W0 terms of single (o_s s), pair (o_t t, o_u u) for every k in ks, as
+        GEMMs on the fused C1 operands: left[o_s][o_u] right_a[o_t] + left[o_s][o_t]
+        right_b[o_u].  u None: o_u is k and out is [k, s, t, u]; else o_s is k (s None)
+        and out is [k, s, (t, u)] too, both halves over the whole batch."""
         inp, nv, nk = self.inp, self.nvir, len(ks)
         left, ra, rb, k0 = inp.left, inp.right_a, inp.right_b, ks[0]
         c = out[:nk * nv ** 3].reshape(nk * nv, nv * nv).T
         nf = ra[t][0].shape[0]
-        dgemm(1.0, ra[t][0].T, left[s][0][k0:k0 + nk].reshape(nk * nv, nf).T, beta=0.0, c=c, overwrite_c=1)
-        for n, k in enumerate(ks):
-            dgemm(1.0, rb[k][0].T, left[s][0][t].reshape(nv, nf).T, beta=1.0,
-                  c=c[:, n * nv:(n + 1) * nv], overwrite_c=1)
+        if u is None:                                  # right_a[o_t] for all k, right_b[k] per k
+            dgemm(1.0, ra[t][0].T, left[s][0][k0:k0 + nk].reshape(nk * nv, nf).T, beta=0.0, c=c, overwrite_c=1)
+            for n, k in enumerate(ks):
+                dgemm(1.0, rb[k][0].T, left[s][0][t].reshape(nv, nf).T, beta=1.0,
+                      c=c[:, n * nv:(n + 1) * nv], overwrite_c=1)
+        else:                                          # both rights fixed; lefts of each k stacked
+            lft = self.lbuf[:nk * nv * nf].reshape(nk, nv * nf)
+            for beta, right, y in ((0.0, ra[t][0], u), (1.0, rb[u][0], t)):
+                for n, k in enumerate(ks):
+                    lft[n] = left[k][0][y]
+                dgemm(1.0, right.T, lft.reshape(nk * nv, nf).T, beta=beta, c=c, overwrite_c=1)
         self.flops += 4 * nk * nv ** 3 * nf
-
-    def _add_single_c(self, W, i, j, ks) -> None:
-        """W[k, a, b, c] += X_c[k, c, a, b] (single c of k, pair (a of i, b of j)) as GEMMs
-        whose output is W itself (c the fast index, per k): left[k][j] right_a[i] +
-        left[k][i] right_b[j], no X_c buffer and no strided transpose."""
-        inp, nv = self.inp, self.nvir
-        left, ra, rb = inp.left, inp.right_a[i][0], inp.right_b[j][0]
-        nf = ra.shape[0]
-        for n, k in enumerate(ks):
-            c = W[n].reshape(nv * nv, nv).T                       # [c, (a b)], Fortran order
-            for right, y in ((ra, j), (rb, i)):
-                dgemm(1.0, left[k][0][y].reshape(nv, nf).T, right.T, beta=1.0, c=c, overwrite_c=1,
-                      trans_a=1, trans_b=1)
-        self.flops += 4 * len(ks) * nv ** 3 * nf
 
     def _energy_fused(self, i, j, ks) -> float:
         """C1 with the fused operands: W of the batch [k, a, b, c] = X_a + X_b[bac] + X_c[cab]
-        from X_a [k, a, (b c)], X_b [k, b, (a c)] and X_c, added by its GEMMs in W's layout
-        (:meth:`_add_single_c`); the sweep per k."""
+        from X_a [k, a, (b c)], X_b [k, b, (a c)], X_c [k, c, (a b)]; the sweep per k."""
         nv, nk = self.nvir, len(ks)
         W, X = (a[:nk * nv ** 3].reshape(nk, nv, nv, nv) for a in self.buf[:2])
         if i == j:                                                # single a and b alike
@@ -606,10 +599,9 @@ class TripleKernel:
             self._single(W, i, j, ks)
             self._single(X, j, i, ks)
             W += X.transpose(0, 2, 1, 3)
-        if ks[0] != j:
-            self._add_single_c(W, i, j, ks)
-        else:                                                     # single c as single b
-            W += X.transpose(0, 2, 3, 1)
+        if ks[0] != j:                                            # else single c as single b
+            self._single(X, None, i, ks, j)
+        W += X.transpose(0, 2, 3, 1)
         return sum(self._sweep_dense(W[n], i, j, k) for n, k in enumerate(ks))
 
     def _sweep_dense(self, W, i, j, k) -> float:
