@@ -208,6 +208,26 @@ def test_flops_equal_the_minimal_count(systems):
     assert res.flops == res.minimal_flops < 4 * v ** 3 * (v + o) * (3 * comb(o, 3) + 2 * o * (o - 1) + o) / 3
 
 
+def test_task_costs_count_the_orbital_triples_they_run(systems):
+    """A task's cost is the number of orbital triples i >= j >= k its tile triple holds
+    (counted here by the kernel's own loops) times the virtual triples of its irrep, so
+    tasks on the diagonal cost less and the costs add up to C(o + 2, 3) in C1."""
+    from math import comb
+    from tessera.chem.triples_tasks import TriplesTasks
+    ref, runs = systems["h2o2"]                          # C1
+    ints, bt1, bt2 = _inputs(ref, *runs[0][:2], 0, 4)
+    job = TriplesTasks(ints, bt1, bt2, 2, None, resident=True)
+    ntrip, o = int(job.lay.ntrip[0]), ints.o.dim
+    counts = []
+    for a, b, c in job.triples:
+        I, J, K = (job.tiles[x] for x in (a, b, c))
+        counts.append(sum(1 for i in range(*I[:2]) for j in range(J[0], min(J[1], i + 1))
+                          for k in range(K[0], min(K[1], j + 1))))
+    costs = job.task_set(1).costs
+    assert [int(c) for c in costs] == [n * ntrip for n in counts]
+    assert sum(counts) == comb(o + 2, 3) and len(set(counts)) > 1
+
+
 @pytest.mark.parametrize("name", ["water", "n2", "h2o2"])
 def test_virtual_blocks_give_the_same_energy(systems, name):
     """The kernel blocked in the virtual index (tasks visit block triples {A, B, C}) gives

@@ -234,7 +234,7 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None)
     """Bytes per rank of what (T) holds beside the integrals and T2, over spaces ``o``, ``v``:
     ``rows`` (the packed rows it reads: on one process, ``resident``, every task tile's rows,
     with their pair-swapped copies unless the kernel is blocked in the virtual index, and
-    in C1 the fused left operands of ``RowSlab.add_swapped``; a rank keeps its row cache,
+    the fused left operands of ``RowSlab.add_swapped``; a rank keeps its row cache,
     or with the blocked kernel one windowed task's rows and tables,
     ``chem.triples_window``) and ``kernel`` (buffers per thread, as
     ``triples_tasks.kernel_plan`` sizes them). The one formula of (T) memory, also used
@@ -247,7 +247,7 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None)
     _, vblock, _, kernel = kernel_plan(lay, o, v, None, resident)   # the run's kernel choice
     swapped = 2 if vblock is None else 1      # the whole-space kernel keeps pair-swapped rows
     rows_t = swapped * (dims["ovvv"] + dims["t2"]) + dims["ovov"] + dims["ovoo"]
-    if resident and vblock is None and lay.c1:     # + the fused left operands (t2 beside ovoo rows)
+    if resident and vblock is None:           # + the fused left operands (t2 beside ovoo rows)
         rows_t += dims["t2"] + dims["ovoo"]
     if not resident and vblock is not None:   # windowed tasks: one task's rows and tables
         from tessera.chem.integrals import class_tensor

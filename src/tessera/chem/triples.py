@@ -115,6 +115,8 @@ class VirtualLayout:
         self.nvo, self.vooff = sizes.sum(axis=0), offsets(sizes)               # vooff[h, g_s]
         sizes = n[:, None] * self.npair[xor]         # triples of irrep G: [g_s, G] blocks
         self.ntrip, self.foff = sizes.sum(axis=0), offsets(sizes)              # foff[G, g_s]
+        sizes = n[:, None] * (n + no)[xor]           # fused left rows (s, f or m) of irrep h: [g_s, h]
+        self.nleft, self.loff = sizes.sum(axis=0), offsets(sizes)              # loff[h, g_s]
         self.rel = np.arange(len(irreps)) - vrange[irreps, 0]
         self.c1 = not np.any(irreps) and not np.any(no[1:])      # every orbital of irrep 0
 
@@ -184,11 +186,13 @@ class RowSlab:
     ``ooL[g_y]`` [n_y, mixed pairs of g^g_y] = (x s|y m) at (s, m);
     ``ovov[g_y]`` [n_y, pairs of g^g_y] = (x a|y b);
     optionally (``add_swapped``) ``ov2`` and ``t2s``: ov1 and t2r with the pairs swapped.
-    Every entry holds exactly the symmetry-allowed elements of those rows once.  In C1
-    ``add_swapped`` also stores the fused operands of the dense kernel: ``right_a``
-    [x, v + o, v^2] = ov1 over t2r and ``right_b`` = ov2 over t2s (ov1, t2r, ov2, t2s
-    become views of them), and ``left`` [x, y, v, v + o] = t2[x y s f] beside
-    -(x s|y m), so that the four W0 terms of one single index are two GEMMs.
+    Every entry holds exactly the symmetry-allowed elements of those rows once.
+    ``add_swapped`` also stores the fused operands of the kernel: ``right_a[g_c]``
+    [x, n_c + o_c, pairs] = ov1 over t2r and ``right_b`` = ov2 over t2s (ov1, t2r, ov2,
+    t2s become views of them), and ``left[g_y]`` [x, n_y, fused left pairs of g^g_y]:
+    per single irrep g_s (offset ``loff[h, g_s]``) the rows [s, f + m] = t2[x y s f]
+    beside -(x s|y m), so that the four W0 terms of one single index are two GEMMs of
+    K = n_c + o_c instead of four of K = n_c or o_c.
     """
 
     def __init__(self, x0: int, x1: int, g: int, ov1, t2r, ooL, ovov):
@@ -252,25 +256,44 @@ class RowSlab:
                 out.append(b)
             return out
         self.ov2, self.t2s = swapped(self.ov1), swapped(self.t2r)
-        if lay.c1:
-            nv, no, tx = int(lay.n[0]), int(lay.no[0]), self.x1 - self.x0
-            self.right_a = np.concatenate((self.ov1[0], self.t2r[0]), axis=1)
-            self.right_b = np.concatenate((self.ov2[0], self.t2s[0]), axis=1)
-            self.ov1[0], self.t2r[0] = self.right_a[:, :nv], self.right_a[:, nv:]
-            self.ov2[0], self.t2s[0] = self.right_b[:, :nv], self.right_b[:, nv:]
-            self.left = np.empty((tx, no, nv, nv + no))
-            self.left[..., :nv] = self.t2r[0].reshape(tx, no, nv, nv)
-            np.negative(self.ooL[0].reshape(tx, no, nv, no), out=self.left[..., nv:])
+        n, no, tx = lay.n.tolist(), lay.no.tolist(), self.x1 - self.x0
+
+        def stacked(ov, t2):                # [x, n_c + o_c, pairs] per g_c; ov and t2 become views
+            out = []
+            for gc in range(NIRREP):
+                parts = [a for a in (ov[gc], t2[gc]) if a is not None]
+                both = np.concatenate(parts, axis=1) if parts else None
+                if ov[gc] is not None:
+                    ov[gc] = both[:, :n[gc]]
+                if t2[gc] is not None:
+                    t2[gc] = both[:, n[gc]:]
+                out.append(both)
+            return out
+        self.right_a, self.right_b = stacked(self.ov1, self.t2r), stacked(self.ov2, self.t2s)
+        self.left = [None] * NIRREP
+        for gy in range(NIRREP):
+            if not no[gy]:
+                continue
+            h = self.g ^ gy
+            self.left[gy] = left = np.empty((tx, no[gy], int(lay.nleft[h])))
+            for gs in range(NIRREP):
+                gc, ns = gs ^ h, n[gs]
+                nf, nm = n[gc], no[gc]
+                if not ns or not nf + nm:
+                    continue
+                seg = left[:, :, lay.loff[h, gs]:lay.loff[h, gs] + ns * (nf + nm)].reshape(tx, no[gy], ns, nf + nm)
+                p0, q0 = lay.poff[h, gs], lay.vooff[h, gs]
+                seg[..., :nf] = self.t2r[gy][:, :, p0:p0 + ns * nf].reshape(tx, no[gy], ns, nf)
+                np.negative(self.ooL[gy][:, :, q0:q0 + ns * nm].reshape(tx, no[gy], ns, nm), out=seg[..., nf:])
         return self
 
     def nbytes(self) -> dict:
         """Bytes held per source tensor (ov2 counts for ovvv, t2s for t2)."""
         size = (lambda *lists: sum(a.nbytes for lst in lists if lst is not None
                                    for a in lst if a is not None))
-        left = 0 if self.left is None else self.left.nbytes     # t2 and ovoo rows side by side
-        share = 0 if self.left is None else left * self.left.shape[-2] // self.left.shape[-1]
-        return {"ovvv": size(self.ov1, self.ov2), "t2": size(self.t2r, self.t2s) + share,
-                "ovov": size(self.ovov), "ovoo": size(self.ooL) + left - share}
+        fused = self.left is not None               # left holds the t2 and ovoo rows once more
+        return {"ovvv": size(self.ov1, self.ov2), "t2": size(self.t2r, self.t2s) + fused * size(self.t2r),
+                "ovov": size(self.ovov), "ovoo": (1 + fused) * size(self.ooL)}
 
 
 class SwappedRows:
@@ -306,8 +329,8 @@ class KernelInputs:
     :class:`RowSlab`: ``ov1``, ``ov2``, ``t2r``, ``t2s``, ``ooL``, ``ovov``; any object
     with ``[x]`` will do (e.g. :class:`SwappedRows`), and orbitals the kernel is not run
     on may be missing (None).  The kernel reads rows of i, j, k only (over all y).
-    Optional (C1): ``right_a``, ``right_b``, ``left``, per orbital x the fused operands
-    of :class:`RowSlab` (``[x]`` an array); given, the dense kernel uses them.
+    Optional: ``right_a``, ``right_b``, ``left``, per orbital x the fused operands of
+    :class:`RowSlab` (``[x][g]`` as the tables); given, the kernel uses them.
     """
 
     def __init__(self, lay, eo, t1, irrep, *, ov1, ov2, t2r, t2s, ooL, ovov,
@@ -324,18 +347,16 @@ class KernelInputs:
         buffers, ov2 and t2s are :class:`SwappedRows` made on access (the slabs need not
         carry them); otherwise the slabs must have ``add_swapped`` done."""
         nocc, slabs = len(irrep), list(slabs)
-        tables = {name: [None] * nocc for name in ("ov1", "ov2", "t2r", "t2s", "ooL", "ovov")}
+        names = ["ov1", "ov2", "t2r", "t2s", "ooL", "ovov"]
+        if slabs and all(s.left is not None for s in slabs):
+            names += ["right_a", "right_b", "left"]
+        tables = {name: [None] * nocc for name in names}
         for s in slabs:
             for name, table in tables.items():
                 arrs = getattr(s, name)
                 if arrs is not None:
                     for x in range(s.x0, s.x1):
                         table[x] = [None if a is None else a[x - s.x0] for a in arrs]
-        if slabs and all(s.left is not None for s in slabs):
-            for name in ("right_a", "right_b", "left"):
-                tables[name] = [None] * nocc
-                for s in slabs:
-                    tables[name][s.x0:s.x1] = getattr(s, name)
         inp = cls(lay, eo, t1, irrep, **tables)
         if scratch is not None:
             inp.ov2 = SwappedRows(inp.ov1, inp.irrep, lay, scratch[0])
@@ -368,7 +389,7 @@ class TripleKernel:
         self.buf = pool[:-1]
         self.lbuf = pool[-1]
         self.irr, self.rel = inp.irrep, inp.rel
-        self.poff, self.vooff = lay.poff.tolist(), lay.vooff.tolist()
+        self.poff, self.vooff, self.loff = lay.poff.tolist(), lay.vooff.tolist(), lay.loff.tolist()
         self.nv, self.no, self.vr = lay.n.tolist(), lay.no.tolist(), lay.vr.tolist()
         self.nvir = len(lay.irrep)
         self.flops = 0
@@ -449,10 +470,15 @@ class TripleKernel:
         hu, ht = occ_irrep(os_) ^ occ_irrep(ou), occ_irrep(os_) ^ occ_irrep(ot)
         # sum_f (o_t t|u f) t2[o_s o_u s f],  sum_f (o_u u|t f) t2[o_s o_t s f],
         # -sum_m (o_s s|o_t m) t2[m o_u t u], -sum_m (o_s s|o_u m) t2[m o_t u t]
-        terms = ((1.0, inp.t2r, ou, self.poff, hu, inp.ov1, ot, self.nv),
-                 (1.0, inp.t2r, ot, self.poff, ht, inp.ov2, ou, self.nv),
-                 (-1.0, inp.ooL, ot, self.vooff, ht, inp.t2s, ou, self.no),
-                 (-1.0, inp.ooL, ou, self.vooff, hu, inp.t2r, ot, self.no))
+        if inp.left is not None:            # fused: terms 1 and 4, 2 and 3 share the right orbital
+            nfm = [a + b for a, b in zip(self.nv, self.no)]
+            terms = ((1.0, inp.left, ou, self.loff, hu, inp.right_a, ot, nfm),
+                     (1.0, inp.left, ot, self.loff, ht, inp.right_b, ou, nfm))
+        else:
+            terms = ((1.0, inp.t2r, ou, self.poff, hu, inp.ov1, ot, self.nv),
+                     (1.0, inp.t2r, ot, self.poff, ht, inp.ov2, ou, self.nv),
+                     (-1.0, inp.ooL, ot, self.vooff, ht, inp.t2s, ou, self.no),
+                     (-1.0, inp.ooL, ou, self.vooff, hu, inp.t2r, ot, self.no))
         blocks = self.maps["blocks"]
         init = [0.0] * len(blocks)
         for sign, ltab, ly, offs, h, rtab, rx, dims in terms:     # same right operand for every k
@@ -547,17 +573,17 @@ class TripleKernel:
         inp, nv, nk = self.inp, self.nvir, len(ks)
         left, ra, rb, k0 = inp.left, inp.right_a, inp.right_b, ks[0]
         c = out[:nk * nv ** 3].reshape(nk * nv, nv * nv).T
+        nf = ra[t][0].shape[0]
         if u is None:                                  # right_a[o_t] for all k, right_b[k] per k
-            nf = ra[t].shape[0]
-            dgemm(1.0, ra[t].T, left[s][k0:k0 + nk].reshape(nk * nv, nf).T, beta=0.0, c=c, overwrite_c=1)
+            dgemm(1.0, ra[t][0].T, left[s][0][k0:k0 + nk].reshape(nk * nv, nf).T, beta=0.0, c=c, overwrite_c=1)
             for n, k in enumerate(ks):
-                dgemm(1.0, rb[k].T, left[s][t].T, beta=1.0, c=c[:, n * nv:(n + 1) * nv], overwrite_c=1)
+                dgemm(1.0, rb[k][0].T, left[s][0][t].reshape(nv, nf).T, beta=1.0,
+                      c=c[:, n * nv:(n + 1) * nv], overwrite_c=1)
         else:                                          # both rights fixed; lefts of each k stacked
-            nf = ra[t].shape[0]
-            lft = self.lbuf[:nk * nv * nf].reshape(nk, nv, nf)
-            for beta, right, y in ((0.0, ra[t], u), (1.0, rb[u], t)):
+            lft = self.lbuf[:nk * nv * nf].reshape(nk, nv * nf)
+            for beta, right, y in ((0.0, ra[t][0], u), (1.0, rb[u][0], t)):
                 for n, k in enumerate(ks):
-                    lft[n] = left[k][y]
+                    lft[n] = left[k][0][y]
                 dgemm(1.0, right.T, lft.reshape(nk * nv, nf).T, beta=beta, c=c, overwrite_c=1)
         self.flops += 4 * nk * nv ** 3 * nf
 

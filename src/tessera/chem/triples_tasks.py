@@ -257,8 +257,12 @@ class TriplesTasks:
             self.flops += n
 
     def cost(self, task: int) -> float:
+        """Orbital triples i >= j >= k of the task times its virtual triples: tiles on the
+        diagonal hold a sixth (three equal) or half (two) of the product of their sizes, so
+        a largest-first deal ends on small tasks."""
         t, window = self.tasks[task]
-        size = np.prod([self.tiles[x][1] - self.tiles[x][0] for x in self.triples[t]])
+        i, j, k = (np.arange(*self.tiles[x][:2]) for x in self.triples[t])
+        size = int(((j[None, :, None] <= i[:, None, None]) & (k[None, None, :] <= j[None, :, None])).sum())
         virtual = (self.lay.ntrip[self.G[t]] if window is None
                    else np.prod([self.windows.vtiles[w][2] for w in window]))
         return float(size * max(1, int(virtual)))
