@@ -147,9 +147,11 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
     """``plan_counts`` (``tessera plan --ranks``' (T) numbers, from per-tile totals) equals
     the sum over every windowed task of the bytes of the rows it requests (the lists a
     run's tasks fetch; tests/test_triples_mpi.py checks those against what arrives);
-    more ranks, fewer tasks and bytes per rank; a tighter budget, smaller windows."""
+    more ranks, fewer tasks and bytes per rank; a tighter budget, smaller windows. The
+    occupied task tile is the one of least bytes read among those that leave 8 tasks per
+    rank and keep one task within the budget (each tried tile counted here by hand)."""
     from tessera.chem.triples import VirtualLayout, irrep_ranges
-    from tessera.chem.triples_tasks import kernel_plan, plan_counts, task_tiles
+    from tessera.chem.triples_tasks import OCC_TILE_CHOICES, TASKS_PER_RANK, plan_counts, task_tiles
     from tessera.chem.triples_window import Windows, window_width
     orbsym, nocc = orbitals(load(water_cluster(2), basis="cc-pvdz", charge=0), True)
     tensors = CCSDStructure(orbsym, nocc, 0).stored(8, 4)
@@ -159,10 +161,8 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
         for k in tensors[n].allowed_keys():
             keys[n].setdefault(k[0], []).append(k)
     orange, vrange = irrep_ranges(o, "o"), irrep_ranges(v, "v")
-    lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
-    for cache_mb in (0, 64):
-        occ_tile, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=0.01)
-        assert vblock is not None                 # the blocked kernel: windowed tasks
+
+    def by_hand(occ_tile, vblock, cache_mb):         # (tasks, bytes read, windows)
         win = Windows(o, v, vrange, orange, keys, tensors, vblock,
                       window_width(o, v, occ_tile, cache_mb * 2**20))
         tiles, triples, G = task_tiles(o, occ_tile)
@@ -174,14 +174,26 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
                     for name, ks in win.requests(tiles[x][3], w).items():
                         read += 8 * (tiles[x][1] - tiles[x][0]) * sum(
                             int(np.prod(tensors[name].block_shape(k)[1:])) for k in ks)
-        counts = {P: plan_counts(tensors, P, cache_mb=cache_mb, kernel_mb=0.01) for P in (64, 256)}
-        assert (counts[64]["tasks"], counts[64]["read_bytes"]) == (tasks, read), cache_mb
+        return tasks, read, win
+
+    for cache_mb in (0, 64):
+        counts = {P: plan_counts(tensors, P, cache_mb=cache_mb, kernel_mb=0.01) for P in (4, 64, 256)}
+        vblock = counts[64]["vblock"]
+        assert vblock                              # the blocked kernel: windowed tasks
+        tried = {t: by_hand(t, vblock, cache_mb) for t in OCC_TILE_CHOICES if t <= max(tl.size for tl in o.tiles)}
+        for P, c in counts.items():
+            tasks, read, win = tried[c["occ_tile"]]
+            assert (c["tasks"], c["read_bytes"]) == (tasks, read), (cache_mb, P)
+            if cache_mb == 0:
+                assert len(win.vtiles) == len(v.tiles)        # windows of single tensor tiles
+            else:
+                assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles
+            if c["occ_tile"] > 1:          # a larger tile is taken only when it reads less
+                assert read < tried[1][1] and tasks >= TASKS_PER_RANK * P
         assert counts[256]["read_bytes_per_rank"] < counts[64]["read_bytes_per_rank"]
         assert counts[256]["tasks_per_rank"] < counts[64]["tasks_per_rank"]
-        if cache_mb == 0:
-            assert len(win.vtiles) == len(v.tiles)        # windows of single tensor tiles
-        else:
-            assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles
+    # few ranks and room for it: larger task tiles, fewer bytes read than one-orbital tiles
+    assert counts[4]["occ_tile"] > 1 and counts[4]["read_bytes"] < tried[1][1]
 
 
 def test_auto_puts_the_network_between_nodes():

@@ -85,13 +85,13 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     workers = nranks - ghosts * -(-nranks // rpn)
     stats = structure_stats(lambda *_: run, tile, occ_tile, workers)
     memory = class_balance(structure.stored(tile, occ_tile), nranks)
+    from tessera.backends.budget import memory_budget
+    budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     triples = None
     if method == "ccsd(t)":
         from tessera.chem.triples_tasks import plan_counts
-        memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1).items()}
-        triples = plan_counts(structure.stored(tile, occ_tile), nranks)
-    from tessera.backends.budget import memory_budget
-    budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
+        memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1, memory_bytes=budget).items()}
+        triples = plan_counts(structure.stored(tile, occ_tile), nranks, memory_bytes=budget)
     costs = machine.on(workers, rpn - ghosts)
     executors = []
     for backend, variants in (("mpi-onesided", ONESIDED_VARIANTS), ("mpi-collective", COLLECTIVE_VARIANTS)):
