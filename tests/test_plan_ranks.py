@@ -128,19 +128,46 @@ def test_machine_model_one_node_is_local():
 
 def test_a_run_takes_the_balanced_tiles_and_warns_on_a_forced_tile(caplog):
     """The cost model of a real run (``backends.auto.decide``, no --tile) chooses tiles at
-    which every stored class is spread with max/mean <= 1.5, as ``tessera plan --ranks``
-    does; a forced --tile that leaves a class above it gets one warning line naming it."""
+    which every stored class that matters for memory is spread with max/mean <= 1.5, as
+    ``tessera plan --ranks`` does; a forced --tile that leaves one above it gets one
+    warning line naming it. A budget of 512 KiB makes every class matter (a variant is
+    named, so the candidates need not fit it)."""
     from tessera.backends.auto import decide
     orbsym, nocc = orbitals(load(water_cluster(4), basis="cc-pvdz", charge=0), True)
     structure = CCSDStructure(orbsym, nocc, 0)
     for P in (64, 256):
-        d = decide(structure, P, rate=5e9, budget=2**40)
+        d = decide(structure, P, variant="summa", rate=5e9, budget=2**19)
         mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), P)
         assert max(m["max_over_mean"] for m in mem.values()) <= 1.5, (P, mem)
     with caplog.at_level("WARNING"):
-        decide(structure, 64, tile=48, backend="mpi-collective", variant="summa", rate=5e9, budget=2**40)
+        decide(structure, 64, tile=48, backend="mpi-collective", variant="summa", rate=5e9, budget=2**19)
     lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(lines) == 1 and "class oooo" in lines[0] and "max/mean 64.00" in lines[0], lines
+
+
+def test_balance_binds_only_where_memory_matters(caplog):
+    """Water cc-pVDZ on 4 ranks with 8 GiB each: every class is a few MiB at most, so a
+    run keeps tiles of 48 (one occupied tile: oooo whole on one rank) and no warning,
+    where the rule without a budget cuts the tiles to 6/2 to spread oooo. With a budget
+    that the large classes fill, their balance binds again (``balance.binding``)."""
+    from tessera.backends.auto import decide
+    from tessera.backends.balance import MATTERS, binding, worst_class
+    orbsym, nocc = orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)
+    structure = CCSDStructure(orbsym, nocc, 0)
+    assert balanced_tiles(structure.stored, 4)[:2] == (6, 2)
+    roomy = 8 * 2**30
+    assert balanced_tiles(structure.stored, 4, roomy)[:2] == (48, 48)
+    with caplog.at_level("WARNING"):
+        d = decide(structure, 4, rate=5e9, budget=roomy)
+    assert (d["tile"], d["occ_tile"]) == (48, 48) and not caplog.records
+    mem = class_balance(structure.stored(48, 48), 4)
+    assert max(m["max_over_mean"] for m in mem.values()) > 1.5           # unbalanced, and harmless:
+    assert max(m["max_bytes"] for m in mem.values()) < MATTERS * roomy     # no class near the budget
+    tight = 32 * mem["vvvv"]["max_bytes"] - 1            # vvvv and ovvv bind, the small classes not
+    bound = binding({k: m for k, m in mem.items() if k != "total"}, tight)
+    assert "vvvv" in bound and "oooo" not in bound
+    tile, occ_tile, worst = balanced_tiles(structure.stored, 4, tight)
+    assert worst <= 1.5 and worst_class(structure.stored, tile, occ_tile, 4, budget=tight)[1] == worst
 
 
 def test_triples_plan_counts_what_the_windowed_tasks_request():
