@@ -1,7 +1,7 @@
 """Per-rank memory and bytes of a CCSD iteration on many simulated ranks (no MPI, no SCF).
 
     .venv/bin/python bench/layouts_at_scale.py [--waters 8,16] [--ranks 64,256,1024] [--tile 32|auto]
-                                               [--json bench/results/layouts_at_scale.json] [--src DIR]
+                                               [--memory-per-rank 8] [--json bench/results/layouts_at_scale.json] [--src DIR]
 
 BEFORE/AFTER: run it on these sources and with ``--src`` on an older checkout's ``src``
 (e.g. ``git archive <commit> src | tar -x -C /tmp/old`` then ``--src /tmp/old/src``).
@@ -72,21 +72,26 @@ def _stats(load) -> dict:
             "max_over_mean": float(load.max() / mean) if mean else 1.0}
 
 
-def triples_per_rank(tensors, P) -> dict:
+def triples_per_rank(tensors, P, memory_bytes=None) -> dict:
     """(T) per rank beside the classes: ``rows`` and ``kernel`` bytes (``chem.memory.
-    triples_parts``) and, where the sources have it, tasks and rows read per rank
-    (``chem.triples_tasks.plan_counts``)."""
+    triples_parts``) and, where the sources have it, tasks, the occupied task tile and rows
+    read per rank (``chem.triples_tasks.plan_counts``); ``memory_bytes``, a rank's memory
+    budget, is passed where the sources take it (windowed tasks size their tile from it)."""
+    import inspect
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
     out = {}
+    budget = (lambda f: {"memory_bytes": memory_bytes}
+              if "memory_bytes" in inspect.signature(f).parameters else {})
     try:
         from tessera.chem.memory import triples_parts
-        out.update(triples_parts(o, v, P, 1))
+        out.update(triples_parts(o, v, P, 1, **budget(triples_parts)))
     except ImportError:
         pass
     try:
         from tessera.chem.triples_tasks import plan_counts
-        c = plan_counts(tensors, P)
-        out.update(tasks_per_rank=c["tasks_per_rank"], read_bytes_per_rank=c["read_bytes_per_rank"])
+        c = plan_counts(tensors, P, **budget(plan_counts))
+        out.update(tasks_per_rank=c["tasks_per_rank"], read_bytes_per_rank=c["read_bytes_per_rank"],
+                   occ_tile=c.get("occ_tile"))
     except ImportError:
         pass
     return out
@@ -198,6 +203,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ranks", default="64,256,1024")
     ap.add_argument("--tile", default="32", help="largest tile, or auto: the tiles tessera plan --ranks "
                     "chooses for each rank count")
+    ap.add_argument("--memory-per-rank", type=float, default=8.0, help="GiB a rank may use (as tessera plan "
+                    "--memory-per-node 512GB --ranks-per-node 64): (T)'s windowed tasks take a share")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "layouts_at_scale.json"))
     ap.add_argument("--src", default=None, help="import Tessera from this src folder (e.g. an older "
                     "checkout's, for the BEFORE numbers): the script runs itself again with it")
@@ -231,7 +238,7 @@ def main(argv=None) -> None:
             s = structure_stats(structure, tile, occ_tile, P)
             moved = {f"{b} {v}": estimate(s, P, b, v, 10e9)["bytes_per_rank"] for b, v in EXECUTORS}
             rows[P] = {"tiles": [tile, occ_tile], "memory_per_rank": per_rank(tensors, P), "bytes_per_rank": moved,
-                       "triples": triples_per_rank(tensors, P)}
+                       "triples": triples_per_rank(tensors, P, args.memory_per_rank * 2**30)}
         result["clusters"][f"(H2O){n}"] = rows
         print(f"\n(H2O){n} cc-pVDZ, C1, o={nocc} v={nmo - nocc}, tile {args.tile}: per-rank memory "
               "(MiB max / MiB mean / max/mean) per class; tiles (v/o) per rank count: "
@@ -242,16 +249,15 @@ def main(argv=None) -> None:
             cells = [f"{m['max_bytes'] / 2**20:8.1f}/{m['mean_bytes'] / 2**20:7.1f}/{m['max_over_mean']:5.2f}"
                      for m in row["memory_per_rank"].values()]
             print(f"{P:6d} " + " ".join(f"{c:>22s}" for c in cells))
-        print("(T) per rank: rows held, kernel buffers (MiB); tasks; rows read (MiB)")
+        print("(T) per rank: rows held, kernel buffers (MiB); tasks; occupied task tile; rows read (MiB)")
         for P, row in rows.items():
             t = row["triples"]
             print(f"{P:6d} rows {t.get('rows', 0) / 2**20:10.1f} kernel {t.get('kernel', 0) / 2**20:8.1f} "
-                  f"tasks {t.get('tasks_per_rank', float('nan')):10.1f} read {t.get('read_bytes_per_rank', float('nan')) / 2**20:12.1f}")
+                  f"tasks {t.get('tasks_per_rank', float('nan')):10.1f} tile {t.get('occ_tile') or '-':>3} read {t.get('read_bytes_per_rank', float('nan')) / 2**20:12.1f}")
         print("bytes moved per rank per CCSD iteration (MiB), by executor and variant")
         print(f"{'ranks':>6s} " + " ".join(f"{e:>22s}" for e in rows[ranks[0]]["bytes_per_rank"]))
         for P, row in rows.items():
             print(f"{P:6d} " + " ".join(f"{b / 2**20:22.1f}" for b in row["bytes_per_rank"].values()))
-    from tessera.chem.ccsd import CCSDStructure
     iteration = CCSDStructure(np.zeros(900, dtype=int), 100)(48, 48)   # planned once: structure, not layout work
     costs = [layout_cost(P, iteration) for P in ranks]
     result["layout_cost"] = costs

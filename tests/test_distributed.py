@@ -265,11 +265,12 @@ def test_cost_model_per_contraction_and_memory(monkeypatch):
 
 def test_cost_model_never_leaves_a_four_index_tensor_whole_on_a_rank():
     """C1, 10 occupied / 30 virtual orbitals, 2 ranks: every tile >= 10 makes the occupied
-    space one tile (oooo one block, whole on one rank), so the decision must split the
-    occupied space (its own, smaller occupied tile) and say so in the table."""
+    space one tile (oooo one block, whole on one rank), so where memory matters (a budget
+    of 512 KiB; the variant named, so candidates need not fit it) the decision must split
+    the occupied space (its own, smaller occupied tile) and say so in the table."""
     from tessera.chem.integrals import make_spaces
     orbsym = np.zeros(40, dtype=int)
-    d = decide(CCSDStructure(orbsym, 10, 0), 2, rate=5e9)
+    d = decide(CCSDStructure(orbsym, 10, 0), 2, variant="summa", rate=5e9, budget=2**19)
     assert d["occ_tile"] < 10
     o, v = make_spaces(orbsym, 10, 0, d["tile"], d["occ_tile"])
     assert len(o.tiles) >= 2 and max(t.size for t in o.tiles) <= d["occ_tile"]

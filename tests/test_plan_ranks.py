@@ -128,28 +128,57 @@ def test_machine_model_one_node_is_local():
 
 def test_a_run_takes_the_balanced_tiles_and_warns_on_a_forced_tile(caplog):
     """The cost model of a real run (``backends.auto.decide``, no --tile) chooses tiles at
-    which every stored class is spread with max/mean <= 1.5, as ``tessera plan --ranks``
-    does; a forced --tile that leaves a class above it gets one warning line naming it."""
+    which every stored class that matters for memory is spread with max/mean <= 1.5, as
+    ``tessera plan --ranks`` does; a forced --tile that leaves one above it gets one
+    warning line naming it. A budget of 512 KiB makes every class matter (a variant is
+    named, so the candidates need not fit it)."""
     from tessera.backends.auto import decide
     orbsym, nocc = orbitals(load(water_cluster(4), basis="cc-pvdz", charge=0), True)
     structure = CCSDStructure(orbsym, nocc, 0)
     for P in (64, 256):
-        d = decide(structure, P, rate=5e9, budget=2**40)
+        d = decide(structure, P, variant="summa", rate=5e9, budget=2**19)
         mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), P)
         assert max(m["max_over_mean"] for m in mem.values()) <= 1.5, (P, mem)
     with caplog.at_level("WARNING"):
-        decide(structure, 64, tile=48, backend="mpi-collective", variant="summa", rate=5e9, budget=2**40)
+        decide(structure, 64, tile=48, backend="mpi-collective", variant="summa", rate=5e9, budget=2**19)
     lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(lines) == 1 and "class oooo" in lines[0] and "max/mean 64.00" in lines[0], lines
+
+
+def test_balance_binds_only_where_memory_matters(caplog):
+    """Water cc-pVDZ on 4 ranks with 8 GiB each: every class is a few MiB at most, so a
+    run keeps tiles of 48 (one occupied tile: oooo whole on one rank) and no warning,
+    where the rule without a budget cuts the tiles to 6/2 to spread oooo. With a budget
+    that the large classes fill, their balance binds again (``balance.binding``)."""
+    from tessera.backends.auto import decide
+    from tessera.backends.balance import MATTERS, binding, worst_class
+    orbsym, nocc = orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)
+    structure = CCSDStructure(orbsym, nocc, 0)
+    assert balanced_tiles(structure.stored, 4)[:2] == (6, 2)
+    roomy = 8 * 2**30
+    assert balanced_tiles(structure.stored, 4, roomy)[:2] == (48, 48)
+    with caplog.at_level("WARNING"):
+        d = decide(structure, 4, rate=5e9, budget=roomy)
+    assert (d["tile"], d["occ_tile"]) == (48, 48) and not caplog.records
+    mem = class_balance(structure.stored(48, 48), 4)
+    assert max(m["max_over_mean"] for m in mem.values()) > 1.5           # unbalanced, and harmless:
+    assert max(m["max_bytes"] for m in mem.values()) < MATTERS * roomy     # no class near the budget
+    tight = 32 * mem["vvvv"]["max_bytes"] - 1            # vvvv and ovvv bind, the small classes not
+    bound = binding({k: m for k, m in mem.items() if k != "total"}, tight)
+    assert "vvvv" in bound and "oooo" not in bound
+    tile, occ_tile, worst = balanced_tiles(structure.stored, 4, tight)
+    assert worst <= 1.5 and worst_class(structure.stored, tile, occ_tile, 4, budget=tight)[1] == worst
 
 
 def test_triples_plan_counts_what_the_windowed_tasks_request():
     """``plan_counts`` (``tessera plan --ranks``' (T) numbers, from per-tile totals) equals
     the sum over every windowed task of the bytes of the rows it requests (the lists a
     run's tasks fetch; tests/test_triples_mpi.py checks those against what arrives);
-    more ranks, fewer tasks and bytes per rank; a tighter budget, smaller windows."""
+    more ranks, fewer tasks and bytes per rank; a tighter budget, smaller windows. The
+    occupied task tile is the one of least bytes read among those that leave 8 tasks per
+    rank and keep one task within the budget (each tried tile counted here by hand)."""
     from tessera.chem.triples import VirtualLayout, irrep_ranges
-    from tessera.chem.triples_tasks import kernel_plan, plan_counts, task_tiles
+    from tessera.chem.triples_tasks import OCC_TILE_CHOICES, TASKS_PER_RANK, plan_counts, task_tiles
     from tessera.chem.triples_window import Windows, window_width
     orbsym, nocc = orbitals(load(water_cluster(2), basis="cc-pvdz", charge=0), True)
     tensors = CCSDStructure(orbsym, nocc, 0).stored(8, 4)
@@ -159,10 +188,8 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
         for k in tensors[n].allowed_keys():
             keys[n].setdefault(k[0], []).append(k)
     orange, vrange = irrep_ranges(o, "o"), irrep_ranges(v, "v")
-    lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
-    for cache_mb in (0, 64):
-        occ_tile, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=0.01)
-        assert vblock is not None                 # the blocked kernel: windowed tasks
+
+    def by_hand(occ_tile, vblock, cache_mb):         # (tasks, bytes read, windows)
         win = Windows(o, v, vrange, orange, keys, tensors, vblock,
                       window_width(o, v, occ_tile, cache_mb * 2**20))
         tiles, triples, G = task_tiles(o, occ_tile)
@@ -174,14 +201,26 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
                     for name, ks in win.requests(tiles[x][3], w).items():
                         read += 8 * (tiles[x][1] - tiles[x][0]) * sum(
                             int(np.prod(tensors[name].block_shape(k)[1:])) for k in ks)
-        counts = {P: plan_counts(tensors, P, cache_mb=cache_mb, kernel_mb=0.01) for P in (64, 256)}
-        assert (counts[64]["tasks"], counts[64]["read_bytes"]) == (tasks, read), cache_mb
+        return tasks, read, win
+
+    for cache_mb in (0, 64):
+        counts = {P: plan_counts(tensors, P, cache_mb=cache_mb, kernel_mb=0.01) for P in (4, 64, 256)}
+        vblock = counts[64]["vblock"]
+        assert vblock                              # the blocked kernel: windowed tasks
+        tried = {t: by_hand(t, vblock, cache_mb) for t in OCC_TILE_CHOICES if t <= max(tl.size for tl in o.tiles)}
+        for P, c in counts.items():
+            tasks, read, win = tried[c["occ_tile"]]
+            assert (c["tasks"], c["read_bytes"]) == (tasks, read), (cache_mb, P)
+            if cache_mb == 0:
+                assert len(win.vtiles) == len(v.tiles)        # windows of single tensor tiles
+            else:
+                assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles
+            if c["occ_tile"] > 1:          # a larger tile is taken only when it reads less
+                assert read < tried[1][1] and tasks >= TASKS_PER_RANK * P
         assert counts[256]["read_bytes_per_rank"] < counts[64]["read_bytes_per_rank"]
         assert counts[256]["tasks_per_rank"] < counts[64]["tasks_per_rank"]
-        if cache_mb == 0:
-            assert len(win.vtiles) == len(v.tiles)        # windows of single tensor tiles
-        else:
-            assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles
+    # few ranks and room for it: larger task tiles, fewer bytes read than one-orbital tiles
+    assert counts[4]["occ_tile"] > 1 and counts[4]["read_bytes"] < tried[1][1]
 
 
 def test_auto_puts_the_network_between_nodes():

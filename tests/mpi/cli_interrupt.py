@@ -20,7 +20,7 @@ rank = int(os.environ.get("PMI_RANK", "0"))
 (folder / f"rank{rank}.pid").write_text(str(os.getpid()))
 
 
-def endless_triples(ints, t1, t2, context=None):
+def endless_triples(ints, t1, t2, context=None, **options):
     (folder / f"rank{rank}.waiting").write_text("")
     if context.ranks.rank == 0:
         while True:

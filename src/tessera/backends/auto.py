@@ -35,9 +35,10 @@ memory budget per rank (``backends.budget``: --max-memory, else
 TESSERA_MEMORY_PER_RANK_MB, else the memory available now shared by the ranks).
 Candidates that do not fit are dropped (unless --variant names them), so
 replication (c > 1) is chosen only where memory allows; so are candidates at which a
-stored class (T2, an integral class) is spread with a max/mean above 1.5; the tiles of
-``backends.balance`` (the largest at which every class is balanced, as ``tessera plan
---ranks`` chooses them) are always a candidate, and a forced --tile that leaves a class
+stored class (T2, an integral class) that matters for memory (its busiest rank holds
+more than 1/32 of the budget, ``balance.binding``) is spread with a max/mean above 1.5
+or lies whole on one rank; the tiles of ``backends.balance`` (the largest at which every
+such class is balanced) are always a candidate, and a forced --tile that leaves one
 above 1.5 gets one warning line. The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
 shared-memory figures measured on the development machine (docs/distributed.md);
@@ -57,7 +58,7 @@ import time
 
 import numpy as np
 
-from tessera.backends.balance import BALANCE, balanced_tiles, class_balance, forced_tile_warning
+from tessera.backends.balance import BALANCE, balanced_tiles, binding, class_balance, forced_tile_warning
 from tessera.backends.context import CACHE_BYTES, gather_twins
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
@@ -101,11 +102,14 @@ def gemm_rate() -> float:
     return float(min(50e9, max(1e9, 2 * 256 ** 3 / max(best, 1e-9))))
 
 
-def structure_stats(structure, tile: int, occ_tile: int, nranks: int, block_tasks: bool = True) -> dict:
+def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: float | None = None,
+                    block_tasks: bool = True) -> dict:
     """Counts of one iteration with these tile sizes, from ``structure(tile, occ_tile)``:
-    its ``plans`` (structure only, no data) and the ``tensors`` a run stores.
-    ``block_tasks=False``: only what ``memory_parts`` needs for a local executor (no
-    block tasks: their flops, bytes and the distributed working sets are left out)."""
+    its ``plans`` (structure only, no data) and the ``tensors`` a run stores; the class
+    balance and largest share of one tensor over the classes that bind under ``budget``
+    (``balance.binding``: all without one). ``block_tasks=False``: only what
+    ``memory_parts`` needs for a local executor (no block tasks: their flops, bytes and
+    the distributed working sets are left out)."""
     run = structure(tile, occ_tile)
     s = {"flops": 0, "products": 0, "out_tasks": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
          "distinct_bytes": 0, "inv_gets": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
@@ -176,13 +180,14 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, block_task
                 "moved_once": tuple(x for x, r in zip("ab", step.inputs) if r.tensor.constant)})
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
-    # memory balance of the stored tensors (in total and of the worst class), and the
-    # largest share of one tensor on one rank
+    # memory balance of the stored tensors (in total and of the worst binding class), and
+    # the largest share of one binding tensor on one rank
     per_class = class_balance({i: t for i, t in enumerate(run.tensors)}, nranks)
     total = per_class.pop("total")
-    s["max_tensor_share"] = max((c["max_bytes"] / (c["mean_bytes"] * nranks) for c in per_class.values()
+    bind = binding(per_class, budget)
+    s["max_tensor_share"] = max((c["max_bytes"] / (c["mean_bytes"] * nranks) for c in bind.values()
                                  if c["mean_bytes"]), default=0.0)
-    s["class_max_over_mean"] = max((c["max_over_mean"] for c in per_class.values()), default=1.0)
+    s["class_max_over_mean"] = max((c["max_over_mean"] for c in bind.values()), default=1.0)
     s["memory_per_rank_max"] = total["max_bytes"]
     s["memory_max_over_mean"] = total["max_over_mean"]
     s["tiles"] = run.tiles
@@ -368,13 +373,13 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
     # ``tessera plan --ranks``) are always a candidate; a forced --tile that is not gets a warning
     balanced = None
     if nranks > 1 and not tile:
-        *balanced, worst = balanced_tiles(structure.stored, nranks)
+        *balanced, worst = balanced_tiles(structure.stored, nranks, budget)
         balanced = tuple(balanced) if worst <= BALANCE else None
         pairs = [balanced] + pairs if balanced else pairs
-    elif nranks > 1 and (note := forced_tile_warning(structure.stored, tile, None, nranks)):
+    elif nranks > 1 and (note := forced_tile_warning(structure.stored, tile, None, nranks, budget)):
         log.warning(note)
     for t, ot in pairs:
-        s = structure_stats(structure, t, ot, nranks)
+        s = structure_stats(structure, t, ot, nranks, budget)
         key = (tuple(s["tiles"]["o"]), tuple(s["tiles"]["v"]))
         if key in seen_tiles:          # a larger tile that changes nothing
             continue

@@ -9,6 +9,14 @@ worst max/mean). ``tessera plan --ranks`` (``cli.plan_ranks``) and the cost mode
 real run (``backends.auto.decide``, when --tile is not given) both use it; a forced
 --tile that leaves a class above BALANCE gets one warning line (``forced_tile_warning``).
 
+Balance is about memory, so with a ``budget`` (bytes a rank may use) it binds only the
+classes that matter: those whose busiest rank holds more than MATTERS of the budget (the
+integral classes of a large molecule). A small molecule, whose classes are all far below
+the budget, keeps the largest tiles (then the cost model chooses for speed) instead of
+tiles cut small to spread a few kilobytes of oooo. ``tessera plan --ranks`` shows the
+layout at which every class is balanced (no budget) and, beside it, the tiles a run
+with its budget takes.
+
 ``stored(tile, occ_tile)`` is the caller's: {class name: empty tensor} of what a run
 stores at those tiles (for CCSD ``chem.ccsd.CCSDStructure.stored``).
 """
@@ -22,6 +30,7 @@ import numpy as np
 BALANCE = 1.5
 TILES = (48, 32, 24, 16, 12, 8, 6, 4)         # tried from large to small ...
 OCC_TILES = TILES + (3, 2)                     # ... with occupied tiles no larger
+MATTERS = 1 / 32           # a class's balance binds when its busiest rank holds more of the budget
 
 
 def loads(t, nranks: int) -> np.ndarray:
@@ -51,35 +60,45 @@ def class_balance(tensors: dict, nranks: int) -> dict:
     return out
 
 
+def binding(per_class: dict, budget: float | None) -> dict:
+    """The classes of ``per_class`` ({name: stats}) whose balance binds under ``budget``:
+    all without one, else those whose busiest rank holds more than MATTERS of it."""
+    if budget is None:
+        return per_class
+    return {n: c for n, c in per_class.items() if c["max_bytes"] > MATTERS * budget}
+
+
 def _signature(t) -> tuple:
     """What a tensor's placement depends on: its name and the tiles of its spaces."""
     return (t.name, t.irrep, tuple(tuple((tl.size, tl.irrep) for tl in s.tiles) for s in t.spaces))
 
 
 def worst_class(stored, tile: int, occ_tile: int, nranks: int, memo: dict | None = None,
-                stop: float = math.inf) -> tuple:
-    """(class name, max/mean) of the least balanced stored class at these tiles; stops at
-    the first class above ``stop``. ``memo`` keeps each class's balance by its tiles."""
+                stop: float = math.inf, budget: float | None = None) -> tuple:
+    """(class name, max/mean) of the least balanced stored class at these tiles, among
+    those that bind under ``budget`` (``binding``; ("", 0.0) when none does); stops at
+    the first class above ``stop``. ``memo`` keeps each class's stats by its tiles."""
     memo = {} if memo is None else memo
     worst = ("", 0.0)
     for name, t in stored(tile, occ_tile).items():
         key = _signature(t)
         if key not in memo:
-            memo[key] = stats(loads(t, nranks))["max_over_mean"]
-        if memo[key] > worst[1]:
-            worst = (name, memo[key])
+            memo[key] = stats(loads(t, nranks))
+        if binding({name: memo[key]}, budget) and memo[key]["max_over_mean"] > worst[1]:
+            worst = (name, memo[key]["max_over_mean"])
         if worst[1] > stop:
             break
     return worst
 
 
-def balanced_tiles(stored, nranks: int) -> tuple:
-    """(tile, occ_tile, worst class max/mean there) by the rule of the module docstring."""
+def balanced_tiles(stored, nranks: int, budget: float | None = None) -> tuple:
+    """(tile, occ_tile, worst binding class max/mean there) by the rule of the module
+    docstring."""
     memo: dict = {}
     best, best_worst = None, math.inf
     for tile in TILES:
         for occ_tile in [t for t in OCC_TILES if t <= tile]:
-            worst = worst_class(stored, tile, occ_tile, nranks, memo, stop=BALANCE)[1]
+            worst = worst_class(stored, tile, occ_tile, nranks, memo, stop=BALANCE, budget=budget)[1]
             if worst <= BALANCE:
                 return tile, occ_tile, worst
             if worst < best_worst:
@@ -87,9 +106,10 @@ def balanced_tiles(stored, nranks: int) -> tuple:
     return (*best, best_worst)
 
 
-def forced_tile_warning(stored, tile: int, occ_tile: int | None, nranks: int) -> str | None:
-    """One line when tiles the user gave leave a stored class above BALANCE, else None."""
-    name, worst = worst_class(stored, tile, occ_tile or tile, nranks)
+def forced_tile_warning(stored, tile: int, occ_tile: int | None, nranks: int,
+                        budget: float | None = None) -> str | None:
+    """One line when tiles the user gave leave a binding stored class above BALANCE, else None."""
+    name, worst = worst_class(stored, tile, occ_tile or tile, nranks, budget=budget)
     if worst <= BALANCE:
         return None
     return (f"--tile {tile}: class {name} is spread over {nranks} ranks with max/mean {worst:.2f} "

@@ -266,7 +266,8 @@ class Job:
         if method == "ccsd(t)" and result.converged:
             t0 = time.perf_counter()
             self.report.phase("triples")
-            tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
+            tr = triples_correction(ints, cc.t1, cc.t2, context=ctx,
+                                    memory_mb=None if self.budget is None else self.budget / 2**20)
             self._phase(timings, "triples", t0)
             energies["t_correction"] = tr.energy
             energies["total"] = ref.e_hf + cc.e_corr + tr.energy

@@ -230,7 +230,8 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     return MemoryEstimate(P, baseline, parts, shape.node_ranks)
 
 
-def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None) -> dict:
+def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
+                  memory_bytes: float | None = None) -> dict:
     """Bytes per rank of what (T) holds beside the integrals and T2, over spaces ``o``, ``v``:
     ``rows`` (the packed rows it reads: on one process, ``resident``, every task tile's rows,
     with their pair-swapped copies unless the kernel is blocked in the virtual index, and
@@ -238,7 +239,8 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None)
     or with the blocked kernel one windowed task's rows and tables,
     ``chem.triples_window``) and ``kernel`` (buffers per thread, as
     ``triples_tasks.kernel_plan`` sizes them). The one formula of (T) memory, also used
-    by ``tessera plan --ranks``."""
+    by ``tessera plan --ranks``. ``memory_bytes``: the rank's memory budget, of which
+    windowed tasks may take a share (``triples_tasks.window_budget``)."""
     from tessera.chem.triples import VirtualLayout, irrep_ranges
     from tessera.chem.triples_tasks import DEFAULT_CACHE_MB, kernel_plan
     resident = nranks == 1 if resident is None else resident
@@ -254,7 +256,8 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None)
         from tessera.chem.triples_tasks import plan_counts
         from tessera.tensor.block_tensor import BlockTensor
         tensors = {name: class_tensor(name, o, v) for name in ("ovvv", "ovov", "ovoo")}
-        rows_t = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks)["task_bytes"]
+        rows_t = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks,
+                             memory_bytes=memory_bytes)["task_bytes"]
     elif not resident:
         rows_t = min(rows_t, DEFAULT_CACHE_MB * 2**20 + 2 * (dims["ovvv"] + dims["t2"]) / nranks)
     return {"rows": rows_t, "kernel": threads * kernel}

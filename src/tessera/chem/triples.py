@@ -692,7 +692,7 @@ def check_occ_tile(occ_tile, name: str = "occ_tile") -> None:
 
 def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = None,
                        cache_mb: float | None = None, vblock: int | None = None,
-                       kernel_mb: float | None = None) -> TriplesResult:
+                       kernel_mb: float | None = None, memory_mb: float | None = None) -> TriplesResult:
     """E(T) of closed-shell CCSD amplitudes ``t1`` (o, v) and ``t2`` (o, o, v, v), local or
     distributed, on any backend (the tasks: :mod:`tessera.chem.triples_tasks`).
 
@@ -700,7 +700,9 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     RHF orbitals).  One task per unique triple of task tiles (``occ_tile`` occupied
     orbitals at most) runs through ``context.run_tasks`` (default: the current context).
     ``cache_mb``: per-rank cache of packed rows of distributed tensors (default 256 MiB);
-    with the blocked kernel, the bytes one task's windows may take (``chem.triples_window``).
+    with the blocked kernel, the bytes one task's windows may take (``chem.triples_window``;
+    when not given, a quarter of ``memory_mb``, the rank's memory budget, at least 256 MiB;
+    the occupied task tile then follows from it: ``triples_tasks.window_plan``).
     ``kernel_mb``: the kernel's buffers per thread (default 256 MiB); when the whole-space
     kernel (~ v^3 / nirrep per buffer) does not fit, the virtual index is blocked too
     (:mod:`tessera.chem.triples_blocked`), in blocks of ``vblock`` orbitals if given.
@@ -719,7 +721,7 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
                          "BlockTensor.from_dense(..., (ints.o, ints.v)) from the same MOIntegrals")
     check_occ_tile(occ_tile)
     check_occ_tile(vblock, "vblock")
-    for name, val in (("cache_mb", cache_mb), ("kernel_mb", kernel_mb)):
+    for name, val in (("cache_mb", cache_mb), ("kernel_mb", kernel_mb), ("memory_mb", memory_mb)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0):
             raise InputError(f"{name} must be a number >= 0 or None, got {val!r}")
     resident = all(getattr(t, "dist", None) is None for t in (t1, t2, *ints.tensors.values()))
@@ -727,8 +729,9 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
         raise InputError("distributed tensors need a distributed context (mpi-onesided or "
                          "mpi-collective); run triples_correction inside the context that made them")
     from tessera.chem.triples_tasks import TriplesTasks
-    job = TriplesTasks(ints, t1, t2, occ_tile, cache_mb, resident, vblock, kernel_mb)
     ranks = context.ranks
+    job = TriplesTasks(ints, t1, t2, occ_tile, cache_mb, resident, vblock, kernel_mb, nranks=ranks.size,
+                       memory_bytes=None if memory_mb is None else memory_mb * 2**20)
     task_set = job.task_set(ranks.size)
     results = context.run_tasks(task_set)
     energy = float(sum(results.tolist()))               # task order: schedule-independent

@@ -50,6 +50,9 @@ from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, Triple
 from tessera.chem.triples_window import Windows, WindowTables, WindowTripleKernel, window_width
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
+WINDOW_SHARE = 0.25        # windowed tasks: of a rank's memory budget, what one task may hold
+TASKS_PER_RANK = 8         # windowed tasks: the fewest per rank a larger occupied task tile may leave
+OCC_TILE_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)     # occupied task tiles tried (windowed)
 
 
 def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None, kernel_mb=None) -> tuple:
@@ -85,22 +88,77 @@ def task_tiles(o, occ_tile: int) -> tuple:
     return tiles, triples, [tiles[a][2] ^ tiles[b][2] ^ tiles[c][2] for a, b, c in triples]
 
 
-def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kernel_mb: float | None = None) -> dict:
+def window_budget(cache_mb: float | None, memory_bytes: float | None) -> float:
+    """Bytes one windowed task may hold: ``cache_mb`` when given, else WINDOW_SHARE of the
+    rank's memory budget ``memory_bytes`` (never below DEFAULT_CACHE_MB)."""
+    if cache_mb is not None:
+        return cache_mb * 2**20
+    base = DEFAULT_CACHE_MB * 2**20
+    return base if memory_bytes is None else max(base, WINDOW_SHARE * memory_bytes)
+
+
+def window_counts(win: Windows, tiles, triples, G) -> tuple:
+    """(tasks, bytes of rows they request, the most one task holds: rows and tables) of
+    windowed tasks over task tiles ``tiles`` (``task_tiles``), from per-tile totals."""
+    rows = [t[1] - t[0] for t in tiles]
+    sums = {}                          # (tensor tile, G) -> (sum, max) over windows, per row
+    ntasks = read = most = 0
+    for t, g in zip(triples, G):
+        per_tile = []
+        for x in set(t):
+            n = tiles[x][3]
+            if (n, g) not in sums:
+                counts = [win.row_bytes(n, w) for w in win.windows(g)]
+                sums[n, g] = (sum(r for r, _ in counts), max((r + h for r, h in counts), default=0))
+            per_tile.append((rows[x], *sums[n, g]))
+        ntasks += len(win.windows(g))
+        read += sum(r * total for r, total, _ in per_tile)
+        most = max(most, sum(r * top for r, _, top in per_tile))
+    return ntasks, read, most
+
+
+def window_plan(o, v, vr, orange, keys: dict, shapes: dict, vblock: int, budget: float, nranks: int,
+                occ_tile: int | None = None) -> tuple:
+    """(occ_tile, Windows, (tasks, read, most)) of windowed (T) on ``nranks`` ranks: the
+    occupied task tile (``occ_tile`` if given) whose tasks read the fewest bytes, the
+    windows as wide as ``budget`` then allows.  Rows of a task tile are read once per
+    task that holds them, so reads fall as the task tile grows (about as its square over
+    the narrowing windows); the tile grows while the tasks stay at least TASKS_PER_RANK
+    per rank and one task holds no more than ``budget`` (or than a one-orbital tile's
+    task, when even that is over it: windows are at least one tensor tile)."""
+    largest = max((tl.size for tl in o.tiles), default=1)
+    cands = [occ_tile] if occ_tile else [c for c in OCC_TILE_CHOICES if c <= largest]
+    best, limit = None, None
+    for c in cands:
+        tiles, triples, G = task_tiles(o, c)
+        win = Windows(o, v, vr, orange, keys, shapes, vblock, window_width(o, v, c, budget))
+        counts = window_counts(win, tiles, triples, G)
+        if best is not None and (counts[0] < TASKS_PER_RANK * nranks or counts[2] > limit):
+            break
+        limit = max(budget, counts[2]) if limit is None else limit
+        if best is None or counts[1] < best[2][1]:
+            best = (c, win, counts)
+    return best
+
+
+def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kernel_mb: float | None = None,
+                memory_bytes: float | None = None) -> dict:
     """(T) of a distributed run on ``nranks`` ranks, from structure only (``tensors``: the
-    empty ovvv, t2, ovov, ovoo): its tasks, the bytes of rows they read (what a task
-    requests; a row-cached run reads less) and the most one task holds (windowed: its
-    fetched rows and tables; else its task tiles' packed rows, twice: fetched and packed)."""
+    empty ovvv, t2, ovov, ovoo; ``memory_bytes``: a rank's memory budget): its tasks, the
+    bytes of rows they read (what a task requests; a row-cached run reads less) and the
+    most one task holds (windowed: its fetched rows and tables; else its task tiles'
+    packed rows, twice: fetched and packed)."""
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
     orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
     lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
     occ_tile, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
-    tiles, triples, G = task_tiles(o, occ_tile)
     keys = {name: {} for name in SOURCES}
     for name in SOURCES:
         for key in tensors[name].allowed_keys():
             keys[name].setdefault(key[0], []).append(key)
-    rows = [t[1] - t[0] for t in tiles]
     if vblock is None:                    # whole rows per task tile (``_row_elements``' counts)
+        tiles, triples, _ = task_tiles(o, occ_tile)
+        rows = [t[1] - t[0] for t in tiles]
         per_row = {}
         for name in SOURCES:
             for n, ks in keys[name].items():
@@ -109,21 +167,8 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
         task = [sum(rows[x] * per_row.get(tiles[x][3], 0) for x in set(t)) for t in triples]
         ntasks, read, most = len(triples), sum(task), 2 * max(task, default=0)
     else:
-        budget = (DEFAULT_CACHE_MB if cache_mb is None else cache_mb) * 2 ** 20
-        win = Windows(o, v, vrange, orange, keys, tensors, vblock, window_width(o, v, occ_tile, budget))
-        sums = {}                          # (tensor tile, G) -> (sum, max) over windows, per row
-        ntasks = read = most = 0
-        for t, g in zip(triples, G):
-            per_tile = []
-            for x in set(t):
-                n = tiles[x][3]
-                if (n, g) not in sums:
-                    counts = [win.row_bytes(n, w) for w in win.windows(g)]
-                    sums[n, g] = (sum(r for r, _ in counts), max((r + h for r, h in counts), default=0))
-                per_tile.append((rows[x], *sums[n, g]))
-            ntasks += len(win.windows(g))
-            read += sum(r * total for r, total, _ in per_tile)
-            most = max(most, sum(r * top for r, _, top in per_tile))
+        occ_tile, _, (ntasks, read, most) = window_plan(
+            o, v, vrange, orange, keys, tensors, vblock, window_budget(cache_mb, memory_bytes), nranks)
     return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
             "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
             "vblock": vblock or 0}
@@ -151,7 +196,8 @@ class TriplesTasks:
     ``work`` and ``need`` are thread-safe (one lock for cache, ledger and flops; kernel
     buffers per thread)."""
 
-    def __init__(self, ints, t1, t2, occ_tile, cache_mb, resident: bool, vblock=None, kernel_mb=None):
+    def __init__(self, ints, t1, t2, occ_tile, cache_mb, resident: bool, vblock=None, kernel_mb=None,
+                 nranks: int = 1, memory_bytes: float | None = None):
         o, v = ints.o, ints.v
         self.o, self.v, self.resident = o, v, resident
         self.tensors = dict(zip(SOURCES, (ints.ovvv, t2, ints.ovov, ints.ovoo)))
@@ -163,19 +209,25 @@ class TriplesTasks:
         self.irrep = o.irreps.tolist()
         self.occ_tile, self.vblock, self.batch, self.pool_bytes = kernel_plan(
             lay, o, v, occ_tile, resident, vblock, kernel_mb)
-        self.tiles, self.triples, self.G = task_tiles(o, self.occ_tile)
-        for G in sorted(set(self.G)) if self.vblock is None else ():    # maps of the whole-space kernel
-            lay.prepare(G)
         self.keys = {name: {} for name in SOURCES}     # source -> tensor tile -> keys with it first
         for name, t in self.tensors.items():
             for key in t.allowed_keys():
                 self.keys[name].setdefault(key[0], []).append(key)
-        self._budget(cache_mb)
         # a task: a triple of task tiles and, when the operands are fetched by virtual tile
-        # (distributed tensors, blocked kernel: chem.triples_window), one window
-        self.windows = None if resident or self.vblock is None else \
-            Windows(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
-                    window_width(o, v, self.occ_tile, self.cache_limit))
+        # (distributed tensors, blocked kernel: chem.triples_window), one window; then the
+        # task tile and the windows come from the bytes one task may hold (window_plan)
+        self.windows = None
+        if not resident and self.vblock is not None:
+            budget = window_budget(cache_mb, memory_bytes)
+            occ, self.windows, _ = window_plan(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
+                                               budget, nranks, occ_tile)
+            self.occ_tile, _, self.batch, self.pool_bytes = kernel_plan(lay, o, v, occ, resident,
+                                                                        self.vblock, kernel_mb)
+            cache_mb = budget / 2**20
+        self.tiles, self.triples, self.G = task_tiles(o, self.occ_tile)
+        for G in sorted(set(self.G)) if self.vblock is None else ():    # maps of the whole-space kernel
+            lay.prepare(G)
+        self._budget(cache_mb)
         self.tasks = ([(t, None) for t in range(len(self.triples))] if self.windows is None else
                       [(t, w) for t in range(len(self.triples)) for w in self.windows.windows(self.G[t])])
         self.read: dict = {}                             # windowed task -> bytes of rows it read

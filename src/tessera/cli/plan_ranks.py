@@ -24,10 +24,13 @@ returns, per rank:
   ghost rank per node (progress ``auto``): the executors' figures are for the
   ``workers`` (ranks minus ghosts), the class table above for all ranks.
 
-Without ``--tile`` the tiles are those a run on P ranks takes (``backends.balance``:
-the largest at which every stored class is spread with max/mean <= 1.5; a small molecule
-on many ranks needs small tiles, and the estimates show what they cost in block
-products); with a --tile that leaves a class above 1.5, one warning line names it.
+Without ``--tile`` the tiles are the largest at which every stored class is spread with
+max/mean <= 1.5 (``backends.balance``; a small molecule on many ranks needs small tiles,
+and the estimates show what they cost in block products); with a --tile that leaves a
+class above 1.5, one warning line names it. A run balances only the classes that matter
+for its memory budget (more than 1/32 of it on one rank): when that allows larger tiles,
+one note line names them (``run_tiles`` in the JSON). (T) with operands by virtual tile
+takes its occupied task tile and windows from a quarter of the budget per rank.
 """
 
 from __future__ import annotations
@@ -67,10 +70,13 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     from tessera.chem.ccsd import CCSDStructure
     from tessera.backends.balance import BALANCE, balanced_tiles, class_balance, forced_tile_warning
     from tessera.chem.memory import triples_parts
+    from tessera.backends.budget import memory_budget
+    budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     structure = CCSDStructure(orbsym, nocc, nfrozen)
-    warning = None
+    warning = run_tiles = None
     if tile is None:
         tile, occ_tile, worst = balanced_tiles(structure.stored, nranks)
+        run_tiles = list(balanced_tiles(structure.stored, nranks, budget)[:2])
         if worst > BALANCE:
             warning = (f"no tiles spread every class with max/mean <= {BALANCE} over {nranks} ranks "
                        f"(too few blocks); these are the least unbalanced ({worst:.2f})")
@@ -88,10 +94,8 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     triples = None
     if method == "ccsd(t)":
         from tessera.chem.triples_tasks import plan_counts
-        memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1).items()}
-        triples = plan_counts(structure.stored(tile, occ_tile), nranks)
-    from tessera.backends.budget import memory_budget
-    budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
+        memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1, memory_bytes=budget).items()}
+        triples = plan_counts(structure.stored(tile, occ_tile), nranks, memory_bytes=budget)
     costs = machine.on(workers, rpn - ghosts)
     executors = []
     for backend, variants in (("mpi-onesided", ONESIDED_VARIANTS), ("mpi-collective", COLLECTIVE_VARIANTS)):
@@ -108,7 +112,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     return {"ranks": nranks, "ranks_per_node": ranks_per_node, "nodes": -(-nranks // rpn), "workers": workers,
             "ghosts_per_node": ghosts,
             "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile, "tile_warning": warning,
-            "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
+            "run_tiles": run_tiles, "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
             "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
             "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, nranks),
             "executors": executors,
@@ -128,6 +132,10 @@ def render(sim: dict) -> str:
              f"{_size(sim['memory_budget_per_rank']).strip()} per rank; tiles o {sim['tiles']['o']} "
              f"v {sim['tiles']['v']} (o={sim['nocc']}, v={sim['nvir']})",
              *([f"warning: {sim['tile_warning']}"] if sim.get("tile_warning") else []),
+             *([f"note: these tiles balance every class; a run with this budget balances only the classes "
+                f"that hold more than 1/32 of it on a rank, which allows tiles {sim['run_tiles'][0]}/"
+                f"{sim['run_tiles'][1]}"] if sim.get("run_tiles") and sim["run_tiles"] != [sim["tile"], sim["occ_tile"]]
+               else []),
              "Memory per rank by tensor class (blocks placed as a run places them):",
              f"  {'class':8s} {'max':>12s} {'mean':>12s} {'max/mean':>9s}"]
     for name, m in sim["memory_per_rank"].items():
