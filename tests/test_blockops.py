@@ -25,11 +25,14 @@ def _close(got, ref):
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12 * max(1.0, np.abs(ref).max()))
 
 
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "per-block"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cached_maps_reused_across_iterations_equal_einsum(backend):
+def test_cached_maps_reused_across_iterations_equal_einsum(backend, flat, monkeypatch):
     """The same steps run on new numbers (as in every CCSD iteration) hit the cached maps
     and give what fresh maps give: numpy.einsum, for transposed outputs, sparse operands
-    (gathered into zeroed matrices), a canonical output and a divided addition."""
+    (gathered into zeroed matrices), a canonical output and a divided addition; on whole
+    flat tensors (small blocks, ``sectors.small_blocks``) and block by block."""
+    monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 1 << 30 if flat else 0)
     o, v, rng = _spaces(5)
     eo, ev = rng.random(o.dim) - 2.0, rng.random(v.dim) + 0.5
     from tessera.chem.integrals import denominator
@@ -53,7 +56,8 @@ def test_cached_maps_reused_across_iterations_equal_einsum(backend):
         _close(X.to_dense(), x)
         _close(R.to_dense(), r)
         _close(Q.to_dense(), np.divide(2.0 * r.transpose(1, 0, 3, 2), d, out=np.zeros_like(r), where=d != 0))
-        hits.append(sum(f.cache_info().hits for f in (sectors.gather_map, sectors.scatter_map, sectors.add_map)))
+        hits.append(sum(f.cache_info().hits for f in (sectors.gather_map, sectors.scatter_map, sectors.add_map))
+                    + sectors.index_cache.hits)
     assert hits[2] > hits[1] > hits[0]
 
 
@@ -68,9 +72,9 @@ def test_gathered_operand_reused_only_while_unchanged(backend, monkeypatch):
     C, E, F = (BlockTensor((o, v), 0, name=n) for n in "CEF")
     a, x, b = A.to_dense(), X.to_dense(), B.to_dense()
     gathered = []
-    gather_tasks = blockops.gather_tasks
-    monkeypatch.setattr(blockops, "gather_tasks", lambda ref, *args: gathered.append(ref.tensor.name)
-                        or gather_tasks(ref, *args))
+    for name in ("gather_tasks", "gather_flat_tasks"):        # block by block or flat (small blocks)
+        monkeypatch.setattr(blockops, name, lambda ref, *args, f=getattr(blockops, name):
+                            gathered.append(ref.tensor.name) or f(ref, *args))
     with ts.Context(backend) as ctx, ts.equations():
         C["ia"] = A["ic"] * X["ca"]
         E["ia"] = 3.0 * A["ic"] * X["ca"]          # X and A unchanged: their matrices are reused
