@@ -162,14 +162,14 @@ def scatter_index(out, cperm, sectors) -> tuple:
         n = sum(math.prod(shape) for _, shape in flat_offsets(*structure).values())
         total = sum(s.rows.total * s.cols.total for s in sectors)
         idx = np.full(n, total, np.intp)
-        start = 0
+        offsets, start = flat_offsets(*structure), 0
         for s in sectors:
-            ncols = s.cols.total
+            product = np.arange(start, start + s.rows.total * s.cols.total).reshape(s.rows.total, s.cols.total)
             for key, rsl, csl, shape in scatter_map(s.rows, s.cols, cperm, aliases, 0, len(s.rows.tuples)):
-                q = (start + np.arange(rsl.start, rsl.stop)[:, None] * ncols
-                     + np.arange(csl.start, csl.stop)[None, :]).reshape(shape).transpose(cperm)
-                idx[_positions(structure, key).ravel()] = q.ravel()
-            start += s.rows.total * ncols
+                offset, oshape = offsets[key]          # a stored key: its elements in order
+                idx[offset:offset + math.prod(oshape)].reshape(oshape)[...] = \
+                    product[rsl, csl].reshape(shape).transpose(cperm)
+            start += product.size
         return idx, total
 
     return index_cache.get(("scatter", structure, cperm, sectors), build)
@@ -187,11 +187,13 @@ def add_index(a, out, perm, divisor=None, dperm=None) -> tuple:
         n = sum(math.prod(shape) for _, shape in flat_offsets(*so).values())
         ia = np.empty(n, np.intp)
         idd = np.empty(n, np.intp) if sd is not None else None
+        offsets = flat_offsets(*so)
         for key, okey, dkey in entries:
-            where = _positions(so, okey).ravel()
-            ia[where] = _positions(sa, key).transpose(perm).ravel()
+            offset, oshape = offsets[okey]             # a stored key: its elements in order
+            where = slice(offset, offset + math.prod(oshape))
+            ia[where].reshape(oshape)[...] = _positions(sa, key).transpose(perm)
             if idd is not None:
-                idd[where] = _positions(sd, dkey).transpose(dperm).ravel()
+                idd[where].reshape(oshape)[...] = _positions(sd, dkey).transpose(dperm)
         return _unless_identity(ia, sa, n), (_unless_identity(idd, sd, n) if sd is not None else None)
 
     return index_cache.get(("add", sa, so, sd, perm, dperm), build)
