@@ -46,10 +46,13 @@ def dot(x: Ref, y: Ref) -> float:
     if (orbits or not (xt.aliases or y.tensor.aliases)) and perm == tuple(range(len(perm))) \
             and xt.dist is None and y.tensor.dist is None and xt.spaces == y.tensor.spaces \
             and xt.irrep == y.tensor.irrep:
-        # one local structure: a dot of the two flat vectors (one BLAS call, not one per
-        # block: per-block calls that wake BLAS threads cost more than the arithmetic)
+        # one local structure: one pass over the two flat vectors, without BLAS (a BLAS
+        # dot wakes its threads, per block or even once, for more than the arithmetic
+        # costs on a busy machine) and without temporaries
         xv, yv = xt.flat(), y.tensor.flat()
-        return float(np.dot(xv * flat_weights(xt.spaces, xt.irrep, xt.aliases), yv) if orbits else np.dot(xv, yv))
+        if orbits:
+            return float(np.einsum("i,i,i->", xv, flat_weights(xt.spaces, xt.irrep, xt.aliases), yv))
+        return float(np.einsum("i,i->", xv, yv))
     xkeys = [k for k in xt.blocks if k not in xt.aliases] if orbits else list(xt.blocks)
     total = 0.0
     yb = y.tensor.blocks
