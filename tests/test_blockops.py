@@ -25,11 +25,14 @@ def _close(got, ref):
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12 * max(1.0, np.abs(ref).max()))
 
 
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "per-block"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cached_maps_reused_across_iterations_equal_einsum(backend):
+def test_cached_maps_reused_across_iterations_equal_einsum(backend, flat, monkeypatch):
     """The same steps run on new numbers (as in every CCSD iteration) hit the cached maps
     and give what fresh maps give: numpy.einsum, for transposed outputs, sparse operands
-    (gathered into zeroed matrices), a canonical output and a divided addition."""
+    (gathered into zeroed matrices), a canonical output and a divided addition; on whole
+    flat tensors (small blocks, ``sectors.small_blocks``) and block by block."""
+    monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 1 << 30 if flat else 0)
     o, v, rng = _spaces(5)
     eo, ev = rng.random(o.dim) - 2.0, rng.random(v.dim) + 0.5
     from tessera.chem.integrals import denominator
@@ -53,7 +56,8 @@ def test_cached_maps_reused_across_iterations_equal_einsum(backend):
         _close(X.to_dense(), x)
         _close(R.to_dense(), r)
         _close(Q.to_dense(), np.divide(2.0 * r.transpose(1, 0, 3, 2), d, out=np.zeros_like(r), where=d != 0))
-        hits.append(sum(f.cache_info().hits for f in (sectors.gather_map, sectors.scatter_map, sectors.add_map)))
+        hits.append(sum(f.cache_info().hits for f in (sectors.gather_map, sectors.scatter_map, sectors.add_map))
+                    + sectors.index_cache.hits)
     assert hits[2] > hits[1] > hits[0]
 
 
@@ -68,9 +72,9 @@ def test_gathered_operand_reused_only_while_unchanged(backend, monkeypatch):
     C, E, F = (BlockTensor((o, v), 0, name=n) for n in "CEF")
     a, x, b = A.to_dense(), X.to_dense(), B.to_dense()
     gathered = []
-    gather_tasks = blockops.gather_tasks
-    monkeypatch.setattr(blockops, "gather_tasks", lambda ref, *args: gathered.append(ref.tensor.name)
-                        or gather_tasks(ref, *args))
+    for name in ("gather_tasks", "gather_flat_tasks"):        # block by block or flat (small blocks)
+        monkeypatch.setattr(blockops, name, lambda ref, *args, f=getattr(blockops, name):
+                            gathered.append(ref.tensor.name) or f(ref, *args))
     with ts.Context(backend) as ctx, ts.equations():
         C["ia"] = A["ic"] * X["ca"]
         E["ia"] = 3.0 * A["ic"] * X["ca"]          # X and A unchanged: their matrices are reused
@@ -113,3 +117,31 @@ def test_constant_gather_served_by_its_transpose_or_symmetric_twin(backend, monk
     _close(S.to_dense(), np.einsum("kcdb,ijcd->ijkb", w, u))
     _close(F.to_dense(), np.einsum("kbca,kc->ab", w, s))
     assert gathered.count("W") == 2 and len(ctx._cache) == 2       # two cached gathers, no more
+
+
+def test_flat_storage_views_zeros_and_rebuild():
+    """``BlockTensor.flat``: the stored blocks of a canonical tensor end to end, its alias
+    blocks views of them, a missing block zeros; writing the vector writes the blocks; a
+    block replaced afterwards makes a new vector; an empty tensor's vector is zeros whose
+    block views appear when its blocks are read."""
+    o, v, rng = _spaces(3)
+    d = rng.standard_normal((o.dim, o.dim, v.dim, v.dim))
+    d += d.transpose(1, 0, 3, 2)
+    T = BlockTensor.from_dense(d, (o, o, v, v), 0, symmetry=T2_SYM, canonical=True)
+    gone = T.stored_keys()[3]
+    for key in [gone] + [a for a, _ in T.aliases.of(gone)]:
+        del T.blocks[key]
+    ref = BlockTensor.from_dense(d, (o, o, v, v), 0, symmetry=T2_SYM, canonical=True)
+    ref.store_block(gone, np.zeros(ref.block_shape(gone)))
+    vec = T.flat()
+    assert vec.size == ref.stored_elements and T.flat() is vec
+    _close(T.to_dense(), ref.to_dense())
+    vec *= 2.0
+    _close(T.to_dense(), 2.0 * ref.to_dense())
+    T.store_block(gone, np.ones(T.block_shape(gone)))
+    assert T.flat() is not vec
+    _close(T.blocks[gone], np.ones(T.block_shape(gone)))
+    E = BlockTensor((o, o, v, v), 0, name="E", symmetry=T2_SYM, canonical=True)
+    E.flat()[:] = 1.0
+    assert sorted(E.blocks) == sorted(E.allowed_keys())
+    assert all((b == 1.0).all() for b in E.blocks.values())

@@ -13,15 +13,16 @@ from functools import partial
 
 import numpy as np
 
-from tessera.backends.sectors import add_map, gather_map, scatter_map
+from tessera.backends.sectors import add_map, gather_index, gather_map, scatter_map
 from tessera.errors import SymmetryError
 from tessera.plan.blocktasks import pair_block, pair_outputs
 
-# a sector's GEMM is split by rows into at most one task per worker, each of at least
-# this many flops: few large GEMMs (each task reads all of B) that still fill the pool
+# a sector's GEMM is split by rows into at most one task per worker, each of at least this many flops
 _TASK_FLOPS = 2e7
 # elements of blocks one gather task copies
 _GATHER_ELEMENTS = 1 << 19
+# elements one task of a flat-path step (``sectors.small_blocks``) takes or adds, at least
+_FLAT_ELEMENTS = 1 << 16
 
 
 def gather_tasks(ref, perm, layouts: dict, into: dict) -> list:
@@ -64,6 +65,72 @@ def _gather_one(mat, found, perm) -> None:
         mat[rsl, csl].reshape(bshape)[...] = blk.transpose(perm)
 
 
+def gather_flat_tasks(ref, perm, layouts: dict, into: dict, workers: int = 1) -> list:
+    """``gather_tasks`` for a tensor of small blocks: one ``take`` from ``flat()``."""
+    t = ref.tensor
+    index, parts = gather_index(t, perm, layouts)
+    vector, out = t.flat(), np.empty(index.size)
+    for g, start, shape in parts:
+        into[g] = out[start:start + shape[0] * shape[1]].reshape(shape)
+    return [partial(_take, vector, index, out, s, e) for s, e in _chunks(index.size, workers)]
+
+
+def _take(vector, index, out, start, stop) -> None:
+    np.take(vector, index[start:stop], out=out[start:stop], mode="clip")
+
+
+def gemm_into_tasks(step, amats: dict, bmats: dict, products: np.ndarray, workers: int = 1) -> list:
+    """Tasks computing every sector's A_g @ B_g into ``products`` (rows x cols each, end
+    to end in sector order; split by rows as ``gemm_scatter_tasks``), for ``flat_add_tasks``."""
+    tasks, start = [], 0
+    for sec in step.sectors:
+        cmat = products[start:start + sec.rows.total * sec.cols.total].reshape(sec.rows.total, sec.cols.total)
+        start += cmat.size
+        for _, _, r0, r1 in _row_ranges(sec, workers):
+            tasks.append(partial(np.matmul, amats[sec.irrep][r0:r1], bmats[sec.irrep], out=cmat[r0:r1]))
+    return tasks
+
+
+def flat_add_tasks(out, src, index, scale: float, workers: int = 1, divisor=None, dindex=None) -> list:
+    """out.flat() += scale * src[index] (/ divisor[dindex]); an index of None reads in order."""
+    vector = out.flat()
+    return [partial(_flat_add, out, vector, src, index, scale, divisor, dindex, s, e)
+            for s, e in _chunks(vector.size, workers)]
+
+
+def _flat_add(out, vector, src, index, scale, divisor, dindex, start, stop) -> None:
+    part = src[start:stop] if index is None else np.take(src, index[start:stop], mode="clip")
+    fresh = index is not None
+    if divisor is not None:
+        part = part / (divisor[start:stop] if dindex is None else np.take(divisor, dindex[start:stop], mode="clip"))
+        fresh = True
+    if scale != 1.0:
+        part = np.multiply(part, scale, out=part if fresh else None)
+    vector[start:stop] += part
+    out.version += 1
+
+
+def _chunks(n: int, workers: int) -> list:
+    """(start, stop) of at most ``workers`` ranges of at least ``_FLAT_ELEMENTS`` covering n."""
+    parts = max(1, min(workers, n // _FLAT_ELEMENTS))
+    bounds = [n * k // parts for k in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _row_ranges(sec, workers: int) -> list:
+    """(first row tuple, end row tuple, first row, end row) of the ranges a sector's GEMM
+    is split into: at most one per worker, each of at least ``_TASK_FLOPS`` (few large
+    GEMMs, each task reads all of B, that still fill the pool)."""
+    rows = sec.rows
+    n = len(rows.tuples)
+    per_task = -(-n // max(1, min(workers, n, int(sec.flops // _TASK_FLOPS))))
+    out = []
+    for start in range(0, n, per_task):
+        stop = min(n, start + per_task)
+        out.append((start, stop, rows.offsets[start], rows.offsets[stop - 1] + rows.sizes[stop - 1]))
+    return out
+
+
 def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> list:
     """Tasks computing C_g = A_g @ B_g by row ranges and adding the blocks into the output."""
     cperm = step.perms["c"]
@@ -71,15 +138,10 @@ def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> list
     transpose = None if cperm == tuple(range(len(cperm))) else cperm
     tasks = []
     for sec in step.sectors:
-        rows = sec.rows
-        n = len(rows.tuples)
-        per_task = -(-n // max(1, min(workers, n, int(sec.flops // _TASK_FLOPS))))
-        for start in range(0, n, per_task):
-            stop = min(n, start + per_task)
-            r0, r1 = rows.offsets[start], rows.offsets[stop - 1] + rows.sizes[stop - 1]
+        for start, stop, r0, r1 in _row_ranges(sec, workers):
             tasks.append(partial(_gemm_scatter_one, step.out.tensor, step.scale, transpose,
                                  amats[sec.irrep][r0:r1], bmats[sec.irrep],
-                                 scatter_map(rows, sec.cols, cperm, aliases, start, stop)))
+                                 scatter_map(sec.rows, sec.cols, cperm, aliases, start, stop)))
     return tasks
 
 

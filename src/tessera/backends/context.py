@@ -17,9 +17,11 @@ from collections import Counter, OrderedDict
 from dataclasses import replace
 from functools import cache
 
+import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from tessera.backends import blockops
+from tessera.backends.sectors import add_index, scatter_index, small_blocks
 from tessera.backends.registry import (BACKENDS, DEFAULT_BACKEND, LOCAL_BACKENDS, check_options,
                                        launched_ranks, resolve_auto, runs_distributed)
 from tessera.backends.tasklog import TaskProgress
@@ -192,12 +194,25 @@ class Context:
         if step.kind == "zero":
             step.out.tensor.zero_()
         elif step.kind == "add":
-            run(blockops.add_tasks(step, self.executor.workers))
+            a, div = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
+            if not step.pairs and all(small_blocks(t) for t in (a, step.out.tensor, div) if t is not None):
+                index, dindex = add_index(a, step.out.tensor, step.perms["a"], div, step.perms.get("d"))
+                run(blockops.flat_add_tasks(step.out.tensor, a.flat(), index, step.scale, self.executor.workers,
+                                            div.flat() if div is not None else None, dindex))
+            else:
+                run(blockops.add_tasks(step, self.executor.workers))
         elif step.kind == "hadamard":
             run(blockops.hadamard_tasks(step))
         elif step.kind == "contract":
             amats, bmats = (self._gathered(*operand) for operand in _operands(step))
-            run(blockops.gemm_scatter_tasks(step, amats, bmats, self.executor.workers))
+            if small_blocks(step.out.tensor):       # products end to end, then one add into the output
+                index, total = scatter_index(step.out.tensor, step.perms["c"], step.sectors)
+                products = np.empty(total + 1)
+                products[total] = 0.0           # what an output block that no sector makes receives
+                run(blockops.gemm_into_tasks(step, amats, bmats, products, self.executor.workers))
+                run(blockops.flat_add_tasks(step.out.tensor, products, index, step.scale, self.executor.workers))
+            else:
+                run(blockops.gemm_scatter_tasks(step, amats, bmats, self.executor.workers))
         else:  # the planner makes no other kind
             raise AssertionError(step.kind)
 
@@ -247,7 +262,10 @@ class Context:
         version, mats = self._batch.pop(key, (None, None))
         if version != t.version:
             mats = {}
-            self.executor.run(blockops.gather_tasks(ref, perm, layouts, mats))
+            if small_blocks(t):
+                self.executor.run(blockops.gather_flat_tasks(ref, perm, layouts, mats, self.executor.workers))
+            else:
+                self.executor.run(blockops.gather_tasks(ref, perm, layouts, mats))
         if self._uses[key] > 0:
             self._batch[key] = (t.version, mats)
         return mats

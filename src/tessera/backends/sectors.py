@@ -12,10 +12,14 @@ threads, no physics here.
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from functools import lru_cache
 
+import numpy as np
+
 from tessera.plan.blocktasks import invert_key
-from tessera.tensor.block_tensor import allowed_keys
+from tessera.tensor.block_tensor import allowed_elements, allowed_keys, flat_offsets
 
 
 @lru_cache(maxsize=4096)
@@ -62,3 +66,140 @@ def add_map(spaces: tuple, irrep: int, perm, dperm, aliases) -> tuple:
             continue
         out.append((key, okey, None if dperm is None else invert_key(okey, dperm)))
     return tuple(out)
+
+
+# ----------------------------------------------------------------------------- flat path
+# Tensors of small blocks (high point-group symmetry: one tile per irrep, blocks of a
+# few hundred elements) spend more time in the per-block NumPy calls above than in
+# moving data. For them a step works on whole tensors instead (``BlockTensor.flat``):
+# one index array per step maps every element once, and a gather, a scatter or a
+# permuted add is one ``take`` and one vector add. The index arrays are built once per
+# block structure and kept here, within ``INDEX_BYTES``.
+FLAT_BLOCK_ELEMENTS = 8192      # stored elements per stored block below which a tensor takes the flat path
+INDEX_BYTES = 256 << 20         # index arrays kept, at most (least recently used dropped)
+
+
+class IndexCache:
+    """Index arrays by block structure, least recently used dropped beyond ``INDEX_BYTES``."""
+
+    def __init__(self):
+        self.entries: OrderedDict = OrderedDict()
+        self.bytes = self.hits = 0
+
+    def get(self, key, build):
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.entries.move_to_end(key)
+            self.hits += 1
+            return hit
+        made = self.entries[key] = build()
+        self.bytes += _nbytes(made)
+        while self.bytes > INDEX_BYTES and len(self.entries) > 1:
+            self.bytes -= _nbytes(self.entries.popitem(last=False)[1])
+        return made
+
+
+def _nbytes(entry: tuple) -> int:
+    return sum(a.nbytes for a in entry if isinstance(a, np.ndarray))
+
+
+index_cache = IndexCache()
+
+
+def small_blocks(t) -> bool:
+    """Whether a local tensor's blocks are small enough for the flat path."""
+    if t.dist is not None:
+        return False
+    offsets = flat_offsets(t.spaces, t.irrep, t.aliases or None)
+    return bool(offsets) and allowed_elements(t.spaces, t.irrep) < FLAT_BLOCK_ELEMENTS * len(offsets)
+
+
+def _structure(t) -> tuple:
+    return t.spaces, t.irrep, t.aliases or None
+
+
+def _positions(structure, key) -> np.ndarray:
+    """Positions in ``BlockTensor.flat`` of the elements of block ``key`` (in the block's
+    shape; an alias block's are its canonical block's, transposed)."""
+    aliases = structure[2]
+    offsets = flat_offsets(*structure)
+    perm = None
+    if aliases and key in aliases:
+        key, perm = aliases[key]
+    offset, shape = offsets[key]
+    pos = np.arange(offset, offset + math.prod(shape)).reshape(shape)
+    return pos if perm is None else pos.transpose(perm)
+
+
+def gather_index(t, perm, layouts: dict) -> tuple:
+    """(index, [(g, start, shape)]): the sector matrices of ``t`` transposed by ``perm``
+    (``layouts[g] = (rows, cols)``) are ``t.flat().take(index)[start:start + size]``."""
+    structure = _structure(t)
+
+    def build():
+        parts, out, start = [], [], 0
+        for g, (rows, cols) in layouts.items():
+            idx = np.empty((rows.total, cols.total), np.intp)
+            for key, rsl, csl, bshape in gather_map(rows, cols, perm):
+                idx[rsl, csl].reshape(bshape)[...] = _positions(structure, key).transpose(perm)
+            parts.append(idx.ravel())
+            out.append((g, start, idx.shape))
+            start += idx.size
+        return np.concatenate(parts) if parts else np.zeros(0, np.intp), out
+
+    return index_cache.get(("gather", structure, perm, tuple((g, r, c) for g, (r, c) in layouts.items())), build)
+
+
+def scatter_index(out, cperm, sectors) -> tuple:
+    """(index, total): element n of ``out.flat()`` receives element index[n] of the sector
+    products laid end to end (each rows x cols, ``total`` elements; index ``total`` is a
+    zero: an output block no sector makes). Alias blocks of a canonical output are left out."""
+    structure = _structure(out)
+    sectors = tuple(sectors)
+
+    def build():
+        aliases = structure[2]
+        n = sum(math.prod(shape) for _, shape in flat_offsets(*structure).values())
+        total = sum(s.rows.total * s.cols.total for s in sectors)
+        idx = np.full(n, total, np.intp)
+        offsets, start = flat_offsets(*structure), 0
+        for s in sectors:
+            product = np.arange(start, start + s.rows.total * s.cols.total).reshape(s.rows.total, s.cols.total)
+            for key, rsl, csl, shape in scatter_map(s.rows, s.cols, cperm, aliases, 0, len(s.rows.tuples)):
+                offset, oshape = offsets[key]          # a stored key: its elements in order
+                idx[offset:offset + math.prod(oshape)].reshape(oshape)[...] = \
+                    product[rsl, csl].reshape(shape).transpose(cperm)
+            start += product.size
+        return idx, total
+
+    return index_cache.get(("scatter", structure, cperm, sectors), build)
+
+
+def add_index(a, out, perm, divisor=None, dperm=None) -> tuple:
+    """(a index, divisor index): element n of ``out.flat()`` is updated from
+    ``a.flat()[a_index[n]]`` (divided by ``divisor.flat()[d_index[n]]``); an index is
+    None where it is the identity."""
+    sa, so = _structure(a), _structure(out)
+    sd = _structure(divisor) if divisor is not None else None
+
+    def build():
+        entries = add_map(a.spaces, a.irrep, perm, dperm, so[2])
+        n = sum(math.prod(shape) for _, shape in flat_offsets(*so).values())
+        ia = np.empty(n, np.intp)
+        idd = np.empty(n, np.intp) if sd is not None else None
+        offsets = flat_offsets(*so)
+        for key, okey, dkey in entries:
+            offset, oshape = offsets[okey]             # a stored key: its elements in order
+            where = slice(offset, offset + math.prod(oshape))
+            ia[where].reshape(oshape)[...] = _positions(sa, key).transpose(perm)
+            if idd is not None:
+                idd[where].reshape(oshape)[...] = _positions(sd, dkey).transpose(dperm)
+        return _unless_identity(ia, sa, n), (_unless_identity(idd, sd, n) if sd is not None else None)
+
+    return index_cache.get(("add", sa, so, sd, perm, dperm), build)
+
+
+def _unless_identity(index, structure, n: int):
+    """None when ``index`` reads a flat vector of ``n`` elements in order, else ``index``."""
+    whole = sum(math.prod(shape) for _, shape in flat_offsets(*structure).values())
+    return None if whole == n and np.array_equal(index, np.arange(n)) else index

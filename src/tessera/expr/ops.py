@@ -6,7 +6,7 @@ import numpy as np
 
 from tessera.errors import ShapeError
 from tessera.expr.terms import Ref, Update, record
-from tessera.tensor.block_tensor import BlockTensor
+from tessera.tensor.block_tensor import BlockTensor, flat_weights
 
 
 def einsum(subscripts: str, *tensors, out: BlockTensor | None = None, scale: float = 1.0) -> BlockTensor:
@@ -43,6 +43,16 @@ def dot(x: Ref, y: Ref) -> float:
     # two canonical tensors of one structure, same index order: each orbit of blocks
     # once, its canonical block weighted by the orbit's size (aliases are its transposes)
     orbits = bool(xt.aliases) and xt.aliases is y.tensor.aliases and perm == tuple(range(len(perm)))
+    if (orbits or not (xt.aliases or y.tensor.aliases)) and perm == tuple(range(len(perm))) \
+            and xt.dist is None and y.tensor.dist is None and xt.spaces == y.tensor.spaces \
+            and xt.irrep == y.tensor.irrep:
+        # one local structure: one pass over the two flat vectors, without BLAS (a BLAS
+        # dot wakes its threads, per block or even once, for more than the arithmetic
+        # costs on a busy machine) and without temporaries
+        xv, yv = xt.flat(), y.tensor.flat()
+        if orbits:
+            return float(np.einsum("i,i,i->", xv, flat_weights(xt.spaces, xt.irrep, xt.aliases), yv))
+        return float(np.einsum("i,i->", xv, yv))
     xkeys = [k for k in xt.blocks if k not in xt.aliases] if orbits else list(xt.blocks)
     total = 0.0
     yb = y.tensor.blocks
