@@ -177,7 +177,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
     more ranks, fewer tasks and bytes per rank; a tighter budget, smaller windows. The
     occupied task tile is the one of least bytes read among those that leave 8 tasks per
     rank and keep one task within the budget (each tried tile counted here by hand)."""
-    from tessera.chem.triples import VirtualLayout, irrep_ranges
+    from tessera.chem.triples import irrep_ranges
     from tessera.chem.triples_tasks import OCC_TILE_CHOICES, TASKS_PER_RANK, plan_counts, task_tiles
     from tessera.chem.triples_window import Windows, window_width
     orbsym, nocc = orbitals(load(water_cluster(2), basis="cc-pvdz", charge=0), True)
