@@ -166,3 +166,46 @@ def test_plan_prints_the_whole_estimate(capsys):
     for phase in ("scf", "transform", "ccsd", "(t)"):
         assert f"\n  {phase} " in out
     assert "held" in out and "half-transformed" in out and "baseline" in out
+
+
+def test_scf_phase_counts_the_integrals_the_scf_keeps():
+    """The estimate's scf phase holds the AO integrals the SCF will keep: on one rank the
+    8-fold array (its size as PySCF computes it), on several the fullest rank's share of
+    the screened blocks; not when the budget leaves no room for them (auto goes direct),
+    always in mode incore (so a run that cannot fit is refused before the SCF)."""
+    from pyscf import gto
+    from tessera.chem.memory import RunShape, estimate
+    from tessera.chem.scf.fock import incore_shares, screened_tasks
+    from tessera.errors import InputError
+    atoms = "".join(Path(WATER).read_text().splitlines(True)[2:])
+    mol = gto.M(atom=atoms, basis="6-31g", verbose=0)
+    one = RunShape(mol, "hf", "serial", None, 1, 32, None, 0, False, scf_mode="auto")
+    assert estimate(one).parts["scf"]["AO integrals"] == mol.intor("int2e", aosym="s8").nbytes
+    two = one.but(nranks=2, distributed=True)
+    shares = incore_shares(screened_tasks(mol), 2)
+    assert estimate(two).parts["scf"]["AO integrals"] == shares.max() < shares.sum()
+    for shape in (one.but(budget=1.0), one.but(scf_mode="direct"), one.but(scf_mode=None)):
+        assert "AO integrals" not in estimate(shape).parts["scf"]
+    incore = one.but(budget=1.0, scf_mode="incore")
+    est = estimate(incore)
+    assert est.parts["scf"]["AO integrals"] > 0
+    with pytest.raises(InputError, match="scf"):
+        memory_module.check(est, (est.own - 1, "--max-memory"), incore)
+
+
+def test_small_budget_gives_a_direct_scf_and_says_so(monkeypatch, capsys):
+    """A --max-memory that holds the run but not the 8-fold integrals beside it: auto is
+    direct (one log line says why), the energy unchanged; mode incore is refused."""
+    monkeypatch.setattr(memory_module, "resident_peak", lambda: 150 << 20)   # a fixed baseline
+    # water cc-pVDZ: 24 functions, 300 pairs, 300 * 301 / 2 doubles = 0.3445 MiB of 8-fold integrals
+    args = ["run", WATER, "--basis", "cc-pvdz", "--method", "hf", "--max-memory", "150.25M", "-v"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    line = [s for s in (out + err).splitlines() if "direct Fock builds" in s]
+    assert line and "would need 0.3445 MiB per rank, budget 150.2 MiB (--max-memory) of which 0.25 MiB are free" in line[0]
+    assert main(args + ["--scf-mode", "direct"]) == 0
+    e_direct = [s for s in capsys.readouterr()[0].splitlines() if s.startswith("E(RHF)")]
+    assert e_direct and e_direct[0] in out
+    assert main(args + ["--scf-mode", "incore"]) == 2
+    err = capsys.readouterr()[1]
+    assert err.count("\n") == 1 and "more than --max-memory 150 MiB" in err

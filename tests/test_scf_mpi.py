@@ -1,8 +1,8 @@
 """Tessera's distributed RHF under `mpiexec -n K`, K = 1..4, every schedule, against PySCF.
 
 One launch of tests/mpi/scf_checks.py per rank count (MPI start-up paid once); K = 2 also
-runs the extras: screening off vs on, incore mode, the incore memory-budget errors and
-the non-convergence error.  PySCF references are computed here, tightly converged.
+runs the extras: screening off vs on, incore mode and the non-convergence error (the
+memory budget: test_scf_memory_mpi.py).  PySCF references are computed here, tightly converged.
 """
 
 import sys
@@ -158,16 +158,6 @@ def test_incore_mode_equals_direct():
         assert run["mode"] == "incore"
         assert abs(run["e_hf"] - ref) < E_TOL, schedule
         assert sum(run["tasks_executed"]) == run["tasks_total"] * run["fock_builds"]
-
-
-def test_incore_over_budget_is_an_error_not_a_switch():
-    out = launch(EXTRAS_AT)
-    total = out["incore_total_error"]
-    assert total["type"] == "InputError"
-    assert "mode='incore' needs" in total["message"] and "mode='direct'" in total["message"]
-    per_rank = out["incore_budget_error"]
-    assert per_rank["type"] == "InputError"
-    assert "exceed its memory budget" in per_rank["message"]
 
 
 def test_nonconvergence_raises_with_last_energy_and_error():

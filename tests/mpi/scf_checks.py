@@ -1,6 +1,6 @@
 """Tessera's RHF under `mpiexec -n K`: every test molecule with every schedule, plus
-(with --extras) screening off/on, incore mode, the incore memory-budget error and the
-non-convergence error.  Rank 0 prints one JSON object; tests/test_scf_mpi.py compares it
+(with --extras) screening off/on, incore mode and the non-convergence error (the
+memory budget: scf_memory_checks.py).  Rank 0 prints one JSON object; tests/test_scf_mpi.py compares it
 with PySCF computed in the test.  Every rank checks that it returns the same Reference.
 """
 
@@ -99,20 +99,6 @@ def checks(ctx, extras):
         out["water_auto"] = run(ctx, "water", schedule="steal")
         out["water_incore"] = {s: run(ctx, "water", schedule=s, mode="incore")
                                for s in SCHEDULES}
-        mol = build("water")
-        if size > 1:
-            # all ranks together fit (budget x ranks = total), but the static partition
-            # balances cost, not bytes, so some rank holds more than total / ranks
-            from tessera.chem.scf.fock import FockBuilder
-            fb = FockBuilder(mol, ctx, schedule="static", mode="direct")
-            total_mb = fb.incore_bytes_total / 1e6
-            fb.free()
-            out["incore_total_mb"] = total_mb
-            out["incore_budget_error"] = error_of(lambda: rhf(
-                mol, context=ctx, schedule="static", mode="incore",
-                max_memory_mb=total_mb / size * (1 + 1e-9)))
-        out["incore_total_error"] = error_of(
-            lambda: rhf(mol, context=ctx, mode="incore", max_memory_mb=1e-4))
         out["convergence_error"] = error_of(
             lambda: rhf(build("n2"), context=ctx, max_iter=3))
     return out

@@ -311,12 +311,14 @@ class Job:
         tile, occ_tile = tiles or (opt.tile or 32, None)
 
         def judge():
+            budget = memory_budget(ranks.node_size, opt.max_memory)
+            own_scf = reference is None and opt.scf == "tessera"
             shape = RunShape(mol, method, opt.backend, opt.variant, ranks.size, tile, occ_tile,
                              nfrozen, runs_distributed(opt.backend), reference,
-                             node_ranks=ranks.node_size, shared_windows=ranks.shared_windows)
+                             node_ranks=ranks.node_size, shared_windows=ranks.shared_windows,
+                             scf_mode=opt.scf_mode if own_scf else None, budget=budget[0])
             est = estimate(shape)
             self.report.memory(est)
-            budget = memory_budget(ranks.node_size, opt.max_memory)
             check(est, budget, shape)
             return est, budget[0]
         est, self.budget = ranks.share(judge)
@@ -347,7 +349,7 @@ class Job:
         with ctx:
             try:
                 ref = rhf(mol, schedule=opt.scf_schedule, max_iter=opt.scf_max_iter, mode=opt.scf_mode,
-                          context=ctx)
+                          max_memory=opt.max_memory, context=ctx)
             except ConvergenceError as err:     # on every rank alike: the result is shared
                 ref, error = err.result, err
         ctx.close()        # collective when distributed: not in a finally (see kernel)

@@ -7,7 +7,12 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
              interpreter, NumPy, PySCF, MPI and Tessera's modules)
   scf        Tessera's RHF: SCF_MATRICES nao x nao matrices (overlap, core Hamiltonian,
              orthogonaliser, Fock, density, the DIIS history of Fock and error matrices,
-             the Fock build's blocks), plus one Fock buffer per thread
+             the Fock build's blocks), plus one Fock buffer per thread, plus the AO
+             integrals the SCF keeps in memory (``scf_integral_bytes``: one process the
+             8-fold integrals, several ranks the fullest rank's share of the screened
+             blocks) when it will keep them: mode incore, or auto and they fit the budget
+             beside the baseline and the matrices (``scf.incore.fits``' rule; otherwise the
+             SCF is direct and says so)
   transform  the MO integrals (this rank's share) and the half-transformed rows
              ((P Q | AO pair) rows of every class, this rank's share), plus each thread's
              slabs (AO integrals of one unit of AO pairs, its half transform, one chunk of
@@ -44,6 +49,7 @@ frozen core, a smaller tile.
 
 from __future__ import annotations
 
+import functools
 import resource
 import sys
 
@@ -110,11 +116,14 @@ class RunShape:
     @_SMALL
     def __init__(self, mol, method: str, backend: str, variant, nranks: int, tile: int,
                  occ_tile: int | None, nfrozen: int, distributed: bool, reference=None,
-                 node_ranks: int | None = None, shared_windows: bool = True):
+                 node_ranks: int | None = None, shared_windows: bool = True,
+                 scf_mode: str | None = None, budget: float | None = None):
         """``reference``: the orbitals when they are known before the run (an FCIDUMP, a
         PySCF mean field, a checkpoint), else the initial guess of ``mol`` gives them.
         ``node_ranks``: ranks on one node (default: all of them, when distributed);
-        ``shared_windows``: whether they map each other's windows (module docstring)."""
+        ``shared_windows``: whether they map each other's windows (module docstring).
+        ``scf_mode``: the mode of Tessera's SCF when the run has one (None: no SCF of
+        ours); ``budget``: bytes per rank (``backends.budget``), for its auto mode."""
         from tessera.backends.local import available_cores
         from tessera.chem.ao2mo_symmetry import pair_orbits
         from tessera.chem.job import frozen_core_orbitals
@@ -144,11 +153,32 @@ class RunShape:
         self.nfrozen, self.threads, self.distributed = int(nfrozen), int(threads), bool(distributed)
         self.node_ranks = int(node_ranks or nranks) if distributed else 1
         self.shared_windows = bool(shared_windows)
+        self.mol = mol if scf_mode is not None else None
+        self.scf_mode, self.budget = scf_mode, budget
+
+    @functools.cached_property
+    def scf_tasks(self):
+        """The task list of the SCF's Fock build (its shares of integrals over ranks)."""
+        from tessera.chem.scf.fock import screened_tasks
+        return screened_tasks(self.mol)
 
     def but(self, **changes) -> "RunShape":
         other = object.__new__(RunShape)
         other.__dict__.update(self.__dict__, **changes)
         return other
+
+
+def scf_integral_bytes(shape: RunShape) -> int:
+    """Bytes of AO integrals a rank of ``shape``'s SCF keeps in memory if its mode keeps
+    them (0 for mode direct or no SCF of ours): on one rank the 8-fold integrals, on
+    several the fullest rank's share of the screened blocks (``scf.fock.incore_shares``)."""
+    from tessera.chem.scf.fock import incore_shares
+    from tessera.chem.scf.incore import s8_bytes
+    if shape.mol is None or shape.scf_mode not in ("auto", "incore"):
+        return 0
+    if shape.nranks == 1:
+        return s8_bytes(shape.nao)
+    return int(incore_shares(shape.scf_tasks, shape.nranks).max())
 
 
 @_SMALL
@@ -164,6 +194,10 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     nao = shape.nao
     parts = {"scf": {"matrices": 8 * (SCF_MATRICES + T) * nao * nao}}
     baseline = resident_peak() if baseline is None else baseline
+    ints = scf_integral_bytes(shape)
+    if ints and (shape.scf_mode == "incore" or shape.budget is None
+                 or baseline + parts["scf"]["matrices"] + ints <= shape.budget):
+        parts["scf"]["AO integrals"] = ints
     if shape.method == "hf":
         return MemoryEstimate(P, baseline, parts, shape.node_ranks)
     s = structure_stats(CCSDStructure(shape.orbsym, shape.nocc, shape.nfrozen), shape.tile,

@@ -60,8 +60,8 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--scf", default="tessera", help="tessera (own distributed RHF) | pyscf")
         s.add_argument("--scf-schedule", default="steal", help="static | nxtval | steal (with --scf tessera)")
         s.add_argument("--scf-max-iter", type=int, default=100)
-        s.add_argument("--scf-mode", default="auto", help="auto (integrals in memory when they fit "
-                       "PySCF's max_memory, else direct) | incore | direct (with --scf tessera)")
+        s.add_argument("--scf-mode", default="auto", help="auto (integrals in memory when each rank's "
+                       "share fits the memory budget per rank, else direct) | incore | direct (with --scf tessera)")
         s.add_argument("--max-memory", metavar="SIZE", default=None,
                        help="memory per rank a run may use: MiB, or with a unit (500M, 8G); a run "
                             "estimated to need more is refused before the SCF, and the cost model "

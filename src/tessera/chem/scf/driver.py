@@ -29,13 +29,14 @@ import numpy as np
 from pyscf.scf import hf as pyscf_hf
 from threadpoolctl import threadpool_limits
 
+from tessera.backends.budget import memory_budget
 from tessera.backends.context import current_context
 from tessera.backends.registry import check_schedule
 from tessera.chem.reference import Reference
 from tessera.chem.diis import DIIS
 from tessera.backends.local import available_cores, threads_per_rank
-from tessera.chem.scf.fock import MODES, REBUILD_EVERY, FockBuilder
-from tessera.chem.scf.incore import IncoreFock, s8_bytes
+from tessera.chem.scf.fock import MODES, REBUILD_EVERY, SCREENING, FockBuilder
+from tessera.chem.scf.incore import IncoreFock, fits, s8_bytes
 from tessera.chem.scf.stats import summarize
 from tessera.chem.scf.symmetry import symmetry_basis
 from tessera.errors import ConvergenceError, InputError
@@ -96,37 +97,48 @@ def rank_threads(context) -> int:
     return threads_per_rank() or max(1, available_cores() // context.ranks.size)
 
 
-def make_builder(mol, context, *, mode: str, max_memory_mb: float, **options):
-    """The Fock builder of ``mode`` (module docstring); logs which one and why."""
+def make_builder(mol, context, *, mode: str, budget: tuple, **options):
+    """The Fock builder of ``mode`` (module docstring) for ``budget`` = (bytes per rank,
+    where that figure comes from, as ``backends.budget.memory_budget``); logs which one
+    and why, in one line."""
     ranks = context.ranks
     say = log.info if ranks.rank == 0 else log.debug
     threads = rank_threads(context)
-    budget = float(max_memory_mb) * 1e6
+    per_rank, source = budget
+
+    def chosen(fit, how):
+        ok, need, room, _ = fit
+        if ok:
+            say("RHF: AO integrals in memory: %.4g MiB per rank of %.4g MiB (%s), %s",
+                need / 2**20, per_rank / 2**20, source, how)
+        else:
+            say("RHF: direct Fock builds: AO integrals in memory would need %.4g MiB per rank, "
+                "budget %.4g MiB (%s) of which %.4g MiB are free", need / 2**20,
+                per_rank / 2**20, source, max(room, 0) / 2**20)
     if ranks.size == 1 and mode in ("auto", "incore"):
-        need = s8_bytes(mol.nao)
-        if need <= budget:
-            say("RHF: 8-fold integrals in memory (%.4g MB of %.4g MB), %d threads",
-                need / 1e6, budget / 1e6, threads)
-            return IncoreFock(mol, threads, context)
-        if mode == "incore":
+        fit = fits(ranks, s8_bytes(mol.nao), per_rank)
+        if mode == "incore" and not fit[0]:
             raise InputError(
-                f"mode='incore' needs {need / 1e6:.4g} MB of 8-fold integrals, more than "
-                f"the budget of {max_memory_mb:.4g} MB; use mode='direct' or a larger "
-                "memory budget (max_memory_mb)")
+                f"mode='incore' needs {fit[1] / 2**20:.4g} MiB of 8-fold integrals, more than "
+                f"the {fit[2] / 2**20:.4g} MiB the memory budget leaves ({source} "
+                f"{per_rank / 2**20:.4g} MiB less what the process holds); use mode='direct' "
+                "or a larger budget (--max-memory)")
+        chosen(fit, f"8-fold, {threads} threads")
+        if fit[0]:
+            return IncoreFock(mol, threads, context)
+        mode = "direct"
     # in a threads context the executor's workers share the cores of the rank
     workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
-    builder = FockBuilder(mol, context, mode=mode, max_memory_mb=max_memory_mb,
+    builder = FockBuilder(mol, context, mode=mode, budget_bytes=per_rank,
                           threads=max(1, threads // workers), **options)
-    if mode == "auto" and builder.mode == "direct":
-        say("RHF: integrals need %.4g MB (8-fold: %.4g MB), more than the budget of %.4g "
-            "MB per rank: direct Fock builds", builder.incore_bytes_total / 1e6,
-            s8_bytes(mol.nao) / 1e6, budget / 1e6)
+    if builder.fit is not None:
+        chosen(builder.fit, f"screened blocks over {ranks.size} ranks")
     return builder
 
 
-def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "auto",
+def rhf(mol, *, schedule: str = "steal", screening: float = SCREENING, mode: str = "auto",
         conv_tol: float = 1e-10, max_iter: int = 100,
-        max_memory_mb: float | None = None, block_nbf: int | None = None,
+        max_memory: float | None = None, block_nbf: int | None = None,
         diis_space: int = 8, rebuild_every: int | None = REBUILD_EVERY,
         context=None) -> Reference:
     """Closed-shell RHF of ``mol`` (a built ``pyscf.gto.Mole``, symmetry Abelian or off).
@@ -138,9 +150,11 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
     otherwise ``ConvergenceError`` after ``max_iter`` Fock builds.
 
     ``schedule``: "static" | "nxtval" | "steal";  ``screening``: Schwarz threshold (0 =
-    none);  ``mode``: "auto" (incore when the integrals fit in ``max_memory_mb`` per
-    rank, default ``mol.max_memory``, else direct) | "incore" (an error when they do
-    not fit) | "direct";  ``rebuild_every``: direct mode, incremental builds between
+    none);  ``mode``: "auto" (incore when each rank's share of the integrals fits the
+    memory budget per rank beside what the rank holds, else direct) | "incore" (an error
+    when they do not fit) | "direct";  ``max_memory``: the budget, MiB per rank (default
+    ``backends.budget.memory_budget``: TESSERA_MEMORY_PER_RANK_MB, else the memory
+    available on the node shared by its ranks);  ``rebuild_every``: direct mode, incremental builds between
     full ones;  ``block_nbf``: target shell block size in basis functions (default:
     about nao/6, at most 32).
     """
@@ -159,8 +173,7 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
     context = current_context() if context is None else context
     ranks = context.ranks
     say = log.info if ranks.rank == 0 else log.debug
-    if max_memory_mb is None:
-        max_memory_mb = float(mol.max_memory)
+    budget = memory_budget(ranks.node_size, max_memory)
 
     t0 = time.perf_counter()
     hcore = mol.intor_symmetric("int1e_kin") + mol.intor_symmetric("int1e_nuc")
@@ -173,7 +186,7 @@ def rhf(mol, *, schedule: str = "steal", screening: float = 1e-12, mode: str = "
     conv_grad = float(np.sqrt(conv_tol))
 
     setup_s = time.perf_counter() - t0
-    builder = make_builder(mol, context, mode=mode, max_memory_mb=max_memory_mb,
+    builder = make_builder(mol, context, mode=mode, budget=budget,
                            schedule=schedule, screening=screening, block_nbf=block_nbf,
                            rebuild_every=rebuild_every)
     if builder.tasks is not None:

@@ -32,11 +32,14 @@ hold at most ``BOX_FRACTION`` of the block (``screened_block``; the rest of the 
 never computed). The task's work, and so G, depends only on the density, not on the
 task partition or the rank count.
 
-``mode="incore"`` keeps, on each rank, the screened integral blocks of the tasks it ran
-in the first build, and later builds replay exactly those tasks (no scheduling); if they
-do not fit in the per-rank memory budget, the SCF stops with an error instead of
-switching to direct. ``mode="auto"`` is incore when all blocks fit in one rank's budget,
-else direct. (One process keeps 8-fold integrals instead: ``incore.IncoreFock``.)
+``mode="incore"`` keeps, on each rank, the screened integral blocks of the tasks it runs
+in the first build, and later builds replay exactly those tasks (no scheduling). The first
+build deals its tasks statically (``first_build_homes``: the engine's contiguous
+cost-balanced partition, whatever the schedule), so each rank's share of the integrals
+is known before any is computed: ``incore_shares``. If a rank's share does not fit its
+memory budget (``incore.fits``), the SCF stops with an error instead of switching to
+direct; ``mode="auto"`` is incore when every rank's share fits its budget, else direct.
+(One process keeps 8-fold integrals instead: ``incore.IncoreFock``.)
 
 Threads: each task's libcint call runs ``threads`` OpenMP threads (the caller chooses
 them so that ranks x workers x threads <= cores).
@@ -52,16 +55,20 @@ from pyscf.lib import with_omp_threads
 from threadpoolctl import threadpool_limits
 
 from tessera.backends.registry import check_schedule
+from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet
 from tessera.chem.scf.blocking import make_blocks
+from tessera.chem.scf.incore import fits
 from tessera.chem.scf.integrals import BlockERI, schwarz_bounds
 from tessera.chem.scf.kernel import contract_block
-from tessera.chem.scf.tasks import PARTIAL, make_tasks
+from tessera.chem.scf.tasks import PARTIAL, TaskList, make_tasks
 from tessera.errors import InputError
 from tessera.tensor.block_tensor import BlockTensor
 from tessera.tensor.space import IndexSpace, Tile
 
 MODES = ("auto", "direct", "incore")
+#: Default Schwarz threshold of the task builds.
+SCREENING = 1e-12
 #: Direct mode: incremental builds between two full builds (PySCF's rebuild_nsteps).
 REBUILD_EVERY = 5
 #: Direct builds: a task's shell-quartet screen computes boxes of shells instead of the
@@ -80,13 +87,36 @@ class _Worker:
         self.stored: list = []
 
 
+def first_build_homes(tasks: TaskList, nranks: int) -> np.ndarray:
+    """The rank of each task in an incore first build: the contiguous cost-balanced
+    static partition (``backends.schedule.partition``), the same on every rank."""
+    home = np.zeros(len(tasks), dtype=np.int64)
+    for rank, queue in enumerate(partition(list(tasks.cost), nranks, "contiguous")):
+        home[queue] = rank
+    return home
+
+
+def incore_shares(tasks: TaskList, nranks: int) -> np.ndarray:
+    """Bytes of integral blocks each of ``nranks`` ranks keeps in mode incore."""
+    home = first_build_homes(tasks, nranks)
+    return np.bincount(home, weights=8.0 * tasks.nints, minlength=nranks).astype(np.int64)
+
+
+def screened_tasks(mol, screening: float = SCREENING, block_nbf: int | None = None) -> TaskList:
+    """The task list of ``mol``'s Fock build (for estimates; ``FockBuilder`` keeps the
+    parts it also needs)."""
+    blocks = make_blocks(mol, block_nbf)
+    eri = BlockERI(mol)
+    return make_tasks(blocks, schwarz_bounds(eri, mol), float(screening))
+
+
 class FockBuilder:
     """Blocking, screening, task list and the D and M tensors of one SCF. Collective:
     every rank constructs it inside ``context``, calls ``build`` the same number of
     times and finally ``free``."""
 
-    def __init__(self, mol, context, *, schedule: str = "steal", screening: float = 1e-12,
-                 mode: str = "direct", max_memory_mb: float = 4000.0,
+    def __init__(self, mol, context, *, schedule: str = "steal", screening: float = SCREENING,
+                 mode: str = "direct", budget_bytes: float | None = None,
                  block_nbf: int | None = None, rebuild_every: int | None = REBUILD_EVERY,
                  threads: int = 1):
         self.schedule = check_schedule(schedule)
@@ -109,17 +139,24 @@ class FockBuilder:
         self.tasks = make_tasks(self.blocks, self.qshell, float(screening))
         self.setup_seconds = time.perf_counter() - t0
 
-        self.budget_bytes = float(max_memory_mb) * 1e6
-        self.incore_bytes_total = int(self.tasks.nints.sum()) * 8
-        if mode == "auto":
-            mode = "incore" if self.incore_bytes_total <= self.budget_bytes else "direct"
+        size = self.ranks.size
+        self.homes = first_build_homes(self.tasks, size)
+        #: auto and incore: (fits, largest share, smallest room, budget) of ``incore.fits``
+        self.fit = None
+        if mode != "direct":
+            if budget_bytes is None:
+                raise InputError(f"mode={mode!r} needs the memory budget per rank (budget_bytes)")
+            share = incore_shares(self.tasks, size)[self.ranks.rank]    # this rank's bytes
+            self.fit = fits(self.ranks, share, float(budget_bytes))
+            ok, need, room, _ = self.fit
+            if mode == "incore" and not ok:
+                raise InputError(
+                    f"mode='incore' needs {need / 2**20:.4g} MiB of screened integral blocks on "
+                    f"the fullest of {size} rank(s), more than the {room / 2**20:.4g} MiB its "
+                    f"memory budget leaves ({budget_bytes / 2**20:.4g} MiB per rank less what it "
+                    "holds); use mode='direct', more ranks, or a larger budget (--max-memory)")
+            mode = "incore" if ok else "direct"
         self.mode = mode
-        if mode == "incore" and self.incore_bytes_total > self.budget_bytes * self.ranks.size:
-            raise InputError(
-                f"mode='incore' needs {self.incore_bytes_total / 1e6:.4g} MB of screened "
-                f"integral blocks, more than the budget of {max_memory_mb:.4g} MB per rank x "
-                f"{self.ranks.size} ranks; use mode='direct', more ranks, or a larger memory "
-                "budget (max_memory_mb)")
         ar = self.blocks.ao_ranges
         space = IndexSpace("shell blocks", [Tile(hi - lo, 0, lo) for lo, hi in ar])
         with context:
@@ -275,7 +312,8 @@ class FockBuilder:
             "victims": dict(deal.victims) if deal is not None else {},
         }
         if self.mode == "incore" and not replay:
-            self._keep([s for w in workers for s in w.stored], stats["integrals"] * 8, stats)
+            self._stored = sorted((s for w in workers for s in w.stored), key=lambda s: s[0])
+            stats["incore_bytes"] = sum(g.nbytes for _, g in self._stored)
         self.history.append(stats)
         return g2e
 
@@ -284,9 +322,7 @@ class FockBuilder:
         work() computes one block quartet into the calling thread's buffers
         (thread-safe); ``dsh``: shell-pair density maxima of a screened direct build."""
         tasks, D = self.tasks, self.dens
-        storing = self.mode == "incore"
-        kept = {"bytes": 0}          # this rank's kept integral bytes; stop past the budget
-        lock = threading.Lock()
+        storing = self.mode == "incore"      # the first build: dealt by first_build_homes
 
         def need(j):
             return [(D, k) for k in tasks.density_tiles((int(active[j]),)) if k not in tiles]
@@ -315,14 +351,12 @@ class FockBuilder:
             w.tasks += 1
             w.nints += g.size
             if storing:
-                with lock:
-                    kept["bytes"] += g.nbytes
-                    if kept["bytes"] <= self.budget_bytes:
-                        w.stored.append((i, g))
+                w.stored.append((i, g))
             return 0.0
 
         return TaskSet("scf.fock", list(tasks.cost[active]), work, need, schedule=self.schedule,
-                       partition="contiguous", order="cost")
+                       partition="contiguous", order="cost",
+                       home=self.homes[active].tolist() if storing else None)
 
     def _replay(self, w: _Worker, tiles: dict) -> None:
         """incore, after the first build: this rank's kept integral blocks, no schedule."""
@@ -339,18 +373,6 @@ class FockBuilder:
             w.busy += time.perf_counter() - wall
             w.busy_cpu += time.thread_time() - cpu
             w.tasks += 1
-
-    def _keep(self, stored: list, nbytes: int, stats: dict) -> None:
-        """incore, first build: keep this rank's integral blocks (``nbytes`` in all; those
-        past the budget were not kept), or stop on every rank."""
-        if any(self.ranks.allgather(nbytes > self.budget_bytes)):
-            raise InputError(
-                "mode='incore': the integral blocks of the tasks one rank ran in the first "
-                f"Fock build exceed its memory budget of {self.budget_bytes / 1e6:.4g} MB "
-                f"(all ranks together need {self.incore_bytes_total / 1e6:.4g} MB); use "
-                "mode='direct', more ranks, schedule='static', or a larger max_memory_mb")
-        self._stored = sorted(stored, key=lambda s: s[0])
-        stats["incore_bytes"] = nbytes
 
     def free(self) -> None:
         """Drop the kept integrals and the tensors (their arrays return to the context's

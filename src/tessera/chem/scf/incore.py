@@ -8,7 +8,8 @@ for 8-fold integrals (``pyscf.scf._vhf.incore``, OpenMP-parallel): G(D) = J(D) -
 Both are library calls: no Python loop touches an integral. This is the build of one
 rank, kept after the SCF for the transform of the same molecule (``hand_over``); with
 several ranks the SCF keeps screened integral blocks per rank instead
-(``fock.FockBuilder``, mode "incore"), so no rank holds all integrals.
+(``fock.FockBuilder``, mode "incore"), so no rank holds all integrals. Either is kept
+only when it ``fits`` the memory budget per rank.
 """
 
 from __future__ import annotations
@@ -30,8 +31,21 @@ def s8_bytes(nao: int) -> int:
 
 def s8_fits(nao: int, max_memory_mb: float) -> bool:
     """Whether the 8-fold integrals of ``nao`` functions fit ``max_memory_mb`` (MB, as
-    PySCF's ``mol.max_memory``): the one rule of the in-memory SCF and transform."""
+    PySCF's ``mol.max_memory``): the rule of the in-memory transform (the SCF's is
+    ``fits``)."""
     return s8_bytes(nao) <= float(max_memory_mb) * 1e6
+
+
+def fits(ranks, need: int, budget: float) -> tuple:
+    """(fits, largest need, smallest room, budget): whether every rank's ``need`` bytes of
+    integrals fit in the room its ``budget`` (bytes per rank, ``backends.budget``) leaves
+    beside what it holds already (its resident peak so far); the one rule of the SCF's
+    in-memory mode, decided alike on every rank (collective)."""
+    from tessera.chem.memory import resident_peak
+    table = ranks.allgather((int(need), float(budget) - resident_peak()))
+    need_max = max(n for n, _ in table)
+    room_min = min(r for _, r in table)
+    return all(n <= r for n, r in table), need_max, room_min, float(budget)
 
 
 class IncoreFock:

@@ -1,0 +1,59 @@
+"""The distributed RHF's integrals and the memory budget at 2 ranks (tests/mpi/
+scf_memory_checks.py): in memory when each rank's share fits its budget, direct (and
+said in the log) when not, the same energy as PySCF either way, and the estimate
+counts the share each rank keeps."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from pyscf import scf
+
+from mpirun import run_mpi
+
+sys.path.insert(0, str(Path(__file__).parent / "mpi"))
+from scf_checks import build  # noqa: E402  (the MPI script's molecules)
+
+SCRIPT = Path(__file__).parent / "mpi" / "scf_memory_checks.py"
+E_TOL = 1e-9
+
+
+@pytest.fixture(scope="module")
+def out():
+    return run_mpi(SCRIPT, 2, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def e_pyscf():
+    mf = scf.RHF(build("water"))
+    mf.verbose, mf.conv_tol = 0, 1e-12
+    return mf.kernel()
+
+
+def test_auto_keeps_each_ranks_share_when_it_fits(out, e_pyscf):
+    auto = out["auto"]
+    assert auto["mode"] == "incore" and abs(auto["e_hf"] - e_pyscf) < E_TOL
+    # each rank keeps exactly the share dealt before the first build, none all of them
+    assert auto["kept"] == out["shares"] and 0 < max(out["shares"]) < sum(out["shares"])
+    line = [s for s in auto["log"] if "AO integrals in memory:" in s]
+    assert line and f"{max(out['shares']) / 2**20:.4g} MiB per rank of" in line[0]
+
+
+def test_auto_is_direct_and_says_so_when_the_share_does_not_fit(out, e_pyscf):
+    run = out["auto_no_room"]
+    assert run["mode"] == "direct" and abs(run["e_hf"] - e_pyscf) < E_TOL
+    assert run["kept"] == [0, 0]
+    line = [s for s in run["log"] if "direct Fock builds" in s]
+    assert line and f"would need {max(out['shares']) / 2**20:.4g} MiB per rank" in line[0]
+    assert "budget" in line[0] and "(--max-memory)" in line[0]
+
+
+def test_incore_over_budget_is_an_error_not_a_switch(out):
+    err = out["incore_no_room"]
+    assert err["type"] == "InputError"
+    assert "mode='incore' needs" in err["message"] and "mode='direct'" in err["message"]
+
+
+def test_estimate_counts_the_share_when_the_scf_keeps_it(out):
+    assert out["estimate_scf"]["AO integrals"] == max(out["shares"])
+    assert "AO integrals" not in out["estimate_scf_no_room"]
