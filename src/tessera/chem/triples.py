@@ -171,8 +171,10 @@ class VirtualLayout:
         maps = dict(e3=self.ev[s] + self.ev[t] + self.ev[u], blocks=blocks, dense=bool(dense),
                     block_of={gs: (off, ns, npair) for gs, off, ns, npair in blocks})
         if not dense:       # packed: index maps; dense: the same moves are transposes
-            maps.update(rot=self.index(G, t, u, s), rot2=self.index(G, u, s, t),
-                        swap=self.index(G, s, u, t))
+            rot, rot2, swap = self.index(G, t, u, s), self.index(G, u, s, t), self.index(G, s, u, t)
+            # swap then rot (rot2) as one map, for the layouts of a diagonal triple that are
+            # pair swaps of another: x[swap][rot] = x[swap_rot]
+            maps.update(rot=rot, rot2=rot2, swap=swap, swap_rot=swap[rot], swap_rot2=swap[rot2])
         self.maps[G] = maps
 
 
@@ -648,19 +650,24 @@ class TripleKernel:
             return out
         m, e = self.maps, 0.0
         for n_k, k in enumerate(ks):
+            # W = a + b[rot] + c[rot2]; on a diagonal b = a[swap] (i == j), c = b[swap]
+            # (j == k): each is gathered from the layout it swaps, by one composed map
             a = one(Ba, n_k, Sa)
-            b = np.take(a, m["swap"], out=Sb, mode="wrap") if i == j else one(Bb, n_k, Sb)
-            c = np.take(b, m["swap"], out=Sc, mode="wrap") if j == k else one(Bc, n_k, Sc)
-            e += self._sweep_packed(a, b, c, i, j, k)
+            b, rb = (a, m["swap_rot"]) if i == j else (one(Bb, n_k, Sb), m["rot"])
+            if j != k:
+                c, rc = one(Bc, n_k, Sc), m["rot2"]
+            else:                                                 # a[swap][swap] = a
+                c, rc = (a, m["rot2"]) if i == j else (b, m["swap_rot2"])
+            e += self._sweep_packed(a, b, rb, c, rc, i, j, k)
         return e
 
-    def _sweep_packed(self, Sa, Sb, Sc, i, j, k) -> float:
-        """sum_abc W r3(W + V) / D of one triple from its three cyclic layouts."""
+    def _sweep_packed(self, Sa, Sb, rb, Sc, rc, i, j, k) -> float:
+        """sum_abc W r3(W + V) / D of one triple, W = Sa + Sb[rb] + Sc[rc] in layout (a; b, c)."""
         m = self.maps
         W, Y, Y1, Y2, U = (a[:Sa.size] for a in self.buf[6:11])
-        np.take(Sb, m["rot"], out=W, mode="wrap")
+        np.take(Sb, rb, out=W, mode="wrap")
         W += Sa
-        np.take(Sc, m["rot2"], out=Y1, mode="wrap")
+        np.take(Sc, rc, out=Y1, mode="wrap")
         W += Y1                                                   # W in layout (a; b, c)
         eo = self.inp.eo
         np.subtract(eo[i] + eo[j] + eo[k], m["e3"], out=Y)
