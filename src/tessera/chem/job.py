@@ -311,12 +311,13 @@ class Job:
         tile, occ_tile = tiles or (opt.tile or 32, None)
 
         def judge():
+            budget = memory_budget(ranks.node_size, opt.max_memory)
             shape = RunShape(mol, method, opt.backend, opt.variant, ranks.size, tile, occ_tile,
                              nfrozen, runs_distributed(opt.backend), reference,
-                             node_ranks=ranks.node_size, shared_windows=ranks.shared_windows)
+                             node_ranks=ranks.node_size, shared_windows=ranks.shared_windows,
+                             memory_bytes=budget[0])
             est = estimate(shape)
             self.report.memory(est)
-            budget = memory_budget(ranks.node_size, opt.max_memory)
             check(est, budget, shape)
             return est, budget[0]
         est, self.budget = ranks.share(judge)
