@@ -37,6 +37,7 @@ structure alone, for ``tessera plan --ranks``.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from functools import lru_cache
@@ -48,7 +49,8 @@ from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
-from tessera.chem.triples_window import Windows, WindowTables, WindowTripleKernel, window_width
+from tessera.chem.triples_window import (Windows, WindowTables, WindowTripleKernel, bytes_per_row,
+                                         window_width)
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
 WINDOW_SHARE = 0.25        # windowed tasks: of a rank's memory budget, what one task may hold
@@ -165,7 +167,7 @@ def row_counts(o, keys: dict, shapes: dict, occ_tile: int) -> tuple:
     per_row = {}
     for name in SOURCES:
         for n, ks in keys[name].items():
-            per_row[n] = per_row.get(n, 0) + 8 * sum(int(np.prod(shapes[name].block_shape(k)[1:])) for k in ks)
+            per_row[n] = per_row.get(n, 0) + int(bytes_per_row(shapes[name], np.asarray(ks, dtype=np.int64)).sum())
     rows = [(t[1] - t[0]) * per_row.get(t[3], 0) for t in tiles]
     task = [sum(rows[x] for x in set(t)) for t in triples]
     return len(triples), sum(task), 2 * max(task, default=0)
@@ -334,7 +336,7 @@ class TriplesTasks:
 
     # ------------------------------------------------------------------ tasks
     def task_set(self, nranks: int) -> TaskSet:
-        costs = [self.cost(i) for i in range(len(self.tasks))]
+        costs = self.costs()
         chunk = max(1, min(8, len(costs) // (4 * nranks)))
         if self.resident:        # packed once, before any worker starts: forked workers share them
             self._resident_slabs(range(len(self.tiles)))
@@ -345,16 +347,18 @@ class TriplesTasks:
         with self.lock:
             self.flops += n
 
-    def cost(self, task: int) -> float:
-        """Orbital triples i >= j >= k of the task times its virtual triples: tiles on the
-        diagonal hold a sixth (three equal) or half (two) of the product of their sizes, so
-        a largest-first deal ends on small tasks."""
-        t, window = self.tasks[task]
-        i, j, k = (np.arange(*self.tiles[x][:2]) for x in self.triples[t])
-        size = int(((j[None, :, None] <= i[:, None, None]) & (k[None, None, :] <= j[None, :, None])).sum())
-        virtual = (self.lay.ntrip[self.G[t]] if window is None
-                   else np.prod([self.windows.vtiles[w][2] for w in window]))
-        return float(size * max(1, int(virtual)))
+    def costs(self) -> list:
+        """Per task: orbital triples i >= j >= k of its task tiles (counted once per triple)
+        times its virtual triples: tiles on the diagonal hold a sixth (three equal) or half
+        (two) of the product of their sizes, so a largest-first deal ends on small tasks."""
+        sizes = []
+        for t in self.triples:
+            i, j, k = (np.arange(*self.tiles[x][:2]) for x in t)
+            sizes.append(int(((j[None, :, None] <= i[:, None, None]) & (k[None, None, :] <= j[None, :, None])).sum()))
+        vt = self.windows.vtiles if self.windows is not None else None
+        return [float(sizes[t] * max(1, int(self.lay.ntrip[self.G[t]] if window is None
+                                            else math.prod(vt[w][2] for w in window))))
+                for t, window in self.tasks]
 
     def need(self, task: int) -> list:
         """Rows of the blocks of the task's uncached task tiles (partial requests); first
