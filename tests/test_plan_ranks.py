@@ -223,6 +223,66 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
     assert counts[4]["occ_tile"] > 1 and counts[4]["read_bytes"] < tried[1][1]
 
 
+def _triples_run_plan(nocc: int, nvir: int, nranks: int, memory_bytes):
+    """The (T) task plan a distributed run builds (``TriplesTasks`` on empty C1 tensors,
+    tile 32) beside ``plan_counts`` of the same structure and budget."""
+    from types import SimpleNamespace
+    from tessera.chem.integrals import class_tensor, make_spaces
+    from tessera.chem.triples_tasks import TriplesTasks, plan_counts
+    from tessera.tensor.block_tensor import BlockTensor
+    o, v = make_spaces(np.zeros(nocc + nvir, dtype=int), nocc, 0, 32, None)
+    classes = {n: class_tensor(n, o, v) for n in ("ovvv", "ovov", "ovoo")}
+    energies = np.arange(nocc + nvir, dtype=float)
+    t2 = BlockTensor((o, o, v, v))
+    ints = SimpleNamespace(o=o, v=v, ev=energies, eo=energies, **classes)
+    job = TriplesTasks(ints, BlockTensor((o, v)), t2, None, None, False, nranks=nranks, memory_bytes=memory_bytes)
+    return job, plan_counts({**classes, "t2": t2}, nranks, memory_bytes=memory_bytes)
+
+
+def test_triples_estimate_holds_what_the_window_plan_holds():
+    """The pre-run estimate's (T) rows (``chem.memory``, distributed, kernel blocked in
+    the virtual index) are the bytes one task of the run's window plan holds (its rows
+    and tables, ``window_counts`` of the windows the run's ``TriplesTasks`` chose) for the
+    run's memory budget per rank: with 8 GiB per rank a task may hold a quarter of it,
+    more than the 256 MiB floor, and the estimate counts that."""
+    from types import SimpleNamespace
+    from tessera.chem.memory import RunShape, estimate
+    from tessera.chem.triples_tasks import DEFAULT_CACHE_MB, window_counts
+    ref = SimpleNamespace(orbsym=np.zeros(206, dtype=int), nocc=6, point_group="C1")
+    rows = {}
+    for budget in (None, 8 * 2**30):
+        job, _ = _triples_run_plan(6, 200, 2, budget)
+        assert job.windows is not None                       # windowed tasks
+        held = window_counts(job.windows, job.tiles, job.triples, job.G)[2]
+        shape = RunShape(None, "ccsd(t)", "mpi-onesided", None, 2, 32, None, 0, True, ref, budget=budget)
+        rows[budget] = estimate(shape, baseline=0).parts["(t)"]["rows"]
+        assert rows[budget] == held, (budget, rows[budget], held)
+    assert rows[None] <= DEFAULT_CACHE_MB * 2**20 < rows[8 * 2**30] <= 2 * 2**30
+
+
+def test_triples_whole_rows_task_tile_from_the_budget():
+    """Distributed (T) by whole rows (the kernel not blocked): the run's occupied task tile
+    is ``plan_counts``' (the window plan's rule: fewest bytes read with at least 8 tasks
+    per rank and one task within a quarter of the budget, at most nocc/8); for o=40,
+    v=152 (the size of (H2O)8 cc-pVDZ) at 64 ranks that is larger than one orbital, and
+    the tasks read less than one-orbital tiles' (counted here by hand: each task reads
+    its distinct task tiles' rows of ovvv, t2, ovov and ovoo)."""
+    from tessera.chem.triples_tasks import TASKS_PER_RANK
+    nocc, nvir = 40, 152
+    row = 8 * (nvir * nvir * nvir + nocc * nvir * nvir + nocc * nvir * nvir + nocc * nvir * nocc)
+    for nranks in (2, 64):
+        job, counts = _triples_run_plan(nocc, nvir, nranks, 8 * 2**30)
+        assert job.vblock is None and job.windows is None
+        assert job.occ_tile == counts["occ_tile"] > 1 and job.occ_tile <= nocc // 8
+        assert counts["tasks"] == len(job.tasks) >= TASKS_PER_RANK * nranks
+        assert counts["task_bytes"] <= 2 * 2**30
+        by_hand = sum(row * sum(job.tiles[x][1] - job.tiles[x][0] for x in set(t)) for t in job.triples)
+        assert counts["read_bytes"] == by_hand
+        one = nocc * (nocc + 1) * (nocc + 2) // 6
+        one_orbital = row * sum(len({i, j, k}) for i in range(nocc) for j in range(i + 1) for k in range(j + 1))
+        assert len(job.tasks) < one and by_hand < one_orbital / 4
+
+
 def test_auto_puts_the_network_between_nodes():
     """``auto`` decides with the formulas ``plan --ranks`` uses: on one node its local
     constants, across nodes the network between them (``Machine.on``)."""

@@ -86,13 +86,25 @@ def test_every_task_once_over_many_deals(schedule, size):
                 s.synced()
 
 
+@pytest.mark.parametrize("schedule", ["static", "nxtval", "steal"])
+def test_home_deal_runs_each_task_on_its_home(schedule):
+    """``home``: a rank runs exactly the tasks homed on it, in task order, whatever the
+    schedule, with no counter operation."""
+    home = np.random.default_rng(5).integers(0, 3, 40).tolist()
+    log = []
+    for r, s in enumerate(_schedulers(3, schedule, log=log)):
+        got = [i for chunk in s.deal([1.0] * len(home), 4, home=home) for i in chunk]
+        assert got == [i for i, h in enumerate(home) if h == r]
+    assert log == []
+
+
 def test_nxtval_orders_and_queues():
     (s,) = _schedulers(1, "nxtval")
     cost = [1.0, 5.0, 3.0, 5.0]
     assert [i for chunk in s.deal(cost) for i in chunk] == [0, 1, 2, 3]
     assert [i for chunk in s.deal(cost, order="cost") for i in chunk] == [1, 3, 2, 0]
     assert partition(cost, 2) == [[1, 2], [3, 0]]                 # LPT: each queue largest first
-    assert partition(cost, 2, "contiguous") == [[0, 1], [2, 3]]
+    assert [list(q) for q in partition(cost, 2, "contiguous")] == [[0, 1], [2, 3]]   # ranges
 
 
 def test_partitions():

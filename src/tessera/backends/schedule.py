@@ -44,10 +44,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 
 from tessera.backends.registry import check_schedule
 from tessera.runtime import TaskCounter
-from tessera.runtime.distribution import contiguous_runs, largest_first, queues
+from tessera.runtime.distribution import largest_first, run_bounds
 
 NCOUNTERS = 4
 PARTITIONS = ("largest_first", "contiguous")
@@ -71,11 +72,13 @@ class DealStats:
 
 
 def partition(costs, nranks: int, how: str = "largest_first") -> list:
-    """[[task, ...] per rank] of the static partition (deterministic, the same on every rank)."""
+    """[[task, ...] per rank] of the static partition (deterministic, the same on every rank);
+    ``contiguous``: a range per rank (its cut points, no list of every task)."""
     if how not in PARTITIONS:
         raise ValueError(f"unknown partition {how!r}; expected one of {PARTITIONS}")
     if how == "contiguous":
-        return queues(contiguous_runs(costs, nranks), nranks)
+        bounds = run_bounds(costs, nranks).tolist()
+        return [range(bounds[r], bounds[r + 1]) for r in range(nranks)]
     bins = largest_first(costs, nranks)
     out = [[] for _ in range(nranks)]
     for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):     # each queue largest first
@@ -96,16 +99,15 @@ class Deal:
         if order not in ORDERS:
             raise ValueError(f"unknown task order {order!r}; expected one of {ORDERS}")
         self.schedule = "static" if home is not None else scheduler.schedule
-        if home is not None:
-            self.queues = queues(home, size)
-            self.own = self.queues[me]
+        if home is not None:                  # only this rank's queue: nothing is stolen
+            self.own = np.flatnonzero(np.asarray(home) == me).tolist()
         elif self.schedule == "nxtval" and scheduler.leaders:
             self.schedule = "node"
             self.queues = partition(costs, len(scheduler.leaders), "contiguous" if order == "index" else "largest_first")
             self.own = []
         elif self.schedule == "nxtval" or size == 1:
             self.queues = None
-            self.order = (list(range(self.n)) if order == "index"
+            self.order = (range(self.n) if order == "index"          # no list of every task
                           else sorted(range(self.n), key=lambda i: (-costs[i], i)))
             self.own = self.order if size == 1 else []
         else:

@@ -25,8 +25,9 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
   (t)        the integrals and T2 (CCSD frees its gathered matrices; under MPI also
              CCSD's other global arrays, pooled until the context closes), the packed rows
              (T) reads (on one process every task tile's rows stay, with their pair-swapped
-             copies unless the kernel is blocked in the virtual index; a rank keeps its row
-             cache), kernel buffers per thread (``triples_tasks.kernel_plan``: ~v^3/nirrep,
+             copies unless the kernel is blocked in the virtual index; a rank holds one
+             task's rows, as the run's task plan from the budget per rank counts them, and
+             its row cache), kernel buffers per thread (``triples_tasks.kernel_plan``: ~v^3/nirrep,
              or bounded by the kernel budget when blocked)
 
 and the peak is the baseline plus the largest phase.
@@ -123,7 +124,9 @@ class RunShape:
         ``node_ranks``: ranks on one node (default: all of them, when distributed);
         ``shared_windows``: whether they map each other's windows (module docstring).
         ``scf_mode``: the mode of Tessera's SCF when the run has one (None: no SCF of
-        ours); ``budget``: bytes per rank (``backends.budget``), for its auto mode."""
+        ours); ``budget``: the memory budget per rank in bytes (``backends.budget``), for
+        the SCF's auto mode and the share distributed (T) tasks may hold
+        (``triples_tasks.window_budget``)."""
         from tessera.backends.local import available_cores
         from tessera.chem.ao2mo_symmetry import pair_orbits
         from tessera.chem.job import frozen_core_orbitals
@@ -250,7 +253,8 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
                               "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)
     if shape.method == "ccsd(t)":
-        parts["(t)"] = {"integrals": stored, **triples_parts(o, v, P, T, resident=not shape.distributed)}
+        parts["(t)"] = {"integrals": stored, **triples_parts(o, v, P, T, resident=not shape.distributed,
+                                                              memory_bytes=shape.budget)}
     if shape.distributed:
         # this rank's windows in CCSD: T2 + integrals, amplitude copies, intermediates
         # (all but the DIIS history), pooled until the context closes after (T)
@@ -269,9 +273,10 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
     """Bytes per rank of what (T) holds beside the integrals and T2, over spaces ``o``, ``v``:
     ``rows`` (the packed rows it reads: on one process, ``resident``, every task tile's rows,
     with their pair-swapped copies unless the kernel is blocked in the virtual index, and
-    the fused left operands of ``RowSlab.add_swapped``; a rank keeps its row cache,
-    or with the blocked kernel one windowed task's rows and tables,
-    ``chem.triples_window``) and ``kernel`` (buffers per thread, as
+    the fused left operands of ``RowSlab.add_swapped``; a rank holds what one task of the
+    run's plan holds, ``triples_tasks.plan_counts``: with the blocked kernel one windowed
+    task's rows and tables, ``chem.triples_window``, else one task's rows and the row
+    cache) and ``kernel`` (buffers per thread, as
     ``triples_tasks.kernel_plan`` sizes them). The one formula of (T) memory, also used
     by ``tessera plan --ranks``. ``memory_bytes``: the rank's memory budget, of which
     windowed tasks may take a share (``triples_tasks.window_budget``)."""
@@ -285,15 +290,14 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
     rows_t = swapped * (dims["ovvv"] + dims["t2"]) + dims["ovov"] + dims["ovoo"]
     if resident and vblock is None:           # + the fused left operands (t2 beside ovoo rows)
         rows_t += dims["t2"] + dims["ovoo"]
-    if not resident and vblock is not None:   # windowed tasks: one task's rows and tables
+    if not resident:                          # one task of the run's plan (+ the row cache)
         from tessera.chem.integrals import class_tensor
         from tessera.chem.triples_tasks import plan_counts
         from tessera.tensor.block_tensor import BlockTensor
         tensors = {name: class_tensor(name, o, v) for name in ("ovvv", "ovov", "ovoo")}
-        rows_t = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks,
-                             memory_bytes=memory_bytes)["task_bytes"]
-    elif not resident:
-        rows_t = min(rows_t, DEFAULT_CACHE_MB * 2**20 + 2 * (dims["ovvv"] + dims["t2"]) / nranks)
+        task = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks,
+                           memory_bytes=memory_bytes)["task_bytes"]
+        rows_t = task if vblock is not None else min(rows_t, DEFAULT_CACHE_MB * 2**20 + task)
     return {"rows": rows_t, "kernel": threads * kernel}
 
 

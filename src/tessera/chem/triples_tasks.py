@@ -16,10 +16,11 @@ requests only the rows x in X (a partial-block request along axis 0) of every bl
 whose first index is X's tensor tile: (x a|b c), t2[x, m, a, b], (x a|m b) and
 (x a|m n).  It packs them into a RowSlab, drops the fetched copies, and runs the kernel;
 the pair-swapped rows are made per orbital on use, in a scratch buffer.  Default
-``occ_tile``: also at most ``nocc // 8``, so a task's orbitals are a small part of the
-occupied space.  The rank's (T) operands (fetched rows until packed, slabs, cache, two
-scratch rows; owned blocks arrive as views and are not counted) are measured and
-returned.  The cache is bounded in bytes (``cache_mb``, default 256 MiB) and at rest to
+``occ_tile``: ``row_plan``, the rule of the windowed tasks below (fewest bytes read, at
+least TASKS_PER_RANK tasks per rank, one task within the budget), at most ``nocc // 8``,
+so a task's orbitals are a small part of the occupied space.  The rank's (T) operands
+(fetched rows until packed, slabs, cache, two scratch rows; owned blocks arrive as views
+and are not counted) are measured and returned.  The cache is bounded in bytes (``cache_mb``, default 256 MiB) and at rest to
 half of each tensor; before each fetch it drops least recently used slabs until cache +
 the task's fetched rows + their slabs + scratch are below every whole tensor.  That is
 always possible when the task alone fits: with n_S <= 3 occ_tile orbitals per task,
@@ -36,6 +37,7 @@ structure alone, for ``tessera plan --ranks``.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from functools import lru_cache
@@ -47,7 +49,8 @@ from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
-from tessera.chem.triples_window import Windows, WindowTables, WindowTripleKernel, window_width
+from tessera.chem.triples_window import (Windows, WindowTables, WindowTripleKernel, bytes_per_row,
+                                         window_width)
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
 WINDOW_SHARE = 0.25        # windowed tasks: of a rank's memory budget, what one task may hold
@@ -69,9 +72,14 @@ def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None,
         vblock, batch = choose_vblock(lay, occ_tile, budget)
     else:
         batch = blocked_batch(lay, vblock, occ_tile, budget)
+    return int(occ_tile), vblock, batch, pool_bytes(lay, vblock, batch)
+
+
+def pool_bytes(lay: VirtualLayout, vblock, batch: int) -> int:
+    """Bytes of one thread's kernel buffers (whole-space kernel when ``vblock`` is None)."""
     sizes = (TripleKernel.pool_sizes(lay, batch) if vblock is None
              else blocked_pool_sizes(lay, vblock, batch))
-    return int(occ_tile), vblock, batch, 8 * sum(max(n, 1) for n in sizes)
+    return 8 * sum(max(n, 1) for n in sizes)
 
 
 def task_tiles(o, occ_tile: int) -> tuple:
@@ -117,28 +125,60 @@ def window_counts(win: Windows, tiles, triples, G) -> tuple:
     return ntasks, read, most
 
 
-def window_plan(o, v, vr, orange, keys: dict, shapes: dict, vblock: int, budget: float, nranks: int,
-                occ_tile: int | None = None) -> tuple:
-    """(occ_tile, Windows, (tasks, read, most)) of windowed (T) on ``nranks`` ranks: the
-    occupied task tile (``occ_tile`` if given) whose tasks read the fewest bytes, the
-    windows as wide as ``budget`` then allows.  Rows of a task tile are read once per
-    task that holds them, so reads fall as the task tile grows (about as its square over
-    the narrowing windows); the tile grows while the tasks stay at least TASKS_PER_RANK
-    per rank and one task holds no more than ``budget`` (or than a one-orbital tile's
-    task, when even that is over it: windows are at least one tensor tile)."""
+def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None = None,
+                  cap: int | None = None) -> tuple:
+    """(occ_tile, extra, (tasks, read, most)) of distributed (T) on ``nranks`` ranks, the one
+    rule of its occupied task tile: ``occ_tile`` if given, else the candidate (at most the
+    largest tensor tile and ``cap``) whose tasks read the fewest bytes.  Rows of a task tile
+    are read once per task that holds them, so reads fall as the task tile grows; the tile
+    grows while the tasks stay at least TASKS_PER_RANK per rank and one task holds no more
+    than ``budget`` (or than a one-orbital tile's task, when even that is over it).
+    ``counts_of(c)``: (extra, (tasks, bytes read, the most one task holds)) of tile c."""
     largest = max((tl.size for tl in o.tiles), default=1)
+    largest = max(1, largest if cap is None else min(largest, cap))
     cands = [occ_tile] if occ_tile else [c for c in OCC_TILE_CHOICES if c <= largest]
     best, limit = None, None
     for c in cands:
-        tiles, triples, G = task_tiles(o, c)
-        win = Windows(o, v, vr, orange, keys, shapes, vblock, window_width(o, v, c, budget))
-        counts = window_counts(win, tiles, triples, G)
+        extra, counts = counts_of(c)
         if best is not None and (counts[0] < TASKS_PER_RANK * nranks or counts[2] > limit):
             break
         limit = max(budget, counts[2]) if limit is None else limit
         if best is None or counts[1] < best[2][1]:
-            best = (c, win, counts)
+            best = (c, extra, counts)
     return best
+
+
+def window_plan(o, v, vr, orange, keys: dict, shapes: dict, vblock: int, budget: float, nranks: int,
+                occ_tile: int | None = None) -> tuple:
+    """(occ_tile, Windows, (tasks, read, most)) of windowed (T) (``occ_tile_plan``), the
+    windows as wide as ``budget`` allows for each candidate task tile."""
+    def counts_of(c):
+        tiles, triples, G = task_tiles(o, c)
+        win = Windows(o, v, vr, orange, keys, shapes, vblock, window_width(o, v, c, budget))
+        return win, window_counts(win, tiles, triples, G)
+    return occ_tile_plan(o, budget, nranks, counts_of, occ_tile)
+
+
+def row_counts(o, keys: dict, shapes: dict, occ_tile: int) -> tuple:
+    """(tasks, bytes of rows they request, the most one task holds) of (T) by whole rows
+    with task tile ``occ_tile``: a task requests its task tiles' rows of every block whose
+    first index is their tensor tile, and holds them twice (fetched and packed)."""
+    tiles, triples, _ = task_tiles(o, occ_tile)
+    per_row = {}
+    for name in SOURCES:
+        for n, ks in keys[name].items():
+            per_row[n] = per_row.get(n, 0) + int(bytes_per_row(shapes[name], np.asarray(ks, dtype=np.int64)).sum())
+    rows = [(t[1] - t[0]) * per_row.get(t[3], 0) for t in tiles]
+    task = [sum(rows[x] for x in set(t)) for t in triples]
+    return len(triples), sum(task), 2 * max(task, default=0)
+
+
+def row_plan(o, keys: dict, shapes: dict, budget: float, nranks: int, occ_tile: int | None = None) -> tuple:
+    """(occ_tile, None, (tasks, read, most)) of (T) by whole rows (``occ_tile_plan``); a task
+    tile is at most an eighth of the occupied space, so a task's rows stay a small part of
+    every tensor (module docstring)."""
+    return occ_tile_plan(o, budget, nranks, lambda c: (None, row_counts(o, keys, shapes, c)), occ_tile,
+                         cap=max(1, o.dim // 8))
 
 
 def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kernel_mb: float | None = None,
@@ -151,24 +191,17 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
     orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
     lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
-    occ_tile, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
+    _, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
     keys = {name: {} for name in SOURCES}
     for name in SOURCES:
         for key in tensors[name].allowed_keys():
             keys[name].setdefault(key[0], []).append(key)
-    if vblock is None:                    # whole rows per task tile (``_row_elements``' counts)
-        tiles, triples, _ = task_tiles(o, occ_tile)
-        rows = [t[1] - t[0] for t in tiles]
-        per_row = {}
-        for name in SOURCES:
-            for n, ks in keys[name].items():
-                per_row[n] = per_row.get(n, 0) + 8 * sum(int(np.prod(tensors[name].block_shape(k)[1:]))
-                                                         for k in ks)
-        task = [sum(rows[x] * per_row.get(tiles[x][3], 0) for x in set(t)) for t in triples]
-        ntasks, read, most = len(triples), sum(task), 2 * max(task, default=0)
+    budget = window_budget(cache_mb, memory_bytes)
+    if vblock is None:                    # whole rows per task tile
+        occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, budget, nranks)
     else:
-        occ_tile, _, (ntasks, read, most) = window_plan(
-            o, v, vrange, orange, keys, tensors, vblock, window_budget(cache_mb, memory_bytes), nranks)
+        occ_tile, _, (ntasks, read, most) = window_plan(o, v, vrange, orange, keys, tensors, vblock,
+                                                        budget, nranks)
     return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
             "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
             "vblock": vblock or 0}
@@ -216,6 +249,7 @@ class TriplesTasks:
         # a task: a triple of task tiles and, when the operands are fetched by virtual tile
         # (distributed tensors, blocked kernel: chem.triples_window), one window; then the
         # task tile and the windows come from the bytes one task may hold (window_plan)
+        # (whole rows: the task tile from the same budget, the kernel's batch no larger)
         self.windows = None
         if not resident and self.vblock is not None:
             budget = window_budget(cache_mb, memory_bytes)
@@ -224,6 +258,11 @@ class TriplesTasks:
             self.occ_tile, _, self.batch, self.pool_bytes = kernel_plan(lay, o, v, occ, resident,
                                                                         self.vblock, kernel_mb)
             cache_mb = budget / 2**20
+        elif not resident and occ_tile is None:
+            self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, window_budget(cache_mb, memory_bytes),
+                                           nranks)
+            self.batch = min(self.batch, self.occ_tile)
+            self.pool_bytes = pool_bytes(lay, None, self.batch)
         self.tiles, self.triples, self.G = task_tiles(o, self.occ_tile)
         for G in sorted(set(self.G)) if self.vblock is None else ():    # maps of the whole-space kernel
             lay.prepare(G)
@@ -297,7 +336,7 @@ class TriplesTasks:
 
     # ------------------------------------------------------------------ tasks
     def task_set(self, nranks: int) -> TaskSet:
-        costs = [self.cost(i) for i in range(len(self.tasks))]
+        costs = self.costs()
         chunk = max(1, min(8, len(costs) // (4 * nranks)))
         if self.resident:        # packed once, before any worker starts: forked workers share them
             self._resident_slabs(range(len(self.tiles)))
@@ -308,16 +347,18 @@ class TriplesTasks:
         with self.lock:
             self.flops += n
 
-    def cost(self, task: int) -> float:
-        """Orbital triples i >= j >= k of the task times its virtual triples: tiles on the
-        diagonal hold a sixth (three equal) or half (two) of the product of their sizes, so
-        a largest-first deal ends on small tasks."""
-        t, window = self.tasks[task]
-        i, j, k = (np.arange(*self.tiles[x][:2]) for x in self.triples[t])
-        size = int(((j[None, :, None] <= i[:, None, None]) & (k[None, None, :] <= j[None, :, None])).sum())
-        virtual = (self.lay.ntrip[self.G[t]] if window is None
-                   else np.prod([self.windows.vtiles[w][2] for w in window]))
-        return float(size * max(1, int(virtual)))
+    def costs(self) -> list:
+        """Per task: orbital triples i >= j >= k of its task tiles (counted once per triple)
+        times its virtual triples: tiles on the diagonal hold a sixth (three equal) or half
+        (two) of the product of their sizes, so a largest-first deal ends on small tasks."""
+        sizes = []
+        for t in self.triples:
+            i, j, k = (np.arange(*self.tiles[x][:2]) for x in t)
+            sizes.append(int(((j[None, :, None] <= i[:, None, None]) & (k[None, None, :] <= j[None, :, None])).sum()))
+        vt = self.windows.vtiles if self.windows is not None else None
+        return [float(sizes[t] * max(1, int(self.lay.ntrip[self.G[t]] if window is None
+                                            else math.prod(vt[w][2] for w in window))))
+                for t, window in self.tasks]
 
     def need(self, task: int) -> list:
         """Rows of the blocks of the task's uncached task tiles (partial requests); first

@@ -132,21 +132,27 @@ class Windows:
 
     def _tile_totals(self, n: int) -> tuple:
         """Bytes per row of tile n's blocks: [P, Q] of ovvv and ovov (p, q in P, Q), [P] of
-        t2 and ovoo (p in P), and of ovov with any q."""
+        t2 and ovoo (p in P), and of ovov with any q (NumPy over the keys, no loop per block)."""
         nt = len(self.vtiles)
         pair, single = np.zeros((nt, nt)), np.zeros(nt)
         ovov_pair, ovov_whole = np.zeros((nt, nt)), np.zeros(nt)
-        size = (lambda s, k: 8 * int(np.prod(self.shapes[s].block_shape(k)[1:])))
-        of = self.group_of
-        for k in self.keys["ovvv"].get(n, ()):
-            pair[of[k[1]], of[k[2]]] += size("ovvv", k)
-        for s in ("t2", "ovoo"):
-            for k in self.keys[s].get(n, ()):
-                single[of[k[1 if s == "ovoo" else 2]]] += size(s, k)
-        for k in self.keys["ovov"].get(n, ()):
-            ovov_pair[of[k[1]], of[k[3]]] += size("ovov", k)
-            ovov_whole[of[k[1]]] += size("ovov", k)
+        of = np.asarray(self.group_of, dtype=np.int64)
+        for s, axes, out in (("ovvv", (1, 2), pair), ("t2", (2,), single), ("ovoo", (1,), single),
+                             ("ovov", (1, 3), ovov_pair), ("ovov", (1,), ovov_whole)):
+            keys = self.keys[s].get(n, ())
+            if keys:
+                k = np.asarray(keys, dtype=np.int64)
+                np.add.at(out, tuple(of[k[:, a]] for a in axes), bytes_per_row(self.shapes[s], k))
         return pair + ovov_pair, single, ovov_pair, ovov_whole
+
+
+def bytes_per_row(tensor, keys: np.ndarray) -> np.ndarray:
+    """Bytes of one row (one index of the first axis) of each block ``keys`` (an array of
+    keys) of ``tensor``: 8 x the product of the other axes' tile sizes."""
+    out = np.full(len(keys), 8, dtype=np.int64)
+    for d in range(1, tensor.ndim):
+        out *= np.asarray([tl.size for tl in tensor.spaces[d].tiles], dtype=np.int64)[keys[:, d]]
+    return out
 
 
 class _LeftRows:

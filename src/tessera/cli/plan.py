@@ -29,11 +29,12 @@ def print_plan(options, rank: int = 0) -> None:
     if runs_distributed(options.backend):
         from tessera.backends.auto import decide, render
         from tessera.backends.budget import memory_budget
+        budget = memory_budget(nranks, options.max_memory)[0]
         decision = decide(structure, nranks, backend=options.backend, tile=options.tile,
-                          variant=options.variant, schedule=options.schedule,
-                          budget=memory_budget(nranks, options.max_memory)[0])
+                          variant=options.variant, schedule=options.schedule, budget=budget)
         print(render(decision))
         tile, occ_tile = decision["tile"], decision["occ_tile"]
+        shape = shape.but(budget=budget)      # (T)'s tasks take a share of it
     elif options.backend == "auto":
         print("auto decision on 1 rank: backend threads (one process: shared memory)")
     run = structure(tile, occ_tile)

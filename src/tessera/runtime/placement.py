@@ -246,11 +246,11 @@ class BalancedPlacement(StoredGrid):
             p[sel] = np.searchsorted(self.before[:, cu], t[sel], side="right") - 1
         out = np.empty((len(g), self.ndim), dtype=np.int64)
         for pu in np.unique(p).tolist():
-            stored, cls, rank = self._row(pu)
+            stored, cls, _ = self._row(pu)
             sel = np.flatnonzero(p == pu)
-            for n in sel:
-                q = np.flatnonzero(stored & (cls == c[n]) & (rank == t[n] - self.before[pu, c[n]]))[0]
-                out[n, self.m:] = self.sgrid[q]
+            for cu in np.unique(c[sel]).tolist():      # the k-th stored suffix of class cu
+                n = sel[c[sel] == cu]
+                out[n, self.m:] = self.sgrid[np.flatnonzero(stored & (cls == cu))[t[n] - self.before[pu, cu]]]
             out[sel, :self.m] = self.pgrid[pu]
         return tuple(map(tuple, out.tolist()))
 
