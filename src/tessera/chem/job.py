@@ -179,7 +179,7 @@ class Job:
         else:
             ref, scf_error = self._scf(mol, ranks)
         self._phase(timings, "scf", t0)
-        backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, ranks)
+        backend, exec_options, tile, decision = self._resolve_backend(ref, nfrozen, ranks, method)
         occ_tile = decision["occ_tile"] if decision is not None else None
         if chk is not None:
             tile, occ_tile = chk.tiles(tile, occ_tile, given=opt.tile is not None)
@@ -287,12 +287,15 @@ class Job:
             data["communication"] = summary
             data["executor"] = ctx.executor.describe()
 
-    def _resolve_backend(self, ref, nfrozen, ranks):
-        """(backend, executor options, tile, auto decision or None), the same on every rank."""
+    def _resolve_backend(self, ref, nfrozen, ranks, method):
+        """(backend, executor options, tile, auto decision or None), the same on every rank.
+        An HF run has no correlated phase: the cost model is not consulted."""
         opt = self.options
         options = {"variant": opt.variant, "schedule": opt.schedule}
         if not runs_distributed(opt.backend):
             return ("threads" if opt.backend == "auto" else opt.backend), options, opt.tile or 32, None
+        if method == "hf":
+            return opt.backend, options, opt.tile or 32, None
         from tessera.backends.auto import decide
         structure = CCSDStructure(ref.orbsym, ref.nocc, nfrozen)
         decision = ranks.share(lambda: decide(structure, ranks.size, backend=opt.backend, tile=opt.tile,
