@@ -115,7 +115,7 @@ def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
     ``slab_bytes`` (default SLAB_BYTES) bounds the working arrays per thread.
     ``occ_tile`` (default ``tile``) bounds the occupied tiles. On a local context
     (serial, threads) the 8-fold AO integrals are kept in memory when they fit
-    ``max_memory_mb`` (default ``mol.max_memory``, as the SCF): the SCF's own when the
+    ``max_memory_mb`` (default ``mol.max_memory``; the SCF judges by the run's budget): the SCF's own when the
     reference still holds them (``ref.ao_integrals``, taken), else computed once.
     """
     from tessera.backends.context import current_context

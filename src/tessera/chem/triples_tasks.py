@@ -173,11 +173,11 @@ def row_counts(o, keys: dict, shapes: dict, occ_tile: int) -> tuple:
     return len(triples), sum(task), 2 * max(task, default=0)
 
 
-def row_plan(o, keys: dict, shapes: dict, budget: float, nranks: int, occ_tile: int | None = None) -> tuple:
+def row_plan(o, keys: dict, shapes: dict, budget: float, nranks: int) -> tuple:
     """(occ_tile, None, (tasks, read, most)) of (T) by whole rows (``occ_tile_plan``); a task
     tile is at most an eighth of the occupied space, so a task's rows stay a small part of
     every tensor (module docstring)."""
-    return occ_tile_plan(o, budget, nranks, lambda c: (None, row_counts(o, keys, shapes, c)), occ_tile,
+    return occ_tile_plan(o, budget, nranks, lambda c: (None, row_counts(o, keys, shapes, c)),
                          cap=max(1, o.dim // 8))
 
 

@@ -29,8 +29,8 @@ max/mean <= 1.5 (``backends.balance``; a small molecule on many ranks needs smal
 and the estimates show what they cost in block products); with a --tile that leaves a
 class above 1.5, one warning line names it. A run balances only the classes that matter
 for its memory budget (more than 1/32 of it on one rank): when that allows larger tiles,
-one note line names them (``run_tiles`` in the JSON). (T) with operands by virtual tile
-takes its occupied task tile and windows from a quarter of the budget per rank.
+one note line names them (``run_tiles`` in the JSON). Distributed (T) takes its occupied
+task tile (and, by virtual tile, its windows) from a quarter of the budget per rank.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def make_builder(mol, context, *, mode: str, budget: tuple, **options):
     per_rank, source = budget
 
     def chosen(fit, how):
-        ok, need, room, _ = fit
+        ok, need, room = fit
         if ok:
             say("RHF: AO integrals in memory: %.4g MiB per rank of %.4g MiB (%s), %s",
                 need / 2**20, per_rank / 2**20, source, how)

@@ -141,14 +141,14 @@ class FockBuilder:
 
         size = self.ranks.size
         self.homes = first_build_homes(self.tasks, size)
-        #: auto and incore: (fits, largest share, smallest room, budget) of ``incore.fits``
+        #: auto and incore: (fits, largest share, smallest room) of ``incore.fits``
         self.fit = None
         if mode != "direct":
             if budget_bytes is None:
                 raise InputError(f"mode={mode!r} needs the memory budget per rank (budget_bytes)")
             share = incore_shares(self.tasks, size)[self.ranks.rank]    # this rank's bytes
             self.fit = fits(self.ranks, share, float(budget_bytes))
-            ok, need, room, _ = self.fit
+            ok, need, room = self.fit
             if mode == "incore" and not ok:
                 raise InputError(
                     f"mode='incore' needs {need / 2**20:.4g} MiB of screened integral blocks on "

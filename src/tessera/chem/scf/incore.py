@@ -37,7 +37,7 @@ def s8_fits(nao: int, max_memory_mb: float) -> bool:
 
 
 def fits(ranks, need: int, budget: float) -> tuple:
-    """(fits, largest need, smallest room, budget): whether every rank's ``need`` bytes of
+    """(fits, largest need, smallest room): whether every rank's ``need`` bytes of
     integrals fit in the room its ``budget`` (bytes per rank, ``backends.budget``) leaves
     beside what it holds already (its resident peak so far); the one rule of the SCF's
     in-memory mode, decided alike on every rank (collective)."""
@@ -45,7 +45,7 @@ def fits(ranks, need: int, budget: float) -> tuple:
     table = ranks.allgather((int(need), float(budget) - resident_peak()))
     need_max = max(n for n, _ in table)
     room_min = min(r for _, r in table)
-    return all(n <= r for n, r in table), need_max, room_min, float(budget)
+    return all(n <= r for n, r in table), need_max, room_min
 
 
 class IncoreFock:
