@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from tessera.plan.blocktasks import invert_key
-from tessera.tensor.block_tensor import allowed_elements, allowed_keys, flat_offsets
+from tessera.tensor.block_tensor import allowed_elements, allowed_keys, flat_offsets, flat_size
 
 
 @lru_cache(maxsize=4096)
@@ -159,7 +159,7 @@ def scatter_index(out, cperm, sectors) -> tuple:
 
     def build():
         aliases = structure[2]
-        n = sum(math.prod(shape) for _, shape in flat_offsets(*structure).values())
+        n = flat_size(*structure)
         total = sum(s.rows.total * s.cols.total for s in sectors)
         idx = np.full(n, total, np.intp)
         offsets, start = flat_offsets(*structure), 0
@@ -184,7 +184,7 @@ def add_index(a, out, perm, divisor=None, dperm=None) -> tuple:
 
     def build():
         entries = add_map(a.spaces, a.irrep, perm, dperm, so[2])
-        n = sum(math.prod(shape) for _, shape in flat_offsets(*so).values())
+        n = flat_size(*so)
         ia = np.empty(n, np.intp)
         idd = np.empty(n, np.intp) if sd is not None else None
         offsets = flat_offsets(*so)
@@ -201,5 +201,4 @@ def add_index(a, out, perm, divisor=None, dperm=None) -> tuple:
 
 def _unless_identity(index, structure, n: int):
     """None when ``index`` reads a flat vector of ``n`` elements in order, else ``index``."""
-    whole = sum(math.prod(shape) for _, shape in flat_offsets(*structure).values())
-    return None if whole == n and np.array_equal(index, np.arange(n)) else index
+    return None if flat_size(*structure) == n and np.array_equal(index, np.arange(n)) else index

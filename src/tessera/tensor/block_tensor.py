@@ -103,6 +103,12 @@ def flat_offsets(spaces: tuple, irrep: int, aliases) -> dict:
     return out
 
 
+@lru_cache(maxsize=4096)
+def flat_size(spaces: tuple, irrep: int, aliases) -> int:
+    """Elements of ``BlockTensor.flat``: its stored blocks (``flat_offsets``) end to end."""
+    return sum(math.prod(shape) for _, shape in flat_offsets(spaces, irrep, aliases).values())
+
+
 @lru_cache(maxsize=256)
 def flat_weights(spaces: tuple, irrep: int, aliases) -> np.ndarray:
     """Per element of ``BlockTensor.flat``, the allowed elements it stands for: the size of
@@ -330,7 +336,7 @@ class BlockTensor:
         if self.dist is not None:
             raise SymmetryError(f"tensor {self.name!r} is distributed: its blocks cannot be one local vector")
         if not blocks:
-            self._flat = (np.zeros(sum(math.prod(shape) for _, shape in offsets.values())), None)
+            self._flat = (np.zeros(flat_size(self.spaces, self.irrep, self.aliases or None)), None)
             self._lazy = True
             return self._flat[0]
         parts = [blocks.get(k) for k in offsets]

@@ -96,9 +96,10 @@ def first_build_homes(tasks: TaskList, nranks: int) -> np.ndarray:
     return home
 
 
-def incore_shares(tasks: TaskList, nranks: int) -> np.ndarray:
-    """Bytes of integral blocks each of ``nranks`` ranks keeps in mode incore."""
-    home = first_build_homes(tasks, nranks)
+def incore_shares(tasks: TaskList, nranks: int, home: np.ndarray | None = None) -> np.ndarray:
+    """Bytes of integral blocks each of ``nranks`` ranks keeps in mode incore (``home``:
+    ``first_build_homes``, when already known)."""
+    home = first_build_homes(tasks, nranks) if home is None else home
     return np.bincount(home, weights=8.0 * tasks.nints, minlength=nranks).astype(np.int64)
 
 
@@ -146,7 +147,7 @@ class FockBuilder:
         if mode != "direct":
             if budget_bytes is None:
                 raise InputError(f"mode={mode!r} needs the memory budget per rank (budget_bytes)")
-            share = incore_shares(self.tasks, size)[self.ranks.rank]    # this rank's bytes
+            share = incore_shares(self.tasks, size, self.homes)[self.ranks.rank]    # this rank's bytes
             self.fit = fits(self.ranks, share, float(budget_bytes))
             ok, need, room = self.fit
             if mode == "incore" and not ok:
