@@ -210,3 +210,28 @@ def test_a_checkpoint_of_one_dataset_per_block_resumes(tmp_path, capsys, uninter
     assert main([*ARGS, "--checkpoint", str(chk), "--restart", "--backend", "serial", "--json", str(js)]) == 0
     e, n = _energy(js)
     assert abs(e - uninterrupted[1][0]) < TOL and n == uninterrupted[1][1]
+
+
+def test_only_phase_ends_are_flushed_to_disk(tmp_path, monkeypatch, capsys):
+    """fsync at the ends of phases only: the manifest with the SCF's orbitals and the last
+    CCSD iteration (block file and manifest), and the JSON after each phase; the
+    iterations in between are renamed into place unflushed, yet complete (the kill tests
+    above resume from them)."""
+    chk, js = tmp_path / "c.chk.h5", tmp_path / "r.json"
+    flushed = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        flushed.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert main([*ARGS, "--max-iter", "3", "--checkpoint-interval", "0", "--checkpoint", str(chk),
+                 "--backend", "serial", "--json", str(js)]) == 1            # 3 iterations, each written
+    capsys.readouterr()
+    files = [f for f in flushed if f != tmp_path.name]                    # (the folder, after a rename)
+    # the orbitals; the JSON after the SCF and the transform; CCSD's last iteration; the JSON at the end
+    assert [f.split(".tmp")[0].rsplit(".", 1)[0] for f in files] == [
+        ".c.chk.h5", ".r.json", ".r.json", ".c.chk.h5.it3.rank0", ".c.chk.h5", ".r.json"]
+    assert flushed.count(tmp_path.name) == len(files)
+    assert json.loads(h5py.File(chk, "r").attrs["parts"]) == ["c.chk.h5.it3.rank0"]
+    assert sorted(p.name for p in tmp_path.glob("c.chk.h5.it*")) == ["c.chk.h5.it3.rank0"]

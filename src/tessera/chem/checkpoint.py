@@ -24,6 +24,15 @@ Every file is written under a temporary name and renamed (``os.replace``, atomic
 manifest is written after every rank's block file of its iteration is in place, and
 older block files are removed only after it. A process killed at any moment therefore
 leaves the last written iteration complete. All ranks must see the same filesystem.
+
+Flushed to disk (fsync) are the writes at the end of a phase: the manifest with the
+SCF's orbitals (``start``) and the last CCSD iteration (``final``). The iterations in
+between are renamed into place without an fsync: a killed or failed process loses none
+of them (the kernel holds the data and writes it back), and none is worth a wait on the
+disk in every iteration (a fsync of a block file takes as long as writing it): only a
+crash of the operating system within the kernel's write-back delay (seconds) could take
+the latest of them, and then a restart resumes from an earlier one or, if the file
+system put the rename on disk before the data, says the checkpoint cannot be read.
 """
 
 from __future__ import annotations
@@ -71,12 +80,12 @@ class Resumed:
     diis_gram: np.ndarray
 
 
-def _atomic_h5(path: Path, write) -> None:
+def _atomic_h5(path: Path, write, durable: bool = True) -> None:
     """``write(h5file)`` into ``path`` atomically (``outcome.atomic_file``: a temporary
-    file in the same folder, fsync, rename; an interrupt waits for it)."""
+    file in the same folder, fsync when ``durable``, rename; an interrupt waits for it)."""
     import h5py
     try:
-        with atomic_file(path) as tmp:
+        with atomic_file(path, durable) as tmp:
             with h5py.File(tmp, "w") as f:
                 write(f)
     except OSError as err:
@@ -183,15 +192,16 @@ class Checkpoint:
         """After CCSD iteration ``iteration`` (collective): when the policy says so (always
         when ``final``), this rank's blocks of T1, T2 (``vector`` packed in ``layout``:
         (name, key, shape) per block) and of the DIIS history, then the manifest.
-        Returns whether it wrote."""
+        Returns whether it wrote; only the ``final`` write is flushed to disk (module
+        docstring)."""
         if not final and not self.ranks.share(self._due):
             return False
         t0 = time.monotonic()
         part = self.path.with_name(f"{self.path.name}.it{iteration}.rank{self.ranks.rank}")
-        _atomic_h5(part, lambda f: _write_blocks(f, layout, vector, diis))
+        _atomic_h5(part, lambda f: _write_blocks(f, layout, vector, diis), durable=final)
         parts = [p.name for p in self.ranks.allgather(part)]      # every rank's file is in place
         if self.ranks.rank == 0:
-            self._write_manifest(iteration, e_corr, history, diis.gram, parts)
+            self._write_manifest(iteration, e_corr, history, diis.gram, parts, durable=final)
             self._remove_parts(keep=iteration)
         self._written = time.monotonic()
         self._cost = self._written - t0
@@ -235,7 +245,7 @@ class Checkpoint:
                        np.asarray(self.stored["diis_gram"]))
 
     # ------------------------------------------------------------------ files
-    def _write_manifest(self, iteration, e_corr, history, gram, parts) -> None:
+    def _write_manifest(self, iteration, e_corr, history, gram, parts, durable: bool = True) -> None:
         def write(f):
             f.attrs["format"] = FORMAT
             f.attrs["fingerprint"] = json.dumps(self.fingerprint)
@@ -248,7 +258,7 @@ class Checkpoint:
             for k in ("mo_coeff", "mo_energy", "orbsym"):
                 ref.create_dataset(k, data=self._reference[k])
             ref.attrs["scalars"] = json.dumps(self._reference["scalars"])
-        _atomic_h5(self.path, write)
+        _atomic_h5(self.path, write, durable)
 
     def _remove_parts(self, keep: int | None) -> None:
         """Remove block files (and left-over temporary files) of iterations before

@@ -3,7 +3,8 @@
 - :func:`atomic_file` / :func:`write_json`: a file is replaced by writing a temporary
   file in the same folder, flushing it to disk (fsync) and renaming it over the old one
   (``os.replace``), so the file holds either its old or its new content, never a part of
-  one (a full disk or a kill in the middle leaves the previous file as it was). Every
+  one (a full disk or a kill in the middle leaves the previous file as it was; the
+  checkpoint's CCSD iterations between phase ends skip the flush). Every
   such write holds :data:`WRITE_LOCK`; the interrupt path takes it before it ends the
   process, so it never ends one half-way through a rename.
 - :func:`check_output_path`: an output file name checked when the run starts (empty name,
@@ -40,10 +41,13 @@ WRITE_LOCK = threading.RLock()
 
 
 @contextmanager
-def atomic_file(path):
+def atomic_file(path, durable: bool = True):
     """Yield a temporary path next to ``path``; when the block ends without an error the
     temporary file is fsync'ed and renamed over ``path``. On an error it is removed and
-    ``path`` is untouched. The caller writes the temporary file and closes it."""
+    ``path`` is untouched. The caller writes the temporary file and closes it.
+    ``durable=False``: renamed without the fsyncs (still atomic for any process that
+    reads it, and the write survives the end or a kill of this process; only a crash of
+    the operating system before the kernel writes it back may lose it)."""
     path = Path(path)
     folder = path.parent
     with WRITE_LOCK:
@@ -52,16 +56,19 @@ def atomic_file(path):
         try:
             os.chmod(tmp, _mode_of(path))
             yield tmp
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            if durable:
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
             os.replace(tmp, path)
         except BaseException:
             with suppress(OSError):
                 os.unlink(tmp)
             raise
+        if not durable:
+            return
         with suppress(OSError):       # make the rename itself durable
             dfd = os.open(folder, os.O_RDONLY)
             try:
