@@ -44,7 +44,8 @@ from tessera.errors import ConvergenceError, InputError
 log = logging.getLogger(__name__)
 
 #: Below this many functions rank 0's O(nao^3) steps (commutator, DIIS, diagonalisation,
-#: density) run on one BLAS thread: a BLAS thread pool beside the OpenMP threads that the
+#: density; before the iterations S^(-1/2), the MINAO density and the guess orbitals of
+#: the memory estimate) run on one BLAS thread: a BLAS thread pool beside the OpenMP threads that the
 #: integral and J/K calls leave spinning ran them 10-80x slower on 100-800 functions
 #: (measured on 2 cores: glycine cc-pVDZ, 95 functions, 280 ms against 3.4 ms a solve).
 SMALL_BLAS_NAO = 1000
@@ -180,9 +181,10 @@ def rhf(mol, *, schedule: str = "steal", screening: float = SCREENING, mode: str
     if mol.has_ecp():
         hcore = hcore + mol.intor_symmetric("ECPscalar")
     ovlp = mol.intor_symmetric("int1e_ovlp")
-    xorth = _orthonormalizer(ovlp)
+    with small_blas(mol.nao):
+        xorth = _orthonormalizer(ovlp)
+        dm = pyscf_hf.init_guess_by_minao(mol)
     e_nuc = float(mol.energy_nuc())
-    dm = pyscf_hf.init_guess_by_minao(mol)
     conv_grad = float(np.sqrt(conv_tol))
 
     setup_s = time.perf_counter() - t0
@@ -275,7 +277,8 @@ def guess_orbitals(mol) -> tuple:
         fock = mf.get_fock(h1e=hcore, s1e=ovlp, dm=pyscf_hf.init_guess_by_minao(mol))
     else:
         fock = hcore + pyscf_hf.make_sap(mol, _sap_basis(mol, mf.sap_basis))
-    _, _, orbsym = sym.eigh(fock, ovlp)
+    with small_blas(mol.nao):
+        _, _, orbsym = sym.eigh(fock, ovlp)
     return np.asarray(orbsym), nocc, sym.group, dict(sym.irrep_names)
 
 
