@@ -29,10 +29,11 @@ Flushed to disk (fsync) are the writes at the end of a phase: the manifest with 
 SCF's orbitals (``start``) and the last CCSD iteration (``final``). The iterations in
 between are renamed into place without an fsync: a killed or failed process loses none
 of them (the kernel holds the data and writes it back), and none is worth a wait on the
-disk in every iteration (a fsync of a block file takes as long as writing it): only a
-crash of the operating system within the kernel's write-back delay (seconds) could take
-the latest of them, and then a restart resumes from an earlier one or, if the file
-system put the rename on disk before the data, says the checkpoint cannot be read.
+disk (the fsync was about a quarter of a block file's write, measured on benzene
+cc-pVDZ): only a crash of the operating system within the kernel's write-back delay
+(seconds) could take the latest of them, and then a restart resumes from an earlier one
+or, if the file system put the rename on disk before the data, says the checkpoint
+cannot be read.
 """
 
 from __future__ import annotations
