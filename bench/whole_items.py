@@ -100,15 +100,16 @@ def main() -> None:
     if args.child:
         child(args.child[1:], args.child[0])
         return
-    tmp = Path(tempfile.mkdtemp(prefix="tessera-items-"))
-    items, result = tmp / "items.json", tmp / "run.json"
     load = uptime()
-    t0 = time.time()
-    subprocess.run([sys.executable, __file__, "--child", str(items), "run", str(Path(args.xyz).resolve()), "--basis", args.basis,
-                    "--conv", "1e-8", "--json", str(result), "-q"], check=True, cwd=tmp)
-    wall = time.time() - t0
-    got = json.loads(items.read_text())
-    run = json.loads(result.read_text())
+    with tempfile.TemporaryDirectory(prefix="tessera-items-") as folder:
+        tmp = Path(folder)
+        items, result = tmp / "items.json", tmp / "run.json"
+        t0 = time.time()
+        subprocess.run([sys.executable, __file__, "--child", str(items), "run", str(Path(args.xyz).resolve()),
+                        "--basis", args.basis, "--conv", "1e-8", "--json", str(result), "-q"], check=True, cwd=tmp)
+        wall = time.time() - t0
+        got = json.loads(items.read_text())
+        run = json.loads(result.read_text())
     rows = [{"item": k, "seconds": s, "calls": n} for k, (s, n) in got["items"].items()]
     rows.append({"item": "interpreter start and teardown",
                  "seconds": wall - got["items"]["in process"][0], "calls": 1})
