@@ -212,9 +212,10 @@ def _world():
 
 def _freeze_imports() -> None:
     """What the run's imports make (~56k objects of numpy, SciPy, PySCF) lives until the
-    process ends: moved out of the collector's sight, each full collection of the run and
-    the one at exit skip it (~0.1 s each on a loaded machine). Only for a program: in
-    another caller's process it would also keep that caller's garbage for good."""
+    process ends: moved out of the collector's sight, each full collection of the run
+    skips it, and so do the collections of the interpreter's teardown (which took 0.55 s
+    after these imports, 0.12 s frozen, measured on a loaded machine). Only for a
+    program: in another caller's process it would also keep that caller's garbage."""
     import tessera.chem.job  # noqa: F401 - the heaviest of the run's imports
     gc.freeze()
 
