@@ -251,3 +251,20 @@ def test_collective_rounds_list_only_the_own_queue(monkeypatch):
                 got = list(CollectiveExecutor.task_order(fake, ts))
                 assert got == ref[r] + [None] * (longest - len(ref[r]))
                 assert set(asked) <= {r}
+
+
+def test_kept_partitions_are_bounded(monkeypatch):
+    """The Scheduler keeps at most MEMO_SETS task sets and MEMO_TASKS task ids; an evicted
+    task set dealt again is partitioned again, the same way."""
+    from tessera.backends import schedule as sched
+    monkeypatch.setattr(sched, "MEMO_TASKS", 60)
+    scheds = _schedulers(2, "static")
+    rng = np.random.default_rng(8)
+    sets = [_irregular_costs(rng, 40) for _ in range(6)]
+    for _ in range(2):
+        for costs in sets:
+            for r, s in enumerate(scheds):
+                d = s.deal(costs, 2)
+                assert [i for c in d for i in c] == _reference_queues(costs, 2)[r]
+                assert s._held <= 60 and len(s._memo) < len(sets)
+                assert s._held == sum(m.held for m in s._memo.values())

@@ -121,8 +121,9 @@ class Share:
             if keep is not None:
                 self.queue(keep)
                 self.order = self.bins = None          # only ``keep``'s queue is asked for
-        self.held = sum(len(q) for q in self._queues.values()) + (
-            2 * len(self.bins) if getattr(self, "bins", None) is not None else 0)
+        # task ids it may hold: its kept queue, or the arrays and every queue listed from them
+        self.held = (len(self._queues.get(keep, ())) if keep is not None or self.how == "contiguous"
+                     else 3 * len(self.bins))
 
     def queue(self, r: int):
         """Bin r's tasks in the order it runs them."""
