@@ -47,8 +47,8 @@ def listed(deal) -> tuple:
     queues, a global order; task ids it holds in NumPy arrays)."""
     share = getattr(deal, "share", None)
     if share is not None:                                        # these sources: a Share
-        arrays = sum(len(a) for a in (getattr(share, "bins", None), getattr(share, "order", None)) if a is not None)
-        return sum(len(q) for q in share._queues.values()), arrays
+        flat = getattr(share, "flat", None)
+        return sum(len(q) for q in share._queues.values()), 0 if flat is None else len(flat)
     queues = getattr(deal, "queues", None)                       # older sources: every queue
     if queues:
         return sum(len(q) for q in queues), 0

@@ -192,7 +192,7 @@ def test_share_is_the_global_rule_listing_only_what_is_asked():
             share = Share(costs, P, "largest_first", keep=r)
             assert share.queue(r) == ref[r]
             assert share.lengths == [len(q) for q in ref] and set(share._queues) == {r}
-            assert share.bins is None and share.order is None          # nothing of the others
+            assert share.flat is None                                  # nothing of the others
             own = Share(None, P, home=home, keep=r)
             assert own.queue(r) == [i for i in range(n) if home[i] == r]
             assert own.lengths == np.bincount(home, minlength=P).tolist()

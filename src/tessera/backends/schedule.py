@@ -112,27 +112,29 @@ class Share:
             self.lengths = [b - a for a, b in zip(self.bounds, self.bounds[1:])]
         else:
             if home is not None:
-                self.order, self.bins = None, np.asarray(home, dtype=np.int64)
+                order, bins = None, np.asarray(home, dtype=np.int64)
             else:
                 costs = np.asarray(costs, dtype=float)
-                self.order = largest_first_order(costs)
-                self.bins = largest_first_sorted(costs[self.order], nbins)
-            self.lengths = np.bincount(self.bins, minlength=nbins).tolist()
+                order = largest_first_order(costs)
+                bins = largest_first_sorted(costs[order], nbins)
+            counts = np.bincount(bins, minlength=nbins)
+            self.lengths = counts.tolist()
+            self.starts = np.concatenate(([0], np.cumsum(counts))).tolist()
+            by_bin = np.argsort(bins, kind="stable")          # the queues one after the other
+            self.flat = (by_bin if order is None else order[by_bin]).astype(np.int32 if len(bins) < 2**31 else np.int64)
             if keep is not None:
                 self.queue(keep)
-                self.order = self.bins = None          # only ``keep``'s queue is asked for
-        # task ids it may hold: its kept queue, or the arrays and every queue listed from them
-        self.held = (len(self._queues.get(keep, ())) if keep is not None or self.how == "contiguous"
-                     else 3 * len(self.bins))
+                self.flat = None                      # only ``keep``'s queue is asked for
+        # task ids it may hold: its kept queue, or the queues (an array) and those listed from it
+        self.held = 2 * len(self.flat) if getattr(self, "flat", None) is not None else len(self._queues.get(keep, ()))
 
     def queue(self, r: int):
-        """Bin r's tasks in the order it runs them."""
+        """Bin r's tasks in the order it runs them (listing them is O(its own tasks))."""
         if self.how == "contiguous":
             return range(self.bounds[r], self.bounds[r + 1])
         q = self._queues.get(r)
         if q is None:
-            mine = np.flatnonzero(self.bins == r)
-            q = self._queues[r] = (mine if self.order is None else self.order[mine]).tolist()
+            q = self._queues[r] = self.flat[self.starts[r]:self.starts[r + 1]].tolist()
         return q
 
     @property
