@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tessera.backends.schedule import NCOUNTERS, Scheduler, partition
+from tessera.backends.schedule import NCOUNTERS, Scheduler, Share, partition
 from tessera.runtime.distribution import contiguous_runs, largest_first, makespan, run_bounds
 
 
@@ -157,3 +157,114 @@ def test_nxtval_across_nodes_counts_on_each_node(node_of):
                 assert sum(1 for rank, t in log if node_of[t] != node_of[rank]) < len(cost) / 2
             for s in scheds:
                 s.synced()
+
+
+def _reference_queues(costs, nbins):
+    """Graham's rule written out (every task by decreasing cost, ties in task order, to the
+    least loaded bin, ties the lowest), each queue largest first: every bin's queue."""
+    loads, out = [0.0] * nbins, [[] for _ in range(nbins)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min(range(nbins), key=lambda b: (loads[b], b))
+        loads[r] += costs[i]
+        out[r].append(i)
+    return out
+
+
+def _irregular_costs(rng, n):
+    """Costs with many ties (small integers) or spread over decades, as task flops are."""
+    if rng.integers(2):
+        return rng.integers(1, 4, n).astype(float).tolist()
+    return (10.0 ** rng.uniform(0, 6, n)).round().tolist()
+
+
+def test_share_is_the_global_rule_listing_only_what_is_asked():
+    """A rank's queue from a Share equals its slice of the global partition (written out
+    independently here) for largest_first, contiguous and homes, on irregular costs; with
+    ``keep`` nothing but that rank's queue and every rank's length is kept."""
+    rng = np.random.default_rng(12)
+    for _ in range(40):
+        n, P = int(rng.integers(0, 200)), int(rng.integers(1, 9))
+        costs = _irregular_costs(rng, n)
+        ref = _reference_queues(costs, P)
+        home = rng.integers(0, P, n)
+        bounds = run_bounds(costs, P)
+        for r in range(P):
+            share = Share(costs, P, "largest_first", keep=r)
+            assert share.queue(r) == ref[r]
+            assert share.lengths == [len(q) for q in ref] and set(share._queues) == {r}
+            assert share.flat is None                                  # nothing of the others
+            own = Share(None, P, home=home, keep=r)
+            assert own.queue(r) == [i for i in range(n) if home[i] == r]
+            assert own.lengths == np.bincount(home, minlength=P).tolist()
+            assert list(Share(costs, P, "contiguous").queue(r)) == list(range(bounds[r], bounds[r + 1]))
+
+
+@pytest.mark.parametrize("schedule", ["static", "steal"])
+def test_partition_built_once_per_task_set_and_own_queue_only(schedule, monkeypatch):
+    """Dealing the same costs again (a step in every iteration, a new list each time) reuses
+    the rank's partition: Graham's rule runs once per rank and task set, not per deal. A
+    static rank lists only its own queue; a stealing rank lists another's only when it
+    takes tasks from it. The tasks each rank runs from its own queue are the reference's."""
+    from tessera.backends import schedule as sched
+    calls = []
+    real = sched.largest_first_sorted
+    monkeypatch.setattr(sched, "largest_first_sorted", lambda c, n: calls.append(n) or real(c, n))
+    size, rng = 4, np.random.default_rng(3)
+    sets = [_irregular_costs(rng, int(rng.integers(20, 90))) for _ in range(3)]
+    scheds = _schedulers(size, schedule)
+    for it in range(3):
+        for costs in sets:
+            deals = [s.deal(list(costs), 1) for s in scheds]
+            ref = _reference_queues(costs, size)
+            got = _interleave(deals, [1, 3, 1, 2])
+            assert sorted(got) == list(range(len(costs)))
+            for r, d in enumerate(deals):
+                assert d.own == ref[r]
+                listed = set(d.share._queues)
+                assert listed == {r} if schedule == "static" else listed <= {r, *d.stats.victims}
+            for s in scheds:
+                s.synced()
+    assert len(calls) == size * len(sets)
+
+
+def test_collective_rounds_list_only_the_own_queue(monkeypatch):
+    """mpi-collective's rounds: a rank runs its own queue (contiguous runs, or its homes)
+    padded with None to the longest queue, and lists no other rank's queue."""
+    from tessera.backends.collective import CollectiveExecutor
+    from tessera.backends.tasks import TaskSet
+    asked = []
+    real = Share.queue
+    monkeypatch.setattr(Share, "queue", lambda self, r: asked.append(r) or real(self, r))
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        n, P = int(rng.integers(0, 120)), int(rng.integers(1, 7))
+        costs = _irregular_costs(rng, n)
+        bounds = run_bounds(costs, P)
+        for home in (None, rng.integers(0, P, n).tolist()):
+            ref = ([list(range(bounds[r], bounds[r + 1])) for r in range(P)] if home is None
+                   else [[i for i in range(n) if home[i] == r] for r in range(P)])
+            longest = max(map(len, ref))
+            ts = TaskSet("t", costs, lambda i, b: 0.0, home=home)
+            for r in range(P):
+                del asked[:]
+                fake = SimpleNamespace(world=SimpleNamespace(rank=r, size=P))
+                got = list(CollectiveExecutor.task_order(fake, ts))
+                assert got == ref[r] + [None] * (longest - len(ref[r]))
+                assert set(asked) <= {r}
+
+
+def test_kept_partitions_are_bounded(monkeypatch):
+    """The Scheduler keeps at most MEMO_SETS task sets and MEMO_TASKS task ids; an evicted
+    task set dealt again is partitioned again, the same way."""
+    from tessera.backends import schedule as sched
+    monkeypatch.setattr(sched, "MEMO_TASKS", 60)
+    scheds = _schedulers(2, "static")
+    rng = np.random.default_rng(8)
+    sets = [_irregular_costs(rng, 40) for _ in range(6)]
+    for _ in range(2):
+        for costs in sets:
+            for r, s in enumerate(scheds):
+                d = s.deal(costs, 2)
+                assert [i for c in d for i in c] == _reference_queues(costs, 2)[r]
+                assert s._held <= 60 and len(s._memo) < len(sets)
+                assert s._held == sum(m.held for m in s._memo.values())

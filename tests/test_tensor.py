@@ -361,3 +361,34 @@ def test_alias_index_is_never_seen_half_built():
         resume.set()
         worker.join()
     assert sorted(m.of(last)) == sorted(full.of(last))
+
+
+def test_alias_map_is_the_per_key_rule():
+    """aliases (NumPy over the allowed keys) equals the rule written per key: of every
+    allowed key, the images under the symmetry group; the largest is the canonical key,
+    and perm inverts the group element that gives it (the last such in the group's
+    order), entries in key order. Irregular tiles and irreps, every symmetry of the
+    integral classes and T2's, and groups of 2- and 3-index tensors."""
+    from tessera.chem.integrals import _SYMMETRY
+    from tessera.tensor.block_tensor import aliases, allowed_keys, symmetry_group
+    PS = ts.PermutationalSymmetry
+    syms = [*_SYMMETRY.values(), (PS((1, 0, 3, 2)),), (PS((1, 0)),), (PS((0, 2, 1)), PS((1, 0, 2)))]
+    rng = np.random.default_rng(21)
+    found = 0
+    for trial in range(3 * len(syms)):
+        sym = syms[trial % len(syms)]
+        nd, nt = len(sym[0].perm), int(rng.integers(1, 7))
+        space = IndexSpace.uniform("x", rng.integers(1, 5, nt).tolist(), rng.integers(0, 4, nt).tolist())
+        spaces, irrep = (space,) * nd, int(rng.integers(0, 4))
+        group = symmetry_group(sym, nd)
+        ref = {}
+        for key in allowed_keys(spaces, irrep):
+            images = {tuple(key[g[k]] for k in range(nd)): g for g in group}
+            canon = max(images)
+            if canon != key:
+                g = images[canon]
+                ref[key] = (canon, tuple(sorted(range(nd), key=lambda k: g[k])))
+        got = aliases(spaces, irrep, sym)
+        assert list(got.items()) == list(ref.items()), trial
+        found += len(ref)
+    assert found > 500

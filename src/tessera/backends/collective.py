@@ -44,12 +44,11 @@ from tessera.backends.dist_base import DEFAULT_CACHE_MB, DistributedExecutor, pa
 from tessera.backends.distributed import FrozenCache
 from tessera.backends import stationary
 from tessera.backends.registry import DEFAULT_VARIANT, check_options
-from tessera.backends.schedule import partition
+from tessera.backends.schedule import Share
 from tessera.backends.summa_layout import choose_grid, summa_layout
 from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
 from tessera.plan.blocktasks import add_source, contraction_tasks, hadamard_outputs, source_block
-from tessera.runtime import distribution
 from tessera.runtime.distribution import default_layers, grid_shape
 
 log = logging.getLogger("tessera.backends")
@@ -304,13 +303,11 @@ class CollectiveExecutor(DistributedExecutor):
     def task_order(self, task_set):
         """The static schedule, contiguous runs of near-equal cost (neighbouring tasks
         share inputs) or the tasks' homes; one task per rank per round, every rank in
-        every round."""
-        if task_set.home is not None:
-            queues = distribution.queues(task_set.home, self.world.size)
-        else:
-            queues = partition(task_set.costs, self.world.size, "contiguous")
-        mine = queues[self.world.rank]
-        for k in range(max(map(len, queues), default=0)):
+        every round. A rank lists its own queue only (of the others: their lengths)."""
+        me = self.world.rank
+        share = Share(task_set.costs, self.world.size, "contiguous", task_set.home, keep=me)
+        mine = share.queue(me)
+        for k in range(share.longest):
             yield mine[k] if k < len(mine) else None
 
     # ---------------------------------------------------------------- block access

@@ -70,6 +70,7 @@ class OneSidedExecutor(DistributedExecutor):
         self._schedulers = {schedule: self.scheduler}   # schedule name -> Scheduler
         self.deal_stats = None        # DealStats of the last task set's deal on this rank
         self._inverted: dict = {}
+        self._costs: dict = {}        # id(tasks or groups of a step) -> (them, their cost array)
         # cached/owner: remote blocks of frozen operands (integrals) kept across iterations
         self.frozen = FrozenCache(self.cache_bytes)
 
@@ -90,6 +91,14 @@ class OneSidedExecutor(DistributedExecutor):
                 s.free()
             self.frozen.clear()
         super().close()
+
+    def _costs_of(self, units, make) -> np.ndarray:
+        """The cost array of a step's tasks or task groups ``units`` (kept lists: the same
+        step deals the same units every iteration), computed once by ``make()``."""
+        hit = self._costs.get(id(units))
+        if hit is None or hit[0] is not units:
+            hit = self._costs[id(units)] = (units, np.asarray(make(), dtype=float))
+        return hit[1]
 
     def batches(self, costs, chunk: int = 1, partition: str = "largest_first", home=None):
         """Lists of task indices for this rank; every task goes to exactly one rank."""
@@ -163,7 +172,7 @@ class OneSidedExecutor(DistributedExecutor):
     def _original_loop(self, step, tasks, A, B, out) -> None:
         pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
         ga_out, scale = out.dist.ga, step.scale
-        costs = [t.flops + 1 for t in tasks]
+        costs = self._costs_of(tasks, lambda: [t.flops + 1 for t in tasks])
         compute = 0.0
         for batch in self.batches(costs, 1):
             for ti in batch:
@@ -203,7 +212,7 @@ class OneSidedExecutor(DistributedExecutor):
         pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
         ga_out, scale = out.dist.ga, step.scale
         groups, reuse_a = self._inverted_groups(tasks, A, B)
-        costs = [sum(2 * t.m * p.k * t.n for t, p in items) + 1 for _, items in groups]
+        costs = self._costs_of(groups, lambda: [sum(2 * t.m * p.k * t.n for t, p in items) + 1 for _, items in groups])
         compute = 0.0
         for batch in self.batches(costs, 1):
             for gi in batch:
@@ -237,7 +246,7 @@ class OneSidedExecutor(DistributedExecutor):
     def _cached_loop(self, step, tasks, A, B, out) -> None:
         ga_out, scale = out.dist.ga, step.scale
         groups = self._cached_groups(tasks, A, B)      # batches of (task, first product, end)
-        costs = [batch_flops(tasks, g) + 1 for g in groups]
+        costs = self._costs_of(groups, lambda: [batch_flops(tasks, g) + 1 for g in groups])
         cache = BlockCache(self.cache_bytes)      # (which, key) -> block as a GEMM operand
         for gbatch in self.batches(costs, 1):
             batch = [e for g in gbatch for e in groups[g]]

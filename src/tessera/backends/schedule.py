@@ -38,19 +38,31 @@ excess back (a fetch-and-add of minus the excess) and the queue's counter ends e
 ``len(queue)`` above its start. A counter
 is used again only after a barrier (``synced``), when every claim of its last deal is
 complete; with ``NCOUNTERS`` counters in turn, consecutive deals need no barrier.
+
+What a rank builds per deal (:class:`Share`): the queue lengths of every rank (or node),
+its own queue, and another's only when it steals from it; a static rank keeps nothing
+else. A task set's partition and largest-first order are computed once and kept by the
+Scheduler, by the content of its costs (``MEMO_SETS`` task sets, ``MEMO_TASKS`` task
+ids): a step dealt again with the same costs (every CCSD iteration) reuses them, and
+only hashes its costs. The one part still linear in Python per task is Graham's rule of
+the ``largest_first`` partition (a heap operation per task), once per task set; sorts,
+masks and counts are NumPy.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tessera.backends.registry import check_schedule
 from tessera.runtime import TaskCounter
-from tessera.runtime.distribution import largest_first, run_bounds
+from tessera.runtime.distribution import largest_first_order, largest_first_sorted, run_bounds
 
 NCOUNTERS = 4
+MEMO_SETS = 64             # task sets whose share or order a Scheduler keeps ...
+MEMO_TASKS = 1 << 22       # ... holding at most this many task ids together
 PARTITIONS = ("largest_first", "contiguous")
 ORDERS = ("index", "cost")
 
@@ -74,16 +86,60 @@ class DealStats:
 def partition(costs, nranks: int, how: str = "largest_first") -> list:
     """[[task, ...] per rank] of the static partition (deterministic, the same on every rank);
     ``contiguous``: a range per rank (its cut points, no list of every task)."""
-    if how not in PARTITIONS:
-        raise ValueError(f"unknown partition {how!r}; expected one of {PARTITIONS}")
-    if how == "contiguous":
-        bounds = run_bounds(costs, nranks).tolist()
-        return [range(bounds[r], bounds[r + 1]) for r in range(nranks)]
-    bins = largest_first(costs, nranks)
-    out = [[] for _ in range(nranks)]
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):     # each queue largest first
-        out[bins[i]].append(i)
-    return out
+    share = Share(costs, nranks, how)
+    return [share.queue(r) for r in range(nranks)]
+
+
+class Share:
+    """The static partition of one task set over ``nbins`` ranks (or nodes), as one rank
+    needs it: ``lengths`` (tasks per bin) and ``queue(r)``, bin r's tasks, listed when
+    asked (NumPy, no Python work per task of another bin):
+
+    - ``how="contiguous"``: a range per bin (``run_bounds``, near-equal cost);
+    - ``how="largest_first"``: Graham's rule (``largest_first``), each queue largest first;
+    - ``home``: task i on bin ``home[i]``, each queue in task order (costs unused).
+
+    ``keep``: the one bin whose queue is ever asked for (a static deal, a collective
+    run): it is listed at once and nothing of the others is kept but their lengths."""
+
+    def __init__(self, costs, nbins: int, how: str = "largest_first", home=None, keep: int | None = None):
+        if home is None and how not in PARTITIONS:
+            raise ValueError(f"unknown partition {how!r}; expected one of {PARTITIONS}")
+        self.how = "home" if home is not None else how
+        self._queues: dict = {}
+        if self.how == "contiguous":
+            self.bounds = run_bounds(costs, nbins).tolist()
+            self.lengths = [b - a for a, b in zip(self.bounds, self.bounds[1:])]
+        else:
+            if home is not None:
+                order, bins = None, np.asarray(home, dtype=np.int64)
+            else:
+                costs = np.asarray(costs, dtype=float)
+                order = largest_first_order(costs)
+                bins = largest_first_sorted(costs[order], nbins)
+            counts = np.bincount(bins, minlength=nbins)
+            self.lengths = counts.tolist()
+            self.starts = np.concatenate(([0], np.cumsum(counts))).tolist()
+            by_bin = np.argsort(bins, kind="stable")          # the queues one after the other
+            self.flat = (by_bin if order is None else order[by_bin]).astype(np.int32 if len(bins) < 2**31 else np.int64)
+            if keep is not None:
+                self.queue(keep)
+                self.flat = None                      # only ``keep``'s queue is asked for
+        # task ids it may hold: its kept queue, or the queues (an array) and those listed from it
+        self.held = 2 * len(self.flat) if getattr(self, "flat", None) is not None else len(self._queues.get(keep, ()))
+
+    def queue(self, r: int):
+        """Bin r's tasks in the order it runs them (listing them is O(its own tasks))."""
+        if self.how == "contiguous":
+            return range(self.bounds[r], self.bounds[r + 1])
+        q = self._queues.get(r)
+        if q is None:
+            q = self._queues[r] = self.flat[self.starts[r]:self.starts[r + 1]].tolist()
+        return q
+
+    @property
+    def longest(self) -> int:
+        return max(self.lengths, default=0)
 
 
 class Deal:
@@ -98,21 +154,26 @@ class Deal:
         size, me = scheduler.size, scheduler.rank
         if order not in ORDERS:
             raise ValueError(f"unknown task order {order!r}; expected one of {ORDERS}")
+        if how not in PARTITIONS:
+            raise ValueError(f"unknown partition {how!r}; expected one of {PARTITIONS}")
         self.schedule = "static" if home is not None else scheduler.schedule
         if home is not None:                  # only this rank's queue: nothing is stolen
-            self.own = np.flatnonzero(np.asarray(home) == me).tolist()
+            self.own = Share(None, size, home=home, keep=me).queue(me)
         elif self.schedule == "nxtval" and scheduler.leaders:
             self.schedule = "node"
-            self.queues = partition(costs, len(scheduler.leaders), "contiguous" if order == "index" else "largest_first")
+            how = "contiguous" if order == "index" else "largest_first"
+            self.share = scheduler.shared(("share", len(scheduler.leaders), how), costs,
+                                          lambda: Share(costs, len(scheduler.leaders), how))
             self.own = []
         elif self.schedule == "nxtval" or size == 1:
-            self.queues = None
             self.order = (range(self.n) if order == "index"          # no list of every task
-                          else sorted(range(self.n), key=lambda i: (-costs[i], i)))
+                          else scheduler.shared(("order",), costs, lambda: largest_first_order(costs)))
             self.own = self.order if size == 1 else []
         else:
-            self.queues = partition(costs, size, how)
-            self.own = self.queues[me]
+            keep = me if self.schedule == "static" else None           # static: no other queue is read
+            self.share = scheduler.shared(("share", size, how, keep), costs,
+                                          lambda: Share(costs, size, how, keep=keep))
+            self.own = self.share.queue(me)
 
     def __iter__(self):
         s = self.s
@@ -134,33 +195,36 @@ class Deal:
         if self.schedule == "node":
             # the own node's counter (on its first worker), then steal node by node
             nodes, mine = len(s.leaders), s.node
-            yield from self._claims(k, s.leaders[mine], mine, self.queues[mine], self.chunk)
+            yield from self._claims(k, s.leaders[mine], mine, self.share, self.chunk)
             for j in range(1, nodes):
                 victim = (mine + j) % nodes
-                yield from self._claims(k, s.leaders[victim], victim, self.queues[victim], None)
-            s.advance(k, [len(q) for q in self.queues])
+                yield from self._claims(k, s.leaders[victim], victim, self.share, None)
+            s.advance(k, self.share.lengths)
             return
         me = s.rank
-        yield from self._claims(k, me, me, self.own, self.chunk)
+        yield from self._claims(k, me, me, self.share, self.chunk)
         for j in range(1, s.size):
             victim = (me + j) % s.size
-            yield from self._claims(k, victim, victim, self.queues[victim], None)
-        s.advance(k, [len(q) for q in self.queues])
+            yield from self._claims(k, victim, victim, self.share, None)
+        s.advance(k, self.share.lengths)
 
     def _got(self, ids, victim=None):
+        ids = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
         self.stats.tasks += len(ids)
         if victim is not None:
             self.stats.stolen += len(ids)
             self.stats.steals += 1
             self.stats.victims[victim] = self.stats.victims.get(victim, 0) + len(ids)
-        return list(ids)
+        return ids
 
     def _claims(self, k, target, q, queue, chunk, give_back: bool = True):
-        """Claim tasks of ``queue`` through counter k's entry ``q`` (on rank ``target``; None:
+        """Claim tasks of ``queue`` (a sequence, or a Share: its bin q's queue, listed only
+        when a claim gets tasks) through counter k's entry ``q`` (on rank ``target``; None:
         the global counter) until it is empty: ``chunk`` at a time, or (chunk None: a
         steal from rank ``target``) half of what is left, read first. With ``give_back`` the excess of a claim past the end
         is given back (claims of varying size: the end value is then known)."""
-        s, n = self.s, len(queue)
+        s = self.s
+        n = queue.lengths[q] if isinstance(queue, Share) else len(queue)
         base = s.bases[k][q]
         while True:
             if chunk is None:
@@ -176,7 +240,13 @@ class Deal:
                 s.fetch_add(k, -min(excess, want), target, self.stats)
             if start >= n:
                 return
+            if isinstance(queue, Share):
+                queue = queue.queue(q)
             yield self._got(queue[start:min(start + want, n)], target if chunk is None else None)
+
+
+def _held(memo) -> int:
+    return memo.held if isinstance(memo, Share) else len(memo)
 
 
 class Scheduler:
@@ -208,6 +278,8 @@ class Scheduler:
         self.bases = [[0] * self.size for _ in range(NCOUNTERS)]
         self.epoch = 0
         self._used = [-1] * NCOUNTERS
+        self._memo: dict = {}          # (what, costs' digest) -> Share or order, oldest first
+        self._held = 0                 # task ids in _memo
 
     def deal(self, costs, chunk: int = 1, partition: str = "largest_first", home=None,
              order: str = "index") -> Deal:
@@ -215,7 +287,21 @@ class Scheduler:
         Collective in the sense that every rank must deal the same tasks in the same order.
         ``home[i]``: the rank task i must run on (a static deal, whatever the schedule);
         ``order``: nxtval's (and one rank's) hand-out order, ``index`` or ``cost``."""
-        return Deal(self, list(costs), chunk, partition, home, order)
+        return Deal(self, np.asarray(costs, dtype=float), chunk, partition, home, order)
+
+    def shared(self, what: tuple, costs: np.ndarray, make):
+        """``make()`` (a Share or an order) of the task set with these ``costs`` (by content,
+        a 16-byte BLAKE2 digest of them) and ``what``, kept for the next deal of the same
+        costs: a step dealt every iteration builds its partition once."""
+        key = (what, len(costs), hashlib.blake2b(costs.tobytes(), digest_size=16).digest())
+        hit = self._memo.pop(key, None)
+        if hit is None:
+            hit = make()
+            self._held += _held(hit)
+        self._memo[key] = hit                     # the most recently used last
+        while len(self._memo) > MEMO_SETS or (self._held > MEMO_TASKS and len(self._memo) > 1):
+            self._held -= _held(self._memo.pop(next(iter(self._memo))))
+        return hit
 
     # -- counters (used by Deal) -----------------------------------------------------------
     def take_counter(self) -> int:

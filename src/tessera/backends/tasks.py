@@ -27,6 +27,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from tessera.runtime.distribution import largest_first_order
+
 
 def part_slice(ndim: int, part) -> tuple:
     """The index of ``part = (axis, lo, hi)`` (rows lo..hi along one axis) in a block."""
@@ -106,7 +108,7 @@ def run_local(executor, task_set: TaskSet, done: Callable[[], None] | None = Non
     """Every task on a serial or threads executor, largest first; ``done()`` after each
     task. A forkable task set runs in the threads executor's worker processes
     (``executor.run_forked``) when it has more than one worker."""
-    order = sorted(range(len(task_set)), key=lambda i: (-task_set.costs[i], i))
+    order = largest_first_order(task_set.costs).tolist()
     done = done or (lambda: None)
     forked = getattr(executor, "run_forked", None)
     if task_set.forkable and forked is not None:

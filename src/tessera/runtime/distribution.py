@@ -6,7 +6,8 @@ Pure Python and deterministic: every rank computes the same map from the same in
 - ``contiguous(n, P)``: n items cut into P consecutive runs of counts differing by <= 1;
 - ``largest_first(costs, P)``: greedy longest-processing-time (Graham 1969): items by
   decreasing cost each go to the least loaded bin (ties: lowest bin); ``makespan`` is
-  the largest load it leaves;
+  the largest load it leaves (``largest_first_order`` / ``largest_first_sorted``: its
+  order and its rule on items already in that order);
 - ``contiguous_runs(costs, P)`` / ``run_bounds``: items in order cut into P consecutive
   runs of near-equal total cost (GTFock's static partition of the task space, 1-D);
 - ``grid_shape``, ``default_layers``, ``grid_3d``: process grids of SUMMA and 2.5D;
@@ -90,13 +91,29 @@ def contiguous(n: int, nbins: int) -> list:
 def largest_first(costs: Sequence[float], nbins: int) -> list:
     """Bin of each item: largest cost first, each to the least loaded bin so far (ties:
     the earlier item, the lowest bin). Graham's LPT rule: makespan <= 4/3 optimal."""
+    costs = np.asarray(costs, dtype=float)
+    order = largest_first_order(costs)
+    out = np.empty(len(costs), dtype=np.int64)
+    out[order] = largest_first_sorted(costs[order], nbins)
+    return out.tolist()
+
+
+def largest_first_order(costs) -> np.ndarray:
+    """Items by decreasing cost, ties in item order (a stable NumPy sort, the order of
+    ``largest_first`` and of a largest-first hand-out)."""
+    return np.argsort(-np.asarray(costs, dtype=float), kind="stable")
+
+
+def largest_first_sorted(costs, nbins: int) -> np.ndarray:
+    """``largest_first``'s bin of each item of ``costs`` already in its order
+    (``largest_first_order``): one heap operation per item, nothing else per item."""
     heap = [(0.0, r) for r in range(nbins)]
     out = [0] * len(costs)
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        load, r = heapq.heappop(heap)
-        out[i] = r
-        heapq.heappush(heap, (load + float(costs[i]), r))
-    return out
+    for j, c in enumerate(np.asarray(costs, dtype=float).tolist()):
+        load, r = heap[0]
+        out[j] = r
+        heapq.heapreplace(heap, (load + c, r))
+    return np.asarray(out, dtype=np.int64)
 
 
 def bin_loads(bins: Sequence[int], costs: Sequence[float], nbins: int) -> list:
@@ -112,14 +129,6 @@ def makespan(costs: Sequence[float], nbins: int) -> float:
     if nbins == 1 or not len(costs):
         return float(sum(costs))
     return max(bin_loads(largest_first(costs, nbins), costs, nbins))
-
-
-def queues(bins: Sequence[int], nbins: int) -> list:
-    """[[item, ...] per bin] of an assignment, items in their order."""
-    out = [[] for _ in range(nbins)]
-    for i, b in enumerate(bins):
-        out[b].append(i)
-    return out
 
 
 def run_bounds(costs: Sequence[float], nbins: int) -> np.ndarray:

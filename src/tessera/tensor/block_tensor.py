@@ -163,18 +163,37 @@ class AliasMap(dict):
 def aliases(spaces: tuple, irrep: int, symmetry: tuple) -> AliasMap:
     """{alias key: (canonical key, perm)} over the allowed keys: the canonical key of an
     orbit of the symmetry group is its largest key; block(alias) =
-    block(canonical).transpose(perm). Cached per structure (shared, do not modify)."""
-    group = symmetry_group(tuple(symmetry), len(spaces))
+    block(canonical).transpose(perm). Cached per structure (shared, do not modify).
+
+    NumPy over the allowed keys (Python work only to build the map's entries): each key's
+    images under the group as integer codes; its canonical key is the largest image, its
+    ``perm`` that of the last group element (in the group's iteration order) giving it."""
+    group = list(symmetry_group(tuple(symmetry), len(spaces)))
+    keys = _allowed_keys(tuple(spaces), int(irrep))
     out = AliasMap()
-    for key in allowed_keys(spaces, irrep):
-        images = {tuple(key[g[k]] for k in range(len(g))): g for g in group}
-        canon = max(images)
-        if canon != key:
-            g = images[canon]            # canon[k] = key[g[k]]: canonical axis k is alias axis g[k]
-            inv = [0] * len(g)
-            for k, gk in enumerate(g):
-                inv[gk] = k
-            out[key] = (canon, tuple(inv))
+    if len(group) == 1 or not keys:
+        return out
+    k = np.asarray(keys, dtype=np.int64).reshape(len(keys), len(spaces))
+    base = max(len(s.tiles) for s in spaces)
+
+    def code(axes) -> np.ndarray:       # the image (key[axes[0]], key[axes[1]], ...), lexicographic
+        c = np.zeros(len(k), dtype=np.int64)
+        for a in axes:
+            c = c * base + k[:, a]
+        return c
+    best, which = np.full(len(k), -1, dtype=np.int64), np.zeros(len(k), dtype=np.int64)
+    for j, g in enumerate(group):
+        c = code(g)
+        last = c >= best
+        best[last], which[last] = c[last], j
+    own = code(range(len(spaces)))
+    alias = np.flatnonzero(best != own)
+    # the canonical key is an allowed key: its tuple is taken from ``keys`` (found by code)
+    order = np.argsort(own, kind="stable")
+    canon = order[np.searchsorted(own[order], best[alias])]
+    perms = [tuple(int(x) for x in np.argsort(g)) for g in group]   # canonical axis k is alias axis g[k]
+    out.update(zip([keys[n] for n in alias.tolist()],
+                   zip([keys[n] for n in canon.tolist()], [perms[j] for j in which[alias].tolist()])))
     return out
 
 
