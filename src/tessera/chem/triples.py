@@ -456,8 +456,11 @@ class TripleKernel:
 
     def _left(self, table, x, y, ks, p0: int, width: int) -> np.ndarray:
         """[len(ks), width] contiguous: row p0.. of table[x][g_y][y] per k in ks, the orbital
-        that is None (x or y) being k."""
+        that is None (x or y) being k (a view of the table for one k, else a copy)."""
         nk = len(ks)
+        if nk == 1:
+            x, y = (ks[0], y) if x is None else (x, ks[0])
+            return table[x][self.irr[y]][self.rel[y]][None, p0:p0 + width]
         out = self.lbuf[:nk * width].reshape(nk, width)
         if x is None:
             g, r = self.irr[y], self.rel[y]
@@ -670,21 +673,21 @@ class TripleKernel:
         """sum_abc W r3(W + V) / D of one triple, W = Sa + Sb[rb] + Sc[rc] in layout (a; b, c)."""
         m = self.maps
         W, Y, Y1, Y2, U = (a[:Sa.size] for a in self.buf[6:11])
-        np.take(Sb, rb, out=W, mode="wrap")
+        np.take(Sb, rb, out=W, mode="clip")
         W += Sa
-        np.take(Sc, rc, out=Y1, mode="wrap")
+        np.take(Sc, rc, out=Y1, mode="clip")
         W += Y1                                                   # W in layout (a; b, c)
         eo = self.inp.eo
         np.subtract(eo[i] + eo[j] + eo[k], m["e3"], out=Y)
         np.divide(W, Y, out=Y)                                    # Y = W / D
-        np.take(Y, m["rot"], out=Y1, mode="wrap")                 # Y[bca]
-        np.take(Y, m["rot2"], out=Y2, mode="wrap")                # Y[cab]
+        np.take(Y, m["rot"], out=Y1, mode="clip")                 # Y[bca]
+        np.take(Y, m["rot2"], out=Y2, mode="clip")                # Y[cab]
         np.add(Y, Y1, out=U)
         U += Y2                                                   # Yc
         ks = range(k, k + 1)
         P, Pz, _ = self._pair_rows(i, j, ks)
         e = 3.0 * (float(W @ Y) + self._t1_dot(ks, ((Y, i, P[0]), (Y2, j, P[1]), (Y1, None, P[2]))))
-        np.take(U, m["swap"], out=Y1, mode="wrap")                # Zs
+        np.take(U, m["swap"], out=Y1, mode="clip")                # Zs
         return e + float(U @ W) - 2.0 * float(Y1 @ W) + self._t1_dot(ks, ((U, i, Pz[0]), (U, j, Pz[1]),
                                                                           (U, None, Pz[2])))
 
