@@ -458,9 +458,11 @@ class TripleKernel:
         """[len(ks), width] contiguous: row p0.. of table[x][g_y][y] per k in ks, the orbital
         that is None (x or y) being k (a view of the table for one k, else a copy)."""
         nk = len(ks)
+        if nk == 1 and x is None:
+            return table[ks[0]][self.irr[y]][self.rel[y]][p0:p0 + width][None]
         if nk == 1:
-            x, y = (ks[0], y) if x is None else (x, ks[0])
-            return table[x][self.irr[y]][self.rel[y]][None, p0:p0 + width]
+            r0 = self.rel[ks[0]]
+            return table[x][self.irr[ks[0]]][r0:r0 + 1, p0:p0 + width]
         out = self.lbuf[:nk * width].reshape(nk, width)
         if x is None:
             g, r = self.irr[y], self.rel[y]
