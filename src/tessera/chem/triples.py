@@ -161,10 +161,10 @@ class VirtualLayout:
                 nt, nu = n[gt], n[gu]
                 if not nt * nu:
                     continue
-                p0 = off + poff[h][gt]
+                q0 = poff[h][gt]
 
                 def sub(arr):                # the [s, t, u] sub-block of a flat array of G
-                    return arr[off:off + ns * np_s].reshape(ns, np_s)[:, p0 - off:p0 - off + nt * nu].reshape(ns, nt, nu)
+                    return arr[off:off + ns * np_s].reshape(ns, np_s)[:, q0:q0 + nt * nu].reshape(ns, nt, nu)
                 sub(e3)[...] = ev[gs][:, None, None] + ev[gt][None, :, None] + ev[gu][None, None, :]
                 if dense:
                     continue
@@ -455,8 +455,8 @@ class TripleKernel:
         return self._energy_dense(i, j, ks) if self.dense else self._energy_packed(i, j, ks)
 
     def _left(self, table, x, y, ks, p0: int, width: int) -> np.ndarray:
-        """[len(ks), width] contiguous: row p0.. of table[x][g_y][y] per k in ks, the orbital
-        that is None (x or y) being k (a view of the table for one k, else a copy)."""
+        """[len(ks), width]: row p0.. of table[x][g_y][y] per k in ks, the orbital that is
+        None (x or y) being k (for one k the table's own slice, else a copy in the buffer)."""
         nk = len(ks)
         if nk == 1 and x is None:
             return table[ks[0]][self.irr[y]][self.rel[y]][p0:p0 + width][None]
