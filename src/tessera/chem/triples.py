@@ -117,31 +117,12 @@ class VirtualLayout:
         self.ntrip, self.foff = sizes.sum(axis=0), offsets(sizes)              # foff[G, g_s]
         sizes = n[:, None] * (n + no)[xor]           # fused left rows (s, f or m) of irrep h: [g_s, h]
         self.nleft, self.loff = sizes.sum(axis=0), offsets(sizes)              # loff[h, g_s]
-        self.rel = np.arange(len(irreps)) - vrange[irreps, 0]
         self.c1 = not np.any(irreps) and not np.any(no[1:])      # every orbital of irrep 0
 
     def blocks(self, G: int) -> list:
         """(g_s, offset, n_single, n_pairs) of the non-empty single-irrep blocks of G."""
         return [(gs, int(self.foff[G, gs]), int(self.n[gs]), int(self.npair[G ^ gs]))
                 for gs in range(NIRREP) if self.n[gs] and self.npair[G ^ gs]]
-
-    def pair_positions(self, h: int) -> tuple:
-        """Virtual positions (t, u) of the packed pairs of irrep h."""
-        ts, us = [], []
-        for gt in range(NIRREP):
-            gu = gt ^ h
-            t = np.arange(self.vr[gt, 0], self.vr[gt, 1])
-            u = np.arange(self.vr[gu, 0], self.vr[gu, 1])
-            ts.append(np.repeat(t, len(u)))
-            us.append(np.tile(u, len(t)))
-        return np.concatenate(ts), np.concatenate(us)
-
-    def index(self, G: int, s, t, u):
-        """Packed position of the virtual triple (single s, pair (t, u)) of irrep G."""
-        gs, gu = self.irrep[s], self.irrep[u]
-        h = G ^ gs
-        return (self.foff[G, gs] + self.rel[s] * self.npair[h] + self.poff[h, self.irrep[t]]
-                + self.rel[t] * self.n[gu] + self.rel[u])
 
     def swap_pairs(self, src: np.ndarray, h: int, out: np.ndarray) -> None:
         """out[:, (u, t)] = src[:, (t, u)] over the packed pairs of irrep h ([rows, npair[h]])."""
@@ -155,23 +136,47 @@ class VirtualLayout:
                     src[:, a:a + nt * nu].reshape(rows, nt, nu).transpose(0, 2, 1)
 
     def prepare(self, G: int) -> None:
-        """Maps of G: cyclic shifts (rot, rot2) and pair swap of abc, e_a+e_b+e_c, blocks."""
+        """Maps of G: cyclic shifts (rot, rot2) and pair swap of abc, e_a+e_b+e_c, blocks.
+
+        Filled per sub-block (irreps g_s, g_t of single and first pair index), where the
+        packed position of (s, t, u) is a sum of one term per index, so every map is a
+        broadcast sum of three ranges (no per-element index arithmetic)."""
         if G in self.maps:
             return
-        ss, ts, us, blocks = [], [], [], []
-        for gs, off, ns, npair in self.blocks(G):
-            t, u = self.pair_positions(G ^ gs)
-            ss.append(np.repeat(np.arange(self.vr[gs, 0], self.vr[gs, 1]), npair))
-            ts.append(np.tile(t, ns))
-            us.append(np.tile(u, ns))
-            blocks.append((gs, off, ns, npair))
-        cat = (lambda x: np.concatenate(x) if x else np.zeros(0, np.int64))
-        s, t, u = cat(ss), cat(ts), cat(us)
+        blocks = self.blocks(G)
         dense = len(blocks) == 1 and len(set(self.irrep.tolist())) == 1
-        maps = dict(e3=self.ev[s] + self.ev[t] + self.ev[u], blocks=blocks, dense=bool(dense),
+        n, npair, foff, poff = self.n.tolist(), self.npair.tolist(), self.foff.tolist(), self.poff.tolist()
+        ev = [self.ev[self.vr[g, 0]:self.vr[g, 1]] for g in range(NIRREP)]
+        ar = [np.arange(m) for m in n]
+        size = int(self.ntrip[G])
+        e3 = np.empty(size)
+        out = [np.empty(size, dtype=np.intp) for _ in range(0 if dense else 3)]
+
+        def base(gx, gy):        # packed position of (x, y, z) = base + x npair + y n_z + z
+            return foff[G][gx] + poff[G ^ gx][gy]
+        for gs, off, ns, np_s in blocks:
+            h = G ^ gs
+            for gt in range(NIRREP):
+                gu = gt ^ h
+                nt, nu = n[gt], n[gu]
+                if not nt * nu:
+                    continue
+                q0 = poff[h][gt]
+
+                def sub(arr):                # the [s, t, u] sub-block of a flat array of G
+                    return arr[off:off + ns * np_s].reshape(ns, np_s)[:, q0:q0 + nt * nu].reshape(ns, nt, nu)
+                sub(e3)[...] = ev[gs][:, None, None] + ev[gt][None, :, None] + ev[gu][None, None, :]
+                if dense:
+                    continue
+                s, t, u = ar[gs][:, None, None], ar[gt][None, :, None], ar[gu][None, None, :]
+                rot, rot2, swap = out
+                sub(rot)[...] = base(gt, gu) + t * npair[G ^ gt] + u * ns + s          # (t; u, s)
+                sub(rot2)[...] = base(gu, gs) + u * npair[G ^ gu] + s * nt + t         # (u; s, t)
+                sub(swap)[...] = base(gs, gu) + s * np_s + u * nt + t                  # (s; u, t)
+        maps = dict(e3=e3, blocks=blocks, dense=bool(dense),
                     block_of={gs: (off, ns, npair) for gs, off, ns, npair in blocks})
         if not dense:       # packed: index maps; dense: the same moves are transposes
-            rot, rot2, swap = self.index(G, t, u, s), self.index(G, u, s, t), self.index(G, s, u, t)
+            rot, rot2, swap = out
             # swap then rot (rot2) as one map, for the layouts of a diagonal triple that are
             # pair swaps of another: x[swap][rot] = x[swap_rot]
             maps.update(rot=rot, rot2=rot2, swap=swap, swap_rot=swap[rot], swap_rot2=swap[rot2])
@@ -450,9 +455,14 @@ class TripleKernel:
         return self._energy_dense(i, j, ks) if self.dense else self._energy_packed(i, j, ks)
 
     def _left(self, table, x, y, ks, p0: int, width: int) -> np.ndarray:
-        """[len(ks), width] contiguous: row p0.. of table[x][g_y][y] per k in ks, the orbital
-        that is None (x or y) being k."""
+        """[len(ks), width]: row p0.. of table[x][g_y][y] per k in ks, the orbital that is
+        None (x or y) being k (for one k the table's own slice, else a copy in the buffer)."""
         nk = len(ks)
+        if nk == 1 and x is None:
+            return table[ks[0]][self.irr[y]][self.rel[y]][p0:p0 + width][None]
+        if nk == 1:
+            r0 = self.rel[ks[0]]
+            return table[x][self.irr[ks[0]]][r0:r0 + 1, p0:p0 + width]
         out = self.lbuf[:nk * width].reshape(nk, width)
         if x is None:
             g, r = self.irr[y], self.rel[y]
@@ -665,21 +675,21 @@ class TripleKernel:
         """sum_abc W r3(W + V) / D of one triple, W = Sa + Sb[rb] + Sc[rc] in layout (a; b, c)."""
         m = self.maps
         W, Y, Y1, Y2, U = (a[:Sa.size] for a in self.buf[6:11])
-        np.take(Sb, rb, out=W, mode="wrap")
+        np.take(Sb, rb, out=W, mode="clip")
         W += Sa
-        np.take(Sc, rc, out=Y1, mode="wrap")
+        np.take(Sc, rc, out=Y1, mode="clip")
         W += Y1                                                   # W in layout (a; b, c)
         eo = self.inp.eo
         np.subtract(eo[i] + eo[j] + eo[k], m["e3"], out=Y)
         np.divide(W, Y, out=Y)                                    # Y = W / D
-        np.take(Y, m["rot"], out=Y1, mode="wrap")                 # Y[bca]
-        np.take(Y, m["rot2"], out=Y2, mode="wrap")                # Y[cab]
+        np.take(Y, m["rot"], out=Y1, mode="clip")                 # Y[bca]
+        np.take(Y, m["rot2"], out=Y2, mode="clip")                # Y[cab]
         np.add(Y, Y1, out=U)
         U += Y2                                                   # Yc
         ks = range(k, k + 1)
         P, Pz, _ = self._pair_rows(i, j, ks)
         e = 3.0 * (float(W @ Y) + self._t1_dot(ks, ((Y, i, P[0]), (Y2, j, P[1]), (Y1, None, P[2]))))
-        np.take(U, m["swap"], out=Y1, mode="wrap")                # Zs
+        np.take(U, m["swap"], out=Y1, mode="clip")                # Zs
         return e + float(U @ W) - 2.0 * float(Y1 @ W) + self._t1_dot(ks, ((U, i, Pz[0]), (U, j, Pz[1]),
                                                                           (U, None, Pz[2])))
 
