@@ -93,13 +93,19 @@ def gemm_into_tasks(step, amats: dict, bmats: dict, products: np.ndarray, worker
     return tasks
 
 
-def _gemm_tasks(sec, amats: dict, bmats: dict, cmat: np.ndarray, workers: int) -> list:
-    """Tasks computing ``cmat = A_g @ B_g`` by equal row ranges, one per worker at most,
-    each of at least ``_TASK_FLOPS``."""
+def _gemm_tasks(sec, amats: dict, bmats: dict, cmat: np.ndarray, workers: int, scale: float = 1.0) -> list:
+    """Tasks computing ``cmat = scale * A_g @ B_g`` by equal row ranges, one per worker at
+    most, each of at least ``_TASK_FLOPS``."""
     parts = _parts(sec, workers)
     bounds = [sec.rows.total * k // parts for k in range(parts + 1)]
-    return [partial(np.matmul, amats[sec.irrep][r0:r1], bmats[sec.irrep], out=cmat[r0:r1])
+    return [partial(_gemm_one, amats[sec.irrep][r0:r1], bmats[sec.irrep], cmat[r0:r1], scale)
             for r0, r1 in zip(bounds[:-1], bounds[1:])]
+
+
+def _gemm_one(amat, bmat, cmat, scale: float) -> None:
+    np.matmul(amat, bmat, out=cmat)
+    if scale != 1.0:
+        cmat *= scale
 
 
 def _parts(sec, workers: int) -> int:
@@ -153,7 +159,7 @@ def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> tupl
     ranges of about equal rows is done in the first, a task per range (its GEMM, then
     its blocks added); any other (a few large row tuples: 1000 + 500 rows would keep one
     worker busy twice as long as the other) computes its product into a matrix by equal
-    row ranges in the first and adds the blocks in the second."""
+    row ranges in the first and adds its blocks, dealt among the workers, in the second."""
     cperm = step.perms["c"]
     aliases = step.out.tensor.aliases or None     # a canonical output receives its canonical blocks only
     transpose = None if cperm == tuple(range(len(cperm))) else cperm
@@ -162,16 +168,17 @@ def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> tupl
         ranges = _row_ranges(sec, workers)
         even = len(ranges) == _parts(sec, workers) and \
             max(r1 - r0 for _, _, r0, r1 in ranges) * len(ranges) <= _UNEVEN * sec.rows.total
-        cmat = None if even else np.empty((sec.rows.total, sec.cols.total))
-        if cmat is not None:
-            first += _gemm_tasks(sec, amats, bmats, cmat, workers)
+        if not even:
+            cmat = np.empty((sec.rows.total, sec.cols.total))
+            first += _gemm_tasks(sec, amats, bmats, cmat, workers, step.scale)
+            entries = scatter_map(sec.rows, sec.cols, cperm, aliases, 0, len(sec.rows.tuples))
+            then += [partial(_scatter_one, step.out.tensor, 1.0, transpose, cmat, entries[i::workers])
+                     for i in range(min(workers, len(entries)))]
+            continue
         for start, stop, r0, r1 in ranges:
-            entries = scatter_map(sec.rows, sec.cols, cperm, aliases, start, stop)
-            if cmat is None:
-                first.append(partial(_gemm_scatter_one, step.out.tensor, step.scale, transpose,
-                                     amats[sec.irrep][r0:r1], bmats[sec.irrep], entries))
-            else:
-                then.append(partial(_scatter_one, step.out.tensor, step.scale, transpose, cmat[r0:r1], entries))
+            first.append(partial(_gemm_scatter_one, step.out.tensor, step.scale, transpose,
+                                 amats[sec.irrep][r0:r1], bmats[sec.irrep],
+                                 scatter_map(sec.rows, sec.cols, cperm, aliases, start, stop)))
     return first, then
 
 
@@ -180,7 +187,7 @@ def _gemm_scatter_one(out, scale, transpose, amat, bmat, entries) -> None:
 
 
 def _scatter_one(out, scale, transpose, cmat, entries) -> None:
-    """Add the blocks of a product's rows (``scatter_map`` entries) into the output."""
+    """Add blocks of a product (``scatter_map`` entries) into the output."""
     if scale != 1.0:
         cmat *= scale
     get = out.blocks.get
