@@ -61,6 +61,35 @@ def test_cached_maps_reused_across_iterations_equal_einsum(backend, flat, monkey
     assert hits[2] > hits[1] > hits[0]
 
 
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "per-block"])
+def test_gemm_split_by_equal_rows_equal_einsum(flat, monkeypatch):
+    """Row tuples of 4, 4, 2, ... rows that do not divide evenly among three workers: the
+    GEMMs are split by equal rows (every task one at least), the blocks added after them
+    (``gemm_scatter_tasks``' second list; on the flat path products end to end); results
+    equal numpy.einsum for a transposed and a canonical output, with scale."""
+    monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 1 << 30 if flat else 0)
+    monkeypatch.setattr(blockops, "_TASK_FLOPS", 1)
+    split = []
+    gemm_scatter_tasks = blockops.gemm_scatter_tasks
+    monkeypatch.setattr(blockops, "gemm_scatter_tasks", lambda *args: split.append(gemm_scatter_tasks(*args))
+                        or split[-1])
+    o = IndexSpace.from_irreps("o", [0] * 5, 2)               # tiles 2, 2, 1
+    v = IndexSpace.from_irreps("v", [0, 1] * 4, 3)            # two irreps, tiles of 3 and 1
+    rng = np.random.default_rng(3)
+    A = BlockTensor.random((o, o, v, v), 0, rng=rng, name="A")
+    B = BlockTensor.random((v, v, v, v), 0, rng=rng, name="B")
+    X = BlockTensor((v, o, o, v), 0, name="X")
+    R = BlockTensor((o, o, v, v), 0, name="R", symmetry=T2_SYM, canonical=True)
+    with ts.Context("threads", workers=3), ts.equations():
+        X["bija"] = -0.5 * A["ijcd"] * B["cdab"]                  # output transposed (perm_c)
+        R["ijab"] = A["ijcd"] * B["cdab"] + A["jidc"] * B["dcba"]
+    a, b = A.to_dense(), B.to_dense()
+    r = np.einsum("ijcd,cdab->ijab", a, b)
+    _close(X.to_dense(), -0.5 * r.transpose(3, 0, 1, 2))
+    _close(R.to_dense(), r + r.transpose(1, 0, 3, 2))
+    assert flat or any(then for _, then in split)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gathered_operand_reused_only_while_unchanged(backend, monkeypatch):
     """Within one batch an operand gathered twice with the same layout is gathered once,

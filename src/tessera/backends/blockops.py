@@ -19,6 +19,9 @@ from tessera.plan.blocktasks import pair_block, pair_outputs
 
 # a sector's GEMM is split by rows into at most one task per worker, each of at least this many flops
 _TASK_FLOPS = 2e7
+# a sector's whole-row-tuple ranges whose largest holds more than this times its share of
+# rows are split by equal rows instead (``gemm_scatter_tasks``)
+_UNEVEN = 1.1
 # elements of blocks one gather task copies
 _GATHER_ELEMENTS = 1 << 19
 # elements one task of a flat-path step (``sectors.small_blocks``) takes or adds, at least
@@ -86,9 +89,29 @@ def gemm_into_tasks(step, amats: dict, bmats: dict, products: np.ndarray, worker
     for sec in step.sectors:
         cmat = products[start:start + sec.rows.total * sec.cols.total].reshape(sec.rows.total, sec.cols.total)
         start += cmat.size
-        for _, _, r0, r1 in _row_ranges(sec, workers):
-            tasks.append(partial(np.matmul, amats[sec.irrep][r0:r1], bmats[sec.irrep], out=cmat[r0:r1]))
+        tasks += _gemm_tasks(sec, amats, bmats, cmat, workers)
     return tasks
+
+
+def _gemm_tasks(sec, amats: dict, bmats: dict, cmat: np.ndarray, workers: int, scale: float = 1.0) -> list:
+    """Tasks computing ``cmat = scale * A_g @ B_g`` by equal row ranges, one per worker at
+    most, each of at least ``_TASK_FLOPS``."""
+    parts = _parts(sec, workers)
+    bounds = [sec.rows.total * k // parts for k in range(parts + 1)]
+    return [partial(_gemm_one, amats[sec.irrep][r0:r1], bmats[sec.irrep], cmat[r0:r1], scale)
+            for r0, r1 in zip(bounds[:-1], bounds[1:])]
+
+
+def _gemm_one(amat, bmat, cmat, scale: float) -> None:
+    np.matmul(amat, bmat, out=cmat)
+    if scale != 1.0:
+        cmat *= scale
+
+
+def _parts(sec, workers: int) -> int:
+    """Tasks a sector's GEMM is split into: at most one per worker, each of at least
+    ``_TASK_FLOPS`` (few large GEMMs, each task reads all of B, that still fill the pool)."""
+    return max(1, min(workers, sec.rows.total, int(sec.flops // _TASK_FLOPS)))
 
 
 def flat_add_tasks(out, src, index, scale: float, workers: int = 1, divisor=None, dindex=None) -> list:
@@ -118,12 +141,11 @@ def _chunks(n: int, workers: int) -> list:
 
 
 def _row_ranges(sec, workers: int) -> list:
-    """(first row tuple, end row tuple, first row, end row) of the ranges a sector's GEMM
-    is split into: at most one per worker, each of at least ``_TASK_FLOPS`` (few large
-    GEMMs, each task reads all of B, that still fill the pool)."""
+    """(first row tuple, end row tuple, first row, end row) of whole row tuples, ``_parts``
+    ranges at most: the rows a task that scatters its own product owns."""
     rows = sec.rows
     n = len(rows.tuples)
-    per_task = -(-n // max(1, min(workers, n, int(sec.flops // _TASK_FLOPS))))
+    per_task = -(-n // min(n, _parts(sec, workers)))
     out = []
     for start in range(0, n, per_task):
         stop = min(n, start + per_task)
@@ -131,22 +153,41 @@ def _row_ranges(sec, workers: int) -> list:
     return out
 
 
-def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> list:
-    """Tasks computing C_g = A_g @ B_g by row ranges and adding the blocks into the output."""
+def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> tuple:
+    """Two task lists, to run one after the other, computing C_g = A_g @ B_g and adding
+    its blocks into the output. A sector whose whole row tuples split into ``_parts``
+    ranges of about equal rows is done in the first, a task per range (its GEMM, then
+    its blocks added); any other (a few large row tuples: 1000 + 500 rows would keep one
+    worker busy twice as long as the other) computes its product into a matrix by equal
+    row ranges in the first and adds its blocks, dealt among the workers, in the second."""
     cperm = step.perms["c"]
     aliases = step.out.tensor.aliases or None     # a canonical output receives its canonical blocks only
     transpose = None if cperm == tuple(range(len(cperm))) else cperm
-    tasks = []
+    first, then = [], []
     for sec in step.sectors:
-        for start, stop, r0, r1 in _row_ranges(sec, workers):
-            tasks.append(partial(_gemm_scatter_one, step.out.tensor, step.scale, transpose,
+        ranges = _row_ranges(sec, workers)
+        even = len(ranges) == _parts(sec, workers) and \
+            max(r1 - r0 for _, _, r0, r1 in ranges) * len(ranges) <= _UNEVEN * sec.rows.total
+        if not even:
+            cmat = np.empty((sec.rows.total, sec.cols.total))
+            first += _gemm_tasks(sec, amats, bmats, cmat, workers, step.scale)
+            entries = scatter_map(sec.rows, sec.cols, cperm, aliases, 0, len(sec.rows.tuples))
+            then += [partial(_scatter_one, step.out.tensor, 1.0, transpose, cmat, entries[i::workers])
+                     for i in range(min(workers, len(entries)))]
+            continue
+        for start, stop, r0, r1 in ranges:
+            first.append(partial(_gemm_scatter_one, step.out.tensor, step.scale, transpose,
                                  amats[sec.irrep][r0:r1], bmats[sec.irrep],
                                  scatter_map(sec.rows, sec.cols, cperm, aliases, start, stop)))
-    return tasks
+    return first, then
 
 
 def _gemm_scatter_one(out, scale, transpose, amat, bmat, entries) -> None:
-    cmat = amat @ bmat
+    _scatter_one(out, scale, transpose, amat @ bmat, entries)
+
+
+def _scatter_one(out, scale, transpose, cmat, entries) -> None:
+    """Add blocks of a product (``scatter_map`` entries) into the output."""
     if scale != 1.0:
         cmat *= scale
     get = out.blocks.get

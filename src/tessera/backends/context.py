@@ -212,7 +212,8 @@ class Context:
                 run(blockops.gemm_into_tasks(step, amats, bmats, products, self.executor.workers))
                 run(blockops.flat_add_tasks(step.out.tensor, products, index, step.scale, self.executor.workers))
             else:
-                run(blockops.gemm_scatter_tasks(step, amats, bmats, self.executor.workers))
+                for tasks in blockops.gemm_scatter_tasks(step, amats, bmats, self.executor.workers):
+                    run(tasks)
         else:  # the planner makes no other kind
             raise AssertionError(step.kind)
 

@@ -28,8 +28,7 @@ class MatrixLayout:
     total: int
     index: dict            # tuple -> position in ``tuples``
 
-    def __hash__(self):
-        return id(self)
+    __hash__ = object.__hash__      # by identity (layouts are made once, ``matrix_layout``), in C
 
 
 @lru_cache(maxsize=8192)

@@ -39,9 +39,19 @@ class Step:
     perms: dict = field(default_factory=dict)
     pairs: str | None = None  # an "add" through a pair space: "pack" | "unpack_half" (tensor.pairs)
     flops: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
     memory: int = 0           # bytes of temporary matrices the step needs
+
+    def bytes_moved(self) -> int:
+        """Bytes the step reads and writes: its inputs' stored bytes, and what it adds into
+        the output (a contraction: its products). Counted when asked (``tessera plan``),
+        not while planning: summing a canonical tensor's blocks costs more than running
+        a small step."""
+        read = sum(r.tensor.nbytes for r in self.inputs)
+        if self.kind == "contract":
+            return read + 8 * sum(s.rows.total * s.cols.total for s in self.sectors)
+        if self.kind == "add":
+            return read + (self.out.tensor.nbytes if self.pairs else read)
+        return read
 
     def describe(self) -> str:
         ins = " * ".join(f"{r.tensor.name or 'tmp'}[{r.indices}]" for r in self.inputs)
@@ -77,7 +87,7 @@ class Plan:
         out: dict = {}
         for s in self.steps:
             f, b, n = out.get(s.label, (0, 0, 0))
-            out[s.label] = (f + s.flops, b + s.bytes_in + s.bytes_out, n + max(1, len(s.sectors)))
+            out[s.label] = (f + s.flops, b + s.bytes_moved(), n + max(1, len(s.sectors)))
         return [(lab, *out[lab]) for lab in self.labels if lab in out]
 
     def render(self) -> str:
@@ -281,9 +291,7 @@ def _add_step(a: Ref, out: Ref, scale: float, divisor, label: str) -> Step:
     perms = {"a": tuple(a.indices.index(ch) for ch in out.indices)}
     if divisor is not None:
         perms["d"] = tuple(divisor.indices.index(ch) for ch in out.indices)
-    nbytes = a.tensor.nbytes
-    return Step("add", out, (a,), scale, divisor, label, perms=perms,
-                flops=a.tensor.stored_elements, bytes_in=nbytes, bytes_out=nbytes)
+    return Step("add", out, (a,), scale, divisor, label, perms=perms, flops=a.tensor.stored_elements)
 
 
 # ------------------------------------------------------------------------- symmetric results
@@ -327,8 +335,7 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
 
 
 def _pair_map(a: Ref, out: Ref, kind: str, label: str) -> Step:
-    return Step("add", out, (a,), 1.0, None, label, perms={"a": tuple(range(a.tensor.ndim))}, pairs=kind,
-                bytes_in=a.tensor.nbytes, bytes_out=out.tensor.nbytes)
+    return Step("add", out, (a,), 1.0, None, label, perms={"a": tuple(range(a.tensor.ndim))}, pairs=kind)
 
 
 def _items(term) -> list:
@@ -417,9 +424,7 @@ def _pair_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
     m = sum(8 * (s.rows.total * s.inner.total + s.inner.total * s.cols.total + s.rows.total * s.cols.total)
             for s in sectors)
     return Step("contract", out, (a, b), scale, None, label, sectors=list(sectors), perms=perms,
-                flops=sum(s.flops for s in sectors),
-                bytes_in=a.tensor.nbytes + b.tensor.nbytes,
-                bytes_out=8 * sum(s.rows.total * s.cols.total for s in sectors), memory=m)
+                flops=sum(s.flops for s in sectors), memory=m)
 
 
 def _hadamard_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
@@ -427,4 +432,4 @@ def _hadamard_step(a: Ref, b: Ref, out: Ref, scale: float, label: str) -> Step:
     sizes = {ch: s.dim for r in (a, b) for ch, s in zip(r.indices, r.tensor.spaces)}
     dense = int(np.prod([sizes[ch] for ch in set(a.indices + b.indices)], dtype=np.float64))
     return Step("hadamard", out, (a, b), scale, None, label, perms={"einsum": expr},
-                flops=2 * dense, bytes_in=a.tensor.nbytes + b.tensor.nbytes)
+                flops=2 * dense)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import math
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -350,7 +351,7 @@ class BlockTensor:
         offsets = flat_offsets(self.spaces, self.irrep, self.aliases or None)
         made, blocks = self._flat, self._blocks
         if made is not None and len(made[1]) == len(offsets) and \
-                all(blocks.get(k) is v for k, v in zip(offsets, made[1])):
+                all(map(operator.is_, map(blocks.get, offsets), made[1])):     # no block replaced since
             return made[0]
         if self.dist is not None:
             raise SymmetryError(f"tensor {self.name!r} is distributed: its blocks cannot be one local vector")
