@@ -21,6 +21,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from tessera.backends import blockops
+from tessera.backends.heap import keep_freed_memory
 from tessera.backends.sectors import add_index, scatter_index, small_blocks
 from tessera.backends.registry import (BACKENDS, DEFAULT_BACKEND, LOCAL_BACKENDS, check_options,
                                        launched_ranks, resolve_auto, runs_distributed)
@@ -67,6 +68,7 @@ class Context:
                  recorder: Recorder | None = None, **executor_options):
         self.backend = backend
         self.executor = make_executor(backend, **executor_options)
+        keep_freed_memory()         # working arrays reused across steps, not faulted in afresh
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict = OrderedDict()     # (uid, version, layout ids) -> matrices
         # regions run here: time, flops (a run's contexts may share one recorder)
