@@ -16,6 +16,8 @@ computed on the pairs of one factor, unpacked to half and added with its transpo
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from tessera.tensor.space import IndexSpace, Tile
@@ -49,7 +51,7 @@ def pack_block(block: np.ndarray, diagonal: bool) -> np.ndarray:
     """Block (s, t, ...) of a pair-symmetric tensor -> its pair block (pairs, ...)."""
     n1, n2 = block.shape[:2]
     if diagonal:
-        return block[np.triu_indices(n1)]
+        return block[_triu(n1)]
     return block.reshape(n1 * n2, *block.shape[2:])
 
 
@@ -59,7 +61,14 @@ def unpack_half_block(block: np.ndarray, n1: int, n2: int, diagonal: bool) -> np
     if not diagonal:
         return block.reshape(n1, n2, *block.shape[1:])
     out = np.zeros((n1, n1, *block.shape[1:]), dtype=block.dtype)
-    out[np.triu_indices(n1)] = block
+    out[_triu(n1)] = block
     idx = np.arange(n1)
     out[idx, idx] *= 0.5
     return out
+
+
+@lru_cache(maxsize=256)
+def _triu(n: int) -> tuple:
+    """``np.triu_indices(n)``, made once per tile size (a pack or unpack step asks for it
+    once per diagonal block, thousands of times per CCSD iteration)."""
+    return np.triu_indices(n)
