@@ -22,7 +22,7 @@ from threadpoolctl import ThreadpoolController
 
 from tessera.backends import blockops
 from tessera.backends.heap import keep_freed_memory
-from tessera.backends.sectors import add_index, scatter_index, small_blocks
+from tessera.backends.sectors import PAIR_DIVISORS, add_index, pair_index, scatter_index, small_blocks
 from tessera.backends.registry import (BACKENDS, DEFAULT_BACKEND, LOCAL_BACKENDS, check_options,
                                        launched_ranks, resolve_auto, runs_distributed)
 from tessera.backends.tasklog import TaskProgress
@@ -196,11 +196,16 @@ class Context:
         if step.kind == "zero":
             step.out.tensor.zero_()
         elif step.kind == "add":
-            a, div = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
-            if not step.pairs and all(small_blocks(t) for t in (a, step.out.tensor, div) if t is not None):
-                index, dindex = add_index(a, step.out.tensor, step.perms["a"], div, step.perms.get("d"))
-                run(blockops.flat_add_tasks(step.out.tensor, a.flat(), index, step.scale, self.executor.workers,
-                                            div.flat() if div is not None else None, dindex))
+            a, out = step.inputs[0].tensor, step.out.tensor
+            div = step.divisor.tensor if step.divisor is not None else None
+            if all(small_blocks(t) for t in (a, out, div) if t is not None) and not (step.pairs and out.aliases):
+                if step.pairs:
+                    index, dindex = pair_index(a, out, step.pairs)
+                    divisor = PAIR_DIVISORS if dindex is not None else None
+                else:
+                    index, dindex = add_index(a, out, step.perms["a"], div, step.perms.get("d"))
+                    divisor = div.flat() if div is not None else None
+                run(blockops.flat_add_tasks(out, a.flat(), index, step.scale, self.executor.workers, divisor, dindex))
             else:
                 run(blockops.add_tasks(step, self.executor.workers))
         elif step.kind == "hadamard":

@@ -19,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from tessera.plan.blocktasks import invert_key
+from tessera.tensor.pairs import pack_block
 from tessera.tensor.block_tensor import allowed_elements, allowed_keys, flat_offsets, flat_size
 
 
@@ -202,3 +203,44 @@ def add_index(a, out, perm, divisor=None, dperm=None) -> tuple:
 def _unless_identity(index, structure, n: int):
     """None when ``index`` reads a flat vector of ``n`` elements in order, else ``index``."""
     return None if flat_size(*structure) == n and np.array_equal(index, np.arange(n)) else index
+
+
+# divisors of an ``unpack_half`` element (``pair_index``): a pair p < q, a pair p = q
+# (half of it), and a block below the diagonal tile pairs, which receives nothing (x / inf = 0)
+PAIR_DIVISORS = np.array([1.0, 2.0, np.inf])
+
+
+def pair_index(a, out, kind: str) -> tuple:
+    """(a index, divisor index) of a ``pack`` / ``unpack_half`` step (``tensor.pairs``) on
+    the flat path: element n of ``out.flat()`` is updated from ``a.flat()[a_index[n]]``,
+    divided by ``PAIR_DIVISORS[d_index[n]]`` (an unpack; None for a pack). ``out`` stores
+    every allowed block (no aliases)."""
+    sa, so = _structure(a), _structure(out)
+
+    def build():
+        n = flat_size(*so)
+        ia = np.zeros(n, np.intp)
+        idd = np.zeros(n, np.intp) if kind == "unpack_half" else None
+        for okey, (offset, oshape) in flat_offsets(*so).items():
+            where = slice(offset, offset + math.prod(oshape))
+            if kind == "pack":
+                s, t = out.spaces[0].tile_pairs[okey[0]]
+                ia[where] = pack_block(_positions(sa, (s, t) + okey[1:]), s == t).ravel()
+                continue
+            s, t = okey[:2]
+            if s > t:
+                idd[where] = 2
+                continue
+            pos = _positions(sa, (a.spaces[0].tile_of[s, t],) + okey[2:])
+            if s < t:
+                ia[where] = pos.ravel()
+                continue
+            upper, divisor = np.triu_indices(oshape[0]), np.full(oshape, 2, np.intp)
+            full = np.zeros(oshape, np.intp)
+            full[upper] = pos
+            divisor[upper] = 0
+            divisor[np.diag_indices(oshape[0])] = 1
+            ia[where], idd[where] = full.ravel(), divisor.ravel()
+        return ia, idd
+
+    return index_cache.get(("pairs", kind, sa, so), build)
