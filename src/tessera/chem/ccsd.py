@@ -132,7 +132,9 @@ class CCSD:
             new2.fill_zero_blocks()
             old_vec, new_vec = _pack(t1, t2, keys), _pack(new1, new2, keys)
             err = new_vec - old_vec
-            res = float(np.sqrt(t2.global_sum(float(np.dot(err, weight * err)))))
+            # einsum, not a BLAS dot: that wakes the BLAS threads, which then spin for a
+            # while into the next residual, beside the executor's own workers
+            res = float(np.sqrt(t2.global_sum(float(np.einsum("i,i,i->", err, weight, err)))))
             vec = diis.update(new_vec, err)
             _unpack(vec, new1, new2, keys)
             t1, t2 = new1, new2
