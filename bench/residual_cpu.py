@@ -1,0 +1,111 @@
+"""CPU time of one CCSD residual on one process, by array operation: the work outside the GEMMs.
+
+    .venv/bin/python bench/residual_cpu.py [examples/benzene.xyz] [--basis cc-pvdz]
+        [--backend serial|threads] [--iterations 8] [--tile 32]
+
+Starts from PySCF's RHF and our transform (not timed), runs CCSD for ``--iterations``
+iterations and prints, per residual (the median over the iterations after the first two,
+which build the plans' index arrays): wall time, the calling thread's CPU time, the
+process's CPU time (every thread: pool workers and BLAS's own), and minor page faults.
+On ``serial`` (every task on the calling thread) the calling thread's CPU time is also
+split by array operation: GEMMs, flat adds (products and permuted sums added into the
+outputs by one index array), gathers, block-by-block adds and scatters, planning, the
+rest. Also the CPU time of the rest of an iteration (update, DIIS, tau, energy), the
+energy reached and the machine's load. Measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import uptime  # noqa: E402
+
+from tessera.backends import blockops, context  # noqa: E402
+from tessera.chem import ccsd_equations  # noqa: E402
+from tessera.chem.ccsd import CCSD  # noqa: E402
+from tessera.chem.integrals import transform  # noqa: E402
+from tessera.chem.molecule import Molecule  # noqa: E402
+from tessera.chem.pyscf_reference import rhf_reference  # noqa: E402
+from tessera.errors import ConvergenceError  # noqa: E402
+
+# the array operations' functions, by category (their tasks call them through the module)
+CATEGORIES = {"gemm": (blockops, ("_gemm_one", "_gemm_scatter_one")), "flat add": (blockops, ("_flat_add",)),
+              "gather": (blockops, ("_take", "_gather_one")), "block adds": (blockops, ("_add_one", "_pairs_one")),
+              "scatter": (blockops, ("_scatter_one",)), "plan": (context, ("plan_updates",))}
+
+
+def _timed(fn, label: str, spent: Counter):
+    def run(*args, **kwargs):
+        t0 = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[label] += time.thread_time() - t0
+    return run
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("xyz", nargs="?", default=str(Path(__file__).resolve().parents[1] / "examples" / "benzene.xyz"))
+    p.add_argument("--basis", default="cc-pvdz")
+    p.add_argument("--backend", choices=("serial", "threads"), default="serial")
+    p.add_argument("--iterations", type=int, default=8)
+    p.add_argument("--tile", type=int, default=32)
+    a = p.parse_args()
+    if a.iterations < 3:
+        p.error("--iterations must be at least 3 (the first two are not counted)")
+    ref = rhf_reference(Molecule.from_xyz(a.xyz, basis=a.basis).to_pyscf())
+    spent, rows, ended = Counter(), [], []
+    if a.backend == "serial":       # nested calls (a GEMM inside a scatter task) count in the inner one only
+        for label, (module, names) in CATEGORIES.items():
+            for name in names:
+                setattr(module, name, _timed(getattr(module, name), label, spent))
+    residual = ccsd_equations.residual
+
+    def measured(*args, **kwargs):
+        if ended:
+            rows[-1]["rest of the iteration"] = time.thread_time() - ended[-1]
+        spent.clear()
+        w0, t0, c0 = time.perf_counter(), time.thread_time(), time.process_time()
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        out = residual(*args, **kwargs)
+        rows.append({"wall": time.perf_counter() - w0, "thread": time.thread_time() - t0,
+                     "process": time.process_time() - c0,
+                     "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0, **spent})
+        ended.append(time.thread_time())
+        return out
+
+    ccsd_equations.residual = measured
+    with context.Context(a.backend) as ctx:
+        ints = transform(ref, 0, a.tile)
+        try:
+            e_corr = CCSD(conv=1e-12, max_iter=a.iterations).kernel(ints, ctx).e_corr
+        except ConvergenceError as err:       # not converged in --iterations: expected
+            e_corr = err.result.e_corr
+    kept = rows[2:]
+    med = {k: float(np.median([r.get(k, 0.0) for r in kept])) for k in kept[0]}
+    print(f"{Path(a.xyz).stem} {a.basis} {a.backend}: E_corr after {a.iterations} iterations {e_corr:.12f}; "
+          f"load {uptime()}")
+    print(f"per residual (median of {len(kept)}): wall {med['wall'] * 1e3:.1f} ms, calling thread CPU "
+          f"{med['thread'] * 1e3:.1f} ms, process CPU {med['process'] * 1e3:.1f} ms, "
+          f"{np.median([r['faults'] for r in kept]):.0f} minor page faults")
+    if a.backend == "serial":
+        counted = 0.0
+        for label in CATEGORIES:
+            counted += med.get(label, 0.0)
+            print(f"  {label:12s} {med.get(label, 0.0) * 1e3:7.1f} ms")
+        print(f"  {'other':12s} {(med['thread'] - counted) * 1e3:7.1f} ms")
+    rest = [r["rest of the iteration"] for r in kept if "rest of the iteration" in r]
+    print(f"rest of an iteration, calling thread CPU (median): {np.median(rest) * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
