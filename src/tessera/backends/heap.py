@@ -14,7 +14,6 @@ matrices) are still mapped, and returned to the kernel when freed.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 from functools import cache
 
@@ -29,7 +28,7 @@ def keep_freed_memory() -> bool:
     """Set the thresholds, once per process; False where the C library has no
     ``mallopt`` (not glibc): its allocator's own policy then stays."""
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+        mallopt = ctypes.CDLL(None).mallopt      # the process's own C library (no ldconfig search)
     except (OSError, AttributeError, TypeError):
         return False
     done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_BYTES))
