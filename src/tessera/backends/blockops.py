@@ -125,11 +125,15 @@ def _flat_add(out, vector, src, index, scale, divisor, dindex, start, stop) -> N
     part = src[start:stop] if index is None else np.take(src, index[start:stop], mode="clip")
     fresh = index is not None
     if divisor is not None:
-        part = part / (divisor[start:stop] if dindex is None else np.take(divisor, dindex[start:stop], mode="clip"))
+        by = divisor[start:stop] if dindex is None else np.take(divisor, dindex[start:stop], mode="clip")
+        part = np.divide(part, by, out=part if fresh else None)
         fresh = True
-    if scale != 1.0:
-        part = np.multiply(part, scale, out=part if fresh else None)
-    vector[start:stop] += part
+    if scale == -1.0:           # a subtraction: no pass to scale
+        vector[start:stop] -= part
+    else:
+        if scale != 1.0:
+            part = np.multiply(part, scale, out=part if fresh else None)
+        vector[start:stop] += part
     out.version += 1
 
 
