@@ -9,8 +9,9 @@ executor (mpi-onesided with nxtval and with steal, mpi-collective), the transfor
 in that context, t1 and t2 become distributed tensors (from the same dense arrays) and
 ``triples_correction`` runs on them with the default occ_tile, with occ_tile 4, and with
 occ_tile 4 and the kernel blocked in the virtual index (vblock 3: the operands are then
-fetched by virtual tile, chem.triples_window); H2O2 also with tile 4 and vblock 2 on
-mpi-onesided (``window_run``: the rows each rank's windowed tasks read).
+fetched by virtual tile, chem.triples_window); H2O2 also with tile 4, vblock 2 and windows
+narrower than a tile on mpi-onesided and mpi-collective (``window_run``: the rows each
+rank's windowed tasks read).
 Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
 the bytes moved by one-sided gets during (T).
@@ -40,6 +41,7 @@ MOLECULES = {            # name -> (xyz, basis, MO tile)
     "water_c2v": ("water.xyz", "6-31g", 4),
 }
 WINDOW_TILE = 4          # h2o2_c1 again, operands fetched by virtual tile (window_run)
+WINDOW_COMBOS = [("mpi-onesided", "cached"), ("mpi-collective", "summa")]    # patches by get, by exchange
 COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
           ("mpi-collective", "summa", None)]
 RUNS = {"None": {}, "4": {"occ_tile": 4},               # default and given occ_tile
@@ -92,17 +94,18 @@ def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
     return runs
 
 
-def window_run(world, ref, t1d, t2d):
+def window_run(world, ref, t1d, t2d, backend, variant):
     """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 2, and
-    cache_mb 0 (windows of single virtual tiles):
-    the operands fetched by virtual tile; E(T), the rows each rank's tasks read, tiles."""
-    ctx = Context("mpi-onesided", variant="cached")
+    cache_mb 0.5 (windows 2 orbitals wide, narrower than a virtual tile: each tile cut in
+    two, 2 2 and 1 2, and fetched by patch): the operands fetched by virtual window;
+    E(T), the rows each rank's tasks read, tiles."""
+    ctx = Context(backend, variant=variant)
     try:
         with ctx:
             ints = transform(ref, 0, WINDOW_TILE)
             t1 = BlockTensor.from_dense(t1d, (ints.o, ints.v), name="t1")
             t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2")
-            res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=2, cache_mb=0)
+            res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=2, cache_mb=0.5)
             tiles = {"o": [t.size for t in ints.o.tiles], "v": [t.size for t in ints.v.tiles]}
     finally:
         ctx.close()
@@ -125,7 +128,7 @@ def main():
             out[name]["runs"][f"{backend}/{schedule}"] = one_run(world, ref, MOLECULES[name][2], t1, t2,
                                                                  backend, variant, schedule)
         if name == "h2o2_c1":
-            out[name]["windows"] = window_run(world, ref, t1, t2)
+            out[name]["windows"] = {b: window_run(world, ref, t1, t2, b, v) for b, v in WINDOW_COMBOS}
     if world.rank == 0:
         print(json.dumps({"nranks": world.size, "molecules": out,
                           "seconds": time.perf_counter() - t_start}), flush=True)

@@ -128,15 +128,16 @@ def window_counts(win: Windows, tiles, triples, G) -> tuple:
 def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None = None,
                   cap: int | None = None) -> tuple:
     """(occ_tile, extra, (tasks, read, most)) of distributed (T) on ``nranks`` ranks, the one
-    rule of its occupied task tile: ``occ_tile`` if given, else the candidate (at most the
-    largest tensor tile and ``cap``) whose tasks read the fewest bytes.  Rows of a task tile
+    rule of its occupied task tile: ``occ_tile`` if given, else the candidate (OCC_TILE_CHOICES
+    below the largest tensor tile and ``cap``, and that bound itself) whose tasks read the
+    fewest bytes.  Rows of a task tile
     are read once per task that holds them, so reads fall as the task tile grows; the tile
     grows while the tasks stay at least TASKS_PER_RANK per rank and one task holds no more
     than ``budget`` (or than a one-orbital tile's task, when even that is over it).
     ``counts_of(c)``: (extra, (tasks, bytes read, the most one task holds)) of tile c."""
     largest = max((tl.size for tl in o.tiles), default=1)
     largest = max(1, largest if cap is None else min(largest, cap))
-    cands = [occ_tile] if occ_tile else [c for c in OCC_TILE_CHOICES if c <= largest]
+    cands = [occ_tile] if occ_tile else sorted({c for c in OCC_TILE_CHOICES if c < largest} | {largest})
     best, limit = None, None
     for c in cands:
         extra, counts = counts_of(c)
@@ -371,10 +372,10 @@ class TriplesTasks:
         if window is not None:
             out = []
             for x in wanted:
-                n, part = self.tiles[x][3], self.tiles[x][4]
-                for name, keys in self.windows.requests(n, window).items():
+                n, rows = self.tiles[x][3], self.tiles[x][4] or ()
+                for name, reqs in self.windows.requests(n, window).items():
                     t_ = self.tensors[name]
-                    out += [(t_, key) if part is None else (t_, key, part) for key in keys]
+                    out += [(t_, key, rows + part) if rows or part else (t_, key) for key, part, _ in reqs]
             return out
         with self.lock:
             new = [x for x in wanted if x not in self.cache]
@@ -501,15 +502,16 @@ class TriplesTasks:
         tables = WindowTables(self.windows, self.lay, self.irrep, self.o, self.v)
         read, copies = 0, dict.fromkeys(SOURCES, 0)
         for x in wanted:
-            s0, _, _, n, part = self.tiles[x]
-            for name, keys in self.windows.requests(n, window).items():
+            s0, _, _, n, rows = self.tiles[x]
+            for name, reqs in self.windows.requests(n, window).items():
                 tensor = self.tensors[name]
-                for key in keys:
-                    arr = blocks[(tensor.uid, key) if part is None else (tensor.uid, key, part)]
+                for key, part, pieces in reqs:
+                    part = (rows or ()) + part
+                    arr = blocks[(tensor.uid, key, part) if part else (tensor.uid, key)]
                     read += arr.nbytes
                     if key not in tensor.blocks:          # owned blocks arrive as views
                         copies[name] += arr.nbytes
-                    tables.add(name, key, arr, s0)
+                    tables.add(name, key, arr, s0, pieces)
         blocks.clear()
         held = {s: copies[s] + tables.nbytes[s] for s in SOURCES}
         with self.lock:
