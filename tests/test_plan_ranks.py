@@ -261,7 +261,8 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
     the virtual index) are the bytes one task of the run's window plan holds (its rows
     and tables, ``window_counts`` of the windows the run's ``TriplesTasks`` chose) for the
     run's memory budget per rank: with 8 GiB per rank a task may hold a quarter of it,
-    more than the 256 MiB floor, and the estimate counts that."""
+    more than the 256 MiB floor, and the estimate counts that; its kernel buffers are the
+    ones the run's tasks size for their task tile and windows."""
     from types import SimpleNamespace
     from tessera.chem.memory import RunShape, estimate
     from tessera.chem.triples_tasks import DEFAULT_CACHE_MB, window_counts
@@ -272,8 +273,10 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
         assert job.windows is not None                       # windowed tasks
         held = window_counts(job.windows, job.tiles, job.triples, job.G)[2]
         shape = RunShape(None, "ccsd(t)", "mpi-onesided", None, 2, 32, None, 0, True, ref, budget=budget)
-        rows[budget] = estimate(shape, baseline=0).parts["(t)"]["rows"]
+        part = estimate(shape, baseline=0).parts["(t)"]
+        rows[budget] = part["rows"]
         assert rows[budget] == held, (budget, rows[budget], held)
+        assert part["kernel"] == shape.threads * job.pool_bytes       # the buffers the run makes
     assert rows[None] <= DEFAULT_CACHE_MB * 2**20 < rows[8 * 2**30] <= 2 * 2**30
 
 
@@ -292,7 +295,7 @@ def test_triples_whole_rows_task_tile_from_the_budget():
         assert job.vblock is None and job.windows is None
         assert job.occ_tile == counts["occ_tile"] > 1 and job.occ_tile <= nocc // 8
         assert counts["tasks"] == len(job.tasks) >= TASKS_PER_RANK * nranks
-        assert counts["task_bytes"] <= 2 * 2**30
+        assert counts["task_bytes"] <= 2 * 2**30 and counts["kernel_bytes"] == job.pool_bytes
         by_hand = sum(row * sum(job.tiles[x][1] - job.tiles[x][0] for x in set(t)) for t in job.triples)
         assert counts["read_bytes"] == by_hand
         one = nocc * (nocc + 1) * (nocc + 2) // 6

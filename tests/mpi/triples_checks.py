@@ -9,7 +9,7 @@ executor (mpi-onesided with nxtval and with steal, mpi-collective), the transfor
 in that context, t1 and t2 become distributed tensors (from the same dense arrays) and
 ``triples_correction`` runs on them with the default occ_tile, with occ_tile 4, and with
 occ_tile 4 and the kernel blocked in the virtual index (vblock 3: the operands are then
-fetched by virtual tile, chem.triples_window); H2O2 also with tile 4, vblock 2 and windows
+fetched by virtual tile, chem.triples_window); H2O2 also with tile 4, vblock 7 and windows
 narrower than a tile on mpi-onesided and mpi-collective (``window_run``: the rows each
 rank's windowed tasks read).
 Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
@@ -95,17 +95,18 @@ def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
 
 
 def window_run(world, ref, t1d, t2d, backend, variant):
-    """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 2, and
+    """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 7, and
     cache_mb 0.5 (windows 2 orbitals wide, narrower than a virtual tile: each tile cut in
     two, 2 2 and 1 2, and fetched by patch): the operands fetched by virtual window;
-    E(T), the rows each rank's tasks read, tiles."""
+    E(T), the rows each rank's tasks read, tiles. (vblock 7 cuts the 13 virtuals into two
+    blocks, the windows into eight: the kernel's buffers follow the windows' blocks.)"""
     ctx = Context(backend, variant=variant)
     try:
         with ctx:
             ints = transform(ref, 0, WINDOW_TILE)
             t1 = BlockTensor.from_dense(t1d, (ints.o, ints.v), name="t1")
             t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2")
-            res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=2, cache_mb=0.5)
+            res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=7, cache_mb=0.5)
             tiles = {"o": [t.size for t in ints.o.tiles], "v": [t.size for t in ints.v.tiles]}
     finally:
         ctx.close()
