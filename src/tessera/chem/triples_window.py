@@ -5,10 +5,10 @@ With distributed tensors and the kernel blocked in the virtual index
 *and* a *window*: an unordered triple of window tiles A >= B >= C (runs of the tensors'
 virtual tiles inside one irrep, joined while one task's bytes stay within a budget,
 ``window_width``; where even one tensor tile is over it, near-equal parts of that tile,
-fetched as patches of its blocks) whose irreps multiply to the task's G.  The kernel's virtual blocks
-are the window tiles cut into runs of at most ``vblock`` orbitals, so every block
-triple the kernel visits lies in exactly one window, and the windows' tasks together
-visit each block triple once.  A
+fetched as patches of its blocks) whose irreps multiply to the task's G.  The kernel's
+virtual blocks are the window tiles cut into runs of at most ``vblock`` orbitals, so
+every block triple the kernel visits lies in exactly one window, and the windows' tasks
+together visit each block triple once.  A
 task fetches, for the rows x of its occupied task tiles, only what the block triples of
 its window read (W = the window's tiles, f any virtual, y and m any occupied):
 
