@@ -176,10 +176,11 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
     run's tasks fetch; tests/test_triples_mpi.py checks those against what arrives);
     more ranks, fewer tasks and bytes per rank; a tighter budget, smaller windows, down to
     parts of a virtual tile (fetched as patches). The occupied task tile is the one of
-    least bytes read among those that leave 8 tasks per rank and keep one task within the
-    budget (each tried tile counted here by hand)."""
+    least bytes read among those that leave 8 tasks per rank, keep one task within the
+    budget and, past the first, windows MIN_WINDOW wide (each tried tile counted here by
+    hand)."""
     from tessera.chem.triples import irrep_ranges
-    from tessera.chem.triples_tasks import OCC_TILE_CHOICES, TASKS_PER_RANK, plan_counts, task_tiles
+    from tessera.chem.triples_tasks import MIN_WINDOW, OCC_TILE_CHOICES, TASKS_PER_RANK, plan_counts, task_tiles
     from tessera.chem.triples_window import Windows, window_width
     orbsym, nocc = orbitals(load(water_cluster(2), basis="cc-pvdz", charge=0), True)
     tensors = CCSDStructure(orbsym, nocc, 0).stored(8, 4)
@@ -216,7 +217,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
 
     top = max(tl.size for tl in o.tiles)
     cut = False
-    for cache_mb in (4, 64):
+    for cache_mb in (1, 64):
         counts = {P: plan_counts(tensors, P, cache_mb=cache_mb, kernel_mb=0.01) for P in (4, 64, 256)}
         vblock = counts[64]["vblock"]
         assert vblock                              # the blocked kernel: windowed tasks
@@ -232,7 +233,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
             if cache_mb == 64:
                 assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles
             if c["occ_tile"] > 1:          # a larger tile is taken only when it reads less
-                assert read < tried[1][1] and tasks >= TASKS_PER_RANK * P
+                assert read < tried[1][1] and tasks >= TASKS_PER_RANK * P and width >= MIN_WINDOW
         assert counts[256]["read_bytes_per_rank"] < counts[64]["read_bytes_per_rank"]
         assert counts[256]["tasks_per_rank"] < counts[64]["tasks_per_rank"]
     assert cut                  # the small budget cut tiles

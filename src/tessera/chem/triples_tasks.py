@@ -56,6 +56,10 @@ DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distrib
 WINDOW_SHARE = 0.25        # windowed tasks: of a rank's memory budget, what one task may hold
 TASKS_PER_RANK = 8         # windowed tasks: the fewest per rank a larger occupied task tile may leave
 OCC_TILE_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)     # occupied task tiles tried (windowed)
+# windows narrower than this many virtuals make the kernel's GEMMs small: a larger task tile
+# is not taken if it narrows them below it (water tetramer cc-pVDZ (T), one rank, under
+# load: windows 38 / 19 / 10 orbitals wide took 91 / 110 / 160 s)
+MIN_WINDOW = 16
 
 
 def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None, kernel_mb=None) -> tuple:
@@ -127,7 +131,7 @@ def window_counts(win: Windows, tiles, triples, G) -> tuple:
 
 
 def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None = None,
-                  cap: int | None = None) -> tuple:
+                  cap: int | None = None, usable=None) -> tuple:
     """(occ_tile, extra, (tasks, read, most)) of distributed (T) on ``nranks`` ranks, the one
     rule of its occupied task tile: ``occ_tile`` if given, else the candidate (OCC_TILE_CHOICES
     below the largest tensor tile and ``cap``, and that bound itself) whose tasks read the
@@ -135,14 +139,16 @@ def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None
     are read once per task that holds them, so reads fall as the task tile grows; the tile
     grows while the tasks stay at least TASKS_PER_RANK per rank and one task holds no more
     than ``budget`` (or than a one-orbital tile's task, when even that is over it).
-    ``counts_of(c)``: (extra, (tasks, bytes read, the most one task holds)) of tile c."""
+    ``counts_of(c)``: (extra, (tasks, bytes read, the most one task holds)) of tile c;
+    ``usable(extra)``: whether a tile larger than the first may be taken."""
     largest = max((tl.size for tl in o.tiles), default=1)
     largest = max(1, largest if cap is None else min(largest, cap))
     cands = [occ_tile] if occ_tile else sorted({c for c in OCC_TILE_CHOICES if c < largest} | {largest})
     best, limit = None, None
     for c in cands:
         extra, counts = counts_of(c)
-        if best is not None and (counts[0] < TASKS_PER_RANK * nranks or counts[2] > limit):
+        if best is not None and (counts[0] < TASKS_PER_RANK * nranks or counts[2] > limit
+                                 or (usable is not None and not usable(extra))):
             break
         limit = max(budget, counts[2]) if limit is None else limit
         if best is None or counts[1] < best[2][1]:
@@ -153,12 +159,13 @@ def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None
 def window_plan(o, v, vr, orange, keys: dict, shapes: dict, vblock: int, budget: float, nranks: int,
                 occ_tile: int | None = None) -> tuple:
     """(occ_tile, Windows, (tasks, read, most)) of windowed (T) (``occ_tile_plan``), the
-    windows as wide as ``budget`` allows for each candidate task tile."""
+    windows as wide as ``budget`` allows for each candidate task tile; a larger task tile
+    only while its windows stay ``MIN_WINDOW`` wide (the first is taken however narrow)."""
     def counts_of(c):
         tiles, triples, G = task_tiles(o, c)
         win = Windows(o, v, vr, orange, keys, shapes, vblock, window_width(o, v, c, budget))
         return win, window_counts(win, tiles, triples, G)
-    return occ_tile_plan(o, budget, nranks, counts_of, occ_tile)
+    return occ_tile_plan(o, budget, nranks, counts_of, occ_tile, usable=lambda win: win.width >= MIN_WINDOW)
 
 
 def row_counts(o, keys: dict, shapes: dict, occ_tile: int) -> tuple:

@@ -60,7 +60,7 @@ class Windows:
     ``width``, near-equal parts of it (the fewest no wider than ``width``)."""
 
     def __init__(self, o, v, vr, orange, keys: dict, shapes: dict, vblock: int, width: int):
-        self.o, self.v, self.keys, self.shapes = o, v, keys, shapes
+        self.o, self.v, self.keys, self.shapes, self.width = o, v, keys, shapes, width
         # window tiles (irrep, first position inside the irrep, size); per tensor tile its
         # first position inside its irrep and its pieces (window tile, first orbital in the
         # tensor tile, first position in the window tile, orbitals): one piece when the tile
