@@ -11,7 +11,8 @@ stored tensor class (T2 and the integral classes) is placed over P ranks with Te
 own placement code (``runtime.distribution.block_owners``, what ``TensorStore`` uses),
 and the per-rank bytes of each class are summed: max, mean and max/mean per class.
 (T) per rank: the rows and kernel buffers it holds beside them, its tasks and the
-bytes of rows they read (``chem.memory.triples_parts``, ``chem.triples_tasks.plan_counts``).
+bytes of rows they read (``chem.memory.triples_parts``, ``chem.triples_tasks.plan_counts``),
+beside what the same budget's tasks by whole occupied rows would read (``row_plan``).
 The bytes each rank moves per CCSD iteration come from the cost model
 (``backends.auto.structure_stats`` and ``estimate``) for each executor and variant.
 Also, at each rank count, the Python time and memory (tracemalloc peak) of what one
@@ -92,6 +93,17 @@ def triples_per_rank(tensors, P, memory_bytes=None) -> dict:
         c = plan_counts(tensors, P, **budget(plan_counts))
         out.update(tasks_per_rank=c["tasks_per_rank"], read_bytes_per_rank=c["read_bytes_per_rank"],
                    occ_tile=c.get("occ_tile"))
+    except ImportError:
+        pass
+    try:                                  # the same tasks by whole occupied rows, for comparison
+        from tessera.chem.triples import SOURCES
+        from tessera.chem.triples_tasks import row_plan, window_budget
+        keys = {name: {} for name in SOURCES}
+        for name in SOURCES:
+            for key in tensors[name].allowed_keys():
+                keys[name].setdefault(key[0], []).append(key)
+        read = row_plan(o, keys, tensors, window_budget(None, memory_bytes), P)[2][1]
+        out.update(whole_rows_read_per_rank=read / P)
     except ImportError:
         pass
     return out
@@ -249,11 +261,14 @@ def main(argv=None) -> None:
             cells = [f"{m['max_bytes'] / 2**20:8.1f}/{m['mean_bytes'] / 2**20:7.1f}/{m['max_over_mean']:5.2f}"
                      for m in row["memory_per_rank"].values()]
             print(f"{P:6d} " + " ".join(f"{c:>22s}" for c in cells))
-        print("(T) per rank: rows held, kernel buffers (MiB); tasks; occupied task tile; rows read (MiB)")
+        print("(T) per rank: rows held, kernel buffers (MiB); tasks; occupied task tile; rows read (MiB); "
+              "rows read by whole occupied rows (MiB) and the ratio")
         for P, row in rows.items():
             t = row["triples"]
+            read, whole = t.get("read_bytes_per_rank", float("nan")), t.get("whole_rows_read_per_rank", float("nan"))
             print(f"{P:6d} rows {t.get('rows', 0) / 2**20:10.1f} kernel {t.get('kernel', 0) / 2**20:8.1f} "
-                  f"tasks {t.get('tasks_per_rank', float('nan')):10.1f} tile {t.get('occ_tile') or '-':>3} read {t.get('read_bytes_per_rank', float('nan')) / 2**20:12.1f}")
+                  f"tasks {t.get('tasks_per_rank', float('nan')):10.1f} tile {t.get('occ_tile') or '-':>3} "
+                  f"read {read / 2**20:12.1f} whole rows {whole / 2**20:12.1f} ({read / whole:.2f}x)")
         print("bytes moved per rank per CCSD iteration (MiB), by executor and variant")
         print(f"{'ranks':>6s} " + " ".join(f"{e:>22s}" for e in rows[ranks[0]]["bytes_per_rank"]))
         for P, row in rows.items():

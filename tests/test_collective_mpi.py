@@ -38,6 +38,17 @@ def test_requests_go_to_owners_by_alltoallv(nranks):
 
 
 @pytest.mark.parametrize("nranks", (2, 3, 4))
+def test_patches_along_two_axes_of_alias_blocks(nranks):
+    """Requests of a patch cut along two axes, of canonical blocks and of their aliases:
+    the values are the dense tensor's on both executors, and one-sided gets move exactly
+    the remote patches (an alias's patch is cut from its canonical block, not the whole)."""
+    out = launch(nranks)["patches"]
+    for backend, res in out.items():
+        assert res["err"] == 0.0 and res["aliases"] > 0, backend
+    assert out["mpi-onesided"]["gets"] == out["mpi-onesided"]["remote"] > 0
+
+
+@pytest.mark.parametrize("nranks", (2, 3, 4))
 def test_frozen_operands_move_once(nranks):
     """R = W * tau three times on the grid: a frozen operand's panels are kept after the first run, so
     the second and third runs move less, the same amount, and the savings of freezing W

@@ -138,7 +138,8 @@ def test_alltoallv_rounds(nranks, limit):
 
 
 def test_request_encoding_round_trip():
-    reqs = [(3, (0, 1, 2, 3), None), (7, (5,), (0, 2, 4)), (3, (1, 1), (1, 0, 1)), (0, (), None)]
+    reqs = [(3, (0, 1, 2, 3), None), (7, (5,), (0, 2, 4)), (3, (1, 1), (1, 0, 1)), (0, (), None),
+            (2, (0, 4, 1), (0, 1, 3, 2, 5, 9))]          # a patch cut along two axes
     ints = [x for eid, key, part in reqs for x in _encode(eid, key, part)]
     assert _decode(np.array(ints, dtype=np.int64)) == reqs
 

@@ -174,11 +174,13 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
     """``plan_counts`` (``tessera plan --ranks``' (T) numbers, from per-tile totals) equals
     the sum over every windowed task of the bytes of the rows it requests (the lists a
     run's tasks fetch; tests/test_triples_mpi.py checks those against what arrives);
-    more ranks, fewer tasks and bytes per rank; a tighter budget, smaller windows. The
-    occupied task tile is the one of least bytes read among those that leave 8 tasks per
-    rank and keep one task within the budget (each tried tile counted here by hand)."""
+    more ranks, fewer tasks and bytes per rank; a tighter budget, smaller windows, down to
+    parts of a virtual tile (fetched as patches). The occupied task tile is the one of
+    least bytes read among those that leave 8 tasks per rank, keep one task within the
+    budget and, past the first, windows MIN_WINDOW wide (each tried tile counted here by
+    hand)."""
     from tessera.chem.triples import irrep_ranges
-    from tessera.chem.triples_tasks import OCC_TILE_CHOICES, TASKS_PER_RANK, plan_counts, task_tiles
+    from tessera.chem.triples_tasks import MIN_WINDOW, OCC_TILE_CHOICES, TASKS_PER_RANK, plan_counts, task_tiles
     from tessera.chem.triples_window import Windows, window_width
     orbsym, nocc = orbitals(load(water_cluster(2), basis="cc-pvdz", charge=0), True)
     tensors = CCSDStructure(orbsym, nocc, 0).stored(8, 4)
@@ -193,32 +195,48 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
         win = Windows(o, v, vrange, orange, keys, tensors, vblock,
                       window_width(o, v, occ_tile, cache_mb * 2**20))
         tiles, triples, G = task_tiles(o, occ_tile)
+        per_row = {}                                   # (tensor tile, window) -> bytes of one row
+
+        def row(n, w):
+            if (n, w) not in per_row:
+                total = 0
+                for name, reqs in win.requests(n, w).items():
+                    for k, part, _ in reqs:
+                        shape = list(tensors[name].block_shape(k))
+                        for a in range(0, len(part), 3):        # a patch: its cut axes
+                            shape[part[a]] = part[a + 2] - part[a + 1]
+                        total += 8 * int(np.prod(shape[1:]))
+                per_row[n, w] = total
+            return per_row[n, w]
         read = tasks = 0
         for t, g in zip(triples, G):
             for w in win.windows(g):
                 tasks += 1
-                for x in set(t):
-                    for name, ks in win.requests(tiles[x][3], w).items():
-                        read += 8 * (tiles[x][1] - tiles[x][0]) * sum(
-                            int(np.prod(tensors[name].block_shape(k)[1:])) for k in ks)
+                read += sum((tiles[x][1] - tiles[x][0]) * row(tiles[x][3], w) for x in set(t))
         return tasks, read, win
 
-    for cache_mb in (0, 64):
+    top = max(tl.size for tl in o.tiles)
+    cut = False
+    for cache_mb in (1, 64):
         counts = {P: plan_counts(tensors, P, cache_mb=cache_mb, kernel_mb=0.01) for P in (4, 64, 256)}
         vblock = counts[64]["vblock"]
         assert vblock                              # the blocked kernel: windowed tasks
-        tried = {t: by_hand(t, vblock, cache_mb) for t in OCC_TILE_CHOICES if t <= max(tl.size for tl in o.tiles)}
+        tried = {t: by_hand(t, vblock, cache_mb) for t in sorted({t for t in OCC_TILE_CHOICES if t < top} | {top})}
         for P, c in counts.items():
             tasks, read, win = tried[c["occ_tile"]]
             assert (c["tasks"], c["read_bytes"]) == (tasks, read), (cache_mb, P)
-            if cache_mb == 0:
-                assert len(win.vtiles) == len(v.tiles)        # windows of single tensor tiles
-            else:
+            width = window_width(o, v, c["occ_tile"], cache_mb * 2**20)
+            assert max(t[2] for t in win.vtiles) <= width
+            if width < max(tl.size for tl in v.tiles):   # windows narrower than a tile: it is cut
+                assert len(win.vtiles) > len(v.tiles)
+                cut = True
+            if cache_mb == 64:
                 assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles
             if c["occ_tile"] > 1:          # a larger tile is taken only when it reads less
-                assert read < tried[1][1] and tasks >= TASKS_PER_RANK * P
+                assert read < tried[1][1] and tasks >= TASKS_PER_RANK * P and width >= MIN_WINDOW
         assert counts[256]["read_bytes_per_rank"] < counts[64]["read_bytes_per_rank"]
         assert counts[256]["tasks_per_rank"] < counts[64]["tasks_per_rank"]
+    assert cut                  # the small budget cut tiles
     # few ranks and room for it: larger task tiles, fewer bytes read than one-orbital tiles
     assert counts[4]["occ_tile"] > 1 and counts[4]["read_bytes"] < tried[1][1]
 
@@ -244,7 +262,8 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
     the virtual index) are the bytes one task of the run's window plan holds (its rows
     and tables, ``window_counts`` of the windows the run's ``TriplesTasks`` chose) for the
     run's memory budget per rank: with 8 GiB per rank a task may hold a quarter of it,
-    more than the 256 MiB floor, and the estimate counts that."""
+    more than the 256 MiB floor, and the estimate counts that; its kernel buffers are the
+    ones the run's tasks size for their task tile and windows."""
     from types import SimpleNamespace
     from tessera.chem.memory import RunShape, estimate
     from tessera.chem.triples_tasks import DEFAULT_CACHE_MB, window_counts
@@ -255,8 +274,10 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
         assert job.windows is not None                       # windowed tasks
         held = window_counts(job.windows, job.tiles, job.triples, job.G)[2]
         shape = RunShape(None, "ccsd(t)", "mpi-onesided", None, 2, 32, None, 0, True, ref, budget=budget)
-        rows[budget] = estimate(shape, baseline=0).parts["(t)"]["rows"]
+        part = estimate(shape, baseline=0).parts["(t)"]
+        rows[budget] = part["rows"]
         assert rows[budget] == held, (budget, rows[budget], held)
+        assert part["kernel"] == shape.threads * job.pool_bytes       # the buffers the run makes
     assert rows[None] <= DEFAULT_CACHE_MB * 2**20 < rows[8 * 2**30] <= 2 * 2**30
 
 
@@ -275,7 +296,7 @@ def test_triples_whole_rows_task_tile_from_the_budget():
         assert job.vblock is None and job.windows is None
         assert job.occ_tile == counts["occ_tile"] > 1 and job.occ_tile <= nocc // 8
         assert counts["tasks"] == len(job.tasks) >= TASKS_PER_RANK * nranks
-        assert counts["task_bytes"] <= 2 * 2**30
+        assert counts["task_bytes"] <= 2 * 2**30 and counts["kernel_bytes"] == job.pool_bytes
         by_hand = sum(row * sum(job.tiles[x][1] - job.tiles[x][0] for x in set(t)) for t in job.triples)
         assert counts["read_bytes"] == by_hand
         one = nocc * (nocc + 1) * (nocc + 2) // 6

@@ -8,6 +8,9 @@ Rank 0 prints one JSON object:
   of 5 took;
 - ``requests``: max |error| of blocks fetched by request (``fetch_blocks``, whole blocks and
   parts) against the dense tensor, and whether any allgather was used;
+- ``patches``: patches cut along two axes of every block of a canonical-block tensor (aliases
+  included) by each executor: max error, and mpi-onesided's get bytes beside the remote
+  patches' bytes;
 - ``frozen``: R = W * tau (ladder pattern) run three times per case (nothing, W, tau or
   both frozen, on the grid; nothing or W frozen with the products on the output's owners), and a permuted addition plus a Hadamard product (``owner_none``,
   ``owner_frozen``): the bytes received over all ranks per run (alltoallv and broadcasts)
@@ -87,6 +90,39 @@ def check_requests(world) -> dict:
     return {"err": err, "ops": ops, "complete": complete}
 
 
+def check_patches(world) -> dict:
+    """Patches cut along two axes (``(0, lo, hi, 2, lo, hi)``) of every block of a tensor
+    kept as canonical blocks (T2's pair symmetry: half the keys are aliases), fetched by
+    each executor: max error against the dense tensor, and for mpi-onesided the bytes its
+    gets moved and the bytes of the remote patches asked for (equal: an alias's patch is
+    cut from its canonical block at the owner, not fetched whole)."""
+    from tessera.chem.ccsd_equations import T2_SYMMETRY
+    rng = np.random.default_rng(5)
+    o = IndexSpace.from_irreps("o", np.zeros(5, int), 3)
+    v = IndexSpace.from_irreps("v", np.zeros(7, int), 4)
+    dense = rng.standard_normal((5, 5, 7, 7))
+    dense = dense + dense.transpose(1, 0, 3, 2)
+    out = {}
+    for backend in ("mpi-onesided", "mpi-collective"):
+        with Context(backend) as ctx:
+            T = BlockTensor.from_dense(dense, (o, o, v, v), name="T2", symmetry=T2_SYMMETRY, canonical=True)
+            T.dist.ga.sync()                                         # every rank's blocks in place
+            err = float(np.abs(T.to_dense() - dense).max())
+            keys = sorted(T.allowed_keys())
+            part = (0, 1, 2, 2, 1, 3)                  # row 1 of axis 0, columns 1..2 of axis 2
+            snap = world.comm_log.snapshot()
+            got = ctx.executor.fetch_blocks([(T, k, part) for k in keys])
+            gets = sum(r.nbytes for r in world.comm_log.records(snap) if r.op == "get")
+            remote = sum(8 * T.block_shape(k)[1] * T.block_shape(k)[3] * 2 for k in keys if T.blocks.get(k) is None)
+            for k in keys:
+                ref = dense[np.ix_(*(s.orbitals[s.slice(t)] for s, t in zip(T.spaces, k)))][1:2, :, 1:3]
+                err = max(err, float(np.abs(got[(T.uid, k, part)] - ref).max()))
+            out[backend] = {"err": err, "aliases": len(T.dist.ga.aliases),
+                            "gets": int(world.allreduce(np.array([gets]), "sum")[0]),
+                            "remote": int(world.allreduce(np.array([remote]), "sum")[0])}
+    return out
+
+
 def check_frozen(world) -> dict:
     o = IndexSpace.from_irreps("o", np.zeros(4, int), 2)
     v = IndexSpace.from_irreps("v", np.zeros(9, int), 3)
@@ -157,6 +193,7 @@ def check_cached_split(world) -> dict:
 def main():
     world = World.get()
     result = {"nranks": world.size, "alltoallv": check_alltoallv(world), "requests": check_requests(world),
+              "patches": check_patches(world),
               "frozen": check_frozen(world), "cached_split": check_cached_split(world)}
     if world.rank == 0:
         print(json.dumps(result), flush=True)

@@ -9,8 +9,9 @@ executor (mpi-onesided with nxtval and with steal, mpi-collective), the transfor
 in that context, t1 and t2 become distributed tensors (from the same dense arrays) and
 ``triples_correction`` runs on them with the default occ_tile, with occ_tile 4, and with
 occ_tile 4 and the kernel blocked in the virtual index (vblock 3: the operands are then
-fetched by virtual tile, chem.triples_window); H2O2 also with tile 4 and vblock 2 on
-mpi-onesided (``window_run``: the rows each rank's windowed tasks read).
+fetched by virtual tile, chem.triples_window); H2O2 also with tile 4, vblock 7 and windows
+narrower than a tile on mpi-onesided and mpi-collective (``window_run``: the rows each
+rank's windowed tasks read).
 Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
 the bytes moved by one-sided gets during (T).
@@ -27,6 +28,7 @@ from pathlib import Path
 from tessera import BlockTensor
 from tessera.backends.context import Context
 from tessera.chem.ccsd import CCSD
+from tessera.chem.ccsd_equations import T2_SYMMETRY
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
@@ -40,6 +42,7 @@ MOLECULES = {            # name -> (xyz, basis, MO tile)
     "water_c2v": ("water.xyz", "6-31g", 4),
 }
 WINDOW_TILE = 4          # h2o2_c1 again, operands fetched by virtual tile (window_run)
+WINDOW_COMBOS = [("mpi-onesided", "cached"), ("mpi-collective", "summa")]    # patches by get, by exchange
 COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
           ("mpi-collective", "summa", None)]
 RUNS = {"None": {}, "4": {"occ_tile": 4},               # default and given occ_tile
@@ -92,22 +95,30 @@ def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
     return runs
 
 
-def window_run(world, ref, t1d, t2d):
-    """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 2, and
-    cache_mb 0 (windows of single virtual tiles):
-    the operands fetched by virtual tile; E(T), the rows each rank's tasks read, tiles."""
-    ctx = Context("mpi-onesided", variant="cached")
+def window_run(world, ref, t1d, t2d, backend, variant):
+    """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 7, and
+    cache_mb 0.8 (windows 3 orbitals wide: the first virtual tile cut into 2 2 and fetched
+    by patch, the others whole; T2 kept as canonical blocks, so half its rows are patches of
+    alias blocks): the operands fetched by virtual window; E(T), the rows
+    each rank's tasks read, the bytes one-sided gets moved, tiles. (vblock 7 cuts the 13 virtuals into two blocks, the
+    windows into five: the kernel's buffers follow the windows' blocks.)"""
+    ctx = Context(backend, variant=variant)
     try:
         with ctx:
             ints = transform(ref, 0, WINDOW_TILE)
             t1 = BlockTensor.from_dense(t1d, (ints.o, ints.v), name="t1")
-            t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2")
-            res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=2, cache_mb=0)
+            # canonical blocks only, as CCSD keeps T2: half the rows come as patches of aliases
+            t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2",
+                                        symmetry=T2_SYMMETRY, canonical=True)
+            snap = world.comm_log.snapshot()
+            res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=7, cache_mb=0.8)
+            gets = sum(r.nbytes for r in world.comm_log.records(since=snap) if r.op == "get")
             tiles = {"o": [t.size for t in ints.o.tiles], "v": [t.size for t in ints.v.tiles]}
     finally:
         ctx.close()
     return {"e_t": res.energy, "tasks": res.tasks, "read_bytes": list(res.rank_read_bytes), "tiles": tiles,
-            "peak_operand_bytes": list(res.rank_peak_operand_bytes), "whole_bytes": res.whole_bytes}
+            "peak_operand_bytes": list(res.rank_peak_operand_bytes), "whole_bytes": res.whole_bytes,
+            "get_bytes": int(world.allreduce(gets, "sum"))}
 
 
 def main():
@@ -125,7 +136,7 @@ def main():
             out[name]["runs"][f"{backend}/{schedule}"] = one_run(world, ref, MOLECULES[name][2], t1, t2,
                                                                  backend, variant, schedule)
         if name == "h2o2_c1":
-            out[name]["windows"] = window_run(world, ref, t1, t2)
+            out[name]["windows"] = {b: window_run(world, ref, t1, t2, b, v) for b, v in WINDOW_COMBOS}
     if world.rank == 0:
         print(json.dumps({"nranks": world.size, "molecules": out,
                           "seconds": time.perf_counter() - t_start}), flush=True)

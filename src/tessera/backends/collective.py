@@ -117,8 +117,8 @@ def exchange(cc: CollectiveComm, items) -> dict:
     """Blocks to where they are needed, by one all-to-all.
 
     ``items``: every (global array, key, destination rank) of the step, or (global array,
-    key, destination, part) for rows lo..hi of one axis (``part = (axis, lo, hi)``), the
-    same list on every rank (deterministic). Returns {(array id, key): block} (with
+    key, destination, part) for rows lo..hi of one axis (``part = (axis, lo, hi)``; several
+    axes: ``tasks.part_slice``), the same list on every rank (deterministic). Returns {(array id, key): block} (with
     ``part`` appended to the key when given) of the items destined here (owned blocks as
     views)."""
     me, size = cc.rank, cc.size
@@ -169,9 +169,10 @@ def owned_views(me: int, items) -> dict:
 
 
 def _encode(eid: int, key: tuple, part) -> list:
-    """One request as integers: array id, key length, key, then axis, lo, hi of the part
-    (axis -1: the whole block)."""
-    return [eid, len(key), *key, *(part if part is not None else (-1, 0, 0))]
+    """One request as integers: array id, key length, key, the part's length (0: the whole
+    block), then its (axis, lo, hi) triples."""
+    part = part or ()
+    return [eid, len(key), *key, len(part), *part]
 
 
 def _decode(ints) -> list:
@@ -180,9 +181,10 @@ def _decode(ints) -> list:
     while pos < len(ints):
         eid, n = int(ints[pos]), int(ints[pos + 1])
         key = tuple(int(x) for x in ints[pos + 2:pos + 2 + n])
-        axis, lo, hi = (int(x) for x in ints[pos + 2 + n:pos + 5 + n])
-        out.append((eid, key, None if axis < 0 else (axis, lo, hi)))
-        pos += n + 5
+        m = int(ints[pos + 2 + n])
+        part = tuple(int(x) for x in ints[pos + 3 + n:pos + 3 + n + m])
+        out.append((eid, key, part or None))
+        pos += n + 3 + m
     return out
 
 

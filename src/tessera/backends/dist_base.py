@@ -32,8 +32,8 @@ from tessera.plan.blocktasks import add_source, hadamard_outputs, source_block
 def part_range(ga, key, part) -> tuple:
     """Global [lo, hi) of ``part`` of block ``key`` in ``ga`` (whole block for None)."""
     lo, hi = (list(x) for x in ga.block_range(key))
-    if part is not None:
-        axis, a, b = part
+    for n in range(0, len(part or ()), 3):           # (axis, lo, hi) per cut axis
+        axis, a, b = part[n:n + 3]
         lo[axis], hi[axis] = lo[axis] + a, lo[axis] + b
     return tuple(lo), tuple(hi)
 
@@ -160,7 +160,8 @@ class DistributedExecutor(ABC):
         """Blocks for [(tensor, key), ...] as {(uid, key): block}; owned blocks are views.
 
         A request may name part of a block, ``(tensor, key, (axis, lo, hi))``: the rows
-        lo..hi (block-local) along one axis, returned under ``(uid, key, (axis, lo, hi))``.
+        lo..hi (block-local) along one axis (or a patch cut along several axes,
+        ``tasks.part_slice``), returned under ``(uid, key, part)``.
         Called by every rank at the same point; subclasses decide how remote blocks travel."""
 
     def add_step(self, step) -> None:

@@ -135,13 +135,16 @@ class OneSidedExecutor(DistributedExecutor):
                 out[k] = view if part is None else view[part_slice(view.ndim, part)]
             elif part is None:
                 pending.append((k, t.dist.ga.iget(key), None))
-            elif key in t.dist.ga.aliases:         # an alias: its canonical block, then the part
-                pending.append((k, t.dist.ga.iget(key), part))
+            elif key in t.dist.ga.aliases:         # an alias: that patch of its canonical block
+                canon, perm = t.dist.ga.aliases[key]
+                cpart = tuple(x for n in range(0, len(part), 3)
+                              for x in (perm[part[n]], part[n + 1], part[n + 2]))
+                pending.append((k, t.dist.ga.iget_patch(*part_range(t.dist.ga, canon, cpart)), perm))
             else:
                 pending.append((k, t.dist.ga.iget_patch(*part_range(t.dist.ga, key, part)), None))
-        for k, h, cut in pending:
+        for k, h, perm in pending:
             blk = h.wait()
-            out[k] = blk if cut is None else blk[part_slice(blk.ndim, cut)]
+            out[k] = blk if perm is None else blk.transpose(perm)
         return out
 
     # ---------------------------------------------------------------- contraction

@@ -16,7 +16,8 @@ on whatever executor the context has:
 Each task returns a float (an energy, a count, or 0.0); ``run_tasks`` returns the
 results of every task on every rank, so a caller can add them in task order and get a
 number that does not depend on who ran what. Requests are ``(tensor, key)`` or
-``(tensor, key, (axis, lo, hi))`` (rows lo..hi of one axis of the block); ``work``
+``(tensor, key, (axis, lo, hi))`` (rows lo..hi of one axis of the block; more axes:
+``(axis, lo, hi, axis', lo', hi', ...)``, ``part_slice``); ``work``
 receives ``{(tensor.uid, key[, part]): block}``.
 """
 
@@ -31,9 +32,13 @@ from tessera.runtime.distribution import largest_first_order
 
 
 def part_slice(ndim: int, part) -> tuple:
-    """The index of ``part = (axis, lo, hi)`` (rows lo..hi along one axis) in a block."""
-    axis, lo, hi = part
-    return (slice(None),) * axis + (slice(lo, hi),) + (slice(None),) * (ndim - axis - 1)
+    """The index of ``part = (axis, lo, hi)`` (rows lo..hi along one axis) in a block, or
+    of ``(axis, lo, hi, axis', lo', hi', ...)``, a patch cut along several axes."""
+    index = [slice(None)] * ndim
+    for n in range(0, len(part), 3):
+        axis, lo, hi = part[n:n + 3]
+        index[axis] = slice(lo, hi)
+    return tuple(index)
 
 
 def request_tag(request) -> tuple:

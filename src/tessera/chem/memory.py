@@ -276,8 +276,8 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
     the fused left operands of ``RowSlab.add_swapped``; a rank holds what one task of the
     run's plan holds, ``triples_tasks.plan_counts``: with the blocked kernel one windowed
     task's rows and tables, ``chem.triples_window``, else one task's rows and the row
-    cache) and ``kernel`` (buffers per thread, as
-    ``triples_tasks.kernel_plan`` sizes them). The one formula of (T) memory, also used
+    cache) and ``kernel`` (buffers per thread, as ``triples_tasks.kernel_plan`` sizes
+    them; distributed, for the plan's task tile and windows). The one formula of (T) memory, also used
     by ``tessera plan --ranks``. ``memory_bytes``: the rank's memory budget, of which
     windowed tasks may take a share (``triples_tasks.window_budget``)."""
     from tessera.chem.triples import VirtualLayout, irrep_ranges
@@ -295,8 +295,8 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
         from tessera.chem.triples_tasks import plan_counts
         from tessera.tensor.block_tensor import BlockTensor
         tensors = {name: class_tensor(name, o, v) for name in ("ovvv", "ovov", "ovoo")}
-        task = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks,
-                           memory_bytes=memory_bytes)["task_bytes"]
+        plan = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks, memory_bytes=memory_bytes)
+        task, kernel = plan["task_bytes"], plan["kernel_bytes"]          # the run's kernel batch
         rows_t = task if vblock is not None else min(rows_t, DEFAULT_CACHE_MB * 2**20 + task)
     return {"rows": rows_t, "kernel": threads * kernel}
 

@@ -43,13 +43,16 @@ def virtual_blocks(lay: VirtualLayout, vblock: int) -> list:
     return out
 
 
-def blocked_pool_sizes(lay: VirtualLayout, vblock: int, batch: int) -> list:
+def blocked_pool_sizes(lay: VirtualLayout, vblock: int, batch: int, blocks=None) -> list:
     """Elements of one thread's buffers: W, Y and Yc of the ordered blocks of one block
     triple (six, three or one, as the number of blocks allows), one layout's scratch, the
-    right operand (pair copied out) and the stacked left operands."""
-    blocks = virtual_blocks(lay, vblock)
-    n = max((s for _, _, s in blocks), default=1)
-    orders = 6 if len(blocks) >= 3 else 2 * len(blocks) - 1
+    right operand (pair copied out) and the stacked left operands; ``blocks``: the blocks
+    a triple is drawn from when not ``virtual_blocks(lay, vblock)`` (windows:
+    ``Windows.blocks``, none larger than those, whose size is the kernel's slot)."""
+    full = virtual_blocks(lay, vblock)
+    n = max((s for _, _, s in full), default=1)
+    count = len(full if blocks is None else blocks)
+    orders = 6 if count >= 3 else 2 * count - 1
     k = max(int(lay.n.max()), int(lay.no.max()), 1)
     return [3 * orders * batch * n ** 3, batch * n ** 3, k * n * n, batch * n * k]
 
@@ -97,8 +100,8 @@ class BlockedTripleKernel(TripleKernel):
         self.flops = 0
 
     @staticmethod
-    def new_pool(lay: VirtualLayout, vblock: int, batch: int) -> list:
-        return [np.empty(max(n, 1)) for n in blocked_pool_sizes(lay, vblock, batch)]
+    def new_pool(lay: VirtualLayout, vblock: int, batch: int, blocks=None) -> list:
+        return [np.empty(max(n, 1)) for n in blocked_pool_sizes(lay, vblock, batch, blocks)]
 
     def energy(self, i: int, j: int, ks: range) -> float:
         """sum over k in ks of sum_abc W r3(W + V) / D, block triple by block triple."""

@@ -56,6 +56,10 @@ DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distrib
 WINDOW_SHARE = 0.25        # windowed tasks: of a rank's memory budget, what one task may hold
 TASKS_PER_RANK = 8         # windowed tasks: the fewest per rank a larger occupied task tile may leave
 OCC_TILE_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)     # occupied task tiles tried (windowed)
+# windows narrower than this many virtuals make the kernel's GEMMs small: a larger task tile
+# is not taken if it narrows them below it (water tetramer cc-pVDZ (T), one rank, under
+# load: windows 38 / 19 / 10 orbitals wide took 91 / 110 / 160 s)
+MIN_WINDOW = 16
 
 
 def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None, kernel_mb=None) -> tuple:
@@ -75,10 +79,11 @@ def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None,
     return int(occ_tile), vblock, batch, pool_bytes(lay, vblock, batch)
 
 
-def pool_bytes(lay: VirtualLayout, vblock, batch: int) -> int:
-    """Bytes of one thread's kernel buffers (whole-space kernel when ``vblock`` is None)."""
+def pool_bytes(lay: VirtualLayout, vblock, batch: int, blocks=None) -> int:
+    """Bytes of one thread's kernel buffers (whole-space kernel when ``vblock`` is None;
+    ``blocks``: the windows' kernel blocks, ``Windows.blocks``)."""
     sizes = (TripleKernel.pool_sizes(lay, batch) if vblock is None
-             else blocked_pool_sizes(lay, vblock, batch))
+             else blocked_pool_sizes(lay, vblock, batch, blocks))
     return 8 * sum(max(n, 1) for n in sizes)
 
 
@@ -126,21 +131,24 @@ def window_counts(win: Windows, tiles, triples, G) -> tuple:
 
 
 def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None = None,
-                  cap: int | None = None) -> tuple:
+                  cap: int | None = None, usable=None) -> tuple:
     """(occ_tile, extra, (tasks, read, most)) of distributed (T) on ``nranks`` ranks, the one
-    rule of its occupied task tile: ``occ_tile`` if given, else the candidate (at most the
-    largest tensor tile and ``cap``) whose tasks read the fewest bytes.  Rows of a task tile
+    rule of its occupied task tile: ``occ_tile`` if given, else the candidate (OCC_TILE_CHOICES
+    below the largest tensor tile and ``cap``, and that bound itself) whose tasks read the
+    fewest bytes.  Rows of a task tile
     are read once per task that holds them, so reads fall as the task tile grows; the tile
     grows while the tasks stay at least TASKS_PER_RANK per rank and one task holds no more
     than ``budget`` (or than a one-orbital tile's task, when even that is over it).
-    ``counts_of(c)``: (extra, (tasks, bytes read, the most one task holds)) of tile c."""
+    ``counts_of(c)``: (extra, (tasks, bytes read, the most one task holds)) of tile c;
+    ``usable(extra)``: whether a tile larger than the first may be taken."""
     largest = max((tl.size for tl in o.tiles), default=1)
     largest = max(1, largest if cap is None else min(largest, cap))
-    cands = [occ_tile] if occ_tile else [c for c in OCC_TILE_CHOICES if c <= largest]
+    cands = [occ_tile] if occ_tile else sorted({c for c in OCC_TILE_CHOICES if c < largest} | {largest})
     best, limit = None, None
     for c in cands:
         extra, counts = counts_of(c)
-        if best is not None and (counts[0] < TASKS_PER_RANK * nranks or counts[2] > limit):
+        if best is not None and (counts[0] < TASKS_PER_RANK * nranks or counts[2] > limit
+                                 or (usable is not None and not usable(extra))):
             break
         limit = max(budget, counts[2]) if limit is None else limit
         if best is None or counts[1] < best[2][1]:
@@ -151,12 +159,13 @@ def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None
 def window_plan(o, v, vr, orange, keys: dict, shapes: dict, vblock: int, budget: float, nranks: int,
                 occ_tile: int | None = None) -> tuple:
     """(occ_tile, Windows, (tasks, read, most)) of windowed (T) (``occ_tile_plan``), the
-    windows as wide as ``budget`` allows for each candidate task tile."""
+    windows as wide as ``budget`` allows for each candidate task tile; a larger task tile
+    only while its windows stay ``MIN_WINDOW`` wide (the first is taken however narrow)."""
     def counts_of(c):
         tiles, triples, G = task_tiles(o, c)
         win = Windows(o, v, vr, orange, keys, shapes, vblock, window_width(o, v, c, budget))
         return win, window_counts(win, tiles, triples, G)
-    return occ_tile_plan(o, budget, nranks, counts_of, occ_tile)
+    return occ_tile_plan(o, budget, nranks, counts_of, occ_tile, usable=lambda win: win.width >= MIN_WINDOW)
 
 
 def row_counts(o, keys: dict, shapes: dict, occ_tile: int) -> tuple:
@@ -187,7 +196,8 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     empty ovvv, t2, ovov, ovoo; ``memory_bytes``: a rank's memory budget): its tasks, the
     bytes of rows they read (what a task requests; a row-cached run reads less) and the
     most one task holds (windowed: its fetched rows and tables; else its task tiles'
-    packed rows, twice: fetched and packed)."""
+    packed rows, twice: fetched and packed) and the kernel buffers of one thread, as the
+    run's ``TriplesTasks`` sizes them for that plan."""
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
     orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
     lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
@@ -199,12 +209,16 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     budget = window_budget(cache_mb, memory_bytes)
     if vblock is None:                    # whole rows per task tile
         occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, budget, nranks)
+        batch = min(kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)[2], occ_tile)
+        kernel = pool_bytes(lay, None, batch)
     else:
-        occ_tile, _, (ntasks, read, most) = window_plan(o, v, vrange, orange, keys, tensors, vblock,
-                                                        budget, nranks)
+        occ_tile, win, (ntasks, read, most) = window_plan(o, v, vrange, orange, keys, tensors, vblock,
+                                                          budget, nranks)
+        batch = kernel_plan(lay, o, v, occ_tile, False, vblock, kernel_mb)[2]
+        kernel = pool_bytes(lay, vblock, batch, win.blocks)
     return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
             "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
-            "vblock": vblock or 0}
+            "vblock": vblock or 0, "kernel_bytes": int(kernel)}
 
 
 class _Ledger:
@@ -255,8 +269,8 @@ class TriplesTasks:
             budget = window_budget(cache_mb, memory_bytes)
             occ, self.windows, _ = window_plan(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
                                                budget, nranks, occ_tile)
-            self.occ_tile, _, self.batch, self.pool_bytes = kernel_plan(lay, o, v, occ, resident,
-                                                                        self.vblock, kernel_mb)
+            self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
+            self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows.blocks)
             cache_mb = budget / 2**20
         elif not resident and occ_tile is None:
             self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, window_budget(cache_mb, memory_bytes),
@@ -371,10 +385,10 @@ class TriplesTasks:
         if window is not None:
             out = []
             for x in wanted:
-                n, part = self.tiles[x][3], self.tiles[x][4]
-                for name, keys in self.windows.requests(n, window).items():
+                n, rows = self.tiles[x][3], self.tiles[x][4] or ()
+                for name, reqs in self.windows.requests(n, window).items():
                     t_ = self.tensors[name]
-                    out += [(t_, key) if part is None else (t_, key, part) for key in keys]
+                    out += [(t_, key, rows + part) if rows or part else (t_, key) for key, part, _ in reqs]
             return out
         with self.lock:
             new = [x for x in wanted if x not in self.cache]
@@ -491,7 +505,8 @@ class TriplesTasks:
         """The kernel's buffers of this thread."""
         if not hasattr(self.local, "pool"):
             self.local.pool = (TripleKernel.new_pool(self.lay, self.batch) if self.vblock is None
-                               else BlockedTripleKernel.new_pool(self.lay, self.vblock, self.batch))
+                               else BlockedTripleKernel.new_pool(self.lay, self.vblock, self.batch,
+                                                                 self.windows and self.windows.blocks))
         return self.local.pool
 
     def _window_work(self, task: int, wanted: list, blocks: dict) -> float:
@@ -501,15 +516,16 @@ class TriplesTasks:
         tables = WindowTables(self.windows, self.lay, self.irrep, self.o, self.v)
         read, copies = 0, dict.fromkeys(SOURCES, 0)
         for x in wanted:
-            s0, _, _, n, part = self.tiles[x]
-            for name, keys in self.windows.requests(n, window).items():
+            s0, _, _, n, rows = self.tiles[x]
+            for name, reqs in self.windows.requests(n, window).items():
                 tensor = self.tensors[name]
-                for key in keys:
-                    arr = blocks[(tensor.uid, key) if part is None else (tensor.uid, key, part)]
+                for key, part, pieces in reqs:
+                    part = (rows or ()) + part
+                    arr = blocks[(tensor.uid, key, part) if part else (tensor.uid, key)]
                     read += arr.nbytes
                     if key not in tensor.blocks:          # owned blocks arrive as views
                         copies[name] += arr.nbytes
-                    tables.add(name, key, arr, s0)
+                    tables.add(name, key, arr, s0, pieces)
         blocks.clear()
         held = {s: copies[s] + tables.nbytes[s] for s in SOURCES}
         with self.lock:

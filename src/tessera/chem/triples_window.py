@@ -4,10 +4,11 @@ With distributed tensors and the kernel blocked in the virtual index
 (:mod:`tessera.chem.triples_blocked`), a (T) task is a triple of occupied task tiles
 *and* a *window*: an unordered triple of window tiles A >= B >= C (runs of the tensors'
 virtual tiles inside one irrep, joined while one task's bytes stay within a budget,
-``window_width``) whose irreps multiply to the task's G.  The kernel's virtual blocks
-are the window tiles cut into runs of at most ``vblock`` orbitals, so every block
-triple the kernel visits lies in exactly one window, and the windows' tasks together
-visit each block triple once.  A
+``window_width``; where even one tensor tile is over it, near-equal parts of that tile,
+fetched as patches of its blocks) whose irreps multiply to the task's G.  The kernel's
+virtual blocks are the window tiles cut into runs of at most ``vblock`` orbitals, so
+every block triple the kernel visits lies in exactly one window, and the windows' tasks
+together visit each block triple once.  A
 task fetches, for the rows x of its occupied task tiles, only what the block triples of
 its window read (W = the window's tiles, f any virtual, y and m any occupied):
 
@@ -26,17 +27,19 @@ is cached between tasks: every task fetches its windows (bytes traded for a boun
 
 from __future__ import annotations
 
-from itertools import permutations
+from itertools import permutations, product
 
 import numpy as np
 
 from tessera.chem.triples_blocked import BlockedTripleKernel
 
 SOURCE_OF = {"ov1": "ovvv", "t2r": "t2", "ovov": "ovov", "ooL": "ovoo"}     # table -> tensor
+WINDOWED = {"ovvv": (1, 2), "t2": (2,), "ovov": (1, 3), "ovoo": (1,)}      # axes a window cuts
 
 
 def window_width(o, v, occ_tile: int, budget_bytes: float) -> int:
-    """Virtual orbitals per window tile: the most (at least 1) at which one task's rows
+    """Virtual orbitals per window tile (``Windows``: tiles joined up to it, or cut into
+    parts no wider): the most (at least 1) at which one task's rows
     and tables (3 occ_tile rows, windows of three tiles, w = 3 x width orbitals: read
     w^2 v + o w v + o w^2 + o^2 w, tables w^2 v + 2 o w v + o^2 w doubles per row, C1)
     fit ``budget_bytes``; more width, fewer windows: each task refetches its rows."""
@@ -53,23 +56,32 @@ class Windows:
     """Windows, requests and bytes of windowed (T) tasks over spaces o, v; ``keys``:
     {source: {occupied tensor tile: allowed keys with it first}}; ``shapes``:
     {source: tensor} (``block_shape``). Window tiles: runs of the tensors' virtual tiles
-    inside one irrep, each as long as ``width`` allows (at least one tensor tile)."""
+    inside one irrep, each as long as ``width`` allows, or, for a tensor tile wider than
+    ``width``, near-equal parts of it (the fewest no wider than ``width``)."""
 
     def __init__(self, o, v, vr, orange, keys: dict, shapes: dict, vblock: int, width: int):
-        self.o, self.v, self.keys, self.shapes = o, v, keys, shapes
+        self.o, self.v, self.keys, self.shapes, self.width = o, v, keys, shapes, width
         # window tiles (irrep, first position inside the irrep, size); per tensor tile its
-        # first position inside its irrep, its window tile and its offset there
+        # first position inside its irrep and its pieces (window tile, first orbital in the
+        # tensor tile, first position in the window tile, orbitals): one piece when the tile
+        # fits ``width`` (tiles joined while they fit), else near-equal cuts, each a window tile
         self.irel = [tl.offset - int(vr[tl.irrep, 0]) for tl in v.tiles]
-        self.vtiles, self.group_of, self.group_off = [], [], []
+        self.vtiles, self.pieces = [], []
+        joinable = False
         for n, tl in enumerate(v.tiles):
             last = self.vtiles[-1] if self.vtiles else None
-            if last is not None and last[0] == tl.irrep and last[2] + tl.size <= width:
+            if joinable and last[0] == tl.irrep and last[2] + tl.size <= width:
                 self.vtiles[-1] = (last[0], last[1], last[2] + tl.size)
-                self.group_off.append(last[2])
-            else:
-                self.vtiles.append((tl.irrep, self.irel[n], tl.size))
-                self.group_off.append(0)
-            self.group_of.append(len(self.vtiles) - 1)
+                self.pieces.append([(len(self.vtiles) - 1, 0, last[2], tl.size)])
+                continue
+            cuts = -(-tl.size // max(1, width))
+            bounds = [tl.size * k // cuts for k in range(cuts + 1)]
+            self.pieces.append([])
+            for lo, hi in zip(bounds, bounds[1:]):
+                self.pieces[-1].append((len(self.vtiles), lo, 0, hi - lo))
+                self.vtiles.append((tl.irrep, self.irel[n] + lo, hi - lo))
+            joinable = cuts == 1
+        self.vsize = [tl.size for tl in v.tiles]
         self.orel = [tl.offset - int(orange[tl.irrep, 0]) for tl in o.tiles]
         # kernel blocks: window tiles cut into runs of at most vblock, and their window tile
         self.blocks, self.block_tile = [], []
@@ -112,12 +124,19 @@ class Windows:
         return out
 
     def requests(self, n: int, window) -> dict:
-        """{source: keys} a task reads for the rows of occupied tensor tile ``n``."""
-        W, ks, of = set(window), self.keys, self.group_of
-        return {"ovvv": [k for k in ks["ovvv"].get(n, ()) if of[k[1]] in W and of[k[2]] in W],
-                "t2": [k for k in ks["t2"].get(n, ()) if of[k[2]] in W],
-                "ovov": [k for k in ks["ovov"].get(n, ()) if of[k[1]] in W and of[k[3]] in W],
-                "ovoo": [k for k in ks["ovoo"].get(n, ()) if of[k[1]] in W]}
+        """{source: [(key, part, pieces)]} a task reads for the rows of occupied tensor tile
+        ``n``: per block, one request per choice of the window's pieces on its windowed
+        axes (``WINDOWED``); ``part``: the (axis, lo, hi) cuts of pieces smaller than their
+        tensor tile (``backends.tasks.part_slice``), empty for whole blocks."""
+        W, out = set(window), {}
+        for s, axes in WINDOWED.items():
+            reqs = out[s] = []
+            for k in self.keys[s].get(n, ()):
+                for pieces in product(*([p for p in self.pieces[k[a]] if p[0] in W] for a in axes)):
+                    part = tuple(x for a, p in zip(axes, pieces) if p[3] < self.vsize[k[a]]
+                                 for x in (a, p[1], p[1] + p[3]))
+                    reqs.append((k, part, pieces))
+        return out
 
     def row_bytes(self, n: int, window) -> tuple:
         """(bytes read, bytes of the tables built) per row of occupied tile ``n`` for a
@@ -131,19 +150,27 @@ class Windows:
         return int(read), int(read - ovov_pair[np.ix_(W, W)].sum() + ovov_whole[W].sum())
 
     def _tile_totals(self, n: int) -> tuple:
-        """Bytes per row of tile n's blocks: [P, Q] of ovvv and ovov (p, q in P, Q), [P] of
-        t2 and ovoo (p in P), and of ovov with any q (NumPy over the keys, no loop per block)."""
-        nt = len(self.vtiles)
-        pair, single = np.zeros((nt, nt)), np.zeros(nt)
-        ovov_pair, ovov_whole = np.zeros((nt, nt)), np.zeros(nt)
-        of = np.asarray(self.group_of, dtype=np.int64)
-        for s, axes, out in (("ovvv", (1, 2), pair), ("t2", (2,), single), ("ovoo", (1,), single),
-                             ("ovov", (1, 3), ovov_pair), ("ovov", (1,), ovov_whole)):
+        """Bytes per row of tile n's blocks: [P, Q] of ovvv and ovov (p, q in window tiles
+        P, Q), [P] of t2 and ovoo (p in P), and of ovov with any q (NumPy over the keys, no
+        loop per block): per key its bytes per windowed orbital, spread over the window
+        tiles by the orbitals each shares with the key's tensor tiles (``overlap``)."""
+        nv = len(self.vsize)
+        overlap = np.zeros((nv, len(self.vtiles)), dtype=np.int64)     # tensor tile x window tile
+        for m, pieces in enumerate(self.pieces):
+            for A, _, _, size in pieces:
+                overlap[m, A] += size
+        sizes = np.asarray(self.vsize, dtype=np.int64)
+        out = []
+        for s, axes in (("ovvv", (1, 2)), ("t2", (2,)), ("ovoo", (1,)), ("ovov", (1, 3)), ("ovov", (1,))):
+            per = np.zeros((nv,) * len(axes), dtype=np.int64)
             keys = self.keys[s].get(n, ())
             if keys:
                 k = np.asarray(keys, dtype=np.int64)
-                np.add.at(out, tuple(of[k[:, a]] for a in axes), bytes_per_row(self.shapes[s], k))
-        return pair + ovov_pair, single, ovov_pair, ovov_whole
+                unit = bytes_per_row(self.shapes[s], k) // np.prod([sizes[k[:, a]] for a in axes], axis=0)
+                np.add.at(per, tuple(k[:, a] for a in axes), unit)
+            out.append(overlap.T @ per @ overlap if len(axes) == 2 else overlap.T @ per)
+        pair, single, ovoo, ovov_pair, ovov_whole = out
+        return pair + ovov_pair, single + ovoo, ovov_pair, ovov_whole
 
 
 def bytes_per_row(tensor, keys: np.ndarray) -> np.ndarray:
@@ -240,27 +267,28 @@ class WindowTables:
         other = g ^ gy ^ vt[S][0]
         return (self.no[gy], vt[S][2], (self.no if kind == "ooL" else self.nv)[other])
 
-    def add(self, source: str, key, rows: np.ndarray, x0: int) -> None:
-        """Rows x0.. of the block ``key`` of ``source`` ([rows, ...] as fetched): placed by
-        the irrep positions of its whole-irrep indices and the window-tile offsets of the
-        others."""
-        w, ot, vt = self.win, self.o.tiles, self.v.tiles
+    def add(self, source: str, key, rows: np.ndarray, x0: int, pieces) -> None:
+        """Rows x0.. of the block ``key`` of ``source`` ([rows, ...] as fetched, cut to
+        ``pieces`` on its windowed axes, ``Windows.requests``): placed by the irrep positions
+        of its whole-irrep indices and the pieces' positions in their window tiles."""
+        w, ot = self.win, self.o.tiles
         occ = (lambda t: slice(w.orel[t], w.orel[t] + ot[t].size))      # in its irrep
-        vir = (lambda t: slice(w.irel[t], w.irel[t] + vt[t].size))
-        win = (lambda t: slice(w.group_off[t], w.group_off[t] + vt[t].size))   # in its window tile
-        of = w.group_of
+        vir = (lambda t: slice(w.irel[t], w.irel[t] + w.vsize[t]))
+        win = (lambda p: slice(p[2], p[2] + p[3]))                      # a piece in its window tile
         for r, blk in enumerate(rows):
             x = x0 + r
             if source == "ovvv":                     # blk[p q f]
-                self.get("ov1", x, (of[key[1]], of[key[2]]))[vir(key[3]), win(key[1]), win(key[2])] = \
-                    blk.transpose(2, 0, 1)
+                P, Q = pieces
+                self.get("ov1", x, (P[0], Q[0]))[vir(key[3]), win(P), win(Q)] = blk.transpose(2, 0, 1)
             elif source == "t2":                     # blk[y s f]
-                self.get("t2r", x, (ot[key[1]].irrep, of[key[2]]))[occ(key[1]), win(key[2]), vir(key[3])] = blk
+                self.get("t2r", x, (ot[key[1]].irrep, pieces[0][0]))[occ(key[1]), win(pieces[0]), vir(key[3])] = blk
             elif source == "ovov":                   # blk[p y q]
-                self.get("ovov", x, (ot[key[2]].irrep, of[key[1]]))[occ(key[2]), win(key[1]), vir(key[3])] = \
+                P, Q = pieces
+                q0 = w.irel[key[3]] + Q[1]
+                self.get("ovov", x, (ot[key[2]].irrep, P[0]))[occ(key[2]), win(P), q0:q0 + Q[3]] = \
                     blk.transpose(1, 0, 2)
             else:                                    # ovoo blk[s y m]
-                self.get("ooL", x, (ot[key[2]].irrep, of[key[1]]))[occ(key[2]), win(key[1]), occ(key[3])] = \
+                self.get("ooL", x, (ot[key[2]].irrep, pieces[0][0]))[occ(key[2]), win(pieces[0]), occ(key[3])] = \
                     blk.transpose(1, 0, 2)
 
     def tables(self) -> dict:
