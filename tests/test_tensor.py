@@ -132,6 +132,20 @@ def test_three_factor_term_and_hadamard():
     check("ijab,ijab->ijab", "ijab", [tau, tau], H)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_allowed_elements_counts_every_allowed_block(seed):
+    """allowed_elements (an XOR convolution of the elements per irrep) equals the elements
+    of the allowed blocks listed one by one, for 0 to 5 axes, every irrep, random tilings."""
+    from tessera.tensor.block_tensor import allowed_elements, allowed_keys
+    rng = np.random.default_rng(seed)
+    for ndim in range(6):
+        sp = tuple(IndexSpace.from_irreps(f"s{n}", rng.integers(0, 8, rng.integers(1, 12)), int(rng.integers(1, 4)))
+                   for n in range(ndim))
+        for irrep in range(8):
+            listed = sum(int(np.prod([s.tiles[t].size for s, t in zip(sp, k)])) for k in allowed_keys(sp, irrep))
+            assert allowed_elements(sp, irrep) == listed
+
+
 def test_symmetry_blocks_only():
     o, v, rng = spaces(3, nirrep=8, tile=1)
     t = rand("ijab", o, v, rng, irrep=5)
