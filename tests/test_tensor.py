@@ -132,6 +132,47 @@ def test_three_factor_term_and_hadamard():
     check("ijab,ijab->ijab", "ijab", [tau, tau], H)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_allowed_elements_counts_every_allowed_block(seed):
+    """allowed_elements (an XOR convolution of the elements per irrep) equals the elements
+    of the allowed blocks listed one by one, for 0 to 5 axes, every irrep, random tilings."""
+    from tessera.tensor.block_tensor import allowed_elements, allowed_keys
+    rng = np.random.default_rng(seed)
+    for ndim in range(6):
+        sp = tuple(IndexSpace.from_irreps(f"s{n}", rng.integers(0, 8, rng.integers(1, 12)), int(rng.integers(1, 4)))
+                   for n in range(ndim))
+        for irrep in range(8):
+            listed = sum(int(np.prod([s.tiles[t].size for s, t in zip(sp, k)])) for k in allowed_keys(sp, irrep))
+            assert allowed_elements(sp, irrep) == listed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_spaces_of_one_tiling_share_cached_structure(backend):
+    """Spaces compare by tiling (kind, name, tiles), not by orbital order: a plan made on
+    one space pair (the memory estimate's, from the initial guess) is the cached plan of
+    another of the same tiling with other orbitals (the run's), and contractions on the
+    second still equal numpy.einsum over its own orbitals. A pickled space (another
+    process) equals its original; another name, tiling or a pair space does not."""
+    import pickle
+    from tessera.plan.layout import matrix_layout
+    from tessera.tensor.pairs import pair_space
+    o1 = IndexSpace.from_irreps("o", [0, 1, 0, 1, 2, 0], 2)
+    o2 = IndexSpace.from_irreps("o", [1, 0, 0, 1, 0, 2], 2)
+    v1 = IndexSpace.from_irreps("v", [3, 1, 2, 0, 1, 3, 3], 2)
+    v2 = IndexSpace.from_irreps("v", [1, 3, 3, 0, 2, 3, 1], 2)
+    assert (o1, v1) == (o2, v2) and hash((o1, v1)) == hash((o2, v2))
+    assert not np.array_equal(o1.orbitals, o2.orbitals) and not np.array_equal(v1.orbitals, v2.orbitals)
+    assert matrix_layout((o1, v1), 1) is matrix_layout((o2, v2), 1)
+    assert pickle.loads(pickle.dumps(o1)) == o1 and pair_space(o1) == pair_space(o2) != o1
+    assert o1 != IndexSpace("p", o1.tiles) and o1 != IndexSpace.from_irreps("o", [0, 1, 0, 1, 2, 0], 1)
+    rng = np.random.default_rng(4)
+    for o, v in ((o1, v1), (o2, v2)):
+        a, b = rand("ijab", o, v, rng), rand("kjcb", o, v, rng)
+        with ts.Context(backend):
+            c = ts.einsum("ijab,kjcb->iakc", a, b)
+        check("ijab,kjcb->iakc", "iakc", [a, b], c)
+
+
 def test_symmetry_blocks_only():
     o, v, rng = spaces(3, nirrep=8, tile=1)
     t = rand("ijab", o, v, rng, irrep=5)

@@ -87,7 +87,20 @@ def _allowed_keys(spaces: tuple, irrep: int) -> tuple:
 
 @lru_cache(maxsize=4096)
 def allowed_elements(spaces: tuple, irrep: int) -> int:
-    return int(sum(math.prod(s.tiles[t].size for s, t in zip(spaces, k)) for k in _allowed_keys(spaces, irrep)))
+    """Elements of the allowed blocks, from the positions per irrep of each space (an XOR
+    convolution over the irreps, no list of keys: intermediates the planner costs have
+    tens of thousands of them)."""
+    count = {0: 1}                              # irrep of the axes so far -> elements
+    for s in spaces:
+        per_irrep: dict = {}
+        for t in s.tiles:
+            per_irrep[t.irrep] = per_irrep.get(t.irrep, 0) + t.size
+        made: dict = {}
+        for g, n in count.items():
+            for h, m in per_irrep.items():
+                made[g ^ h] = made.get(g ^ h, 0) + n * m
+        count = made
+    return count.get(int(irrep), 0)
 
 
 @lru_cache(maxsize=4096)

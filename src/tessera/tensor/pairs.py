@@ -40,7 +40,8 @@ class PairSpace(IndexSpace):
 
 
 def pair_space(base: IndexSpace) -> PairSpace:
-    """The pair space of ``base`` (one object per space, so spaces compare by identity)."""
+    """The pair space of ``base``, made once per space object (pair spaces of spaces of
+    one tiling compare equal, as the spaces do)."""
     made = base.__dict__.get("_pair_space")
     if made is None:
         made = base.__dict__["_pair_space"] = PairSpace(base)

@@ -22,8 +22,17 @@ class Tile:
     offset: int          # first position of the tile in the space
 
 
+_STRUCTURES: dict = {}       # (kind, name, tiles) -> itself: one object per space structure
+
+
 class IndexSpace:
-    """An ordered list of tiles; ``orbitals[p]`` is the original index of position ``p``."""
+    """An ordered list of tiles; ``orbitals[p]`` is the original index of position ``p``.
+
+    Spaces compare and hash by structure (kind, name and tiles), not by orbitals: the
+    block structure of a tensor depends on its spaces' tiles only, so the caches keyed on
+    spaces (allowed keys, matrix layouts, the planner's contractions and pairing orders,
+    the local executors' index arrays) serve every space of one tiling, e.g. the memory
+    estimate's (from the initial guess) and the run's (from the converged orbitals)."""
 
     def __init__(self, name: str, tiles, orbitals=None):
         self.name = name
@@ -33,6 +42,24 @@ class IndexSpace:
                          else np.asarray(orbitals, dtype=np.int64))
         if len(self.orbitals) != self.dim:
             raise InputError(f"space {name!r}: {len(self.orbitals)} orbitals for {self.dim} positions")
+        self._intern()
+
+    def _intern(self) -> None:
+        key = (type(self).__name__, self.name, self.tiles)
+        self._structure = _STRUCTURES.setdefault(key, key)   # equal structures: the same object
+        self._hash = hash(key)
+
+    def __eq__(self, other):
+        if not isinstance(other, IndexSpace):
+            return NotImplemented
+        return self._structure is other._structure
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __setstate__(self, state) -> None:     # unpickled (another process): interned here
+        self.__dict__.update(state)
+        self._intern()
 
     @classmethod
     def from_irreps(cls, name: str, irreps, tile_size: int, first: int = 0) -> "IndexSpace":
