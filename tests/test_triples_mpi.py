@@ -12,12 +12,15 @@ bytes of that whole tensor; one-sided gets only from mpi-onesided and only with 
 small: the kernel needs the ovvv rows of three orbitals, 3 v^3, and t2 is o^2 v^2.)
 """
 
+import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mpirun import cached_launcher
+from tessera.backends.schedule import partition
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi"))
 import triples_checks  # noqa: E402  (molecules and combinations shared with the script)
@@ -52,8 +55,12 @@ def test_operands_fetched_by_virtual_tile(nranks):
     tiles and a window (three window tiles); it reads only the window's rows. In C1 a task
     with occupied task tiles X (rows r_x) and window tiles W (w orbitals in all) reads
     8 sum_x r_x (w^2 v + o w v + o w^2 + o^2 w) bytes: (x p|q f), t2[x y p f], (x p|y q)
-    and (x p|y m) for p, q in W. Summed over the tasks, what the ranks read equals that
-    count; E(T) equals the serial one; a rank holds at most one task's rows and tables.
+    and (x p|y m) for p, q in W. The tasks run window by window, each window's occupied
+    triples in order, dealt in contiguous runs of near-equal cost; a rank keeps the rows of
+    its previous task, so a task reads the count above less, for each task tile the two
+    share, that count on the window tiles they share. What each rank reads equals that
+    count (less than all the tasks' rows); E(T) equals the serial one; a rank holds at most
+    one task's rows and tables.
     The budget allows windows 3 orbitals wide (``window_width``: 715,392 bytes per task at
     width 3, 1,074,816 at 4, budget 0.8 MiB), so of the virtual tiles (4 3 3 3) the first
     is cut into two window tiles (2 2), fetched as patches of its blocks."""
@@ -72,24 +79,33 @@ def _check_window_run(run, e_serial, nranks):
     o_tiles, v_tiles = run["tiles"]["o"], run["tiles"]["v"]
     o, v = sum(o_tiles), sum(v_tiles)
     assert (o_tiles, v_tiles) == ([3, 3, 3], [4, 3, 3, 3])
-    count = tasks = bound = 0
+    count = bound = 0
     w_tiles = [2, 2, 3, 3, 3]                       # the window tiles: the first virtual tile cut in two
     nt = len(w_tiles)
-    for a in range(3):
-        for b in range(a + 1):
-            for c in range(b + 1):
-                for A in range(nt):
-                    for B in range(A + 1):
-                        for C in range(B + 1):
-                            w = sum(w_tiles[t] for t in {A, B, C})
-                            rows = sum(o_tiles[x] for x in {a, b, c})
-                            read = 8 * rows * (w * w * v + o * w * v + o * w * w + o * o * w)
-                            tables = 8 * rows * (w * w * v + 2 * o * w * v + o * o * w)
-                            count += read
-                            bound = max(bound, read + tables)
-                            tasks += 1
-    assert run["tasks"] == tasks and len(run["read_bytes"]) == nranks
-    assert sum(run["read_bytes"]) == count
+    occ = [(a, b, c) for a in range(3) for b in range(a + 1) for c in range(b + 1)]
+    # window by window, then the occupied triples; cost: orbital triples i >= j >= k times
+    # the window's virtual triples (its tiles' sizes multiplied)
+    order = [(X, (A, B, C)) for A in range(nt) for B in range(A + 1) for C in range(B + 1) for X in occ]
+    start = np.cumsum([0] + o_tiles)
+    cost = [sum(1 for i in range(start[a], start[a] + o_tiles[a]) for j in range(start[b], start[b] + o_tiles[b])
+                for k in range(start[c], start[c] + o_tiles[c]) if i >= j >= k) * math.prod(w_tiles[t] for t in W)
+            for (a, b, c), W in order]
+    per_row = (lambda w: 8 * (w * w * v + o * w * v + o * w * w + o * o * w))
+    reads = []
+    for queue in partition(cost, nranks, "contiguous"):
+        mine, prev = 0, (set(), set())
+        for i in queue:
+            X, W = set(order[i][0]), set(order[i][1])
+            w = sum(w_tiles[t] for t in W)
+            rows = sum(o_tiles[x] for x in X)
+            read = rows * per_row(w)
+            count += read
+            bound = max(bound, read + 8 * rows * (w * w * v + 2 * o * w * v + o * o * w))
+            mine += read - sum(o_tiles[x] for x in X & prev[0]) * per_row(sum(w_tiles[t] for t in W & prev[1]))
+            prev = (X, W)
+        reads.append(mine)
+    assert run["tasks"] == len(order) and run["read_bytes"] == reads
+    assert sum(reads) < count
     # held at once: one task's fetched copies and the tables built from them
     assert all(0 < p <= bound for p in run["peak_operand_bytes"]), (run["peak_operand_bytes"], bound)
 

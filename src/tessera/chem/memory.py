@@ -275,7 +275,8 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
     with their pair-swapped copies unless the kernel is blocked in the virtual index, and
     the fused left operands of ``RowSlab.add_swapped``; a rank holds what one task of the
     run's plan holds, ``triples_tasks.plan_counts``: with the blocked kernel one windowed
-    task's rows and tables, ``chem.triples_window``, else one task's rows and the row
+    task's rows and tables, ``chem.triples_window``, the rows kept from the previous task
+    among them (a rank keeps only those the task reads), else one task's rows and the row
     cache) and ``kernel`` (buffers per thread, as ``triples_tasks.kernel_plan`` sizes
     them; distributed, for the plan's task tile and windows). The one formula of (T) memory, also used
     by ``tessera plan --ranks``. ``memory_bytes``: the rank's memory budget, of which

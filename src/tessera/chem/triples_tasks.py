@@ -30,8 +30,13 @@ has, and with nocc = 1 necessarily whole o-slabs.  Never o^3 v^3 or v^4 data.
 
 Distributed tensors with the kernel blocked in the virtual index: a task is a triple of
 task tiles and a window of virtual tiles (``chem.triples_window``); it requests only its
-window's rows, builds them into tables, and drops them after (no cache; ``cache_mb``
-bounds one task's bytes instead).  ``plan_counts`` counts tasks and rows read from
+window's rows and builds them into tables (``cache_mb`` bounds one task's bytes).  The
+tasks run window by window (``window_tasks``), so consecutive tasks share their window
+and mostly two of three task tiles; a rank keeps the rows its previous task fetched
+that its next task needs and fetches only the rest.  What a rank holds is then never
+more than one task's rows and tables, the bound one task already has.  So that reads
+follow from structure, windowed tasks are dealt statically in contiguous runs of
+near-equal cost.  ``plan_counts`` counts tasks and rows read (``window_reads``) from
 structure alone, for ``tessera plan --ranks``.
 """
 
@@ -44,7 +49,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from tessera.backends.tasks import TaskSet
+from tessera.backends.schedule import partition
+from tessera.backends.tasks import TaskSet, request_tag
 from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel, blocked_batch,
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
@@ -130,6 +136,58 @@ def window_counts(win: Windows, tiles, triples, G) -> tuple:
     return ntasks, read, most
 
 
+def window_tasks(triples, G, win: Windows) -> list:
+    """Windowed tasks (triple, window) in the order they are dealt: window by window, each
+    window's occupied triples (those of its irrep) in index order, so consecutive tasks
+    share their window and mostly two of three task tiles, whose rows a rank keeps."""
+    by_G: dict = {}
+    for t, g in enumerate(G):
+        by_G.setdefault(g, []).append(t)
+    return [(t, w) for g in sorted(by_G) for w in win.windows(g) for t in by_G[g]]
+
+
+def task_costs(tiles, triples, tasks, ntrip, vtiles=None) -> list:
+    """Per task (triple, window or None): orbital triples i >= j >= k of its task tiles
+    (counted once per triple) times its virtual triples (``ntrip[G]``, or the product of
+    its window tiles' sizes): tiles on the diagonal hold a sixth (three equal) or half
+    (two) of the product of their sizes, so a largest-first deal ends on small tasks."""
+    sizes = []
+    for t in triples:
+        i, j, k = (np.arange(*tiles[x][:2]) for x in t)
+        sizes.append(int(((j[None, :, None] <= i[:, None, None]) & (k[None, None, :] <= j[None, :, None])).sum()))
+    G = [tiles[a][2] ^ tiles[b][2] ^ tiles[c][2] for a, b, c in triples]
+    return [float(sizes[t] * max(1, int(ntrip[G[t]] if window is None
+                                        else math.prod(vtiles[w][2] for w in window))))
+            for t, window in tasks]
+
+
+def window_reads(win: Windows, tiles, triples, tasks, costs, nranks: int) -> list:
+    """Bytes of rows each rank reads when windowed ``tasks`` (``window_tasks``) are dealt
+    statically in contiguous runs (``partition``) and a rank keeps the rows of its
+    previous task that the next one needs: a task reads rows(x) x its window's bytes per
+    row for each of its task tiles x, less, for a task tile its rank's previous task had
+    too, the bytes of the window tiles both windows share (``Windows.row_bytes``)."""
+    memo: dict = {}
+
+    def per_row(n, W):
+        if (n, W) not in memo:
+            memo[n, W] = win.row_bytes(n, W)[0] if W else 0
+        return memo[n, W]
+    out = []
+    for queue in partition(costs, nranks, "contiguous"):
+        total, prev = 0, (set(), frozenset())
+        for i in queue:
+            t, w = tasks[i]
+            X, W = set(triples[t]), frozenset(w)
+            shared = W & prev[1]
+            for x in X:
+                n, rows = tiles[x][3], tiles[x][1] - tiles[x][0]
+                total += rows * (per_row(n, W) - (per_row(n, shared) if x in prev[0] else 0))
+            prev = (X, W)
+        out.append(int(total))
+    return out
+
+
 def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None = None,
                   cap: int | None = None, usable=None) -> tuple:
     """(occ_tile, extra, (tasks, read, most)) of distributed (T) on ``nranks`` ranks, the one
@@ -194,7 +252,9 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
                 memory_bytes: float | None = None) -> dict:
     """(T) of a distributed run on ``nranks`` ranks, from structure only (``tensors``: the
     empty ovvv, t2, ovov, ovoo; ``memory_bytes``: a rank's memory budget): its tasks, the
-    bytes of rows they read (what a task requests; a row-cached run reads less) and the
+    bytes of rows they read (windowed: ``window_reads``, the rows a rank keeps from its
+    previous task not read again; by whole rows: what a task requests, a row-cached run
+    reads less) and the
     most one task holds (windowed: its fetched rows and tables; else its task tiles'
     packed rows, twice: fetched and packed) and the kernel buffers of one thread, as the
     run's ``TriplesTasks`` sizes them for that plan."""
@@ -212,8 +272,12 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
         batch = min(kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)[2], occ_tile)
         kernel = pool_bytes(lay, None, batch)
     else:
-        occ_tile, win, (ntasks, read, most) = window_plan(o, v, vrange, orange, keys, tensors, vblock,
-                                                          budget, nranks)
+        occ_tile, win, (ntasks, _, most) = window_plan(o, v, vrange, orange, keys, tensors, vblock,
+                                                       budget, nranks)
+        tiles, triples, G = task_tiles(o, occ_tile)
+        tasks = window_tasks(triples, G, win)
+        read = sum(window_reads(win, tiles, triples, tasks, task_costs(tiles, triples, tasks, lay.ntrip, win.vtiles),
+                                nranks))
         batch = kernel_plan(lay, o, v, occ_tile, False, vblock, kernel_mb)[2]
         kernel = pool_bytes(lay, vblock, batch, win.blocks)
     return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
@@ -282,8 +346,9 @@ class TriplesTasks:
             lay.prepare(G)
         self._budget(cache_mb)
         self.tasks = ([(t, None) for t in range(len(self.triples))] if self.windows is None else
-                      [(t, w) for t in range(len(self.triples)) for w in self.windows.windows(self.G[t])])
+                      window_tasks(self.triples, self.G, self.windows))
         self.read: dict = {}                             # windowed task -> bytes of rows it read
+        self.kept: dict = {}                             # windowed: the previous task's rows (tag -> rows)
         self.cache: OrderedDict = OrderedDict()          # task tile -> RowSlab
         self.cached = dict.fromkeys(SOURCES, 0)
         self.held = _Ledger()
@@ -354,30 +419,26 @@ class TriplesTasks:
         chunk = max(1, min(8, len(costs) // (4 * nranks)))
         if self.resident:        # packed once, before any worker starts: forked workers share them
             self._resident_slabs(range(len(self.tiles)))
+        # windowed: static contiguous runs, so a rank's consecutive tasks share rows (``need``)
+        # and the rows each rank reads are ``window_reads``'
+        deal = {} if self.windows is None else {"schedule": "static", "partition": "contiguous"}
         return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
-                       progress=True, forkable=self.resident, add_flops=self._add_flops)
+                       progress=True, forkable=self.resident, add_flops=self._add_flops, **deal)
 
     def _add_flops(self, n: int) -> None:
         with self.lock:
             self.flops += n
 
     def costs(self) -> list:
-        """Per task: orbital triples i >= j >= k of its task tiles (counted once per triple)
-        times its virtual triples: tiles on the diagonal hold a sixth (three equal) or half
-        (two) of the product of their sizes, so a largest-first deal ends on small tasks."""
-        sizes = []
-        for t in self.triples:
-            i, j, k = (np.arange(*self.tiles[x][:2]) for x in t)
-            sizes.append(int(((j[None, :, None] <= i[:, None, None]) & (k[None, None, :] <= j[None, :, None])).sum()))
-        vt = self.windows.vtiles if self.windows is not None else None
-        return [float(sizes[t] * max(1, int(self.lay.ntrip[self.G[t]] if window is None
-                                            else math.prod(vt[w][2] for w in window))))
-                for t, window in self.tasks]
+        """Per task: ``task_costs``."""
+        return task_costs(self.tiles, self.triples, self.tasks, self.lay.ntrip,
+                          self.windows.vtiles if self.windows is not None else None)
 
     def need(self, task: int) -> list:
         """Rows of the blocks of the task's uncached task tiles (partial requests); first
         drops cached slabs (least recently used, not the task's) until what arrives fits.
-        Nothing for resident tensors; a window's rows for a windowed task."""
+        Nothing for resident tensors; for a windowed task, its window's rows that the
+        rank's previous task did not fetch (those it did are kept, the rest dropped)."""
         t, window = self.tasks[task]
         if self.resident or not self.lay.ntrip[self.G[t]]:
             return []
@@ -389,7 +450,11 @@ class TriplesTasks:
                 for name, reqs in self.windows.requests(n, window).items():
                     t_ = self.tensors[name]
                     out += [(t_, key, rows + part) if rows or part else (t_, key) for key, part, _ in reqs]
-            return out
+            tags = {request_tag(r) for r in out}
+            with self.lock:
+                for tag in [tag for tag in self.kept if tag not in tags]:
+                    self._drop_kept(tag)
+            return [r for r in out if request_tag(r) not in self.kept]
         with self.lock:
             new = [x for x in wanted if x not in self.cache]
             room = {s: 2 * sum(self.tile_bytes[x][s] for x in new) + self.scratch_bytes[s] for s in SOURCES}
@@ -509,9 +574,15 @@ class TriplesTasks:
                                                                  self.windows and self.windows.blocks))
         return self.local.pool
 
+    def _drop_kept(self, tag) -> None:
+        """Let a kept row go (lock held)."""
+        arr, name, copy = self.kept.pop(tag)
+        self.held.add({name: arr.nbytes if copy else 0}, -1)
+
     def _window_work(self, task: int, wanted: list, blocks: dict) -> float:
-        """A windowed task: its rows into WindowTables, the kernel on the window's block
-        triples, everything dropped after (the ledger holds fetched copies and tables)."""
+        """A windowed task: its rows (kept from the previous task or fetched) into
+        WindowTables, the kernel on the window's block triples; the tables are dropped
+        after, the rows kept for the next task (the ledger holds fetched copies and tables)."""
         t, window = self.tasks[task]
         tables = WindowTables(self.windows, self.lay, self.irrep, self.o, self.v)
         read, copies = 0, dict.fromkeys(SOURCES, 0)
@@ -521,16 +592,22 @@ class TriplesTasks:
                 tensor = self.tensors[name]
                 for key, part, pieces in reqs:
                     part = (rows or ()) + part
-                    arr = blocks[(tensor.uid, key, part) if part else (tensor.uid, key)]
-                    read += arr.nbytes
-                    if key not in tensor.blocks:          # owned blocks arrive as views
-                        copies[name] += arr.nbytes
+                    tag = (tensor.uid, key, part) if part else (tensor.uid, key)
+                    if tag in blocks:
+                        arr = blocks[tag]
+                        read += arr.nbytes
+                        copy = key not in tensor.blocks          # owned blocks arrive as views
+                        copies[name] += arr.nbytes if copy else 0
+                        if copy and getattr(arr.base, "nbytes", 0) > arr.nbytes:
+                            arr = arr.copy()     # a part of a larger buffer: keep only the part
+                        self.kept[tag] = (arr, name, copy)
+                    else:
+                        arr = self.kept[tag][0]
                     tables.add(name, key, arr, s0, pieces)
         blocks.clear()
-        held = {s: copies[s] + tables.nbytes[s] for s in SOURCES}
         with self.lock:
             self.read[task] = read
-            self.held.add(held)
+            self.held.add({s: copies[s] + tables.nbytes[s] for s in SOURCES})
         inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, **tables.tables())
         kern = WindowTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows,
                                   window, tables)
@@ -538,6 +615,6 @@ class TriplesTasks:
         energy = kern.tile_energy(I, J, K)
         with self.lock:
             self.flops += kern.flops
-            self.held.add(held, -1)
+            self.held.add(tables.nbytes, -1)
         return energy
 

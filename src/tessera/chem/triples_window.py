@@ -21,8 +21,9 @@ so a task holds about rows x (|W|^2 tile^2 v + |W| tile (o v + o^2) + |W|^2 tile
 doubles, never a v^3 row.  :class:`Windows` (structure only: spaces and allowed keys,
 no data) lists the windows, the requests and their bytes (the count ``tessera plan
 --ranks`` reports); :class:`WindowTables` holds one task's fetched rows in the forms the
-kernel reads; :class:`WindowTripleKernel` is the blocked kernel reading them.  Nothing
-is cached between tasks: every task fetches its windows (bytes traded for a bound).
+kernel reads; :class:`WindowTripleKernel` is the blocked kernel reading them.  A rank
+keeps only the rows of its previous task that its next one needs
+(``chem.triples_tasks``: tasks run window by window), so what it holds stays one task's.
 """
 
 from __future__ import annotations
