@@ -223,19 +223,24 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
         tiles, triples, G = task_tiles(o, occ_tile)
         tasks = window_tasks(triples, G, win)
         assert sorted(tasks) == sorted((t, w) for t, g in enumerate(G) for w in win.windows(g))
+        requested = {}                                 # (task tile, window) -> {request: bytes}
+
+        def asks(x, w):
+            if (x, w) not in requested:
+                now = requested[x, w] = {}
+                for name, reqs in win.requests(tiles[x][3], w).items():
+                    for k, part, _ in reqs:
+                        shape = list(tensors[name].block_shape(k))
+                        for a in range(0, len(part), 3):
+                            shape[part[a]] = part[a + 2] - part[a + 1]
+                        now[name, k, tiles[x][:2], part] = 8 * (tiles[x][1] - tiles[x][0]) * int(np.prod(shape[1:]))
+            return requested[x, w]
         read = 0
         for queue in partition(task_costs(tiles, triples, tasks, None, win.vtiles), P, "contiguous"):
             prev = set()
             for i in queue:
                 t, w = tasks[i]
-                now = {}
-                for x in set(triples[t]):
-                    for name, reqs in win.requests(tiles[x][3], w).items():
-                        for k, part, _ in reqs:
-                            shape = list(tensors[name].block_shape(k))
-                            for a in range(0, len(part), 3):
-                                shape[part[a]] = part[a + 2] - part[a + 1]
-                            now[name, k, tiles[x][:2], part] = 8 * (tiles[x][1] - tiles[x][0]) * int(np.prod(shape[1:]))
+                now = {tag: b for x in set(triples[t]) for tag, b in asks(x, w).items()}
                 read += sum(b for tag, b in now.items() if tag not in prev)
                 prev = set(now)
         return read
