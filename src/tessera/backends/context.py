@@ -198,9 +198,10 @@ class Context:
         elif step.kind == "add":
             a, out = step.inputs[0].tensor, step.out.tensor
             div = step.divisor.tensor if step.divisor is not None else None
-            if all(small_blocks(t) for t in (a, out, div) if t is not None) and not (step.pairs and out.aliases):
+            if all(small_blocks(t) for t in (a, out, div) if t is not None) and \
+                    not (step.pairs and step.pairs != "unpack" and out.aliases):
                 if step.pairs:
-                    index, dindex = pair_index(a, out, step.pairs)
+                    index, dindex = pair_index(a, out, step.pairs, step.perms.get("sym"))
                     divisor = PAIR_DIVISORS if dindex is not None else None
                 else:
                     index, dindex = add_index(a, out, step.perms["a"], div, step.perms.get("d"))
