@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import sys
 import time
 from collections import Counter, OrderedDict
 from dataclasses import replace
-from functools import cache
+from functools import lru_cache
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -285,18 +286,23 @@ class Context:
         return self.profile.rows()
 
 
-@cache
 def _blas() -> ThreadpoolController:
-    """The BLAS (and OpenMP) libraries of this process, found once (a search reads
-    /proc/self/maps), at the first use: after numpy, scipy and PySCF are loaded."""
+    """The BLAS (and OpenMP) libraries of this process, searched for (the search reads
+    /proc/self/maps) again only when modules were imported since the last search (one
+    may have loaded a library: scipy's BLAS, PySCF's OpenMP)."""
+    return _controller(len(sys.modules))
+
+
+@lru_cache(maxsize=1)
+def _controller(_modules: int) -> ThreadpoolController:
     return ThreadpoolController()
 
 
 def thread_limit(limits: int, user_api: str | None = "blas"):
     """``limits`` threads for the pools of ``user_api`` ("blas", "openmp"; None: both)
-    while entered (``with``), through the libraries ``_blas`` found once:
+    while entered (``with``), through the libraries ``_blas`` found:
     ``threadpoolctl.threadpool_limits`` searches them anew at every use, about 1.8 ms of
-    CPU against 0.02 ms here (measured, 2 cores), some 25 uses in a benzene run."""
+    CPU against 0.02 ms here (measured, 2 cores)."""
     return _blas().limit(limits=limits, user_api=user_api)
 
 
