@@ -706,21 +706,23 @@ class TripleKernel:
         """sum_abc W r3(W + V) / D of one triple, W = Sa + Sb[rb] + Sc[rc] in layout (a; b, c)."""
         m = self.maps
         W, Y, Y1, Y2, U = (a[:Sa.size] for a in self.buf[4:9])
-        np.take(Sb, rb, out=W, mode="clip")
+        # the maps are in range: mode "wrap" checks as little as "clip" and gathers faster
+        # (numpy 2.4: ~40 vs ~56 us per 1e5 doubles)
+        np.take(Sb, rb, out=W, mode="wrap")
         W += Sa
-        np.take(Sc, rc, out=Y1, mode="clip")
+        np.take(Sc, rc, out=Y1, mode="wrap")
         W += Y1                                                   # W in layout (a; b, c)
         eo = self.inp.eo
         np.subtract(eo[i] + eo[j] + eo[k], m["e3"], out=Y)
         np.divide(W, Y, out=Y)                                    # Y = W / D
-        np.take(Y, m["rot"], out=Y1, mode="clip")                 # Y[bca]
-        np.take(Y, m["rot2"], out=Y2, mode="clip")                # Y[cab]
+        np.take(Y, m["rot"], out=Y1, mode="wrap")                 # Y[bca]
+        np.take(Y, m["rot2"], out=Y2, mode="wrap")                # Y[cab]
         np.add(Y, Y1, out=U)
         U += Y2                                                   # Yc
         ks = range(k, k + 1)
         P, Pz, _ = self._pair_rows(i, j, ks)
         e = 3.0 * (float(W @ Y) + self._t1_dot(ks, ((Y, i, P[0]), (Y2, j, P[1]), (Y1, None, P[2]))))
-        np.take(U, m["swap"], out=Y1, mode="clip")                # Zs
+        np.take(U, m["swap"], out=Y1, mode="wrap")                # Zs
         return e + float(U @ W) - 2.0 * float(Y1 @ W) + self._t1_dot(ks, ((U, i, Pz[0]), (U, j, Pz[1]),
                                                                           (U, None, Pz[2])))
 
