@@ -136,7 +136,7 @@ class VirtualLayout:
                     src[:, a:a + nt * nu].reshape(rows, nt, nu).transpose(0, 2, 1)
 
     def prepare(self, G: int) -> None:
-        """Maps of G: cyclic shifts (rot, rot2) and pair swap of abc, e_a+e_b+e_c, blocks.
+        """Maps of G: cyclic shift rot2, pair swap, swap then rot (swap_rot), e_a+e_b+e_c, blocks.
 
         Filled per sub-block (irreps g_s, g_t of single and first pair index), where the
         packed position of (s, t, u) is a sum of one term per index, so every map is a
@@ -177,9 +177,9 @@ class VirtualLayout:
                     block_of={gs: (off, ns, npair) for gs, off, ns, npair in blocks})
         if not dense:       # packed: index maps; dense: the same moves are transposes
             rot, rot2, swap = out
-            # swap then rot (rot2) as one map, for the layouts of a diagonal triple that are
-            # pair swaps of another: x[swap][rot] = x[swap_rot]
-            maps.update(rot=rot, rot2=rot2, swap=swap, swap_rot=swap[rot], swap_rot2=swap[rot2])
+            # swap then rot as one map, for layout b kept pair-swapped: x[swap][rot] =
+            # x[swap_rot]; rot itself is rot2 twice (the kernel gathers it so: faster)
+            maps.update(rot2=rot2, swap=swap, swap_rot=swap[rot])
         self.maps[G] = maps
 
 
@@ -507,19 +507,23 @@ class TripleKernel:
         kinds = [[] for _ in range(4)]      # per term kind: [right orbital, [(slot, o_s, term)]]
         for slot, os_, ot, ou in layouts:
             for kind, term in enumerate(self._terms(ks, os_, ot, ou)):
-                same = [grp for grp in kinds[kind] if term[6] is not None and grp[0] == term[6]]
+                same = [grp for grp in kinds[kind] if term[6] is not None and grp[0] == term[6]
+                        and grp[1][-1][0] + 1 == slot]
                 if same:
                     same[0][1].append((slot, os_, term))
                 else:
                     kinds[kind].append([term[6], [(slot, os_, term)]])
 
         def beta_of(b, off, size, slots) -> float:     # the slots' block b is set from here on
-            state = [init[sl][b] for sl in slots]
-            for sl, done in zip(slots, state):
-                if any(state) and not done:              # rare: a vanishing term left it unset
-                    out[nslot * nk * off + sl * nk * size:][:nk * size] = 0.0
+            done = [init[sl][b] for sl in slots]
+            beta = 1.0 if True in done else 0.0
+            if beta and False in done:                   # rare: a vanishing term left one unset
+                for sl, was in zip(slots, done):
+                    if not was:
+                        out[nslot * nk * off + sl * nk * size:][:nk * size] = 0.0
+            for sl in slots:
                 init[sl][b] = True
-            return float(any(state))
+            return beta
         for groups in kinds:                # fixed right orbitals first: they set up most slots
             for rx, members in sorted(groups, key=lambda grp: grp[0] is None):
                 sign, _, _, offs, h, rtab, _, dims = members[0][2]
@@ -532,7 +536,8 @@ class TripleKernel:
                     c = out[nslot * nk * off + slots[0] * nk * size:][:len(slots) * nk * size]
                     if rx is not None:
                         if len(members) == 1:
-                            left = self._left(members[0][2][1], members[0][1], members[0][2][2], ks, p0, ns * nf)
+                            _, os_, (_, ltab, ly, *_) = members[0]
+                            left = self._left(ltab, os_, ly, ks, p0, ns * nf)
                         else:
                             left = self.lbuf[:len(members) * nk * ns * nf].reshape(len(members), nk, ns * nf)
                             for m, (_, os_, term) in enumerate(members):
@@ -548,8 +553,8 @@ class TripleKernel:
                               c=c[n * size:(n + 1) * size].reshape(ns, npair).T, overwrite_c=1)
                         self.flops += 2 * size * nf
         for b, (gs, off, ns, npair) in enumerate(blocks):
-            for sl in range(nslot):
-                if not init[sl][b] and any(sl == lay[0] for lay in layouts):
+            for sl, *_ in layouts:
+                if not init[sl][b]:
                     out[(nslot * nk * off + sl * nk * ns * npair):][:nk * ns * npair] = 0.0
 
     def _pair_rows(self, i, j, ks) -> tuple:
@@ -670,17 +675,20 @@ class TripleKernel:
         """Point-group symmetry: the three cyclic layouts of the batch, then per k (moved out
         of the batch layout) joined by index maps.
 
-        The batch holds, per single irrep g_s, slot 0: layout a (i; j, k), slot 1: layout c
-        pair-swapped (k; j, i), slot 2: layout b (j; k, i), so the terms of a and c whose
-        right operand is j's, and those of c and b with i's, are one GEMM each."""
+        The batch holds, per single irrep g_s, slot 0: layout a (i; j, k), slot 1: layout b
+        pair-swapped (j; i, k), slot 2: layout c (k; i, j), so the b and c terms whose right
+        operand is i's are one GEMM (N doubled).  b is kept pair-swapped because its gather
+        into layout a (swap_rot) is faster than that of the plain layout (rot): ~62 vs ~84 us
+        per 1e5 doubles on benzene; storing c swapped instead would pair two more terms but
+        gather by swap_rot2 (~85 us, not rot2's ~63): measured, this order is the faster."""
         nk, n, blocks = len(ks), int(self.inp.lay.ntrip[self.G]), self.maps["blocks"]
         B = self.buf[0][:3 * nk * n]
         Sa, Sb, Sc = (a[:n] for a in self.buf[1:4])
         layouts = [(0, i, j, None)]                               # single a, pair (b, c)
-        if ks[0] != j:                                            # else (j == k) as single b
-            layouts.append((1, None, j, i))                       # single c, pair (b, a)
         if i != j:                                                # else the same terms, pair swapped
-            layouts.append((2, j, None, i))                       # single b, pair (c, a)
+            layouts.append((1, j, i, None))                       # single b, pair (a, c)
+        if ks[0] != j:                                            # else (j == k) as single b
+            layouts.append((2, None, i, j))                       # single c, pair (a, b)
         self._accumulate(B, ks, layouts, nslot=3)
 
         def one(slot, n_k, out):                                  # triple n_k of a slot
@@ -691,38 +699,33 @@ class TripleKernel:
             return out
         m, e = self.maps, 0.0
         for n_k, k in enumerate(ks):
-            # W = a + b[rot] + c[rot2], c stored pair-swapped: c[rot2] = cs[swap_rot2]; on a
-            # diagonal b = a[swap] (i == j), cs = b (j == k): gathered by one composed map
+            # W = a + b[rot] + c[rot2] = a + bs[swap_rot] + c[rot2] (bs: b pair-swapped);
+            # on a diagonal bs = a (i == j) and c = bs (j == k)
             a = one(0, n_k, Sa)
-            b, rb = (a, m["swap_rot"]) if i == j else (one(2, n_k, Sb), m["rot"])
-            if j != k:
-                c, rc = one(1, n_k, Sc), m["swap_rot2"]
-            else:                                                 # a[swap][swap] = a
-                c, rc = (a, m["rot2"]) if i == j else (b, m["swap_rot2"])
-            e += self._sweep_packed(a, b, rb, c, rc, i, j, k)
+            bs = a if i == j else one(1, n_k, Sb)
+            c = one(2, n_k, Sc) if j != k else bs
+            e += self._sweep_packed(a, bs, m["swap_rot"], c, m["rot2"], i, j, k)
         return e
 
     def _sweep_packed(self, Sa, Sb, rb, Sc, rc, i, j, k) -> float:
         """sum_abc W r3(W + V) / D of one triple, W = Sa + Sb[rb] + Sc[rc] in layout (a; b, c)."""
         m = self.maps
         W, Y, Y1, Y2, U = (a[:Sa.size] for a in self.buf[4:9])
-        # the maps are in range: mode "wrap" checks as little as "clip" and gathers faster
-        # (numpy 2.4: ~40 vs ~56 us per 1e5 doubles)
-        np.take(Sb, rb, out=W, mode="wrap")
+        np.take(Sb, rb, out=W, mode="clip")
         W += Sa
-        np.take(Sc, rc, out=Y1, mode="wrap")
+        np.take(Sc, rc, out=Y1, mode="clip")
         W += Y1                                                   # W in layout (a; b, c)
         eo = self.inp.eo
         np.subtract(eo[i] + eo[j] + eo[k], m["e3"], out=Y)
         np.divide(W, Y, out=Y)                                    # Y = W / D
-        np.take(Y, m["rot"], out=Y1, mode="wrap")                 # Y[bca]
-        np.take(Y, m["rot2"], out=Y2, mode="wrap")                # Y[cab]
+        np.take(Y, m["rot2"], out=Y2, mode="clip")                # Y[cab]
+        np.take(Y2, m["rot2"], out=Y1, mode="clip")               # Y[bca] (rot2 twice: faster than rot)
         np.add(Y, Y1, out=U)
         U += Y2                                                   # Yc
         ks = range(k, k + 1)
         P, Pz, _ = self._pair_rows(i, j, ks)
         e = 3.0 * (float(W @ Y) + self._t1_dot(ks, ((Y, i, P[0]), (Y2, j, P[1]), (Y1, None, P[2]))))
-        np.take(U, m["swap"], out=Y1, mode="wrap")                # Zs
+        np.take(U, m["swap"], out=Y1, mode="clip")                # Zs
         return e + float(U @ W) - 2.0 * float(Y1 @ W) + self._t1_dot(ks, ((U, i, Pz[0]), (U, j, Pz[1]),
                                                                           (U, None, Pz[2])))
 
