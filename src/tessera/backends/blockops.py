@@ -210,20 +210,25 @@ def _scatter_one(out, scale, transpose, cmat, entries) -> None:
 def add_tasks(step, workers: int = 1) -> list:
     """C[out] += scale * A[perm] (/ D[perm]) block by block, one task per worker."""
     a = step.inputs[0].tensor
-    if step.pairs:
-        keys = list(a.blocks)
-        return [partial(_pairs_one, step, keys[i::workers]) for i in range(min(workers, len(keys)))]
+    if step.pairs:      # grouped by output block: the sources of one output go to one worker
+        by_out: dict = {}
+        for key in a.blocks:
+            for okey in pair_outputs(step, key):
+                by_out.setdefault(okey, []).append((key, okey))
+        groups = list(by_out.values())
+        return [partial(_pairs_one, step, [e for g in groups[i::workers] for e in g])
+                for i in range(min(workers, len(groups)))]
     dperm = step.perms["d"] if step.divisor is not None else None
     entries = add_map(a.spaces, a.irrep, step.perms["a"], dperm, step.out.tensor.aliases or None)
     return [partial(_add_one, step, entries[i::workers]) for i in range(min(workers, len(entries)))]
 
 
-def _pairs_one(step, keys) -> None:
-    """A ``pack`` / ``unpack_half`` step (``plan.blocktasks.pair_block``)."""
+def _pairs_one(step, entries) -> None:
+    """A ``pack`` / ``unpack_half`` (or +/- ladder) step (``plan.blocktasks.pair_block``):
+    (source key, output key) entries."""
     a, out = step.inputs[0].tensor, step.out.tensor
-    for key in keys:
-        for okey in pair_outputs(step, key):
-            out.accumulate_block(okey, pair_block(step, okey, a.blocks[key]), step.scale)
+    for key, okey in entries:
+        out.accumulate_block(okey, pair_block(step, okey, a.blocks[key], key), step.scale)
 
 
 def _add_one(step, entries) -> None:

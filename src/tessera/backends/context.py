@@ -22,7 +22,7 @@ from threadpoolctl import ThreadpoolController
 
 from tessera.backends import blockops
 from tessera.backends.heap import keep_freed_memory
-from tessera.backends.sectors import PAIR_DIVISORS, add_index, pair_index, scatter_index, small_blocks
+from tessera.backends.sectors import FLAT_PAIRS, PAIR_DIVISORS, add_index, pair_index, scatter_index, small_blocks
 from tessera.backends.registry import (BACKENDS, DEFAULT_BACKEND, LOCAL_BACKENDS, check_options,
                                        launched_ranks, resolve_auto, runs_distributed)
 from tessera.backends.tasklog import TaskProgress
@@ -198,7 +198,7 @@ class Context:
         elif step.kind == "add":
             a, out = step.inputs[0].tensor, step.out.tensor
             div = step.divisor.tensor if step.divisor is not None else None
-            if all(small_blocks(t) for t in (a, out, div) if t is not None) and not (step.pairs and out.aliases):
+            if all(small_blocks(t) for t in (a, out, div) if t is not None) and not (step.pairs and (out.aliases or step.pairs not in FLAT_PAIRS)):
                 if step.pairs:
                     index, dindex = pair_index(a, out, step.pairs)
                     divisor = PAIR_DIVISORS if dindex is not None else None
