@@ -20,6 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from tessera.tensor.block_tensor import BlockTensor, PermutationalSymmetry
 from tessera.tensor.space import IndexSpace, Tile
 
 
@@ -118,8 +119,6 @@ def plus_minus(g, axes: tuple, symmetric: bool) -> tuple:
     c, d) of the formulas above; tensors over (pairs of a's space, pairs of c's space),
     frozen, stored as canonical blocks (V[AB, CD] = V[CD, AB]) when ``symmetric``. Made
     once per (g, version, axes) and kept on ``g``."""
-    from tessera.tensor.block_tensor import BlockTensor, PermutationalSymmetry
-
     made = g.__dict__.setdefault("_plus_minus", {})
     key = (g.version, axes, symmetric)
     if key not in made:
@@ -141,6 +140,12 @@ def plus_minus(g, axes: tuple, symmetric: bool) -> tuple:
                 v.store_block((ab, cd), np.ascontiguousarray(pack_block(x.transpose(1, 2, 0), u == w).T))
         made[key] = tuple(v.freeze() for v in out)
     return made[key]
+
+
+def kept_plus_minus(g) -> tuple:
+    """The (V+, V-) that ``plus_minus`` keeps on ``g`` (empty when none were made)."""
+    made = g.__dict__.get("_plus_minus") or {}
+    return next(iter(made.values()), ())
 
 
 def _role_block(g, axes: tuple, tiles: tuple):
