@@ -127,7 +127,10 @@ def plus_minus(g, axes: tuple, symmetric: bool) -> tuple:
         sym = (PermutationalSymmetry((1, 0)),) if symmetric else ()
         out = tuple(BlockTensor((pa, pc), g.irrep, name=f"{g.name}{s}", symmetry=sym, canonical=symmetric)
                     for s in "+-")
-        for ab, cd in out[0].stored_keys():
+        structural = bool(g.blocks) and not any(any(b.strides) for b in g.blocks.values())
+        for v in out if structural else ():     # g holds zero-stride views (planning without data): V+- alike
+            v.blocks = {k: np.broadcast_to(np.float64(0.0), v.block_shape(k)) for k in v.allowed_keys()}
+        for ab, cd in () if structural else out[0].stored_keys():
             (s, t), (u, w) = pa.tile_pairs[ab], pc.tile_pairs[cd]
             direct, crossed = _role_block(g, axes, (s, t, u, w)), _role_block(g, axes, (s, t, w, u))
             if direct is None and crossed is None:
