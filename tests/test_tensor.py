@@ -299,6 +299,7 @@ def test_ladder_in_plus_minus_form(backend, seed):
     V+- = W[acbd] +- W[adbc] on c <= d, a <= b: tensor.pairs.plus_minus) and equals
     numpy.einsum; with the 8-fold symmetry V+- are stored as canonical halves, with only
     (ac|bd) = (bd|ac) in full. Flops: 2 x 2 sum_g pairs_v(g)^2 pairs_o(g ^ irrep(tau))."""
+    from tessera.plan.planner import distributed_plans
     from tessera.tensor.pairs import pair_space, plus_minus
     o, v, rng = spaces(300 + seed, nirrep=[1, 2, 4, 8][seed], tile=2 + seed % 2)
     g = int(rng.integers(0, [1, 2, 4, 8][seed]))
@@ -323,6 +324,10 @@ def test_ladder_in_plus_minus_form(backend, seed):
     (plan,) = ctx.plans
     assert [st.pairs for st in plan.steps if st.pairs] == [
         "pack", "plus_pack", "plus_unpack", "minus_pack", "minus_unpack", "unpack_half"]
+    ctx = PlanningContext()
+    with ctx, distributed_plans(), ts.equations():      # planned as a distributed run runs it
+        R["ijab"] = 0.7 * W["acbd"] * tau["ijcd"]
+    assert [st.pairs for st in ctx.plans[0].steps if st.pairs] == ["pack", "unpack_half"]
     count = lambda sp: np.bincount(sp.irreps, minlength=8)  # noqa: E731
     npo, npv = count(pair_space(o)), count(pair_space(v))
     assert plan.flops - sum(st.flops for st in plan.steps if st.kind != "contract") == \

@@ -302,7 +302,7 @@ class Job:
         if method == "hf":
             return opt.backend, options, opt.tile or 32, None
         from tessera.backends.auto import decide
-        structure = CCSDStructure(ref.orbsym, ref.nocc, nfrozen)
+        structure = CCSDStructure(ref.orbsym, ref.nocc, nfrozen, distributed=True)
         decision = ranks.share(lambda: decide(structure, ranks.size, backend=opt.backend, tile=opt.tile,
                                               variant=opt.variant, schedule=opt.schedule, budget=self.budget,
                                               ranks_per_node=ranks.node_size))

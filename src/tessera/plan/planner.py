@@ -14,7 +14,9 @@ that the update has the target's symmetry (``_check_symmetric_update``).
 
 from __future__ import annotations
 
+import contextvars
 import itertools
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -335,6 +337,22 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
     return []
 
 
+# False while planning on structure alone for a distributed run (``distributed_plans``):
+# its executors run the ladder on the pairs i <= j only, and the plans must count that
+_PLUS_MINUS = contextvars.ContextVar("tessera_plus_minus", default=True)
+
+
+@contextmanager
+def distributed_plans(distributed: bool = True):
+    """Plans made inside are those of a distributed run (the ladder without the +/- form,
+    ``_plus_minus_steps``), though their tensors are local: the cost model's structure plans."""
+    token = _PLUS_MINUS.set(not distributed)
+    try:
+        yield
+    finally:
+        _PLUS_MINUS.reset(token)
+
+
 def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str) -> list:
     """R[Pab] += scale * G[..] X[Pcd] (G over a, b, c, d in any order) in the symmetric/
     antisymmetric form over the virtual pairs a <= b, c <= d (``tensor.pairs.plus_minus``:
@@ -346,7 +364,7 @@ def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str) -> list:
     (e.g. the ladder's (ac|bd) = (bd|ac)); V+- are stored as canonical halves when it
     also gives the swap of (ab) with (cd) ((ac|bd) = (ca|db), real orbitals)."""
     g = G.tensor
-    if not g.constant or any(t.dist is not None for t in (g, X.tensor, R.tensor)) or g.ndim != 4:
+    if not _PLUS_MINUS.get() or not g.constant or any(t.dist is not None for t in (g, X.tensor, R.tensor)) or g.ndim != 4:
         return []
     (a, b), (c, d) = R.indices[1:], X.indices[1:]
     if len(R.indices) != 3 or len(X.indices) != 3 or sorted(G.indices) != sorted(a + b + c + d):
