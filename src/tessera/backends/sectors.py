@@ -208,14 +208,15 @@ def _unless_identity(index, structure, n: int):
 # divisors of an ``unpack_half`` element (``pair_index``): a pair p < q, a pair p = q
 # (half of it), and a block below the diagonal tile pairs, which receives nothing (x / inf = 0)
 PAIR_DIVISORS = np.array([1.0, 2.0, np.inf])
-FLAT_PAIRS = ("pack", "unpack_half")    # the pair steps ``pair_index`` maps (the +/- ladder's run by block)
+FLAT_PAIRS = ("pack", "unpack_half", "unpack")    # what ``pair_index`` maps (the +/- ladder: by block)
 
 
-def pair_index(a, out, kind: str) -> tuple:
-    """(a index, divisor index) of a ``pack`` / ``unpack_half`` step (``tensor.pairs``) on
-    the flat path: element n of ``out.flat()`` is updated from ``a.flat()[a_index[n]]``,
-    divided by ``PAIR_DIVISORS[d_index[n]]`` (an unpack; None for a pack). ``out`` stores
-    every allowed block (no aliases)."""
+def pair_index(a, out, kind: str, sym: tuple | None = None) -> tuple:
+    """(a index, divisor index) of a ``pack`` / ``unpack_half`` / ``unpack`` step
+    (``tensor.pairs``) on the flat path: element n of ``out.flat()`` is updated from
+    ``a.flat()[a_index[n]]``, divided by ``PAIR_DIVISORS[d_index[n]]`` (an
+    ``unpack_half``; None otherwise). ``out`` stores every allowed block (no aliases),
+    but for an ``unpack`` (its stored blocks, ``sym`` the symmetry they mirror by)."""
     sa, so = _structure(a), _structure(out)
 
     def build():
@@ -224,6 +225,9 @@ def pair_index(a, out, kind: str) -> tuple:
         idd = np.zeros(n, np.intp) if kind == "unpack_half" else None
         for okey, (offset, oshape) in flat_offsets(*so).items():
             where = slice(offset, offset + math.prod(oshape))
+            if kind == "unpack":
+                ia[where] = _unpack_positions(sa, a.spaces[0], okey, oshape, sym).ravel()
+                continue
             if kind == "pack":
                 s, t = out.spaces[0].tile_pairs[okey[0]]
                 ia[where] = pack_block(_positions(sa, (s, t) + okey[1:]), s == t).ravel()
@@ -244,4 +248,31 @@ def pair_index(a, out, kind: str) -> tuple:
             ia[where], idd[where] = full.ravel(), divisor.ravel()
         return ia, idd
 
-    return index_cache.get(("pairs", kind, sa, so), build)
+    return index_cache.get(("pairs", kind, sa, so, sym), build)
+
+
+def _unpack_positions(sa, pairs, okey: tuple, oshape: tuple, sym: tuple) -> np.ndarray:
+    """Positions in the pair tensor (structure ``sa``, pair space ``pairs``) of the
+    elements of the pair-symmetric block ``okey`` (s, t, ...): those of its pair block
+    when s < t, of its mirror image's by ``sym`` when s > t; when s = t, the pairs p <= q
+    from its own pair block (the diagonal p = q once), p > q from its mirror image's."""
+
+    def from_pair(key, shape):          # block ``key`` (s <= t) read from its pair block
+        s, t = key[:2]
+        pos = _positions(sa, (pairs.tile_of[s, t],) + tuple(key[2:]))
+        if s != t:
+            return pos.reshape(shape)
+        full = np.zeros(shape, np.intp)
+        full[np.triu_indices(shape[0])] = pos
+        return full
+    s, t = okey[:2]
+    mirror = tuple(okey[n] for n in sym)
+    if s < t:
+        return from_pair(okey, oshape)
+    lower = from_pair(mirror, tuple(oshape[n] for n in sym)).transpose(sym)
+    if s > t:
+        return lower
+    full = from_pair(okey, oshape)
+    below = np.tril(np.ones(oshape[:2], bool), -1)
+    full[below] = lower[below]
+    return full

@@ -11,7 +11,8 @@ products over the processes, so every process gets the same coefficients.
 from __future__ import annotations
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+
+from tessera.backends.context import one_blas_thread
 
 
 class DIIS:
@@ -40,7 +41,7 @@ class DIIS:
     # inner products and a linear combination of long vectors, bound by memory: one BLAS
     # thread (beside the executor's threads on a loaded machine, the pool's barriers
     # made 12 CCSD updates of benzene cc-pVDZ 0.18-0.79 s against 0.17 s, measured)
-    @threadpool_limits.wrap(limits=1, user_api="blas")
+    @one_blas_thread
     def update(self, vector: np.ndarray, error: np.ndarray) -> np.ndarray:
         error = np.ravel(error)
         self.vectors.append(vector)

@@ -55,9 +55,9 @@ import resource
 import sys
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from tessera.backends.budget import available_memory
+from tessera.backends.context import one_blas_thread
 from tessera.errors import InputError
 
 SCF_MATRICES = 30
@@ -66,7 +66,7 @@ SHARED = "other ranks' windows"     # pages of same-node windows this rank reads
 #: The estimate's matrices are small: one BLAS thread (several threads of a BLAS pool, next
 #: to the OpenMP threads PySCF's integral calls leave spinning, ran its guess and pair
 #: orbits several times slower, measured).
-_SMALL = threadpool_limits.wrap(limits=1, user_api="blas")
+_SMALL = one_blas_thread
 
 
 def resident_peak() -> int:

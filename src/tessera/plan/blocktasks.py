@@ -148,6 +148,8 @@ def add_source(step, okey) -> tuple:
     (A key None: the block receives nothing)."""
     if step.pairs == "pack":
         return step.out.tensor.spaces[0].tile_pairs[okey[0]] + tuple(okey[1:]), None
+    if step.pairs == "unpack":           # two sources for a diagonal tile pair: local targets only
+        raise AssertionError("an 'unpack' step is planned for local targets only (plan.planner._symmetric_half)")
     if step.pairs == "unpack_half":      # nothing below the diagonal tile pairs
         pairs = step.inputs[0].tensor.spaces[0]
         return (None if okey[0] > okey[1] else (pairs.tile_of[okey[:2]],) + tuple(okey[2:])), None
@@ -166,13 +168,20 @@ PM_SIGN = {"plus_pack": 1.0, "minus_pack": -1.0, "plus_unpack": 1.0, "minus_unpa
 
 
 def pair_outputs(step, akey) -> list:
-    """Output keys of a ``pack`` / ``unpack_half`` step (or one of the +/- ladder's,
-    ``tensor.pairs.pm_pack_block``) that source block ``akey`` feeds."""
+    """Output keys of a ``pack`` / ``unpack_half`` / ``unpack`` step (or one of the +/-
+    ladder's, ``tensor.pairs.pm_pack_block``) that source block ``akey`` feeds (an
+    ``unpack``: the block of its pair and that block's mirror image by ``perms["sym"]``,
+    those of them the output stores)."""
     if step.pairs in ("plus_pack", "minus_pack"):        # (P, s, t) -> (P, {s, t})
         return [(akey[0], step.out.tensor.spaces[1].tile_of[min(akey[1:]), max(akey[1:])])]
     if step.pairs in ("plus_unpack", "minus_unpack"):    # (P, {s, t}) -> (P, s, t), (P, t, s)
         s, t = step.inputs[0].tensor.spaces[1].tile_pairs[akey[1]]
         return [(akey[0], s, t)] + ([(akey[0], t, s)] if s != t else [])
+    if step.pairs == "unpack":
+        key = step.inputs[0].tensor.spaces[0].tile_pairs[akey[0]] + tuple(akey[1:])
+        aliases = step.out.tensor.aliases
+        return [k for k in dict.fromkeys((key, tuple(key[n] for n in step.perms["sym"])))
+                if not (aliases and k in aliases)]
     if step.pairs == "pack":
         return [] if akey[0] > akey[1] else [(step.out.tensor.spaces[0].tile_of[akey[:2]],) + tuple(akey[2:])]
     return [step.inputs[0].tensor.spaces[0].tile_pairs[akey[0]] + tuple(akey[1:])]
@@ -180,7 +189,9 @@ def pair_outputs(step, akey) -> list:
 
 def pair_block(step, okey, block, akey=None):
     """The output block ``okey`` of a ``pack`` / ``unpack_half`` step from its source block
-    (a +/- ladder step: what source block ``akey`` adds to it)."""
+    (an ``unpack``: what source block ``akey`` adds to ``okey``, its half H of
+    ``unpack_half``, H transposed by ``perms["sym"]``, or both summed; a +/- ladder step:
+    what source block ``akey`` adds to it)."""
     if step.pairs in ("plus_pack", "minus_pack"):
         return pm_pack_block(block, PM_SIGN[step.pairs], akey[1], akey[2])
     if step.pairs in ("plus_unpack", "minus_unpack"):
@@ -188,6 +199,15 @@ def pair_block(step, okey, block, akey=None):
         s, t = sorted(okey[1:])
         return pm_unpack_block(block, PM_SIGN[step.pairs], base.tiles[s].size, base.tiles[t].size, s == t,
                                okey[1] > okey[2])
+    if step.pairs == "unpack":
+        base, sym = step.out.tensor.spaces[0], step.perms["sym"]
+        s, t = step.inputs[0].tensor.spaces[0].tile_pairs[akey[0]]
+        half = unpack_half_block(block, base.tiles[s].size, base.tiles[t].size, s == t)
+        key = (s, t) + tuple(akey[1:])
+        mirror = tuple(key[n] for n in sym)
+        if key == mirror:
+            return half + half.transpose(sym)
+        return half if okey == key else half.transpose(sym)
     if step.pairs == "pack":
         s, t = step.out.tensor.spaces[0].tile_pairs[okey[0]]
         return pack_block(block, s == t)

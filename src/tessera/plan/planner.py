@@ -39,7 +39,7 @@ class Step:
     label: str = ""           # the update this step belongs to (from the expression)
     sectors: list = field(default_factory=list)
     perms: dict = field(default_factory=dict)
-    pairs: str | None = None  # an "add" through a pair space: "pack" | "unpack_half" | "plus_pack" | ... (tensor.pairs)
+    pairs: str | None = None  # an "add" through a pair space: "pack" | "unpack_half" | "unpack" | "plus_pack" | ... (tensor.pairs)
     flops: int = 0
     memory: int = 0           # bytes of temporary matrices the step needs
 
@@ -304,9 +304,11 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
     letters first (tau[ijcd]), and the declared symmetries of both factors prove the term
     itself symmetric under ``sym`` (``_equal_terms``: a renaming of the summed letters maps
     each factor onto itself). Then F is packed to its pairs i <= j, contracted (half the GEMM rows),
-    unpacked to a half H (pairs i < j and half of i = j, ``tensor.pairs``), and H plus
-    its transpose by ``sym`` is added to the target: the ladder of closed-shell CCSD at
-    o(o+1)/2 v^4 instead of o^2 v^4 (PySCF's packed ``_add_vvvv``)."""
+    and the result R is added to the target: the ladder of closed-shell CCSD at
+    o(o+1)/2 v^4 instead of o^2 v^4 (PySCF's packed ``_add_vvvv``). A local target takes
+    R and its mirror image by ``sym`` in one ``unpack`` step (each target element read
+    from its pair, once); a distributed one takes a half H (pairs i < j and half of
+    i = j, ``unpack_half``) and H plus its transpose by ``sym``, two adds."""
     t = out.tensor
     if t.spaces[0] is not t.spaces[1] or len(set(out.indices)) != len(out.indices):
         return []
@@ -326,14 +328,16 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
             packed = Ref(BlockTensor((pairs,) + F.tensor.spaces[2:], F.tensor.irrep, name="pairs"),
                          p + F.indices[2:])
             result = Ref(BlockTensor((pairs,) + t.spaces[2:], t.irrep, name="pairs"), p + out.indices[2:])
+            steps = [_pair_map(F, packed, "pack", label),
+                     *(_plus_minus_steps(G, packed, result, scale, label) or [_pair_step(G, packed, result, scale, label)])]
+            if t.dist is None:      # local: one pass adds the pairs and their mirror images to the target
+                return steps + [Step("add", out, (result,), 1.0, None, label, pairs="unpack",
+                                     perms={"a": tuple(range(result.tensor.ndim)), "sym": sym})]
             half = Ref(BlockTensor(t.spaces, t.irrep, name="half", placement=t.placement), out.indices)
-            return [_pair_map(F, packed, "pack", label),
-                    *(_plus_minus_steps(G, packed, result, scale, label)
-                      or [_pair_step(G, packed, result, scale, label)]),
-                    _pair_map(result, half, "unpack_half", label),
-                    _add_step(half, out, 1.0, None, label),
-                    _add_step(Ref(half.tensor, "".join(out.indices[sym[k]] for k in range(len(sym)))),
-                              out, 1.0, None, label)]
+            return steps + [_pair_map(result, half, "unpack_half", label),
+                            _add_step(half, out, 1.0, None, label),
+                            _add_step(Ref(half.tensor, "".join(out.indices[sym[k]] for k in range(len(sym)))),
+                                      out, 1.0, None, label)]
     return []
 
 

@@ -27,10 +27,9 @@ import time
 
 import numpy as np
 from pyscf.scf import hf as pyscf_hf
-from threadpoolctl import threadpool_limits
 
 from tessera.backends.budget import memory_budget
-from tessera.backends.context import current_context
+from tessera.backends.context import current_context, thread_limit
 from tessera.backends.registry import check_schedule
 from tessera.chem.reference import Reference
 from tessera.chem.diis import DIIS
@@ -55,7 +54,7 @@ def small_blas(nao: int):
     """One BLAS thread while it is entered, for ``nao`` < SMALL_BLAS_NAO (the Fock build
     sets its own threads inside); else nothing changes."""
     if nao < SMALL_BLAS_NAO:
-        return threadpool_limits(limits=1, user_api="blas")
+        return thread_limit(1)
     return contextlib.nullcontext()
 
 

@@ -52,8 +52,8 @@ import time
 
 import numpy as np
 from pyscf.lib import with_omp_threads
-from threadpoolctl import threadpool_limits
 
+from tessera.backends.context import thread_limit
 from tessera.backends.registry import check_schedule
 from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet
@@ -176,7 +176,7 @@ class FockBuilder:
         incremental from the last build unless a full build is due)."""
         incremental = (self.mode == "direct" and self._last is not None
                        and (self.rebuild_every is None or self._since_full < self.rebuild_every))
-        with threadpool_limits(self.threads):
+        with thread_limit(self.threads, None):
             if incremental:
                 g = self._last[1] + self._build(dm - self._last[0], True)
                 self._since_full += 1
