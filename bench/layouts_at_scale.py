@@ -234,7 +234,7 @@ def main(argv=None) -> None:
     for n in waters:
         nocc, nmo = 5 * n, NBAS_WATER * n
         orbsym = np.zeros(nmo, dtype=int)
-        structure = CCSDStructure(orbsym, nocc)
+        structure = CCSDStructure(orbsym, nocc, distributed=True)
         rows = {}
         for P in ranks:
             if args.tile == "auto":          # as tessera plan --ranks chooses them
@@ -273,7 +273,7 @@ def main(argv=None) -> None:
         print(f"{'ranks':>6s} " + " ".join(f"{e:>22s}" for e in rows[ranks[0]]["bytes_per_rank"]))
         for P, row in rows.items():
             print(f"{P:6d} " + " ".join(f"{b / 2**20:22.1f}" for b in row["bytes_per_rank"].values()))
-    iteration = CCSDStructure(np.zeros(900, dtype=int), 100)(48, 48)   # planned once: structure, not layout work
+    iteration = CCSDStructure(np.zeros(900, dtype=int), 100, distributed=True)(48, 48)   # planned once: structure, not layout work
     costs = [layout_cost(P, iteration) for P in ranks]
     result["layout_cost"] = costs
     print("\nissue example (C1, o=100, v=800, tile 48), what rank 0 builds: the owners and own slots of every "

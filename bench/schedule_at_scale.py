@@ -99,7 +99,7 @@ def main(argv=None) -> None:
     print(f"{'cluster':>9s} {'ranks':>5s} {'tiles':>6s} {'tasks':>7s} {'schedule':>8s} "
           + " ".join(f"{'it' + str(k + 1) + ' s':>8s} {'listed':>8s} {'arrays':>8s}" for k in range(args.iterations)))
     for n in [int(x) for x in args.waters.split(",") if x]:
-        structure = CCSDStructure(np.zeros(NBAS_WATER * n, dtype=int), 5 * n)
+        structure = CCSDStructure(np.zeros(NBAS_WATER * n, dtype=int), 5 * n, distributed=True)
         rows = {}
         for P in [int(x) for x in args.ranks.split(",")]:
             tile, occ_tile = balanced_tiles(structure.stored, P)[:2]

@@ -296,6 +296,54 @@ def _eightfold(v, rng):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(4))
+def test_ladder_in_plus_minus_form(backend, seed):
+    """The ladder R[ijab] += s W[acbd] tau[ijcd] with W frozen runs on the occupied pairs
+    i <= j and in the symmetric/antisymmetric form over the virtual pairs (two GEMMs with
+    V+- = W[acbd] +- W[adbc] on c <= d, a <= b: tensor.pairs.plus_minus) and equals
+    numpy.einsum; with the 8-fold symmetry V+- are stored as canonical halves, with only
+    (ac|bd) = (bd|ac) in full. Flops: 2 x 2 sum_g pairs_v(g)^2 pairs_o(g ^ irrep(tau))."""
+    from tessera.plan.planner import distributed_plans
+    from tessera.tensor.pairs import pair_space, plus_minus
+    o, v, rng = spaces(300 + seed, nirrep=[1, 2, 4, 8][seed], tile=2 + seed % 2)
+    g = int(rng.integers(0, [1, 2, 4, 8][seed]))
+    sym = (ts.PermutationalSymmetry((1, 0, 3, 2)),)
+    eightfold = seed % 2 == 0
+    if eightfold:
+        W_d = _eightfold(v, rng)
+        W = BlockTensor.from_dense(W_d, (v,) * 4, 0, name="vvvv", symmetry=VVVV_SYMMETRY, canonical=True)
+    else:
+        W, W_d = _pair_symmetric(o, v, rng, 0, "acbd", (2, 3, 0, 1))
+    W.freeze()
+    with ts.Context(backend):
+        tau, tau_d = _pair_symmetric(o, v, rng, g, canonical=True)
+        R = BlockTensor((o, o, v, v), g, name="R", symmetry=sym, canonical=True)
+        with ts.equations():
+            R["ijab"] = 0.7 * W["acbd"] * tau["ijcd"]
+        ref = 0.7 * np.einsum("acbd,ijcd->ijab", W_d, tau_d)
+        np.testing.assert_allclose(R.to_dense(), ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    ctx = PlanningContext()
+    with ctx, ts.equations():
+        R["ijab"] = 0.7 * W["acbd"] * tau["ijcd"]
+    (plan,) = ctx.plans
+    assert [st.pairs for st in plan.steps if st.pairs] == [
+        "pack", "plus_pack", "plus_unpack", "minus_pack", "minus_unpack", "unpack"]
+    ctx = PlanningContext()
+    with ctx, distributed_plans(), ts.equations():      # planned as a distributed run runs it
+        R["ijab"] = 0.7 * W["acbd"] * tau["ijcd"]
+    assert [st.pairs for st in ctx.plans[0].steps if st.pairs] == ["pack", "unpack"]
+    count = lambda sp: np.bincount(sp.irreps, minlength=8)  # noqa: E731
+    npo, npv = count(pair_space(o)), count(pair_space(v))
+    assert plan.flops - sum(st.flops for st in plan.steps if st.kind != "contract") == \
+        4 * int(np.sum(npv**2 * npo[[h ^ g for h in range(8)]]))
+    vp, vm = plus_minus(W, (0, 2, 1, 3), eightfold)
+    assert bool(vp.aliases) == eightfold and vp.to_dense().shape == (npv.sum(),) * 2
+    if eightfold:       # canonical halves: V[AB, CD] = V[CD, AB]
+        np.testing.assert_array_equal(vp.to_dense(), vp.to_dense().T)
+        assert vp.stored_elements < 0.6 * vp.dense_elements
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", range(3))
 def test_canonical_blocks_store_one_block_per_orbit(backend, seed):
     """canonical=True stores one block per orbit of the symmetry group; the other blocks

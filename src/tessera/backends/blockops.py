@@ -224,7 +224,7 @@ def add_tasks(step, workers: int = 1) -> list:
 
 
 def _pairs_one(step, entries) -> None:
-    """A ``pack`` / ``unpack_half`` / ``unpack`` step (``plan.blocktasks.pair_block``):
+    """A ``pack`` / ``unpack_half`` / ``unpack`` (or +/- ladder) step (``plan.blocktasks.pair_block``):
     (source key, output key) entries."""
     a, out = step.inputs[0].tensor, step.out.tensor
     for key, okey in entries:

@@ -24,7 +24,7 @@ from threadpoolctl import ThreadpoolController
 
 from tessera.backends import blockops
 from tessera.backends.heap import keep_freed_memory
-from tessera.backends.sectors import PAIR_DIVISORS, add_index, pair_index, scatter_index, small_blocks
+from tessera.backends.sectors import FLAT_PAIRS, PAIR_DIVISORS, add_index, pair_index, scatter_index, small_blocks
 from tessera.backends.registry import (BACKENDS, DEFAULT_BACKEND, LOCAL_BACKENDS, check_options,
                                        launched_ranks, resolve_auto, runs_distributed)
 from tessera.backends.tasklog import TaskProgress
@@ -201,7 +201,7 @@ class Context:
             a, out = step.inputs[0].tensor, step.out.tensor
             div = step.divisor.tensor if step.divisor is not None else None
             if all(small_blocks(t) for t in (a, out, div) if t is not None) and \
-                    not (step.pairs and step.pairs != "unpack" and out.aliases):
+                    not (step.pairs and (step.pairs not in FLAT_PAIRS or step.pairs != "unpack" and out.aliases)):
                 if step.pairs:
                     index, dindex = pair_index(a, out, step.pairs, step.perms.get("sym"))
                     divisor = PAIR_DIVISORS if dindex is not None else None

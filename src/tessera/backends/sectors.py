@@ -208,6 +208,7 @@ def _unless_identity(index, structure, n: int):
 # divisors of an ``unpack_half`` element (``pair_index``): a pair p < q, a pair p = q
 # (half of it), and a block below the diagonal tile pairs, which receives nothing (x / inf = 0)
 PAIR_DIVISORS = np.array([1.0, 2.0, np.inf])
+FLAT_PAIRS = ("pack", "unpack_half", "unpack")    # what ``pair_index`` maps (the +/- ladder: by block)
 
 
 def pair_index(a, out, kind: str, sym: tuple | None = None) -> tuple:

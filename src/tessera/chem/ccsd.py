@@ -199,19 +199,21 @@ def _structural(t):
 
 class CCSDStructure:
     """``structure(tile, occ_tile)`` for ``backends.auto.decide``: the CCSD iteration of
-    orbitals with irreps ``orbsym`` (``nocc`` occupied, ``nfrozen`` of them frozen)."""
+    orbitals with irreps ``orbsym`` (``nocc`` occupied, ``nfrozen`` of them frozen), as a
+    ``distributed`` run plans it (``plan.planner.distributed_plans``) or a local one."""
 
-    def __init__(self, orbsym, nocc: int, nfrozen: int = 0):
-        self.orbsym, self.nfrozen = np.asarray(orbsym), int(nfrozen)
+    def __init__(self, orbsym, nocc: int, nfrozen: int = 0, distributed: bool = False):
+        self.orbsym, self.nfrozen, self.distributed = np.asarray(orbsym), int(nfrozen), bool(distributed)
         self.nocc = int(nocc) - self.nfrozen          # active occupied orbitals
         self._nocc_all = int(nocc)
 
     def __call__(self, tile: int, occ_tile: int | None = None) -> IterationStructure:
         from tessera.backends.context import PlanningContext
         from tessera.chem.integrals import CLASSES, MOIntegrals, class_tensor, make_spaces
+        from tessera.plan.planner import distributed_plans
         o, v = make_spaces(self.orbsym, self._nocc_all, self.nfrozen, tile, occ_tile)
         ctx = PlanningContext()
-        with ctx:
+        with ctx, distributed_plans(self.distributed):
             tensors = {name: _structural(class_tensor(name, o, v)).freeze() for name in CLASSES}
             ints = MOIntegrals(o, v, np.zeros(o.dim), np.zeros(v.dim), tensors, self.nfrozen)
             t1, t2 = _structural(eq.new(ints, "ov", "t1")), _structural(eq.new(ints, "oovv", "t2"))

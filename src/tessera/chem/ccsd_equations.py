@@ -9,8 +9,10 @@ asymmetric term is computed once; the particle-hole ring takes four o^3 v^3
 contractions (two W intermediates, built with combined amplitudes, each applied once),
 the ovvv term one (ovvv with tau first, then t1). The ladder and the Woooo terms are
 symmetric and go to R2 directly; the planner runs them on the pairs i <= j
-(``plan.planner._symmetric_half``). Per iteration about o^2 v^4 + 10 o^3 v^3 + 2 o^4 v^2 flops
-in C1.
+(``plan.planner._symmetric_half``), and the ladder, with vvvv frozen and local, also in the
+symmetric/antisymmetric form over the virtual pairs (``plan.planner._plus_minus_steps``,
+Scuseria, Janssen, Schaefer 1988). Per iteration about o^2 v^4 / 2 + 10 o^3 v^3 + 2 o^4 v^2
+flops in C1 (o^2 v^4 on the MPI backends, which run the ladder on the pairs i <= j only).
 Letters: i j k l occupied, a b c d virtual. Each term carries its cost.
 """
 
@@ -108,7 +110,7 @@ def residual(ints, t1, t2, tau=None, fixed=None):
                      + fvv["ab"] * t1["ib"] - foo["ji"] * t1["ja"])
 
         # symmetric in (ia)<->(jb): straight to R2, computed on the pairs i <= j (planner)
-        r2["ijab"] += I.vvvv["acbd"] * tau["ijcd"] + Woooo["ijkl"] * tau["klab"]        # o2v4 / 2, o4v2 / 2
+        r2["ijab"] += I.vvvv["acbd"] * tau["ijcd"] + Woooo["ijkl"] * tau["klab"]        # o2v4 / 4, o4v2 / 2
         Z["ijab"] += (-I.ovvv["kcdb"] * tau["ijcd"] * t1["ka"]                           # o3v3
                       + I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]             # o2v3
                       + 0.5 * I.ovov["iajb"]

@@ -32,6 +32,7 @@ from tessera.chem.integrals import transform
 from tessera.chem.triples import triples_correction
 from tessera.errors import ConvergenceError, InputError
 from tessera.profile.records import Recorder, memory_table, slowest
+from tessera.tensor.pairs import kept_plus_minus
 
 METHODS = ("hf", "ccsd", "ccsd(t)")
 SCF_CODES = ("pyscf", "tessera")
@@ -256,6 +257,10 @@ class Job:
             "classes": {name: {"stored": t.stored_elements, "dense": t.dense_elements}
                         for name, t in (("t2", cc.t2), *((c, ints.tensors[c]) for c in ("vvvv", "ovvv", "ovov", "oooo")))},
         }
+        plus_minus = kept_plus_minus(ints.tensors["vvvv"])      # the ladder's V+- (tensor.pairs)
+        if plus_minus:
+            data["storage"]["classes"]["vvvv_plus_minus"] = {
+                "stored": sum(t.stored_elements for t in plus_minus), "dense": ints.tensors["vvvv"].dense_elements}
         minimal = minimal_flops(ints.o, ints.v)
         data["flops"] = {"ccsd_per_iteration": cc.flops_per_iteration, "ccsd_minimal_per_iteration": minimal,
                          "ccsd_over_minimal": cc.flops_per_iteration / minimal if minimal else None}
@@ -297,7 +302,7 @@ class Job:
         if method == "hf":
             return opt.backend, options, opt.tile or 32, None
         from tessera.backends.auto import decide
-        structure = CCSDStructure(ref.orbsym, ref.nocc, nfrozen)
+        structure = CCSDStructure(ref.orbsym, ref.nocc, nfrozen, distributed=True)
         decision = ranks.share(lambda: decide(structure, ranks.size, backend=opt.backend, tile=opt.tile,
                                               variant=opt.variant, schedule=opt.schedule, budget=self.budget,
                                               ranks_per_node=ranks.node_size))

@@ -203,7 +203,7 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         parts["scf"]["AO integrals"] = ints
     if shape.method == "hf":
         return MemoryEstimate(P, baseline, parts, shape.node_ranks)
-    s = structure_stats(CCSDStructure(shape.orbsym, shape.nocc, shape.nfrozen), shape.tile,
+    s = structure_stats(CCSDStructure(shape.orbsym, shape.nocc, shape.nfrozen, shape.distributed), shape.tile,
                         shape.occ_tile or shape.tile, P, block_tasks=shape.distributed)
     # the executor's share: on several ranks the most of the executors the run may use;
     # a one-sided executor on several ranks of a node also touches their windows

@@ -25,7 +25,7 @@ def print_plan(options, rank: int = 0) -> None:
     shape = RunShape(mol, options.method.lower(), options.backend, options.variant, nranks, tile, None,
                      nfrozen, runs_distributed(options.backend), source.reference)
     group = shape.group
-    structure = CCSDStructure(shape.orbsym, shape.nocc, nfrozen)
+    structure = CCSDStructure(shape.orbsym, shape.nocc, nfrozen, shape.distributed)
     if runs_distributed(options.backend):
         from tessera.backends.auto import decide, render
         from tessera.backends.budget import memory_budget

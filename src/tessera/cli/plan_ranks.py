@@ -72,7 +72,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     from tessera.chem.memory import triples_parts
     from tessera.backends.budget import memory_budget
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
-    structure = CCSDStructure(orbsym, nocc, nfrozen)
+    structure = CCSDStructure(orbsym, nocc, nfrozen, distributed=True)
     warning = run_tiles = None
     if tile is None:
         tile, occ_tile, worst = balanced_tiles(structure.stored, nranks)

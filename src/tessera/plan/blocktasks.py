@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from tessera.tensor.pairs import pack_block, unpack_half_block
+from tessera.tensor.pairs import pack_block, pm_pack_block, pm_unpack_block, unpack_half_block
 
 
 class Product(NamedTuple):
@@ -164,10 +164,19 @@ def source_block(step, okey, block):
     return pair_block(step, okey, block) if step.pairs else block.transpose(step.perms["a"])
 
 
+PM_SIGN = {"plus_pack": 1.0, "minus_pack": -1.0, "plus_unpack": 1.0, "minus_unpack": -1.0}
+
+
 def pair_outputs(step, akey) -> list:
-    """Output keys of a ``pack`` / ``unpack_half`` / ``unpack`` step that source block
-    ``akey`` feeds (an ``unpack``: the block of its pair and that block's mirror image by
-    ``perms["sym"]``, those of them the output stores)."""
+    """Output keys of a ``pack`` / ``unpack_half`` / ``unpack`` step (or one of the +/-
+    ladder's, ``tensor.pairs.pm_pack_block``) that source block ``akey`` feeds (an
+    ``unpack``: the block of its pair and that block's mirror image by ``perms["sym"]``,
+    those of them the output stores)."""
+    if step.pairs in ("plus_pack", "minus_pack"):        # (P, s, t) -> (P, {s, t})
+        return [(akey[0], step.out.tensor.spaces[1].tile_of[min(akey[1:]), max(akey[1:])])]
+    if step.pairs in ("plus_unpack", "minus_unpack"):    # (P, {s, t}) -> (P, s, t), (P, t, s)
+        s, t = step.inputs[0].tensor.spaces[1].tile_pairs[akey[1]]
+        return [(akey[0], s, t)] + ([(akey[0], t, s)] if s != t else [])
     if step.pairs == "unpack":
         key = step.inputs[0].tensor.spaces[0].tile_pairs[akey[0]] + tuple(akey[1:])
         aliases = step.out.tensor.aliases
@@ -181,7 +190,15 @@ def pair_outputs(step, akey) -> list:
 def pair_block(step, okey, block, akey=None):
     """The output block ``okey`` of a ``pack`` / ``unpack_half`` step from its source block
     (an ``unpack``: what source block ``akey`` adds to ``okey``, its half H of
-    ``unpack_half``, H transposed by ``perms["sym"]``, or both summed)."""
+    ``unpack_half``, H transposed by ``perms["sym"]``, or both summed; a +/- ladder step:
+    what source block ``akey`` adds to it)."""
+    if step.pairs in ("plus_pack", "minus_pack"):
+        return pm_pack_block(block, PM_SIGN[step.pairs], akey[1], akey[2])
+    if step.pairs in ("plus_unpack", "minus_unpack"):
+        base = step.out.tensor.spaces[1]
+        s, t = sorted(okey[1:])
+        return pm_unpack_block(block, PM_SIGN[step.pairs], base.tiles[s].size, base.tiles[t].size, s == t,
+                               okey[1] > okey[2])
     if step.pairs == "unpack":
         base, sym = step.out.tensor.spaces[0], step.perms["sym"]
         s, t = step.inputs[0].tensor.spaces[0].tile_pairs[akey[0]]

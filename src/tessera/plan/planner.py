@@ -14,7 +14,9 @@ that the update has the target's symmetry (``_check_symmetric_update``).
 
 from __future__ import annotations
 
+import contextvars
 import itertools
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -24,7 +26,7 @@ from tessera.errors import ShapeError
 from tessera.expr.terms import Ref, Term, Update
 from tessera.plan.layout import Sector, group_irreps, matrix_layout
 from tessera.tensor.block_tensor import BlockTensor, allowed_elements, symmetry_group
-from tessera.tensor.pairs import pair_space
+from tessera.tensor.pairs import pair_space, plus_minus
 
 
 @dataclass
@@ -37,7 +39,7 @@ class Step:
     label: str = ""           # the update this step belongs to (from the expression)
     sectors: list = field(default_factory=list)
     perms: dict = field(default_factory=dict)
-    pairs: str | None = None  # an "add" through a pair space: "pack" | "unpack_half" | "unpack" (tensor.pairs)
+    pairs: str | None = None  # an "add" through a pair space: "pack" | "unpack_half" | "unpack" | "plus_pack" | ... (tensor.pairs)
     flops: int = 0
     memory: int = 0           # bytes of temporary matrices the step needs
 
@@ -326,7 +328,8 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
             packed = Ref(BlockTensor((pairs,) + F.tensor.spaces[2:], F.tensor.irrep, name="pairs"),
                          p + F.indices[2:])
             result = Ref(BlockTensor((pairs,) + t.spaces[2:], t.irrep, name="pairs"), p + out.indices[2:])
-            steps = [_pair_map(F, packed, "pack", label), _pair_step(G, packed, result, scale, label)]
+            steps = [_pair_map(F, packed, "pack", label),
+                     *(_plus_minus_steps(G, packed, result, scale, label) or [_pair_step(G, packed, result, scale, label)])]
             if t.dist is None:      # local: one pass adds the pairs and their mirror images to the target
                 return steps + [Step("add", out, (result,), 1.0, None, label, pairs="unpack",
                                      perms={"a": tuple(range(result.tensor.ndim)), "sym": sym})]
@@ -336,6 +339,59 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
                             _add_step(Ref(half.tensor, "".join(out.indices[sym[k]] for k in range(len(sym)))),
                                       out, 1.0, None, label)]
     return []
+
+
+# False while planning on structure alone for a distributed run (``distributed_plans``):
+# its executors run the ladder on the pairs i <= j only, and the plans must count that
+_PLUS_MINUS = contextvars.ContextVar("tessera_plus_minus", default=True)
+
+
+@contextmanager
+def distributed_plans(distributed: bool = True):
+    """Plans made inside are those of a distributed run (the ladder without the +/- form,
+    ``_plus_minus_steps``), though their tensors are local: the cost model's structure plans."""
+    token = _PLUS_MINUS.set(not distributed)
+    try:
+        yield
+    finally:
+        _PLUS_MINUS.reset(token)
+
+
+def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str) -> list:
+    """R[Pab] += scale * G[..] X[Pcd] (G over a, b, c, d in any order) in the symmetric/
+    antisymmetric form over the virtual pairs a <= b, c <= d (``tensor.pairs.plus_minus``:
+    Scuseria, Janssen, Schaefer, J. Chem. Phys. 89, 7382 (1988); PySCF ``_add_vvvv``):
+    X packed to X+ and X-, two GEMMs with V+ and V- (about half the multiply-adds of
+    one with G), unpacked into R; or [] when the rule does not apply. It applies when G
+    is frozen and local (V+- are made from it once and kept), R and X are local, a, b
+    share a space, c, d share a space, and G's declared symmetry gives G[abcd] = G[badc]
+    (e.g. the ladder's (ac|bd) = (bd|ac)); V+- are stored as canonical halves when it
+    also gives the swap of (ab) with (cd) ((ac|bd) = (ca|db), real orbitals)."""
+    g = G.tensor
+    if not _PLUS_MINUS.get() or not g.constant or any(t.dist is not None for t in (g, X.tensor, R.tensor)) or g.ndim != 4:
+        return []
+    (a, b), (c, d) = R.indices[1:], X.indices[1:]
+    if len(R.indices) != 3 or len(X.indices) != 3 or sorted(G.indices) != sorted(a + b + c + d):
+        return []
+    sp = dict(zip(G.indices, g.spaces))
+    if sp[a] is not sp[b] or sp[c] is not sp[d]:
+        return []
+    same = _equal_strings(g, G.indices)
+    rename = lambda m: "".join(m.get(ch, ch) for ch in G.indices)  # noqa: E731
+    if rename({a: b, b: a, c: d, d: c}) not in same:
+        return []
+    symmetric = sp[a] is sp[c] and rename({a: c, c: a, b: d, d: b}) in same
+    vp, vm = plus_minus(g, tuple(G.indices.index(ch) for ch in a + b + c + d), symmetric)
+    A, C = [ch for ch in "XYZxyz" if ch not in R.indices + X.indices + G.indices][:2]
+    p = R.indices[0]
+    steps = []
+    for v, sign in ((vp, "plus"), (vm, "minus")):
+        packed = Ref(BlockTensor((X.tensor.spaces[0], vp.spaces[1]), X.tensor.irrep, name=f"x{sign}"), p + C)
+        product = Ref(BlockTensor((R.tensor.spaces[0], vp.spaces[0]), R.tensor.irrep, name=f"r{sign}"), p + A)
+        steps += [_pair_map(X, packed, f"{sign}_pack", label),
+                  _pair_step(Ref(v, A + C), packed, product, scale, label),
+                  _pair_map(product, R, f"{sign}_unpack", label)]
+    return steps
 
 
 def _pair_map(a: Ref, out: Ref, kind: str, label: str) -> Step:
