@@ -209,3 +209,27 @@ def test_small_budget_gives_a_direct_scf_and_says_so(monkeypatch, capsys):
     assert main(args + ["--scf-mode", "incore"]) == 2
     err = capsys.readouterr()[1]
     assert err.count("\n") == 1 and "more than --max-memory 150 MiB" in err
+
+
+def test_ccsd_estimate_holds_the_ladder_plus_minus(tmp_path):
+    """A local run keeps the ladder's V+- beside vvvv (``tensor.pairs.plus_minus``): the
+    estimate's structure counts them, every allowed block (the run skips those whose vvvv
+    blocks are absent: 11% fewer here), so at least and near the bytes the run reports
+    (JSON ``storage``); a distributed run (the ladder in its pair form) keeps none."""
+    from pyscf import gto
+    from tessera.backends.auto import structure_stats
+    from tessera.chem.ccsd import CCSDStructure
+    from tessera.chem.scf.driver import guess_orbitals
+    out = tmp_path / "r.json"
+    assert main(["run", WATER, "--basis", "cc-pvdz", "--method", "ccsd", "--backend", "serial",
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    atoms = "".join(Path(WATER).read_text().splitlines(True)[2:])
+    orbsym, nocc, *_ = guess_orbitals(gto.M(atom=atoms, basis="cc-pvdz", symmetry=True, verbose=0))
+    local = structure_stats(CCSDStructure(orbsym, nocc, 0, False), data["tile"], data["occ_tile"], 1,
+                            block_tasks=False)
+    kept = 8 * data["storage"]["classes"]["vvvv_plus_minus"]["stored"]
+    assert 0 < kept <= local["held"]["ladder V+-"] <= 1.2 * kept
+    spread = structure_stats(CCSDStructure(orbsym, nocc, 0, True), data["tile"], data["occ_tile"], 2,
+                             block_tasks=False)
+    assert "ladder V+-" not in spread["held"]

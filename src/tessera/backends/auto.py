@@ -67,6 +67,7 @@ from tessera.errors import InputError
 from tessera.plan.blocktasks import contraction_tasks
 from tessera.runtime.distribution import block_owners, default_layers, grid_3d, makespan
 from tessera.tensor.block_tensor import allowed_elements
+from tessera.tensor.pairs import kept_plus_minus
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +194,10 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
     s["tiles"] = run.tiles
     s["gathered_bytes"] = min(CACHE_BYTES, sum(gathered.values()))
     s["held"] = dict(getattr(run, "held", {}))
+    # frozen data the planner derives and keeps (the ladder's V+-, tensor.pairs.plus_minus)
+    derived = sum(8 * v.stored_elements for t in run.tensors for v in kept_plus_minus(t))
+    if derived:
+        s["held"]["ladder V+-"] = derived
     s["held_bytes"] = sum(s["held"].values())
     s["pooled_bytes"] = sum(pooled.values())
     return s
