@@ -179,7 +179,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
     more ranks, fewer tasks and bytes per rank; a tighter budget, smaller windows, down to
     parts of a virtual tile (fetched as patches). The occupied task tile is the one of
     least bytes read among those that leave 8 tasks per rank, keep one task within the
-    budget and, past the first, windows MIN_WINDOW wide (each tried tile counted here by
+    budget and, past the first, parts cut from tiles MIN_WINDOW wide (each tried tile counted here by
     hand)."""
     from tessera.chem.triples import irrep_ranges
     from tessera.backends.schedule import partition
@@ -264,7 +264,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
             if cache_mb == 64:
                 assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles
             if c["occ_tile"] > 1:          # a larger tile is taken only when it reads less
-                assert read < tried[1][1] and tasks >= TASKS_PER_RANK * P and width >= MIN_WINDOW
+                assert read < tried[1][1] and tasks >= TASKS_PER_RANK * P and win.narrowest_cut >= MIN_WINDOW
         assert counts[256]["read_bytes_per_rank"] < counts[64]["read_bytes_per_rank"]
         assert counts[256]["tasks_per_rank"] < counts[64]["tasks_per_rank"]
     assert cut                  # the small budget cut tiles

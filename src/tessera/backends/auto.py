@@ -59,7 +59,7 @@ import time
 import numpy as np
 
 from tessera.backends.balance import BALANCE, balanced_tiles, binding, class_balance, forced_tile_warning
-from tessera.backends.context import CACHE_BYTES, gather_twins
+from tessera.backends.context import CACHE_BYTES, gather_twins, thread_limit
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
@@ -91,10 +91,9 @@ COLLECTIVE_VARIANTS = VARIANTS["mpi-collective"]
 def gemm_rate() -> float:
     """Measured single-thread DGEMM flop rate of a 256^3 product (best of five after a
     warm-up), flop/s, clamped to [1, 50] GFLOP/s against a machine busy with others."""
-    from threadpoolctl import threadpool_limits
     a = np.random.default_rng(0).standard_normal((256, 256))
     best = 1e9
-    with threadpool_limits(limits=1, user_api="blas"):
+    with thread_limit(1):
         a @ a
         for _ in range(5):
             t0 = time.perf_counter()

@@ -30,10 +30,10 @@ SCF's orbitals (``start``) and the last CCSD iteration (``final``). The iteratio
 between are renamed into place without an fsync: a killed or failed process loses none
 of them (the kernel holds the data and writes it back), and none is worth a wait on the
 disk (the fsync was about a quarter of a block file's write, measured on benzene
-cc-pVDZ): only a crash of the operating system within the kernel's write-back delay
-(seconds) could take the latest of them, and then a restart resumes from an earlier one
-or, if the file system put the rename on disk before the data, says the checkpoint
-cannot be read.
+cc-pVDZ). Only a crash of the operating system within the kernel's write-back delay
+(seconds) could leave a damaged checkpoint: the older iterations' block files are
+removed once the newer one is in place, so a restart then says the checkpoint cannot
+be read.
 """
 
 from __future__ import annotations

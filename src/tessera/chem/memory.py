@@ -63,10 +63,9 @@ from tessera.errors import InputError
 SCF_MATRICES = 30
 PHASES = ("scf", "transform", "ccsd", "(t)")
 SHARED = "other ranks' windows"     # pages of same-node windows this rank reads (module docstring)
-#: The estimate's matrices are small: one BLAS thread (several threads of a BLAS pool, next
-#: to the OpenMP threads PySCF's integral calls leave spinning, ran its guess and pair
-#: orbits several times slower, measured).
-_SMALL = one_blas_thread
+# The estimate's matrices are small: one BLAS thread (``one_blas_thread``: several threads
+# of a BLAS pool, next to the OpenMP threads PySCF's integral calls leave spinning, ran its
+# guess and pair orbits several times slower, measured).
 
 
 def resident_peak() -> int:
@@ -114,7 +113,7 @@ class RunShape:
     """What the estimate needs of a run: the orbitals per irrep (of the initial guess),
     the molecule's size and the run's choices."""
 
-    @_SMALL
+    @one_blas_thread
     def __init__(self, mol, method: str, backend: str, variant, nranks: int, tile: int,
                  occ_tile: int | None, nfrozen: int, distributed: bool, reference=None,
                  node_ranks: int | None = None, shared_windows: bool = True,
@@ -184,7 +183,7 @@ def scf_integral_bytes(shape: RunShape) -> int:
     return int(incore_shares(shape.scf_tasks, shape.nranks).max())
 
 
-@_SMALL
+@one_blas_thread
 def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     """The per-rank estimate of ``shape`` (``baseline``: measured now unless given)."""
     from tessera.backends.auto import memory_parts, structure_stats

@@ -218,12 +218,13 @@ def window_plan(o, v, vr, orange, keys: dict, shapes: dict, vblock: int, budget:
                 occ_tile: int | None = None) -> tuple:
     """(occ_tile, Windows, (tasks, read, most)) of windowed (T) (``occ_tile_plan``), the
     windows as wide as ``budget`` allows for each candidate task tile; a larger task tile
-    only while its windows stay ``MIN_WINDOW`` wide (the first is taken however narrow)."""
+    only while the parts its windows cut from tensor tiles stay ``MIN_WINDOW`` wide (the
+    first is taken however narrow)."""
     def counts_of(c):
         tiles, triples, G = task_tiles(o, c)
         win = Windows(o, v, vr, orange, keys, shapes, vblock, window_width(o, v, c, budget))
         return win, window_counts(win, tiles, triples, G)
-    return occ_tile_plan(o, budget, nranks, counts_of, occ_tile, usable=lambda win: win.width >= MIN_WINDOW)
+    return occ_tile_plan(o, budget, nranks, counts_of, occ_tile, usable=lambda win: win.narrowest_cut >= MIN_WINDOW)
 
 
 def row_counts(o, keys: dict, shapes: dict, occ_tile: int) -> tuple:
@@ -438,7 +439,8 @@ class TriplesTasks:
         """Rows of the blocks of the task's uncached task tiles (partial requests); first
         drops cached slabs (least recently used, not the task's) until what arrives fits.
         Nothing for resident tensors; for a windowed task, its window's rows that the
-        rank's previous task did not fetch (those it did are kept, the rest dropped)."""
+        rank's previous task did not fetch (those it did are kept, the rest dropped): a
+        rank calls need(i) then work(i) for one task after another (``dist_base.run_tasks``)."""
         t, window = self.tasks[task]
         if self.resident or not self.lay.ntrip[self.G[t]]:
             return []
@@ -600,9 +602,11 @@ class TriplesTasks:
                         copies[name] += arr.nbytes if copy else 0
                         if copy and getattr(arr.base, "nbytes", 0) > arr.nbytes:
                             arr = arr.copy()     # a part of a larger buffer: keep only the part
-                        self.kept[tag] = (arr, name, copy)
+                        with self.lock:
+                            self.kept[tag] = (arr, name, copy)
                     else:
-                        arr = self.kept[tag][0]
+                        with self.lock:
+                            arr = self.kept[tag][0]
                     tables.add(name, key, arr, s0, pieces)
         blocks.clear()
         with self.lock:

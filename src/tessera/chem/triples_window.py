@@ -61,7 +61,7 @@ class Windows:
     ``width``, near-equal parts of it (the fewest no wider than ``width``)."""
 
     def __init__(self, o, v, vr, orange, keys: dict, shapes: dict, vblock: int, width: int):
-        self.o, self.v, self.keys, self.shapes, self.width = o, v, keys, shapes, width
+        self.o, self.v, self.keys, self.shapes = o, v, keys, shapes
         # window tiles (irrep, first position inside the irrep, size); per tensor tile its
         # first position inside its irrep and its pieces (window tile, first orbital in the
         # tensor tile, first position in the window tile, orbitals): one piece when the tile
@@ -83,6 +83,8 @@ class Windows:
                 self.vtiles.append((tl.irrep, self.irel[n] + lo, hi - lo))
             joinable = cuts == 1
         self.vsize = [tl.size for tl in v.tiles]
+        # the narrowest part cut from a tensor tile (orbitals; None cut: the width asked)
+        self.narrowest_cut = min((p[3] for ps in self.pieces if len(ps) > 1 for p in ps), default=width)
         self.orel = [tl.offset - int(orange[tl.irrep, 0]) for tl in o.tiles]
         # kernel blocks: window tiles cut into runs of at most vblock, and their window tile
         self.blocks, self.block_tile = [], []

@@ -151,7 +151,7 @@ def _letter_spaces(refs: list, label: str) -> dict:
         if len(set(r.indices)) != len(r.indices):
             raise ShapeError(f"{label}: repeated index in {r.indices!r}; diagonals are not supported")
         for ch, sp in zip(r.indices, r.tensor.spaces):
-            if spaces.setdefault(ch, sp) is not sp:
+            if spaces.setdefault(ch, sp) != sp:
                 raise ShapeError(f"{label}: index {ch!r} is used for spaces {spaces[ch].name!r} and {sp.name!r}")
     return spaces
 
@@ -310,7 +310,7 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
     from its pair, once); a distributed one takes a half H (pairs i < j and half of
     i = j, ``unpack_half``) and H plus its transpose by ``sym``, two adds."""
     t = out.tensor
-    if t.spaces[0] is not t.spaces[1] or len(set(out.indices)) != len(out.indices):
+    if t.spaces[0] != t.spaces[1] or len(set(out.indices)) != len(out.indices):
         return []
     for ps in t.symmetry:
         sym = tuple(ps.perm)
@@ -374,13 +374,13 @@ def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str) -> list:
     if len(R.indices) != 3 or len(X.indices) != 3 or sorted(G.indices) != sorted(a + b + c + d):
         return []
     sp = dict(zip(G.indices, g.spaces))
-    if sp[a] is not sp[b] or sp[c] is not sp[d]:
+    if sp[a] != sp[b] or sp[c] != sp[d]:
         return []
     same = _equal_strings(g, G.indices)
     rename = lambda m: "".join(m.get(ch, ch) for ch in G.indices)  # noqa: E731
     if rename({a: b, b: a, c: d, d: c}) not in same:
         return []
-    symmetric = sp[a] is sp[c] and rename({a: c, c: a, b: d, d: b}) in same
+    symmetric = sp[a] == sp[c] and rename({a: c, c: a, b: d, d: b}) in same
     vp, vm = plus_minus(g, tuple(G.indices.index(ch) for ch in a + b + c + d), symmetric)
     A, C = [ch for ch in "XYZxyz" if ch not in R.indices + X.indices + G.indices][:2]
     p = R.indices[0]
