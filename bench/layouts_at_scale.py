@@ -96,13 +96,8 @@ def triples_per_rank(tensors, P, memory_bytes=None) -> dict:
     except ImportError:
         pass
     try:                                  # the same tasks by whole occupied rows, for comparison
-        from tessera.chem.triples import SOURCES
-        from tessera.chem.triples_tasks import row_plan, window_budget
-        keys = {name: {} for name in SOURCES}
-        for name in SOURCES:
-            for key in tensors[name].allowed_keys():
-                keys[name].setdefault(key[0], []).append(key)
-        read = row_plan(o, keys, tensors, window_budget(None, memory_bytes), P)[2][1]
+        from tessera.chem.triples_tasks import keys_by_tile, row_plan, window_budget
+        read = row_plan(o, keys_by_tile(tensors), tensors, window_budget(None, memory_bytes), P)[2][1]
         out.update(whole_rows_read_per_rank=read / P)
     except ImportError:
         pass

@@ -69,8 +69,7 @@ class OneSidedExecutor(DistributedExecutor):
         self.scheduler = Scheduler(self.world, schedule, barrier=self.barrier)
         self._schedulers = {schedule: self.scheduler}   # schedule name -> Scheduler
         self.deal_stats = None        # DealStats of the last task set's deal on this rank
-        self._inverted: dict = {}
-        self._costs: dict = {}        # id(tasks or groups of a step) -> (them, their cost array)
+        self._kept: dict = {}         # (what, id(tasks or groups of a step)) -> (them, what of them)
         # cached/owner: remote blocks of frozen operands (integrals) kept across iterations
         self.frozen = FrozenCache(self.cache_bytes)
 
@@ -92,13 +91,18 @@ class OneSidedExecutor(DistributedExecutor):
             self.frozen.clear()
         super().close()
 
-    def _costs_of(self, units, make) -> np.ndarray:
-        """The cost array of a step's tasks or task groups ``units`` (kept lists: the same
-        step deals the same units every iteration), computed once by ``make()``."""
-        hit = self._costs.get(id(units))
+    def _once(self, what, units, make):
+        """``make()`` of a step's tasks or task groups ``units`` (kept lists: the same step
+        deals the same units every iteration) under the name ``what``, computed once."""
+        key = (what, id(units))
+        hit = self._kept.get(key)
         if hit is None or hit[0] is not units:
-            hit = self._costs[id(units)] = (units, np.asarray(make(), dtype=float))
+            hit = self._kept[key] = (units, make())
         return hit[1]
+
+    def _costs_of(self, units, make) -> np.ndarray:
+        """The cost array of ``units`` (``_once``)."""
+        return self._once("costs", units, lambda: np.asarray(make(), dtype=float))
 
     def batches(self, costs, chunk: int = 1, partition: str = "largest_first", home=None):
         """Lists of task indices for this rank; every task goes to exactly one rank."""
@@ -199,17 +203,14 @@ class OneSidedExecutor(DistributedExecutor):
 
     def _inverted_groups(self, tasks, A, B) -> tuple:
         reuse_a = A.nbytes >= B.nbytes
-        key = (id(tasks), reuse_a)
-        hit = self._inverted.get(key)
-        if hit is not None and hit[0] is tasks:
-            return hit[1], reuse_a
-        groups: dict = {}
-        for t in tasks:
-            for p in t.products:
-                groups.setdefault(p.a if reuse_a else p.b, []).append((t, p))
-        glist = sorted(groups.items())
-        self._inverted[key] = (tasks, glist)
-        return glist, reuse_a
+
+        def make():
+            groups: dict = {}
+            for t in tasks:
+                for p in t.products:
+                    groups.setdefault(p.a if reuse_a else p.b, []).append((t, p))
+            return sorted(groups.items())
+        return self._once(("inverted", reuse_a), tasks, make), reuse_a
 
     def _inverted_loop(self, step, tasks, A, B, out) -> None:
         pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
@@ -280,13 +281,7 @@ class OneSidedExecutor(DistributedExecutor):
     def _owner_groups(self, tasks, A, B, out) -> list:
         """This rank's batches under ``owner``: its own tasks (``owned_tasks``) in batches
         as ``cached`` forms them for one rank (kept per task list)."""
-        key = ("owner", id(tasks))
-        hit = self._inverted.get(key)
-        if hit is not None and hit[0] is tasks:
-            return hit[1]
-        groups = cached_batches(tasks, A.nbytes >= B.nbytes, self.cache_bytes, 1)
-        self._inverted[key] = (tasks, groups)
-        return groups
+        return self._once("owner", tasks, lambda: cached_batches(tasks, A.nbytes >= B.nbytes, self.cache_bytes, 1))
 
     def _prefetch(self, step, tasks, batch, A, B, cache) -> dict:
         """{(0 | 1, key): GEMM operand} of every input block the batch's entries (task,
@@ -346,13 +341,8 @@ class OneSidedExecutor(DistributedExecutor):
     def _cached_groups(self, tasks, A, B) -> list:
         """``cached_batches`` of the step, for this rank count and cache (kept per task list)."""
         by_row = A.nbytes >= B.nbytes
-        key = ("cached", id(tasks), by_row)
-        hit = self._inverted.get(key)
-        if hit is not None and hit[0] is tasks:
-            return hit[1]
-        glist = cached_batches(tasks, by_row, self.cache_bytes, self.world.size)
-        self._inverted[key] = (tasks, glist)
-        return glist
+        return self._once(("cached", by_row), tasks,
+                          lambda: cached_batches(tasks, by_row, self.cache_bytes, self.world.size))
 
     @staticmethod
     def _operand(blk, perm, shape) -> np.ndarray:

@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from tessera.plan.blocktasks import invert_key
-from tessera.tensor.pairs import pack_block
+from tessera.tensor.pairs import pack_block, triu_pairs
 from tessera.tensor.block_tensor import allowed_elements, allowed_keys, flat_offsets, flat_size
 
 
@@ -240,7 +240,7 @@ def pair_index(a, out, kind: str, sym: tuple | None = None) -> tuple:
             if s < t:
                 ia[where] = pos.ravel()
                 continue
-            upper, divisor = np.triu_indices(oshape[0]), np.full(oshape, 2, np.intp)
+            upper, divisor = triu_pairs(oshape[0]), np.full(oshape, 2, np.intp)
             full = np.zeros(oshape, np.intp)
             full[upper] = pos
             divisor[upper] = 0
@@ -263,7 +263,7 @@ def _unpack_positions(sa, pairs, okey: tuple, oshape: tuple, sym: tuple) -> np.n
         if s != t:
             return pos.reshape(shape)
         full = np.zeros(shape, np.intp)
-        full[np.triu_indices(shape[0])] = pos
+        full[triu_pairs(shape[0])] = pos
         return full
     s, t = okey[:2]
     mirror = tuple(okey[n] for n in sym)

@@ -249,6 +249,15 @@ def row_plan(o, keys: dict, shapes: dict, budget: float, nranks: int) -> tuple:
                          cap=max(1, o.dim // 8))
 
 
+def keys_by_tile(tensors: dict) -> dict:
+    """{source: {occupied tensor tile: allowed keys with it first}} of the (T) operands."""
+    keys = {name: {} for name in SOURCES}
+    for name in SOURCES:
+        for key in tensors[name].allowed_keys():
+            keys[name].setdefault(key[0], []).append(key)
+    return keys
+
+
 def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kernel_mb: float | None = None,
                 memory_bytes: float | None = None) -> dict:
     """(T) of a distributed run on ``nranks`` ranks, from structure only (``tensors``: the
@@ -263,10 +272,7 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
     lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
     _, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
-    keys = {name: {} for name in SOURCES}
-    for name in SOURCES:
-        for key in tensors[name].allowed_keys():
-            keys[name].setdefault(key[0], []).append(key)
+    keys = keys_by_tile(tensors)
     budget = window_budget(cache_mb, memory_bytes)
     if vblock is None:                    # whole rows per task tile
         occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, budget, nranks)
@@ -321,10 +327,7 @@ class TriplesTasks:
         self.irrep = o.irreps.tolist()
         self.occ_tile, self.vblock, self.batch, self.pool_bytes = kernel_plan(
             lay, o, v, occ_tile, resident, vblock, kernel_mb)
-        self.keys = {name: {} for name in SOURCES}     # source -> tensor tile -> keys with it first
-        for name, t in self.tensors.items():
-            for key in t.allowed_keys():
-                self.keys[name].setdefault(key[0], []).append(key)
+        self.keys = keys_by_tile(self.tensors)
         # a task: a triple of task tiles and, when the operands are fetched by virtual tile
         # (distributed tensors, blocked kernel: chem.triples_window), one window; then the
         # task tile and the windows come from the bytes one task may hold (window_plan)

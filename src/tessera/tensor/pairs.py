@@ -53,7 +53,7 @@ def pack_block(block: np.ndarray, diagonal: bool) -> np.ndarray:
     """Block (s, t, ...) of a pair-symmetric tensor -> its pair block (pairs, ...)."""
     n1, n2 = block.shape[:2]
     if diagonal:
-        return block[_triu(n1)]
+        return block[triu_pairs(n1)]
     return block.reshape(n1 * n2, *block.shape[2:])
 
 
@@ -63,14 +63,14 @@ def unpack_half_block(block: np.ndarray, n1: int, n2: int, diagonal: bool) -> np
     if not diagonal:
         return block.reshape(n1, n2, *block.shape[1:])
     out = np.zeros((n1, n1, *block.shape[1:]), dtype=block.dtype)
-    out[_triu(n1)] = block
+    out[triu_pairs(n1)] = block
     idx = np.arange(n1)
     out[idx, idx] *= 0.5
     return out
 
 
 @lru_cache(maxsize=256)
-def _triu(n: int) -> tuple:
+def triu_pairs(n: int) -> tuple:
     """``np.triu_indices(n)``, made once per tile size (a pack or unpack step asks for it
     once per diagonal block, thousands of times per CCSD iteration)."""
     return np.triu_indices(n)
@@ -96,7 +96,7 @@ def pm_pack_block(block: np.ndarray, sign: float, s: int, t: int) -> np.ndarray:
     y = 0.5 * (block + sign * block.transpose(0, 2, 1))
     idx = np.arange(block.shape[1])
     y[:, idx, idx] *= 0.5
-    return y[(slice(None),) + _triu(block.shape[1])]
+    return y[(slice(None),) + triu_pairs(block.shape[1])]
 
 
 def pm_unpack_block(block: np.ndarray, sign: float, ns: int, nt: int, diagonal: bool, lower: bool) -> np.ndarray:
@@ -107,7 +107,7 @@ def pm_unpack_block(block: np.ndarray, sign: float, ns: int, nt: int, diagonal: 
         x = block.reshape(n, ns, nt)
         return sign * x.transpose(0, 2, 1) if lower else x
     y = np.zeros((n, ns, ns))
-    y[(slice(None),) + _triu(ns)] = block
+    y[(slice(None),) + triu_pairs(ns)] = block
     y += sign * y.transpose(0, 2, 1).copy()
     idx = np.arange(ns)
     y[:, idx, idx] *= 0.5
