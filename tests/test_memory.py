@@ -212,10 +212,11 @@ def test_small_budget_gives_a_direct_scf_and_says_so(monkeypatch, capsys):
 
 
 def test_ccsd_estimate_holds_the_ladder_plus_minus(tmp_path):
-    """A local run keeps the ladder's V+- beside vvvv (``tensor.pairs.plus_minus``): the
-    estimate's structure counts them, every allowed block (the run skips those whose vvvv
-    blocks are absent: 11% fewer here), so at least and near the bytes the run reports
-    (JSON ``storage``); a distributed run (the ladder in its pair form) keeps none."""
+    """A local run makes the ladder's V+- (``tensor.pairs.plus_minus``) and frees vvvv
+    (JSON ``storage``: vvvv stored 0, freed): the estimate's structure holds V+- instead
+    of vvvv, every allowed block (the run skips those whose vvvv blocks are absent: 11%
+    fewer here), so at least and near the bytes the run reports; a distributed run (the
+    ladder in its pair form) keeps vvvv and no V+-."""
     from pyscf import gto
     from tessera.backends.auto import structure_stats
     from tessera.chem.ccsd import CCSDStructure
@@ -228,7 +229,9 @@ def test_ccsd_estimate_holds_the_ladder_plus_minus(tmp_path):
     orbsym, nocc, *_ = guess_orbitals(gto.M(atom=atoms, basis="cc-pvdz", symmetry=True, verbose=0))
     local = structure_stats(CCSDStructure(orbsym, nocc, 0, False), data["tile"], data["occ_tile"], 1,
                             block_tasks=False)
-    kept = 8 * data["storage"]["classes"]["vvvv_plus_minus"]["stored"]
+    classes = data["storage"]["classes"]
+    assert classes["vvvv"]["stored"] == 0 and classes["vvvv"]["freed"]
+    kept = 8 * classes["vvvv_plus_minus"]["stored"]
     assert 0 < kept <= local["held"]["ladder V+-"] <= 1.2 * kept
     spread = structure_stats(CCSDStructure(orbsym, nocc, 0, True), data["tile"], data["occ_tile"], 2,
                              block_tasks=False)

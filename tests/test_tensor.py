@@ -338,9 +338,57 @@ def test_ladder_in_plus_minus_form(backend, seed):
         4 * int(np.sum(npv**2 * npo[[h ^ g for h in range(8)]]))
     vp, vm = plus_minus(W, (0, 2, 1, 3), eightfold)
     assert bool(vp.aliases) == eightfold and vp.to_dense().shape == (npv.sum(),) * 2
-    if eightfold:       # canonical halves: V[AB, CD] = V[CD, AB]
+    G = W_d.transpose(0, 2, 1, 3)                   # G[abcd] = W[acbd]
+    ab = _pair_orbitals(v)
+    for got, sign in ((vp, 1.0), (vm, -1.0)):       # V+-[ab, cd] = G[abcd] +- G[abdc], pairs a <= b, c <= d
+        a, b = ab[:, 0][:, None], ab[:, 1][:, None]
+        ref = G[a, b, a.T, b.T] + sign * G[a, b, b.T, a.T]
+        np.testing.assert_allclose(got.to_dense(), ref, rtol=0, atol=1e-12 * np.abs(W_d).max())
+    if eightfold:       # canonical halves: V[AB, CD] = V[CD, AB], diagonal blocks as triangles
         np.testing.assert_array_equal(vp.to_dense(), vp.to_dense().T)
-        assert vp.stored_elements < 0.6 * vp.dense_elements
+        sizes = [n * (n + 1) // 2 if k[0] == k[1] else n * vp.spaces[1].tiles[k[1]].size
+                 for k in vp.stored_keys() if k in vp.blocks for n in [vp.spaces[0].tiles[k[0]].size]]
+        assert vp.stored_elements == sum(sizes) < 0.5 * vp.dense_elements + npv.sum()
+
+
+def _pair_orbitals(v):
+    """(a, b) orbitals of each position of ``pair_space(v)`` (rows of pairs a <= b)."""
+    from tessera.tensor.pairs import pair_space
+    out = []
+    for s, t in pair_space(v).tile_pairs:
+        A, B = v.orbitals[v.slice(s)], v.orbitals[v.slice(t)]
+        if s == t:
+            i, j = np.triu_indices(len(A))
+            out += list(zip(A[i], A[j]))
+        else:
+            out += [(a, b) for a in A for b in B]
+    return np.array(out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ladder_after_vvvv_is_freed(backend):
+    """Once V+- are made, vvvv can be freed (``tensor.pairs.free_for_ladder``): it then
+    holds no element, the ladder still equals numpy.einsum (the planner finds V+- kept on
+    it), and a read of one of its blocks is an error, not a zero."""
+    from tessera.tensor.pairs import free_for_ladder, kept_plus_minus
+    o, v, rng = spaces(41, nirrep=2, tile=2)
+    W_d = _eightfold(v, rng)
+    W = BlockTensor.from_dense(W_d, (v,) * 4, 0, name="vvvv", symmetry=VVVV_SYMMETRY, canonical=True).freeze()
+    assert not free_for_ladder(W) and W.stored_elements > 0         # no V+- yet: kept
+    with ts.Context(backend):
+        tau, tau_d = _pair_symmetric(o, v, rng, 0, canonical=True)
+        ref = np.einsum("acbd,ijcd->ijab", W_d, tau_d)
+        for n in range(2):
+            R = BlockTensor((o, o, v, v), 0, name="R", symmetry=(ts.PermutationalSymmetry((1, 0, 3, 2)),),
+                            canonical=True)
+            with ts.equations():
+                R["ijab"] = W["acbd"] * tau["ijcd"]
+            np.testing.assert_allclose(R.to_dense(), ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+            if n == 0:
+                assert kept_plus_minus(W) and free_for_ladder(W)
+    assert W.stored_elements == 0 and not W.blocks
+    with pytest.raises(SymmetryError, match="'vvvv' was freed"):
+        W.blocks.get((0, 0, 0, 0))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

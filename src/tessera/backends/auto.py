@@ -24,8 +24,8 @@ busiest rank's bytes; variant ``2.5d`` on a pr x pc x c grid: panels broadcast w
 layer's smaller grid, c partial outputs to the owners). The constants are per node, with
 the network between nodes when the ranks span several (``run_costs``). Each candidate also gets a memory estimate per rank
 (``memory_parts``: T2 + integrals of the fullest rank; what the driver holds beside
-them, the structure's ``held`` bytes (for CCSD the amplitude copies and the DIIS
-history) spread over the ranks; and the working set of the largest contraction step:
+them, the structure's ``held`` bytes (for CCSD the amplitude copies, the DIIS history and,
+on one process, the ladder's V+-) spread over the ranks; and the working set of the largest contraction step:
 for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the homes
 of the inputs and one panel each; for ``cached`` its block cache; on one process the
 step's temporary matrices plus the gathered matrices of constant tensors the context
@@ -67,7 +67,6 @@ from tessera.errors import InputError
 from tessera.plan.blocktasks import contraction_tasks
 from tessera.runtime.distribution import block_owners, default_layers, grid_3d, makespan
 from tessera.tensor.block_tensor import allowed_elements
-from tessera.tensor.pairs import kept_plus_minus
 
 log = logging.getLogger(__name__)
 
@@ -193,10 +192,6 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
     s["tiles"] = run.tiles
     s["gathered_bytes"] = min(CACHE_BYTES, sum(gathered.values()))
     s["held"] = dict(getattr(run, "held", {}))
-    # frozen data the planner derives and keeps (the ladder's V+-, tensor.pairs.plus_minus)
-    derived = sum(8 * v.stored_elements for t in run.tensors for v in kept_plus_minus(t))
-    if derived:
-        s["held"]["ladder V+-"] = derived
     s["held_bytes"] = sum(s["held"].values())
     s["pooled_bytes"] = sum(pooled.values())
     return s

@@ -22,6 +22,7 @@ from tessera.chem import ccsd_equations as eq
 from tessera.chem.diis import DIIS
 from tessera.chem.integrals import denominator
 from tessera.errors import ConvergenceError, InputError
+from tessera.tensor.pairs import free_for_ladder, kept_plus_minus
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class CCSD:
         keys = (sorted(t1.owned_keys()), sorted(t2.owned_keys()))      # T2: its canonical blocks
         weight = _weight(t1, t2, keys)
         fixed = eq.fixed_intermediates(ints)
+        if not ctx.distributed:
+            _ladder_form(ints)
         tau = eq.make_tau(ints, t1, t2)
         e_old = eq.correlation_energy(fixed["L"], tau)
         log.info("MP2 correlation energy %.12f", e_old)
@@ -163,6 +166,19 @@ class CCSD:
         return result
 
 
+def _ladder_form(ints) -> None:
+    """Before the iterations of a local run: the ladder's V+- made once and vvvv freed,
+    which nothing reads after them (``tensor.pairs``: ``plus_minus``, ``free_for_ladder``).
+    The ladder term is planned on amplitudes without data (nothing runs): the planner
+    makes V+- when it runs the ladder in the +/- form, and keeps them on vvvv for the
+    residuals' plans; where it does not, vvvv is kept."""
+    from tessera.backends.context import PlanningContext
+    tau, r2 = (_structural(eq.new(ints, "oovv", name)) for name in ("tau", "R2"))
+    with PlanningContext(), ts.equations():
+        eq.ladder(ints, r2, tau)
+    free_for_ladder(ints.vvvv)
+
+
 def minimal_flops(o, v) -> int:
     """Flops of one lean closed-shell CCSD iteration on the block structure of spaces
     ``o``, ``v``: o^2 v^4 + 8 o^3 v^3 + o^4 v^2 in C1 (the ladder and the o^4 v^2 term on
@@ -181,7 +197,8 @@ class IterationStructure:
     and ``tessera plan``'s view of a run. ``plans``: the plans of one iteration;
     ``tensors``: what a run stores (T2 and the integral classes, empty, with their
     placement); ``tiles``: tile sizes per space; ``held``: bytes the driver holds beside
-    them (amplitude copies, the DIIS history), spread over the ranks like T2."""
+    them (amplitude copies, the DIIS history, a local run's ladder V+-, which replace
+    vvvv among the stored tensors), spread over the ranks like T2."""
     o: object
     v: object
     plans: list
@@ -222,7 +239,11 @@ class CCSDStructure:
             eq.residual(ints, t1, t2, fixed=fixed)
         amplitudes = 8 * (t1.stored_elements + t2.stored_elements)
         held = {"amplitudes": (AMPLITUDE_COPIES - 1) * amplitudes, "diis": 2 * DIIS_SPACE * amplitudes}
-        return IterationStructure(o, v, ctx.plans, [t2, *tensors.values()],
+        plus_minus = kept_plus_minus(tensors["vvvv"])
+        if plus_minus:          # a local run iterates with the ladder's V+- and vvvv freed (_ladder_form)
+            held["ladder V+-"] = sum(8 * t.stored_elements for t in plus_minus)
+        stored = [t2, *(t for n, t in tensors.items() if not (plus_minus and n == "vvvv"))]
+        return IterationStructure(o, v, ctx.plans, stored,
                                   {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]}, held)
 
     def stored(self, tile: int, occ_tile: int | None = None) -> dict:

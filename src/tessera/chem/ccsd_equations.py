@@ -60,6 +60,12 @@ def correlation_energy(L, tau) -> float:
     return ts.dot(L["ijab"], tau["ijab"])
 
 
+def ladder(ints, r2, tau) -> None:
+    """R2_ijab += (ac|bd) tau_ijcd, the particle-particle ladder (inside ``ts.equations()``):
+    the only term that reads vvvv."""
+    r2["ijab"] += ints.vvvv["acbd"] * tau["ijcd"]
+
+
 def residual(ints, t1, t2, tau=None, fixed=None):
     """Right-hand sides (without the orbital-energy diagonal) of the T1 and T2 equations;
     ``tau``: ``make_tau(ints, t1, t2)`` and ``fixed``: ``fixed_intermediates(ints)``, when
@@ -110,7 +116,8 @@ def residual(ints, t1, t2, tau=None, fixed=None):
                      + fvv["ab"] * t1["ib"] - foo["ji"] * t1["ja"])
 
         # symmetric in (ia)<->(jb): straight to R2, computed on the pairs i <= j (planner)
-        r2["ijab"] += I.vvvv["acbd"] * tau["ijcd"] + Woooo["ijkl"] * tau["klab"]        # o2v4 / 4, o4v2 / 2
+        ladder(I, r2, tau)                                                                # o2v4 / 4
+        r2["ijab"] += Woooo["ijkl"] * tau["klab"]                                         # o4v2 / 2
         Z["ijab"] += (-I.ovvv["kcdb"] * tau["ijcd"] * t1["ka"]                           # o3v3
                       + I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]             # o2v3
                       + 0.5 * I.ovov["iajb"]

@@ -32,7 +32,7 @@ from tessera.chem.integrals import transform
 from tessera.chem.triples import triples_correction
 from tessera.errors import ConvergenceError, InputError
 from tessera.profile.records import Recorder, memory_table, slowest
-from tessera.tensor.pairs import kept_plus_minus
+from tessera.tensor.pairs import FreedBlocks, kept_plus_minus
 
 METHODS = ("hf", "ccsd", "ccsd(t)")
 SCF_CODES = ("pyscf", "tessera")
@@ -258,6 +258,8 @@ class Job:
                         for name, t in (("t2", cc.t2), *((c, ints.tensors[c]) for c in ("vvvv", "ovvv", "ovov", "oooo")))},
         }
         plus_minus = kept_plus_minus(ints.tensors["vvvv"])      # the ladder's V+- (tensor.pairs)
+        if isinstance(ints.tensors["vvvv"].blocks, FreedBlocks):   # a local run keeps V+- only
+            data["storage"]["classes"]["vvvv"]["freed"] = True
         if plus_minus:
             data["storage"]["classes"]["vvvv_plus_minus"] = {
                 "stored": sum(t.stored_elements for t in plus_minus), "dense": ints.tensors["vvvv"].dense_elements}
