@@ -4,7 +4,8 @@
         [--basis cc-pvdz] [--backend threads] [--tile 32] [--frozen-core] [--no-triples]
         [--repeat 2]
 
-Both codes start from the same PySCF RHF (not timed). PySCF: ``cc.CCSD(mf).kernel()``
+Both codes start from the same PySCF RHF (not timed), and from its in-memory AO
+integrals (``mf._eri``), as each code's own SCF hands them on. PySCF: ``cc.CCSD(mf).kernel()``
 (its AO->MO transformation included) then ``ccsd_t()``. Tessera: ``transform`` + CCSD +
 (T). Each code runs in a process of its own (so each has its own peak resident memory),
 alternating PySCF, Tessera, PySCF, Tessera, ... ``--repeat`` times; the best time of

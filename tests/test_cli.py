@@ -67,6 +67,23 @@ def test_not_converged_still_writes_json(tmp_path, capsys):
     assert data["converged"] is False and len(data["iterations"]) == 2
 
 
+def test_a_program_ends_with_its_exit_code_output_and_files(tmp_path):
+    """As a program ``tessera run`` ends itself once the run has returned (cli.main's
+    _end_program): the exit code, stdout written to a file (fully buffered), the JSON and
+    the log records on stderr are all there, as after the interpreter's own teardown."""
+    out, log = tmp_path / "r.json", tmp_path / "stdout.txt"
+    with open(log, "w") as stdout:
+        proc = subprocess.run([sys.executable, "-m", "tessera.cli.main", "run", WATER, "--basis", "sto-3g",
+                               "--method", "ccsd", "--max-iter", "2", "--json", str(out)],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "did not converge in 2 iterations" in proc.stderr
+    text = log.read_text()
+    assert text.startswith("Tessera ") and "E(RHF)" in text
+    data = json.loads(out.read_text())
+    assert data["converged"] is False and len(data["iterations"]) == 2
+
+
 @pytest.mark.parametrize("which", ["one", "all"])
 def test_error_on_some_ranks_ends_the_whole_mpi_run(which):
     """An error raised on one rank after MPI started aborts every rank (MPI_Abort with 2,

@@ -3,7 +3,9 @@
 This is the trusted reference that Tessera's own SCF is checked against, and a quick way
 to get orbitals for the correlated methods.  With a symmetric molecule PySCF's
 symmetry-adapted RHF is used, so every orbital has one irrep of the Abelian group (an
-XOR-able bit label from ``pyscf.symm.param.IRREP_ID_TABLE``).
+XOR-able bit label from ``pyscf.symm.param.IRREP_ID_TABLE``). PySCF's in-memory AO
+integrals, when its RHF kept them, go with the reference to the transform
+(``Reference.ao_integrals``), which then does not compute them again.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from tessera.chem.molecule import ABELIAN_GROUPS, Molecule
-from tessera.chem.reference import Reference
+from tessera.chem.reference import KeptIntegrals, Reference
+from tessera.chem.scf.incore import s8_bytes
 from tessera.errors import ConvergenceError, InputError
 
 __all__ = ["rhf_reference"]
@@ -62,6 +65,11 @@ def rhf_reference(mol, conv_tol: float = 1e-11, *, conv_tol_grad: float = 1e-7,
         point_group = "C1"
         irrep_names = {0: "A"}
     iterations = int(getattr(mf, "cycles", 0) or 0)
+    # PySCF's in-memory 8-fold AO integrals (``mf._eri``, when they fitted mol.max_memory),
+    # handed to the transform as Tessera's SCF hands its own: not computed a second time
+    eri = getattr(mf, "_eri", None)
+    if eri is not None and eri.nbytes != s8_bytes(mol.nao):
+        eri = None
     reference = Reference(
         mol=mol,
         e_hf=e_hf,
@@ -75,6 +83,7 @@ def rhf_reference(mol, conv_tol: float = 1e-11, *, conv_tol_grad: float = 1e-7,
         converged=bool(mf.converged),
         iterations=iterations,
         source="pyscf",
+        ao_integrals=None if eri is None else KeptIntegrals(eri),
         info={
             "point_group_full": mol.topgroup if mol.symmetry else "C1",
             "conv_tol": conv_tol,
