@@ -53,15 +53,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from tessera.backends.machine import Machine
-from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet, request_tag
 from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel, blocked_batch,
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
 from tessera.chem.triples_window import (Windows, WindowTables, WindowTripleKernel, bytes_per_row,
-                                         window_width)
+                                         deal_weights, window_reads, window_width)
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
 WINDOW_SHARE = 0.25        # windowed tasks: of a rank's memory budget, what one task may hold
@@ -164,54 +162,6 @@ def task_costs(tiles, triples, tasks, ntrip, vtiles=None) -> list:
     return [float(sizes[t] * max(1, int(ntrip[G[t]] if window is None
                                         else math.prod(vtiles[w][2] for w in window))))
             for t, window in tasks]
-
-
-def sequence_reads(win: Windows, tiles, triples, tasks, sequence) -> list:
-    """Bytes of rows each windowed task of ``sequence`` (task ids, in the order one rank
-    runs them) reads when the rank keeps the rows of its previous task that the next one
-    needs: rows(x) x its window's bytes per row for each of its task tiles x, less, for a
-    task tile the previous task had too, the bytes of the window tiles both windows share
-    (``Windows.row_bytes``)."""
-    memo: dict = {}
-
-    def per_row(n, W):
-        if (n, W) not in memo:
-            memo[n, W] = win.row_bytes(n, W)[0] if W else 0
-        return memo[n, W]
-    out, prev = [], (set(), frozenset())
-    for i in sequence:
-        t, w = tasks[i]
-        X, W = set(triples[t]), frozenset(w)
-        shared, read = W & prev[1], 0
-        for x in X:
-            n, rows = tiles[x][3], tiles[x][1] - tiles[x][0]
-            read += rows * (per_row(n, W) - (per_row(n, shared) if x in prev[0] else 0))
-        out.append(read)
-        prev = (X, W)
-    return out
-
-
-def window_reads(win: Windows, tiles, triples, tasks, weights, nranks: int) -> list:
-    """Bytes of rows each rank reads when windowed ``tasks`` (``window_tasks``) are dealt
-    statically in contiguous runs of near-equal ``weights`` (``partition``; ``deal_weights``)
-    and a rank keeps the rows of its previous task that the next one needs
-    (``sequence_reads``); what a run reads when no rank steals."""
-    return [int(sum(sequence_reads(win, tiles, triples, tasks, queue)))
-            for queue in partition(weights, nranks, "contiguous")]
-
-
-def deal_weights(win: Windows, tiles, triples, tasks, costs, flops_per_cost: float, nranks: int,
-                 ranks_per_node: int | None = None) -> list:
-    """Seconds per windowed task, the weights of their deal: its flops (``costs`` x
-    ``flops_per_cost``) at the calibrated DGEMM rate plus the bytes it reads after the task
-    before it in deal order (``sequence_reads``) at the bandwidth a rank has to the others,
-    ``nranks`` ranks ``ranks_per_node`` (default: all) to a node (``Machine.on``). So the
-    contiguous runs balance compute and reads together: a run where windows change
-    often reads more per flop and gets fewer tasks."""
-    machine = Machine.calibrated()
-    bandwidth = machine.on(nranks, ranks_per_node or nranks)["bandwidth"]
-    reads = sequence_reads(win, tiles, triples, tasks, range(len(tasks)))
-    return [c * flops_per_cost / machine.gemm_flops_per_second + r / bandwidth for c, r in zip(costs, reads)]
 
 
 def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None = None,
