@@ -9,9 +9,10 @@ integrals and amplitudes become distributed tensors of mpi-onesided (``--schedul
 ``triples_correction`` runs with the kernel blocked in the virtual index (``--vblock``)
 and the bytes one task may hold (``--cache-mb``), which makes it fetch its operands by
 virtual window (``chem.triples_window``). Printed and written as JSON (``--json``): per
-rank the bytes its tasks read, the tasks it ran and of those the ones taken from another
-rank's queue (``TriplesResult.rank_stolen``), the runs of consecutive tasks it ran; E(T),
-the (T) wall time, the load average. No assertions.
+rank the bytes its tasks read, the seconds its tasks' work took (``task_seconds``, fetches
+not included), the tasks it ran and of those the ones taken from another rank's queue
+(``TriplesResult.rank_stolen``), the runs of consecutive tasks it ran; E(T), the (T) wall
+time, the load average. No assertions.
 """
 
 from __future__ import annotations
@@ -72,15 +73,16 @@ def main():
             t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2",
                                         symmetry=T2_SYMMETRY, canonical=True)
             world.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), ctx.executor.compute_seconds
             res = triples_correction(ints, t1, t2, context=ctx, vblock=args.vblock, cache_mb=args.cache_mb)
             seconds = time.perf_counter() - t0
+            busy = ctx.ranks.allgather(ctx.executor.compute_seconds - c0)
     finally:
         ctx.close()
     if world.rank == 0:
         out = {"molecule": args.xyz, "basis": args.basis, "ranks": world.size, "e_t": res.energy,
                "tasks": res.tasks, "task_tile": res.task_tile, "seconds": seconds,
-               "read_mib": [r / 2**20 for r in res.rank_read_bytes],
+               "read_mib": [r / 2**20 for r in res.rank_read_bytes], "task_seconds": busy,
                "tasks_per_rank": [sum(b - a for a, b in runs) for runs in res.rank_runs],
                "stolen": list(res.rank_stolen), "runs": [len(r) for r in res.rank_runs], "load": uptime()}
         print(json.dumps(out, indent=1))
