@@ -172,7 +172,9 @@ def test_balance_binds_only_where_memory_matters(caplog):
 
 def test_triples_plan_counts_what_the_windowed_tasks_request():
     """``plan_counts`` (``tessera plan --ranks``' (T) numbers, from per-tile totals) equals
-    the sum over every rank's windowed tasks (dealt in contiguous runs) of the bytes of
+    the sum over every rank's windowed tasks (dealt in contiguous runs of near-equal
+    seconds: flops at the calibrated DGEMM rate plus the bytes a task reads after the one
+    before it at the ranks' bandwidth; no steals) of the bytes of
     the requests its previous task did not make too (the lists a run's tasks fetch, a rank
     keeping its previous task's rows; tests/test_triples_mpi.py checks those against what
     arrives), less than every task's requests;
@@ -181,10 +183,11 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
     least bytes read among those that leave 8 tasks per rank, keep one task within the
     budget and, past the first, parts cut from tiles MIN_WINDOW wide (each tried tile counted here by
     hand)."""
-    from tessera.chem.triples import irrep_ranges
+    from tessera.chem.triples import VirtualLayout, irrep_ranges
+    from tessera.backends.machine import Machine
     from tessera.backends.schedule import partition
-    from tessera.chem.triples_tasks import (MIN_WINDOW, OCC_TILE_CHOICES, TASKS_PER_RANK, plan_counts, task_costs,
-                                            task_tiles, window_tasks)
+    from tessera.chem.triples_tasks import (MIN_WINDOW, OCC_TILE_CHOICES, TASKS_PER_RANK, minimal_flops,
+                                            plan_counts, task_costs, task_tiles, window_tasks)
     from tessera.chem.triples_window import Windows, window_width
     orbsym, nocc = orbitals(load(water_cluster(2), basis="cc-pvdz", charge=0), True)
     tensors = CCSDStructure(orbsym, nocc, 0).stored(8, 4)
@@ -235,15 +238,23 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
                             shape[part[a]] = part[a + 2] - part[a + 1]
                         now[name, k, tiles[x][:2], part] = 8 * (tiles[x][1] - tiles[x][0]) * int(np.prod(shape[1:]))
             return requested[x, w]
-        read = 0
-        for queue in partition(task_costs(tiles, triples, tasks, None, win.vtiles), P, "contiguous"):
-            prev = set()
+        def reads(queue):                             # per task, its rank keeping the previous one's rows
+            out, prev = [], set()
             for i in queue:
                 t, w = tasks[i]
                 now = {tag: b for x in set(triples[t]) for tag, b in asks(x, w).items()}
-                read += sum(b for tag, b in now.items() if tag not in prev)
+                out.append(sum(b for tag, b in now.items() if tag not in prev))
                 prev = set(now)
-        return read
+            return out
+        # the deal's weights: seconds of flops (the least flops of (T) spread over the
+        # tasks by cost) and of the bytes a task reads after the one before it
+        costs = task_costs(tiles, triples, tasks, None, win.vtiles)
+        lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
+        machine = Machine.calibrated()
+        rate, bandwidth = machine.gemm_flops_per_second, machine.on(P, P)["bandwidth"]
+        per_cost = minimal_flops(lay, o.irreps.tolist()) / sum(costs)
+        weights = [c * per_cost / rate + r / bandwidth for c, r in zip(costs, reads(range(len(tasks))))]
+        return sum(sum(reads(queue)) for queue in partition(weights, P, "contiguous"))
 
     top = max(tl.size for tl in o.tiles)
     cut = False

@@ -177,6 +177,23 @@ def _irregular_costs(rng, n):
     return (10.0 ** rng.uniform(0, 6, n)).round().tolist()
 
 
+def test_steal_visits_its_own_node_first():
+    """steal on nodes [0, 1, 0, 1] (ranks of a node not neighbours in the ring): a rank
+    that has drained its queue reads the counter of the other rank of its node before any
+    of the other node's; every task still runs once. One node: plain ring order."""
+    node_of = [0, 1, 0, 1]
+    log = []
+    scheds = _schedulers(4, "steal", node_of, log=log)
+    assert [s.victims() for s in scheds] == [[2, 1, 3], [3, 2, 0], [0, 3, 1], [1, 0, 2]]
+    assert _schedulers(3, "steal")[1].victims() == [2, 0]
+    cost = np.arange(1.0, 41.0)
+    deals = [s.deal(cost, 1, "contiguous") for s in scheds]
+    got = _interleave(deals, [3, 1, 1, 1])          # rank 0 runs out first and steals
+    assert sorted(got) == list(range(len(cost)))
+    visits = [t for rank, t in log if rank == 0 and t != 0]
+    assert visits[0] == 2 and deals[0].stats.stolen > 0, (visits, deals[0].stats)
+
+
 def test_share_is_the_global_rule_listing_only_what_is_asked():
     """A rank's queue from a Share equals its slice of the global partition (written out
     independently here) for largest_first, contiguous and homes, on irregular costs; with

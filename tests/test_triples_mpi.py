@@ -12,15 +12,12 @@ bytes of that whole tensor; one-sided gets only from mpi-onesided and only with 
 small: the kernel needs the ovvv rows of three orbitals, 3 v^3, and t2 is o^2 v^2.)
 """
 
-import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from mpirun import cached_launcher
-from tessera.backends.schedule import partition
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi"))
 import triples_checks  # noqa: E402  (molecules and combinations shared with the script)
@@ -56,11 +53,12 @@ def test_operands_fetched_by_virtual_tile(nranks):
     with occupied task tiles X (rows r_x) and window tiles W (w orbitals in all) reads
     8 sum_x r_x (w^2 v + o w v + o w^2 + o^2 w) bytes: (x p|q f), t2[x y p f], (x p|y q)
     and (x p|y m) for p, q in W. The tasks run window by window, each window's occupied
-    triples in order, dealt in contiguous runs of near-equal cost; a rank keeps the rows of
+    triples in order, dealt in contiguous runs (a rank's own, then halves of what others
+    have left: ``rank_runs``, which together hold every task once); a rank keeps the rows of
     its previous task, so a task reads the count above less, for each task tile the two
     share, that count on the window tiles they share. What each rank reads equals that
-    count (less than all the tasks' rows); E(T) equals the serial one; a rank holds at most
-    one task's rows and tables.
+    count over the tasks it ran, in its order (less than all the tasks' rows); E(T) equals
+    the serial one; a rank holds at most one task's rows and tables.
     The budget allows windows 3 orbitals wide (``window_width``: 715,392 bytes per task at
     width 3, 1,074,816 at 4, budget 0.8 MiB), so of the virtual tiles (4 3 3 3) the first
     is cut into two window tiles (2 2), fetched as patches of its blocks."""
@@ -83,16 +81,13 @@ def _check_window_run(run, e_serial, nranks):
     w_tiles = [2, 2, 3, 3, 3]                       # the window tiles: the first virtual tile cut in two
     nt = len(w_tiles)
     occ = [(a, b, c) for a in range(3) for b in range(a + 1) for c in range(b + 1)]
-    # window by window, then the occupied triples; cost: orbital triples i >= j >= k times
-    # the window's virtual triples (its tiles' sizes multiplied)
+    # window by window, then the occupied triples
     order = [(X, (A, B, C)) for A in range(nt) for B in range(A + 1) for C in range(B + 1) for X in occ]
-    start = np.cumsum([0] + o_tiles)
-    cost = [sum(1 for i in range(start[a], start[a] + o_tiles[a]) for j in range(start[b], start[b] + o_tiles[b])
-                for k in range(start[c], start[c] + o_tiles[c]) if i >= j >= k) * math.prod(w_tiles[t] for t in W)
-            for (a, b, c), W in order]
     per_row = (lambda w: 8 * (w * w * v + o * w * v + o * w * w + o * o * w))
     reads = []
-    for queue in partition(cost, nranks, "contiguous"):
+    queues = [[i for a, b in runs for i in range(a, b)] for runs in run["runs"]]
+    assert len(queues) == nranks and sorted(i for q in queues for i in q) == list(range(len(order)))
+    for queue in queues:
         mine, prev = 0, (set(), set())
         for i in queue:
             X, W = set(order[i][0]), set(order[i][1])
@@ -108,6 +103,22 @@ def _check_window_run(run, e_serial, nranks):
     assert sum(reads) < count
     # held at once: one task's fetched copies and the tables built from them
     assert all(0 < p <= bound for p in run["peak_operand_bytes"]), (run["peak_operand_bytes"], bound)
+
+
+@pytest.mark.parametrize("nranks", RANKS[1:])
+def test_windowed_tasks_are_stolen_from_a_slow_rank(nranks):
+    """The windowed run again on mpi-onesided, each task taking the last rank five times as
+    long (it sleeps 4 times its kernel's wall time after it, 5 ms at least):
+    the others run their own contiguous runs, then steal halves of what it has left
+    (``backends.schedule``'s steal), so it runs the fewest tasks and another rank runs
+    tasks of its queue; every task runs once, E(T) is the serial one and each rank reads
+    what its tasks, in its order, read (``_check_window_run``)."""
+    mol = launch(nranks)["molecules"]["h2o2_c1"]
+    run = mol["slow_rank"]
+    _check_window_run(run, mol["e_serial"]["None"], nranks)
+    tasks = [sum(b - a for a, b in runs) for runs in run["runs"]]
+    assert tasks[-1] < min(tasks[:-1]), tasks
+    assert sum(run["stolen"][:-1]) > 0 and run["stolen"][-1] <= tasks[-1], run["stolen"]
 
 
 @pytest.mark.parametrize("nranks", RANKS)

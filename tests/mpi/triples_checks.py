@@ -11,7 +11,9 @@ in that context, t1 and t2 become distributed tensors (from the same dense array
 occ_tile 4 and the kernel blocked in the virtual index (vblock 3: the operands are then
 fetched by virtual tile, chem.triples_window); H2O2 also with tile 4, vblock 7 and windows
 narrower than a tile on mpi-onesided and mpi-collective (``window_run``: the rows each
-rank's windowed tasks read).
+rank's windowed tasks read, the runs of tasks each ran), and once more on mpi-onesided
+with the last rank slowed down (each task takes it five times as long, SLOW seconds
+more at least) so that the others steal from it.
 Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
 the bytes moved by one-sided gets during (T).
@@ -33,6 +35,7 @@ from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples import triples_correction
+from tessera.chem.triples_window import WindowTripleKernel
 from tessera.errors import ConvergenceError
 from tessera.runtime import World
 
@@ -45,6 +48,7 @@ WINDOW_TILE = 4          # h2o2_c1 again, operands fetched by virtual tile (wind
 WINDOW_COMBOS = [("mpi-onesided", "cached"), ("mpi-collective", "summa")]    # patches by get, by exchange
 COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
           ("mpi-collective", "summa", None)]
+SLOW = 0.005             # the slow-rank run: the last rank sleeps at least this long (s) per windowed task
 RUNS = {"None": {}, "4": {"occ_tile": 4},               # default and given occ_tile
         "4/vblock3": {"occ_tile": 4, "vblock": 3}}        # the kernel blocked in the virtual index too
 
@@ -95,13 +99,15 @@ def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
     return runs
 
 
-def window_run(world, ref, t1d, t2d, backend, variant):
+def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0):
     """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 7, and
     cache_mb 0.8 (windows 3 orbitals wide: the first virtual tile cut into 2 2 and fetched
     by patch, the others whole; T2 kept as canonical blocks, so half its rows are patches of
     alias blocks): the operands fetched by virtual window; E(T), the rows
     each rank's tasks read, the bytes one-sided gets moved, tiles. (vblock 7 cuts the 13 virtuals into two blocks, the
-    windows into five: the kernel's buffers follow the windows' blocks.)"""
+    windows into five: the kernel's buffers follow the windows' blocks.) ``slow``: the last
+    rank (of 2+) sleeps after each task's kernel 4 times its wall time, at least ``slow``
+    seconds, so the others run out first."""
     ctx = Context(backend, variant=variant)
     try:
         with ctx:
@@ -111,12 +117,28 @@ def window_run(world, ref, t1d, t2d, backend, variant):
             t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2",
                                         symmetry=T2_SYMMETRY, canonical=True)
             snap = world.comm_log.snapshot()
-            res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=7, cache_mb=0.8)
+            kernel, own = WindowTripleKernel.tile_energy, "tile_energy" in WindowTripleKernel.__dict__
+            slowed = slow and world.size > 1 and world.rank == world.size - 1
+            if slowed:                  # a task takes 5 times its kernel's wall time, at least ``slow``
+                def tile_energy(self, *a):
+                    t0 = time.perf_counter()
+                    out = kernel(self, *a)
+                    time.sleep(max(slow, 4 * (time.perf_counter() - t0)))
+                    return out
+                WindowTripleKernel.tile_energy = tile_energy
+            try:
+                res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=7, cache_mb=0.8)
+            finally:
+                if slowed and own:
+                    WindowTripleKernel.tile_energy = kernel
+                elif slowed:
+                    del WindowTripleKernel.tile_energy
             gets = sum(r.nbytes for r in world.comm_log.records(since=snap) if r.op == "get")
             tiles = {"o": [t.size for t in ints.o.tiles], "v": [t.size for t in ints.v.tiles]}
     finally:
         ctx.close()
     return {"e_t": res.energy, "tasks": res.tasks, "read_bytes": list(res.rank_read_bytes), "tiles": tiles,
+            "runs": [list(map(list, r)) for r in res.rank_runs], "stolen": list(res.rank_stolen),
             "peak_operand_bytes": list(res.rank_peak_operand_bytes), "whole_bytes": res.whole_bytes,
             "get_bytes": int(world.allreduce(gets, "sum"))}
 
@@ -137,6 +159,7 @@ def main():
                                                                  backend, variant, schedule)
         if name == "h2o2_c1":
             out[name]["windows"] = {b: window_run(world, ref, t1, t2, b, v) for b, v in WINDOW_COMBOS}
+            out[name]["slow_rank"] = window_run(world, ref, t1, t2, "mpi-onesided", "cached", slow=SLOW)
     if world.rank == 0:
         print(json.dumps({"nranks": world.size, "molecules": out,
                           "seconds": time.perf_counter() - t_start}), flush=True)

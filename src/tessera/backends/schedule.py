@@ -14,9 +14,9 @@ the transform) gets its tasks from :meth:`Scheduler.deal`; the schedule decides:
 - ``steal``: the static partition, then stealing (Liu, Patel, Chow, IPDPS 2014, Sec.
   III-C; the same rule as UPC++/Cilk-style "steal half"): each rank drains its own queue
   through a counter in its own memory (local fetch-and-adds, ``chunk`` at a time); when
-  it is empty the rank visits the others in ring order and steals *half of a victim's
-  remaining tasks* with one remote fetch-and-add on the victim's counter, until every
-  queue is empty.
+  it is empty the rank visits the others in ring order, those of its own node first, and
+  steals *half of a victim's remaining tasks* with one remote fetch-and-add on the
+  victim's counter, until every queue is empty.
 
 ``nxtval`` across nodes without a helper to serve the counter (ranks on more than one
 node and progress ``none``: no ghost holds it, no progress thread answers for a busy
@@ -203,8 +203,7 @@ class Deal:
             return
         me = s.rank
         yield from self._claims(k, me, me, self.share, self.chunk)
-        for j in range(1, s.size):
-            victim = (me + j) % s.size
+        for victim in s.victims():
             yield from self._claims(k, victim, victim, self.share, None)
         s.advance(k, self.share.lengths)
 
@@ -265,7 +264,7 @@ class Scheduler:
         self.counters = []
         # nxtval on several nodes with no ghost or thread to serve a counter: one counter
         # per node, on its first worker (``leaders[node]``; module docstring)
-        node_of = list(getattr(world, "node_of", None) or [0] * self.size)
+        node_of = self.node_of = list(getattr(world, "node_of", None) or [0] * self.size)
         progress = getattr(getattr(world, "options", None), "progress", "none")
         self.leaders = []
         if schedule == "nxtval" and len(set(node_of)) > 1 and progress == "none":
@@ -304,6 +303,14 @@ class Scheduler:
         return hit
 
     # -- counters (used by Deal) -----------------------------------------------------------
+    def victims(self) -> list:
+        """The ranks ``steal`` visits in turn: the others in ring order, those of this
+        rank's node first (their counters answer through the node's memory, while one on
+        another node may answer only when its rank enters MPI)."""
+        me, node = self.rank, self.node_of[self.rank]
+        ring = [(me + j) % self.size for j in range(1, self.size)]
+        return sorted(ring, key=lambda r: self.node_of[r] != node)
+
     def take_counter(self) -> int:
         for k in range(NCOUNTERS):
             if self._used[k] != self.epoch:

@@ -71,6 +71,8 @@ class TriplesResult:
     kernel_buffer_bytes: int = 0                 # per thread of a rank
     virtual_block: int = 0                       # virtual orbitals per block (0: the whole space)
     rank_read_bytes: tuple = ()                  # per rank: rows its windowed tasks read (chem.triples_window)
+    rank_runs: tuple = ()                        # per rank: (start, stop) of the windowed task ids it ran, in order
+    rank_stolen: tuple = ()                      # per rank: of those, tasks taken from another rank's queue
 
 
 # --------------------------------------------------------------------------- layouts
@@ -784,7 +786,7 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     from tessera.chem.triples_tasks import TriplesTasks
     ranks = context.ranks
     job = TriplesTasks(ints, t1, t2, occ_tile, cache_mb, resident, vblock, kernel_mb, nranks=ranks.size,
-                       memory_bytes=None if memory_mb is None else memory_mb * 2**20)
+                       memory_bytes=None if memory_mb is None else memory_mb * 2**20, ranks_per_node=ranks.node_size)
     task_set = job.task_set(ranks.size)
     results = context.run_tasks(task_set)
     energy = float(sum(results.tolist()))               # task order: schedule-independent
@@ -798,13 +800,17 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
                   flops / max(1, out.minimal_flops), seconds, flops / seconds / 1e9, job.occ_tile,
                   job.vblock or "whole")
         return out
-    everyone = ranks.allgather((job.held.peak, job.held.peak_by, sum(job.read.values())))
-    peaks = tuple(int(p) for p, _, _ in everyone)
-    share = {s: max(by[s] for _, by, _ in everyone) / max(1, job.whole[s]) for s in SOURCES}
+    stolen = context.deal_stats.stolen if context.deal_stats is not None else 0
+    everyone = ranks.allgather((job.held.peak, job.held.peak_by, sum(job.read.values()),
+                                tuple(map(tuple, job.runs)), stolen))
+    peaks = tuple(int(p) for p, *_ in everyone)
+    share = {s: max(by[s] for _, by, *_ in everyone) / max(1, job.whole[s]) for s in SOURCES}
     _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP, %.2f s; task tile %d, peak (T) operands "
               "%.3g MB/rank (largest share of one tensor %.2f%s)", energy, len(task_set), flops / 1e9,
               seconds, job.occ_tile, max(peaks) / 1e6, max(share.values()),
               "" if job.bounded else "; occupied space too small for task rows below whole tensors")
     return replace(out, peak_operand_bytes=max(peaks), rank_peak_operand_bytes=peaks, peak_share=share,
                    whole_bytes=dict(job.whole), cache_bytes=job.cache_limit,
-                   rank_read_bytes=tuple(int(r) for _, _, r in everyone))
+                   rank_read_bytes=tuple(int(r) for _, _, r, _, _ in everyone),
+                   rank_runs=tuple(runs for *_, runs, _ in everyone),
+                   rank_stolen=tuple(int(n) for *_, n in everyone))

@@ -34,10 +34,14 @@ window's rows and builds them into tables (``cache_mb`` bounds one task's bytes)
 tasks run window by window (``window_tasks``), so consecutive tasks share their window
 and mostly two of three task tiles; a rank keeps the rows its previous task fetched
 that its next task needs and fetches only the rest.  What a rank holds is then never
-more than one task's rows and tables, the bound one task already has.  So that reads
-follow from structure, windowed tasks are dealt statically in contiguous runs of
-near-equal cost.  ``plan_counts`` counts tasks and rows read (``window_reads``) from
-structure alone, for ``tessera plan --ranks``.
+more than one task's rows and tables, the bound one task already has.  Windowed tasks
+are dealt in contiguous runs of near-equal estimated time, compute and reads
+(``deal_weights``), each rank running its own run first; a rank that is done steals half
+of what another has left (``backends.schedule``'s ``steal``), again a contiguous run, so
+a slow rank does not hold up the others and the rows stay shared along each run.
+``TriplesResult.rank_runs`` says which runs each rank ran; ``sequence_reads`` what they
+read.  ``plan_counts`` counts tasks and rows read (``window_reads``: the static deal,
+no steals) from structure alone, for ``tessera plan --ranks``.
 """
 
 from __future__ import annotations
@@ -49,14 +53,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet, request_tag
 from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel, blocked_batch,
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
 from tessera.chem.triples_window import (Windows, WindowTables, WindowTripleKernel, bytes_per_row,
-                                         window_width)
+                                         deal_weights, window_reads, window_width)
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
 WINDOW_SHARE = 0.25        # windowed tasks: of a rank's memory budget, what one task may hold
@@ -161,33 +164,6 @@ def task_costs(tiles, triples, tasks, ntrip, vtiles=None) -> list:
             for t, window in tasks]
 
 
-def window_reads(win: Windows, tiles, triples, tasks, costs, nranks: int) -> list:
-    """Bytes of rows each rank reads when windowed ``tasks`` (``window_tasks``) are dealt
-    statically in contiguous runs (``partition``) and a rank keeps the rows of its
-    previous task that the next one needs: a task reads rows(x) x its window's bytes per
-    row for each of its task tiles x, less, for a task tile its rank's previous task had
-    too, the bytes of the window tiles both windows share (``Windows.row_bytes``)."""
-    memo: dict = {}
-
-    def per_row(n, W):
-        if (n, W) not in memo:
-            memo[n, W] = win.row_bytes(n, W)[0] if W else 0
-        return memo[n, W]
-    out = []
-    for queue in partition(costs, nranks, "contiguous"):
-        total, prev = 0, (set(), frozenset())
-        for i in queue:
-            t, w = tasks[i]
-            X, W = set(triples[t]), frozenset(w)
-            shared = W & prev[1]
-            for x in X:
-                n, rows = tiles[x][3], tiles[x][1] - tiles[x][0]
-                total += rows * (per_row(n, W) - (per_row(n, shared) if x in prev[0] else 0))
-            prev = (X, W)
-        out.append(int(total))
-    return out
-
-
 def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None = None,
                   cap: int | None = None, usable=None) -> tuple:
     """(occ_tile, extra, (tasks, read, most)) of distributed (T) on ``nranks`` ranks, the one
@@ -259,11 +235,12 @@ def keys_by_tile(tensors: dict) -> dict:
 
 
 def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kernel_mb: float | None = None,
-                memory_bytes: float | None = None) -> dict:
+                memory_bytes: float | None = None, ranks_per_node: int | None = None) -> dict:
     """(T) of a distributed run on ``nranks`` ranks, from structure only (``tensors``: the
     empty ovvv, t2, ovov, ovoo; ``memory_bytes``: a rank's memory budget): its tasks, the
-    bytes of rows they read (windowed: ``window_reads``, the rows a rank keeps from its
-    previous task not read again; by whole rows: what a task requests, a row-cached run
+    bytes of rows they read (windowed: ``window_reads`` of the static deal, ``deal_weights``
+    with ``ranks_per_node``, the rows a rank keeps from its previous task not read again,
+    no steals; by whole rows: what a task requests, a row-cached run
     reads less) and the
     most one task holds (windowed: its fetched rows and tables; else its task tiles'
     packed rows, twice: fetched and packed) and the kernel buffers of one thread, as the
@@ -283,13 +260,44 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
                                                        budget, nranks)
         tiles, triples, G = task_tiles(o, occ_tile)
         tasks = window_tasks(triples, G, win)
-        read = sum(window_reads(win, tiles, triples, tasks, task_costs(tiles, triples, tasks, lay.ntrip, win.vtiles),
-                                nranks))
+        costs = task_costs(tiles, triples, tasks, lay.ntrip, win.vtiles)
+        weights = deal_weights(win, tiles, triples, tasks, costs, minimal_flops(lay, o.irreps.tolist()) / sum(costs),
+                               nranks, ranks_per_node)
+        read = sum(window_reads(win, tiles, triples, tasks, weights, nranks))
         batch = kernel_plan(lay, o, v, occ_tile, False, vblock, kernel_mb)[2]
         kernel = pool_bytes(lay, vblock, batch, win.blocks)
     return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
             "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
             "vblock": vblock or 0, "kernel_bytes": int(kernel)}
+
+
+def minimal_flops(lay: VirtualLayout, irrep) -> int:
+    """GEMM flops (T) needs at the least, on the block structure of ``lay`` and the
+    occupied orbitals' irreps ``irrep``: for every orbital triple i >= j >= k the W0 terms
+    of its distinct orbitals (12 with i > j > k, 8 with two equal, 4 with three), each
+    2 x (symmetry-allowed virtual triples) x (orbitals of the contracted index's irrep):
+    2 o^3 v^4 + 2 o^4 v^3 in C1 for large o."""
+    n, no, npair = (a.tolist() for a in (lay.n, lay.no, lay.npair))
+
+    @lru_cache(maxsize=None)
+    def terms(gs_o, gt_o, gu_o):        # the four W0 terms whose single index is o_s's
+        G, hu, ht = gs_o ^ gt_o ^ gu_o, gs_o ^ gu_o, gs_o ^ gt_o
+        return 2 * sum(n[gs] * npair[G ^ gs] * (n[gs ^ hu] + n[gs ^ ht] + no[gs ^ ht] + no[gs ^ hu])
+                       for gs in range(NIRREP))
+    g = irrep
+    below = np.zeros(NIRREP, dtype=np.int64)      # orbitals k < j per irrep
+    total = 0
+    for j, gj in enumerate(g):
+        for i in range(j, len(g)):
+            gi = g[i]
+            total += (terms(gi, gi, gi) if i == j                  # k == j
+                      else terms(gi, gj, gj) + terms(gj, gj, gi))
+            for gk in np.flatnonzero(below).tolist():
+                cost = (terms(gi, gj, gk) + terms(gj, gk, gi) + terms(gk, gi, gj) if i > j
+                        else terms(gi, gj, gk) + terms(gk, gi, gj))
+                total += int(below[gk]) * cost
+        below[gj] += 1
+    return int(total)
 
 
 class _Ledger:
@@ -315,8 +323,9 @@ class TriplesTasks:
     buffers per thread)."""
 
     def __init__(self, ints, t1, t2, occ_tile, cache_mb, resident: bool, vblock=None, kernel_mb=None,
-                 nranks: int = 1, memory_bytes: float | None = None):
+                 nranks: int = 1, memory_bytes: float | None = None, ranks_per_node: int | None = None):
         o, v = ints.o, ints.v
+        self.ranks_per_node = ranks_per_node
         self.o, self.v, self.resident = o, v, resident
         self.tensors = dict(zip(SOURCES, (ints.ovvv, t2, ints.ovov, ints.ovoo)))
         self.source_of = {t.uid: name for name, t in self.tensors.items()}
@@ -352,6 +361,7 @@ class TriplesTasks:
         self.tasks = ([(t, None) for t in range(len(self.triples))] if self.windows is None else
                       window_tasks(self.triples, self.G, self.windows))
         self.read: dict = {}                             # windowed task -> bytes of rows it read
+        self.runs: list = []                             # windowed: [start, stop) of the tasks run here, in order
         self.kept: dict = {}                             # windowed: the previous task's rows (tag -> rows)
         self.cache: OrderedDict = OrderedDict()          # task tile -> RowSlab
         self.cached = dict.fromkeys(SOURCES, 0)
@@ -391,31 +401,8 @@ class TriplesTasks:
                           for s in SOURCES}
 
     def minimal_flops(self) -> int:
-        """GEMM flops (T) needs at the least, on this block structure: for every orbital
-        triple i >= j >= k the W0 terms of its distinct orbitals (12 with i > j > k, 8 with
-        two equal, 4 with three), each 2 x (symmetry-allowed virtual triples) x (orbitals
-        of the contracted index's irrep): 2 o^3 v^4 + 2 o^4 v^3 in C1 for large o."""
-        n, no, npair = (a.tolist() for a in (self.lay.n, self.lay.no, self.lay.npair))
-
-        @lru_cache(maxsize=None)
-        def terms(gs_o, gt_o, gu_o):        # the four W0 terms whose single index is o_s's
-            G, hu, ht = gs_o ^ gt_o ^ gu_o, gs_o ^ gu_o, gs_o ^ gt_o
-            return 2 * sum(n[gs] * npair[G ^ gs] * (n[gs ^ hu] + n[gs ^ ht] + no[gs ^ ht] + no[gs ^ hu])
-                           for gs in range(NIRREP))
-        g = self.irrep
-        below = np.zeros(NIRREP, dtype=np.int64)      # orbitals k < j per irrep
-        total = 0
-        for j, gj in enumerate(g):
-            for i in range(j, len(g)):
-                gi = g[i]
-                total += (terms(gi, gi, gi) if i == j                  # k == j
-                          else terms(gi, gj, gj) + terms(gj, gj, gi))
-                for gk in np.flatnonzero(below).tolist():
-                    cost = (terms(gi, gj, gk) + terms(gj, gk, gi) + terms(gk, gi, gj) if i > j
-                            else terms(gi, gj, gk) + terms(gk, gi, gj))
-                    total += int(below[gk]) * cost
-            below[gj] += 1
-        return int(total)
+        """``minimal_flops`` of this run's block structure."""
+        return minimal_flops(self.lay, self.irrep)
 
     # ------------------------------------------------------------------ tasks
     def task_set(self, nranks: int) -> TaskSet:
@@ -423,9 +410,14 @@ class TriplesTasks:
         chunk = max(1, min(8, len(costs) // (4 * nranks)))
         if self.resident:        # packed once, before any worker starts: forked workers share them
             self._resident_slabs(range(len(self.tiles)))
-        # windowed: static contiguous runs, so a rank's consecutive tasks share rows (``need``)
-        # and the rows each rank reads are ``window_reads``'
-        deal = {} if self.windows is None else {"schedule": "static", "partition": "contiguous"}
+        deal = {}
+        if self.windows is not None:
+            # contiguous runs of near-equal time (``deal_weights``), so a rank's consecutive
+            # tasks share rows (``need``); a rank that has run its own steals half of what
+            # another has left, a contiguous run too (``backends.schedule``: steal)
+            costs = deal_weights(self.windows, self.tiles, self.triples, self.tasks, costs,
+                                 self.minimal_flops() / max(sum(costs), 1.0), nranks, self.ranks_per_node)
+            deal = {"schedule": "steal", "partition": "contiguous"}
         return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
                        progress=True, forkable=self.resident, add_flops=self._add_flops, **deal)
 
@@ -550,6 +542,12 @@ class TriplesTasks:
         t, window = self.tasks[task]
         a, b, c = self.triples[t]
         G = self.G[t]
+        if window is not None:
+            with self.lock:
+                if self.runs and self.runs[-1][1] == task:
+                    self.runs[-1][1] += 1
+                else:
+                    self.runs.append([task, task + 1])
         if not self.lay.ntrip[G]:
             return 0.0
         wanted = sorted({a, b, c})

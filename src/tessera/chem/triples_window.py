@@ -23,7 +23,9 @@ no data) lists the windows, the requests and their bytes (the count ``tessera pl
 --ranks`` reports); :class:`WindowTables` holds one task's fetched rows in the forms the
 kernel reads; :class:`WindowTripleKernel` is the blocked kernel reading them.  A rank
 keeps only the rows of its previous task that its next one needs
-(``chem.triples_tasks``: tasks run window by window), so what it holds stays one task's.
+(``chem.triples_tasks``: tasks run window by window), so what it holds stays one task's;
+``sequence_reads`` counts what a rank's tasks then read, ``deal_weights`` the estimated
+seconds per task their deal balances, ``window_reads`` the reads per rank of that deal.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from itertools import permutations, product
 
 import numpy as np
 
+from tessera.backends.machine import Machine
+from tessera.backends.schedule import partition
 from tessera.chem.triples_blocked import BlockedTripleKernel
 
 SOURCE_OF = {"ov1": "ovvv", "t2r": "t2", "ovov": "ovov", "ooL": "ovoo"}     # table -> tensor
@@ -183,6 +187,55 @@ def bytes_per_row(tensor, keys: np.ndarray) -> np.ndarray:
     for d in range(1, tensor.ndim):
         out *= np.asarray([tl.size for tl in tensor.spaces[d].tiles], dtype=np.int64)[keys[:, d]]
     return out
+
+
+def sequence_reads(win: Windows, tiles, triples, tasks, sequence) -> list:
+    """Bytes of rows each windowed task of ``sequence`` (ids of ``tasks``, the (triple,
+    window) of ``triples_tasks.window_tasks`` over task tiles ``tiles`` and their
+    ``triples``, in the order one rank runs them) reads when the rank keeps the rows of
+    its previous task that the next one needs: rows(x) x its window's bytes per row for
+    each of its task tiles x, less, for a task tile the previous task had too, the bytes
+    of the window tiles both windows share (``Windows.row_bytes``)."""
+    memo: dict = {}
+
+    def per_row(n, W):
+        if (n, W) not in memo:
+            memo[n, W] = win.row_bytes(n, W)[0] if W else 0
+        return memo[n, W]
+    out, prev = [], (set(), frozenset())
+    for i in sequence:
+        t, w = tasks[i]
+        X, W = set(triples[t]), frozenset(w)
+        shared, read = W & prev[1], 0
+        for x in X:
+            n, rows = tiles[x][3], tiles[x][1] - tiles[x][0]
+            read += rows * (per_row(n, W) - (per_row(n, shared) if x in prev[0] else 0))
+        out.append(read)
+        prev = (X, W)
+    return out
+
+
+def window_reads(win: Windows, tiles, triples, tasks, weights, nranks: int) -> list:
+    """Bytes of rows each rank reads when windowed ``tasks`` are dealt statically in
+    contiguous runs of near-equal ``weights`` (``partition``; ``deal_weights``) and a rank
+    keeps the rows of its previous task that the next one needs (``sequence_reads``):
+    what a run reads when no rank steals."""
+    return [int(sum(sequence_reads(win, tiles, triples, tasks, queue)))
+            for queue in partition(weights, nranks, "contiguous")]
+
+
+def deal_weights(win: Windows, tiles, triples, tasks, costs, flops_per_cost: float, nranks: int,
+                 ranks_per_node: int | None = None) -> list:
+    """Seconds per windowed task, the weights of their deal: its flops (``costs`` x
+    ``flops_per_cost``) at the calibrated DGEMM rate plus the bytes it reads after the task
+    before it in deal order (``sequence_reads``) at the bandwidth a rank has to the others,
+    ``nranks`` ranks ``ranks_per_node`` (default: all) to a node (``Machine.on``). So the
+    contiguous runs balance compute and reads together: a run where windows change
+    often reads more per flop and gets fewer tasks."""
+    machine = Machine.calibrated()
+    bandwidth = machine.on(nranks, ranks_per_node or nranks)["bandwidth"]
+    reads = sequence_reads(win, tiles, triples, tasks, range(len(tasks)))
+    return [c * flops_per_cost / machine.gemm_flops_per_second + r / bandwidth for c, r in zip(costs, reads)]
 
 
 class _LeftRows:
