@@ -170,6 +170,42 @@ def test_balance_binds_only_where_memory_matters(caplog):
     assert worst <= 1.5 and worst_class(structure.stored, tile, occ_tile, 4, budget=tight)[1] == worst
 
 
+def test_a_run_balances_every_class_of_the_issue_example():
+    """The issue's example (C1, 100 occupied, 800 virtual) with 8 GiB per rank: at 48/48
+    oooo (81 blocks) cannot be spread over 1024 ranks (13.7x the mean) although it is far
+    below the budget; the run's rule (``balance.run_tiles``) still balances every class,
+    because occupied tiles no thinner than MIN_OCC_TILE do it (48/32, 48/32, 48/16).
+    (H2O)8 on 1024 ranks would need thinner occupied tiles: there only the classes that
+    matter for memory bind (none at 8 GiB), as before."""
+    from tessera.backends.balance import MIN_OCC_TILE, run_tiles
+    budget = 8 * 2**30
+    example = CCSDStructure(np.zeros(900, dtype=int), 100, 0, distributed=True)
+    assert class_balance(example.stored(48, 48), 1024)["oooo"]["max_over_mean"] > 10
+    for P in RANKS:
+        tile, occ_tile, worst, binds = run_tiles(example, P, budget)
+        assert binds is None and occ_tile >= MIN_OCC_TILE, (P, tile, occ_tile)
+        mem = class_balance(example.stored(tile, occ_tile), P)
+        assert max(m["max_over_mean"] for m in mem.values()) == pytest.approx(max(worst, mem["total"]["max_over_mean"]))
+        assert all(m["max_over_mean"] <= 1.5 for m in mem.values()), (P, mem)
+    assert run_tiles(example, 1024, budget)[:2] == (48, 16)
+    waters = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
+    assert balanced_tiles(waters.stored, 1024)[1] < MIN_OCC_TILE
+    assert run_tiles(waters, 1024, budget) == (*balanced_tiles(waters.stored, 1024, budget), budget)
+
+
+def test_a_run_with_room_still_balances_every_class():
+    """(H2O)8 cc-pVDZ (C1, o=40, v=152) on 64 ranks with 8 GiB each: every class is far
+    below the budget, and the fastest candidate of the cost model, 16/16, leaves oooo at
+    1.73x the mean; occupied tiles of 12 spread every class, so the decision balances
+    them all (48/12, estimated faster than 16/16 too)."""
+    from tessera.backends.auto import decide
+    structure = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
+    assert class_balance(structure.stored(16, 16), 64)["oooo"]["max_over_mean"] > 1.5
+    d = decide(structure, 64, rate=5e9, budget=8 * 2**30)
+    mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), 64)
+    assert max(m["max_over_mean"] for m in mem.values()) <= 1.5, (d["tile"], d["occ_tile"], mem)
+
+
 def test_triples_plan_counts_what_the_windowed_tasks_request():
     """``plan_counts`` (``tessera plan --ranks``' (T) numbers, from per-tile totals) equals
     the sum over every rank's windowed tasks (dealt in contiguous runs) of the bytes of
