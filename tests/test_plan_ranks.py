@@ -82,6 +82,11 @@ def test_plan_ranks_json(tmp_path, capsys):
         assert m["max_over_mean"] == pytest.approx(m["max_bytes"] / m["mean_bytes"], rel=1e-3)
         assert m["max_over_mean"] <= 1.5
     assert set(a["memory_per_rank"]["(t)"]) == {"rows", "kernel"}
+    # (H2O)4 on 64 ranks: every class balanced needs occupied tiles of 6; a run with 8 GiB
+    # per rank keeps 48/48 (no class near 1/32 of it) and a note line says so
+    assert (a["tile"], a["occ_tile"]) == (24, 6)
+    assert a["run_tiles"] == {"tile": 48, "occ_tile": 48, "every_class": False}
+    assert "a run with this budget takes tiles 48/48" in text
     for sim, P in ((a, 64), (b, 256)):           # (T) tasks and rows read per rank
         t = sim["triples"]
         assert t["tasks"] > 0 and t["tasks_per_rank"] == pytest.approx(t["tasks"] / P)
