@@ -19,10 +19,11 @@ Also, at each rank count, the Python time and memory (tracemalloc peak) of what 
 rank builds for the issue's example (C1, 100 occupied, 800 virtual, tile 48): the
 owners and own slots of every class, and the owner-computes variant's task lists of one
 planned CCSD iteration (``layout_cost``); and the example's per-class max/mean at each
-rank count, at tile 48 and at the tiles a run with ``--memory-per-rank`` takes there
-(``backends.balance.run_tiles``, what ``backends.auto.decide`` starts from).
-``--tile auto``: the water clusters at the tiles ``tessera plan --ranks`` shows (every
-class balanced); ``--tile run``: at a run's.
+rank count, at tile 48 and at the tiles of a run's rule with ``--memory-per-rank``
+(``backends.balance.run_tiles``: the candidate ``backends.auto.decide`` always costs;
+where they balance every class, decide takes only candidates that do, when one meets
+every condition). ``--tile auto``: the water clusters at the tiles ``tessera plan
+--ranks`` shows (every class balanced); ``--tile run``: at the run rule's.
 """
 
 from __future__ import annotations
@@ -236,8 +237,8 @@ def main(argv=None) -> None:
     ap.add_argument("--waters", default="8,16", help="water cluster sizes (empty: only the issue example)")
     ap.add_argument("--ranks", default="64,256,1024")
     ap.add_argument("--tile", default="32", help="largest tile, or auto: the tiles tessera plan --ranks "
-                    "chooses for each rank count (every class balanced), or run: the tiles a run with "
-                    "--memory-per-rank takes")
+                    "chooses for each rank count (every class balanced), or run: the tiles of a run's "
+                    "rule with --memory-per-rank (balance.run_tiles)")
     ap.add_argument("--memory-per-rank", type=float, default=8.0, help="GiB a rank may use (as tessera plan "
                     "--memory-per-node 512GB --ranks-per-node 64): (T)'s windowed tasks take a share")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "layouts_at_scale.json"))
@@ -302,8 +303,8 @@ def main(argv=None) -> None:
               f"{c['tasks_seconds']:8.3f} {c['tasks_peak_bytes'] / 2**20:9.2f} {c['own_tasks']:10d}")
     example = CCSDStructure(np.zeros(900, dtype=int), 100, distributed=True)
     result["example"] = {}
-    print("issue example per rank count: per class max/mean (blocks) at tile 48, and at the tiles a run "
-          f"with {args.memory_per_rank:g} GiB per rank takes")
+    print("issue example per rank count: per class max/mean (blocks) at tile 48, and at the tiles of a "
+          f"run's rule with {args.memory_per_rank:g} GiB per rank (balance.run_tiles)")
     for P in ranks:
         row = result["example"][P] = {}
         for label, (tile, occ_tile) in (("48", (48, 48)), ("run", auto_tiles(example, P, "run",
