@@ -83,10 +83,11 @@ def test_plan_ranks_json(tmp_path, capsys):
         assert m["max_over_mean"] <= 1.5
     assert set(a["memory_per_rank"]["(t)"]) == {"rows", "kernel"}
     # (H2O)4 on 64 ranks: every class balanced needs occupied tiles of 6; a run with 8 GiB
-    # per rank keeps 48/48 (no class near 1/32 of it) and a note line says so
+    # per rank (no class near 1/32 of it) takes the least unbalanced tiles with occupied
+    # tiles of 12 or more, and a note line says so
     assert (a["tile"], a["occ_tile"]) == (24, 6)
-    assert a["run_tiles"] == {"tile": 48, "occ_tile": 48, "every_class": False}
-    assert "a run with this budget takes tiles 48/48" in text
+    assert a["run_tiles"] == {"tile": 16, "occ_tile": 16, "every_class": False}
+    assert "a run with this budget takes tiles 16/16" in text
     for sim, P in ((a, 64), (b, 256)):           # (T) tasks and rows read per rank
         t = sim["triples"]
         assert t["tasks"] > 0 and t["tasks_per_rank"] == pytest.approx(t["tasks"] / P)
@@ -181,7 +182,8 @@ def test_a_run_balances_every_class_of_the_issue_example():
     below the budget; the run's rule (``balance.run_tiles``) still balances every class,
     because occupied tiles no thinner than MIN_OCC_TILE do it (48/32, 48/32, 48/16).
     (H2O)8 on 1024 ranks would need thinner occupied tiles: there only the classes that
-    matter for memory bind (none at 8 GiB), as before."""
+    matter for memory bind (none at 8 GiB), and the run's candidate is the least
+    unbalanced tiles at the floor (16/12: oooo 4x the mean, not 1024x as at 48/48)."""
     from tessera.backends.balance import MIN_OCC_TILE, run_tiles
     budget = 8 * 2**30
     example = CCSDStructure(np.zeros(900, dtype=int), 100, 0, distributed=True)
@@ -195,7 +197,10 @@ def test_a_run_balances_every_class_of_the_issue_example():
     assert run_tiles(example, 1024, budget)[:2] == (48, 16)
     waters = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
     assert balanced_tiles(waters.stored, 1024)[1] < MIN_OCC_TILE
-    assert run_tiles(waters, 1024, budget) == (*balanced_tiles(waters.stored, 1024, budget), budget)
+    tile, occ_tile, _, binds = run_tiles(waters, 1024, budget)
+    assert binds == budget and (tile, occ_tile) == (16, 12)
+    floor = class_balance(waters.stored(tile, occ_tile), 1024)
+    assert 1.5 < floor["oooo"]["max_over_mean"] < class_balance(waters.stored(48, 48), 1024)["oooo"]["max_over_mean"] / 100
 
 
 def test_a_run_with_room_still_balances_every_class():
