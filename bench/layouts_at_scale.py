@@ -1,6 +1,6 @@
 """Per-rank memory and bytes of a CCSD iteration on many simulated ranks (no MPI, no SCF).
 
-    .venv/bin/python bench/layouts_at_scale.py [--waters 8,16] [--ranks 64,256,1024] [--tile 32|auto]
+    .venv/bin/python bench/layouts_at_scale.py [--waters 8,16] [--ranks 64,256,1024] [--tile 32|auto|run]
                                                [--memory-per-rank 8] [--json bench/results/layouts_at_scale.json] [--src DIR]
 
 BEFORE/AFTER: run it on these sources and with ``--src`` on an older checkout's ``src``
@@ -18,7 +18,12 @@ The bytes each rank moves per CCSD iteration come from the cost model
 Also, at each rank count, the Python time and memory (tracemalloc peak) of what one
 rank builds for the issue's example (C1, 100 occupied, 800 virtual, tile 48): the
 owners and own slots of every class, and the owner-computes variant's task lists of one
-planned CCSD iteration (``layout_cost``).
+planned CCSD iteration (``layout_cost``); and the example's per-class max/mean at each
+rank count, at tile 48 and at the tiles of a run's rule with ``--memory-per-rank``
+(``backends.balance.run_tiles``: the candidate ``backends.auto.decide`` always costs;
+where they balance every class, decide takes only candidates that do, when one meets
+every condition). ``--tile auto``: the water clusters at the tiles ``tessera plan
+--ranks`` shows (every class balanced); ``--tile run``: at the run rule's.
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ NBAS_WATER = 24      # cc-pVDZ functions of one water
 
 
 def class_tensors(orbsym, nocc, tile, occ_tile=None):
+    """{class: empty tensor} of what a run stores at these tiles (T2 as canonical blocks;
+    older sources without ``CCSDStructure.stored``: every T2 block)."""
+    structure = CCSDStructure(orbsym, nocc, distributed=True)
+    if hasattr(structure, "stored"):
+        return structure.stored(tile, occ_tile)
     o, v = make_spaces(orbsym, nocc, 0, tile, occ_tile)
     out = {"t2": BlockTensor((o, o, v, v), 0, name="t2")}
     out.update({name: class_tensor(name, o, v) for name in CLASSES})
@@ -204,12 +214,31 @@ def task_lists(iteration, nranks: int) -> list:
     return out
 
 
+def auto_tiles(structure, P: int, how: str, budget: float) -> tuple:
+    """(tile, occ_tile): ``auto`` as ``tessera plan --ranks`` chooses them (every class
+    balanced), ``run`` as a run with ``budget`` bytes per rank does (``balance.run_tiles``;
+    on older sources without it, the plan's)."""
+    try:
+        from tessera.backends.balance import balanced_tiles
+    except ImportError:                  # older sources (--src)
+        from tessera.cli.plan_ranks import choose_tiles
+        return choose_tiles(structure.orbsym, structure.nocc, 0, P)
+    if how == "run":
+        try:
+            from tessera.backends.balance import run_tiles
+            return tuple(run_tiles(structure, P, budget)[:2])
+        except ImportError:
+            return tuple(balanced_tiles(structure.stored, P, budget)[:2])
+    return tuple(balanced_tiles(structure.stored, P)[:2])
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--waters", default="8,16", help="water cluster sizes (empty: only the issue example)")
     ap.add_argument("--ranks", default="64,256,1024")
     ap.add_argument("--tile", default="32", help="largest tile, or auto: the tiles tessera plan --ranks "
-                    "chooses for each rank count")
+                    "chooses for each rank count (every class balanced), or run: the tiles of a run's "
+                    "rule with --memory-per-rank (balance.run_tiles)")
     ap.add_argument("--memory-per-rank", type=float, default=8.0, help="GiB a rank may use (as tessera plan "
                     "--memory-per-node 512GB --ranks-per-node 64): (T)'s windowed tasks take a share")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "layouts_at_scale.json"))
@@ -232,13 +261,8 @@ def main(argv=None) -> None:
         structure = CCSDStructure(orbsym, nocc, distributed=True)
         rows = {}
         for P in ranks:
-            if args.tile == "auto":          # as tessera plan --ranks chooses them
-                try:
-                    from tessera.backends.balance import balanced_tiles
-                    tile, occ_tile = balanced_tiles(structure.stored, P)[:2]
-                except ImportError:          # older sources (--src)
-                    from tessera.cli.plan_ranks import choose_tiles
-                    tile, occ_tile = choose_tiles(orbsym, nocc, 0, P)
+            if args.tile in ("auto", "run"):
+                tile, occ_tile = auto_tiles(structure, P, args.tile, args.memory_per_rank * 2**30)
             else:
                 tile = occ_tile = int(args.tile)
             tensors = class_tensors(orbsym, nocc, tile, occ_tile)
@@ -277,10 +301,23 @@ def main(argv=None) -> None:
     for c in costs:
         print(f"{c['ranks']:6d} {c['layouts_seconds']:10.3f} {c['layouts_peak_bytes'] / 2**20:9.2f} "
               f"{c['tasks_seconds']:8.3f} {c['tasks_peak_bytes'] / 2**20:9.2f} {c['own_tasks']:10d}")
-    memory = per_rank(class_tensors(np.zeros(900, dtype=int), 100, 48), max(ranks))
-    for n, m in memory.items():
-        print(f"  {n:6s} blocks {costs[-1]['blocks'].get(n, ''):>7} max {m['max_bytes'] / 2**30:7.2f} GiB "
-              f"mean {m['mean_bytes'] / 2**30:7.3f} GiB max/mean {m['max_over_mean']:7.2f}")
+    example = CCSDStructure(np.zeros(900, dtype=int), 100, distributed=True)
+    result["example"] = {}
+    print("issue example per rank count: per class max/mean (blocks) at tile 48, and at the tiles of a "
+          f"run's rule with {args.memory_per_rank:g} GiB per rank (balance.run_tiles)")
+    for P in ranks:
+        row = result["example"][P] = {}
+        for label, (tile, occ_tile) in (("48", (48, 48)), ("run", auto_tiles(example, P, "run",
+                                                                            args.memory_per_rank * 2**30))):
+            tensors = class_tensors(example.orbsym, 100, tile, occ_tile)
+            memory = per_rank(tensors, P)
+            row[label] = {"tiles": [tile, occ_tile], "memory_per_rank": memory}
+            print(f"{P:6d} tiles {tile:2d}/{occ_tile:<2d} " + " ".join(
+                f"{n} {m['max_over_mean']:.2f}" + (f" ({len(tensors[n].stored_keys())})" if n in tensors else "")
+                for n, m in memory.items()))
+        big = row["run"]["memory_per_rank"]
+        print("       at the run's tiles, max GiB per rank: " + " ".join(
+            f"{n} {m['max_bytes'] / 2**30:.3f}" for n, m in big.items()))
     print(f"(load average {result['load']:.2f})")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))

@@ -82,6 +82,12 @@ def test_plan_ranks_json(tmp_path, capsys):
         assert m["max_over_mean"] == pytest.approx(m["max_bytes"] / m["mean_bytes"], rel=1e-3)
         assert m["max_over_mean"] <= 1.5
     assert set(a["memory_per_rank"]["(t)"]) == {"rows", "kernel"}
+    # (H2O)4 on 64 ranks: every class balanced needs occupied tiles of 6; a run with 8 GiB
+    # per rank (no class near 1/32 of it) takes the least unbalanced tiles with occupied
+    # tiles of 12 or more, and a note line says so
+    assert (a["tile"], a["occ_tile"]) == (24, 6)
+    assert a["run_tiles"] == {"tile": 16, "occ_tile": 16, "every_class": False}
+    assert "a run with this budget takes tiles 16/16" in text
     for sim, P in ((a, 64), (b, 256)):           # (T) tasks and rows read per rank
         t = sim["triples"]
         assert t["tasks"] > 0 and t["tasks_per_rank"] == pytest.approx(t["tasks"] / P)
@@ -168,6 +174,46 @@ def test_balance_binds_only_where_memory_matters(caplog):
     assert "vvvv" in bound and "oooo" not in bound
     tile, occ_tile, worst = balanced_tiles(structure.stored, 4, tight)
     assert worst <= 1.5 and worst_class(structure.stored, tile, occ_tile, 4, budget=tight)[1] == worst
+
+
+def test_a_run_balances_every_class_of_the_issue_example():
+    """The issue's example (C1, 100 occupied, 800 virtual) with 8 GiB per rank: at 48/48
+    oooo (81 blocks) cannot be spread over 1024 ranks (13.7x the mean) although it is far
+    below the budget; the run's rule (``balance.run_tiles``) still balances every class,
+    because occupied tiles no thinner than MIN_OCC_TILE do it (48/32, 48/32, 48/16).
+    (H2O)8 on 1024 ranks would need thinner occupied tiles: there only the classes that
+    matter for memory bind (none at 8 GiB), and the run's candidate is the least
+    unbalanced tiles at the floor (16/12: oooo 4x the mean, not 1024x as at 48/48)."""
+    from tessera.backends.balance import MIN_OCC_TILE, run_tiles
+    budget = 8 * 2**30
+    example = CCSDStructure(np.zeros(900, dtype=int), 100, 0, distributed=True)
+    assert class_balance(example.stored(48, 48), 1024)["oooo"]["max_over_mean"] > 10
+    for P in RANKS:
+        tile, occ_tile, worst, binds = run_tiles(example, P, budget)
+        assert binds is None and occ_tile >= MIN_OCC_TILE, (P, tile, occ_tile)
+        mem = class_balance(example.stored(tile, occ_tile), P)
+        assert max(m["max_over_mean"] for m in mem.values()) == pytest.approx(max(worst, mem["total"]["max_over_mean"]))
+        assert all(m["max_over_mean"] <= 1.5 for m in mem.values()), (P, mem)
+    assert run_tiles(example, 1024, budget)[:2] == (48, 16)
+    waters = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
+    assert balanced_tiles(waters.stored, 1024)[1] < MIN_OCC_TILE
+    tile, occ_tile, _, binds = run_tiles(waters, 1024, budget)
+    assert binds == budget and (tile, occ_tile) == (16, 12)
+    floor = class_balance(waters.stored(tile, occ_tile), 1024)
+    assert 1.5 < floor["oooo"]["max_over_mean"] < class_balance(waters.stored(48, 48), 1024)["oooo"]["max_over_mean"] / 100
+
+
+def test_a_run_with_room_still_balances_every_class():
+    """(H2O)8 cc-pVDZ (C1, o=40, v=152) on 64 ranks with 8 GiB each: every class is far
+    below the budget, and the fastest candidate of the cost model, 16/16, leaves oooo at
+    1.73x the mean; occupied tiles of 12 spread every class, so the decision balances
+    them all (48/12, estimated faster than 16/16 too)."""
+    from tessera.backends.auto import decide
+    structure = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
+    assert class_balance(structure.stored(16, 16), 64)["oooo"]["max_over_mean"] > 1.5
+    d = decide(structure, 64, rate=5e9, budget=8 * 2**30)
+    mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), 64)
+    assert max(m["max_over_mean"] for m in mem.values()) <= 1.5, (d["tile"], d["occ_tile"], mem)
 
 
 def test_triples_plan_counts_what_the_windowed_tasks_request():

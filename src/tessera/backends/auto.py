@@ -35,11 +35,13 @@ memory budget per rank (``backends.budget``: --max-memory, else
 TESSERA_MEMORY_PER_RANK_MB, else the memory available now shared by the ranks).
 Candidates that do not fit are dropped (unless --variant names them), so
 replication (c > 1) is chosen only where memory allows; so are candidates at which a
-stored class (T2, an integral class) that matters for memory (its busiest rank holds
-more than 1/32 of the budget, ``balance.binding``) is spread with a max/mean above 1.5
-or lies whole on one rank; the tiles of ``backends.balance`` (the largest at which every
-such class is balanced) are always a candidate, and a forced --tile that leaves one
-above 1.5 gets one warning line. The
+stored class (T2, an integral class) that binds is spread with a max/mean above 1.5 or
+lies whole on one rank: every class where occupied tiles no thinner than
+``balance.MIN_OCC_TILE`` balance them all, else those that matter for memory (their
+busiest rank holds more than 1/32 of the budget, ``balance.binding``); the tiles of
+``backends.balance.run_tiles`` (the largest at which every binding class is balanced)
+are always a candidate, and a forced --tile that leaves one above 1.5 gets one warning
+line. The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
 shared-memory figures measured on the development machine (docs/distributed.md);
 ``estimate`` takes others (``backends.machine``: calibrated node constants plus a
@@ -58,7 +60,7 @@ import time
 
 import numpy as np
 
-from tessera.backends.balance import BALANCE, balanced_tiles, binding, class_balance, forced_tile_warning
+from tessera.backends.balance import BALANCE, binding, class_balance, forced_tile_warning, run_tiles
 from tessera.backends.context import CACHE_BYTES, gather_twins, thread_limit
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
@@ -366,19 +368,23 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
     # with several ranks each tile is also tried with the occupied space cut in two or
     # more tiles: a single occupied tile leaves oooo whole on one rank
     half_occ = max(1, -(-structure.nocc // 2))
+    # the classes whose balance binds (``backends.balance.run_tiles``: every class where
+    # occupied tiles of MIN_OCC_TILE or more balance them all, else those that matter for
+    # memory); the tiles at which they are balanced are always a candidate, and with every
+    # class binding each tile is tried with that occupied tile too; a forced --tile that
+    # leaves one unbalanced gets a warning
+    balanced, binds = None, budget
+    if nranks > 1:
+        *balanced, worst, binds = run_tiles(structure, nranks, budget)
+        balanced = tuple(balanced) if worst <= BALANCE and not tile else None
+    occs = [half_occ] + ([balanced[1]] if balanced and binds is None else [])
     pairs = [(t, t) for t in tiles] if tile or nranks == 1 else \
-        [p for t in tiles for p in dict.fromkeys([(t, t), (t, min(t, half_occ))])]
-    # the tiles at which every stored class is balanced (``backends.balance``, the rule of
-    # ``tessera plan --ranks``) are always a candidate; a forced --tile that is not gets a warning
-    balanced = None
-    if nranks > 1 and not tile:
-        *balanced, worst = balanced_tiles(structure.stored, nranks, budget)
-        balanced = tuple(balanced) if worst <= BALANCE else None
-        pairs = [balanced] + pairs if balanced else pairs
-    elif nranks > 1 and (note := forced_tile_warning(structure.stored, tile, None, nranks, budget)):
+        [p for t in tiles for p in dict.fromkeys([(t, t)] + [(t, min(t, o)) for o in occs])]
+    pairs = [balanced] + pairs if balanced else pairs
+    if nranks > 1 and tile and (note := forced_tile_warning(structure.stored, tile, None, nranks, binds)):
         log.warning(note)
     for t, ot in pairs:
-        s = structure_stats(structure, t, ot, nranks, budget)
+        s = structure_stats(structure, t, ot, nranks, binds)
         key = (tuple(s["tiles"]["o"]), tuple(s["tiles"]["v"]))
         if key in seen_tiles:          # a larger tile that changes nothing
             continue

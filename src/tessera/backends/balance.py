@@ -9,12 +9,19 @@ worst max/mean). ``tessera plan --ranks`` (``cli.plan_ranks``) and the cost mode
 real run (``backends.auto.decide``, when --tile is not given) both use it; a forced
 --tile that leaves a class above BALANCE gets one warning line (``forced_tile_warning``).
 
-Balance is about memory, so with a ``budget`` (bytes a rank may use) it binds only the
-classes that matter: those whose busiest rank holds more than MATTERS of the budget (the
-integral classes of a large molecule). A small molecule, whose classes are all far below
-the budget, keeps the largest tiles (then the cost model chooses for speed) instead of
-tiles cut small to spread a few kilobytes of oooo. ``tessera plan --ranks`` shows the
-layout at which every class is balanced (no budget) and, beside it, the tiles a run
+A run (``run_tiles``) balances every class whenever tiles with an occupied tile no
+thinner than MIN_OCC_TILE (or the whole occupied space) do it: the issue example (C1,
+o=100, v=800) on 1024 ranks takes 48/16, where 48/48 leaves oooo (81 blocks) at 13.7x
+the mean. Below that floor the block GEMMs of the occupied tiles lose about half their
+rate (one-thread DGEMM of the ladder's (oo, vv, vv) shape, v tile 48, measured under
+load: 53/38/24/18 GFLOP/s at occupied tiles 34/14/8/4), so there balance is about
+memory alone: with a ``budget`` (bytes a rank may use) it binds only the classes that
+matter, those whose busiest rank holds more than MATTERS of the budget (the integral
+classes of a large molecule), and the run's candidate is the least unbalanced tiles at
+the floor ((H2O)8 on 1024 ranks: 16/12, oooo at 4x the mean); the cost model chooses
+for speed among every candidate at which those classes are balanced, instead of tiles
+cut small to spread a few kilobytes of oooo. ``tessera plan --ranks`` shows the layout
+at which every class is balanced (no budget, no floor) and, beside it, the tiles a run
 with its budget takes.
 
 ``stored(tile, occ_tile)`` is the caller's: {class name: empty tensor} of what a run
@@ -31,6 +38,7 @@ BALANCE = 1.5
 TILES = (48, 32, 24, 16, 12, 8, 6, 4)         # tried from large to small ...
 OCC_TILES = TILES + (3, 2)                     # ... with occupied tiles no larger
 MATTERS = 1 / 32           # a class's balance binds when its busiest rank holds more of the budget
+MIN_OCC_TILE = 12          # the thinnest occupied tile a run cuts to balance the small classes
 
 
 def loads(t, nranks: int) -> np.ndarray:
@@ -91,19 +99,36 @@ def worst_class(stored, tile: int, occ_tile: int, nranks: int, memo: dict | None
     return worst
 
 
-def balanced_tiles(stored, nranks: int, budget: float | None = None) -> tuple:
+def balanced_tiles(stored, nranks: int, budget: float | None = None, min_occ: int = 1) -> tuple:
     """(tile, occ_tile, worst binding class max/mean there) by the rule of the module
-    docstring."""
+    docstring, among occupied tiles of at least ``min_occ``."""
     memo: dict = {}
     best, best_worst = None, math.inf
-    for tile in TILES:
-        for occ_tile in [t for t in OCC_TILES if t <= tile]:
+    for tile in [t for t in TILES if t >= min_occ]:
+        for occ_tile in [t for t in OCC_TILES if min_occ <= t <= tile]:
             worst = worst_class(stored, tile, occ_tile, nranks, memo, stop=BALANCE, budget=budget)[1]
             if worst <= BALANCE:
                 return tile, occ_tile, worst
             if worst < best_worst:
                 best, best_worst = (tile, occ_tile), worst
     return (*best, best_worst)
+
+
+def run_tiles(structure, nranks: int, budget: float | None) -> tuple:
+    """(tile, occ_tile, worst, binds) of a run on ``nranks`` ranks (module docstring):
+    ``binds`` is what ``binding`` then judges the run's candidates by, None (every class)
+    when tiles with occupied tiles of at least min(MIN_OCC_TILE, active occupied) balance
+    every class, else ``budget``; then the tiles are the least unbalanced of those, where
+    the classes that matter are balanced, else the largest at which they are."""
+    if budget is None or nranks == 1:
+        return (*balanced_tiles(structure.stored, nranks, budget), budget)
+    *tiles, worst = balanced_tiles(structure.stored, nranks, min_occ=min(MIN_OCC_TILE, structure.nocc))
+    if worst <= BALANCE:
+        return (*tiles, worst, None)
+    worst = worst_class(structure.stored, *tiles, nranks, budget=budget)[1]
+    if worst <= BALANCE:
+        return (*tiles, worst, budget)
+    return (*balanced_tiles(structure.stored, nranks, budget), budget)
 
 
 def forced_tile_warning(stored, tile: int, occ_tile: int | None, nranks: int,

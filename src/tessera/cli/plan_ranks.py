@@ -27,9 +27,10 @@ returns, per rank:
 Without ``--tile`` the tiles are the largest at which every stored class is spread with
 max/mean <= 1.5 (``backends.balance``; a small molecule on many ranks needs small tiles,
 and the estimates show what they cost in block products); with a --tile that leaves a
-class above 1.5, one warning line names it. A run balances only the classes that matter
-for its memory budget (more than 1/32 of it on one rank): when that allows larger tiles,
-one note line names them (``run_tiles`` in the JSON). Distributed (T) takes its occupied
+class above 1.5, one warning line names it. A run balances every class too where
+occupied tiles no thinner than ``MIN_OCC_TILE`` do it (``backends.balance.run_tiles``), else only the
+classes that matter for its memory budget (more than 1/32 of it on one rank): when its
+rule allows larger tiles, one note line names them (``run_tiles`` in the JSON). Distributed (T) takes its occupied
 task tile (and, by virtual tile, its windows) from a quarter of the budget per rank.
 """
 
@@ -68,15 +69,16 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     from tessera.backends.auto import (COLLECTIVE_VARIANTS, ONESIDED_VARIANTS, estimate,
                                        memory_parts, structure_stats)
     from tessera.chem.ccsd import CCSDStructure
-    from tessera.backends.balance import BALANCE, balanced_tiles, class_balance, forced_tile_warning
+    from tessera.backends.balance import BALANCE, balanced_tiles, class_balance, forced_tile_warning, run_tiles
     from tessera.chem.memory import triples_parts
     from tessera.backends.budget import memory_budget
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     structure = CCSDStructure(orbsym, nocc, nfrozen, distributed=True)
-    warning = run_tiles = None
+    warning = taken = None
     if tile is None:
         tile, occ_tile, worst = balanced_tiles(structure.stored, nranks)
-        run_tiles = list(balanced_tiles(structure.stored, nranks, budget)[:2])
+        *taken, _, binds = run_tiles(structure, nranks, budget)
+        taken = {"tile": taken[0], "occ_tile": taken[1], "every_class": binds is None}
         if worst > BALANCE:
             warning = (f"no tiles spread every class with max/mean <= {BALANCE} over {nranks} ranks "
                        f"(too few blocks); these are the least unbalanced ({worst:.2f})")
@@ -112,7 +114,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     return {"ranks": nranks, "ranks_per_node": ranks_per_node, "nodes": -(-nranks // rpn), "workers": workers,
             "ghosts_per_node": ghosts,
             "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile, "tile_warning": warning,
-            "run_tiles": run_tiles, "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
+            "run_tiles": taken, "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
             "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
             "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, nranks),
             "executors": executors,
@@ -127,14 +129,18 @@ def _size(n: float) -> str:
 
 
 def render(sim: dict) -> str:
+    from tessera.backends.balance import MIN_OCC_TILE
     ghosts = f", {sim['workers']} workers beside one ghost per node" if sim["ghosts_per_node"] else ""
     lines = [f"Simulated machine: {sim['ranks']} ranks, {sim['ranks_per_node']} per node ({sim['nodes']} nodes{ghosts}), "
              f"{_size(sim['memory_budget_per_rank']).strip()} per rank; tiles o {sim['tiles']['o']} "
              f"v {sim['tiles']['v']} (o={sim['nocc']}, v={sim['nvir']})",
              *([f"warning: {sim['tile_warning']}"] if sim.get("tile_warning") else []),
-             *([f"note: these tiles balance every class; a run with this budget balances only the classes "
-                f"that hold more than 1/32 of it on a rank, which allows tiles {sim['run_tiles'][0]}/"
-                f"{sim['run_tiles'][1]}"] if sim.get("run_tiles") and sim["run_tiles"] != [sim["tile"], sim["occ_tile"]]
+             *([f"note: these tiles balance every class; a run with this budget takes tiles {taken['tile']}/"
+                f"{taken['occ_tile']}, at which "
+                + (f"every class is balanced too (occupied tiles of {MIN_OCC_TILE} or more)" if taken["every_class"] else
+                   "only the classes that hold more than 1/32 of it on a rank are balanced (balancing every "
+                   f"class needs occupied tiles thinner than {MIN_OCC_TILE})")]
+               if (taken := sim.get("run_tiles")) and (taken["tile"], taken["occ_tile"]) != (sim["tile"], sim["occ_tile"])
                else []),
              "Memory per rank by tensor class (blocks placed as a run places them):",
              f"  {'class':8s} {'max':>12s} {'mean':>12s} {'max/mean':>9s}"]
