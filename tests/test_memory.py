@@ -236,3 +236,9 @@ def test_ccsd_estimate_holds_the_ladder_plus_minus(tmp_path):
     spread = structure_stats(CCSDStructure(orbsym, nocc, 0, True), data["tile"], data["occ_tile"], 2,
                              block_tasks=False)
     assert "ladder V+-" not in spread["held"]
+    # the phases that hold vvvv (the transform, the ladder's set-up) or V+- ((T)) count them
+    phases = data["memory"]["estimate"]["parts"]
+    assert phases["ladder"]["ladder V+-"] == local["held"]["ladder V+-"]
+    # vvvv's canonical blocks: at least 1/8 of the C2v-allowed elements (>= 1/4 of dense), at most dense
+    vvvv = (phases["ladder"]["integrals with vvvv"] - phases["ccsd"]["stored"]) / 8
+    assert classes["vvvv"]["dense"] / 32 <= vvvv <= classes["vvvv"]["dense"] / 4

@@ -19,6 +19,9 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
              rows in the finish); in one local process whose 8-fold AO integrals fit
              PySCF's default max_memory: the rows of all active pairs and the larger of
              the 8-fold AO integrals and the MO integrals
+  ladder     a local run, before its first CCSD iteration: the integrals with vvvv and
+             the ladder's V+- made from it (``chem.ccsd._ladder_form``), which then frees vvvv;
+             the transform holds vvvv too, the iterations and (T) hold V+- instead
   ccsd       one iteration as ``backends.auto.memory_parts`` counts it (the one estimator
              of the cost model): T2 + integrals of the fullest rank, the amplitude copies
              and the DIIS history (the structure's ``held``), the executor's working set
@@ -61,7 +64,7 @@ from tessera.backends.context import one_blas_thread
 from tessera.errors import InputError
 
 SCF_MATRICES = 30
-PHASES = ("scf", "transform", "ccsd", "(t)")
+PHASES = ("scf", "transform", "ladder", "ccsd", "(t)")
 SHARED = "other ranks' windows"     # pages of same-node windows this rank reads (module docstring)
 # The estimate's matrices are small: one BLAS thread (``one_blas_thread``: several threads
 # of a BLAS pool, next to the OpenMP threads PySCF's integral calls leave spinning, ran its
@@ -216,10 +219,17 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         return m
     executors = _executors(shape)
     ccsd = max((executor_parts(b, v) for b, v in executors), key=lambda m: sum(m.values()))
-    stored = ccsd["stored"]
+    o, v = make_spaces(shape.orbsym, shape.nocc, shape.nfrozen, shape.tile, shape.occ_tile)
+    # a local run holds the ladder's V+- from CCSD on (kept on vvvv's tensor, for (T) and
+    # any later CCSD on the integrals) and frees vvvv once they are made (chem.ccsd._ladder_form):
+    # the iterations' ``stored`` has no vvvv, the transform and the start of CCSD hold it
+    ladder = s["held"].get("ladder V+-", 0)
+    stored = with_vvvv = ccsd["stored"]
+    if ladder:
+        g = class_tensor("vvvv", o, v)
+        with_vvvv += 8 * sum(int(np.prod(g.block_shape(k))) for k in g.stored_keys())
 
     # the transform: half-transformed rows of every class, each thread's slabs
-    o, v = make_spaces(shape.orbsym, shape.nocc, shape.nfrozen, shape.tile, shape.occ_tile)
     npair = nao * (nao + 1) // 2
     nact = o.dim + v.dim
     rows = group_rows = 0
@@ -233,7 +243,7 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     row_chunk = min(group_rows, max(1, SLAB_BYTES // (16 * npair)))
     slabs = 8 * (max_cols * (npair + nact * (nact + 1)) + 2 * row_chunk * npair)
     if shape.mo_eri_bytes:
-        parts["transform"] = {"integrals": stored, "fcidump integrals": shape.mo_eri_bytes}
+        parts["transform"] = {"integrals": with_vvvv, "fcidump integrals": shape.mo_eri_bytes}
     elif not shape.distributed and s8_fits(nao, shape.max_memory_mb):
         # in memory (chem/ao2mo.py, A): the rows of all active pairs, with first the 8-fold
         # AO integrals (half_e1), then, once those are freed, the MO integrals and each
@@ -246,14 +256,18 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         else:
             first, finish = s8_bytes(nao), 8 * row_chunk * (npair + nact * nact)
         parts["transform"] = {"half-transformed": half,
-                              "AO integrals, or MO integrals and working": max(first, stored + T * finish)}
+                              "AO integrals, or MO integrals and working": max(first, with_vvvv + T * finish)}
     else:
-        parts["transform"] = {"integrals": stored, "half-transformed": 8 * rows * shape.ao_pair_unit_columns / P,
+        parts["transform"] = {"integrals": with_vvvv, "half-transformed": 8 * rows * shape.ao_pair_unit_columns / P,
                               "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)
+    if ladder:
+        parts["ladder"] = {"integrals with vvvv": with_vvvv, "ladder V+-": ladder}
     if shape.method == "ccsd(t)":
         parts["(t)"] = {"integrals": stored, **triples_parts(o, v, P, T, resident=not shape.distributed,
                                                               memory_bytes=shape.budget)}
+        if ladder:
+            parts["(t)"]["ladder V+-"] = ladder
     if shape.distributed:
         # this rank's windows in CCSD: T2 + integrals, amplitude copies, intermediates
         # (all but the DIIS history), pooled until the context closes after (T)
