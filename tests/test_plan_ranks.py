@@ -268,7 +268,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
                 read += sum((tiles[x][1] - tiles[x][0]) * row(tiles[x][3], w) for x in set(t))
         return tasks, read, win
 
-    def kept_by_hand(occ_tile, win, P):               # bytes read, a rank keeping its previous task's rows
+    def kept_by_hand(occ_tile, win, P, rpn=None):     # bytes read, a rank keeping its previous task's rows
         tiles, triples, G = task_tiles(o, occ_tile)
         tasks = window_tasks(triples, G, win)
         assert sorted(tasks) == sorted((t, w) for t, g in enumerate(G) for w in win.windows(g))
@@ -297,7 +297,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
         costs = task_costs(tiles, triples, tasks, None, win.vtiles)
         lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
         machine = Machine.calibrated()
-        rate, bandwidth = machine.gemm_flops_per_second, machine.on(P, P)["bandwidth"]
+        rate, bandwidth = machine.gemm_flops_per_second, machine.on(P, rpn or P)["bandwidth"]
         per_cost = minimal_flops(lay, o.irreps.tolist()) / sum(costs)
         weights = [c * per_cost / rate + r / bandwidth for c, r in zip(costs, reads(range(len(tasks))))]
         return sum(sum(reads(queue)) for queue in partition(weights, P, "contiguous"))
@@ -322,6 +322,9 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
                 assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles
             if c["occ_tile"] > 1:          # a larger tile is taken only when it reads less
                 assert read < tried[1][1] and tasks >= TASKS_PER_RANK * P and win.narrowest_cut >= MIN_WINDOW
+        # on nodes of 16 ranks the deal weighs reads at the network's bandwidth, as a run does
+        nodes = plan_counts(tensors, 64, cache_mb=cache_mb, kernel_mb=0.01, ranks_per_node=16)
+        assert nodes["read_bytes"] == kept_by_hand(nodes["occ_tile"], tried[nodes["occ_tile"]][2], 64, 16)
         assert counts[256]["read_bytes_per_rank"] < counts[64]["read_bytes_per_rank"]
         assert counts[256]["tasks_per_rank"] < counts[64]["tasks_per_rank"]
     assert cut                  # the small budget cut tiles

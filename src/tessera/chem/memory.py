@@ -265,7 +265,7 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         parts["ladder"] = {"integrals with vvvv": with_vvvv, "ladder V+-": ladder}
     if shape.method == "ccsd(t)":
         parts["(t)"] = {"integrals": stored, **triples_parts(o, v, P, T, resident=not shape.distributed,
-                                                              memory_bytes=shape.budget)}
+                                                              memory_bytes=shape.budget, ranks_per_node=shape.node_ranks)}
         if ladder:
             parts["(t)"]["ladder V+-"] = ladder
     if shape.distributed:
@@ -282,7 +282,7 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
 
 
 def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
-                  memory_bytes: float | None = None) -> dict:
+                  memory_bytes: float | None = None, ranks_per_node: int | None = None) -> dict:
     """Bytes per rank of what (T) holds beside the integrals and T2, over spaces ``o``, ``v``:
     ``rows`` (the packed rows it reads: on one process, ``resident``, every task tile's rows,
     with their pair-swapped copies unless the kernel is blocked in the virtual index, and
@@ -309,7 +309,8 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
         from tessera.chem.triples_tasks import plan_counts
         from tessera.tensor.block_tensor import BlockTensor
         tensors = {name: class_tensor(name, o, v) for name in ("ovvv", "ovov", "ovoo")}
-        plan = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks, memory_bytes=memory_bytes)
+        plan = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks, memory_bytes=memory_bytes,
+                           ranks_per_node=ranks_per_node)
         task, kernel = plan["task_bytes"], plan["kernel_bytes"]          # the run's kernel batch
         rows_t = task if vblock is not None else min(rows_t, DEFAULT_CACHE_MB * 2**20 + task)
     return {"rows": rows_t, "kernel": threads * kernel}

@@ -96,8 +96,9 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     triples = None
     if method == "ccsd(t)":
         from tessera.chem.triples_tasks import plan_counts
-        memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1, memory_bytes=budget).items()}
-        triples = plan_counts(structure.stored(tile, occ_tile), nranks, memory_bytes=budget)
+        memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1, memory_bytes=budget,
+                                                                   ranks_per_node=rpn).items()}
+        triples = plan_counts(structure.stored(tile, occ_tile), nranks, memory_bytes=budget, ranks_per_node=rpn)
     costs = machine.on(workers, rpn - ghosts)
     executors = []
     for backend, variants in (("mpi-onesided", ONESIDED_VARIANTS), ("mpi-collective", COLLECTIVE_VARIANTS)):
