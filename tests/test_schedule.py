@@ -180,11 +180,13 @@ def _irregular_costs(rng, n):
 def test_steal_visits_its_own_node_first():
     """steal on nodes [0, 1, 0, 1] (ranks of a node not neighbours in the ring): a rank
     that has drained its queue reads the counter of the other rank of its node before any
-    of the other node's; every task still runs once. One node: plain ring order."""
+    of the other node's; every task still runs once. One node: plain ring order. With
+    progress none (no ghost or thread serves a busy rank's counter): its own node only."""
     node_of = [0, 1, 0, 1]
     log = []
-    scheds = _schedulers(4, "steal", node_of, log=log)
+    scheds = _schedulers(4, "steal", node_of, progress="ghost", log=log)
     assert [s.victims() for s in scheds] == [[2, 1, 3], [3, 2, 0], [0, 3, 1], [1, 0, 2]]
+    assert [s.victims() for s in _schedulers(4, "steal", node_of)] == [[2], [3], [0], [1]]
     assert _schedulers(3, "steal")[1].victims() == [2, 0]
     cost = np.arange(1.0, 41.0)
     deals = [s.deal(cost, 1, "contiguous") for s in scheds]

@@ -16,7 +16,8 @@ the transform) gets its tasks from :meth:`Scheduler.deal`; the schedule decides:
   through a counter in its own memory (local fetch-and-adds, ``chunk`` at a time); when
   it is empty the rank visits the others in ring order, those of its own node first, and
   steals *half of a victim's remaining tasks* with one remote fetch-and-add on the
-  victim's counter, until every queue is empty.
+  victim's counter, until every queue is empty. On several nodes with progress ``none``
+  it steals from its own node's ranks only (``Scheduler.victims``).
 
 ``nxtval`` across nodes without a helper to serve the counter (ranks on more than one
 node and progress ``none``: no ghost holds it, no progress thread answers for a busy
@@ -267,6 +268,8 @@ class Scheduler:
         node_of = self.node_of = list(getattr(world, "node_of", None) or [0] * self.size)
         progress = getattr(getattr(world, "options", None), "progress", "none")
         self.leaders = []
+        # steal on several nodes with none to serve a busy rank's counter: steals stay on the node
+        self.node_steals = schedule == "steal" and len(set(node_of)) > 1 and progress == "none"
         if schedule == "nxtval" and len(set(node_of)) > 1 and progress == "none":
             self.leaders = [node_of.index(n) for n in range(max(node_of) + 1)]
             self.node = node_of[self.rank]
@@ -306,9 +309,12 @@ class Scheduler:
     def victims(self) -> list:
         """The ranks ``steal`` visits in turn: the others in ring order, those of this
         rank's node first (their counters answer through the node's memory, while one on
-        another node may answer only when its rank enters MPI)."""
+        another node may answer only when its rank enters MPI), and with progress ``none``
+        on several nodes only those (a steal from a busy rank elsewhere would wait for it)."""
         me, node = self.rank, self.node_of[self.rank]
         ring = [(me + j) % self.size for j in range(1, self.size)]
+        if self.node_steals:
+            return [r for r in ring if self.node_of[r] == node]
         return sorted(ring, key=lambda r: self.node_of[r] != node)
 
     def take_counter(self) -> int:
