@@ -87,7 +87,7 @@ def test_plan_ranks_json(tmp_path, capsys):
     # tiles of 12 or more, and a note line says so
     assert (a["tile"], a["occ_tile"]) == (24, 6)
     assert a["run_tiles"] == {"tile": 16, "occ_tile": 16, "every_class": False}
-    assert "a run with this budget takes tiles 16/16" in text
+    assert "a run with this budget considers tiles 16/16" in text
     for sim, P in ((a, 64), (b, 256)):           # (T) tasks and rows read per rank
         t = sim["triples"]
         assert t["tasks"] > 0 and t["tasks_per_rank"] == pytest.approx(t["tasks"] / P)

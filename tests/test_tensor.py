@@ -370,7 +370,7 @@ def test_ladder_after_vvvv_is_freed(backend):
     """Once V+- are made, vvvv can be freed (``tensor.pairs.free_for_ladder``): it then
     holds no element, the ladder still equals numpy.einsum (the planner finds V+- kept on
     it), and a read of one of its blocks is an error, not a zero."""
-    from tessera.tensor.pairs import free_for_ladder, kept_plus_minus
+    from tessera.tensor.pairs import free_for_ladder, kept_plus_minus, plus_minus
     o, v, rng = spaces(41, nirrep=2, tile=2)
     W_d = _eightfold(v, rng)
     W = BlockTensor.from_dense(W_d, (v,) * 4, 0, name="vvvv", symmetry=VVVV_SYMMETRY, canonical=True).freeze()
@@ -387,8 +387,13 @@ def test_ladder_after_vvvv_is_freed(backend):
             if n == 0:
                 assert kept_plus_minus(W) and free_for_ladder(W)
     assert W.stored_elements == 0 and not W.blocks
-    with pytest.raises(SymmetryError, match="'vvvv' was freed"):
-        W.blocks.get((0, 0, 0, 0))
+    for read in (lambda: W.blocks.get((0, 0, 0, 0)), W.to_dense, W.flat):
+        with pytest.raises(SymmetryError, match="'vvvv' was freed"):
+            read()
+    made = kept_plus_minus(W)
+    with pytest.raises(SymmetryError, match="'vvvv' was freed"):      # V+- of other axes: none from a freed W
+        plus_minus(W, (1, 0, 3, 2), True)
+    assert kept_plus_minus(W) is made                                 # and the kept ones stay
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -136,7 +136,7 @@ def render(sim: dict) -> str:
              f"{_size(sim['memory_budget_per_rank']).strip()} per rank; tiles o {sim['tiles']['o']} "
              f"v {sim['tiles']['v']} (o={sim['nocc']}, v={sim['nvir']})",
              *([f"warning: {sim['tile_warning']}"] if sim.get("tile_warning") else []),
-             *([f"note: these tiles balance every class; a run with this budget takes tiles {taken['tile']}/"
+             *([f"note: these tiles balance every class; a run with this budget considers tiles {taken['tile']}/"
                 f"{taken['occ_tile']}, at which "
                 + (f"every class is balanced too (occupied tiles of {MIN_OCC_TILE} or more)" if taken["every_class"] else
                    "only the classes that hold more than 1/32 of it on a rank are balanced (balancing every "

@@ -369,6 +369,7 @@ class BlockTensor:
         if self.dist is not None:
             raise SymmetryError(f"tensor {self.name!r} is distributed: its blocks cannot be one local vector")
         if not blocks:
+            self._refuse_freed()
             self._flat = (np.zeros(flat_size(self.spaces, self.irrep, self.aliases or None)), None)
             self._lazy = True
             return self._flat[0]
@@ -379,6 +380,10 @@ class BlockTensor:
         self._flat = (np.concatenate(parts, axis=None), None)
         self._make_views()
         return self._flat[0]
+
+    def _refuse_freed(self) -> None:
+        """Raise if the blocks were freed (``tensor.pairs.free_for_ladder``): no zeros for them."""
+        getattr(self._blocks, "refuse", lambda: None)()
 
     def _make_views(self) -> None:
         """Point the blocks (aliases too) at their parts of the ``flat`` vector."""
@@ -461,6 +466,7 @@ class BlockTensor:
     def to_dense(self) -> np.ndarray:
         """The full array, indexed by the spaces' orbitals (symmetry-forbidden parts zero).
         A distributed tensor fetches every block (every process gets the whole array)."""
+        self._refuse_freed()
         out = np.zeros(self.shape)
         blocks = self.blocks if self.dist is None else self.dist.fetch_many(self.allowed_keys())
         for key, blk in blocks.items():

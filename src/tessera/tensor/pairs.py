@@ -125,6 +125,8 @@ def plus_minus(g, axes: tuple, symmetric: bool) -> tuple:
     made = g.__dict__.setdefault("_plus_minus", {})
     key = (g.version, axes, symmetric)
     if key not in made:
+        if isinstance(g.blocks, FreedBlocks):      # keep the V+- made before it was freed
+            g.blocks.refuse()
         made.clear()
         pa, pc = pair_space(g.spaces[axes[0]]), pair_space(g.spaces[axes[2]])
         sym = (PermutationalSymmetry((1, 0)),) if symmetric else ()
@@ -218,9 +220,9 @@ def free_for_ladder(g) -> bool:
     """Free the blocks of the frozen local tensor ``g`` once ``plus_minus`` has made its
     V+- (they stay kept on ``g``, where the planner finds them): a local CCSD reads vvvv
     through the ladder's V+- only. Returns whether it freed them. Afterwards ``g`` holds
-    no block (``stored_elements`` 0) and looking one up (``[]``, ``get``, ``in``: what
-    executors and ``plus_minus`` do) is an error naming ``g``, not a zero block; only
-    ``to_dense``, which reads every block there is, gives zeros."""
+    no block (``stored_elements`` 0) and reading one (``[]``, ``get``, ``in``: what
+    executors and ``plus_minus`` do; ``to_dense``, ``flat``) is an error naming ``g``,
+    not a zero block."""
     if g.dist is not None or not kept_plus_minus(g):
         return False
     g.blocks = FreedBlocks(g.name)
@@ -234,12 +236,14 @@ class FreedBlocks(dict):
         super().__init__()
         self.name = name
 
-    def _refuse(self, *args, **kwargs):
+    def refuse(self, *args, **kwargs):
+        """Raise: what reads a freed tensor's blocks (``[]``, ``get``, ``in``, and
+        ``BlockTensor.to_dense``, ``flat``) gets this error, never zeros."""
         raise SymmetryError(f"tensor {self.name!r} was freed once the ladder's V+- were made from it "
                             "(a local CCSD keeps V+- only); use its blocks before CCSD, or transform "
                             "the integrals again")
 
-    __getitem__ = get = __contains__ = __setitem__ = _refuse
+    __getitem__ = get = __contains__ = __setitem__ = refuse
 
 
 def _role_block(g, axes: tuple, tiles: tuple):
