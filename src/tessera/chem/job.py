@@ -252,7 +252,8 @@ class Job:
         energies["total"] = ref.e_hf + cc.e_corr
         data["storage"] = {
             "t2_elements_stored": cc.t2.stored_elements, "t2_elements_dense": cc.t2.dense_elements,
-            "integrals_elements_stored": ints.stored_elements,
+            "integrals_elements_stored": ints.stored_elements + sum(t.stored_elements for t in
+                                                                   kept_plus_minus(ints.tensors["vvvv"])),
             "integrals_elements_dense": ints.dense_elements,
             "classes": {name: {"stored": t.stored_elements, "dense": t.dense_elements}
                         for name, t in (("t2", cc.t2), *((c, ints.tensors[c]) for c in ("vvvv", "ovvv", "ovov", "oooo")))},
