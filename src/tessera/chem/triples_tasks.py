@@ -261,7 +261,7 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
         tiles, triples, G = task_tiles(o, occ_tile)
         tasks = window_tasks(triples, G, win)
         costs = task_costs(tiles, triples, tasks, lay.ntrip, win.vtiles)
-        weights = deal_weights(win, tiles, triples, tasks, costs, minimal_flops(lay, o.irreps.tolist()) / sum(costs),
+        weights = deal_weights(win, tiles, triples, tasks, costs, minimal_flops(lay, o.irreps.tolist()),
                                nranks, ranks_per_node)
         read = sum(window_reads(win, tiles, triples, tasks, weights, nranks))
         batch = kernel_plan(lay, o, v, occ_tile, False, vblock, kernel_mb)[2]
@@ -416,7 +416,7 @@ class TriplesTasks:
             # tasks share rows (``need``); a rank that has run its own steals half of what
             # another has left, a contiguous run too (``backends.schedule``: steal)
             costs = deal_weights(self.windows, self.tiles, self.triples, self.tasks, costs,
-                                 self.minimal_flops() / max(sum(costs), 1.0), nranks, self.ranks_per_node)
+                                 self.minimal_flops(), nranks, self.ranks_per_node)
             deal = {"schedule": "steal", "partition": "contiguous"}
         return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
                        progress=True, forkable=self.resident, add_flops=self._add_flops, **deal)

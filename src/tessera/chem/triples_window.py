@@ -224,18 +224,20 @@ def window_reads(win: Windows, tiles, triples, tasks, weights, nranks: int) -> l
             for queue in partition(weights, nranks, "contiguous")]
 
 
-def deal_weights(win: Windows, tiles, triples, tasks, costs, flops_per_cost: float, nranks: int,
+def deal_weights(win: Windows, tiles, triples, tasks, costs, least_flops: float, nranks: int,
                  ranks_per_node: int | None = None) -> list:
-    """Seconds per windowed task, the weights of their deal: its flops (``costs`` x
-    ``flops_per_cost``) at the calibrated DGEMM rate plus the bytes it reads after the task
-    before it in deal order (``sequence_reads``) at the bandwidth a rank has to the others,
-    ``nranks`` ranks ``ranks_per_node`` (default: all) to a node (``Machine.on``). So the
+    """Seconds per windowed task, the weights of their deal: its flops (``least_flops``,
+    the minimal count of (T), spread over the tasks by ``costs``) at the calibrated DGEMM
+    rate plus the bytes it reads after the task before it in deal order (``sequence_reads``)
+    at the bandwidth a rank has to the others, ``nranks`` ranks ``ranks_per_node``
+    (default: all) to a node (``Machine.on``). So the
     contiguous runs balance compute and reads together: a run where windows change
     often reads more per flop and gets fewer tasks."""
     machine = Machine.calibrated()
     bandwidth = machine.on(nranks, ranks_per_node or nranks)["bandwidth"]
     reads = sequence_reads(win, tiles, triples, tasks, range(len(tasks)))
-    return [c * flops_per_cost / machine.gemm_flops_per_second + r / bandwidth for c, r in zip(costs, reads)]
+    per_cost, rate = least_flops / max(sum(costs), 1.0), machine.gemm_flops_per_second
+    return [c * per_cost / rate + r / bandwidth for c, r in zip(costs, reads)]
 
 
 class _LeftRows:
