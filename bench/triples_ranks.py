@@ -5,14 +5,15 @@
 
 Rank 0 runs the RHF reference and a few serial CCSD iterations (any amplitudes will do:
 the work of (T) does not depend on their values) and broadcasts them; then the MO
-integrals and amplitudes become distributed tensors of mpi-onesided (``--schedule``) and
+integrals and amplitudes become distributed tensors of mpi-onesided and
 ``triples_correction`` runs with the kernel blocked in the virtual index (``--vblock``)
 and the bytes one task may hold (``--cache-mb``), which makes it fetch its operands by
 virtual window (``chem.triples_window``). Printed and written as JSON (``--json``): per
 rank the bytes its tasks read, the seconds its tasks' work took (``task_seconds``, fetches
 not included), the tasks it ran and of those the ones taken from another rank's queue
 (``TriplesResult.rank_stolen``), the runs of consecutive tasks it ran; E(T), the (T) wall
-time, the load average. No assertions.
+time, the load average. No assertions. A diagnostic of the deal (who ran what, who read
+what), not a comparison: no other code runs windowed (T) to set beside it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ def main():
     p.add_argument("--tile", type=int, default=8, help="MO tile")
     p.add_argument("--vblock", type=int, default=4)
     p.add_argument("--cache-mb", type=float, default=2.0, help="bytes one windowed task may hold (MiB)")
-    p.add_argument("--schedule", default="nxtval", help="mpi-onesided's schedule (the CCSD steps')")
     p.add_argument("--iters", type=int, default=2, help="serial CCSD iterations for the amplitudes")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -65,7 +65,7 @@ def main():
         ctx.close()
     ref, t1d, t2d = world.bcast(out, root=0)
     ref = replace(ref, mol=mol)
-    ctx = Context("mpi-onesided", variant="cached", schedule=args.schedule)
+    ctx = Context("mpi-onesided", variant="cached")
     try:
         with ctx:
             ints = transform(ref, 0, args.tile)

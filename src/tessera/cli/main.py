@@ -407,12 +407,12 @@ def _end_program(code: int) -> None:
                                           for t in threading.enumerate()):
         return
     import atexit
-    for stream in (sys.stdout, sys.stderr):
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):       # after the handlers: what they wrote too
         try:
             stream.flush()
         except (OSError, ValueError):      # closed (a broken pipe was handled already)
             pass
-    atexit._run_exitfuncs()
     os._exit(code)
 
 
