@@ -20,7 +20,7 @@ from tessera.backends.tasks import part_slice
 from tessera.runtime.distribution import block_owners as owner_map, contiguous_runs, default_layers, grid_shape
 from tessera.chem.integrals import make_spaces
 from tessera.errors import InputError
-from tessera.plan.blocktasks import invert_key, contraction_tasks, hadamard_pairs
+from tessera.plan.blocktasks import invert_key, contraction_tasks, hadamard_pairs, task_arrays
 
 
 def spaces(seed, nirrep=4):
@@ -336,6 +336,28 @@ def test_frozen_cache_keeps_only_frozen_tensors_within_its_bound():
     assert cache.get(ints, ("a",)) is None
 
 
+def test_task_arrays_are_the_block_tasks():
+    """plan.blocktasks.task_arrays (built from the sector layouts, for counting) lists the
+    tasks and products of contraction_tasks, in its order, with each product's A and B key
+    and sizes: every contraction step of a distributed CCSD iteration in four irreps (outputs
+    stored as canonical blocks among them) and random contractions."""
+    rng = np.random.default_rng(4)
+    run = CCSDStructure(np.sort(rng.integers(0, 4, 30)), 8, 0, distributed=True)(6, 4)
+    steps = [s for p in run.plans for s in p.steps if s.kind == "contract"]
+    steps += [contraction_step(e, seed)[0] for e in ("acbd,ijcd->ijab", "ikac,kjcb->ijab") for seed in (0, 2)]
+    assert any(s.out.tensor.aliases for s in steps)
+    for step in steps:
+        tasks, ta = contraction_tasks(step), task_arrays(step)
+        assert list(ta.out) == [t.out for t in tasks]
+        assert ta.m.tolist() == [t.m for t in tasks] and ta.n.tolist() == [t.n for t in tasks]
+        prods = [(i, p) for i, t in enumerate(tasks) for p in t.products]
+        assert ta.task.tolist() == [i for i, _ in prods] and ta.k.tolist() == [p.k for _, p in prods]
+        assert [ta.a_keys[x] for x in ta.a] == [p.a for _, p in prods]
+        assert [ta.b_keys[x] for x in ta.b] == [p.b for _, p in prods]
+        assert len(set(ta.a_keys)) == len(ta.a_keys) and len(set(ta.b_keys)) == len(ta.b_keys)
+        assert ta.start.tolist() == np.cumsum([0] + [len(t.products) for t in tasks]).tolist()
+
+
 @pytest.mark.parametrize("nranks", [1, 3, 4])
 def test_stationary_plans_run_every_product_once_where_they_say(nranks):
     """backends.stationary on a ladder step: each mode runs every block product once, on
@@ -350,7 +372,7 @@ def test_stationary_plans_run_every_product_once_where_they_say(nranks):
            for n, t in (("a", A), ("b", B), ("c", step.out.tensor))}
     owners = tuple(own[n].__getitem__ for n in "abc")
     for mode in stationary.MODES:
-        p = stationary.plan(tasks, mode, *owners, nranks)
+        p = stationary.plan(task_arrays(step), mode, *owners, nranks)
         assert p["flops"].sum() == step.flops
         need = {x: [set() for _ in range(nranks)] for x in "ab"}
         parts = [0] * nranks
@@ -368,7 +390,7 @@ def test_stationary_plans_run_every_product_once_where_they_say(nranks):
         if mode == "a":
             assert not p["recv"]["a"].any()
         assert stationary.score(p, ("a", "b"))["recv_bytes"] == max(parts)
-    mode, scores, _ = stationary.choose(tasks, tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors),
+    mode, scores, _ = stationary.choose(task_arrays(step), tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors),
                                         step.perms["a"], step.perms["b"], (1, nranks, 1), owners, nranks)
     assert scores[mode]["cost"] == min(sc["cost"] for sc in scores.values())
     if nranks == 1:

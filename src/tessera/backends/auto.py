@@ -66,7 +66,7 @@ from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
-from tessera.plan.blocktasks import contraction_tasks
+from tessera.plan.blocktasks import block_sizes, task_arrays
 from tessera.runtime.distribution import block_owners, default_layers, grid_3d, makespan
 from tessera.tensor.block_tensor import allowed_elements
 
@@ -145,40 +145,33 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
                     gathered[key] = 8 * sum(r * c for r, c in dims)
             if not block_tasks:
                 continue
-            tasks = contraction_tasks(step)
-            s["makespan_flops"] += makespan([t.flops for t in tasks], nranks)
-            bytes_a = bytes_b = 0
-            seen_a, seen_b = set(), set()
+            ta = task_arrays(step)
+            m, n = ta.m[ta.task], ta.n[ta.task]
+            flops = 2 * m * ta.k * n
+            s["makespan_flops"] += makespan(np.bincount(ta.task, weights=flops, minlength=len(ta.out)), nranks)
+            a_sum, b_sum = 8 * int((m * ta.k).sum()), 8 * int((ta.k * n).sum())
+            bytes_a, bytes_b = (8 * int(size.sum()) for size in block_sizes(ta))
+            out_bytes = 8 * int(ta.m @ ta.n)
             frozen_a, frozen_b = (r.tensor.constant for r in step.inputs)
-            for t in tasks:
-                s["out_tasks"] += 1
-                s["out_bytes"] += 8 * t.m * t.n
-                for p in t.products:
-                    s["products"] += 1
-                    s["flops"] += 2 * t.m * p.k * t.n
-                    s["a_bytes"] += 8 * t.m * p.k
-                    s["b_bytes"] += 8 * p.k * t.n
-                    s["frozen_ab_bytes"] += 8 * (frozen_a * t.m * p.k + frozen_b * p.k * t.n)
-                    if p.a not in seen_a:
-                        seen_a.add(p.a)
-                        bytes_a += 8 * t.m * p.k
-                    if p.b not in seen_b:
-                        seen_b.add(p.b)
-                        bytes_b += 8 * p.k * t.n
+            s["out_tasks"] += len(ta.out)
+            s["out_bytes"] += out_bytes
+            s["products"] += len(ta.k)
+            s["flops"] += int(flops.sum())
+            s["a_bytes"] += a_sum
+            s["b_bytes"] += b_sum
+            s["frozen_ab_bytes"] += frozen_a * a_sum + frozen_b * b_sum
             s["distinct_bytes"] += bytes_a + bytes_b
             s["frozen_distinct_bytes"] += frozen_a * bytes_a + frozen_b * bytes_b
             s["max_step_distinct_bytes"] = max(s["max_step_distinct_bytes"], bytes_a + bytes_b)
-            s["distinct_blocks"] += len(seen_a) + len(seen_b)
+            s["distinct_blocks"] += len(ta.a_keys) + len(ta.b_keys)
             reuse_a = bytes_a >= bytes_b
-            s["inv_gets"] += len(seen_a if reuse_a else seen_b)
-            s["inv_bytes"] += (bytes_a if reuse_a else bytes_b)
-            s["inv_bytes"] += sum(8 * (p.k * t.n if reuse_a else t.m * p.k) for t in tasks for p in t.products)
-            out_bytes = sum(8 * t.m * t.n for t in tasks)
+            s["inv_gets"] += len(ta.a_keys if reuse_a else ta.b_keys)
+            s["inv_bytes"] += (bytes_a if reuse_a else bytes_b) + (b_sum if reuse_a else a_sum)
             s["collective_steps"].append({
-                "bytes": (bytes_a, bytes_b, out_bytes), "tasks": tasks, "perms": (step.perms["a"], step.perms["b"]),
+                "bytes": (bytes_a, bytes_b, out_bytes), "tasks": ta, "perms": (step.perms["a"], step.perms["b"]),
                 "sig": tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in step.sectors),
                 "owners": tuple(_owner(owners, r.tensor, nranks) for r in (*step.inputs, step.out)),
-                "moved_once": tuple(x for x, r in zip("ab", step.inputs) if r.tensor.constant)})
+                "moved_once": tuple(x for x, r in zip("ab", step.inputs) if r.tensor.constant), "stationary": {}})
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
     # memory balance of the stored tensors (in total and of the worst binding class), and
@@ -224,7 +217,15 @@ def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
     contractions run on the grid; ``modes``: contractions per mode; ``working_bytes`` per
     rank (largest step: on the grid twice the output rectangle, c times SUMMA's, for the
     GEMMs and the send buffers, the homes twice and one A and one B panel; stationary, the
-    blocks received and the partial outputs)."""
+    blocks received and the partial outputs). Kept in ``s`` per (ranks, variant): estimate
+    and memory_parts both ask."""
+    memo = s.setdefault("traffic", {})
+    if (nranks, variant) not in memo:
+        memo[nranks, variant] = _collective_traffic(s, nranks, variant)
+    return memo[nranks, variant]
+
+
+def _collective_traffic(s: dict, nranks: int, variant: str) -> dict:
     from tessera.backends import stationary
     from tessera.backends.summa_layout import choose_grid, grid_score
     pr, pc, c = grid_of(nranks, variant)
@@ -234,8 +235,14 @@ def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
         a, b, out = st["bytes"]
         pa, pb = st["perms"]
         gr, gc = choose_grid(st["sig"], pa, pb, nranks // c, c)
-        mode, scores, _ = stationary.choose(st["tasks"], st["sig"], pa, pb, (gr, gc, c), st["owners"], nranks,
-                                            st["moved_once"]) if nranks > 1 else ("summa", None, None)
+        if nranks > 1:      # the stationary modes' scores do not depend on the grid: once per rank count
+            if nranks not in st["stationary"]:
+                st["stationary"][nranks] = stationary.stationary_scores(st["tasks"], st["owners"], nranks,
+                                                                        st["moved_once"], where=False)
+            mode, scores, _ = stationary.choose(st["tasks"], st["sig"], pa, pb, (gr, gc, c), st["owners"], nranks,
+                                                st["moved_once"], stationary=st["stationary"][nranks])
+        else:
+            mode, scores = "summa", None
         modes[mode] = modes.get(mode, 0) + 1
         if mode == "summa":
             if nranks > 1:

@@ -48,7 +48,7 @@ from tessera.backends.schedule import Share
 from tessera.backends.summa_layout import choose_grid, summa_layout
 from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
-from tessera.plan.blocktasks import add_source, contraction_tasks, hadamard_outputs, source_block
+from tessera.plan.blocktasks import add_source, contraction_tasks, hadamard_outputs, source_block, task_arrays
 from tessera.runtime.distribution import default_layers, grid_shape
 
 log = logging.getLogger("tessera.backends")
@@ -388,11 +388,10 @@ class CollectiveExecutor(DistributedExecutor):
         if self.stationary == "never" or self.cc.size == 1:
             self._modes[key] = ("summa", None)
         else:
-            tasks = contraction_tasks(step)
             owners = (A.dist.owner, B.dist.owner, C.dist.owner)
             modes = stationary.MODES if self.stationary == "auto" else (self.stationary,)
-            mode, _, plans = stationary.choose(tasks, sig, step.perms["a"], step.perms["b"], (*grid, self.cc.layers),
-                                               owners, self.cc.size, [x for x, t in (("a", A), ("b", B)) if t.constant],
+            mode, _, plans = stationary.choose(task_arrays(step), sig, step.perms["a"], step.perms["b"],
+                                               (*grid, self.cc.layers), owners, self.cc.size, [x for x, t in (("a", A), ("b", B)) if t.constant],
                                                modes)
             if self.stationary != "auto":
                 mode = self.stationary

@@ -27,33 +27,52 @@ from __future__ import annotations
 import numpy as np
 
 from tessera.backends.summa_layout import FLOPS_PER_BYTE, grid_score
+from tessera.plan.blocktasks import block_sizes
 
 MODES = ("a", "b", "c")
 
 
-def plan(tasks, mode: str, owner_a, owner_b, owner_c, nranks: int) -> dict:
+def plan(ta, mode: str, owner_a, owner_b, owner_c, nranks: int) -> dict:
     """``where[t][q]``: the rank of product q of task t; per rank ``flops``, ``recv``
-    ({"a", "b": bytes of distinct remote input blocks, "c": bytes of partial outputs})."""
+    ({"a", "b": bytes of distinct remote input blocks, "c": bytes of partial outputs});
+    ``ta``: the step's ``plan.blocktasks.TaskArrays``."""
+    return _plan(ta, mode, owner_arrays(ta, (owner_a, owner_b, owner_c)), nranks)
+
+
+def owner_arrays(ta, owners: tuple) -> tuple:
+    """The owners (functions of A, B, C) of ``ta``'s A keys, B keys and output keys, as arrays."""
+    return tuple(np.array([owner(key) for key in keys], dtype=np.int64)
+                 for owner, keys in zip(owners, (ta.a_keys, ta.b_keys, ta.out)))
+
+
+def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True) -> dict:
     if mode not in MODES:
         raise ValueError(f"unknown stationary operand {mode!r}; expected one of {MODES}")
-    flops = np.zeros(nranks)
-    recv = {x: np.zeros(nranks) for x in "abc"}
-    seen: set = set()
-    where = []
-    for t in tasks:
-        dest = owner_c(t.out)
-        ranks = [owner_a(p.a) if mode == "a" else owner_b(p.b) if mode == "b" else dest for p in t.products]
-        where.append(ranks)
-        for p, r in zip(t.products, ranks):
-            flops[r] += 2 * t.m * p.k * t.n
-            for x, key, size in (("a", p.a, t.m * p.k), ("b", p.b, p.k * t.n)):
-                if (x, key, r) not in seen:
-                    seen.add((x, key, r))
-                    if (owner_a if x == "a" else owner_b)(key) != r:
-                        recv[x][r] += 8 * size
-        for r in set(ranks) - {dest}:
-            recv["c"][dest] += 8 * t.m * t.n
-    return {"where": where, "flops": flops, "recv": recv}
+    own_a, own_b, dest = own
+    ranks = (own_a[ta.a] if mode == "a" else own_b[ta.b] if mode == "b" else dest[ta.task])
+    flops = np.bincount(ranks, weights=2.0 * ta.m[ta.task] * ta.k * ta.n[ta.task], minlength=nranks)
+    recv = {}
+    for x, ids, own_x, size in zip("ab", (ta.a, ta.b), (own_a, own_b), block_sizes(ta)):
+        _, first = np.unique(ids * nranks + ranks, return_index=True)     # each (block, rank) once
+        first = first[own_x[ids[first]] != ranks[first]]
+        recv[x] = np.bincount(ranks[first], weights=8.0 * size[ids[first]], minlength=nranks)
+    _, first = np.unique(ta.task * nranks + ranks, return_index=True)      # each (task, rank) once
+    first = first[ranks[first] != dest[ta.task[first]]]
+    t = ta.task[first]
+    recv["c"] = np.bincount(dest[t], weights=8.0 * ta.m[t] * ta.n[t], minlength=nranks)
+    out = {"flops": flops, "recv": recv}
+    if where:
+        flat = ranks.tolist()
+        out["where"] = [flat[s:e] for s, e in zip(ta.start[:-1].tolist(), ta.start[1:].tolist())]
+    return out
+
+
+def stationary_scores(ta, owners: tuple, nranks: int, moved_once=(), modes=MODES, where: bool = True) -> tuple:
+    """({mode: score}, {mode: plan}) of the stationary ``modes`` (``owners``: functions of A,
+    B, C; ``where=False``: plans without ``where``, for a cost model). Independent of the grid."""
+    own = owner_arrays(ta, owners)
+    plans = {mode: _plan(ta, mode, own, nranks, where) for mode in modes}
+    return {mode: score(p, moved_once) for mode, p in plans.items()}, plans
 
 
 def score(p: dict, moved_once=()) -> dict:
@@ -78,24 +97,19 @@ def summa_score(sig, pa, pb, pr: int, pc: int, layers: int, in_bytes: dict, out_
     return {"flops": sc["flops"], "recv_bytes": recv, "cost": sc["cost"] + FLOPS_PER_BYTE * share}
 
 
-def choose(tasks, sig, pa, pb, grid: tuple, owners: tuple, nranks: int, moved_once=(), modes=MODES) -> tuple:
+def choose(ta, sig, pa, pb, grid: tuple, owners: tuple, nranks: int, moved_once=(), modes=MODES,
+           stationary: tuple | None = None) -> tuple:
     """(mode, scores, plans): ``"summa"`` or the stationary operand (of ``modes``) of least
     cost for the busiest rank (``grid``: SUMMA's pr, pc, layers; ``owners``: owner
     functions of A, B, C); a tie keeps SUMMA. ``scores`` maps each mode to its ``score``,
-    ``plans`` each stationary mode to its ``plan``."""
+    ``plans`` each stationary mode to its ``plan``; ``stationary``: ``stationary_scores``
+    of these tasks and owners, when the caller has them (they do not depend on the grid)."""
     pr, pc, layers = grid
-    in_bytes = {"a": 0.0, "b": 0.0}
-    seen: set = set()
-    out_bytes = 0.0
-    for t in tasks:
-        out_bytes += 8 * t.m * t.n
-        for p in t.products:
-            for x, key, size in (("a", p.a, t.m * p.k), ("b", p.b, p.k * t.n)):
-                if (x, key) not in seen:
-                    seen.add((x, key))
-                    in_bytes[x] += 8 * size
+    size_a, size_b = block_sizes(ta)
+    in_bytes = {"a": 8.0 * float(size_a.sum()), "b": 8.0 * float(size_b.sum())}
+    out_bytes = 8.0 * float(ta.m @ ta.n)
     scores = {"summa": summa_score(sig, pa, pb, pr, pc, layers, in_bytes, out_bytes, nranks, moved_once)}
-    plans = {mode: plan(tasks, mode, *owners, nranks) for mode in modes}
-    scores.update({mode: score(p, moved_once) for mode, p in plans.items()})
+    kept, plans = stationary or stationary_scores(ta, owners, nranks, moved_once, modes)
+    scores.update(kept)
     best = min(scores, key=lambda m: (scores[m]["cost"], m != "summa"))
     return best, scores, plans

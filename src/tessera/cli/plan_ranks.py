@@ -48,18 +48,18 @@ DOMINANT_STEPS = 6
 
 def dominant_steps(plans, nranks: int, limit: int = DOMINANT_STEPS) -> list:
     """The ``limit`` contraction steps of most flops: block tasks, per rank, balance."""
-    from tessera.plan.blocktasks import contraction_tasks
+    from tessera.plan.blocktasks import task_arrays
     from tessera.runtime.distribution import makespan
     steps = sorted((s for p in plans for s in p.steps if s.kind == "contract"), key=lambda s: -s.flops)
     out = []
     for step in steps[:limit]:
-        tasks = contraction_tasks(step)
-        flops = [t.flops for t in tasks]
-        busiest = makespan(flops, nranks) if tasks else 0
+        ta = task_arrays(step)
+        flops = 2 * ta.m[ta.task] * ta.k * ta.n[ta.task]
+        total = int(flops.sum())
+        busiest = makespan(np.bincount(ta.task, weights=flops, minlength=len(ta.out)), nranks) if len(ta.out) else 0
         out.append({"update": step.label, "step": step.describe().strip(), "flops": int(step.flops),
-                    "tasks": len(tasks), "products": sum(len(t.products) for t in tasks),
-                    "tasks_per_rank": len(tasks) / nranks,
-                    "busiest_over_mean_flops": round(busiest * nranks / sum(flops), 3) if sum(flops) else 1.0})
+                    "tasks": len(ta.out), "products": len(ta.k), "tasks_per_rank": len(ta.out) / nranks,
+                    "busiest_over_mean_flops": round(busiest * nranks / total, 3) if total else 1.0})
     return out
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+import numpy as np
+
 from tessera.tensor.pairs import pack_block, pm_pack_block, pm_unpack_block, unpack_half_block
 
 
@@ -78,6 +80,86 @@ def _tasks(sig, perm_a, perm_b, perm_c, aliases=None) -> tuple:
                 out.append(OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c],
                                       rows.shapes[r] + cols.shapes[c], prods))
     return tuple(out)
+
+
+class TaskArrays(NamedTuple):
+    """``contraction_tasks`` as flat arrays, for counting without a loop over products:
+    per task its ``out`` key, ``m`` and ``n``; per product (tasks' products in order) its
+    ``task``, ``k`` and the index of its A and B block in ``a_keys`` / ``b_keys`` (the
+    distinct keys the products use); ``start``: task t's products are
+    ``start[t]:start[t + 1]``."""
+
+    out: tuple
+    m: np.ndarray
+    n: np.ndarray
+    task: np.ndarray
+    k: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    a_keys: tuple
+    b_keys: tuple
+    start: np.ndarray
+
+
+def task_arrays(step) -> TaskArrays:
+    """``TaskArrays`` of a ``contract`` step (cached per layout, as its tasks are)."""
+    perms = step.perms
+    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    return _arrays(sig, perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None)
+
+
+@lru_cache(maxsize=256)
+def _arrays(sig, perm_a, perm_b, perm_c, aliases=None) -> TaskArrays:
+    # the tasks and products of ``_tasks``, in its order, from the sector layouts alone:
+    # A block (r, q) and B block (q, c) of a sector numbered from the sector's base, then
+    # renumbered over the blocks the tasks use
+    identity = perm_c == tuple(range(len(perm_c)))
+    outs, parts, bases = [], [], []
+    a_base = b_base = ntask = 0
+    for _, rows, inner, cols in sig:
+        nq, nc = len(inner.tuples), len(cols.tuples)
+        kept = []
+        for r, rk in enumerate(rows.tuples):
+            for c, ck in enumerate(cols.tuples):
+                key = rk + ck
+                okey = key if identity else tuple(key[p] for p in perm_c)
+                if not (aliases and okey in aliases):
+                    kept.append((r, c))
+                    outs.append(okey)
+        r, c = np.array(kept, dtype=np.int64).reshape(-1, 2).T
+        q = np.tile(np.arange(nq), len(kept))
+        parts.append((np.asarray(rows.sizes, dtype=np.int64)[r], np.asarray(cols.sizes, dtype=np.int64)[c],
+                      ntask + np.repeat(np.arange(len(kept)), nq), np.asarray(inner.sizes, dtype=np.int64)[q],
+                      a_base + np.repeat(r, nq) * nq + q, b_base + q * nc + np.repeat(c, nq)))
+        bases.append((a_base, b_base, rows, inner, cols))
+        a_base, b_base, ntask = a_base + len(rows.tuples) * nq, b_base + nq * nc, ntask + len(kept)
+    m, n, task, k, a, b = (np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+                           for i in range(6))
+    (a_ids, a), (b_ids, b) = (np.unique(x, return_inverse=True) for x in (a, b))
+    starts = np.array([x[0] for x in bases] or [0]), np.array([x[1] for x in bases] or [0])
+    a_keys, b_keys = [], []
+    for i in a_ids.tolist():
+        base, _, rows, inner, _ = bases[np.searchsorted(starts[0], i, side="right") - 1]
+        r, q = divmod(i - base, len(inner.tuples))
+        a_keys.append(invert_key(rows.tuples[r] + inner.tuples[q], perm_a))
+    for i in b_ids.tolist():
+        _, base, _, inner, cols = bases[np.searchsorted(starts[1], i, side="right") - 1]
+        q, c = divmod(i - base, len(cols.tuples))
+        b_keys.append(invert_key(inner.tuples[q] + cols.tuples[c], perm_b))
+    counts = np.bincount(task, minlength=ntask)
+    return TaskArrays(tuple(outs), m, n, task, k, a.astype(np.int64), b.astype(np.int64), tuple(a_keys),
+                      tuple(b_keys), np.concatenate(([0], np.cumsum(counts))).astype(np.int64))
+
+
+def block_sizes(ta: TaskArrays) -> tuple:
+    """(elements of each A block, of each B block) of ``TaskArrays`` ``ta``, by key index."""
+    sizes = []
+    for ids, rows, cols, nkeys in ((ta.a, ta.m[ta.task], ta.k, len(ta.a_keys)),
+                                   (ta.b, ta.k, ta.n[ta.task], len(ta.b_keys))):
+        size = np.zeros(nkeys, dtype=np.int64)
+        size[ids] = rows * cols
+        sizes.append(size)
+    return tuple(sizes)
 
 
 def owned_tasks(step, keys) -> tuple:
