@@ -244,7 +244,22 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     reads less) and the
     most one task holds (windowed: its fetched rows and tables; else its task tiles'
     packed rows, twice: fetched and packed) and the kernel buffers of one thread, as the
-    run's ``TriplesTasks`` sizes them for that plan."""
+    run's ``TriplesTasks`` sizes them for that plan. Depends on the tensors' spaces and
+    irreps alone, so kept by them (``tessera plan --ranks`` asks twice: for the (T) memory
+    and for the task counts)."""
+    key = (tuple((tensors[n].spaces, tensors[n].irrep) for n in SOURCES), nranks, cache_mb, kernel_mb,
+           memory_bytes, ranks_per_node)
+    if key not in _PLAN_COUNTS:
+        _PLAN_COUNTS[key] = _plan_counts(tensors, nranks, cache_mb, kernel_mb, memory_bytes, ranks_per_node)
+        while len(_PLAN_COUNTS) > 16:
+            _PLAN_COUNTS.popitem(last=False)
+    return dict(_PLAN_COUNTS[key])
+
+
+_PLAN_COUNTS: OrderedDict = OrderedDict()
+
+
+def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, ranks_per_node) -> dict:
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
     orange, vrange = irrep_ranges(o, "occupied"), irrep_ranges(v, "virtual")
     lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
