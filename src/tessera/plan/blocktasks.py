@@ -136,19 +136,17 @@ def _arrays(sig, perm_a, perm_b, perm_c, aliases=None) -> TaskArrays:
     m, n, task, k, a, b = (np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
                            for i in range(6))
     (a_ids, a), (b_ids, b) = (np.unique(x, return_inverse=True) for x in (a, b))
-    starts = np.array([x[0] for x in bases] or [0]), np.array([x[1] for x in bases] or [0])
-    a_keys, b_keys = [], []
-    for i in a_ids.tolist():
-        base, _, rows, inner, _ = bases[np.searchsorted(starts[0], i, side="right") - 1]
-        r, q = divmod(i - base, len(inner.tuples))
-        a_keys.append(invert_key(rows.tuples[r] + inner.tuples[q], perm_a))
-    for i in b_ids.tolist():
-        _, base, _, inner, cols = bases[np.searchsorted(starts[1], i, side="right") - 1]
-        q, c = divmod(i - base, len(cols.tuples))
-        b_keys.append(invert_key(inner.tuples[q] + cols.tuples[c], perm_b))
+    keys = []      # A ids: a_base + r * len(inner) + q; B ids: b_base + q * len(cols) + c
+    for ids, (x, lrow, lcol), perm in ((a_ids, (0, 2, 3), perm_a), (b_ids, (1, 3, 4), perm_b)):
+        start = np.array([base[x] for base in bases] or [0])
+        width = np.array([max(1, len(base[lcol].tuples)) for base in bases] or [1])
+        sector = np.searchsorted(start, ids, side="right") - 1
+        row, col = np.divmod(ids - start[sector], width[sector])
+        keys.append(tuple(invert_key(bases[g][lrow].tuples[i] + bases[g][lcol].tuples[j], perm)
+                          for g, i, j in zip(sector.tolist(), row.tolist(), col.tolist())))
     counts = np.bincount(task, minlength=ntask)
-    return TaskArrays(tuple(outs), m, n, task, k, a.astype(np.int64), b.astype(np.int64), tuple(a_keys),
-                      tuple(b_keys), np.concatenate(([0], np.cumsum(counts))).astype(np.int64))
+    return TaskArrays(tuple(outs), m, n, task, k, a.astype(np.int64), b.astype(np.int64), *keys,
+                      np.concatenate(([0], np.cumsum(counts))).astype(np.int64))
 
 
 def block_sizes(ta: TaskArrays) -> tuple:
