@@ -4,7 +4,8 @@ One rank: ``threads``. Several ranks: for every candidate tile size the caller's
 ``structure(tile, occ_tile)`` plans one iteration of its method on structure alone (no
 data: empty tensors in a planning context) and names the tensors a run stores; every
 contraction step is counted from its block tasks (``plan.blocktasks.task_arrays``: the
-sizes of every task and block product as arrays), and for each executor the model estimates, per rank:
+sizes of every task and block product as arrays), and for each executor the model
+estimates, per rank:
 
   time = makespan / gemm_rate                          compute: per step, the flops of the
                                                        busiest rank (tasks dealt largest first)
