@@ -79,6 +79,7 @@ def residual(ints, t1, t2, tau=None, fixed=None):
     Woooo = new(I, "oooo", "Woooo", T2_SYMMETRY)                  # Woooo[ijkl] = Woooo[jilk]
     X0, X = new(I, "voov", "X0"), new(I, "voov", "X")
     VO = (fixed or fixed_intermediates(ints))["VO"]
+    P, Q = new(I, "ovov", "P"), new(I, "ovoo", "Q")
     W2, Y = new(I, "voov", "W2"), new(I, "ovov", "Y")
     r1, r2, Z = new(I, "ov", "R1"), new(I, "oovv", "R2"), new(I, "oovv", "Z", symmetry=())
 
@@ -104,8 +105,9 @@ def residual(ints, t1, t2, tau=None, fixed=None):
                           + I.ovov["kalb"] * tau["ijab"])                                 # o4v2 / 2
         X0["bija"] += -I.ovvv["icba"] * t1["jc"] + I.ovoo["kbij"] * t1["ka"] - I.oovv["ijba"]  # o2v3
         X["bija"] += X0["bija"] + I.ovov["kbic"] * taup["jkca"]                          # o3v3
-        W2["aijb"] += (I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]              # o2v3
-                       + 0.5 * X0["aijb"] + I.ovov["iajb"]
+        P["iajb"] += I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]               # o2v3
+        Q["iajk"] += I.oovv["kjac"] * t1["ic"] + I.ovov["iakc"] * t1["jc"]               # o3v2
+        W2["aijb"] += (P["iajb"] + 0.5 * X0["aijb"] + I.ovov["iajb"]
                        + 0.5 * VO["aikc"] * taupp["kcjb"])                                # o3v3
         Y["jaib"] += t2["jkca"] * X["ckib"]                                               # o3v3
 
@@ -119,9 +121,8 @@ def residual(ints, t1, t2, tau=None, fixed=None):
         ladder(I, r2, tau)                                                                # o2v4 / 4
         r2["ijab"] += Woooo["ijkl"] * tau["klab"]                                         # o4v2 / 2
         Z["ijab"] += (-I.ovvv["kcdb"] * tau["ijcd"] * t1["ka"]                           # o3v3
-                      + I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]             # o2v3
-                      + 0.5 * I.ovov["iajb"]
-                      - I.oovv["kjac"] * t1["kb"] * t1["ic"] - I.ovov["iakc"] * t1["kb"] * t1["jc"]
+                      + P["iajb"] + 0.5 * I.ovov["iajb"]
+                      - Q["iajk"] * t1["kb"]                                              # o3v2
                       + Y["jaib"] + 0.5 * Y["iajb"]
                       + u["kica"] * W2["ckjb"]                                            # o3v3
                       + t2["ijac"] * ftv["bc"] - fto["ki"] * t2["kjab"])                  # o2v3, o3v2
