@@ -7,8 +7,13 @@ Phys. 89, 7382 (1988) (chemists' integrals (pq|rs)), for canonical RHF orbitals 
 and enters as R2 = Z_ijab + Z_jiba, so terms symmetric in (ia)<->(jb) carry 1/2 and each
 asymmetric term is computed once; the particle-hole ring takes four o^3 v^3
 contractions (two W intermediates, built with combined amplitudes, each applied once),
-the ovvv term one (ovvv with tau first, then t1). The ladder and the Woooo terms are
-symmetric and go to R2 directly; the planner runs them on the pairs i <= j
+the ovvv term one (ovvv with tau first, then t1). A product two updates share is made
+once and reused: P_iajb = (ia|bc) t_jc - (ia|jk) t_kb enters W2 and Z (as PySCF's
+``_add_ovvv_`` reads each ovvv slice once for all its t1 products), and Q_iajk =
+(kj|ac) t_ic + (ia|kc) t_jc takes Z's two t1 t1 terms to one product with t_kb: the
+skinny GEMMs with t1 read all of their integrals for few flops, and each term of Z is
+a pass over it. The ladder and the Woooo terms are symmetric and go to R2 directly;
+the planner runs them on the pairs i <= j
 (``plan.planner._symmetric_half``), and the ladder, with vvvv frozen and local, also in the
 symmetric/antisymmetric form over the virtual pairs (``plan.planner._plus_minus_steps``,
 Scuseria, Janssen, Schaefer 1988). Per iteration about o^2 v^4 / 2 + 10 o^3 v^3 + 2 o^4 v^2
