@@ -239,6 +239,7 @@ def test_ccsd_estimate_holds_the_ladder_plus_minus(tmp_path):
     # the phases that hold vvvv (the transform, the ladder's set-up) or V+- ((T)) count them
     phases = data["memory"]["estimate"]["parts"]
     assert phases["ladder"]["ladder V+-"] == local["held"]["ladder V+-"]
-    # vvvv's canonical blocks: at least 1/8 of the C2v-allowed elements (>= 1/4 of dense), at most dense
+    # vvvv's canonical blocks: at least 1/8 of the C2v-allowed elements (>= 1/4 of dense),
+    # at most 1/4 of dense (8-fold canonical blocks of the allowed ones)
     vvvv = (phases["ladder"]["integrals with vvvv"] - phases["ccsd"]["stored"]) / 8
     assert classes["vvvv"]["dense"] / 32 <= vvvv <= classes["vvvv"]["dense"] / 4

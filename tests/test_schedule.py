@@ -194,6 +194,12 @@ def test_steal_visits_its_own_node_first():
     assert sorted(got) == list(range(len(cost)))
     visits = [t for rank, t in log if rank == 0 and t != 0]
     assert visits[0] == 2 and deals[0].stats.stolen > 0, (visits, deals[0].stats)
+    log.clear()                 # progress none: rank 0 reads no counter of the other node
+    scheds = _schedulers(4, "steal", node_of, log=log)
+    deals = [s.deal(cost, 1, "contiguous") for s in scheds]
+    got = _interleave(deals, [3, 1, 1, 1])
+    assert sorted(got) == list(range(len(cost)))
+    assert {t for rank, t in log if rank == 0} <= {0, 2} and deals[0].stats.stolen > 0, log
 
 
 def test_share_is_the_global_rule_listing_only_what_is_asked():

@@ -110,6 +110,8 @@ def choose(ta, sig, pa, pb, grid: tuple, owners: tuple, nranks: int, moved_once=
     out_bytes = 8.0 * float(ta.m @ ta.n)
     scores = {"summa": summa_score(sig, pa, pb, pr, pc, layers, in_bytes, out_bytes, nranks, moved_once)}
     kept, plans = stationary or stationary_scores(ta, owners, nranks, moved_once, modes)
+    if set(kept) != set(modes):
+        raise ValueError(f"stationary scores of modes {sorted(kept)}, asked for {sorted(modes)}")
     scores.update(kept)
     best = min(scores, key=lambda m: (scores[m]["cost"], m != "summa"))
     return best, scores, plans

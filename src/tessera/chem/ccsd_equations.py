@@ -8,9 +8,9 @@ and enters as R2 = Z_ijab + Z_jiba, so terms symmetric in (ia)<->(jb) carry 1/2 
 asymmetric term is computed once; the particle-hole ring takes four o^3 v^3
 contractions (two W intermediates, built with combined amplitudes, each applied once),
 the ovvv term one (ovvv with tau first, then t1). A product two updates share is made
-once and reused: P_iajb = (ia|bc) t_jc - (ia|jk) t_kb enters W2 and Z (as PySCF's
-``_add_ovvv_`` reads each ovvv slice once for all its t1 products), and Q_iajk =
-(kj|ac) t_ic + (ia|kc) t_jc takes Z's two t1 t1 terms to one product with t_kb: the
+once and reused: Wt1_ovov[iajb] = (ia|bc) t_jc - (ia|jk) t_kb enters W2 and Z (as PySCF's
+``_add_ovvv_`` reads each ovvv slice once for all its t1 products), and Wt1_ovoo[iajk]
+= (kj|ac) t_ic + (ia|kc) t_jc takes Z's two t1 t1 terms to one product with t_kb: the
 skinny GEMMs with t1 read all of their integrals for few flops, and each term of Z is
 a pass over it. The ladder and the Woooo terms are symmetric and go to R2 directly;
 the planner runs them on the pairs i <= j
@@ -84,7 +84,7 @@ def residual(ints, t1, t2, tau=None, fixed=None):
     Woooo = new(I, "oooo", "Woooo", T2_SYMMETRY)                  # Woooo[ijkl] = Woooo[jilk]
     X0, X = new(I, "voov", "X0"), new(I, "voov", "X")
     VO = (fixed or fixed_intermediates(ints))["VO"]
-    P, Q = new(I, "ovov", "P"), new(I, "ovoo", "Q")
+    Wt1_ovov, Wt1_ovoo = new(I, "ovov", "Wt1_ovov"), new(I, "ovoo", "Wt1_ovoo")
     W2, Y = new(I, "voov", "W2"), new(I, "ovov", "Y")
     r1, r2, Z = new(I, "ov", "R1"), new(I, "oovv", "R2"), new(I, "oovv", "Z", symmetry=())
 
@@ -110,9 +110,9 @@ def residual(ints, t1, t2, tau=None, fixed=None):
                           + I.ovov["kalb"] * tau["ijab"])                                 # o4v2 / 2
         X0["bija"] += -I.ovvv["icba"] * t1["jc"] + I.ovoo["kbij"] * t1["ka"] - I.oovv["ijba"]  # o2v3
         X["bija"] += X0["bija"] + I.ovov["kbic"] * taup["jkca"]                          # o3v3
-        P["iajb"] += I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]               # o2v3
-        Q["iajk"] += I.oovv["kjac"] * t1["ic"] + I.ovov["iakc"] * t1["jc"]               # o3v2
-        W2["aijb"] += (P["iajb"] + 0.5 * X0["aijb"] + I.ovov["iajb"]
+        Wt1_ovov["iajb"] += I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]        # o2v3
+        Wt1_ovoo["iajk"] += I.oovv["kjac"] * t1["ic"] + I.ovov["iakc"] * t1["jc"]        # o3v2
+        W2["aijb"] += (Wt1_ovov["iajb"] + 0.5 * X0["aijb"] + I.ovov["iajb"]
                        + 0.5 * VO["aikc"] * taupp["kcjb"])                                # o3v3
         Y["jaib"] += t2["jkca"] * X["ckib"]                                               # o3v3
 
@@ -126,8 +126,8 @@ def residual(ints, t1, t2, tau=None, fixed=None):
         ladder(I, r2, tau)                                                                # o2v4 / 4
         r2["ijab"] += Woooo["ijkl"] * tau["klab"]                                         # o4v2 / 2
         Z["ijab"] += (-I.ovvv["kcdb"] * tau["ijcd"] * t1["ka"]                           # o3v3
-                      + P["iajb"] + 0.5 * I.ovov["iajb"]
-                      - Q["iajk"] * t1["kb"]                                              # o3v2
+                      + Wt1_ovov["iajb"] + 0.5 * I.ovov["iajb"]
+                      - Wt1_ovoo["iajk"] * t1["kb"]                                       # o3v2
                       + Y["jaib"] + 0.5 * Y["iajb"]
                       + u["kica"] * W2["ckjb"]                                            # o3v3
                       + t2["ijac"] * ftv["bc"] - fto["ki"] * t2["kjab"])                  # o2v3, o3v2

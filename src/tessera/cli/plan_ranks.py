@@ -96,9 +96,11 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     triples = None
     if method == "ccsd(t)":
         from tessera.chem.triples_tasks import plan_counts
-        memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, nranks, 1, memory_bytes=budget,
-                                                                   ranks_per_node=rpn).items()}
-        triples = plan_counts(structure.stored(tile, occ_tile), nranks, memory_bytes=budget, ranks_per_node=rpn)
+        # (T) runs on the workers, as the executors do
+        memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, workers, 1, memory_bytes=budget,
+                                                                   ranks_per_node=rpn - ghosts).items()}
+        triples = plan_counts(structure.stored(tile, occ_tile), workers, memory_bytes=budget,
+                              ranks_per_node=rpn - ghosts)
     costs = machine.on(workers, rpn - ghosts)
     executors = []
     for backend, variants in (("mpi-onesided", ONESIDED_VARIANTS), ("mpi-collective", COLLECTIVE_VARIANTS)):

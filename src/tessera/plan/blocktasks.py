@@ -145,8 +145,12 @@ def _arrays(sig, perm_a, perm_b, perm_c, aliases=None) -> TaskArrays:
         keys.append(tuple(invert_key(bases[g][lrow].tuples[i] + bases[g][lcol].tuples[j], perm)
                           for g, i, j in zip(sector.tolist(), row.tolist(), col.tolist())))
     counts = np.bincount(task, minlength=ntask)
-    return TaskArrays(tuple(outs), m, n, task, k, a.astype(np.int64), b.astype(np.int64), *keys,
-                      np.concatenate(([0], np.cumsum(counts))).astype(np.int64))
+    out = TaskArrays(tuple(outs), m, n, task, k, a.astype(np.int64), b.astype(np.int64), *keys,
+                     np.concatenate(([0], np.cumsum(counts))).astype(np.int64))
+    for x in out:               # cached and shared by every caller: read-only
+        if isinstance(x, np.ndarray):
+            x.flags.writeable = False
+    return out
 
 
 def block_sizes(ta: TaskArrays) -> tuple:
