@@ -142,9 +142,10 @@ class PairOrbits:
         """(pq|rs) for the rows of H (nrep, nrows; one irrep R ^ S) and the orbitals
         r_orbs (irrep R), s_orbs (irrep S): (nrows, len(r_orbs), len(s_orbs))."""
         m, KR, KS = self.so_map(R, S)
-        y = (m @ H).reshape(len(KR), len(KS), H.shape[1])
-        z = np.tensordot(self.c[np.ix_(KR, r_orbs)], y, axes=([0], [0]))   # (nr, nsoS, rows)
-        return np.tensordot(z, self.c[np.ix_(KS, s_orbs)], axes=([1], [0])).transpose(1, 0, 2)
+        y = (m @ H).reshape(len(KR), -1)                                   # (nsoR, nsoS * rows)
+        z = (self.c[np.ix_(KR, r_orbs)].T @ y).reshape(len(r_orbs), len(KS), -1)   # (nr, nsoS, rows)
+        # plain products, not tensordot: these calls are many and small (its overhead showed)
+        return np.matmul(self.c[np.ix_(KS, s_orbs)].T, z).transpose(2, 0, 1)
 
 
     def finish_flops(self, R: int, S: int, nr: int, ns: int, nrows: int) -> int:
