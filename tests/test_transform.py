@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tessera.backends.context import Context
+from tessera.backends.heap import base_pages
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
@@ -163,3 +164,14 @@ def test_orbits_only_for_orbitals_of_one_irrep(system):
     mixed = ref.mo_coeff.copy()
     mixed[:, [p, q]] = ref.mo_coeff[:, [p, q]] @ np.array([[0.8, -0.6], [0.6, 0.8]])
     assert pair_orbits(ref.mol, mixed) is None
+
+
+def test_base_pages_arrays_are_fresh_writable_and_separate():
+    """The half-transformed rows' array (its own mapping of base pages): float64, C order,
+    writable, not shared with the next one; an empty shape works."""
+    a, b = base_pages((300, 700)), base_pages((300, 700))
+    a[:] = np.arange(a.size).reshape(a.shape)
+    b[:] = -1.0
+    assert a.dtype == np.float64 and a.flags.c_contiguous and a.flags.writeable
+    assert a.sum() == a.size * (a.size - 1) / 2 and b.sum() == -b.size
+    assert base_pages((0, 4)).shape == (0, 4)

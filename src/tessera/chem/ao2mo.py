@@ -63,6 +63,7 @@ from pyscf import lib
 from pyscf.ao2mo import _ao2mo
 from pyscf.gto import moleintor
 
+from tessera.backends.heap import base_pages
 from tessera.backends.local import threads_of
 from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet
@@ -100,7 +101,7 @@ def half_rows(eri_s8: np.ndarray, coeff: np.ndarray, pairs: np.ndarray, threads:
     short; and a loaded machine delays one OpenMP thread of a static split, which the
     others wait for, where here the free thread takes the next piece)."""
     nao, nmo = coeff.shape
-    out = np.empty((len(pairs), nmo * (nmo + 1) // 2))
+    out = base_pages((len(pairs), nmo * (nmo + 1) // 2))
     mo = np.asarray(coeff, order="F")
     fdrv = _ao2mo.libao2mo.AO2MOnr_e1incore_drv
     ftrans = _ao2mo.libao2mo.AO2MOtranse1_incore_s8
