@@ -143,9 +143,10 @@ class PairOrbits:
         r_orbs (irrep R), s_orbs (irrep S): (nrows, len(r_orbs), len(s_orbs))."""
         m, KR, KS = self.so_map(R, S)
         y = (m @ H).reshape(len(KR), -1)                                   # (nsoR, nsoS * rows)
-        z = (self.c[np.ix_(KR, r_orbs)].T @ y).reshape(len(r_orbs), len(KS), -1)   # (nr, nsoS, rows)
-        # plain products, not tensordot: these calls are many and small (its overhead showed)
-        return np.matmul(self.c[np.ix_(KS, s_orbs)].T, z).transpose(2, 0, 1)
+        # the SOs of an irrep are contiguous (U is mol.symm_orb side by side): slices, not
+        # np.ix_, and plain products, not tensordot -- these calls are many and small
+        z = (self.c[KR[0]:KR[-1] + 1, r_orbs].T @ y).reshape(len(r_orbs), len(KS), -1)   # (nr, nsoS, rows)
+        return np.matmul(self.c[KS[0]:KS[-1] + 1, s_orbs].T, z).transpose(2, 0, 1)
 
 
     def finish_flops(self, R: int, S: int, nr: int, ns: int, nrows: int) -> int:
