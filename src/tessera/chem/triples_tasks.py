@@ -257,7 +257,8 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     return dict(_PLAN_COUNTS[key])
 
 
-_PLAN_COUNTS: OrderedDict = OrderedDict()      # plan_counts by key, least recently used first (the machine calibration is fixed for a process)
+# plan_counts by key, least recently used first (the machine calibration is fixed for a process)
+_PLAN_COUNTS: OrderedDict = OrderedDict()
 
 
 def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, ranks_per_node) -> dict:
