@@ -252,10 +252,12 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     if key not in _PLAN_COUNTS:
         _PLAN_COUNTS[key] = _plan_counts(tensors, nranks, cache_mb, kernel_mb, memory_bytes, ranks_per_node)
         while len(_PLAN_COUNTS) > 16:
-            _PLAN_COUNTS.popitem(last=False)
+            _PLAN_COUNTS.popitem(last=False)        # the least recently used
+    _PLAN_COUNTS.move_to_end(key)
     return dict(_PLAN_COUNTS[key])
 
 
+# plan_counts by key, least recently used first (the machine calibration is fixed for a process)
 _PLAN_COUNTS: OrderedDict = OrderedDict()
 
 

@@ -57,9 +57,15 @@ def invert_key(tkey, perm) -> tuple:
 def contraction_tasks(step) -> tuple:
     """OutputTasks of a ``contract`` step (every allowed output tile pair with products;
     for an output stored as canonical blocks, its canonical blocks only)."""
+    return _tasks(*_layout(step))
+
+
+def _layout(step) -> tuple:
+    """What a step's block tasks depend on: its sectors' layouts, the operands' axis
+    orders and the output's aliases (the key of the caches below)."""
     perms = step.perms
     sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-    return _tasks(sig, perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None)
+    return sig, perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None
 
 
 @lru_cache(maxsize=4096)
@@ -103,9 +109,7 @@ class TaskArrays(NamedTuple):
 
 def task_arrays(step) -> TaskArrays:
     """``TaskArrays`` of a ``contract`` step (cached per layout, as its tasks are)."""
-    perms = step.perms
-    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-    return _arrays(sig, perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None)
+    return _arrays(*_layout(step))
 
 
 @lru_cache(maxsize=256)
