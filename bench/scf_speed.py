@@ -194,7 +194,7 @@ def main() -> None:
            "loadavg_start": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "rhf": {}}
     lines = []
-    for name in args.molecules.split(","):
+    for name in filter(None, args.molecules.split(",")):
         mol = hf.build(name, args.basis)
         a, b, ra, rb = alternate(2, lambda: ours(mol), lambda: pyscf_default(mol))
         row = {"nao": mol.nao, "group": mol.groupname, "tessera": a, "pyscf": b,
