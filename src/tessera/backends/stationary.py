@@ -12,7 +12,7 @@ each block product on the rank that owns that operand's block:
 - ``c``: products on the owner of their output block; A and B blocks go there, the
   result is added in place (owner computes).
 
-``plan`` gives, for a mode, the rank of each (output task, product) and, per rank, the
+``stationary_scores`` plans each mode: it gives the rank of each (output task, product) and, per rank, the
 flops, the bytes of blocks received per operand (distinct remote blocks) and of partial
 outputs received; ``score`` the busiest rank's cost as ``summa_layout.grid_score`` counts
 it (flops + FLOPS_PER_BYTE x bytes received), where an operand marked ``moved_once`` (a
@@ -32,13 +32,6 @@ from tessera.plan.blocktasks import block_sizes
 MODES = ("a", "b", "c")
 
 
-def plan(ta, mode: str, owner_a, owner_b, owner_c, nranks: int) -> dict:
-    """``where[t][q]``: the rank of product q of task t; per rank ``flops``, ``recv``
-    ({"a", "b": bytes of distinct remote input blocks, "c": bytes of partial outputs});
-    ``ta``: the step's ``plan.blocktasks.TaskArrays``."""
-    return _plan(ta, mode, owner_arrays(ta, (owner_a, owner_b, owner_c)), nranks)
-
-
 def owner_arrays(ta, owners: tuple) -> tuple:
     """The owners (functions of A, B, C) of ``ta``'s A keys, B keys and output keys, as arrays."""
     return tuple(np.array([owner(key) for key in keys], dtype=np.int64)
@@ -46,6 +39,9 @@ def owner_arrays(ta, owners: tuple) -> tuple:
 
 
 def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True) -> dict:
+    """``where[t][q]``: the rank of product q of task t; per rank ``flops``, ``recv``
+    ({"a", "b": bytes of distinct remote input blocks, "c": bytes of partial outputs});
+    ``ta``: the step's ``plan.blocktasks.TaskArrays``, ``own``: ``owner_arrays``."""
     if mode not in MODES:
         raise ValueError(f"unknown stationary operand {mode!r}; expected one of {MODES}")
     own_a, own_b, dest = own
