@@ -11,6 +11,7 @@ import pytest
 from pyscf import ao2mo, gto, scf
 from pyscf.symm import param
 
+from tessera.chem.inputs import load
 from tessera.chem.molecule import ABELIAN_GROUPS, BOHR_IN_ANGSTROM, Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.errors import ConvergenceError, InputError, TesseraError
@@ -220,6 +221,7 @@ def test_example_point_groups(name):
     mol = molecule.to_pyscf()
     assert (mol.topgroup, mol.groupname) == (full, abelian)
     assert (molecule.point_group_full, molecule.point_group) == (full, abelian)
+    assert load(EXAMPLES / name, basis="cc-pvdz", charge=0).molecule["point_group_full"] == full
     assert mol.nao == nao
     table = param.IRREP_ID_TABLE[abelian]
     assert [table[name] for name in mol.irrep_name] == list(mol.irrep_id)

@@ -65,8 +65,9 @@ def load(geometry, *, basis: str, charge: int, units: str = "angstrom", symmetry
         molecule = Molecule.from_xyz(geometry, charge=charge, basis=basis, units=unit)
     molecule.check_closed_shell()
     mol = molecule.to_pyscf(symmetry=symmetry)
+    # with symmetry on, the Mole just built knows the full group: no second PySCF build
     info = {"atoms": [[s, list(xyz)] for s, xyz in molecule.atoms], "charge": molecule.charge,
-            "point_group_full": molecule.point_group_full}
+            "point_group_full": mol.topgroup if symmetry else molecule.point_group_full}
     return Source(mol, info, molecule.basis, model=model)
 
 
