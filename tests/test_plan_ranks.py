@@ -151,6 +151,30 @@ def test_a_run_takes_the_balanced_tiles_and_warns_on_a_forced_tile(caplog):
     assert len(lines) == 1 and "class oooo" in lines[0] and "max/mean 64.00" in lines[0], lines
 
 
+def test_a_forced_tile_is_evaluated_alone(monkeypatch, caplog):
+    """With --tile the cost model evaluates the forced tiles only: no tile search (the
+    search functions raise here), every candidate at those tiles; one warning line when
+    they leave a stored class above 1.5 (every class judged, as ``tessera plan --ranks``
+    does: (H2O)8's oooo at tile 48 on 16 ranks, 16x the mean), none when they balance
+    every class (tile 24)."""
+    from tessera.backends import auto, balance
+
+    def searched(*args, **kwargs):
+        raise AssertionError("the tile search ran for a forced tile")
+    monkeypatch.setattr(auto, "run_tiles", searched)
+    monkeypatch.setattr(balance, "balanced_tiles", searched)
+    structure = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
+    for tile, warned in ((48, "class oooo is spread over 16 ranks with max/mean 16.00"), (24, None)):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            d = auto.decide(structure, 16, tile=tile, backend="mpi-collective", variant="summa", rate=5e9,
+                            budget=8 * 2**30)
+        assert (d["tile"], d["occ_tile"]) == (tile, tile)
+        assert {(c["tile"], c["occ_tile"]) for c in d["candidates"]} == {(tile, tile)}
+        lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert (lines == [] if warned is None else len(lines) == 1 and warned in lines[0]), lines
+
+
 def test_balance_binds_only_where_memory_matters(caplog):
     """Water cc-pVDZ on 4 ranks with 8 GiB each: every class is a few MiB at most, so a
     run keeps tiles of 48 (one occupied tile: oooo whole on one rank) and no warning,
