@@ -374,6 +374,38 @@ def _triples_run_plan(nocc: int, nvir: int, nranks: int, memory_bytes):
     return job, plan_counts({**classes, "t2": t2}, nranks, memory_bytes=memory_bytes)
 
 
+def test_windowed_tasks_costs_and_reads_without_a_list_of_every_task():
+    """(T)'s windowed tasks are windows x triples (55 million for the issue's example at
+    1024 ranks): ``WindowTasks`` keeps no list of them, ``task_costs`` and ``order_reads``
+    (what the deal weighs) work group by group; each equals the rule written out per task
+    here (every task listed, its orbital triples i >= j >= k counted one by one, and
+    ``sequence_reads`` task after task), in C1 and in C2v (several irreps: groups)."""
+    import math
+    from tessera.chem.triples import irrep_ranges
+    from tessera.chem.triples_tasks import keys_by_tile, task_costs, task_tiles, window_tasks
+    from tessera.chem.triples_window import Windows, order_reads, sequence_reads, window_width
+    for orbsym, nocc in ((np.zeros(40, dtype=int), 10),
+                         orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)):
+        tensors = CCSDStructure(orbsym, nocc, 0).stored(8, 4)
+        o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+        win = Windows(o, v, irrep_ranges(v, "v"), irrep_ranges(o, "o"), keys_by_tile(tensors), tensors, 3,
+                      window_width(o, v, 2, 2**18))
+        tiles, triples, G = task_tiles(o, 2)
+        tasks = window_tasks(triples, G, win)
+        listed = [(t, w) for g in sorted(set(G)) for w in win.windows(g) for t in range(len(triples)) if G[t] == g]
+        assert [tasks[i] for i in range(len(tasks))] == listed and len(listed) > 100
+        with pytest.raises(IndexError):
+            tasks[len(listed)]
+
+        def orbital_triples(t):
+            I, J, K = (range(*tiles[x][:2]) for x in triples[t])
+            return sum(1 for i in I for j in J for k in K if i >= j >= k)
+        assert task_costs(tiles, triples, tasks, None, win.vtiles).tolist() == \
+            [float(orbital_triples(t) * max(1, math.prod(win.vtiles[x][2] for x in w))) for t, w in listed]
+        assert order_reads(win, tiles, triples, tasks).tolist() == \
+            sequence_reads(win, tiles, triples, listed, range(len(listed)))
+
+
 def test_triples_estimate_holds_what_the_window_plan_holds():
     """The pre-run estimate's (T) rows (``chem.memory``, distributed, kernel blocked in
     the virtual index) are the bytes one task of the run's window plan holds (its rows
