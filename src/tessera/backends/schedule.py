@@ -260,9 +260,9 @@ class Deal:
 
     # -- steal: a two-ended queue per rank (module docstring) ------------------------------
     def _ends(self, k, n: int, q: int) -> tuple:
-        """(front, back) of queue q after a fetch-and-add of ``n`` on its counter: the
-        tasks claimed from the front, and from the back (negative only after the owner
-        closed the queue)."""
+        """(front, back) of queue q as they stood before a fetch-and-add of ``n`` on its
+        counter: the tasks claimed from either end (claims' excess included until it is
+        given back; the owner's close takes from the back what thieves took)."""
         d = self.s.fetch_add(k, n, q, self.stats) - self.s.bases[k][q]
         front = d & (BACK - 1)
         return front, (d - front) >> SHIFT
@@ -274,7 +274,7 @@ class Deal:
         n = share.lengths[q]
         while True:
             front, back = self._ends(k, chunk, q)
-            got = max(0, min(front + chunk, n - max(back, 0)) - front)
+            got = max(0, min(front + chunk, n - back) - front)
             if got:
                 yield self._got(share.queue(q)[front:front + got])
             if got < chunk:     # nothing left: the back is n - front - got once thieves gave back
@@ -288,12 +288,12 @@ class Deal:
         n = share.lengths[q]
         while True:
             front, back = self._ends(k, 0, q)
-            left = n - max(back, 0) - front
+            left = n - back - front
             if left <= 0:
                 return
             want = max(1, left // 2)
             front, back = self._ends(k, want * BACK, q)
-            end = n - max(back, 0)
+            end = n - back
             got = max(0, end - max(front, end - want))
             if got < want:
                 self.s.fetch_add(k, (got - want) * BACK, q, self.stats)
