@@ -172,7 +172,7 @@ class WindowTasks:
         return trips[t], windows[w]
 
 
-def task_costs(tiles, triples, tasks, ntrip, vtiles=None) -> list:
+def task_costs(tiles, triples, tasks, ntrip, vtiles=None):
     """Per task (triple, window or None): orbital triples i >= j >= k of its task tiles
     (counted once per triple) times its virtual triples (``ntrip[G]``, or the product of
     its window tiles' sizes): tiles on the diagonal hold a sixth (three equal) or half
