@@ -151,6 +151,30 @@ def test_a_run_takes_the_balanced_tiles_and_warns_on_a_forced_tile(caplog):
     assert len(lines) == 1 and "class oooo" in lines[0] and "max/mean 64.00" in lines[0], lines
 
 
+def test_a_forced_tile_is_evaluated_alone(monkeypatch, caplog):
+    """With --tile the cost model evaluates the forced tiles only: no tile search (the
+    search functions raise here), every candidate at those tiles; one warning line when
+    they leave a stored class above 1.5 (every class judged, as ``tessera plan --ranks``
+    does: (H2O)8's oooo at tile 48 on 16 ranks, 16x the mean), none when they balance
+    every class (tile 24)."""
+    from tessera.backends import auto, balance
+
+    def searched(*args, **kwargs):
+        raise AssertionError("the tile search ran for a forced tile")
+    monkeypatch.setattr(auto, "run_tiles", searched)
+    monkeypatch.setattr(balance, "balanced_tiles", searched)
+    structure = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
+    for tile, warned in ((48, "class oooo is spread over 16 ranks with max/mean 16.00"), (24, None)):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            d = auto.decide(structure, 16, tile=tile, backend="mpi-collective", variant="summa", rate=5e9,
+                            budget=8 * 2**30)
+        assert (d["tile"], d["occ_tile"]) == (tile, tile)
+        assert {(c["tile"], c["occ_tile"]) for c in d["candidates"]} == {(tile, tile)}
+        lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert (lines == [] if warned is None else len(lines) == 1 and warned in lines[0]), lines
+
+
 def test_balance_binds_only_where_memory_matters(caplog):
     """Water cc-pVDZ on 4 ranks with 8 GiB each: every class is a few MiB at most, so a
     run keeps tiles of 48 (one occupied tile: oooo whole on one rank) and no warning,
@@ -348,6 +372,38 @@ def _triples_run_plan(nocc: int, nvir: int, nranks: int, memory_bytes):
     ints = SimpleNamespace(o=o, v=v, ev=energies, eo=energies, **classes)
     job = TriplesTasks(ints, BlockTensor((o, v)), t2, None, None, False, nranks=nranks, memory_bytes=memory_bytes)
     return job, plan_counts({**classes, "t2": t2}, nranks, memory_bytes=memory_bytes)
+
+
+def test_windowed_tasks_costs_and_reads_without_a_list_of_every_task():
+    """(T)'s windowed tasks are windows x triples (55 million for the issue's example at
+    1024 ranks): ``WindowTasks`` keeps no list of them, ``task_costs`` and ``order_reads``
+    (what the deal weighs) work group by group; each equals the rule written out per task
+    here (every task listed, its orbital triples i >= j >= k counted one by one, and
+    ``sequence_reads`` task after task), in C1 and in C2v (several irreps: groups)."""
+    import math
+    from tessera.chem.triples import irrep_ranges
+    from tessera.chem.triples_tasks import keys_by_tile, task_costs, task_tiles, window_tasks
+    from tessera.chem.triples_window import Windows, order_reads, sequence_reads, window_width
+    for orbsym, nocc in ((np.zeros(40, dtype=int), 10),
+                         orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)):
+        tensors = CCSDStructure(orbsym, nocc, 0).stored(8, 4)
+        o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+        win = Windows(o, v, irrep_ranges(v, "v"), irrep_ranges(o, "o"), keys_by_tile(tensors), tensors, 3,
+                      window_width(o, v, 2, 2**18))
+        tiles, triples, G = task_tiles(o, 2)
+        tasks = window_tasks(triples, G, win)
+        listed = [(t, w) for g in sorted(set(G)) for w in win.windows(g) for t in range(len(triples)) if G[t] == g]
+        assert [tasks[i] for i in range(len(tasks))] == listed and len(listed) > 100
+        with pytest.raises(IndexError):
+            tasks[len(listed)]
+
+        def orbital_triples(t):
+            I, J, K = (range(*tiles[x][:2]) for x in triples[t])
+            return sum(1 for i in I for j in J for k in K if i >= j >= k)
+        assert task_costs(tiles, triples, tasks, None, win.vtiles).tolist() == \
+            [float(orbital_triples(t) * max(1, math.prod(win.vtiles[x][2] for x in w))) for t, w in listed]
+        assert order_reads(win, tiles, triples, tasks).tolist() == \
+            sequence_reads(win, tiles, triples, listed, range(len(listed)))
 
 
 def test_triples_estimate_holds_what_the_window_plan_holds():

@@ -102,9 +102,11 @@ def check_core(r, workers):
     # static partition + stealing: every task once, the slow rank's queue got stolen
     st = r["stealing"]
     assert st["exactly_once"] is True and st["exactly_once_chunk3"] is True
+    assert st["own_prefix"] is True and st["closed"] is True and st["steals_back_to_front"] is True
     if workers > 1:
         assert st["slow_own_done"] < st["slow_own_count"]
         assert sum(st["stolen_by_rank"]) >= st["slow_own_count"] - st["slow_own_done"]
+        assert st["steals"] >= 2              # at least two steals ordered back to front
     else:
         assert st["stolen_by_rank"] == [0]
     # communication records equal the bytes requested by the scripted exchange

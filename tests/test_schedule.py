@@ -2,6 +2,7 @@
 ranks run at different speeds and counters are reused across deals (simulated ranks in
 one process: counters are a list of ints with fetch-and-add)."""
 
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -25,18 +26,66 @@ class _Counters:
 
 
 class _Logged:
-    """A rank's handle on a simulated counter window: records (rank, target) of each operation."""
+    """A rank's handle on a simulated counter window: records (rank, target) of each
+    operation; with ``turns``, waits for its turn first (ranks in threads, _Turns)."""
 
-    def __init__(self, window, rank, log):
-        self.window, self.rank, self.log = window, rank, log
+    def __init__(self, window, rank, log, turns=None):
+        self.window, self.rank, self.log, self.turns = window, rank, log, turns
 
     def fetch_add(self, n, target=None):
+        if self.turns is not None:
+            self.turns.turn(self.rank)
         self.log.append((self.rank, 0 if target is None else target))
         return self.window.fetch_add(n, target)
 
 
-def _schedulers(size, schedule, node_of=None, progress="none", log=None):
-    windows = [[] for _ in range(NCOUNTERS)]
+class _Turns:
+    """Simulated ranks in threads whose counter operations run one at a time in a seeded
+    random order: any interleaving of claims, reads and give-backs of several ranks."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+        self.cv = threading.Condition()
+        self.waiting, self.granted, self.live, self.errors = set(), None, 0, []
+
+    def turn(self, rank):
+        with self.cv:
+            self.waiting.add(rank)
+            self.cv.notify_all()
+            self.cv.wait_for(lambda: self.granted == rank)
+            self.granted = None
+            self.waiting.discard(rank)
+
+    def _body(self, fn):
+        try:
+            fn()
+        except BaseException as e:        # re-raised by run
+            self.errors.append(e)
+        finally:
+            with self.cv:
+                self.live -= 1
+                self.cv.notify_all()
+
+    def run(self, bodies):
+        self.live = len(bodies)
+        threads = [threading.Thread(target=self._body, args=(b,)) for b in bodies]
+        for t in threads:
+            t.start()
+        with self.cv:
+            while True:
+                self.cv.wait_for(lambda: self.granted is None and len(self.waiting) == self.live)
+                if not self.live:
+                    break
+                self.granted = int(self.rng.choice(sorted(self.waiting)))
+                self.cv.notify_all()
+        for t in threads:
+            t.join()
+        if self.errors:
+            raise self.errors[0]
+
+
+def _schedulers(size, schedule, node_of=None, progress="none", log=None, turns=None, windows=None):
+    windows = [[] for _ in range(NCOUNTERS)] if windows is None else windows
     out = []
     log = [] if log is None else log
     for r in range(size):
@@ -46,7 +95,7 @@ def _schedulers(size, schedule, node_of=None, progress="none", log=None):
             k = next(made)
             if len(windows[k]) == 0:
                 windows[k].append(_Counters(kind, size))
-            return _Logged(windows[k][0], r, log)
+            return _Logged(windows[k][0], r, log, turns)
         world = SimpleNamespace(rank=r, size=size, barrier=lambda: None, node_of=node_of,
                                 options=SimpleNamespace(progress=progress))
         out.append(Scheduler(world, schedule, make_counter=make))
@@ -175,6 +224,50 @@ def _irregular_costs(rng, n):
     if rng.integers(2):
         return rng.integers(1, 4, n).astype(float).tolist()
     return (10.0 ** rng.uniform(0, 6, n)).round().tolist()
+
+
+def _runs_of(chunks, queues):
+    """[(queue, first position, last position)] of each chunk, checked to be one run in a queue."""
+    where = {i: (q, p) for q, queue in enumerate(queues) for p, i in enumerate(queue)}
+    out = []
+    for c in chunks:
+        (q, first), pos = where[c[0]], [where[i] for i in c]
+        assert pos == [(q, first + j) for j in range(len(c))], (c, pos)
+        out.append((q, first, first + len(c) - 1))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_steal_races_take_the_tail_every_task_once(seed):
+    """steal under any interleaving of counter operations (ranks in threads, one operation
+    at a time in a seeded random order) at 2-4 ranks, over deals that reuse the counters:
+    every task runs exactly once; a rank runs a prefix of its own queue, in order; a
+    steal is one contiguous run of the victim's queue, and a victim's steals go from its
+    back to its front; each queue's counter ends exactly len(queue) above its start."""
+    rng = np.random.default_rng(seed)
+    size, turns, windows = 2 + seed % 3, _Turns(seed), [[] for _ in range(NCOUNTERS)]
+    scheds = _schedulers(size, "steal", turns=turns, windows=windows)
+    for n_deal in range(NCOUNTERS + 2):
+        costs = _irregular_costs(rng, int(rng.integers(0, 50)))
+        chunk, how = int(rng.integers(1, 4)), ("largest_first", "contiguous")[n_deal % 2]
+        deals = [s.deal(costs, chunk, how) for s in scheds]
+        queues = [list(d.own) for d in deals]
+        got = [[] for _ in range(size)]
+        turns.run([lambda d=d, g=g: g.extend(d) for d, g in zip(deals, got)])
+        assert sorted(i for g in got for c in g for i in c) == list(range(len(costs)))
+        for r, g in enumerate(got):
+            runs = _runs_of(g, queues)
+            own = [i for c, (q, _, _) in zip(g, runs) if q == r for i in c]
+            assert own == queues[r][:len(own)]
+            assert deals[r].stats.stolen == sum(len(c) for c, (q, _, _) in zip(g, runs) if q != r)
+        for q in range(size):            # each thief's steals from q: later ones nearer the front
+            for g in got:
+                firsts = [first for q_, first, _ in _runs_of(g, queues) if q_ == q and g is not got[q]]
+                assert firsts == sorted(firsts, reverse=True)
+        for s in scheds:
+            s.synced()
+    for k, w in enumerate(windows):
+        assert w[0].v == scheds[0].bases[k]   # closed queues: the counters stand where every rank thinks
 
 
 def test_steal_visits_its_own_node_first():

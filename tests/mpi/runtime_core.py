@@ -272,15 +272,24 @@ def main():
     done = []
     deal = steal.deal(costs, partition="contiguous")
     own_ids = set(deal.own)
+    steal_starts = []           # the first task of each steal, in the order of the steals
     for chunk in deal:
+        if chunk[0] not in own_ids:
+            steal_starts.append(chunk[0])
         for i in chunk:
             if rank == slow and size > 1:
                 time.sleep(0.004)
             done.append((i in own_ids, i))
     every = world.gather(done)
     owns = world.gather(len(deal.own))
+    queues, steal_starts = world.gather(list(deal.own)), world.gather(steal_starts)
+    # own tasks: a prefix of the own queue, in order (thieves take from the back)
+    own_prefix = world.gather([i for mine_, i in done if mine_] == list(deal.own)[:sum(m for m, _ in done)])
     done2 = [i for chunk in steal.deal(costs, chunk=3) for i in chunk]
     every2 = world.gather(done2)
+    world.barrier()             # every claim complete: each counter where every rank thinks
+    closed = world.gather([steal.counters[k].read() for k in range(len(steal.counters))]
+                          == [b[rank] for b in steal.bases][:len(steal.counters)])
     nxt_sched.free()
     steal.free()
     if rank == 0:
@@ -292,6 +301,12 @@ def main():
             "slow_own_done": sum(1 for mine_, _ in every[slow] if mine_),
             "slow_own_count": owns[slow],
             "stolen_by_rank": [sum(1 for mine_, _ in lst if not mine_) for lst in every],
+            "own_prefix": all(own_prefix),
+            # a thief's steals from one victim go from the back of its queue to the front
+            "steals_back_to_front": all(pos == sorted(pos, reverse=True) for pos in (
+                [q.index(i) for i in starts if i in q] for starts in steal_starts for q in queues)),
+            "steals": sum(map(len, steal_starts)),
+            "closed": all(closed),
         }
 
     # ---- communication records of a scripted exchange ------------------------------

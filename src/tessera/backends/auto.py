@@ -41,8 +41,8 @@ lies whole on one rank: every class where occupied tiles no thinner than
 ``balance.MIN_OCC_TILE`` balance them all, else those that matter for memory (their
 busiest rank holds more than 1/32 of the budget, ``balance.binding``); the tiles of
 ``backends.balance.run_tiles`` (the largest at which every binding class is balanced)
-are always a candidate, and a forced --tile that leaves one above 1.5 gets one warning
-line. The
+are always a candidate. A forced --tile is evaluated alone (no tile search) and gets one
+warning line when it leaves any stored class above 1.5 (as ``tessera plan --ranks``). The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
 shared-memory figures measured on the development machine (docs/distributed.md);
 ``estimate`` takes others (``backends.machine``: calibrated node constants plus a
@@ -380,17 +380,20 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
     # occupied tiles of MIN_OCC_TILE or more balance them all, else those that matter for
     # memory); the tiles at which they are balanced are always a candidate, and with every
     # class binding each tile is tried with that occupied tile too; a forced --tile that
-    # leaves one unbalanced gets a warning
+    # leaves any stored class above BALANCE gets a warning (forced tiles are evaluated alone:
+    # no tile search; every class judged, as ``tessera plan --ranks`` judges a forced --tile)
     balanced, binds = None, budget
-    if nranks > 1:
+    if nranks > 1 and tile:
+        binds = None
+        if note := forced_tile_warning(structure.stored, tile, None, nranks):
+            log.warning(note)
+    elif nranks > 1:
         *balanced, worst, binds = run_tiles(structure, nranks, budget)
-        balanced = tuple(balanced) if worst <= BALANCE and not tile else None
+        balanced = tuple(balanced) if worst <= BALANCE else None
     occs = [half_occ] + ([balanced[1]] if balanced and binds is None else [])
     pairs = [(t, t) for t in tiles] if tile or nranks == 1 else \
         [p for t in tiles for p in dict.fromkeys([(t, t)] + [(t, min(t, o)) for o in occs])]
     pairs = [balanced] + pairs if balanced else pairs
-    if nranks > 1 and tile and (note := forced_tile_warning(structure.stored, tile, None, nranks, binds)):
-        log.warning(note)
     for t, ot in pairs:
         s = structure_stats(structure, t, ot, nranks, binds)
         key = (tuple(s["tiles"]["o"]), tuple(s["tiles"]["v"]))

@@ -15,9 +15,19 @@ the transform) gets its tasks from :meth:`Scheduler.deal`; the schedule decides:
   III-C; the same rule as UPC++/Cilk-style "steal half"): each rank drains its own queue
   through a counter in its own memory (local fetch-and-adds, ``chunk`` at a time); when
   it is empty the rank visits the others in ring order, those of its own node first, and
-  steals *half of a victim's remaining tasks* with one remote fetch-and-add on the
-  victim's counter, until every queue is empty. On several nodes with progress ``none``
-  it steals from its own node's ranks only (``Scheduler.victims``).
+  steals *half of a victim's remaining tasks from the back of its queue* with one remote
+  fetch-and-add on the victim's counter, until every queue is empty. The victim keeps its
+  front (its next tasks, whose blocks it may be fetching) in order; a steal is one
+  contiguous run of the queue's tail. On several nodes with progress ``none`` it steals
+  from its own node's ranks only (``Scheduler.victims``).
+
+  The queue's counter is two-ended in one int64: ``front + back * 2**32`` (tasks taken
+  from either end). The owner adds ``chunk`` (front), a thief adds ``want * 2**32``
+  (back); one atomic fetch-and-add returns both ends as they stood, so each claim gets
+  exactly the tasks between the two ends it covers, and the queue is empty when they
+  meet. A thief whose claim went past the front gives its excess back; the owner, when
+  its claim meets the back, closes the queue with one fetch-and-add that sets the front
+  to the queue's length and the back to zero (once the thieves gave back their excess).
 
 ``nxtval`` across nodes without a helper to serve the counter (ranks on more than one
 node and progress ``none``: no ghost holds it, no progress thread answers for a busy
@@ -33,10 +43,11 @@ node per rank and deal, plus the steals.
 Counters are not reset between deals (a reset needs two barriers); every rank must know
 where a counter stands after a deal without a message. Under nxtval every claim takes
 ``chunk`` tickets and every rank stops after exactly one failing claim, so the counter
-ends ``chunk * (claims with tasks + ranks)`` above its start. Under steal claims vary in
-size (half of what is left), so a claim that runs past the end of a queue gives the
-excess back (a fetch-and-add of minus the excess) and the queue's counter ends exactly
-``len(queue)`` above its start. A counter
+ends ``chunk * (claims with tasks + ranks)`` above its start. Under steal (and the
+hierarchical nxtval's node counters) claims vary in size (half of what is left), so a
+claim that runs past the end of a queue gives the excess back and, with the owner's
+closing fetch-and-add under steal, the queue's counter ends exactly ``len(queue)`` above
+its start. A counter
 is used again only after a barrier (``synced``), when every claim of its last deal is
 complete; with ``NCOUNTERS`` counters in turn, consecutive deals need no barrier.
 
@@ -62,6 +73,8 @@ from tessera.runtime import TaskCounter
 from tessera.runtime.distribution import largest_first_order, largest_first_sorted, run_bounds
 
 NCOUNTERS = 4
+SHIFT = 32                 # steal: a queue's counter holds front + back * BACK ...
+BACK = 1 << SHIFT          # ... (tasks taken from either end; a queue < 2**31 tasks)
 MEMO_SETS = 64             # task sets whose share or order a Scheduler keeps ...
 MEMO_TASKS = 1 << 22       # ... holding at most this many task ids together
 PARTITIONS = ("largest_first", "contiguous")
@@ -203,9 +216,9 @@ class Deal:
             s.advance(k, self.share.lengths)
             return
         me = s.rank
-        yield from self._claims(k, me, me, self.share, self.chunk)
+        yield from self._front(k, me, self.share, self.chunk)
         for victim in s.victims():
-            yield from self._claims(k, victim, victim, self.share, None)
+            yield from self._tail(k, victim, self.share)
         s.advance(k, self.share.lengths)
 
     def _got(self, ids, victim=None):
@@ -220,9 +233,10 @@ class Deal:
     def _claims(self, k, target, q, queue, chunk, give_back: bool = True):
         """Claim tasks of ``queue`` (a sequence, or a Share: its bin q's queue, listed only
         when a claim gets tasks) through counter k's entry ``q`` (on rank ``target``; None:
-        the global counter) until it is empty: ``chunk`` at a time, or (chunk None: a
-        steal from rank ``target``) half of what is left, read first. With ``give_back`` the excess of a claim past the end
-        is given back (claims of varying size: the end value is then known)."""
+        the global counter) until it is empty, from its front: ``chunk`` at a time, or
+        (chunk None: a steal from another node's counter) half of what is left, read
+        first. With ``give_back`` the excess of a claim past the end is given back (claims
+        of varying size: the end value is then known)."""
         s = self.s
         n = queue.lengths[q] if isinstance(queue, Share) else len(queue)
         base = s.bases[k][q]
@@ -243,6 +257,49 @@ class Deal:
             if isinstance(queue, Share):
                 queue = queue.queue(q)
             yield self._got(queue[start:min(start + want, n)], target if chunk is None else None)
+
+    # -- steal: a two-ended queue per rank (module docstring) ------------------------------
+    def _ends(self, k, n: int, q: int) -> tuple:
+        """(front, back) of queue q as they stood before a fetch-and-add of ``n`` on its
+        counter: the tasks claimed from either end (claims' excess included until it is
+        given back; the owner's close takes from the back what thieves took)."""
+        d = self.s.fetch_add(k, n, q, self.stats) - self.s.bases[k][q]
+        front = d & (BACK - 1)
+        return front, (d - front) >> SHIFT
+
+    def _front(self, k, q, share, chunk):
+        """The owner drains its queue q from the front, ``chunk`` at a time, until it meets
+        the back; then it closes the queue: its counter ends at base + len(queue) (one
+        fetch-and-add that sets the front to the end and the back to zero)."""
+        n = share.lengths[q]
+        while True:
+            front, back = self._ends(k, chunk, q)
+            got = max(0, min(front + chunk, n - back) - front)
+            if got:
+                yield self._got(share.queue(q)[front:front + got])
+            if got < chunk:     # nothing left: the back is n - front - got once thieves gave back
+                self.s.fetch_add(k, n - front - chunk - (n - front - got) * BACK, q, self.stats)
+                return
+
+    def _tail(self, k, q, share):
+        """Steal from rank q's queue: half of what is left (read first), from its back, one
+        contiguous run per steal, until the front and the back meet; a claim that reached
+        past the front gives the excess back."""
+        n = share.lengths[q]
+        while True:
+            front, back = self._ends(k, 0, q)
+            left = n - back - front
+            if left <= 0:
+                return
+            want = max(1, left // 2)
+            front, back = self._ends(k, want * BACK, q)
+            end = n - back
+            got = max(0, end - max(front, end - want))
+            if got < want:
+                self.s.fetch_add(k, (got - want) * BACK, q, self.stats)
+            if not got:
+                return
+            yield self._got(share.queue(q)[end - got:end], q)
 
 
 def _held(memo) -> int:

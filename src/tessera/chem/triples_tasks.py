@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import threading
+from bisect import bisect_right
 from collections import OrderedDict
 from functools import lru_cache
 
@@ -139,29 +140,55 @@ def window_counts(win: Windows, tiles, triples, G) -> tuple:
     return ntasks, read, most
 
 
-def window_tasks(triples, G, win: Windows) -> list:
+def window_tasks(triples, G, win: Windows) -> "WindowTasks":
     """Windowed tasks (triple, window) in the order they are dealt: window by window, each
     window's occupied triples (those of its irrep) in index order, so consecutive tasks
     share their window and mostly two of three task tiles, whose rows a rank keeps."""
     by_G: dict = {}
     for t, g in enumerate(G):
         by_G.setdefault(g, []).append(t)
-    return [(t, w) for g in sorted(by_G) for w in win.windows(g) for t in by_G[g]]
+    return WindowTasks([(win.windows(g), by_G[g]) for g in sorted(by_G)])
 
 
-def task_costs(tiles, triples, tasks, ntrip, vtiles=None) -> list:
+class WindowTasks:
+    """The windowed tasks of ``window_tasks`` without a list of them all (there are
+    windows x triples, tens of millions on many ranks): ``groups`` [(windows, triple
+    ids)], one per irrep G in deal order, each group's tasks window by window;
+    ``tasks[i]`` is (triple, window), found from the group's start."""
+
+    def __init__(self, groups: list):
+        self.groups = groups
+        self.starts = np.cumsum([0] + [len(w) * len(t) for w, t in groups]).tolist()
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, i: int) -> tuple:
+        if not 0 <= i < self.starts[-1]:
+            raise IndexError(f"task {i} of {self.starts[-1]}")
+        k = bisect_right(self.starts, i) - 1
+        windows, trips = self.groups[k]
+        w, t = divmod(i - self.starts[k], len(trips))
+        return trips[t], windows[w]
+
+
+def task_costs(tiles, triples, tasks, ntrip, vtiles=None):
     """Per task (triple, window or None): orbital triples i >= j >= k of its task tiles
     (counted once per triple) times its virtual triples (``ntrip[G]``, or the product of
     its window tiles' sizes): tiles on the diagonal hold a sixth (three equal) or half
-    (two) of the product of their sizes, so a largest-first deal ends on small tasks."""
+    (two) of the product of their sizes, so a largest-first deal ends on small tasks.
+    Windowed tasks (a ``WindowTasks``): an array, a group's windows times its triples."""
     sizes = []
     for t in triples:
         i, j, k = (np.arange(*tiles[x][:2]) for x in t)
         sizes.append(int(((j[None, :, None] <= i[:, None, None]) & (k[None, None, :] <= j[None, :, None])).sum()))
-    G = [tiles[a][2] ^ tiles[b][2] ^ tiles[c][2] for a, b, c in triples]
-    return [float(sizes[t] * max(1, int(ntrip[G[t]] if window is None
-                                        else math.prod(vtiles[w][2] for w in window))))
-            for t, window in tasks]
+    if vtiles is None:
+        G = [tiles[a][2] ^ tiles[b][2] ^ tiles[c][2] for a, b, c in triples]
+        return [float(sizes[t] * max(1, int(ntrip[G[t]]))) for t, _ in tasks]
+    sizes = np.asarray(sizes, dtype=float)          # windowed (WindowTasks): group by group
+    return np.concatenate([np.zeros(0)] + [
+        np.outer([max(1, math.prod(vtiles[w][2] for w in window)) for window in windows], sizes[trips]).ravel()
+        for windows, trips in tasks.groups])
 
 
 def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None = None,

@@ -196,32 +196,72 @@ def sequence_reads(win: Windows, tiles, triples, tasks, sequence) -> list:
     its previous task that the next one needs: rows(x) x its window's bytes per row for
     each of its task tiles x, less, for a task tile the previous task had too, the bytes
     of the window tiles both windows share (``Windows.row_bytes``)."""
+    per_row = _per_row(win)
+    out, prev = [], (set(), frozenset())
+    for i in sequence:
+        t, w = tasks[i]
+        X, W = set(triples[t]), frozenset(w)
+        out.append(_read(tiles, per_row, X, W, prev))
+        prev = (X, W)
+    return out
+
+
+def _per_row(win: Windows):
+    """per_row(n, W): bytes of one row of occupied tile n for window tiles W (kept)."""
     memo: dict = {}
 
     def per_row(n, W):
         if (n, W) not in memo:
             memo[n, W] = win.row_bytes(n, W)[0] if W else 0
         return memo[n, W]
-    out, prev = [], (set(), frozenset())
-    for i in sequence:
-        t, w = tasks[i]
-        X, W = set(triples[t]), frozenset(w)
-        shared, read = W & prev[1], 0
-        for x in X:
-            n, rows = tiles[x][3], tiles[x][1] - tiles[x][0]
-            read += rows * (per_row(n, W) - (per_row(n, shared) if x in prev[0] else 0))
-        out.append(read)
-        prev = (X, W)
-    return out
+    return per_row
+
+
+def _read(tiles, per_row, X, W, prev) -> int:
+    """Bytes a task of task tiles X and window tiles W reads after the task ``prev``
+    ((its task tiles, its window tiles)): ``sequence_reads``' rule."""
+    shared, read = W & prev[1], 0
+    for x in X:
+        n, rows = tiles[x][3], tiles[x][1] - tiles[x][0]
+        read += rows * (per_row(n, W) - (per_row(n, shared) if x in prev[0] else 0))
+    return read
+
+
+def order_reads(win: Windows, tiles, triples, tasks) -> np.ndarray:
+    """``sequence_reads`` of every task in deal order (0, 1, ...; ``tasks`` a
+    ``triples_tasks.WindowTasks``) without a Python step per task: in a window, a task
+    reads the rows of the task tiles the triple before it lacks, so a group's reads are
+    (bytes per row of each window and tensor tile) @ (rows new to each triple per tensor
+    tile); a window's first task, after another window's last, by ``_read``."""
+    per_row, out = _per_row(win), []
+    prev = (set(), frozenset())
+    for windows, trips in tasks.groups:
+        cols = sorted({tiles[x][3] for t in trips for x in triples[t]})
+        col = {n: c for c, n in enumerate(cols)}
+        new, before = np.zeros((len(cols), len(trips))), set()
+        for i, t in enumerate(trips):
+            X = set(triples[t])
+            for x in X - before:
+                new[col[tiles[x][3]], i] += tiles[x][1] - tiles[x][0]
+            before = X
+        for w in windows:
+            W = frozenset(w)
+            reads = np.asarray([per_row(n, W) for n in cols], dtype=float) @ new
+            reads[0] = _read(tiles, per_row, set(triples[trips[0]]), W, prev)
+            out.append(reads)
+            prev = (set(triples[trips[-1]]), W)
+    return np.concatenate([np.zeros(0)] + out)
 
 
 def window_reads(win: Windows, tiles, triples, tasks, weights, nranks: int) -> list:
     """Bytes of rows each rank reads when windowed ``tasks`` are dealt statically in
     contiguous runs of near-equal ``weights`` (``partition``; ``deal_weights``) and a rank
     keeps the rows of its previous task that the next one needs (``sequence_reads``):
-    what a run reads when no rank steals."""
-    return [int(sum(sequence_reads(win, tiles, triples, tasks, queue)))
-            for queue in partition(weights, nranks, "contiguous")]
+    what a run reads when no rank steals. (``order_reads`` in deal order; a run's first
+    task reads after none.)"""
+    reads = order_reads(win, tiles, triples, tasks)
+    return [int(reads[q.start + 1:q.stop].sum() + sequence_reads(win, tiles, triples, tasks, [q.start])[0])
+            if len(q) else 0 for q in partition(weights, nranks, "contiguous")]
 
 
 def deal_weights(win: Windows, tiles, triples, tasks, costs, least_flops: float, nranks: int,
@@ -235,9 +275,10 @@ def deal_weights(win: Windows, tiles, triples, tasks, costs, least_flops: float,
     often reads more per flop and gets fewer tasks."""
     machine = Machine.calibrated()
     bandwidth = machine.on(nranks, ranks_per_node or nranks)["bandwidth"]
-    reads = sequence_reads(win, tiles, triples, tasks, range(len(tasks)))
-    per_cost, rate = least_flops / max(sum(costs), 1.0), machine.gemm_flops_per_second
-    return [c * per_cost / rate + r / bandwidth for c, r in zip(costs, reads)]
+    reads = order_reads(win, tiles, triples, tasks)
+    costs = np.asarray(costs, dtype=float)
+    per_cost, rate = least_flops / max(float(costs.sum()), 1.0), machine.gemm_flops_per_second
+    return costs * per_cost / rate + reads / bandwidth
 
 
 class _LeftRows:

@@ -5,6 +5,8 @@ kind="global": one counter (NXTVAL) held by worker 0; `next()` hands out 0, 1, 2
 kind="per_rank": one counter per worker, for a static partition plus work stealing: a
     rank drains its own queue by fetch-and-add on its own counter, then steals from the
     others' counters. Ticket i of queue r is handed out exactly once, whoever takes it.
+    (backends.schedule's ``steal`` keeps two ends of a queue in one counter: the owner
+    adds to the low 32 bits, thieves to the high ones.)
 
 All operations are MPI_Fetch_and_op (MPI_SUM, int64) followed by a flush, so they are
 atomic with respect to every other rank. Creation, reset and free are collective.
