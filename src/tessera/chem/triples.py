@@ -204,9 +204,10 @@ class RowSlab:
     K = n_c + o_c instead of four of K = n_c or o_c.
     """
 
-    def __init__(self, x0: int, x1: int, g: int, ov1, t2r, ooL, ovov):
+    def __init__(self, x0: int, x1: int, g: int, ov1, t2r, ooL, ovov, stacked=None):
         self.x0, self.x1, self.g = x0, x1, g
         self.ov1, self.t2r, self.ooL, self.ovov = ov1, t2r, ooL, ovov
+        self.stacked = stacked        # [x, n_c + o_c, pairs] per g_c: ov1 over t2r (they are its views)
         self.ov2 = self.t2s = self.right_a = self.right_b = self.left = None
 
     @classmethod
@@ -219,7 +220,11 @@ class RowSlab:
         poff, vooff = lay.poff, lay.vooff
         zeros = (lambda cnt, width: [np.zeros((tx, int(cnt[h]), int(width[g ^ h]))) if cnt[h]
                                      else None for h in range(NIRREP)])
-        ov1, t2r = zeros(n, lay.npair), zeros(no, lay.npair)
+        # ov1[g_c] and t2r[g_c] are the two parts of one [x, n_c + o_c, pairs] array: the fused
+        # right operand of the kernel (add_swapped) without a copy
+        stacked = zeros(n + no, lay.npair)
+        ov1 = [None if a is None or not n[h] else a[:, :n[h]] for h, a in enumerate(stacked)]
+        t2r = [None if a is None or not no[h] else a[:, n[h]:] for h, a in enumerate(stacked)]
         ooL, ovov = zeros(no, lay.nvo), zeros(no, lay.npair)
 
         def rel(space, rng, t):
@@ -249,36 +254,21 @@ class RowSlab:
             q0 = int(vooff[gs ^ gm, gs])
             seg = ooL[gy][:, :, q0:q0 + n[gs] * no[gm]].reshape(tx, no[gy], n[gs], no[gm])
             seg[:, ys, ss, ms] = blk.transpose(0, 2, 1, 3)
-        return cls(x0, x1, g, ov1, t2r, ooL, ovov)
+        return cls(x0, x1, g, ov1, t2r, ooL, ovov, stacked)
 
     def add_swapped(self, lay: VirtualLayout) -> "RowSlab":
         """Store ov2 and t2s (pair-swapped ov1, t2r) too: the fast form for resident tensors."""
-        def swapped(arrs):
-            out = []
-            for h2, a in enumerate(arrs):
-                if a is None:
-                    out.append(None)
-                    continue
-                b = np.empty_like(a)
-                rows = a.shape[0] * a.shape[1]     # not -1: a may hold no pairs (no virtuals of an irrep)
-                lay.swap_pairs(a.reshape(rows, a.shape[-1]), self.g ^ h2, b.reshape(rows, a.shape[-1]))
-                out.append(b)
-            return out
-        self.ov2, self.t2s = swapped(self.ov1), swapped(self.t2r)
         n, no, tx = lay.n.tolist(), lay.no.tolist(), self.x1 - self.x0
-
-        def stacked(ov, t2):                # [x, n_c + o_c, pairs] per g_c; ov and t2 become views
-            out = []
-            for gc in range(NIRREP):
-                parts = [a for a in (ov[gc], t2[gc]) if a is not None]
-                both = np.concatenate(parts, axis=1) if parts else None
-                if ov[gc] is not None:
-                    ov[gc] = both[:, :n[gc]]
-                if t2[gc] is not None:
-                    t2[gc] = both[:, n[gc]:]
-                out.append(both)
-            return out
-        self.right_a, self.right_b = stacked(self.ov1, self.t2r), stacked(self.ov2, self.t2s)
+        self.right_a, self.right_b = self.stacked, [None] * NIRREP
+        self.ov2, self.t2s = [None] * NIRREP, [None] * NIRREP
+        for gc, a in enumerate(self.stacked):       # right_b: right_a with the pairs swapped, in one pass
+            if a is None:
+                continue
+            self.right_b[gc] = b = np.empty_like(a)
+            rows = a.shape[0] * a.shape[1]          # not -1: a may hold no pairs (no virtuals of an irrep)
+            lay.swap_pairs(a.reshape(rows, a.shape[-1]), self.g ^ gc, b.reshape(rows, a.shape[-1]))
+            self.ov2[gc] = b[:, :n[gc]] if n[gc] else None
+            self.t2s[gc] = b[:, n[gc]:] if no[gc] else None
         self.left = [None] * NIRREP
         for gy in range(NIRREP):
             if not no[gy]:
