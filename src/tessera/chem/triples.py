@@ -451,8 +451,14 @@ class TripleKernel:
     def _left(self, table, x, y, ks, p0: int, width: int, out=None) -> np.ndarray:
         """[len(ks), width]: row p0.. of table[x][g_y][y] per k in ks, the orbital that is
         None (x or y) being k (for one k the table's own slice, else a copy in the buffer;
-        copied into ``out`` when given)."""
+        copied into ``out`` when given); neither None: that one row (a batch of one k)."""
         nk = len(ks)
+        if x is not None and y is not None:          # a fixed row (nk == 1: k's is the right operand)
+            row = table[x][self.irr[y]][self.rel[y]][p0:p0 + width]
+            if out is None:
+                return row[None]
+            out[...] = row
+            return out
         if out is None:
             if nk == 1 and x is None:
                 return table[ks[0]][self.irr[y]][self.rel[y]][p0:p0 + width][None]
@@ -499,6 +505,8 @@ class TripleKernel:
         kinds = [[] for _ in range(4)]      # per term kind: [right orbital, [(slot, o_s, term)]]
         for slot, os_, ot, ou in layouts:
             for kind, term in enumerate(self._terms(ks, os_, ot, ou)):
+                if term[6] is None and nk == 1:      # k's right operand is fixed too: may share a GEMM
+                    term = term[:6] + (ks[0],) + term[7:]
                 same = [grp for grp in kinds[kind] if term[6] is not None and grp[0] == term[6]
                         and grp[1][-1][0] + 1 == slot]
                 if same:
@@ -659,7 +667,7 @@ class TripleKernel:
         e *= 3.0
         np.add(Y, Y.transpose(2, 0, 1), out=U)                    # + Y[bca]
         U += Y.transpose(1, 2, 0)                                 # + Y[cab] = Yc
-        np.copyto(T, U.transpose(0, 2, 1))                        # Zs
+        np.copyto(T, U.transpose(1, 0, 2))                        # Zs = U[acb] = U[bac] (U cyclic): c stays inner
         return e + float(flat(U) @ flat(W)) - 2.0 * float(flat(T) @ flat(W)) + self._t1_dot(
             ks, ((flat(U), i, Pz[0]), (flat(U), j, Pz[1]), (flat(U), None, Pz[2])))
 
@@ -690,23 +698,29 @@ class TripleKernel:
                 out[off:off + size] = B[c0:c0 + size]
             return out
         m, e = self.maps, 0.0
+        W, Y1 = self.buf[4][:n], self.buf[6][:n]
         for n_k, k in enumerate(ks):
             # W = a + b[rot] + c[rot2] = a + bs[swap_rot] + c[rot2] (bs: b pair-swapped);
-            # on a diagonal bs = a (i == j) and c = bs (j == k)
-            a = one(0, n_k, Sa)
-            bs = a if i == j else one(1, n_k, Sb)
-            c = one(2, n_k, Sc) if j != k else bs
-            e += self._sweep_packed(a, bs, m["swap_rot"], c, m["rot2"], i, j, k)
+            # on a diagonal bs = a (i == j) and c = bs (j == k); a is added from the batch
+            # layout in place (no copy: only the gathers need a triple's own array)
+            bs = one(0, n_k, Sa) if i == j else one(1, n_k, Sb)
+            np.take(bs, m["swap_rot"], out=W, mode="clip")
+            if i == j:
+                W += bs
+            else:
+                for _, off, ns, npair in blocks:
+                    size = ns * npair
+                    c0 = 3 * nk * off + n_k * size
+                    W[off:off + size] += B[c0:c0 + size]
+            np.take(one(2, n_k, Sc) if j != k else bs, m["rot2"], out=Y1, mode="clip")
+            W += Y1                                               # W in layout (a; b, c)
+            e += self._sweep_packed(W, i, j, k)
         return e
 
-    def _sweep_packed(self, Sa, Sb, rb, Sc, rc, i, j, k) -> float:
-        """sum_abc W r3(W + V) / D of one triple, W = Sa + Sb[rb] + Sc[rc] in layout (a; b, c)."""
+    def _sweep_packed(self, W, i, j, k) -> float:
+        """sum_abc W r3(W + V) / D of one triple, W in layout (a; b, c)."""
         m = self.maps
-        W, Y, Y1, Y2, U = (a[:Sa.size] for a in self.buf[4:9])
-        np.take(Sb, rb, out=W, mode="clip")
-        W += Sa
-        np.take(Sc, rc, out=Y1, mode="clip")
-        W += Y1                                                   # W in layout (a; b, c)
+        Y, Y1, Y2, U = (a[:W.size] for a in self.buf[5:9])
         eo = self.inp.eo
         np.subtract(eo[i] + eo[j] + eo[k], m["e3"], out=Y)
         np.divide(W, Y, out=Y)                                    # Y = W / D
