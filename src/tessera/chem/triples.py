@@ -195,10 +195,10 @@ class RowSlab:
     ``ooL[g_y]`` [n_y, mixed pairs of g^g_y] = (x s|y m) at (s, m);
     ``ovov[g_y]`` [n_y, pairs of g^g_y] = (x a|y b);
     optionally (``add_swapped``) ``ov2`` and ``t2s``: ov1 and t2r with the pairs swapped.
-    Every entry holds exactly the symmetry-allowed elements of those rows once.
-    ``add_swapped`` also stores the fused operands of the kernel: ``right_a[g_c]``
-    [x, n_c + o_c, pairs] = ov1 over t2r and ``right_b`` = ov2 over t2s (ov1, t2r, ov2,
-    t2s become views of them), and ``left[g_y]`` [x, n_y, fused left pairs of g^g_y]:
+    Every entry holds exactly the symmetry-allowed elements of those rows once; ov1[g_c]
+    and t2r[g_c] are views of one array ``stacked[g_c]`` [x, n_c + o_c, pairs] (ov1 over t2r).
+    ``add_swapped`` also gives the fused operands of the kernel: ``right_a`` = ``stacked``,
+    ``right_b`` = ov2 over t2s (ov2, t2s are views of it), and ``left[g_y]`` [x, n_y, fused left pairs of g^g_y]:
     per single irrep g_s (offset ``loff[h, g_s]``) the rows [s, f + m] = t2[x y s f]
     beside -(x s|y m), so that the four W0 terms of one single index are two GEMMs of
     K = n_c + o_c instead of four of K = n_c or o_c.
