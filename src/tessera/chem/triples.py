@@ -195,18 +195,19 @@ class RowSlab:
     ``ooL[g_y]`` [n_y, mixed pairs of g^g_y] = (x s|y m) at (s, m);
     ``ovov[g_y]`` [n_y, pairs of g^g_y] = (x a|y b);
     optionally (``add_swapped``) ``ov2`` and ``t2s``: ov1 and t2r with the pairs swapped.
-    Every entry holds exactly the symmetry-allowed elements of those rows once.
-    ``add_swapped`` also stores the fused operands of the kernel: ``right_a[g_c]``
-    [x, n_c + o_c, pairs] = ov1 over t2r and ``right_b`` = ov2 over t2s (ov1, t2r, ov2,
-    t2s become views of them), and ``left[g_y]`` [x, n_y, fused left pairs of g^g_y]:
+    Every entry holds exactly the symmetry-allowed elements of those rows once; ov1[g_c]
+    and t2r[g_c] are views of one array ``stacked[g_c]`` [x, n_c + o_c, pairs] (ov1 over t2r).
+    ``add_swapped`` also gives the fused operands of the kernel: ``right_a`` = ``stacked``,
+    ``right_b`` = ov2 over t2s (ov2, t2s are views of it), and ``left[g_y]`` [x, n_y, fused left pairs of g^g_y]:
     per single irrep g_s (offset ``loff[h, g_s]``) the rows [s, f + m] = t2[x y s f]
     beside -(x s|y m), so that the four W0 terms of one single index are two GEMMs of
     K = n_c + o_c instead of four of K = n_c or o_c.
     """
 
-    def __init__(self, x0: int, x1: int, g: int, ov1, t2r, ooL, ovov):
+    def __init__(self, x0: int, x1: int, g: int, ov1, t2r, ooL, ovov, stacked=None):
         self.x0, self.x1, self.g = x0, x1, g
         self.ov1, self.t2r, self.ooL, self.ovov = ov1, t2r, ooL, ovov
+        self.stacked = stacked        # [x, n_c + o_c, pairs] per g_c: ov1 over t2r (they are its views)
         self.ov2 = self.t2s = self.right_a = self.right_b = self.left = None
 
     @classmethod
@@ -219,7 +220,11 @@ class RowSlab:
         poff, vooff = lay.poff, lay.vooff
         zeros = (lambda cnt, width: [np.zeros((tx, int(cnt[h]), int(width[g ^ h]))) if cnt[h]
                                      else None for h in range(NIRREP)])
-        ov1, t2r = zeros(n, lay.npair), zeros(no, lay.npair)
+        # ov1[g_c] and t2r[g_c] are the two parts of one [x, n_c + o_c, pairs] array: the fused
+        # right operand of the kernel (add_swapped) without a copy
+        stacked = zeros(n + no, lay.npair)
+        ov1 = [None if a is None or not n[h] else a[:, :n[h]] for h, a in enumerate(stacked)]
+        t2r = [None if a is None or not no[h] else a[:, n[h]:] for h, a in enumerate(stacked)]
         ooL, ovov = zeros(no, lay.nvo), zeros(no, lay.npair)
 
         def rel(space, rng, t):
@@ -249,36 +254,21 @@ class RowSlab:
             q0 = int(vooff[gs ^ gm, gs])
             seg = ooL[gy][:, :, q0:q0 + n[gs] * no[gm]].reshape(tx, no[gy], n[gs], no[gm])
             seg[:, ys, ss, ms] = blk.transpose(0, 2, 1, 3)
-        return cls(x0, x1, g, ov1, t2r, ooL, ovov)
+        return cls(x0, x1, g, ov1, t2r, ooL, ovov, stacked)
 
     def add_swapped(self, lay: VirtualLayout) -> "RowSlab":
         """Store ov2 and t2s (pair-swapped ov1, t2r) too: the fast form for resident tensors."""
-        def swapped(arrs):
-            out = []
-            for h2, a in enumerate(arrs):
-                if a is None:
-                    out.append(None)
-                    continue
-                b = np.empty_like(a)
-                rows = a.shape[0] * a.shape[1]     # not -1: a may hold no pairs (no virtuals of an irrep)
-                lay.swap_pairs(a.reshape(rows, a.shape[-1]), self.g ^ h2, b.reshape(rows, a.shape[-1]))
-                out.append(b)
-            return out
-        self.ov2, self.t2s = swapped(self.ov1), swapped(self.t2r)
         n, no, tx = lay.n.tolist(), lay.no.tolist(), self.x1 - self.x0
-
-        def stacked(ov, t2):                # [x, n_c + o_c, pairs] per g_c; ov and t2 become views
-            out = []
-            for gc in range(NIRREP):
-                parts = [a for a in (ov[gc], t2[gc]) if a is not None]
-                both = np.concatenate(parts, axis=1) if parts else None
-                if ov[gc] is not None:
-                    ov[gc] = both[:, :n[gc]]
-                if t2[gc] is not None:
-                    t2[gc] = both[:, n[gc]:]
-                out.append(both)
-            return out
-        self.right_a, self.right_b = stacked(self.ov1, self.t2r), stacked(self.ov2, self.t2s)
+        self.right_a, self.right_b = self.stacked, [None] * NIRREP
+        self.ov2, self.t2s = [None] * NIRREP, [None] * NIRREP
+        for gc, a in enumerate(self.stacked):       # right_b: right_a with the pairs swapped, in one pass
+            if a is None:
+                continue
+            self.right_b[gc] = b = np.empty_like(a)
+            rows = a.shape[0] * a.shape[1]          # not -1: a may hold no pairs (no virtuals of an irrep)
+            lay.swap_pairs(a.reshape(rows, a.shape[-1]), self.g ^ gc, b.reshape(rows, a.shape[-1]))
+            self.ov2[gc] = b[:, :n[gc]] if n[gc] else None
+            self.t2s[gc] = b[:, n[gc]:] if no[gc] else None
         self.left = [None] * NIRREP
         for gy in range(NIRREP):
             if not no[gy]:
@@ -461,8 +451,14 @@ class TripleKernel:
     def _left(self, table, x, y, ks, p0: int, width: int, out=None) -> np.ndarray:
         """[len(ks), width]: row p0.. of table[x][g_y][y] per k in ks, the orbital that is
         None (x or y) being k (for one k the table's own slice, else a copy in the buffer;
-        copied into ``out`` when given)."""
+        copied into ``out`` when given); neither None: that one row (a batch of one k)."""
         nk = len(ks)
+        if x is not None and y is not None:          # a fixed row (nk == 1: k's is the right operand)
+            row = table[x][self.irr[y]][self.rel[y]][p0:p0 + width]
+            if out is None:
+                return row[None]
+            out[...] = row
+            return out
         if out is None:
             if nk == 1 and x is None:
                 return table[ks[0]][self.irr[y]][self.rel[y]][p0:p0 + width][None]
@@ -509,6 +505,8 @@ class TripleKernel:
         kinds = [[] for _ in range(4)]      # per term kind: [right orbital, [(slot, o_s, term)]]
         for slot, os_, ot, ou in layouts:
             for kind, term in enumerate(self._terms(ks, os_, ot, ou)):
+                if term[6] is None and nk == 1:      # k's right operand is fixed too: may share a GEMM
+                    term = term[:6] + (ks[0],) + term[7:]
                 same = [grp for grp in kinds[kind] if term[6] is not None and grp[0] == term[6]
                         and grp[1][-1][0] + 1 == slot]
                 if same:
@@ -669,7 +667,7 @@ class TripleKernel:
         e *= 3.0
         np.add(Y, Y.transpose(2, 0, 1), out=U)                    # + Y[bca]
         U += Y.transpose(1, 2, 0)                                 # + Y[cab] = Yc
-        np.copyto(T, U.transpose(0, 2, 1))                        # Zs
+        np.copyto(T, U.transpose(1, 0, 2))                        # Zs = U[acb] = U[bac] (U cyclic): c stays inner
         return e + float(flat(U) @ flat(W)) - 2.0 * float(flat(T) @ flat(W)) + self._t1_dot(
             ks, ((flat(U), i, Pz[0]), (flat(U), j, Pz[1]), (flat(U), None, Pz[2])))
 
@@ -700,23 +698,29 @@ class TripleKernel:
                 out[off:off + size] = B[c0:c0 + size]
             return out
         m, e = self.maps, 0.0
+        W, Y1 = self.buf[4][:n], self.buf[6][:n]
         for n_k, k in enumerate(ks):
             # W = a + b[rot] + c[rot2] = a + bs[swap_rot] + c[rot2] (bs: b pair-swapped);
-            # on a diagonal bs = a (i == j) and c = bs (j == k)
-            a = one(0, n_k, Sa)
-            bs = a if i == j else one(1, n_k, Sb)
-            c = one(2, n_k, Sc) if j != k else bs
-            e += self._sweep_packed(a, bs, m["swap_rot"], c, m["rot2"], i, j, k)
+            # on a diagonal bs = a (i == j) and c = bs (j == k); a is added from the batch
+            # layout in place (no copy: only the gathers need a triple's own array)
+            bs = one(0, n_k, Sa) if i == j else one(1, n_k, Sb)
+            np.take(bs, m["swap_rot"], out=W, mode="clip")
+            if i == j:
+                W += bs
+            else:
+                for _, off, ns, npair in blocks:
+                    size = ns * npair
+                    c0 = 3 * nk * off + n_k * size
+                    W[off:off + size] += B[c0:c0 + size]
+            np.take(one(2, n_k, Sc) if j != k else bs, m["rot2"], out=Y1, mode="clip")
+            W += Y1                                               # W in layout (a; b, c)
+            e += self._sweep_packed(W, i, j, k)
         return e
 
-    def _sweep_packed(self, Sa, Sb, rb, Sc, rc, i, j, k) -> float:
-        """sum_abc W r3(W + V) / D of one triple, W = Sa + Sb[rb] + Sc[rc] in layout (a; b, c)."""
+    def _sweep_packed(self, W, i, j, k) -> float:
+        """sum_abc W r3(W + V) / D of one triple, W in layout (a; b, c)."""
         m = self.maps
-        W, Y, Y1, Y2, U = (a[:Sa.size] for a in self.buf[4:9])
-        np.take(Sb, rb, out=W, mode="clip")
-        W += Sa
-        np.take(Sc, rc, out=Y1, mode="clip")
-        W += Y1                                                   # W in layout (a; b, c)
+        Y, Y1, Y2, U = (a[:W.size] for a in self.buf[5:9])
         eo = self.inp.eo
         np.subtract(eo[i] + eo[j] + eo[k], m["e3"], out=Y)
         np.divide(W, Y, out=Y)                                    # Y = W / D
