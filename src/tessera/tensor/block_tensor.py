@@ -557,7 +557,10 @@ class BlockTensor:
 
     @property
     def local_nbytes(self) -> int:
-        """Bytes of the blocks held by this process (aliases are views: not counted)."""
+        """Bytes of the blocks held by this process (aliases are views: not counted; a
+        distributed tensor's: its storage here, blocks or pieces of blocks)."""
+        if self.dist is not None:
+            return int(self.dist.local_nbytes())
         return int(sum(b.nbytes for k, b in self.blocks.items() if k not in self.aliases))
 
     # ----------------------------------------------------------------- expressions
