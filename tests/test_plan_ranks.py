@@ -137,19 +137,19 @@ def test_a_run_takes_the_balanced_tiles_and_warns_on_a_forced_tile(caplog):
     """The cost model of a real run (``backends.auto.decide``, no --tile) chooses tiles at
     which every stored class that matters for memory is spread with max/mean <= 1.5, as
     ``tessera plan --ranks`` does; a forced --tile that leaves one above it gets one
-    warning line naming it. A budget of 512 KiB makes every class matter (a variant is
+    warning line naming it. mpi-collective stores whole blocks (no pieces): oooo counts. A budget of 512 KiB makes every class matter (a variant is
     named, so the candidates need not fit it)."""
     from tessera.backends.auto import decide
     orbsym, nocc = orbitals(load(water_cluster(4), basis="cc-pvdz", charge=0), True)
     structure = CCSDStructure(orbsym, nocc, 0)
     for P in (64, 256):
         d = decide(structure, P, variant="summa", rate=5e9, budget=2**19)
-        mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), P)
+        mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), P, pieces=False)   # whole blocks
         assert max(m["max_over_mean"] for m in mem.values()) <= 1.5, (P, mem)
     with caplog.at_level("WARNING"):
         decide(structure, 64, tile=48, backend="mpi-collective", variant="summa", rate=5e9, budget=2**19)
     lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(lines) == 1 and "class t2" in lines[0] and "max/mean 21.33" in lines[0], lines
+    assert len(lines) == 1 and "class oooo" in lines[0] and "max/mean 64.00" in lines[0], lines
 
 
 def test_balance_binds_only_where_memory_matters(caplog):
