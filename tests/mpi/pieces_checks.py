@@ -4,8 +4,8 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
 1. A ``pieces`` tensor on mpi-onesided through every access path, against numpy: put_block
    from rank 0, accumulate_block from every rank, get_block, to_dense (fetch_many), the
    global array's iget / get_patch / acc_patch across blocks and pieces, a contraction
-   that reads it (ts.einsum); a partial put_patch, a local view and a step that writes
-   it in place are refused (one-line errors, reported as their messages).
+   that reads it (ts.einsum); a partial put_patch, a local view, a copy and a step that
+   writes it in place are refused (one-line errors, reported as their messages).
 2. CCSD(T) of water STO-3G (C2v, tile 2) converged on mpi-onesided (cached, original) with
    the integral classes in pieces, and on mpi-collective (whole blocks: the fallback).
 
@@ -103,6 +103,7 @@ def access(world) -> dict:
         ga.sync()
         out["partial_put"] = refused(lambda: ga.put_patch(*inner, part))
         out["local_view"] = refused(lambda: ga.local_view(first))
+        out["copy"] = refused(t.copy)
 
         def write_in_place():
             z = BlockTensor((o, v, v), 1, name="z", placement="pieces")

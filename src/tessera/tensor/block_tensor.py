@@ -488,6 +488,9 @@ class BlockTensor:
 
     # ----------------------------------------------------------------- whole-tensor ops
     def copy(self, name: str = "") -> "BlockTensor":
+        if self.dist is not None and self.dist.pieced:
+            raise ShapeError(f"tensor {self.name!r} is stored in pieces on several processes (placement "
+                             "'pieces'); no process holds a whole block to copy: read it with get_block")
         t = self.like(name)
         if self.dist is None and not self.aliases:
             t.blocks = {k: b.copy() for k, b in self.blocks.items()}
