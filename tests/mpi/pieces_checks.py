@@ -4,7 +4,7 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
 1. A ``pieces`` tensor on mpi-onesided through every access path, against numpy: put_block
    from rank 0, accumulate_block from every rank, get_block, to_dense (fetch_many), the
    global array's iget / get_patch / acc_patch across blocks and pieces, a contraction
-   that reads it (ts.einsum); a partial put_patch, a local view, a copy and a step that
+   that reads it (ts.einsum) and a dot with it first; a partial put_patch, a local view, a copy and a step that
    writes it in place are refused (one-line errors, reported as their messages).
 2. CCSD(T) of water STO-3G (C2v, tile 2) converged on mpi-onesided (cached, original) with
    the integral classes in pieces, and on mpi-collective (whole blocks: the fallback).
@@ -100,6 +100,8 @@ def access(world) -> dict:
         y = ts.einsum("iab,bj->iaj", t, x)
         expect = np.einsum("iab,bj->iaj", t.to_dense(), x.to_dense())
         out["einsum_error"] = float(np.abs(y.to_dense() - expect).max())
+        w = BlockTensor.random((o, v, v), 1, rng=rng, name="w")
+        out["dot_error"] = abs(ts.dot(t["iab"], w["iba"]) - float(np.einsum("iab,iba->", t.to_dense(), w.to_dense())))
         ga.sync()
         out["partial_put"] = refused(lambda: ga.put_patch(*inner, part))
         out["local_view"] = refused(lambda: ga.local_view(first))
