@@ -8,7 +8,8 @@ BEFORE/AFTER: run it on these sources and with ``--src`` on an older checkout's 
 
 For water clusters (H2O)n in cc-pVDZ (C1, geometries built deterministically), every
 stored tensor class (T2 and the integral classes) is placed over P ranks with Tessera's
-own placement code (``runtime.distribution.block_owners``, what ``TensorStore`` uses),
+own placement code (``backends.balance.loads``: what ``TensorStore`` stores, the
+integral classes in pieces where they have too few blocks),
 and the per-rank bytes of each class are summed: max, mean and max/mean per class.
 (T) per rank: the rows and kernel buffers it holds beside them, its tasks and the
 bytes of rows they read (``chem.memory.triples_parts``, ``chem.triples_tasks.plan_counts``),
@@ -65,12 +66,20 @@ def class_tensors(orbsym, nocc, tile, occ_tile=None):
 
 
 def per_rank(tensors, nranks) -> dict:
-    """{class: {max_bytes, mean_bytes, max_over_mean}} and the total."""
+    """{class: {max_bytes, mean_bytes, max_over_mean}} and the total (``balance.loads``
+    where the sources have it: an integral class in pieces as mpi-onesided stores it)."""
+    try:
+        from tessera.backends.balance import loads
+    except ImportError:                                  # an older checkout (--src)
+        loads = None
     out, total = {}, np.zeros(nranks)
     for name, t in tensors.items():
-        load = np.zeros(nranks)
-        for k, r in block_owners(t.spaces, t.irrep, t.stored_keys(), nranks, t.placement).items():
-            load[r] += 8 * int(np.prod(t.block_shape(k)))
+        if loads is not None:
+            load = loads(t, nranks)
+        else:
+            load = np.zeros(nranks)
+            for k, r in block_owners(t.spaces, t.irrep, t.stored_keys(), nranks, t.placement).items():
+                load[r] += 8 * int(np.prod(t.block_shape(k)))
         total += load
         out[name] = _stats(load)
     out["total"] = _stats(total)

@@ -108,3 +108,50 @@ def test_owned_tasks_are_the_owners_share(expr):
         mine = outs[r::3]
         assert owned_tasks(step, mine) == tuple(t for t in every if t.out in set(mine))
     assert owned_tasks(step, []) == () and cached_batches((), True, 2**20, 4) == []   # a rank owning nothing
+
+
+@pytest.mark.parametrize("orbsym", [[0] * 30, [0, 1, 2, 3, 1, 0, 2, 0, 3, 1] * 3], ids=["C1", "D2"])
+@pytest.mark.parametrize("nranks,least", [(2, 3), (8, 1), (64, 1)])
+def test_pieces_cover_every_element_once(orbsym, nranks, least):
+    """The ``pieces`` placement (runtime.placement.PiecedPlacement): a block's pieces are
+    consecutive runs of its elements that cover it once; a rank's pieces lie one after
+    the other in its memory; a block's home is its first piece's owner (block_owner_array's
+    unforced); classes with few
+    blocks for the ranks are cut (``least`` forces it, as TESSERA_PIECES does for tests),
+    and then every class is spread with max/mean <= 1.5 unless forced."""
+    from tessera.runtime.distribution import piece_table
+    from tessera.runtime.placement import BalancedPlacement, PiecedPlacement
+    cut = 0
+    for name, t in structures(orbsym, 8, 5, 3).items():
+        keys = t.stored_keys()
+        if not keys or t.ndim < 2:
+            continue
+        group = symmetry_group(t.symmetry, t.ndim) if t.canonical else ()
+        pl = block_placement(t.spaces, t.irrep, group, nranks, "pieces", least)
+        if not isinstance(pl, PiecedPlacement):
+            assert isinstance(pl, BalancedPlacement) and least == 1, name    # whole blocks suffice
+            continue
+        cut += 1
+        table = piece_table(t.spaces, t.irrep, keys, nranks, least)
+        home = table["owner"][table["first"]]
+        if least == 1:
+            assert (home == block_owner_array(t.spaces, t.irrep, keys, nranks, "pieces")).all()
+        memory = {r: [] for r in range(nranks)}
+        for key, h in zip(keys, home.tolist()):
+            pieces = pl.pieces_of(key)
+            assert pl.locate(key)[0] == h and len(pieces) <= pl.k, (name, key)
+            at = 0
+            for owner, offset, start, count in pieces:
+                assert start == at and count > 0
+                at += count
+                memory[owner].append((offset, count))
+            assert at == int(np.prod(t.block_shape(key))), (name, key)
+        for r, runs in memory.items():
+            runs.sort()
+            assert [o for o, _ in runs] == list(np.cumsum([0] + [c for _, c in runs])[:-1]), (name, r)
+            assert pl.elements(r) == sum(c for _, c in runs) and pl.local_keys(r) == []
+        loads = np.asarray([pl.elements(r) for r in range(nranks)])
+        assert (loads == table["elements"]).all()
+        if least == 1 and loads.mean() >= 16:     # a piece is at least one element
+            assert loads.max() / loads.mean() <= 1.5, (name, loads)
+    assert cut

@@ -19,6 +19,7 @@ from tessera.chem.ccsd import CCSDStructure
 from tessera.chem.inputs import load
 from tessera.cli.main import main
 from tessera.cli.plan_ranks import orbitals
+from tessera.runtime.distribution import block_owner_array, block_sizes
 
 RANKS = (64, 256, 1024)
 
@@ -82,12 +83,12 @@ def test_plan_ranks_json(tmp_path, capsys):
         assert m["max_over_mean"] == pytest.approx(m["max_bytes"] / m["mean_bytes"], rel=1e-3)
         assert m["max_over_mean"] <= 1.5
     assert set(a["memory_per_rank"]["(t)"]) == {"rows", "kernel"}
-    # (H2O)4 on 64 ranks: every class balanced needs occupied tiles of 6; a run with 8 GiB
-    # per rank (no class near 1/32 of it) takes the least unbalanced tiles with occupied
-    # tiles of 12 or more, and a note line says so
-    assert (a["tile"], a["occ_tile"]) == (24, 6)
-    assert a["run_tiles"] == {"tile": 16, "occ_tile": 16, "every_class": False}
-    assert "a run with this budget considers tiles 16/16" in text
+    # (H2O)4 on 64 ranks: the integral classes are cut into pieces where they have too few
+    # blocks, T2 (whole blocks) is balanced at occupied tiles of 4; a run takes occupied
+    # tiles of 12 or more, where every class is balanced too (16/16), and a note line says so
+    assert (a["tile"], a["occ_tile"]) == (48, 4)
+    assert a["run_tiles"] == {"tile": 16, "occ_tile": 16, "every_class": True}
+    assert "a run with this budget considers tiles 16/16, at which every class is balanced too" in text
     for sim, P in ((a, 64), (b, 252)):           # (T) tasks and rows read per rank: the workers'
         t = sim["triples"]
         assert t["tasks"] > 0 and t["tasks_per_rank"] == pytest.approx(t["tasks"] / P)
@@ -136,14 +137,14 @@ def test_a_run_takes_the_balanced_tiles_and_warns_on_a_forced_tile(caplog):
     """The cost model of a real run (``backends.auto.decide``, no --tile) chooses tiles at
     which every stored class that matters for memory is spread with max/mean <= 1.5, as
     ``tessera plan --ranks`` does; a forced --tile that leaves one above it gets one
-    warning line naming it. A budget of 512 KiB makes every class matter (a variant is
+    warning line naming it. mpi-collective stores whole blocks (no pieces): oooo counts. A budget of 512 KiB makes every class matter (a variant is
     named, so the candidates need not fit it)."""
     from tessera.backends.auto import decide
     orbsym, nocc = orbitals(load(water_cluster(4), basis="cc-pvdz", charge=0), True)
     structure = CCSDStructure(orbsym, nocc, 0)
     for P in (64, 256):
         d = decide(structure, P, variant="summa", rate=5e9, budget=2**19)
-        mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), P)
+        mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), P, pieces=False)   # whole blocks
         assert max(m["max_over_mean"] for m in mem.values()) <= 1.5, (P, mem)
     with caplog.at_level("WARNING"):
         decide(structure, 64, tile=48, backend="mpi-collective", variant="summa", rate=5e9, budget=2**19)
@@ -177,14 +178,14 @@ def test_a_forced_tile_is_evaluated_alone(monkeypatch, caplog):
 
 def test_balance_binds_only_where_memory_matters(caplog):
     """Water cc-pVDZ on 4 ranks with 8 GiB each: every class is a few MiB at most, so a
-    run keeps tiles of 48 (one occupied tile: oooo whole on one rank) and no warning,
-    where the rule without a budget cuts the tiles to 6/2 to spread oooo. With a budget
+    run keeps tiles of 48 (one occupied tile: oooo in pieces, T2 1.7x the mean) and no
+    warning, where the rule without a budget cuts the occupied tiles to 2 to spread T2. With a budget
     that the large classes fill, their balance binds again (``balance.binding``)."""
     from tessera.backends.auto import decide
     from tessera.backends.balance import MATTERS, binding, worst_class
     orbsym, nocc = orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)
     structure = CCSDStructure(orbsym, nocc, 0)
-    assert balanced_tiles(structure.stored, 4)[:2] == (6, 2)
+    assert balanced_tiles(structure.stored, 4)[:2] == (48, 2)
     roomy = 8 * 2**30
     assert balanced_tiles(structure.stored, 4, roomy)[:2] == (48, 48)
     with caplog.at_level("WARNING"):
@@ -200,41 +201,84 @@ def test_balance_binds_only_where_memory_matters(caplog):
     assert worst <= 1.5 and worst_class(structure.stored, tile, occ_tile, 4, budget=tight)[1] == worst
 
 
+def whole_blocks(t, nranks: int) -> float:
+    """max/mean of tensor ``t`` placed in whole blocks (``balanced``), as without pieces."""
+    keys = t.stored_keys()
+    load = np.bincount(block_owner_array(t.spaces, t.irrep, keys, nranks, "balanced"),
+                       weights=block_sizes(t.spaces, keys), minlength=nranks)
+    return load.max() / load.mean()
+
+
+@pytest.mark.parametrize("n", [4, 8, 12, 16, "example"])
+def test_every_class_balanced_at_a_runs_tiles(n):
+    """At the tiles a run takes (``balance.run_tiles``, 8 GiB per rank: occupied tiles of at
+    least MIN_OCC_TILE) every integral class of (H2O)n cc-pVDZ and of the issue's example
+    (C1, o=100, v=800) is spread with max/mean <= 1.5 on 64, 256 and 1024 ranks, and its
+    largest share falls as ranks grow: a class with too few blocks for the ranks is cut
+    into pieces (``runtime.distribution.piece_table``), as mpi-onesided stores it. T2
+    (whole blocks: owner-computes steps write it) is too, but for (H2O)4 from 256 ranks
+    on (fewer blocks than ranks at any occupied tile of 12 or more)."""
+    from tessera.backends.balance import MIN_OCC_TILE, run_tiles
+    if n == "example":
+        structure = CCSDStructure(np.zeros(900, dtype=int), 100, 0, distributed=True)
+    else:
+        orbsym, nocc = orbitals(load(water_cluster(n), basis="cc-pvdz", charge=0), True)
+        structure = CCSDStructure(orbsym, nocc, 0)
+    previous, pieced = None, 0
+    for P in RANKS:
+        tile, occ_tile, worst, binds = run_tiles(structure, P, 8 * 2**30)
+        assert occ_tile >= min(MIN_OCC_TILE, structure.nocc), (n, P, tile, occ_tile)
+        tensors = structure.stored(tile, occ_tile)
+        mem = class_balance(tensors, P)
+        whole_t2 = n == 4 and P >= 256
+        for name, t in tensors.items():
+            stored = sum(int(np.prod(t.block_shape(k))) for k in t.stored_keys())
+            assert mem[name]["mean_bytes"] * P == pytest.approx(8 * stored)       # every element once
+            if name != "t2" or not whole_t2:
+                assert mem[name]["max_over_mean"] <= 1.5, (n, P, name, tile, occ_tile, mem[name])
+            if previous is not None and (name != "t2" or not whole_t2):
+                assert mem[name]["max_bytes"] < previous[name]["max_bytes"], (n, P, name)
+            pieced += name != "t2" and whole_blocks(t, P) > 1.5
+        assert binds is None or whole_t2
+        previous = mem
+    assert pieced if n in (4, 8, "example") else True      # pieces did the work somewhere
+
+
 def test_a_run_balances_every_class_of_the_issue_example():
     """The issue's example (C1, 100 occupied, 800 virtual) with 8 GiB per rank: at 48/48
-    oooo (81 blocks) cannot be spread over 1024 ranks (13.7x the mean) although it is far
-    below the budget; the run's rule (``balance.run_tiles``) still balances every class,
-    because occupied tiles no thinner than MIN_OCC_TILE do it (48/32, 48/32, 48/16).
-    (H2O)8 on 1024 ranks would need thinner occupied tiles: there only the classes that
-    matter for memory bind (none at 8 GiB), and the run's candidate is the least
-    unbalanced tiles at the floor (16/12: oooo 4x the mean, not 1024x as at 48/48)."""
+    oooo (81 blocks) in whole blocks cannot be spread over 1024 ranks (13.7x the mean);
+    in pieces it is, and the run's rule (``balance.run_tiles``) keeps large tiles (48/48,
+    48/48, 48/32; T2 needs the 32 on 1024 ranks). (H2O)8 on 1024 ranks: every class
+    balanced needs occupied tiles of 4 (T2); at the run's floor of 12 every class is
+    balanced too (16/12)."""
     from tessera.backends.balance import MIN_OCC_TILE, run_tiles
     budget = 8 * 2**30
     example = CCSDStructure(np.zeros(900, dtype=int), 100, 0, distributed=True)
-    assert class_balance(example.stored(48, 48), 1024)["oooo"]["max_over_mean"] > 10
+    assert whole_blocks(example.stored(48, 48)["oooo"], 1024) > 10
+    assert class_balance(example.stored(48, 48), 1024)["oooo"]["max_over_mean"] <= 1.5
     for P in RANKS:
         tile, occ_tile, worst, binds = run_tiles(example, P, budget)
         assert binds is None and occ_tile >= MIN_OCC_TILE, (P, tile, occ_tile)
         mem = class_balance(example.stored(tile, occ_tile), P)
         assert max(m["max_over_mean"] for m in mem.values()) == pytest.approx(max(worst, mem["total"]["max_over_mean"]))
         assert all(m["max_over_mean"] <= 1.5 for m in mem.values()), (P, mem)
-    assert run_tiles(example, 1024, budget)[:2] == (48, 16)
+    assert run_tiles(example, 1024, budget)[:2] == (48, 32)
     waters = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
     assert balanced_tiles(waters.stored, 1024)[1] < MIN_OCC_TILE
     tile, occ_tile, _, binds = run_tiles(waters, 1024, budget)
-    assert binds == budget and (tile, occ_tile) == (16, 12)
-    floor = class_balance(waters.stored(tile, occ_tile), 1024)
-    assert 1.5 < floor["oooo"]["max_over_mean"] < class_balance(waters.stored(48, 48), 1024)["oooo"]["max_over_mean"] / 100
+    assert binds is None and (tile, occ_tile) == (16, 12)
+    assert whole_blocks(waters.stored(tile, occ_tile)["oooo"], 1024) > 1.5
+    assert max(m["max_over_mean"] for m in class_balance(waters.stored(tile, occ_tile), 1024).values()) <= 1.5
 
 
 def test_a_run_with_room_still_balances_every_class():
     """(H2O)8 cc-pVDZ (C1, o=40, v=152) on 64 ranks with 8 GiB each: every class is far
-    below the budget, and the fastest candidate of the cost model, 16/16, leaves oooo at
-    1.73x the mean; occupied tiles of 12 spread every class, so the decision balances
-    them all (48/12, estimated faster than 16/16 too)."""
+    below the budget; at 16/16 oooo in whole blocks would be 1.73x the mean, in pieces it
+    is balanced, and the decision balances every class."""
     from tessera.backends.auto import decide
     structure = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
-    assert class_balance(structure.stored(16, 16), 64)["oooo"]["max_over_mean"] > 1.5
+    assert whole_blocks(structure.stored(16, 16)["oooo"], 64) > 1.5
+    assert class_balance(structure.stored(16, 16), 64)["oooo"]["max_over_mean"] <= 1.5
     d = decide(structure, 64, rate=5e9, budget=8 * 2**30)
     mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), 64)
     assert max(m["max_over_mean"] for m in mem.values()) <= 1.5, (d["tile"], d["occ_tile"], mem)

@@ -1,28 +1,31 @@
 """One rule for the tiles of a distributed run: every stored class balanced over the ranks.
 
-Blocks are the unit of ownership, so a tensor class with fewer blocks than about twice
-the ranks cannot be spread with max/mean <= BALANCE (oooo and ovoo of a small occupied
-space on many ranks). ``balanced_tiles`` picks the largest tiles of TILES (occupied
-tiles no larger, from OCC_TILES) at which every class a run stores is spread with
-max/mean <= BALANCE over P ranks (when no pair reaches it, the pair with the smallest
-worst max/mean). ``tessera plan --ranks`` (``cli.plan_ranks``) and the cost model of a
-real run (``backends.auto.decide``, when --tile is not given) both use it; a forced
---tile that leaves a class above BALANCE gets one warning line (``forced_tile_warning``).
+The integral classes are placed in ``pieces`` (``runtime.distribution.piece_table``): a
+class with too few blocks for the ranks (oooo and ovoo of a small occupied space on many
+ranks) has its blocks cut into pieces dealt over the ranks, so it is spread with max/mean
+<= BALANCE at any tiles (as ``mpi-onesided`` stores it; ``mpi-collective`` stores whole
+blocks: every function here takes ``pieces=False`` for that layout). T2 is stored in whole blocks (owner-computes steps write it): a class with
+fewer blocks than about twice the ranks cannot be spread. ``balanced_tiles`` picks the
+largest tiles of TILES (occupied tiles no larger, from OCC_TILES) at which every class a
+run stores is spread with max/mean <= BALANCE over P ranks (when no pair reaches it, the
+pair with the smallest worst max/mean). ``tessera plan --ranks`` (``cli.plan_ranks``)
+and the cost model of a real run (``backends.auto.decide``, when --tile is not given)
+both use it; a forced --tile that leaves a class above BALANCE gets one warning line
+(``forced_tile_warning``).
 
-A run (``run_tiles``) balances every class whenever tiles with an occupied tile no
-thinner than MIN_OCC_TILE (or the whole occupied space) do it: the issue example (C1,
-o=100, v=800) on 1024 ranks takes 48/16, where 48/48 leaves oooo (81 blocks) at 13.7x
-the mean. Below that floor the block GEMMs of the occupied tiles lose about half their
-rate (one-thread DGEMM of the ladder's (oo, vv, vv) shape, v tile 48, measured under
-load: 53/38/24/18 GFLOP/s at occupied tiles 34/14/8/4), so there balance is about
-memory alone: with a ``budget`` (bytes a rank may use) it binds only the classes that
-matter, those whose busiest rank holds more than MATTERS of the budget (the integral
-classes of a large molecule), and the run's candidate is the least unbalanced tiles at
-the floor ((H2O)8 on 1024 ranks: 16/12, oooo at 4x the mean); the cost model chooses
-for speed among every candidate at which those classes are balanced, instead of tiles
-cut small to spread a few kilobytes of oooo. ``tessera plan --ranks`` shows the layout
-at which every class is balanced (no budget, no floor) and, beside it, the tiles a run
-with its budget takes.
+A run (``run_tiles``) balances every class whenever tiles no thinner than MIN_OCC_TILE
+(occupied: or the whole occupied space) do it: the issue example (C1, o=100, v=800) on
+1024 ranks takes 48/32, where 48/48 leaves T2 above BALANCE. Below that floor the block
+GEMMs lose about half their rate (one-thread DGEMM of the ladder's (oo, vv, vv) shape, v
+tile 48, measured under load: 53/38/24/18 GFLOP/s at occupied tiles 34/14/8/4), so there
+balance is about memory alone: with a ``budget`` (bytes a rank may use) it binds only
+the classes that matter, those whose busiest rank holds more than MATTERS of the budget,
+and the run's candidate is the least unbalanced tiles at the floor ((H2O)4 on 1024 ranks:
+12/12, T2 at 10x the mean: 18 MB of T2 in 20 x 20 x 76 x 76 does not make enough blocks);
+the cost model chooses for speed among every candidate at which those classes are
+balanced, instead of tiles cut small to spread a few kilobytes. ``tessera plan --ranks``
+shows the layout at which every class is balanced (no budget, no floor) and, beside it,
+the tiles a run with its budget takes.
 
 ``stored(tile, occ_tile)`` is the caller's: {class name: empty tensor} of what a run
 stores at those tiles (for CCSD ``chem.ccsd.CCSDStructure.stored``).
@@ -41,11 +44,16 @@ MATTERS = 1 / 32           # a class's balance binds when its busiest rank holds
 MIN_OCC_TILE = 12          # the thinnest occupied tile a run cuts to balance the small classes
 
 
-def loads(t, nranks: int) -> np.ndarray:
-    """Bytes of tensor ``t`` on each of ``nranks`` ranks, placed as a run places them."""
-    from tessera.runtime.distribution import block_owner_array, block_sizes
+def loads(t, nranks: int, pieces: bool = True) -> np.ndarray:
+    """Bytes of tensor ``t`` on each of ``nranks`` ranks, placed as a run places them: a
+    ``pieces`` tensor as ``mpi-onesided`` stores it (``runtime.distribution.piece_table``),
+    or with ``pieces=False`` as ``mpi-collective`` does (whole blocks, ``balanced``)."""
+    from tessera.runtime.distribution import block_owner_array, block_sizes, piece_table
     keys = t.stored_keys()
-    return np.bincount(block_owner_array(t.spaces, t.irrep, keys, nranks, t.placement),
+    if t.placement == "pieces" and nranks > 1 and pieces:
+        return 8.0 * piece_table(t.spaces, t.irrep, keys, nranks)["elements"]
+    placement = "balanced" if t.placement == "pieces" else t.placement
+    return np.bincount(block_owner_array(t.spaces, t.irrep, keys, nranks, placement),
                        weights=8.0 * block_sizes(t.spaces, keys), minlength=nranks)
 
 
@@ -56,12 +64,12 @@ def stats(load) -> dict:
             "max_over_mean": round(float(np.max(load)) / mean, 4) if mean else 1.0}
 
 
-def class_balance(tensors: dict, nranks: int) -> dict:
-    """{name: stats} of each tensor's blocks placed over ``nranks`` ranks, and ``total``
-    (the ranks' sums)."""
+def class_balance(tensors: dict, nranks: int, pieces: bool = True) -> dict:
+    """{name: stats} of each tensor's blocks placed over ``nranks`` ranks (``loads``), and
+    ``total`` (the ranks' sums)."""
     out, total = {}, np.zeros(nranks)
     for name, t in tensors.items():
-        load = loads(t, nranks)
+        load = loads(t, nranks, pieces)
         total += load
         out[name] = stats(load)
     out["total"] = stats(total)
@@ -82,7 +90,7 @@ def _signature(t) -> tuple:
 
 
 def worst_class(stored, tile: int, occ_tile: int, nranks: int, memo: dict | None = None,
-                stop: float = math.inf, budget: float | None = None) -> tuple:
+                stop: float = math.inf, budget: float | None = None, pieces: bool = True) -> tuple:
     """(class name, max/mean) of the least balanced stored class at these tiles, among
     those that bind under ``budget`` (``binding``; ("", 0.0) when none does); stops at
     the first class above ``stop``. ``memo`` keeps each class's stats by its tiles."""
@@ -91,7 +99,7 @@ def worst_class(stored, tile: int, occ_tile: int, nranks: int, memo: dict | None
     for name, t in stored(tile, occ_tile).items():
         key = _signature(t)
         if key not in memo:
-            memo[key] = stats(loads(t, nranks))
+            memo[key] = stats(loads(t, nranks, pieces))
         if binding({name: memo[key]}, budget) and memo[key]["max_over_mean"] > worst[1]:
             worst = (name, memo[key]["max_over_mean"])
         if worst[1] > stop:
@@ -99,14 +107,16 @@ def worst_class(stored, tile: int, occ_tile: int, nranks: int, memo: dict | None
     return worst
 
 
-def balanced_tiles(stored, nranks: int, budget: float | None = None, min_occ: int = 1) -> tuple:
+def balanced_tiles(stored, nranks: int, budget: float | None = None, min_occ: int = 1,
+                   min_tile: int = 1, pieces: bool = True) -> tuple:
     """(tile, occ_tile, worst binding class max/mean there) by the rule of the module
-    docstring, among occupied tiles of at least ``min_occ``."""
+    docstring, among occupied tiles of at least ``min_occ`` and tiles of at least
+    ``min_tile``; ``pieces``: see ``loads``."""
     memo: dict = {}
     best, best_worst = None, math.inf
-    for tile in [t for t in TILES if t >= min_occ]:
+    for tile in [t for t in TILES if t >= max(min_occ, min_tile)]:
         for occ_tile in [t for t in OCC_TILES if min_occ <= t <= tile]:
-            worst = worst_class(stored, tile, occ_tile, nranks, memo, stop=BALANCE, budget=budget)[1]
+            worst = worst_class(stored, tile, occ_tile, nranks, memo, stop=BALANCE, budget=budget, pieces=pieces)[1]
             if worst <= BALANCE:
                 return tile, occ_tile, worst
             if worst < best_worst:
@@ -114,27 +124,28 @@ def balanced_tiles(stored, nranks: int, budget: float | None = None, min_occ: in
     return (*best, best_worst)
 
 
-def run_tiles(structure, nranks: int, budget: float | None) -> tuple:
+def run_tiles(structure, nranks: int, budget: float | None, pieces: bool = True) -> tuple:
     """(tile, occ_tile, worst, binds) of a run on ``nranks`` ranks (module docstring):
     ``binds`` is what ``binding`` then judges the run's candidates by, None (every class)
     when tiles with occupied tiles of at least min(MIN_OCC_TILE, active occupied) balance
     every class, else ``budget``; then the tiles are the least unbalanced of those, where
     the classes that matter are balanced, else the largest at which they are."""
     if budget is None or nranks == 1:
-        return (*balanced_tiles(structure.stored, nranks, budget), budget)
-    *tiles, worst = balanced_tiles(structure.stored, nranks, min_occ=min(MIN_OCC_TILE, structure.nocc))
+        return (*balanced_tiles(structure.stored, nranks, budget, pieces=pieces), budget)
+    *tiles, worst = balanced_tiles(structure.stored, nranks, min_occ=min(MIN_OCC_TILE, structure.nocc),
+                                   min_tile=MIN_OCC_TILE, pieces=pieces)
     if worst <= BALANCE:
         return (*tiles, worst, None)
-    worst = worst_class(structure.stored, *tiles, nranks, budget=budget)[1]
+    worst = worst_class(structure.stored, *tiles, nranks, budget=budget, pieces=pieces)[1]
     if worst <= BALANCE:
         return (*tiles, worst, budget)
-    return (*balanced_tiles(structure.stored, nranks, budget), budget)
+    return (*balanced_tiles(structure.stored, nranks, budget, pieces=pieces), budget)
 
 
 def forced_tile_warning(stored, tile: int, occ_tile: int | None, nranks: int,
-                        budget: float | None = None) -> str | None:
+                        budget: float | None = None, pieces: bool = True) -> str | None:
     """One line when tiles the user gave leave a binding stored class above BALANCE, else None."""
-    name, worst = worst_class(stored, tile, occ_tile or tile, nranks, budget=budget)
+    name, worst = worst_class(stored, tile, occ_tile or tile, nranks, budget=budget, pieces=pieces)
     if worst <= BALANCE:
         return None
     return (f"--tile {tile}: class {name} is spread over {nranks} ranks with max/mean {worst:.2f} "

@@ -50,7 +50,7 @@ class DistributedExecutor(ABC):
     def __init__(self, world=None, fetcher=None):
         from tessera.runtime import World
         self.world = world or World.get()
-        self.store = TensorStore(self.world, fetcher) if fetcher else TensorStore(self.world)
+        self.store = TensorStore(self.world, fetcher) if fetcher else TensorStore(self.world, pieces=True)
         self.account = CommAccount(self.world)
         # one rank per core: BLAS single-threaded unless asked (threaded BLAS on small block
         # GEMMs next to other busy ranks costs more than it gains)
@@ -135,6 +135,11 @@ class DistributedExecutor(ABC):
         self._read.update(t.uid for t in self._reads(step))
 
     def _check_distributed(self, step) -> None:
+        if step.out.tensor.dist is not None and step.out.tensor.dist.pieced:
+            raise ShapeError(
+                f"tensor {step.out.tensor.name!r} in '{step.label}' is stored in pieces (placement "
+                "'pieces', for tensors written by put_block and then only read); expected an output "
+                "with whole blocks: create it with placement 'balanced'.")
         for ref in (step.out, *step.inputs, *([step.divisor] if step.divisor is not None else [])):
             if ref.tensor.dist is None:
                 raise ShapeError(

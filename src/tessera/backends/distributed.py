@@ -10,6 +10,14 @@ the same map without communication:
   by size and dealt round-robin, the rank labels rotated by a structural hash so that
   many small tensors do not all start on rank 0 (``runtime.distribution.block_owners``),
   computed per key (``runtime.placement``): a rank lists only its own blocks;
+- ``pieces`` (the integral classes: written by ``put_block``, then only read): as
+  ``balanced``, but where a class has too few blocks for the ranks each block is stored
+  in pieces over several ranks (``runtime.placement.PiecedPlacement``); no rank then
+  holds a whole block (``tensor.blocks`` is empty: owner-computes steps cannot write
+  such a tensor, ``DistributedExecutor`` refuses them) and every read is a get. Only a
+  store made with ``pieces=True`` (the one-sided executor) cuts blocks; another stores
+  whole blocks (``balanced``). ``TESSERA_PIECES=N`` (tests) cuts every block of a
+  ``pieces`` tensor into at least N pieces;
 - ``("rows", owners)``: a tensor that follows another's ownership row by row.
 
 Collective lifetime. Creating a GlobalArray is collective; tensors are created in the
@@ -34,6 +42,7 @@ import numpy as np
 from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, World
 from tessera.runtime.placement import block_placement
+from tessera.backends.registry import ENV_PIECES, env_number
 from tessera.tensor.block_tensor import symmetry_group
 
 log = logging.getLogger(__name__)
@@ -46,6 +55,7 @@ class DistHandle:
         self.ga = ga
         self.name = name
         self.world = store.world
+        self.pieced = ga.pieces > 1      # blocks stored in pieces: no rank holds one whole
 
     def owner(self, key) -> int:
         return self.ga.owner(key)
@@ -88,7 +98,7 @@ def onesided_fetch(handle: DistHandle, keys) -> dict:
     me = handle.world.rank
     out, pending = {}, []
     for k in keys:
-        if handle.ga.owner(k) == me:
+        if not handle.pieced and handle.ga.owner(k) == me:
             out[k] = handle.ga.local_view(k).copy()
         else:
             pending.append((k, handle.ga.iget(k)))
@@ -100,9 +110,12 @@ def onesided_fetch(handle: DistHandle, keys) -> dict:
 class TensorStore:
     """The storage callable for ``use_storage`` plus the pool of global arrays."""
 
-    def __init__(self, world: World | None = None, fetcher=onesided_fetch):
+    def __init__(self, world: World | None = None, fetcher=onesided_fetch, pieces: bool = False):
         self.world = world or World.get()
         self.fetcher = fetcher
+        # whether ``pieces`` tensors may be cut (the executor serves blocks in pieces), and
+        # into at least how many pieces
+        self.least_pieces = env_number(ENV_PIECES, 1, integer=True) if pieces else None
         self._free: dict = {}          # structure key -> [GlobalArray], agreed free, by eid
         self._pending: list = []       # (structure key, GlobalArray) released here
         self._placements: dict = {}    # structure key -> where its blocks live (runtime.placement)
@@ -115,11 +128,13 @@ class TensorStore:
             raise RuntimeLayerError(
                 f"tensor {tensor.name!r} created after its distributed context was closed; "
                 "create tensors inside the context (with Context(...)) that runs them.")
+        if placement == "pieces" and self.least_pieces is None:
+            placement = "balanced"           # this executor reads whole blocks only
         skey = (tensor.spaces, tensor.irrep, placement, tensor.canonical)
         free = self._free.get(skey)
         if free:
             ga = free.pop(0)
-            ga.apply_local(lambda key, view: view.fill(0.0))
+            ga.clear_local()
         else:
             ga = self._create(tensor, placement, skey)
         handle = DistHandle(self, ga, tensor.name)
@@ -146,7 +161,7 @@ class TensorStore:
         if where is None:
             group = symmetry_group(tensor.symmetry, tensor.ndim) if tensor.canonical else ()
             where = self._placements[skey] = block_placement(tensor.spaces, tensor.irrep, group,
-                                                             self.world.size, placement)
+                                                             self.world.size, placement, self.least_pieces or 1)
         ga = GlobalArray(tiling, placement=where, name=tensor.name or "tensor", world=self.world,
                          aliases=tensor.aliases)
         self.by_eid[ga.eid] = ga

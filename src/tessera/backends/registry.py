@@ -32,6 +32,7 @@ DEFAULT_SCHEDULE = "nxtval"
 
 
 ENV_BLAS_THREADS = "TESSERA_BLAS_THREADS"     # BLAS threads per MPI rank
+ENV_PIECES = "TESSERA_PIECES"     # tests: at least this many pieces per block of a ``pieces`` tensor
 
 
 def env_number(name: str, default, *, integer: bool = False):
@@ -56,6 +57,7 @@ def check_environment() -> None:
     starting MPI: the memory budget, BLAS threads per rank and the runtime's options."""
     env_memory()                                         # as --max-memory (backends.budget)
     env_number(ENV_BLAS_THREADS, 1, integer=True)
+    env_number(ENV_PIECES, 1, integer=True)
     from tessera.backends.local import threads_per_rank
     threads_per_rank()                                   # OMP_NUM_THREADS
     from tessera.runtime.options import RuntimeOptions

@@ -97,9 +97,11 @@ CANONICAL = ("vvvv",)   # stored as canonical blocks (8-fold: about 1/8 of the b
 
 
 def class_tensor(name: str, o: IndexSpace, v: IndexSpace) -> BlockTensor:
-    """The (empty) tensor of integral class ``name`` (e.g. "ovvv") over the spaces o, v."""
+    """The (empty) tensor of integral class ``name`` (e.g. "ovvv") over the spaces o, v;
+    placed as ``pieces`` (written with ``put_block``, then only read: a distributed run
+    may store a block of a class with few blocks over several ranks)."""
     return BlockTensor(tuple(o if ch == "o" else v for ch in name), 0, name=name,
-                       symmetry=_SYMMETRY[name], canonical=name in CANONICAL)
+                       symmetry=_SYMMETRY[name], canonical=name in CANONICAL, placement="pieces")
 
 
 SLAB_BYTES = 64 * 2**20   # working slab of the transform per thread (see chem/ao2mo.py)
@@ -159,7 +161,7 @@ def mo_classes(context, eri_s8, index, tensors) -> dict:
         name, t, key = work[j]
         idx = [index[ch][sp.slice(k)] for ch, sp, k in zip(name, t.spaces, key)]
         pq, rs = pair_index(idx[0], idx[1]), pair_index(idx[2], idx[3])
-        t.store_block(key, eri_s8[pair_index(pq.ravel(), rs.ravel())].reshape(t.block_shape(key)))
+        t.put_block(key, eri_s8[pair_index(pq.ravel(), rs.ravel())].reshape(t.block_shape(key)))
         return 0.0
 
     home = [t.dist.owner(key) if t.dist is not None else 0 for _, t, key in work]

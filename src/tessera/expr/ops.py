@@ -40,6 +40,11 @@ def dot(x: Ref, y: Ref) -> float:
         raise ShapeError(f"dot needs the same indices on both sides, got {x.indices!r} and {y.indices!r}")
     perm = tuple(y.indices.index(ch) for ch in x.indices)
     xt = x.tensor
+    if xt.dist is not None and xt.dist.pieced:     # no process holds its blocks whole: sum over y's
+        if y.tensor.dist is not None and y.tensor.dist.pieced:
+            raise ShapeError(f"dot of {xt.name!r} and {y.tensor.name!r}: both are stored in pieces "
+                             "(placement 'pieces'); expected at least one with whole blocks")
+        return dot(y, x)
     # two canonical tensors of one structure, same index order: each orbit of blocks
     # once, its canonical block weighted by the orbit's size (aliases are its transposes)
     orbits = bool(xt.aliases) and xt.aliases is y.tensor.aliases and perm == tuple(range(len(perm)))

@@ -16,7 +16,9 @@ Pure Python and deterministic: every rank computes the same map from the same in
   item of each other);
 - ``block_owner_array`` / ``block_owners``: the owner map of a distributed block tensor
   (placements ``balanced`` and ``("rows", owners)``), as an array or a dict;
-- ``block_offsets``: where each block lies in its owner's memory.
+- ``block_offsets``: where each block lies in its owner's memory;
+- ``piece_count`` / ``piece_table``: the ``pieces`` placement, blocks cut into pieces
+  dealt like blocks, so that a class of fewer blocks than ranks is spread too.
 """
 
 from __future__ import annotations
@@ -232,7 +234,8 @@ def _check_owners(keys, nranks, owners) -> dict:
     return out
 
 
-PLACEMENTS = ("balanced",)
+PLACEMENTS = ("balanced", "pieces")
+PIECE_SHARE = 0.4          # the largest piece of a ``pieces`` placement: at most this share of the mean
 
 
 def structure_signature(spaces, irrep) -> int:
@@ -274,6 +277,8 @@ def block_owner_array(spaces, irrep, keys, nranks: int, placement="balanced") ->
       dealt round-robin (``size_ranked``), the rank labels rotated by a structural hash so
       that many small tensors do not all start on rank 0; each rank holds within one
       (largest) block of the mean, whatever the tensor;
+    - ``pieces``: as ``balanced``, but each block may be stored in pieces on several
+      ranks (``piece_table``); its owner here is its home, the owner of its first piece;
     - ``("rows", owners)``: every block of first tile i on rank ``owners[i]`` (a tensor
       laid out to follow another's ownership).
 
@@ -284,6 +289,9 @@ def block_owner_array(spaces, irrep, keys, nranks: int, placement="balanced") ->
         return np.asarray(rows, dtype=np.int64)[first]
     if nranks == 1:
         return np.zeros(len(keys), dtype=np.int64)
+    if placement == "pieces":
+        table = piece_table(spaces, irrep, keys, nranks)
+        return table["owner"][table["first"]]
     return size_ranked(block_sizes(spaces, keys), nranks, structure_signature(spaces, irrep) % nranks)
 
 
@@ -319,3 +327,41 @@ def block_offsets(owners, sizes, nranks: int) -> tuple:
     offsets = np.empty(len(sizes), dtype=np.int64)
     offsets[order] = before - start[owners[order]]
     return offsets, run
+
+
+def piece_count(largest: int, total: int, nranks: int, least: int = 1) -> int:
+    """Pieces per block of a ``pieces`` placement on ``nranks`` ranks of blocks of
+    ``total`` elements, the largest of ``largest``: 1 (whole blocks) when the largest
+    block is at most PIECE_SHARE of the mean per rank, else enough that its pieces are
+    (dealt largest first, ranks then differ by at most one piece: ``size_ranked``), at
+    most ``nranks``; at least ``least`` (a test forcing pieces on a few ranks)."""
+    if nranks == 1 or not total:
+        return 1
+    need = math.ceil(largest / (PIECE_SHARE * total / nranks))
+    return int(max(least, min(need, nranks)))
+
+
+def piece_table(spaces, irrep, keys, nranks: int, least: int = 1) -> dict:
+    """The ``pieces`` placement of the blocks ``keys`` of a structure: each block is cut
+    into ``k`` (``piece_count``; fewer for a block of fewer elements) pieces, contiguous
+    runs of its elements of near-equal length; the pieces, blocks in ``balanced`` order
+    (largest first, ties in key order) and a block's pieces in element order, are dealt
+    round-robin from the same structure-hashed start rank. Arrays, vectorised: ``k``;
+    per block (aligned with ``keys``) ``first`` (its first piece's index) and
+    ``npieces``; per piece ``block``, ``start`` and ``count`` (elements within the
+    block), ``owner`` and ``offset`` (in its owner's memory, a rank's pieces in deal
+    order); ``elements`` per rank."""
+    sizes = block_sizes(spaces, keys)
+    k = piece_count(int(sizes.max(initial=0)), int(sizes.sum()), nranks, least)
+    order = np.argsort(-sizes, kind="stable")             # the balanced deal order of blocks
+    npieces = np.minimum(k, np.maximum(sizes, 1))
+    block = np.repeat(order, npieces[order])
+    first = np.empty(len(keys), dtype=np.int64)
+    first[order] = np.cumsum(npieces[order]) - npieces[order]
+    j = np.arange(len(block)) - first[block]
+    start = j * sizes[block] // npieces[block]
+    count = (j + 1) * sizes[block] // npieces[block] - start
+    owner = (np.arange(len(block)) + structure_signature(spaces, irrep) % nranks) % nranks
+    offset, elements = block_offsets(owner, count, nranks)
+    return {"k": k, "first": first, "npieces": npieces, "block": block, "start": start,
+            "count": count, "owner": owner, "offset": offset, "elements": elements}

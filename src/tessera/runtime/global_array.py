@@ -6,7 +6,11 @@ blocks lie contiguously (sorted key order) in its exposed window memory (see
 exposure.py for where that memory lives in each progress mode). With ``placement``
 (runtime/placement.py) the blocks are the ones it stores, owner and offset of a key
 are computed from the key, a rank's blocks lie in the placement's order, and no rank
-lists every block: a rank keeps slots for its own blocks and those it touches.
+lists every block: a rank keeps slots for its own blocks and those it touches. With a
+``pieces`` placement (``placement.PiecedPlacement``) a block may be stored in pieces,
+contiguous runs of its elements on several ranks: get/put/acc of such a block (and of a
+patch in it) are one operation per piece; no rank holds it whole (no local view), and its
+owner is its home, the owner of its first piece.
 
 Semantics
 - Blocks start at zero.
@@ -140,6 +144,8 @@ class GlobalArray:
                                        world.size)
             self.distribution = "owners" if owners is not None else distribution
         self._place = placement
+        self.pieces = getattr(placement, "k", 1)     # pieces per block (1: whole blocks)
+        self._parts: dict = {}   # key stored in pieces -> [(owner, target, disp, start, count, view)]
         me = world.rank
         self._local_count = placement.elements(me)
         self._exp = Exposure(world, self._local_count * self.itemsize, self.itemsize, kind="data")
@@ -224,7 +230,55 @@ class GlobalArray:
         return np.fromiter((owner_map[k] for k in lay.keys), dtype=np.int64, count=len(lay.keys))
 
     def _make_slot(self, key):
+        if self.pieces > 1:       # the block's slot names its home; its pieces go to _parts
+            parts = self._parts[key] = []
+            for r, off, start, count in self._place.pieces_of(key):
+                view = self._mapped[r][off:off + count] if r in self._mapped else None
+                parts.append((r, self._exp.targets[r], self._exp.base[r] + off, start, count, view))
+            shape = self.layout.block_shape(key)
+            count = int(np.prod(shape, dtype=np.int64))
+            return (parts[0][0], None, None, shape, count, count * self.itemsize, None)
         return self._slot_at(key, *self._place.locate(key))
+
+    def _pieced(self, op: str, key, a, scale, blocking: bool):
+        """get / put / acc of a whole block stored in pieces: one operation per piece,
+        each on a contiguous run of the block's elements (direct copies for mapped
+        pieces but acc, as for whole blocks); a Handle when not ``blocking``."""
+        t0 = perf_counter()
+        _, _, _, shape, count, _, _ = self._slots[key]
+        buf = np.empty(shape, self.dtype) if op == "get" else self._as_block(a, shape, op, scale)
+        flat, mt, isz = buf.reshape(-1), self._mpitype, self.itemsize
+        targets, parts, synced = [], [], False
+        for owner, target, disp, start, n, view in self._parts[key]:
+            seg = flat[start:start + n]
+            parts.append((owner, n * isz))
+            if view is not None and op != "acc":
+                if not synced:
+                    self._exp.sync_memory()
+                    synced = True
+                if op == "get":
+                    seg[:] = view
+                else:
+                    view[:] = seg
+                continue
+            if op == "get":
+                self._win.Get([seg, n, mt], target, (disp, n, mt))
+            elif op == "put":
+                self._win.Put([seg, n, mt], target, (disp, n, mt))
+            else:
+                self._win.Accumulate([seg, n, mt], target, (disp, n, mt), self._SUM)
+            if target not in targets:
+                targets.append(target)
+        if synced and op == "put":
+            self._exp.sync_memory()
+        result = buf if op == "get" else None
+        self._log.add_split(op, parts, perf_counter() - t0)
+        if blocking:
+            for t in targets:
+                self._flush(t)
+            return result
+        return Handle(self, op, result, tuple((t, self._epochs[t]) for t in targets), parts,
+                      keep=None if op == "get" else buf)
 
     def _slot_at(self, key, r: int, off: int):
         shape = self.layout.block_shape(key)
@@ -318,6 +372,8 @@ class GlobalArray:
             return self.get(canon).transpose(perm)
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, view = self._slot(key)
+        if tspec is None:
+            return self._pieced("get", key, None, 1.0, True)
         if view is not None:
             self._exp.sync_memory()
             out = view.copy()
@@ -334,6 +390,10 @@ class GlobalArray:
         t0 = perf_counter()
         key, perm = self.aliases.get(key, (key, None))
         owner, target, tspec, shape, count, nbytes, view = self._slot(key)
+        if tspec is None:
+            h = self._pieced("get", key, None, 1.0, False)
+            h._perm = perm
+            return h
         if view is not None:
             self._exp.sync_memory()
             h = Handle(self, "get", view.copy(), (), [(owner, nbytes)], perm=perm)
@@ -355,6 +415,8 @@ class GlobalArray:
             return self.put(*self._stored(key, a))
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, view = self._slot(key)
+        if tspec is None:
+            return self._pieced("put", key, a, 1.0, True)
         buf = self._as_block(a, shape, "put")
         if view is not None:
             view[...] = buf
@@ -371,6 +433,8 @@ class GlobalArray:
             return self.acc(*self._stored(key, a), scale)
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, _ = self._slot(key)
+        if tspec is None:
+            return self._pieced("acc", key, a, scale, True)
         buf = self._as_block(a, shape, "acc", scale)
         self._win.Accumulate([buf, count, self._mpitype], target, tspec, self._SUM)
         self._win.Flush(target)
@@ -383,6 +447,8 @@ class GlobalArray:
             return self.iacc(*self._stored(key, a), scale)
         t0 = perf_counter()
         owner, target, tspec, shape, count, nbytes, _ = self._slot(key)
+        if tspec is None:
+            return self._pieced("acc", key, a, scale, False)
         buf = self._as_block(a, shape, "iacc", scale)
         self._win.Accumulate([buf, count, self._mpitype], target, tspec, self._SUM)
         h = Handle(self, "acc", None, ((target, self._epochs[target]),), [(owner, nbytes)],
@@ -429,6 +495,9 @@ class GlobalArray:
         local_done = False
         for p in pieces:
             owner, target, tspec, bshape, count, _, block = self._slots[p.key]
+            if tspec is None:       # a block stored in pieces: whole-block operations
+                self._piece_patch(op, p, buf)
+                continue
             parts.append((owner, p.size * isz))
             if block is not None and op != "acc":
                 if not local_done:
@@ -469,13 +538,38 @@ class GlobalArray:
         self._log.add_split(op, parts, perf_counter() - t0)
         return h
 
+    def _piece_patch(self, op: str, p, buf) -> None:
+        """The box ``p`` of ``_patch``'s ``buf`` in a block stored in pieces, through whole
+        blocks (complete on return): get the block and cut the box out; accumulate the box
+        inside a block of zeros; a put only of the whole block (a partial one would race
+        with writes to the rest)."""
+        bsl = tuple(slice(s, s + n) for s, n in zip(p.block_start, p.shape))
+        psl = tuple(slice(s, s + n) for s, n in zip(p.patch_start, p.shape))
+        shape = self._slots[p.key][3]
+        if op == "get":
+            buf[psl] = self._pieced("get", p.key, None, 1.0, True)[bsl]
+        elif op == "acc":
+            full = np.zeros(shape, self.dtype)
+            full[bsl] = buf[psl]
+            self._pieced("acc", p.key, full, 1.0, True)
+        elif p.shape != shape:
+            raise RuntimeLayerError(
+                f"put_patch on global array {self.name!r} covers part of block {p.key}, which is "
+                "stored in pieces on several ranks; expected patches that cover its blocks whole.")
+        else:
+            self._pieced("put", p.key, buf[psl], 1.0, True)
+
     # -- owner-local work and collectives ---------------------------------------------
     def local_view(self, key) -> np.ndarray:
         """Writable view of a block this rank owns (direct memory, no copy)."""
         if key in self.aliases:
             canon, perm = self.aliases[key]
             return self.local_view(canon).transpose(perm)
-        owner, _, _, _, _, _, view = self._slot(key)
+        owner, _, tspec, _, _, _, view = self._slot(key)
+        if tspec is None:
+            raise RuntimeLayerError(
+                f"block {key} of global array {self.name!r} is stored in pieces on several ranks; "
+                "no rank holds it whole. Use get() / put() / acc().")
         if owner != self.world.rank:
             raise RuntimeLayerError(
                 f"block {key} of global array {self.name!r} is owned by rank {owner}, not by "
@@ -494,6 +588,13 @@ class GlobalArray:
             out[key] = fn(key, self._slots[key][6])
         self._exp.sync_memory()
         return out
+
+    def clear_local(self) -> None:
+        """Set this rank's memory (its blocks and pieces) to zero; not collective."""
+        self._check_live()
+        self._exp.sync_memory()
+        self._local[:] = 0
+        self._exp.sync_memory()
 
     def sync(self) -> None:
         """Collective: complete this rank's outstanding operations, then barrier, so that

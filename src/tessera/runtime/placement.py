@@ -26,14 +26,18 @@ block, but NumPy work over every block, the same on every rank count).
 ``RowsPlacement`` is the ``("rows", owners)`` placement the same way (per first tile:
 its elements and where its row starts in its owner's memory); ``TablePlacement`` the
 same interface over an explicit owner per listed key (GlobalArray's distributions and
-explicit owners). ``block_placement`` makes the one a tensor structure asks for.
+explicit owners). ``PiecedPlacement`` is the ``pieces`` placement (blocks stored in
+pieces over several ranks, ``distribution.piece_table``) where a structure has too few
+blocks for its ranks; its tables list every piece (O(blocks x pieces), a few per rank:
+only classes of fewer blocks than about the ranks are cut). ``block_placement`` makes
+the one a tensor structure asks for.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tessera.runtime.distribution import block_offsets, check_placement, structure_signature
+from tessera.runtime.distribution import block_offsets, check_placement, piece_count, piece_table, structure_signature
 
 CHUNK = 1 << 14            # grid cells evaluated at once when building the counts
 ROWS = 64                  # prefix rows kept by a placement (``_row``)
@@ -331,13 +335,62 @@ class TablePlacement:
         return list(self.layout.keys)
 
 
-def block_placement(spaces, irrep: int, group, nranks: int, placement="balanced"):
+class PiecedPlacement:
+    """The ``pieces`` placement of the stored blocks of ``base`` (a BalancedPlacement of
+    the same structure), per ``distribution.piece_table``: ``pieces_of(key)`` says where
+    each piece of a block lies; no rank holds a whole block (``local_keys`` is empty)."""
+
+    name = "pieces"
+
+    def __init__(self, base: BalancedPlacement, spaces, irrep: int, nranks: int, least: int = 1):
+        self.base, self.nblocks = base, base.nblocks
+        keys = base.keys()
+        self._index = {key: n for n, key in enumerate(keys)}
+        t = piece_table(spaces, irrep, keys, nranks, least)
+        self.k, self.elements_of = t["k"], t["elements"]
+        cols = [t[c].tolist() for c in ("owner", "offset", "start", "count")]
+        self._pieces = list(zip(*cols))
+        self._first, self._n = t["first"].tolist(), t["npieces"].tolist()
+
+    def stored(self, key) -> bool:
+        return self.base.stored(key)
+
+    def keys(self) -> list:
+        return self.base.keys()
+
+    def pieces_of(self, key) -> list:
+        """[(owner, offset in its memory, first element in the block, elements), ...] of
+        the pieces of a stored key, in element order; KeyError for another key."""
+        n = self._index[key]
+        return self._pieces[self._first[n]:self._first[n] + self._n[n]]
+
+    def locate(self, key) -> tuple:
+        """(home: the owner of the block's first piece, its offset there)."""
+        return self.pieces_of(key)[0][:2]
+
+    def elements(self, rank: int) -> int:
+        return int(self.elements_of[rank])
+
+    def local_keys(self, rank: int) -> list:
+        return []
+
+
+def block_placement(spaces, irrep: int, group, nranks: int, placement="balanced", least_pieces: int = 1):
     """The placement of a structure (index spaces with ``tiles`` of ``size`` and
     ``irrep``, the tensor's irrep, its canonical group or ``()``) on ``nranks`` ranks:
-    ``"balanced"`` or ``("rows", owners)`` (see ``distribution.block_owner_array``)."""
+    ``"balanced"``, ``"pieces"`` or ``("rows", owners)`` (see
+    ``distribution.block_owner_array``); ``pieces`` is the BalancedPlacement where
+    whole blocks are cut in one piece (``distribution.piece_count``; at least
+    ``least_pieces``)."""
     sizes = [[t.size for t in s.tiles] for s in spaces]
     irreps = [[t.irrep for t in s.tiles] for s in spaces]
     rows = check_placement(placement, len(sizes[0]), nranks)
     if rows is not None:
         return RowsPlacement(sizes, irreps, irrep, group, rows)
-    return BalancedPlacement(sizes, irreps, irrep, group, nranks, structure_signature(spaces, irrep) % nranks)
+    base = BalancedPlacement(sizes, irreps, irrep, group, nranks, structure_signature(spaces, irrep) % nranks)
+    if placement == "pieces" and base.nblocks:
+        per_class = np.diff(base.start)                   # stored blocks of each size class
+        largest, total = int(base.classes[per_class > 0][0]), int(np.dot(per_class, base.classes))
+        if piece_count(largest, total, nranks, least_pieces) > 1:
+            return PiecedPlacement(base, spaces, irrep, nranks, least_pieces)
+    return base

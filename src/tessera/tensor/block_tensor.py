@@ -488,6 +488,9 @@ class BlockTensor:
 
     # ----------------------------------------------------------------- whole-tensor ops
     def copy(self, name: str = "") -> "BlockTensor":
+        if self.dist is not None and self.dist.pieced:
+            raise ShapeError(f"tensor {self.name!r} is stored in pieces on several processes (placement "
+                             "'pieces'); no process holds a whole block to copy: read it with get_block")
         t = self.like(name)
         if self.dist is None and not self.aliases:
             t.blocks = {k: b.copy() for k, b in self.blocks.items()}
@@ -557,7 +560,10 @@ class BlockTensor:
 
     @property
     def local_nbytes(self) -> int:
-        """Bytes of the blocks held by this process (aliases are views: not counted)."""
+        """Bytes of the blocks held by this process (aliases are views: not counted; a
+        distributed tensor's: its storage here, blocks or pieces of blocks)."""
+        if self.dist is not None:
+            return int(self.dist.local_nbytes())
         return int(sum(b.nbytes for k, b in self.blocks.items() if k not in self.aliases))
 
     # ----------------------------------------------------------------- expressions

@@ -1,0 +1,142 @@
+"""Blocks stored in pieces over several ranks (placement ``pieces``) under `mpiexec -n K`,
+with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor is cut.
+
+1. A ``pieces`` tensor on mpi-onesided through every access path, against numpy: put_block
+   from rank 0, accumulate_block from every rank, get_block, to_dense (fetch_many), the
+   global array's iget / get_patch / acc_patch across blocks and pieces, a contraction
+   that reads it (ts.einsum) and a dot with it first; a partial put_patch, a local view, a copy and a step that
+   writes it in place are refused (one-line errors, reported as their messages).
+2. CCSD(T) of water STO-3G (C2v, tile 2) converged on mpi-onesided (cached, original) with
+   the integral classes in pieces, and on mpi-collective (whole blocks: the fallback).
+
+Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
+energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
+"""
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+import tessera as ts
+from tessera import BlockTensor, IndexSpace
+from tessera.backends.context import Context
+from tessera.chem.ccsd import CCSD
+from tessera.chem.integrals import transform
+from tessera.chem.molecule import Molecule
+from tessera.chem.pyscf_reference import rhf_reference
+from tessera.chem.triples import triples_correction
+from tessera.errors import TesseraError
+from tessera.runtime import World
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def refused(fn) -> str:
+    try:
+        fn()
+    except TesseraError as err:
+        return str(err)
+    return ""
+
+
+def access(world) -> dict:
+    rng = np.random.default_rng(11)
+    o = IndexSpace.from_irreps("o", rng.integers(0, 2, 6), 3)
+    v = IndexSpace.from_irreps("v", rng.integers(0, 2, 9), 4)
+    out = {}
+    with Context("mpi-onesided", variant="original") as ctx:
+        t = BlockTensor((o, v, v), 1, name="p", placement="pieces")
+        keys = t.stored_keys()
+        blocks = {k: rng.standard_normal(t.block_shape(k)) for k in keys}    # the same on every rank
+        if world.rank == 0:
+            for k in keys:
+                t.put_block(k, blocks[k])
+        t.dist.sync()
+        for k in keys:
+            t.accumulate_block(k, blocks[k], scale=world.rank + 1.0)
+        t.dist.sync()
+        factor = 1.0 + sum(r + 1.0 for r in range(world.size))
+        ref = {k: factor * b for k, b in blocks.items()}
+        ga = t.dist.ga
+        out["pieced"] = bool(t.dist.pieced)
+        out["pieces_per_block"] = ga.pieces
+        out["blocks_here"] = len(t.blocks)
+        out["held"] = world.allreduce(t.local_nbytes, "sum") / (8 * sum(b.size for b in blocks.values()))
+        err = max(float(np.abs(t.get_block(k) - ref[k]).max()) for k in keys)
+        err = max(err, max(float(np.abs(ga.iget(k).wait() - ref[k]).max()) for k in keys))
+        dense = np.zeros(t.shape)
+        for k, b in ref.items():
+            dense[np.ix_(*(s.orbitals[s.slice(x)] for s, x in zip(t.spaces, k)))] = b
+        err = max(err, float(np.abs(t.to_dense() - dense).max()))
+        # patches in the array's own (tile-ordered) index space: the whole, and a box across blocks
+        whole = np.zeros(ga.shape)
+        for k, b in ref.items():
+            lo, hi = ga.block_range(k)
+            whole[tuple(slice(a, c) for a, c in zip(lo, hi))] = b
+        err = max(err, float(np.abs(ga.get_patch((0, 0, 0), ga.shape) - whole).max()))
+        lo, hi = (1, 2, 3), (ga.shape[0] - 1, ga.shape[1] - 1, ga.shape[2] - 2)
+        allowed = np.zeros(ga.shape, bool)
+        for k in keys:
+            a, c = ga.block_range(k)
+            allowed[tuple(slice(x, y) for x, y in zip(a, c))] = True
+        sub = tuple(slice(a, b) for a, b in zip(lo, hi))
+        first = next(k for k in keys if min(t.block_shape(k)) >= 2)   # acc_patch: inside existing blocks
+        a, c = ga.block_range(first)
+        inner = (tuple(x + 1 for x in a), c)
+        part = rng.standard_normal([y - x - 1 for x, y in zip(a, c)])     # the same on every rank
+        ga.sync()                                      # every rank has read before rank 0 adds
+        if world.rank == 0:
+            ga.acc_patch(*inner, part)
+        ga.sync()
+        whole[tuple(slice(x, y) for x, y in zip(*inner))] += part
+        err = max(err, float(np.abs(ga.get_patch(lo, hi) - np.where(allowed, whole, 0.0)[sub]).max()))
+        err = max(err, float(np.abs(ga.iget_patch(*inner).wait() - whole[tuple(slice(x, y) for x, y in zip(*inner))]).max()))
+        out["access_error"] = world.allreduce(err, "max")
+        # a contraction that reads the pieced tensor (one-sided gets of its pieces)
+        x = BlockTensor.random((v, o), 0, rng=rng, name="x")
+        y = ts.einsum("iab,bj->iaj", t, x)
+        expect = np.einsum("iab,bj->iaj", t.to_dense(), x.to_dense())
+        out["einsum_error"] = float(np.abs(y.to_dense() - expect).max())
+        w = BlockTensor.random((o, v, v), 1, rng=rng, name="w")
+        out["dot_error"] = abs(ts.dot(t["iab"], w["iba"]) - float(np.einsum("iab,iba->", t.to_dense(), w.to_dense())))
+        ga.sync()
+        out["partial_put"] = refused(lambda: ga.put_patch(*inner, part))
+        out["local_view"] = refused(lambda: ga.local_view(first))
+        out["copy"] = refused(t.copy)
+
+        def write_in_place():
+            z = BlockTensor((o, v, v), 1, name="z", placement="pieces")
+            with ts.equations():
+                z["iab"] += t["iab"]
+        out["in_place"] = refused(write_in_place)
+    return out
+
+
+def energies(world) -> dict:
+    mol = Molecule.from_xyz(str(EXAMPLES / "water.xyz"), basis="sto-3g").to_pyscf()
+    ref = rhf_reference(mol) if world.rank == 0 else None
+    ref = replace(world.bcast(None if ref is None else replace(ref, mol=None), root=0), mol=mol)
+    out = {"e_hf": ref.e_hf}
+    for backend, variant in (("mpi-onesided", "cached"), ("mpi-onesided", "original"), ("mpi-collective", "summa")):
+        with Context(backend, variant=variant) as ctx:
+            ints = transform(ref, 0, 2)
+            cut = sorted(n for n, t in ints.tensors.items() if t.dist.pieced)
+            cc = CCSD(conv=1e-10, max_iter=80).kernel(ints, ctx)
+            tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
+        out[f"{backend}/{variant}"] = {"e_ccsd": cc.e_corr, "e_t": tr.energy, "pieced": cut}
+    return out
+
+
+def main() -> int:
+    world = World.get()
+    result = {"ranks": world.size, "access": access(world), "energies": energies(world)}
+    if world.rank == 0:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
