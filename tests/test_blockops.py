@@ -174,3 +174,27 @@ def test_flat_storage_views_zeros_and_rebuild():
     E.flat()[:] = 1.0
     assert sorted(E.blocks) == sorted(E.allowed_keys())
     assert all((b == 1.0).all() for b in E.blocks.values())
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_gathers_cut_into_even_parts_equal_einsum(workers, monkeypatch):
+    """A gather is cut into a multiple of the workers of parts of equal elements (blocks
+    split by rows of their first permuted axis), and the contraction still equals
+    numpy.einsum (random irreps, sparse operands, transposed gathers)."""
+    monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 0)
+    monkeypatch.setattr(blockops, "_GATHER_ELEMENTS", 40)
+    cuts, even_parts = [], blockops._even_parts
+    monkeypatch.setattr(blockops, "_even_parts", lambda copies, w: cuts.append(even_parts(copies, w)) or cuts[-1])
+    o, v, rng = _spaces(21)
+    A = BlockTensor.random((o, o, v, v), 0, rng=rng, name="A", fill=0.8)
+    B = BlockTensor.random((v, o, v, o), 0, rng=rng, name="B")
+    C = BlockTensor((o, v, o, v), 0, name="C")
+    with ts.Context("threads", workers=workers), ts.equations():
+        C["iajb"] = A["ikac"] * B["ckbj"]
+    _close(C.to_dense(), np.einsum("ikac,ckbj->iajb", A.to_dense(), B.to_dense()))
+    assert cuts
+    for parts in cuts:
+        assert len(parts) % workers == 0
+        sizes = [sum((r1 - r0) * blk.size // e[3][0] for _, e, blk, r0, r1 in p) for p in parts]
+        widest = max(blk.size // e[3][0] for p in parts for _, e, blk, _, _ in p)
+        assert max(sizes) - min(sizes) <= 2 * widest       # a part: the rows that start in its range

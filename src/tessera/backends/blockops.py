@@ -9,6 +9,7 @@ adds them.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from functools import partial
 
 import numpy as np
@@ -28,16 +29,18 @@ _GATHER_ELEMENTS = 1 << 19
 _FLAT_ELEMENTS = 1 << 16
 
 
-def gather_tasks(ref, perm, layouts: dict, into: dict) -> list:
+def gather_tasks(ref, perm, layouts: dict, into: dict, workers: int = 1) -> list:
     """Tasks that copy ``ref``'s blocks, transposed by ``perm``, into one matrix per sector.
 
     ``layouts[g] = (row_layout, col_layout)``: the leading permuted axes are rows, the
     others columns. Results land in ``into[g]``: a sector that is one block whose
-    transpose reshapes without a copy is that view; else a matrix filled by tasks of
-    about ``_GATHER_ELEMENTS`` elements each, so that the pool copies in parallel.
+    transpose reshapes without a copy is that view; else a matrix filled by tasks, a
+    multiple of ``workers`` of them with equal elements (about ``_GATHER_ELEMENTS``
+    each), so that the pool copies in parallel and no worker waits on a larger share
+    (three tasks of whole blocks on two workers left one idle a third of the time).
     """
     blocks = ref.tensor.blocks
-    tasks = []
+    copies = []         # (matrix, entry, block) of every block to copy
     for g, (rows, cols) in layouts.items():
         entries = gather_map(rows, cols, perm)
         shape = (rows.total, cols.total)
@@ -49,23 +52,36 @@ def gather_tasks(ref, perm, layouts: dict, into: dict) -> list:
                 into[g] = view
                 continue
         into[g] = mat = np.empty(shape) if len(found) == len(entries) else np.zeros(shape)
-        chunk, size = [], 0
-        for item in found:
-            chunk.append(item)
-            size += item[1].size
-            if size >= _GATHER_ELEMENTS:
-                tasks.append(partial(_gather_one, mat, chunk, perm))
-                chunk, size = [], 0
-        if chunk:
-            tasks.append(partial(_gather_one, mat, chunk, perm))
-    return tasks
+        copies += [(mat, e, blk) for e, blk in found]
+    return [partial(_gather_one, perm, part) for part in _even_parts(copies, workers) if part]
 
 
-def _gather_one(mat, found, perm) -> None:
-    """Copy blocks into their places in ``mat`` (one copy each: splitting the axes of a
-    2-d slice is always a view)."""
-    for (_, rsl, csl, bshape), blk in found:
-        mat[rsl, csl].reshape(bshape)[...] = blk.transpose(perm)
+def _even_parts(copies: list, workers: int) -> list:
+    """``copies`` cut into ``workers`` x k lists of equal elements (to whole rows of a
+    block's first permuted axis): (matrix, entry, block, first row, end row) each."""
+    total = sum(blk.size for _, _, blk in copies)
+    n = workers * max(1, round(total / (workers * _GATHER_ELEMENTS)))
+    bounds = [total * k // n for k in range(n + 1)]
+    parts: list = [[] for _ in range(n)]
+    offset = 0
+    for mat, entry, blk in copies:
+        nrow = entry[3][0]
+        row = blk.size // nrow if nrow else 0
+        r = 0
+        while row and r < nrow:
+            k = bisect_right(bounds, offset + r * row) - 1
+            stop = min(nrow, -(-(bounds[k + 1] - offset) // row))
+            parts[k].append((mat, entry, blk, r, stop))
+            r = stop
+        offset += blk.size
+    return parts
+
+
+def _gather_one(perm, pieces) -> None:
+    """Copy rows of blocks into their places in their matrices (one copy each: splitting
+    the axes of a 2-d slice is always a view)."""
+    for mat, (_, rsl, csl, bshape), blk, r0, r1 in pieces:
+        mat[rsl, csl].reshape(bshape)[r0:r1] = blk.transpose(perm)[r0:r1]
 
 
 def gather_flat_tasks(ref, perm, layouts: dict, into: dict, workers: int = 1) -> list:
