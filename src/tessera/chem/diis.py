@@ -11,6 +11,7 @@ products over the processes, so every process gets the same coefficients.
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg.blas import daxpy
 
 from tessera.backends.context import one_blas_thread
 
@@ -71,8 +72,19 @@ class DIIS:
                 c = np.linalg.solve(b, rhs)[:n]
                 if np.all(np.isfinite(c)) and (self.max_condition is None
                                                or np.linalg.cond(b) < self.max_condition):
-                    return sum(ci * v for ci, v in zip(c, self.vectors[-n:]))
+                    return _combine(c, self.vectors[-n:])
             except np.linalg.LinAlgError:
                 pass
             n -= 1
         return vector
+
+
+def _combine(c, vectors: list) -> np.ndarray:
+    """sum_i c_i v_i of float arrays of one shape, accumulated in one array by BLAS axpy:
+    ``sum(c_i * v_i)`` made two temporaries per term (a 9 MB CCSD vector: ~5 passes over
+    memory per term against 3)."""
+    first = np.asarray(vectors[0])
+    out = np.multiply(first, c[0]).reshape(-1)
+    for ci, v in zip(c[1:], vectors[1:]):
+        out = daxpy(np.ravel(v), out, a=ci)
+    return out.reshape(first.shape)
