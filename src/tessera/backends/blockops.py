@@ -52,35 +52,35 @@ def gather_tasks(ref, perm, layouts: dict, into: dict, workers: int = 1) -> list
                 into[g] = view
                 continue
         into[g] = mat = np.empty(shape) if len(found) == len(entries) else np.zeros(shape)
-        copies += [(mat, e, blk) for e, blk in found]
-    return [partial(_gather_one, perm, part) for part in _even_parts(copies, workers) if part]
+        copies += [((mat, e, blk), e[3][0], blk.size) for e, blk in found]
+    return [partial(_gather_one, perm, part) for part in _even_parts(copies, workers)]
 
 
-def _even_parts(copies: list, workers: int) -> list:
-    """``copies`` cut into ``workers`` x k lists of equal elements (to whole rows of a
-    block's first permuted axis): (matrix, entry, block, first row, end row) each."""
-    total = sum(blk.size for _, _, blk in copies)
+def _even_parts(items: list, workers: int) -> list:
+    """``items`` ((thing, rows, elements) each) cut into ``workers`` x k lists of equal
+    elements, about ``_GATHER_ELEMENTS`` each, to whole rows of a thing's first axis:
+    (thing, first row, end row) each (a part: the rows that start in its range)."""
+    total = sum(size for _, _, size in items)
     n = workers * max(1, round(total / (workers * _GATHER_ELEMENTS)))
     bounds = [total * k // n for k in range(n + 1)]
     parts: list = [[] for _ in range(n)]
     offset = 0
-    for mat, entry, blk in copies:
-        nrow = entry[3][0]
-        row = blk.size // nrow if nrow else 0
+    for thing, nrow, size in items:
+        row = size // nrow if nrow else 0
         r = 0
         while row and r < nrow:
             k = bisect_right(bounds, offset + r * row) - 1
             stop = min(nrow, -(-(bounds[k + 1] - offset) // row))
-            parts[k].append((mat, entry, blk, r, stop))
+            parts[k].append((thing, r, stop))
             r = stop
-        offset += blk.size
-    return parts
+        offset += size
+    return [part for part in parts if part]
 
 
 def _gather_one(perm, pieces) -> None:
     """Copy rows of blocks into their places in their matrices (one copy each: splitting
     the axes of a 2-d slice is always a view)."""
-    for mat, (_, rsl, csl, bshape), blk, r0, r1 in pieces:
+    for (mat, (_, rsl, csl, bshape), blk), r0, r1 in pieces:
         mat[rsl, csl].reshape(bshape)[r0:r1] = blk.transpose(perm)[r0:r1]
 
 
@@ -195,14 +195,48 @@ def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> tupl
             cmat = np.empty((sec.rows.total, sec.cols.total))
             first += _gemm_tasks(sec, amats, bmats, cmat, workers, step.scale)
             entries = scatter_map(sec.rows, sec.cols, cperm, aliases, 0, len(sec.rows.tuples))
-            then += [partial(_scatter_one, step.out.tensor, 1.0, transpose, cmat, entries[i::workers])
-                     for i in range(min(workers, len(entries)))]
+            then += _scatter_parts(step.out.tensor, transpose, cmat, entries, workers)
             continue
         for start, stop, r0, r1 in ranges:
             first.append(partial(_gemm_scatter_one, step.out.tensor, step.scale, transpose,
                                  amats[sec.irrep][r0:r1], bmats[sec.irrep],
                                  scatter_map(sec.rows, sec.cols, cperm, aliases, start, stop)))
     return first, then
+
+
+def _scatter_parts(out, transpose, cmat, entries, workers: int) -> list:
+    """Tasks adding a computed product's blocks (``scatter_map`` entries) into a local,
+    non-canonical output in ``_even_parts`` (ranges of each block's first product axis),
+    so that nine equal blocks no longer go five to one worker and four to the other; an
+    output block not yet there is made here, whole parts then set, not added. Any other
+    output: whole blocks dealt among the workers."""
+    if out.dist is not None or out.aliases:
+        return [partial(_scatter_one, out, 1.0, transpose, cmat, entries[i::workers])
+                for i in range(min(workers, len(entries)))]
+    fresh = set()
+    for key, _, _, shape in entries:
+        if key not in out.blocks:
+            out.store_block(key, np.empty(shape if transpose is None else tuple(shape[p] for p in transpose)))
+            fresh.add(key)
+    axis = 0 if transpose is None else transpose.index(0)
+    items = [((e, e[0] in fresh), e[3][0], (e[1].stop - e[1].start) * (e[2].stop - e[2].start)) for e in entries]
+    return [partial(_scatter_rows, out, transpose, axis, cmat, part) for part in _even_parts(items, workers)]
+
+
+def _scatter_rows(out, transpose, axis: int, cmat, pieces) -> None:
+    """Rows ``r0:r1`` of the first product axis of ``scatter_map`` entries added into (set,
+    for a block made for this product) the output blocks, where they are axis ``axis``."""
+    for ((key, rsl, csl, shape), fresh), r0, r1 in pieces:
+        step = (rsl.stop - rsl.start) // shape[0]
+        src = cmat[rsl.start + r0 * step:rsl.start + r1 * step, csl].reshape((r1 - r0,) + shape[1:])
+        if transpose is not None:
+            src = src.transpose(transpose)
+        part = out.blocks[key][(slice(None),) * axis + (slice(r0, r1),)]
+        if fresh:
+            part[...] = src
+        else:
+            part += src
+    out.version += 1
 
 
 def _gemm_scatter_one(out, scale, transpose, amat, bmat, entries) -> None:
