@@ -128,8 +128,9 @@ def _parts(sec, workers: int) -> int:
     """Tasks a sector's GEMM is split into: at most one per worker, each of at least
     ``_TASK_FLOPS`` (few large GEMMs, each task reads all of B, that still fill the pool)
     or of ``_GATHER_ELEMENTS`` product elements to add into the output (an outer product
-    t1 x t1 is few flops but o^2 v^2 elements to write)."""
-    work = max(sec.flops // _TASK_FLOPS, sec.rows.total * sec.cols.total // _GATHER_ELEMENTS)
+    t1 x t1 is few flops but o^2 v^2 elements to write) or elements of A to read (ovvv
+    times t1 into fvv: few flops, o v^3 elements read)."""
+    work = max(sec.flops // _TASK_FLOPS, sec.rows.total * max(sec.cols.total, sec.inner.total) // _GATHER_ELEMENTS)
     return max(1, min(workers, sec.rows.total, int(work)))
 
 
