@@ -25,6 +25,8 @@ class DIIS:
     drops the oldest pair. Fewer than two pairs: the vector itself. ``weight``: per
     element, how many elements of the whole vector it stands for (a vector of canonical
     blocks of a symmetric tensor), so that inner products are those of the whole vectors.
+    ``error_norm``: the norm of the last error passed to ``update`` (weighted, summed over
+    processes), a by-product of its inner products.
     """
 
     def __init__(self, space: int = 8, reduce=None, max_condition: float | None = None, weight=None):
@@ -35,6 +37,7 @@ class DIIS:
         self.vectors: list = []
         self.errors: list = []
         self.gram = np.zeros((0, 0))
+        self.error_norm = 0.0
 
     def __len__(self) -> int:
         return len(self.vectors)
@@ -49,6 +52,7 @@ class DIIS:
         self.errors.append(error)
         werr = error if self.weight is None else self.weight * error
         row = self.reduce(np.array([np.dot(e, werr) for e in self.errors]))
+        self.error_norm = float(np.sqrt(row[-1]))
         n_old = self.gram.shape[0]
         gram = np.zeros((n_old + 1, n_old + 1))
         gram[:n_old, :n_old] = self.gram
