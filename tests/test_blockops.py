@@ -174,3 +174,40 @@ def test_flat_storage_views_zeros_and_rebuild():
     E.flat()[:] = 1.0
     assert sorted(E.blocks) == sorted(E.allowed_keys())
     assert all((b == 1.0).all() for b in E.blocks.values())
+
+
+def _row_elements(thing) -> int:
+    """Elements of one row of an ``_even_parts`` item: a gather's (matrix, entry, block) or
+    a scatter's (entry, fresh)."""
+    if len(thing) == 3:
+        return thing[2].size // thing[1][3][0]
+    (_, rsl, csl, shape), _ = thing
+    return (rsl.stop - rsl.start) * (csl.stop - csl.start) // shape[0]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_gathers_and_scatters_cut_into_even_parts_equal_einsum(workers, monkeypatch):
+    """Gathers, and the scatters of products computed whole, are cut into a multiple of
+    the workers of parts of equal elements (blocks split by rows of their first axis),
+    and the contractions still equal numpy.einsum (random irreps, sparse operands,
+    transposed gathers and products, an output made by the step and one added to)."""
+    monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 0)
+    monkeypatch.setattr(blockops, "_GATHER_ELEMENTS", 40)
+    cuts, even_parts = [], blockops._even_parts
+    monkeypatch.setattr(blockops, "_even_parts", lambda items, w: cuts.append(even_parts(items, w)) or cuts[-1])
+    o, v, rng = _spaces(21)
+    A = BlockTensor.random((o, o, v, v), 0, rng=rng, name="A", fill=0.8)
+    B = BlockTensor.random((v, o, v, o), 0, rng=rng, name="B")
+    C = BlockTensor((o, v, o, v), 0, name="C")
+    with ts.Context("threads", workers=workers), ts.equations():
+        C["iajb"] = A["ikac"] * B["ckbj"]
+        C["iajb"] += 2.0 * B["ckai"] * A["jkcb"]
+    a, b = A.to_dense(), B.to_dense()
+    _close(C.to_dense(), np.einsum("ikac,ckbj->iajb", a, b) + 2.0 * np.einsum("ckai,jkcb->iajb", b, a))
+    # gathers were cut, and scatters too on several workers (one worker scatters as it multiplies)
+    assert {len(parts[0][0][0]) for parts in cuts} == ({3} if workers == 1 else {2, 3})
+    for parts in cuts:
+        assert len(parts) % workers == 0
+        sizes = [sum((r1 - r0) * _row_elements(thing) for thing, r0, r1 in p) for p in parts]
+        widest = max(_row_elements(thing) for p in parts for thing, _, _ in p)
+        assert max(sizes) - min(sizes) <= 2 * widest       # a part: the rows that start in its range

@@ -9,6 +9,7 @@ adds them.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from functools import partial
 
 import numpy as np
@@ -28,16 +29,18 @@ _GATHER_ELEMENTS = 1 << 19
 _FLAT_ELEMENTS = 1 << 16
 
 
-def gather_tasks(ref, perm, layouts: dict, into: dict) -> list:
+def gather_tasks(ref, perm, layouts: dict, into: dict, workers: int = 1) -> list:
     """Tasks that copy ``ref``'s blocks, transposed by ``perm``, into one matrix per sector.
 
     ``layouts[g] = (row_layout, col_layout)``: the leading permuted axes are rows, the
     others columns. Results land in ``into[g]``: a sector that is one block whose
-    transpose reshapes without a copy is that view; else a matrix filled by tasks of
-    about ``_GATHER_ELEMENTS`` elements each, so that the pool copies in parallel.
+    transpose reshapes without a copy is that view; else a matrix filled by tasks, a
+    multiple of ``workers`` of them with equal elements (about ``_GATHER_ELEMENTS``
+    each), so that the pool copies in parallel and no worker waits on a larger share
+    (three tasks of whole blocks on two workers left one idle a third of the time).
     """
     blocks = ref.tensor.blocks
-    tasks = []
+    copies = []         # (matrix, entry, block) of every block to copy
     for g, (rows, cols) in layouts.items():
         entries = gather_map(rows, cols, perm)
         shape = (rows.total, cols.total)
@@ -49,23 +52,36 @@ def gather_tasks(ref, perm, layouts: dict, into: dict) -> list:
                 into[g] = view
                 continue
         into[g] = mat = np.empty(shape) if len(found) == len(entries) else np.zeros(shape)
-        chunk, size = [], 0
-        for item in found:
-            chunk.append(item)
-            size += item[1].size
-            if size >= _GATHER_ELEMENTS:
-                tasks.append(partial(_gather_one, mat, chunk, perm))
-                chunk, size = [], 0
-        if chunk:
-            tasks.append(partial(_gather_one, mat, chunk, perm))
-    return tasks
+        copies += [((mat, e, blk), e[3][0], blk.size) for e, blk in found]
+    return [partial(_gather_one, perm, part) for part in _even_parts(copies, workers)]
 
 
-def _gather_one(mat, found, perm) -> None:
-    """Copy blocks into their places in ``mat`` (one copy each: splitting the axes of a
-    2-d slice is always a view)."""
-    for (_, rsl, csl, bshape), blk in found:
-        mat[rsl, csl].reshape(bshape)[...] = blk.transpose(perm)
+def _even_parts(items: list, workers: int) -> list:
+    """``items`` ((thing, rows, elements) each) cut into ``workers`` x k lists of equal
+    elements, about ``_GATHER_ELEMENTS`` each, to whole rows of a thing's first axis:
+    (thing, first row, end row) each (a part: the rows that start in its range)."""
+    total = sum(size for _, _, size in items)
+    n = workers * max(1, round(total / (workers * _GATHER_ELEMENTS)))
+    bounds = [total * k // n for k in range(n + 1)]
+    parts: list = [[] for _ in range(n)]
+    offset = 0
+    for thing, nrow, size in items:
+        row = size // nrow if nrow else 0
+        r = 0
+        while row and r < nrow:
+            k = bisect_right(bounds, offset + r * row) - 1
+            stop = min(nrow, -(-(bounds[k + 1] - offset) // row))
+            parts[k].append((thing, r, stop))
+            r = stop
+        offset += size
+    return [part for part in parts if part]
+
+
+def _gather_one(perm, pieces) -> None:
+    """Copy rows of blocks into their places in their matrices (one copy each: splitting
+    the axes of a 2-d slice is always a view)."""
+    for (mat, (_, rsl, csl, bshape), blk), r0, r1 in pieces:
+        mat[rsl, csl].reshape(bshape)[r0:r1] = blk.transpose(perm)[r0:r1]
 
 
 def gather_flat_tasks(ref, perm, layouts: dict, into: dict, workers: int = 1) -> list:
@@ -110,8 +126,12 @@ def _gemm_one(amat, bmat, cmat, scale: float) -> None:
 
 def _parts(sec, workers: int) -> int:
     """Tasks a sector's GEMM is split into: at most one per worker, each of at least
-    ``_TASK_FLOPS`` (few large GEMMs, each task reads all of B, that still fill the pool)."""
-    return max(1, min(workers, sec.rows.total, int(sec.flops // _TASK_FLOPS)))
+    ``_TASK_FLOPS`` (few large GEMMs, each task reads all of B, that still fill the pool)
+    or of ``_GATHER_ELEMENTS`` product elements to add into the output (an outer product
+    t1 x t1 is few flops but o^2 v^2 elements to write) or elements of A to read (ovvv
+    times t1 into fvv: few flops, o v^3 elements read)."""
+    work = max(sec.flops // _TASK_FLOPS, sec.rows.total * max(sec.cols.total, sec.inner.total) // _GATHER_ELEMENTS)
+    return max(1, min(workers, sec.rows.total, int(work)))
 
 
 def flat_add_tasks(out, src, index, scale: float, workers: int = 1, divisor=None, dindex=None) -> list:
@@ -176,14 +196,48 @@ def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> tupl
             cmat = np.empty((sec.rows.total, sec.cols.total))
             first += _gemm_tasks(sec, amats, bmats, cmat, workers, step.scale)
             entries = scatter_map(sec.rows, sec.cols, cperm, aliases, 0, len(sec.rows.tuples))
-            then += [partial(_scatter_one, step.out.tensor, 1.0, transpose, cmat, entries[i::workers])
-                     for i in range(min(workers, len(entries)))]
+            then += _scatter_parts(step.out.tensor, transpose, cmat, entries, workers)
             continue
         for start, stop, r0, r1 in ranges:
             first.append(partial(_gemm_scatter_one, step.out.tensor, step.scale, transpose,
                                  amats[sec.irrep][r0:r1], bmats[sec.irrep],
                                  scatter_map(sec.rows, sec.cols, cperm, aliases, start, stop)))
     return first, then
+
+
+def _scatter_parts(out, transpose, cmat, entries, workers: int) -> list:
+    """Tasks adding a computed product's blocks (``scatter_map`` entries) into a local,
+    non-canonical output in ``_even_parts`` (ranges of each block's first product axis),
+    so that nine equal blocks no longer go five to one worker and four to the other; an
+    output block not yet there is made here, whole parts then set, not added. Any other
+    output: whole blocks dealt among the workers."""
+    if out.dist is not None or out.aliases:
+        return [partial(_scatter_one, out, 1.0, transpose, cmat, entries[i::workers])
+                for i in range(min(workers, len(entries)))]
+    fresh = set()
+    for key, _, _, shape in entries:
+        if key not in out.blocks:
+            out.store_block(key, np.empty(shape if transpose is None else tuple(shape[p] for p in transpose)))
+            fresh.add(key)
+    axis = 0 if transpose is None else transpose.index(0)
+    items = [((e, e[0] in fresh), e[3][0], (e[1].stop - e[1].start) * (e[2].stop - e[2].start)) for e in entries]
+    return [partial(_scatter_rows, out, transpose, axis, cmat, part) for part in _even_parts(items, workers)]
+
+
+def _scatter_rows(out, transpose, axis: int, cmat, pieces) -> None:
+    """Rows ``r0:r1`` of the first product axis of ``scatter_map`` entries added into (set,
+    for a block made for this product) the output blocks, where they are axis ``axis``."""
+    for ((key, rsl, csl, shape), fresh), r0, r1 in pieces:
+        step = (rsl.stop - rsl.start) // shape[0]
+        src = cmat[rsl.start + r0 * step:rsl.start + r1 * step, csl].reshape((r1 - r0,) + shape[1:])
+        if transpose is not None:
+            src = src.transpose(transpose)
+        part = out.blocks[key][(slice(None),) * axis + (slice(r0, r1),)]
+        if fresh:
+            part[...] = src
+        else:
+            part += src
+    out.version += 1
 
 
 def _gemm_scatter_one(out, scale, transpose, amat, bmat, entries) -> None:

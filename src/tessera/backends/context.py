@@ -240,7 +240,7 @@ class Context:
         if hit is not None:
             return hit
         mats: dict = {}
-        self.executor.run(blockops.gather_tasks(ref, perm, layouts, mats))
+        self.executor.run(blockops.gather_tasks(ref, perm, layouts, mats, self.executor.workers))
         size = sum(m.nbytes for m in mats.values())
         if size <= self.cache_bytes:
             self._cache[key] = mats
@@ -276,7 +276,7 @@ class Context:
             if small_blocks(t):
                 self.executor.run(blockops.gather_flat_tasks(ref, perm, layouts, mats, self.executor.workers))
             else:
-                self.executor.run(blockops.gather_tasks(ref, perm, layouts, mats))
+                self.executor.run(blockops.gather_tasks(ref, perm, layouts, mats, self.executor.workers))
         if self._uses[key] > 0:
             self._batch[key] = (t.version, mats)
         return mats

@@ -122,7 +122,7 @@ class CCSD:
             diis.vectors, diis.errors, diis.gram = resumed.diis_vectors, resumed.diis_errors, resumed.diis_gram
             history, e_old, first = resumed.history, resumed.e_corr, resumed.iteration + 1
             log.info("CCSD resumed after iteration %d, E=%.12f", resumed.iteration, e_old)
-        converged = False
+        converged, vec = False, None
         for it in range(first, self.max_iter + 1):
             t0, f0 = time.perf_counter(), ctx.flops
             r1, r2 = eq.residual(ints, t1, t2, tau, fixed)
@@ -133,12 +133,11 @@ class CCSD:
                 new2["ijab"] = r2["ijab"] / D2["ijab"]
             new1.fill_zero_blocks()
             new2.fill_zero_blocks()
-            old_vec, new_vec = _pack(t1, t2, keys), _pack(new1, new2, keys)
-            err = new_vec - old_vec
-            # einsum, not a BLAS dot: that wakes the BLAS threads, which then spin for a
-            # while into the next residual, beside the executor's own workers
-            res = float(np.sqrt(t2.global_sum(float(np.einsum("i,i,i->", err, weight, err)))))
-            vec = diis.update(new_vec, err)
+            # the old amplitudes are the last iteration's vector (unpacked into t1, t2)
+            old_vec = vec if vec is not None else _pack(t1, t2, keys)
+            new_vec = _pack(new1, new2, keys)
+            vec = diis.update(new_vec, new_vec - old_vec)
+            res = diis.error_norm
             _unpack(vec, new1, new2, keys)
             t1, t2 = new1, new2
             tau = eq.make_tau(ints, t1, t2)     # for the energy and the next residual

@@ -11,6 +11,7 @@ products over the processes, so every process gets the same coefficients.
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg.blas import daxpy
 
 from tessera.backends.context import one_blas_thread
 
@@ -24,6 +25,8 @@ class DIIS:
     drops the oldest pair. Fewer than two pairs: the vector itself. ``weight``: per
     element, how many elements of the whole vector it stands for (a vector of canonical
     blocks of a symmetric tensor), so that inner products are those of the whole vectors.
+    ``error_norm``: the norm of the last error passed to ``update`` (weighted, summed over
+    processes), a by-product of its inner products.
     """
 
     def __init__(self, space: int = 8, reduce=None, max_condition: float | None = None, weight=None):
@@ -34,6 +37,7 @@ class DIIS:
         self.vectors: list = []
         self.errors: list = []
         self.gram = np.zeros((0, 0))
+        self.error_norm = 0.0
 
     def __len__(self) -> int:
         return len(self.vectors)
@@ -48,6 +52,7 @@ class DIIS:
         self.errors.append(error)
         werr = error if self.weight is None else self.weight * error
         row = self.reduce(np.array([np.dot(e, werr) for e in self.errors]))
+        self.error_norm = float(np.sqrt(row[-1]))
         n_old = self.gram.shape[0]
         gram = np.zeros((n_old + 1, n_old + 1))
         gram[:n_old, :n_old] = self.gram
@@ -71,8 +76,19 @@ class DIIS:
                 c = np.linalg.solve(b, rhs)[:n]
                 if np.all(np.isfinite(c)) and (self.max_condition is None
                                                or np.linalg.cond(b) < self.max_condition):
-                    return sum(ci * v for ci, v in zip(c, self.vectors[-n:]))
+                    return _combine(c, self.vectors[-n:])
             except np.linalg.LinAlgError:
                 pass
             n -= 1
         return vector
+
+
+def _combine(c, vectors: list) -> np.ndarray:
+    """sum_i c_i v_i of float arrays of one shape, accumulated in one array by BLAS axpy:
+    ``sum(c_i * v_i)`` made two temporaries per term (a 9 MB CCSD vector: ~5 passes over
+    memory per term against 3)."""
+    first = np.asarray(vectors[0])
+    out = np.multiply(first, c[0]).reshape(-1)
+    for ci, v in zip(c[1:], vectors[1:]):
+        out = daxpy(np.ravel(v), out, a=ci)
+    return out.reshape(first.shape)
