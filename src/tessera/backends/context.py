@@ -203,12 +203,13 @@ class Context:
             if all(small_blocks(t) for t in (a, out, div) if t is not None) and \
                     not (step.pairs and (step.pairs not in FLAT_PAIRS or step.pairs != "unpack" and out.aliases)):
                 if step.pairs:
-                    index, dindex = pair_index(a, out, step.pairs, step.perms.get("sym"))
-                    divisor = PAIR_DIVISORS if dindex is not None else None
+                    maps = [(index, dindex, PAIR_DIVISORS if dindex is not None else None)
+                            for index, dindex in pair_index(a, out, step.pairs, step.perms.get("sym"))]
                 else:
                     index, dindex = add_index(a, out, step.perms["a"], div, step.perms.get("d"))
-                    divisor = div.flat() if div is not None else None
-                run(blockops.flat_add_tasks(out, a.flat(), index, step.scale, self.executor.workers, divisor, dindex))
+                    maps = [(index, dindex, div.flat() if div is not None else None)]
+                for index, dindex, divisor in maps:
+                    run(blockops.flat_add_tasks(out, a.flat(), index, step.scale, self.executor.workers, divisor, dindex))
             else:
                 run(blockops.add_tasks(step, self.executor.workers))
         elif step.kind == "hadamard":
