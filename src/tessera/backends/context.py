@@ -32,6 +32,7 @@ from tessera.backends.tasks import run_local
 from tessera.errors import InputError, TesseraError
 from tessera.expr import terms
 from tessera.plan.planner import plan_updates
+from tessera.plan.reuse import reused_plan
 from tessera.profile.records import Recorder
 from tessera.tensor.block_tensor import reset_storage, symmetry_group, use_storage
 
@@ -175,7 +176,7 @@ class Context:
                 reset_storage(token)
             self._computed(c0, 0.0)
             return
-        plan = plan_updates(updates)
+        plan = reused_plan(updates)
         # gathers of a non-constant operand that a later step of the plan repeats (same
         # tensor, permutation and layouts) are kept until their last use, while unchanged
         self._uses = Counter(_gather_key(ref.tensor, perm, layouts)
