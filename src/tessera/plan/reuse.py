@@ -8,16 +8,18 @@ so that a kept template holds no data.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from tessera.expr.terms import Ref
-from tessera.plan.planner import _PLUS_MINUS, Plan, plan_updates
+from tessera.plan.planner import Plan, plan_updates, plans_distributed
 from tessera.tensor.block_tensor import BlockTensor
 
 PLANS_KEPT = 256
 _templates: OrderedDict = OrderedDict()
+_lock = threading.Lock()          # contexts may run equations on several threads
 
 
 @dataclass(frozen=True)
@@ -37,17 +39,20 @@ def reused_plan(updates: list) -> Plan:
     tensors, key = _signature(updates)
     if key is None:
         return plan_updates(updates)
-    template = _templates.get(key)
+    with _lock:
+        template = _templates.get(key)
+        if template is not None:
+            _templates.move_to_end(key)
     plan = _rebind(template, tensors) if template is not None else None
     if plan is not None:
-        _templates.move_to_end(key)
         return plan
     plan = plan_updates(updates)
     template = _template(plan, tensors)
     if template is not None:
-        _templates[key] = template
-        while len(_templates) > PLANS_KEPT:
-            _templates.popitem(last=False)
+        with _lock:
+            _templates[key] = template
+            while len(_templates) > PLANS_KEPT:
+                _templates.popitem(last=False)
     return plan
 
 
@@ -64,7 +69,7 @@ def _signature(updates: list) -> tuple:
             tensors.append(t)
         return n, r.indices
 
-    key = [_PLUS_MINUS.get()]
+    key = [plans_distributed()]
     for up in updates:
         key.append((ref(up.target), up.accumulate, tuple(
             (t.scale, tuple(map(ref, t.factors)), None if t.divisor is None else ref(t.divisor))
