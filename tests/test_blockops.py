@@ -148,34 +148,6 @@ def test_constant_gather_served_by_its_transpose_or_symmetric_twin(backend, monk
     assert gathered.count("W") == 2 and len(ctx._cache) == 2       # two cached gathers, no more
 
 
-def test_flat_storage_views_zeros_and_rebuild():
-    """``BlockTensor.flat``: the stored blocks of a canonical tensor end to end, its alias
-    blocks views of them, a missing block zeros; writing the vector writes the blocks; a
-    block replaced afterwards makes a new vector; an empty tensor's vector is zeros whose
-    block views appear when its blocks are read."""
-    o, v, rng = _spaces(3)
-    d = rng.standard_normal((o.dim, o.dim, v.dim, v.dim))
-    d += d.transpose(1, 0, 3, 2)
-    T = BlockTensor.from_dense(d, (o, o, v, v), 0, symmetry=T2_SYM, canonical=True)
-    gone = T.stored_keys()[3]
-    for key in [gone] + [a for a, _ in T.aliases.of(gone)]:
-        del T.blocks[key]
-    ref = BlockTensor.from_dense(d, (o, o, v, v), 0, symmetry=T2_SYM, canonical=True)
-    ref.store_block(gone, np.zeros(ref.block_shape(gone)))
-    vec = T.flat()
-    assert vec.size == ref.stored_elements and T.flat() is vec
-    _close(T.to_dense(), ref.to_dense())
-    vec *= 2.0
-    _close(T.to_dense(), 2.0 * ref.to_dense())
-    T.store_block(gone, np.ones(T.block_shape(gone)))
-    assert T.flat() is not vec
-    _close(T.blocks[gone], np.ones(T.block_shape(gone)))
-    E = BlockTensor((o, o, v, v), 0, name="E", symmetry=T2_SYM, canonical=True)
-    E.flat()[:] = 1.0
-    assert sorted(E.blocks) == sorted(E.allowed_keys())
-    assert all((b == 1.0).all() for b in E.blocks.values())
-
-
 def test_threads_executor_runs_each_task_once_the_caller_helping():
     """``ThreadsExecutor.run``: every task runs once, on at most ``workers`` threads at a
     time, the calling thread one of them; a task's error is raised after every other task
@@ -210,3 +182,31 @@ def test_threads_executor_runs_each_task_once_the_caller_helping():
         assert live[0] == 0 and sorted(n for n, _ in ran) == list(range(6))     # the others ran, and ended
     finally:
         ex.close()
+
+
+def test_flat_storage_views_zeros_and_rebuild():
+    """``BlockTensor.flat``: the stored blocks of a canonical tensor end to end, its alias
+    blocks views of them, a missing block zeros; writing the vector writes the blocks; a
+    block replaced afterwards makes a new vector; an empty tensor's vector is zeros whose
+    block views appear when its blocks are read."""
+    o, v, rng = _spaces(3)
+    d = rng.standard_normal((o.dim, o.dim, v.dim, v.dim))
+    d += d.transpose(1, 0, 3, 2)
+    T = BlockTensor.from_dense(d, (o, o, v, v), 0, symmetry=T2_SYM, canonical=True)
+    gone = T.stored_keys()[3]
+    for key in [gone] + [a for a, _ in T.aliases.of(gone)]:
+        del T.blocks[key]
+    ref = BlockTensor.from_dense(d, (o, o, v, v), 0, symmetry=T2_SYM, canonical=True)
+    ref.store_block(gone, np.zeros(ref.block_shape(gone)))
+    vec = T.flat()
+    assert vec.size == ref.stored_elements and T.flat() is vec
+    _close(T.to_dense(), ref.to_dense())
+    vec *= 2.0
+    _close(T.to_dense(), 2.0 * ref.to_dense())
+    T.store_block(gone, np.ones(T.block_shape(gone)))
+    assert T.flat() is not vec
+    _close(T.blocks[gone], np.ones(T.block_shape(gone)))
+    E = BlockTensor((o, o, v, v), 0, name="E", symmetry=T2_SYM, canonical=True)
+    E.flat()[:] = 1.0
+    assert sorted(E.blocks) == sorted(E.allowed_keys())
+    assert all((b == 1.0).all() for b in E.blocks.values())
