@@ -148,6 +148,42 @@ def test_constant_gather_served_by_its_transpose_or_symmetric_twin(backend, monk
     assert gathered.count("W") == 2 and len(ctx._cache) == 2       # two cached gathers, no more
 
 
+def test_threads_executor_runs_each_task_once_the_caller_helping():
+    """``ThreadsExecutor.run``: every task runs once, on at most ``workers`` threads at a
+    time, the calling thread one of them; a task's error is raised after every other task
+    has run and ended (none runs on after ``run`` returns)."""
+    import threading
+    import time
+
+    from tessera.backends.local import ThreadsExecutor
+
+    ex = ThreadsExecutor(2)
+    lock, ran, live, peak = threading.Lock(), [], [0], [0]
+
+    def task(n, fail=False):
+        def run():
+            with lock:
+                live[0] += 1
+                peak[0] = max(peak[0], live[0])
+            time.sleep(0.002)
+            with lock:
+                live[0] -= 1
+                ran.append((n, threading.get_ident()))
+            if fail:
+                raise ValueError(f"task {n}")
+        return run
+    try:
+        ex.run([task(n) for n in range(9)])
+        assert sorted(n for n, _ in ran) == list(range(9)) and peak[0] <= 2
+        assert threading.get_ident() in {t for _, t in ran}
+        ran.clear()
+        with pytest.raises(ValueError, match="task 0"):
+            ex.run([task(0, fail=True)] + [task(n) for n in range(1, 6)])
+        assert live[0] == 0 and sorted(n for n, _ in ran) == list(range(6))     # the others ran, and ended
+    finally:
+        ex.close()
+
+
 def test_flat_storage_views_zeros_and_rebuild():
     """``BlockTensor.flat``: the stored blocks of a canonical tensor end to end, its alias
     blocks views of them, a missing block zeros; writing the vector writes the blocks; a

@@ -69,3 +69,53 @@ def test_pairing_order_is_the_cheapest_path_and_runs_right():
     R["ijab"] -= W["kdac"] * t["kb"] * tau["ijcd"]
     ref = -np.einsum("kdac,kb,ijcd->ijab", W.to_dense(), t.to_dense(), tau.to_dense())
     np.testing.assert_allclose(R.to_dense(), ref, atol=1e-10)
+
+
+def test_reused_plan_rebinds_new_tensors_and_keeps_no_data(monkeypatch):
+    """A local context plans a structure once (``plan.reuse.reused_plan``) and runs it
+    again on new tensors of that structure, with new temporaries: the ladder in the +/-
+    form (pair tensors, V+- of a frozen W) and a three-factor term (an intermediate), on
+    new random data each time, equal numpy.einsum; the kept template holds none of the
+    first run's tensors."""
+    import gc
+    import weakref
+
+    import tessera as ts
+    from tessera.backends import context
+    from tessera.plan import reuse
+
+    rng = np.random.default_rng(7)
+    o, v = IndexSpace.from_irreps("o", rng.integers(0, 4, 5), 2), IndexSpace.from_irreps("v", rng.integers(0, 4, 8), 3)
+    sym = (ts.PermutationalSymmetry((1, 0, 3, 2)),)
+    W_d = BlockTensor.random((v,) * 4, rng=rng).to_dense()
+    W_d = W_d + W_d.transpose(2, 3, 0, 1)        # W[acbd] = W[bdac]: (ac|bd) = (bd|ac), as the +/- ladder needs
+    W = BlockTensor.from_dense(W_d, (v,) * 4, 0, name="W", symmetry=(ts.PermutationalSymmetry((2, 3, 0, 1)),)).freeze()
+    A = BlockTensor.random((o, v, v, v), rng=rng, name="A").freeze()
+    plans = []
+    monkeypatch.setattr(context, "reused_plan", lambda updates: plans.append(reuse.reused_plan(updates)) or plans[-1])
+    earlier = []
+    with ts.Context("serial"):
+        for run in range(3):
+            x = BlockTensor.random((o, o, v, v), rng=rng).to_dense()
+            tau_d = x + x.transpose(1, 0, 3, 2)
+            tau = BlockTensor.from_dense(tau_d, (o, o, v, v), name="tau", symmetry=sym, canonical=True)
+            t = BlockTensor.random((o, v), rng=rng, name="t")
+            R = BlockTensor((o, o, v, v), name="R", symmetry=sym, canonical=True)
+            Z = BlockTensor((o, o, v, v), name="Z")
+            with ts.equations():
+                R["ijab"] = 0.7 * W["acbd"] * tau["ijcd"]
+                Z["ijab"] = -A["kcdb"] * tau["ijcd"] * t["ka"]
+            np.testing.assert_allclose(R.to_dense(), 0.7 * np.einsum("acbd,ijcd->ijab", W_d, tau_d), atol=1e-11)
+            np.testing.assert_allclose(Z.to_dense(), -np.einsum("kcdb,ijcd,ka->ijab", A.to_dense(), tau_d,
+                                                                t.to_dense()), atol=1e-11)
+            tensors = {r.tensor for st in plans[-1].steps for r in (st.out, *st.inputs) if not r.tensor.constant}
+            if run == 0:
+                kept = len(reuse._templates)
+            else:                   # planned once; new temporaries every time
+                assert len(reuse._templates) == kept
+                assert not {r() for r in earlier} & tensors
+                assert any(st.pairs == "plus_pack" for st in plans[-1].steps)
+            earlier += [weakref.ref(x) for x in tensors]
+    del tau, t, R, Z, x, tensors, plans
+    gc.collect()
+    assert all(r() is None for r in earlier)      # the template keeps no tensor (nor its data) alive

@@ -297,14 +297,18 @@ def _eightfold(v, rng):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", range(4))
-def test_ladder_in_plus_minus_form(backend, seed):
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "per-block"])
+def test_ladder_in_plus_minus_form(backend, seed, flat, monkeypatch):
     """The ladder R[ijab] += s W[acbd] tau[ijcd] with W frozen runs on the occupied pairs
     i <= j and in the symmetric/antisymmetric form over the virtual pairs (two GEMMs with
     V+- = W[acbd] +- W[adbc] on c <= d, a <= b: tensor.pairs.plus_minus) and equals
-    numpy.einsum; with the 8-fold symmetry V+- are stored as canonical halves, with only
+    numpy.einsum, its pack and unpack steps on whole flat tensors (``sectors.pair_index``)
+    or block by block; with the 8-fold symmetry V+- are stored as canonical halves, with only
     (ac|bd) = (bd|ac) in full. Flops: 2 x 2 sum_g pairs_v(g)^2 pairs_o(g ^ irrep(tau))."""
+    from tessera.backends import sectors
     from tessera.plan.planner import distributed_plans
     from tessera.tensor.pairs import pair_space, plus_minus
+    monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 1 << 30 if flat else 0)
     o, v, rng = spaces(300 + seed, nirrep=[1, 2, 4, 8][seed], tile=2 + seed % 2)
     g = int(rng.integers(0, [1, 2, 4, 8][seed]))
     sym = (ts.PermutationalSymmetry((1, 0, 3, 2)),)

@@ -135,24 +135,39 @@ def _parts(sec, workers: int) -> int:
 
 
 def flat_add_tasks(out, src, index, scale: float, workers: int = 1, divisor=None, dindex=None) -> list:
-    """out.flat() += scale * src[index] (/ divisor[dindex]); an index of None reads in order."""
-    vector = out.flat()
-    return [partial(_flat_add, out, vector, src, index, scale, divisor, dindex, s, e)
+    """out.flat() += scale * src[index] (/ divisor[dindex]); an index of None reads in order.
+    An output that stores nothing yet is set instead: no zeros, no pass to add them."""
+    fresh = out.holds_nothing()
+    vector = out.fresh_flat() if fresh else out.flat()
+    return [partial(_flat_add, out, vector, src, index, scale, divisor, dindex, s, e, fresh)
             for s, e in _chunks(vector.size, workers)]
 
 
-def _flat_add(out, vector, src, index, scale, divisor, dindex, start, stop) -> None:
+def _flat_add(out, vector, src, index, scale, divisor, dindex, start, stop, fresh) -> None:
+    if fresh:                   # vector[start:stop] = scale * src[index] (/ divisor[dindex])
+        part = vector[start:stop]
+        if index is None:
+            np.copyto(part, src[start:stop])
+        else:
+            np.take(src, index[start:stop], out=part, mode="clip")
+        if divisor is not None:
+            np.divide(part, divisor[start:stop] if dindex is None else
+                      np.take(divisor, dindex[start:stop], mode="clip"), out=part)
+        if scale != 1.0:
+            part *= scale
+        out.version += 1
+        return
     part = src[start:stop] if index is None else np.take(src, index[start:stop], mode="clip")
-    fresh = index is not None
+    owned = index is not None           # part is a new array (may be overwritten)
     if divisor is not None:
         by = divisor[start:stop] if dindex is None else np.take(divisor, dindex[start:stop], mode="clip")
-        part = np.divide(part, by, out=part if fresh else None)
-        fresh = True
+        part = np.divide(part, by, out=part if owned else None)
+        owned = True
     if scale == -1.0:           # a subtraction: no pass to scale
         vector[start:stop] -= part
     else:
         if scale != 1.0:
-            part = np.multiply(part, scale, out=part if fresh else None)
+            part = np.multiply(part, scale, out=part if owned else None)
         vector[start:stop] += part
     out.version += 1
 

@@ -32,6 +32,7 @@ from tessera.backends.tasks import run_local
 from tessera.errors import InputError, TesseraError
 from tessera.expr import terms
 from tessera.plan.planner import plan_updates
+from tessera.plan.reuse import reused_plan
 from tessera.profile.records import Recorder
 from tessera.tensor.block_tensor import reset_storage, symmetry_group, use_storage
 
@@ -175,7 +176,7 @@ class Context:
                 reset_storage(token)
             self._computed(c0, 0.0)
             return
-        plan = plan_updates(updates)
+        plan = reused_plan(updates)
         # gathers of a non-constant operand that a later step of the plan repeats (same
         # tensor, permutation and layouts) are kept until their last use, while unchanged
         self._uses = Counter(_gather_key(ref.tensor, perm, layouts)
@@ -203,12 +204,13 @@ class Context:
             if all(small_blocks(t) for t in (a, out, div) if t is not None) and \
                     not (step.pairs and (step.pairs not in FLAT_PAIRS or step.pairs != "unpack" and out.aliases)):
                 if step.pairs:
-                    index, dindex = pair_index(a, out, step.pairs, step.perms.get("sym"))
-                    divisor = PAIR_DIVISORS if dindex is not None else None
+                    maps = [(index, dindex, PAIR_DIVISORS if dindex is not None else None)
+                            for index, dindex in pair_index(a, out, step.pairs, step.perms.get("sym"))]
                 else:
                     index, dindex = add_index(a, out, step.perms["a"], div, step.perms.get("d"))
-                    divisor = div.flat() if div is not None else None
-                run(blockops.flat_add_tasks(out, a.flat(), index, step.scale, self.executor.workers, divisor, dindex))
+                    maps = [(index, dindex, div.flat() if div is not None else None)]
+                for index, dindex, divisor in maps:
+                    run(blockops.flat_add_tasks(out, a.flat(), index, step.scale, self.executor.workers, divisor, dindex))
             else:
                 run(blockops.add_tasks(step, self.executor.workers))
         elif step.kind == "hadamard":

@@ -17,6 +17,7 @@ out dynamically, largest first. Where the platform cannot fork, the threads run 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -84,11 +85,27 @@ class ThreadsExecutor:
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="tessera")
 
     def run(self, tasks) -> None:
+        """Run ``tasks`` on ``workers`` threads, the calling one among them: each takes the
+        next task not yet taken until none is left (one pool submission per helper, not
+        per task: a step of small blocks is many short runs of a few tasks)."""
         if len(tasks) <= 1:
             for task in tasks:
                 task()
             return
-        for f in [self._pool.submit(t) for t in tasks]:
+        taken = itertools.count()       # next() is atomic: each task is taken once
+
+        def drain():
+            for n in taken:
+                if n >= len(tasks):
+                    return
+                tasks[n]()
+        helpers = [self._pool.submit(drain) for _ in range(min(self.workers, len(tasks)) - 1)]
+        try:
+            drain()
+        finally:                        # no task runs on after run returns or raises
+            for f in helpers:
+                f.exception()
+        for f in helpers:
             f.result()
 
     def run_forked(self, task_set, order, done) -> np.ndarray | None:

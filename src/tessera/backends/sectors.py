@@ -101,7 +101,8 @@ class IndexCache:
 
 
 def _nbytes(entry: tuple) -> int:
-    return sum(a.nbytes for a in entry if isinstance(a, np.ndarray))
+    """Bytes of the arrays of a cache entry (a tuple of arrays and others, or of such tuples)."""
+    return sum(a.nbytes if isinstance(a, np.ndarray) else _nbytes(a) if isinstance(a, tuple) else 0 for a in entry)
 
 
 index_cache = IndexCache()
@@ -205,18 +206,31 @@ def _unless_identity(index, structure, n: int):
     return None if flat_size(*structure) == n and np.array_equal(index, np.arange(n)) else index
 
 
-# divisors of an ``unpack_half`` element (``pair_index``): a pair p < q, a pair p = q
-# (half of it), and a block below the diagonal tile pairs, which receives nothing (x / inf = 0)
-PAIR_DIVISORS = np.array([1.0, 2.0, np.inf])
-FLAT_PAIRS = ("pack", "unpack_half", "unpack")    # what ``pair_index`` maps (the +/- ladder: by block)
+# divisors of a pair-map element (``pair_index``): 1, 2 (an ``unpack_half``'s pair p = q;
+# the +/- ladder's halves), inf (an element that takes nothing from this source: x / inf
+# = 0), -1 and -2 (the +/- ladder's antisymmetric parts)
+PAIR_DIVISORS = np.array([1.0, 2.0, np.inf, -1.0, -2.0])
+_ONE, _TWO, _NONE, _MINUS_ONE, _MINUS_TWO = range(5)
+_PM_SIGNS = {"plus_pack": 1, "minus_pack": -1, "plus_unpack": 1, "minus_unpack": -1}
+FLAT_PAIRS = ("pack", "unpack_half", "unpack", *_PM_SIGNS)     # what ``pair_index`` maps
 
 
 def pair_index(a, out, kind: str, sym: tuple | None = None) -> tuple:
-    """(a index, divisor index) of a ``pack`` / ``unpack_half`` / ``unpack`` step
-    (``tensor.pairs``) on the flat path: element n of ``out.flat()`` is updated from
-    ``a.flat()[a_index[n]]``, divided by ``PAIR_DIVISORS[d_index[n]]`` (an
-    ``unpack_half``; None otherwise). ``out`` stores every allowed block (no aliases),
-    but for an ``unpack`` (its stored blocks, ``sym`` the symmetry they mirror by)."""
+    """((a index, divisor index), ...) of a pair step (``FLAT_PAIRS``, ``tensor.pairs``) on
+    the flat path: each pair adds ``a.flat()[a_index[n]]`` to element n of ``out.flat()``,
+    divided by ``PAIR_DIVISORS[d_index[n]]`` (a divisor index None: by 1). One pair, two
+    for a ``plus_pack`` / ``minus_pack`` (an element of X+- is made of two of X)."""
+    if kind in _PM_SIGNS:
+        return index_cache.get(("pm", kind, _structure(a), _structure(out)), lambda: _pm_index(a, out, kind))
+    return (_pair_index(a, out, kind, sym),)
+
+
+def _pair_index(a, out, kind: str, sym: tuple | None = None) -> tuple:
+    """(a index, divisor index) of a ``pack`` / ``unpack_half`` / ``unpack`` step: element
+    n of ``out.flat()`` is updated from ``a.flat()[a_index[n]]``, divided by
+    ``PAIR_DIVISORS[d_index[n]]`` (an ``unpack_half``; None otherwise). ``out`` stores
+    every allowed block (no aliases), but for an ``unpack`` (its stored blocks, ``sym``
+    the symmetry they mirror by)."""
     sa, so = _structure(a), _structure(out)
 
     def build():
@@ -234,21 +248,72 @@ def pair_index(a, out, kind: str, sym: tuple | None = None) -> tuple:
                 continue
             s, t = okey[:2]
             if s > t:
-                idd[where] = 2
+                idd[where] = _NONE
                 continue
             pos = _positions(sa, (a.spaces[0].tile_of[s, t],) + okey[2:])
             if s < t:
                 ia[where] = pos.ravel()
                 continue
-            upper, divisor = triu_pairs(oshape[0]), np.full(oshape, 2, np.intp)
+            upper, divisor = triu_pairs(oshape[0]), np.full(oshape, _NONE, np.intp)
             full = np.zeros(oshape, np.intp)
             full[upper] = pos
-            divisor[upper] = 0
-            divisor[np.diag_indices(oshape[0])] = 1
+            divisor[upper] = _ONE
+            divisor[np.diag_indices(oshape[0])] = _TWO
             ia[where], idd[where] = full.ravel(), divisor.ravel()
         return ia, idd
 
     return index_cache.get(("pairs", kind, sa, so, sym), build)
+
+
+def _pm_index(a, out, kind: str) -> tuple:
+    """The pairs of ``pair_index`` for a step of the +/- ladder (``tensor.pairs``:
+    ``pm_pack_block``, ``pm_unpack_block``, sign +1 for plus, -1 for minus). A pack: X+-
+    (P, {s, t}) from X (P, s, t) / 2 and X (P, t, s) transposed / (2 sign), a diagonal
+    pair c = c from X (P, c, c) / 2 (plus) or nothing (minus). An unpack: R (P, s, t) from
+    S or A (P, {s, t}): s < t as it is, s > t transposed times sign, within a diagonal tile
+    pair c < d as is, c > d from (d, c) times sign, c = d once (plus) or not (minus)."""
+    sign = _PM_SIGNS[kind]
+    sa, so = _structure(a), _structure(out)
+    n = flat_size(*so)
+    if kind.endswith("_pack"):
+        direct, crossed = np.zeros(n, np.intp), np.zeros(n, np.intp)
+        ddiv, cdiv = np.full(n, _TWO, np.intp), np.full(n, _TWO if sign > 0 else _MINUS_TWO, np.intp)
+        for (p, st), (offset, oshape) in flat_offsets(*so).items():
+            where = slice(offset, offset + math.prod(oshape))
+            s, t = out.spaces[1].tile_pairs[st]
+            pos = _positions(sa, (p, s, t))
+            if s != t:
+                direct[where] = pos.ravel()
+                crossed[where] = _positions(sa, (p, t, s)).transpose(0, 2, 1).ravel()
+                continue
+            upper = triu_pairs(pos.shape[1])
+            direct[where] = pos[:, upper[0], upper[1]].ravel()
+            crossed[where] = pos[:, upper[1], upper[0]].ravel()
+            diagonal = np.zeros(oshape, bool)
+            diagonal[:, upper[0] == upper[1]] = True
+            cdiv[where][diagonal.ravel()] = _NONE
+            if sign < 0:
+                ddiv[where][diagonal.ravel()] = _NONE
+        return (direct, ddiv), (crossed, cdiv)
+    ia, idd = np.zeros(n, np.intp), np.full(n, _ONE, np.intp)
+    for (p, s, t), (offset, oshape) in flat_offsets(*so).items():
+        where = slice(offset, offset + math.prod(oshape))
+        if s != t:
+            pos = _positions(sa, (p, a.spaces[1].tile_of[min(s, t), max(s, t)]))
+            ia[where] = (pos.reshape(oshape) if s < t else
+                         pos.reshape(oshape[0], oshape[2], oshape[1]).transpose(0, 2, 1)).ravel()
+            if s > t and sign < 0:
+                idd[where] = _MINUS_ONE
+            continue
+        pos, m = _positions(sa, (p, a.spaces[1].tile_of[s, t])), oshape[1]
+        upper, full = triu_pairs(m), np.zeros(oshape, np.intp)
+        full[:, upper[0], upper[1]] = pos
+        full[:, upper[1], upper[0]] = pos
+        divisor = np.full(oshape, _ONE if sign > 0 else _MINUS_ONE, np.intp)
+        divisor[:, upper[0], upper[1]] = _ONE
+        divisor[:, np.arange(m), np.arange(m)] = _ONE if sign > 0 else _NONE
+        ia[where], idd[where] = full.ravel(), divisor.ravel()
+    return ((ia, idd),)
 
 
 def _unpack_positions(sa, pairs, okey: tuple, oshape: tuple, sym: tuple) -> np.ndarray:

@@ -360,6 +360,11 @@ def distributed_plans(distributed: bool = True):
         _PLUS_MINUS.reset(token)
 
 
+def plans_distributed() -> bool:
+    """Whether plans made now are those of a distributed run (``distributed_plans``)."""
+    return not _PLUS_MINUS.get()
+
+
 def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str) -> list:
     """R[Pab] += scale * G[..] X[Pcd] (G over a, b, c, d in any order) in the symmetric/
     antisymmetric form over the virtual pairs a <= b, c <= d (``tensor.pairs.plus_minus``:

@@ -381,6 +381,19 @@ class BlockTensor:
         self._make_views()
         return self._flat[0]
 
+    def holds_nothing(self) -> bool:
+        """Whether a local tensor stores no block yet (it is zero, with no storage)."""
+        return self.dist is None and self._flat is None and not self._blocks
+
+    def fresh_flat(self) -> np.ndarray:
+        """For a local tensor that stores no block yet (``holds_nothing``): a new ``flat``
+        vector, its elements undefined (the caller sets every one), the blocks views
+        into it once read: an update that sets a new tensor needs no zeros first."""
+        self._refuse_freed()
+        self._flat = (np.empty(flat_size(self.spaces, self.irrep, self.aliases or None)), None)
+        self._lazy = True
+        return self._flat[0]
+
     def _refuse_freed(self) -> None:
         """Raise if the blocks were freed (``tensor.pairs.free_for_ladder``): no zeros for them."""
         getattr(self._blocks, "refuse", lambda: None)()
