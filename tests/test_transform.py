@@ -175,3 +175,21 @@ def test_base_pages_arrays_are_fresh_writable_and_separate():
     assert a.dtype == np.float64 and a.flags.c_contiguous and a.flags.writeable
     assert a.sum() == a.size * (a.size - 1) / 2 and b.sum() == -b.size
     assert base_pages((0, 4)).shape == (0, 4)
+
+
+def test_in_memory_follows_the_run_budget_not_pyscf_max_memory(system, monkeypatch, caplog):
+    """The in-memory decision takes Tessera's budget per rank (``backends.budget``:
+    TESSERA_MEMORY_PER_RANK_MB here), not PySCF's ``mol.max_memory``; over budget the
+    transform goes by AO units and says so in the log; both equal the dense einsum."""
+    ref, eri_mo = system
+    monkeypatch.setattr(ref.mol, "max_memory", 0)      # PySCF's own budget: ignored
+    monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", "4000")
+    with Context("serial"):
+        fits = transform(ref, 0, 3)
+    monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", str(s8_bytes(ref.mol.nao) / 2 / 2**20))
+    with caplog.at_level("INFO", logger="tessera.chem.integrals"), Context("serial"):
+        over = transform(ref, 0, 3)
+    assert fits.transform_stats["ao_integrals"] == "in memory"
+    assert over.transform_stats["ao_integrals"] == "units"
+    assert "exceed the memory budget" in caplog.text and "TESSERA_MEMORY_PER_RANK_MB" in caplog.text
+    assert check_blocks(fits, ref, eri_mo, 0) == check_blocks(over, ref, eri_mo, 0) > 0
