@@ -10,6 +10,7 @@ import pytest
 
 from tessera.backends.context import Context
 from tessera.backends.heap import base_pages
+from tessera.chem.ao2mo import half_flops
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
@@ -75,6 +76,11 @@ def test_in_memory_and_units_equal_dense_einsum(system, backend, nfz, tile):
         assert s["flops"] > s["ao_pair_columns"] * 2 * ref.mol.nao ** 2 * nact
     assert stats[0]["ao_pair_columns"] == stats[1]["ao_pair_columns"]
     assert stats[0]["flops"] == stats[1]["flops"]
+    # per half: the first is one s2 kernel row per AO-pair column, the finish the rest
+    for s in stats:
+        assert s["half_flops"] == s["ao_pair_columns"] * half_flops(ref.mol.nao, nact)
+        assert s["half_flops"] + s["finish_flops"] == s["flops"] and s["finish_flops"] > 0
+        assert s["half_s"] > 0 and s["finish_s"] > 0
 
 
 def test_scf_integrals_are_handed_to_the_transform_once(system):
@@ -148,6 +154,36 @@ def test_point_group_orbits_equal_dense_einsum(xyz, symmetry, group, orbits, bac
         assert stats["ao_pair_columns"] == npair
     assert check_blocks(ints, ref, eri_mo, 1) > 0
 
+
+
+def test_finish_skips_only_representative_pairs_that_vanish():
+    """``PairOrbits.reps_of``: for each irrep G the finish reads only the representative
+    AO pairs that can meet pairs pq of G. In planar benzene the plane fixes every AO pair
+    up to a sign, so each pair meets the irreps of one parity only (and pairs of on-axis
+    AOs fewer still: in STO-3G 42 to 140 of the 198 per G); the rows of the others,
+    half-transformed, are zero (1e-12)."""
+    from pyscf.gto import moleintor
+
+    from tessera.chem.ao2mo import half_rows, pair_index
+    from tessera.chem.ao2mo_symmetry import pair_orbits
+    mol = Molecule.from_xyz(str(EXAMPLES / "benzene.xyz"), basis="sto-3g").to_pyscf()
+    with Context("serial") as ctx:
+        ref = rhf(mol, context=ctx)
+    ctx.close()
+    orbits = pair_orbits(mol, ref.mo_coeff, orbsym=ref.orbsym)
+    eri = moleintor.getints("int2e_sph", mol._atm, mol._bas, mol._env, aosym="s8")
+    rows = half_rows(eri, ref.mo_coeff, orbits.reps, 1)           # (rep, pq) over all p >= q
+    nrep, sets = len(orbits.reps), set()
+    for R in orbits.chi:
+        for S in orbits.chi:
+            used = orbits.reps_of(R, S)
+            sets.add(tuple(used.tolist()))
+            pq = pair_index(np.flatnonzero(ref.orbsym == R), np.flatnonzero(ref.orbsym == S)).ravel()
+            skipped = np.setdiff1d(np.arange(nrep), used)
+            assert np.abs(rows[np.ix_(skipped, pq)]).max() < 1e-12
+            assert np.abs(rows[np.ix_(used, pq)]).max() > 1e-3
+    # every G skips some pairs; each pair is read for some G
+    assert max(len(u) for u in sets) < nrep and set(sum(sets, ())) == set(range(nrep))
 
 def test_orbits_only_for_orbitals_of_one_irrep(system):
     """The SO finish takes each orbital's coefficients on the SOs of its irrep alone: with

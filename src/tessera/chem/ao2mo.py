@@ -29,7 +29,8 @@ its whole orbit under the group, so A half-transforms one AO pair per orbit and 
 the units of one shell pair per orbit of shell pairs (about 1/4 of the AO pairs of a
 planar D2h molecule, 1/8 of a non-planar one); the finish then goes through the
 symmetry-adapted basis (a sparse map from those AO pairs to each SO block, then the SO
-coefficients of the orbitals of each irrep).
+coefficients of the orbitals of each irrep), reading only the AO pairs whose rows can be
+non-zero for the group's irrep (``PairOrbits.reps_of``: in a planar molecule about half).
 
 Then the *row groups* (task set ``transform: finish``): a first-pair group (P, Q) of a
 class is finished lam sig -> r s per irrep of r (without orbits; only symmetry-allowed (R, S): the
@@ -340,13 +341,16 @@ class ClassTransform:
         """Finish from the representative AO pairs' rows, one SO irrep pair at a time;
         returns its flops."""
         name, sp = h.name, h.t.spaces
+        # the representative pairs that can meet this group's pairs pq (all its irrep pairs
+        # are of one irrep: P x Q), the others' rows are zero by symmetry
+        reps = self.orbits.reps_of(*next(iter(by_irrep)))
         if self.rep_rows is not None:
             b = h.bounds[g]
-            # (nrep, npq) C-contiguous (the sparse products, one per irrep pair, would each
+            # (reps, npq) C-contiguous (the sparse products, one per irrep pair, would each
             # copy a strided view), by PySCF's C gather: 2.5x faster than np.take
-            rows = lib.take_2d(self.rep_rows, np.arange(len(self.rep_rows)), h.rows[b:b + npq])
+            rows = lib.take_2d(self.rep_rows, reps, h.rows[b:b + npq])
         else:
-            rows = lib.transpose(self.row_chunk_of(h, g, 0, npq))
+            rows = np.take(lib.transpose(self.row_chunk_of(h, g, 0, npq)), reps, axis=0)
         iz, iw = self.index[name[2]], self.index[name[3]]
         flops = 0
         for (hz, hw), hkeys in by_irrep.items():
@@ -397,11 +401,21 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
     this rank's counts: AO integrals computed (packed as computed: 8-fold in memory,
     4-fold by units), AO-pair columns, bytes of half-transformed rows held; and the flops
     of both halves over all ranks (the products of the half and finish kernels, the
-    sparse SO maps' multiply-adds included; not the AO integrals)."""
+    sparse SO maps' multiply-adds included; not the AO integrals), each half's too, and
+    each half's wall seconds on this rank (by units the first half's include computing the
+    AO integrals; the finish's, writing the blocks)."""
     ranks = context.ranks
     # ranks x task workers x OpenMP threads <= the threads of the rank
     threads = threads_of(context.executor.name, context.distributed)
     workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
+    # the orbitals in space order (each space's tiles in turn, an irrep's contiguous): a row
+    # group's pairs pq are then runs of consecutive packed pairs, which the finish gathers
+    # from the half-transformed rows (not single columns scattered by orbital energy)
+    order = np.concatenate([index[ch] for ch in index])
+    if np.array_equal(np.sort(order), np.arange(coeff.shape[1])):
+        starts = np.cumsum([0] + [len(index[ch]) for ch in index])
+        coeff = coeff[:, order]
+        index = {ch: np.arange(a, b) for ch, a, b in zip(index, starts, starts[1:])}
     coeff = np.ascontiguousarray(coeff)
     orbsym = np.zeros(coeff.shape[1], dtype=np.int64)        # the irreps of the class tiles
     for name, t in tensors.items():
@@ -418,19 +432,24 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
             job.computed = eri.size
         t0 = time.perf_counter()
         job.half_in_memory(eri, threads)
-        context.record("transform: half in memory", time.perf_counter() - t0, job.flops["half"], t0)
+        half_s = time.perf_counter() - t0
+        context.record("transform: half in memory", half_s, job.flops["half"], t0)
         job.columns = len(job.rep_rows)
         del eri                                    # no AO integrals while MO blocks exist
         held = job.rep_rows.nbytes
         flops = job.flops["half"]
     else:
+        t0 = time.perf_counter()
         flops = context.run_tasks(job.ao_tasks()).sum()         # every rank's
+        half_s = time.perf_counter() - t0
         held = 0
         for h in job.halves:
             if h.H.dist is not None:
                 h.H.dist.sync()
             held += h.H.local_nbytes
-    flops += context.run_tasks(job.finish_tasks()).sum()
+    t0 = time.perf_counter()
+    finish_flops = context.run_tasks(job.finish_tasks()).sum()
+    finish_s = time.perf_counter() - t0
     for h in job.halves:
         if h.H is not None:
             h.H.release()
@@ -447,7 +466,8 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
             "half_bytes_held": int(held), "ranks": int(ranks.size),
             "rows_finished": int(sum(h.sizes[g] for h in job.halves for g in range(len(h.groups))
                                      if h.home[g] == ranks.rank)),
-            "flops": int(flops)}
+            "flops": int(flops + finish_flops), "half_flops": int(flops), "finish_flops": int(finish_flops),
+            "half_s": half_s, "finish_s": finish_s}
 
 
 def _span(space, tiles) -> tuple:

@@ -117,11 +117,33 @@ class PairOrbits:
         self.U, self.so_irrep, self.nao = U, so_irrep, nao
         self.c = None if coeff is None else U.T @ coeff   # SO basis (c_R: the rows of irrep R)
         self._maps: dict = {}
+        self._reps_of: dict = {}
+
+    def reps_of(self, R: int, S: int) -> np.ndarray:
+        """The representative pairs (rows of ``reps``) whose (pq|u) can be non-zero for pq
+        of irrep G = R x S: those some SO block of G maps (M_R'S' column not all zero). The
+        others vanish by symmetry -- a pair u fixed by an operation g up to a sign s has
+        (pq|u) = chi_G(g) s (pq|u) -- e.g. in a planar molecule the plane fixes every AO pair,
+        so each pair enters the irreps G of one parity only, about half of them."""
+        G = tuple(self.chi[R] * self.chi[S])            # G by its characters
+        if G not in self._reps_of:
+            cols = [np.unique(self._full_map(R2, S2)[0].indices) for R2 in self.chi for S2 in self.chi
+                    if tuple(self.chi[R2] * self.chi[S2]) == G]
+            self._reps_of[G] = np.unique(np.concatenate(cols))
+        return self._reps_of[G]
 
     def so_map(self, R: int, S: int) -> tuple:
-        """(M, SOs of R, SOs of S): M = M_RS^T as a sparse (nso_R * nso_S, nrep) matrix,
-        Y_RS (flattened) = M @ H for H[u] = (pq|u) over the representative pairs u (rows
-        of one irrep G = R x S). Built once per irrep pair."""
+        """(M, SOs of R, SOs of S): M = M_RS^T as a sparse (nso_R * nso_S, len(reps_of(R,
+        S))) matrix, Y_RS (flattened) = M @ H for H[u] = (pq|u) over the representative
+        pairs u = reps_of(R, S) (rows of one irrep G = R x S). Built once per irrep pair."""
+        key = (R, S, "G")
+        if key not in self._maps:
+            m, KR, KS = self._full_map(R, S)
+            self._maps[key] = (m[:, self.reps_of(R, S)], KR, KS)
+        return self._maps[key]
+
+    def _full_map(self, R: int, S: int) -> tuple:
+        """``so_map`` over all representative pairs."""
         key = (R, S)
         if key not in self._maps:
             chi = self.chi[R] * self.chi[S]             # chi_G, G = R x S
@@ -142,7 +164,7 @@ class PairOrbits:
         return self._maps[key]
 
     def finish(self, H: np.ndarray, R: int, S: int, r_orbs, s_orbs) -> np.ndarray:
-        """(pq|rs) for the rows of H (nrep, nrows; one irrep R ^ S) and the orbitals
+        """(pq|rs) for the rows of H (reps_of(R, S), nrows; one irrep R x S) and the orbitals
         r_orbs (irrep R), s_orbs (irrep S): (nrows, len(r_orbs), len(s_orbs))."""
         m, KR, KS = self.so_map(R, S)
         y = (m @ H).reshape(len(KR), -1)                                   # (nsoR, nsoS * rows)
