@@ -94,19 +94,23 @@ def pair_flops(nao: int, nz: int, nw: int, same: bool) -> int:
     return 2 * nao * nao * min(nz, nw) + 2 * nao * nz * nw
 
 
-def half_rows(eri_s8: np.ndarray, coeff: np.ndarray, pairs: np.ndarray, threads: int) -> np.ndarray:
+def half_rows(eri_s8: np.ndarray, coeff: np.ndarray, pairs: np.ndarray, threads: int,
+              ket: np.ndarray | None = None) -> np.ndarray:
     """H[u, pq] = (pq|u) for the AO pairs ``pairs`` (packed index, ascending) and all
-    p >= q of ``coeff``'s orbitals, from the 8-fold AO integrals: PySCF's e1 kernel on
+    p >= q of ``coeff``'s orbitals (with ``ket``: p of ``coeff``'s, q of ``ket``'s, pq
+    p-major), from the 8-fold AO integrals: PySCF's e1 kernel on
     pieces of at most 32 consecutive pairs, handed to ``threads`` threads of one OpenMP
     thread each as they come free (with point-group orbits the runs of pairs are mostly
     short; and a loaded machine delays one OpenMP thread of a static split, which the
     others wait for, where here the free thread takes the next piece)."""
     nao, nmo = coeff.shape
-    out = base_pages((len(pairs), nmo * (nmo + 1) // 2))
-    mo = np.asarray(coeff, order="F")
+    nket = nmo if ket is None else ket.shape[1]
+    out = base_pages((len(pairs), nmo * (nmo + 1) // 2 if ket is None else nmo * nket))
+    mo = np.asarray(coeff if ket is None else np.hstack([coeff, ket]), order="F")
     fdrv = _ao2mo.libao2mo.AO2MOnr_e1incore_drv
     ftrans = _ao2mo.libao2mo.AO2MOtranse1_incore_s8
-    fmmm = _ao2mo.libao2mo.AO2MOmmm_nr_s2_s2
+    fmmm = _ao2mo.libao2mo.AO2MOmmm_nr_s2_s2 if ket is None else _ao2mo.libao2mo.AO2MOmmm_nr_s2_iltj
+    ket0 = 0 if ket is None else nmo
     starts = np.flatnonzero(np.diff(pairs, prepend=-2) != 1)
     stops = np.append(starts[1:], len(pairs))
     pieces = [(p, min(p + 32, stop)) for start, stop in zip(starts, stops)
@@ -118,7 +122,7 @@ def half_rows(eri_s8: np.ndarray, coeff: np.ndarray, pairs: np.ndarray, threads:
             fdrv(ftrans, fmmm, out[a:b].ctypes.data_as(ctypes.c_void_p),
                  eri_s8.ctypes.data_as(ctypes.c_void_p), mo.ctypes.data_as(ctypes.c_void_p),
                  ctypes.c_int(int(pairs[a])), ctypes.c_int(int(b - a)), ctypes.c_int(nao),
-                 ctypes.c_int(0), ctypes.c_int(nmo), ctypes.c_int(0), ctypes.c_int(nmo))
+                 ctypes.c_int(0), ctypes.c_int(nmo), ctypes.c_int(ket0), ctypes.c_int(nket))
 
     with ThreadPoolExecutor(max(1, int(threads))) as pool:
         list(pool.map(piece, pieces))
@@ -210,6 +214,7 @@ class ClassTransform:
         self.ao_loc = moleintor.make_loc(mol._bas, self.intor)
         self.halves = [_Half(name, t, index) for name, t in tensors.items() if t.allowed_keys()]
         self.rep_rows = None                # in memory (A): (pq|u), (AO pair u, pq), all p >= q
+        self.rep_blocks = None              # the same with orbits, by classes (class_blocks)
         self.orbits = orbits                # point-group orbits of the AO pairs (ao2mo_symmetry)
         self.units = []
         if not in_memory:
@@ -258,10 +263,57 @@ class ClassTransform:
     # -- A: the 8-fold AO integrals in memory, half-transformed at once ---------------
     def half_in_memory(self, eri_s8, threads: int) -> None:
         """rep_rows[u, pq] = (pq|u) for all active p >= q from the 8-fold AO integrals, u
-        over all AO pairs, or with point-group orbits their representative pairs only."""
-        pairs = np.arange(self.npair) if self.orbits is None else self.orbits.reps
-        self.rep_rows = half_rows(eri_s8, self.coeff, pairs, threads)
-        self.count("half", half_flops(len(self.coeff), self.nact) * len(pairs))
+        over all AO pairs; with point-group orbits ``rep_blocks`` instead, over their
+        representative pairs only, by classes (``class_blocks``)."""
+        nao = len(self.coeff)
+        if self.orbits is None:
+            self.rep_rows = half_rows(eri_s8, self.coeff, np.arange(self.npair), threads)
+            self.count("half", half_flops(nao, self.nact) * self.npair)
+            return
+        self.rep_blocks = {}
+        for (kappa, a, b), pairs in self.class_blocks().items():
+            ca, cb = self.coeff[:, self.class_mos[a]], self.coeff[:, self.class_mos[b]]
+            if a == b:
+                flops = half_flops(nao, ca.shape[1])
+                self.rep_blocks[kappa, a, b] = half_rows(eri_s8, ca, pairs, threads)
+            else:
+                flops = 2 * nao * nao * ca.shape[1] + 2 * nao * ca.shape[1] * cb.shape[1]
+                self.rep_blocks[kappa, a, b] = half_rows(eri_s8, ca, pairs, threads, ket=cb)
+            self.count("half", flops * len(pairs))
+
+    def class_blocks(self) -> dict:
+        """{(class of the AO pairs, a, b): their representative pairs}: the blocks (p in
+        class a, q in class b) that an AO pair's class k meets (a x b = k; a == b: p >= q;
+        else a the class of fewer orbitals). Sets ``class_mos`` (class -> its orbitals,
+        ascending), ``mo_pos`` (an orbital's position there) and ``rep_pos`` (a
+        representative pair's row among those of its class)."""
+        o = self.orbits
+        mo_class = np.array([o.irrep_class[r] for r in o.orbital_irrep], dtype=np.int64)
+        self.class_mos = {a: np.flatnonzero(mo_class == a) for a in np.unique(mo_class).tolist()}
+        self.mo_class, self.mo_pos = mo_class, np.zeros(self.nact, dtype=np.int64)
+        for mos in self.class_mos.values():
+            self.mo_pos[mos] = np.arange(len(mos))
+        self.rep_pos = np.zeros(len(o.reps), dtype=np.int64)
+        blocks = {}
+        for kappa in np.unique(o.rep_class).tolist():
+            rows = np.flatnonzero(o.rep_class == kappa)
+            self.rep_pos[rows] = np.arange(len(rows))
+            for a in self.class_mos:
+                b = a ^ kappa
+                if b in self.class_mos and (len(self.class_mos[a]), a) <= (len(self.class_mos[b]), b):
+                    blocks[kappa, a, b] = o.reps[rows]
+        return blocks
+
+    def block_columns(self, p, q) -> tuple:
+        """(key of ``rep_blocks``, columns there) of the pairs (p, q) for p in ``p``, q in
+        ``q`` (p-major), orbitals of one class each."""
+        a, b = int(self.mo_class[p[0]]), int(self.mo_class[q[0]])
+        pp, pq_ = self.mo_pos[p], self.mo_pos[q]
+        if a == b:
+            return (a ^ b, a, b), pair_index(pp, pq_).ravel()
+        if (a ^ b, a, b) in self.rep_blocks:
+            return (a ^ b, a, b), (pp[:, None] * len(self.class_mos[b]) + pq_[None, :]).ravel()
+        return (a ^ b, b, a), (pq_[None, :] * len(self.class_mos[a]) + pp[:, None]).ravel()
 
     def count(self, half: str, flops: int) -> int:
         with self.lock:
@@ -344,14 +396,16 @@ class ClassTransform:
         # the representative pairs that can meet this group's pairs pq (all its irrep pairs
         # are of one irrep: P x Q), the others' rows are zero by symmetry
         reps = self.orbits.reps_of(*next(iter(by_irrep)))
-        if self.rep_rows is not None:
-            b = h.bounds[g]
+        iz, iw = self.index[name[2]], self.index[name[3]]
+        if self.rep_blocks is not None:
+            P, Q = h.gkeys[g]
+            key, cols = self.block_columns(self.index[name[0]][sp[0].slice(P)],
+                                           self.index[name[1]][sp[1].slice(Q)])
             # (reps, npq) C-contiguous (the sparse products, one per irrep pair, would each
             # copy a strided view), by PySCF's C gather: 2.5x faster than np.take
-            rows = lib.take_2d(self.rep_rows, reps, h.rows[b:b + npq])
+            rows = lib.take_2d(self.rep_blocks[key], self.rep_pos[reps], cols)
         else:
             rows = np.take(lib.transpose(self.row_chunk_of(h, g, 0, npq)), reps, axis=0)
-        iz, iw = self.index[name[2]], self.index[name[3]]
         flops = 0
         for (hz, hw), hkeys in by_irrep.items():
             (z0, z1), (w0, w1) = spans[(hz, hw)]
@@ -434,9 +488,12 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
         job.half_in_memory(eri, threads)
         half_s = time.perf_counter() - t0
         context.record("transform: half in memory", half_s, job.flops["half"], t0)
-        job.columns = len(job.rep_rows)
         del eri                                    # no AO integrals while MO blocks exist
-        held = job.rep_rows.nbytes
+        if job.rep_blocks is None:
+            job.columns, held = len(job.rep_rows), job.rep_rows.nbytes
+        else:
+            job.columns = len(job.orbits.reps)
+            held = sum(a.nbytes for a in job.rep_blocks.values())
         flops = job.flops["half"]
     else:
         t0 = time.perf_counter()
@@ -453,7 +510,7 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
     for h in job.halves:
         if h.H is not None:
             h.H.release()
-    job.rep_rows = None
+    job.rep_rows = job.rep_blocks = None
     for t in tensors.values():
         if t.dist is not None:
             t.dist.sync()

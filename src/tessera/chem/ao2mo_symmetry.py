@@ -118,6 +118,21 @@ class PairOrbits:
         self.c = None if coeff is None else U.T @ coeff   # SO basis (c_R: the rows of irrep R)
         self._maps: dict = {}
         self._reps_of: dict = {}
+        # the operations that map every AO onto +-itself (e.g. the plane of a planar
+        # molecule): each AO, AO pair and irrep has a sign under each, its *class*; an
+        # orbital's coefficients lie on the AOs of its class, and (pq|u) vanishes unless
+        # class(p) x class(q) = class(u)
+        fixed = [i for i, (perm, _) in enumerate(self.ops) if np.array_equal(perm, np.arange(nao))]
+        ao_sign = np.array([self.ops[i][1] for i in fixed]).reshape(len(fixed), nao)
+        self.irrep_class = {lab: self._class_of(ch[1:][fixed]) for lab, ch in self.chi.items()}
+        self.rep_class = np.array([self._class_of(ao_sign[:, k] * ao_sign[:, l])
+                                   for k, l in zip(*_unpair(self.reps))], dtype=np.int64)
+
+    @staticmethod
+    def _class_of(signs) -> int:
+        """The class of a sign vector over the fixing operations, as bits (1: sign -1):
+        the product of classes is their XOR."""
+        return int(sum(1 << i for i, s in enumerate(signs) if s < 0))
 
     def reps_of(self, R: int, S: int) -> np.ndarray:
         """The representative pairs (rows of ``reps``) whose (pq|u) can be non-zero for pq
@@ -196,9 +211,18 @@ def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = Fals
         np.add.at(weight, orbits.so_irrep, orbits.c ** 2)
         if np.any(weight.sum(axis=0) - weight.max(axis=0) > 1e-16):
             return None
-        if orbsym is not None and np.any(weight.argmax(axis=0) != np.asarray(orbsym)):
+        orbits.orbital_irrep = weight.argmax(axis=0)
+        if orbsym is not None and np.any(orbits.orbital_irrep != np.asarray(orbsym)):
             return None
     return orbits
+
+
+def _unpair(t) -> tuple:
+    """(k, l), k >= l, of packed pair indices t = k (k + 1) / 2 + l."""
+    k = ((np.sqrt(8 * np.asarray(t, dtype=np.float64) + 1) - 1) // 2).astype(np.int64)
+    k -= (k * (k + 1) // 2 > t)                   # guard the float square root
+    k += ((k + 1) * (k + 2) // 2 <= t)
+    return k, t - k * (k + 1) // 2
 
 
 def _pair(k, l) -> np.ndarray:
