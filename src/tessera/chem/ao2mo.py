@@ -27,7 +27,10 @@ B. *AO units* (task set ``transform: AO integrals``, statically balanced by thei
 onto signed AOs and each orbital is of one irrep): the rows of one AO pair give those of
 its whole orbit under the group, so A half-transforms one AO pair per orbit and B only
 the units of one shell pair per orbit of shell pairs (about 1/4 of the AO pairs of a
-planar D2h molecule, 1/8 of a non-planar one); the finish then goes through the
+planar D2h molecule, 1/8 of a non-planar one; in memory, operations that map every AO
+onto +-itself, as a molecular plane, split the AO pairs into classes, and a pair of a
+class other than the identity's is half-transformed only over the orbital block its
+class meets: ``ClassTransform.class_blocks``); the finish then goes through the
 symmetry-adapted basis (a sparse map from those AO pairs to each SO block, then the SO
 coefficients of the orbitals of each irrep), reading only the AO pairs whose rows can be
 non-zero for the group's irrep (``PairOrbits.reps_of``: in a planar molecule about half).
