@@ -153,6 +153,9 @@ def test_point_group_orbits_equal_dense_einsum(xyz, symmetry, group, orbits, bac
         # pairs {k, g k}); the other 4 operations fix no AO (18 swapped pairs each):
         # (2 * 666 + 2 * 90 + 4 * 18) / 8 = 198
         assert stats["ao_pair_columns"] == 198 < npair // 3
+        # the rows held: as the memory estimate counts them (by AO-pair classes)
+        from tessera.chem.ao2mo_symmetry import pair_orbits
+        assert stats["half_bytes_held"] == 8 * pair_orbits(mol).half_doubles(ref.orbsym[1:])
     else:
         assert stats["ao_pair_columns"] == npair
     assert check_blocks(ints, ref, eri_mo, 1) > 0

@@ -125,8 +125,20 @@ class PairOrbits:
         fixed = [i for i, (perm, _) in enumerate(self.ops) if np.array_equal(perm, np.arange(nao))]
         ao_sign = np.array([self.ops[i][1] for i in fixed]).reshape(len(fixed), nao)
         self.irrep_class = {lab: self._class_of(ch[1:][fixed]) for lab, ch in self.chi.items()}
+        self.ao_class = np.array([self._class_of(s) for s in ao_sign.T], dtype=np.int64)
         self.rep_class = np.array([self._class_of(ao_sign[:, k] * ao_sign[:, l])
                                    for k, l in zip(*_unpair(self.reps))], dtype=np.int64)
+
+    def half_doubles(self, orbsym) -> int:
+        """Doubles of the in-memory half-transformed rows (``ClassTransform.half_in_memory``)
+        for active orbitals of irreps ``orbsym``: per representative pair the blocks (p in
+        class a, q in class b, a <= b) its class meets, or all p >= q with one class."""
+        cls = np.array([self.irrep_class[int(r)] for r in orbsym], dtype=np.int64)
+        n = {a: int(np.sum(cls == a)) for a in np.unique(cls).tolist()}
+        if len(n) == 1:
+            return len(self.reps) * len(cls) * (len(cls) + 1) // 2
+        return int(sum(np.sum(self.rep_class == k) * sum(n[a] * n[a ^ k] for a in n if a ^ k in n and a <= a ^ k)
+                       for k in np.unique(self.rep_class).tolist()))
 
     @staticmethod
     def _class_of(signs) -> int:

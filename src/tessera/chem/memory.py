@@ -146,6 +146,8 @@ class RunShape:
         for by_shell_pair in (False, True):
             orbits = pair_orbits(mol, by_shell_pair=by_shell_pair) if mol is not None else None
             counts.append(npair if orbits is None else len(orbits.reps))
+            if not by_shell_pair:          # the in-memory rows' doubles with orbits
+                self.half_doubles = None if orbits is None else orbits.half_doubles(self.orbsym[int(nfrozen):])
         self.ao_pair_reps, self.ao_pair_unit_columns = counts
         # an FCIDUMP's MO integrals, held whole while its classes are filled
         eri = getattr(reference, "eri_mo", None)
@@ -248,7 +250,8 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         # thread's finish arrays (a chunk of rows and its result). With point-group orbits
         # (chem/ao2mo_symmetry.py) the rows have one column per orbit, transposed once
         # while the AO integrals are held; a finish takes a group's rows and their transpose
-        half = 8 * nact * (nact + 1) // 2 * shape.ao_pair_reps
+        # (with orbits by AO-pair classes: PairOrbits.half_doubles)
+        half = 8 * (nact * (nact + 1) // 2 * npair if shape.half_doubles is None else shape.half_doubles)
         if shape.ao_pair_reps < npair:
             first, finish = s8_bytes(nao) + half, 8 * group_rows * (2 * shape.ao_pair_reps + nact * nact)
         else:
