@@ -484,9 +484,11 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
     # ranks x task workers x OpenMP threads <= the threads of the rank
     threads = threads_of(context.executor.name, context.distributed)
     workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
-    # the orbitals in space order (each space's tiles in turn, an irrep's contiguous): a row
-    # group's pairs pq are then runs of consecutive packed pairs, which the finish gathers
-    # from the half-transformed rows (not single columns scattered by orbital energy)
+    # with point-group orbits, the orbitals in space order (each space's tiles in turn, an
+    # irrep's contiguous): a row group's pairs pq are then runs of consecutive packed
+    # pairs, which the SO finish gathers from the half-transformed rows (not single columns
+    # scattered by orbital energy); without, the orbitals as given
+    given = np.ascontiguousarray(coeff), index
     order = np.concatenate([index[ch] for ch in index])
     if np.array_equal(np.sort(order), np.arange(coeff.shape[1])):
         starts = np.cumsum([0] + [len(index[ch]) for ch in index])
@@ -498,8 +500,11 @@ def transform_classes(context, mol, coeff, index, tensors, slab_bytes: int,
         for ch, sp in zip(name, t.spaces):
             for tile in range(len(sp.tiles)):
                 orbsym[index[ch][sp.slice(tile)]] = sp.tiles[tile].irrep
+    orbits = pair_orbits(mol, coeff, not in_memory, orbsym)
+    if orbits is None:
+        coeff, index = given
     job = ClassTransform(mol, coeff, index, tensors, slab_bytes, ranks.size, in_memory=in_memory,
-                         omp=threads // workers, orbits=pair_orbits(mol, coeff, not in_memory, orbsym))
+                         omp=threads // workers, orbits=orbits)
     if in_memory:
         eri = kept.take() if kept is not None else None
         if eri is None:
