@@ -191,6 +191,29 @@ def test_finish_skips_only_representative_pairs_that_vanish():
     # every G skips some pairs; each pair is read for some G
     assert max(len(u) for u in sets) < nrep and set(sum(sets, ())) == set(range(nrep))
 
+
+def test_orbits_without_classes_equal_dense_einsum():
+    """Methane in D2 (axes x, y, z): AO pairs fall into orbits but no operation maps every
+    AO onto +-itself (the H atoms move), so one class: the half over the representatives
+    by PySCF's s2 kernel; every block equals the dense einsum transform."""
+    from pyscf import gto
+
+    from tessera.chem.ao2mo_symmetry import pair_orbits
+    a = 0.63
+    mol = gto.M(atom=f"C 0 0 0; H {a} {a} {a}; H {-a} {-a} {a}; H {-a} {a} {-a}; H {a} {-a} {-a}",
+                basis="sto-3g", symmetry=True, verbose=0)
+    with Context("serial") as ctx:
+        ref = rhf(mol, context=ctx)
+        ints = transform(ref, 1, 2)
+    ctx.close()
+    orbits = pair_orbits(mol, ref.mo_coeff, orbsym=ref.orbsym)
+    assert ref.point_group == "D2" and set(orbits.irrep_class.values()) == {0}
+    assert ints.transform_stats["ao_pair_columns"] == len(orbits.reps) == 24 < orbits.npair
+    c = ref.mo_coeff
+    eri_mo = np.einsum("pqrs,pi,qj,rk,sl->ijkl", mol.intor("int2e", aosym="s1"), c, c, c, c,
+                       optimize=True)
+    assert check_blocks(ints, ref, eri_mo, 1) > 0
+
 def test_orbits_only_for_orbitals_of_one_irrep(system):
     """The SO finish takes each orbital's coefficients on the SOs of its irrep alone: with
     orbitals that mix two irreps, or labelled other than their irreps (all C1), the

@@ -275,6 +275,7 @@ class ClassTransform:
             return
         blocks = self.class_blocks()
         if len(self.class_mos) == 1:        # no class: all p >= q by PySCF's s2 kernel
+            self.rep_pos = np.arange(len(self.orbits.reps))
             self.rep_blocks = {(0, 0, 0): half_rows(eri_s8, self.coeff, self.orbits.reps, threads)}
             self.count("half", half_flops(nao, self.nact) * len(self.orbits.reps))
             return
@@ -328,7 +329,7 @@ class ClassTransform:
     def block_columns(self, p, q) -> tuple:
         """(key of ``rep_blocks``, columns there) of the pairs (p, q) for p in ``p``, q in
         ``q`` (p-major), orbitals of one class each."""
-        if (0, 0, 0) in self.rep_blocks and len(self.class_mos) == 1:
+        if len(self.class_mos) == 1:
             return (0, 0, 0), pair_index(p, q).ravel()
         a, b = int(self.mo_class[p[0]]), int(self.mo_class[q[0]])
         pp, pq_ = self.mo_pos[p], self.mo_pos[q]
