@@ -10,6 +10,7 @@ import pytest
 
 from tessera.backends.context import Context
 from tessera.backends.heap import base_pages
+from tessera.chem.ao2mo import half_flops
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
@@ -66,15 +67,23 @@ def test_in_memory_and_units_equal_dense_einsum(system, backend, nfz, tile):
     assert units.transform_stats["ao_integrals_computed"] == npair * cols
     assert (cols < npair) == (ref.point_group != "C1")
     assert check_blocks(mem, ref, eri_mo, nfz) == check_blocks(units, ref, eri_mo, nfz) > 0
-    # flops of both halves: each AO-pair column's row costs at least the 2 nao^2 nact of
-    # its first product; both ways finish the same rows, so with as many columns (all AO
-    # pairs; water's shell-pair orbits are its AO-pair orbits) they count the same flops
+    # flops of both halves: by units each AO-pair column's row costs one s2 kernel row
+    # (2 nao^2 nact for its first product, and more); in memory the same without
+    # symmetry, and with it (water is planar: its plane maps each AO onto +-itself) fewer:
+    # a pair meets only the orbital pairs of its class there; the finishes count the same
     stats = mem.transform_stats, units.transform_stats
     nact = ref.mol.nao - nfz
-    for s in stats:
-        assert s["flops"] > s["ao_pair_columns"] * 2 * ref.mol.nao ** 2 * nact
+    assert stats[1]["flops"] > stats[1]["ao_pair_columns"] * 2 * ref.mol.nao ** 2 * nact
+    assert stats[1]["half_flops"] == stats[1]["ao_pair_columns"] * half_flops(ref.mol.nao, nact)
     assert stats[0]["ao_pair_columns"] == stats[1]["ao_pair_columns"]
-    assert stats[0]["flops"] == stats[1]["flops"]
+    assert stats[0]["finish_flops"] == stats[1]["finish_flops"]
+    if ref.point_group == "C1":
+        assert stats[0]["half_flops"] == stats[1]["half_flops"]
+    else:
+        assert stats[0]["half_flops"] < 0.8 * stats[1]["half_flops"]
+    for s in stats:
+        assert s["half_flops"] + s["finish_flops"] == s["flops"] and s["finish_flops"] > 0
+        assert s["half_s"] > 0 and s["finish_s"] > 0
 
 
 def test_scf_integrals_are_handed_to_the_transform_once(system):
@@ -144,10 +153,66 @@ def test_point_group_orbits_equal_dense_einsum(xyz, symmetry, group, orbits, bac
         # pairs {k, g k}); the other 4 operations fix no AO (18 swapped pairs each):
         # (2 * 666 + 2 * 90 + 4 * 18) / 8 = 198
         assert stats["ao_pair_columns"] == 198 < npair // 3
+        # the rows held: as the memory estimate counts them (by AO-pair classes)
+        from tessera.chem.ao2mo_symmetry import pair_orbits
+        assert stats["half_bytes_held"] == 8 * pair_orbits(mol).half_doubles(ref.orbsym[1:])
     else:
         assert stats["ao_pair_columns"] == npair
     assert check_blocks(ints, ref, eri_mo, 1) > 0
 
+
+
+def test_finish_skips_only_representative_pairs_that_vanish():
+    """``PairOrbits.reps_of``: for each irrep G the finish reads only the representative
+    AO pairs that can meet pairs pq of G. In planar benzene the plane fixes every AO pair
+    up to a sign, so each pair meets the irreps of one parity only (and pairs of on-axis
+    AOs fewer still: in STO-3G 42 to 140 of the 198 per G); the rows of the others,
+    half-transformed, are zero (1e-12)."""
+    from pyscf.gto import moleintor
+
+    from tessera.chem.ao2mo import half_rows, pair_index
+    from tessera.chem.ao2mo_symmetry import pair_orbits
+    mol = Molecule.from_xyz(str(EXAMPLES / "benzene.xyz"), basis="sto-3g").to_pyscf()
+    with Context("serial") as ctx:
+        ref = rhf(mol, context=ctx)
+    ctx.close()
+    orbits = pair_orbits(mol, ref.mo_coeff, orbsym=ref.orbsym)
+    eri = moleintor.getints("int2e_sph", mol._atm, mol._bas, mol._env, aosym="s8")
+    rows = half_rows(eri, ref.mo_coeff, orbits.reps, 1)           # (rep, pq) over all p >= q
+    nrep, sets = len(orbits.reps), set()
+    for R in orbits.chi:
+        for S in orbits.chi:
+            used = orbits.reps_of(R, S)
+            sets.add(tuple(used.tolist()))
+            pq = pair_index(np.flatnonzero(ref.orbsym == R), np.flatnonzero(ref.orbsym == S)).ravel()
+            skipped = np.setdiff1d(np.arange(nrep), used)
+            assert np.abs(rows[np.ix_(skipped, pq)]).max() < 1e-12
+            assert np.abs(rows[np.ix_(used, pq)]).max() > 1e-3
+    # every G skips some pairs; each pair is read for some G
+    assert max(len(u) for u in sets) < nrep and set(sum(sets, ())) == set(range(nrep))
+
+
+def test_orbits_without_classes_equal_dense_einsum():
+    """Methane in D2 (axes x, y, z): AO pairs fall into orbits but no operation maps every
+    AO onto +-itself (the H atoms move), so one class: the half over the representatives
+    by PySCF's s2 kernel; every block equals the dense einsum transform."""
+    from pyscf import gto
+
+    from tessera.chem.ao2mo_symmetry import pair_orbits
+    a = 0.63
+    mol = gto.M(atom=f"C 0 0 0; H {a} {a} {a}; H {-a} {-a} {a}; H {-a} {a} {-a}; H {a} {-a} {-a}",
+                basis="sto-3g", symmetry=True, verbose=0)
+    with Context("serial") as ctx:
+        ref = rhf(mol, context=ctx)
+        ints = transform(ref, 1, 2)
+    ctx.close()
+    orbits = pair_orbits(mol, ref.mo_coeff, orbsym=ref.orbsym)
+    assert ref.point_group == "D2" and set(orbits.irrep_class.values()) == {0}
+    assert ints.transform_stats["ao_pair_columns"] == len(orbits.reps) == 24 < orbits.npair
+    c = ref.mo_coeff
+    eri_mo = np.einsum("pqrs,pi,qj,rk,sl->ijkl", mol.intor("int2e", aosym="s1"), c, c, c, c,
+                       optimize=True)
+    assert check_blocks(ints, ref, eri_mo, 1) > 0
 
 def test_orbits_only_for_orbitals_of_one_irrep(system):
     """The SO finish takes each orbital's coefficients on the SOs of its irrep alone: with
@@ -175,3 +240,21 @@ def test_base_pages_arrays_are_fresh_writable_and_separate():
     assert a.dtype == np.float64 and a.flags.c_contiguous and a.flags.writeable
     assert a.sum() == a.size * (a.size - 1) / 2 and b.sum() == -b.size
     assert base_pages((0, 4)).shape == (0, 4)
+
+
+def test_in_memory_follows_the_run_budget_not_pyscf_max_memory(system, monkeypatch, caplog):
+    """The in-memory decision takes Tessera's budget per rank (``backends.budget``:
+    TESSERA_MEMORY_PER_RANK_MB here), not PySCF's ``mol.max_memory``; over budget the
+    transform goes by AO units and says so in the log; both equal the dense einsum."""
+    ref, eri_mo = system
+    monkeypatch.setattr(ref.mol, "max_memory", 0)      # PySCF's own budget: ignored
+    monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", "4000")
+    with Context("serial"):
+        fits = transform(ref, 0, 3)
+    monkeypatch.setenv("TESSERA_MEMORY_PER_RANK_MB", str(s8_bytes(ref.mol.nao) / 2 / 2**20))
+    with caplog.at_level("INFO", logger="tessera.chem.integrals"), Context("serial"):
+        over = transform(ref, 0, 3)
+    assert fits.transform_stats["ao_integrals"] == "in memory"
+    assert over.transform_stats["ao_integrals"] == "units"
+    assert "exceed the memory budget" in caplog.text and "TESSERA_MEMORY_PER_RANK_MB" in caplog.text
+    assert check_blocks(fits, ref, eri_mo, 0) == check_blocks(over, ref, eri_mo, 0) > 0

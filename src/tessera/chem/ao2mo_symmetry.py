@@ -117,11 +117,60 @@ class PairOrbits:
         self.U, self.so_irrep, self.nao = U, so_irrep, nao
         self.c = None if coeff is None else U.T @ coeff   # SO basis (c_R: the rows of irrep R)
         self._maps: dict = {}
+        self._reps_of: dict = {}
+        # the operations that map every AO onto +-itself (e.g. the plane of a planar
+        # molecule): each AO, AO pair and irrep has a sign under each, its *class*; an
+        # orbital's coefficients lie on the AOs of its class, and (pq|u) vanishes unless
+        # class(p) x class(q) = class(u)
+        fixed = [i for i, (perm, _) in enumerate(self.ops) if np.array_equal(perm, np.arange(nao))]
+        ao_sign = np.array([self.ops[i][1] for i in fixed]).reshape(len(fixed), nao)
+        self.irrep_class = {lab: self._class_of(ch[1:][fixed]) for lab, ch in self.chi.items()}
+        self.ao_class = np.array([self._class_of(s) for s in ao_sign.T], dtype=np.int64)
+        self.rep_class = np.array([self._class_of(ao_sign[:, k] * ao_sign[:, l])
+                                   for k, l in zip(*_unpair(self.reps))], dtype=np.int64)
+
+    def half_doubles(self, orbsym) -> int:
+        """Doubles of the in-memory half-transformed rows (``ClassTransform.half_in_memory``)
+        for active orbitals of irreps ``orbsym``: per representative pair the blocks (p in
+        class a, q in class b, a <= b) its class meets, or all p >= q with one class."""
+        cls = np.array([self.irrep_class[int(r)] for r in orbsym], dtype=np.int64)
+        n = {a: int(np.sum(cls == a)) for a in np.unique(cls).tolist()}
+        if len(n) == 1:
+            return len(self.reps) * len(cls) * (len(cls) + 1) // 2
+        return int(sum(np.sum(self.rep_class == k) * sum(n[a] * n[a ^ k] for a in n if a ^ k in n and a <= a ^ k)
+                       for k in np.unique(self.rep_class).tolist()))
+
+    @staticmethod
+    def _class_of(signs) -> int:
+        """The class of a sign vector over the fixing operations, as bits (1: sign -1):
+        the product of classes is their XOR."""
+        return int(sum(1 << i for i, s in enumerate(signs) if s < 0))
+
+    def reps_of(self, R: int, S: int) -> np.ndarray:
+        """The representative pairs (rows of ``reps``) whose (pq|u) can be non-zero for pq
+        of irrep G = R x S: those some SO block of G maps (M_R'S' column not all zero). The
+        others vanish by symmetry -- a pair u fixed by an operation g up to a sign s has
+        (pq|u) = chi_G(g) s (pq|u) -- e.g. in a planar molecule the plane fixes every AO pair,
+        so each pair enters the irreps G of one parity only, about half of them."""
+        G = tuple(self.chi[R] * self.chi[S])            # G by its characters
+        if G not in self._reps_of:
+            cols = [np.unique(self._full_map(R2, S2)[0].indices) for R2 in self.chi for S2 in self.chi
+                    if tuple(self.chi[R2] * self.chi[S2]) == G]
+            self._reps_of[G] = np.unique(np.concatenate(cols))
+        return self._reps_of[G]
 
     def so_map(self, R: int, S: int) -> tuple:
-        """(M, SOs of R, SOs of S): M = M_RS^T as a sparse (nso_R * nso_S, nrep) matrix,
-        Y_RS (flattened) = M @ H for H[u] = (pq|u) over the representative pairs u (rows
-        of one irrep G = R x S). Built once per irrep pair."""
+        """(M, SOs of R, SOs of S): M = M_RS^T as a sparse (nso_R * nso_S, len(reps_of(R,
+        S))) matrix, Y_RS (flattened) = M @ H for H[u] = (pq|u) over the representative
+        pairs u = reps_of(R, S) (rows of one irrep G = R x S). Built once per irrep pair."""
+        key = (R, S, "G")
+        if key not in self._maps:
+            m, KR, KS = self._full_map(R, S)
+            self._maps[key] = (m[:, self.reps_of(R, S)], KR, KS)
+        return self._maps[key]
+
+    def _full_map(self, R: int, S: int) -> tuple:
+        """``so_map`` over all representative pairs."""
         key = (R, S)
         if key not in self._maps:
             chi = self.chi[R] * self.chi[S]             # chi_G, G = R x S
@@ -142,7 +191,7 @@ class PairOrbits:
         return self._maps[key]
 
     def finish(self, H: np.ndarray, R: int, S: int, r_orbs, s_orbs) -> np.ndarray:
-        """(pq|rs) for the rows of H (nrep, nrows; one irrep R ^ S) and the orbitals
+        """(pq|rs) for the rows of H (reps_of(R, S), nrows; one irrep R x S) and the orbitals
         r_orbs (irrep R), s_orbs (irrep S): (nrows, len(r_orbs), len(s_orbs))."""
         m, KR, KS = self.so_map(R, S)
         y = (m @ H).reshape(len(KR), -1)                                   # (nsoR, nsoS * rows)
@@ -174,9 +223,18 @@ def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = Fals
         np.add.at(weight, orbits.so_irrep, orbits.c ** 2)
         if np.any(weight.sum(axis=0) - weight.max(axis=0) > 1e-16):
             return None
-        if orbsym is not None and np.any(weight.argmax(axis=0) != np.asarray(orbsym)):
+        orbits.orbital_irrep = weight.argmax(axis=0)
+        if orbsym is not None and np.any(orbits.orbital_irrep != np.asarray(orbsym)):
             return None
     return orbits
+
+
+def _unpair(t) -> tuple:
+    """(k, l), k >= l, of packed pair indices t = k (k + 1) / 2 + l."""
+    k = ((np.sqrt(8 * np.asarray(t, dtype=np.float64) + 1) - 1) // 2).astype(np.int64)
+    k -= (k * (k + 1) // 2 > t)                   # guard the float square root
+    k += ((k + 1) * (k + 2) // 2 <= t)
+    return k, t - k * (k + 1) // 2
 
 
 def _pair(k, l) -> np.ndarray:

@@ -12,12 +12,15 @@ integrals instead, by their owners (one task set, ``mo_classes``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 from tessera.errors import InputError
 from tessera.tensor.block_tensor import BlockTensor, PermutationalSymmetry
 from tessera.tensor.space import IndexSpace, Tile
+
+log = logging.getLogger(__name__)
 
 CLASSES = ("oooo", "ovoo", "oovv", "ovov", "ovvv", "vvvv")
 
@@ -116,13 +119,16 @@ def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
     the ranks for a distributed one) and are filled by its executor (``chem/ao2mo.py``);
     ``slab_bytes`` (default SLAB_BYTES) bounds the working arrays per thread.
     ``occ_tile`` (default ``tile``) bounds the occupied tiles. On a local context
-    (serial, threads) the 8-fold AO integrals are kept in memory when they fit
-    ``max_memory_mb`` (default ``mol.max_memory``; the SCF judges by the run's budget): the SCF's own when the
-    reference still holds them (``ref.ao_integrals``, taken), else computed once.
+    (serial, threads) the 8-fold AO integrals are kept in memory when they fit the
+    memory budget per rank (``backends.budget``: ``max_memory_mb``, MiB as --max-memory,
+    else TESSERA_MEMORY_PER_RANK_MB, else the memory available now): the SCF's own when
+    the reference still holds them (``ref.ao_integrals``, taken), else computed once;
+    otherwise the transform goes by AO units of ``slab_bytes`` (said in the log).
     """
+    from tessera.backends.budget import memory_budget
     from tessera.backends.context import current_context
     from tessera.chem.ao2mo import transform_classes
-    from tessera.chem.scf.incore import s8_fits
+    from tessera.chem.scf.incore import s8_bytes, s8_fits
 
     context = current_context() if context is None else context
     if slab_bytes is None:
@@ -138,8 +144,12 @@ def transform(ref, nfrozen: int, tile: int, *, occ_tile: int | None = None,
         if ref.eri_mo is not None:
             stats = mo_classes(context, ref.eri_mo, {k: i + nfrozen for k, i in index.items()}, tensors)
         else:
-            in_memory = not context.distributed and s8_fits(
-                ref.mol.nao, ref.mol.max_memory if max_memory_mb is None else max_memory_mb)
+            budget, source = memory_budget(context.ranks.node_size, max_memory_mb)
+            in_memory = not context.distributed and s8_fits(ref.mol.nao, budget)
+            if not in_memory and not context.distributed and context.ranks.rank == 0:
+                log.info("transform: the 8-fold AO integrals (%.0f MiB) exceed the memory budget "
+                         "(%.0f MiB per rank, %s): AO units of at most %.0f MiB per thread instead",
+                         s8_bytes(ref.mol.nao) / 2**20, budget / 2**20, source, slab_bytes / 2**20)
             if not in_memory and ref.ao_integrals is not None:
                 ref.ao_integrals.take()            # not used here: freed now, not at the end
             stats = transform_classes(context, ref.mol, ref.mo_coeff[:, nfrozen:], index, tensors,

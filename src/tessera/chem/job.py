@@ -231,7 +231,7 @@ class Job:
         timings, energies = data["timings"], data["energies"]
         t0 = time.perf_counter()
         self.report.phase("transform")
-        ints = transform(ref, nfrozen, tiles[0], occ_tile=tiles[1])
+        ints = transform(ref, nfrozen, tiles[0], occ_tile=tiles[1], max_memory_mb=opt.max_memory)
         self._phase(timings, "transform", t0)
         data["transform_info"] = dict(ints.transform_stats)
         self._done("transform", data)

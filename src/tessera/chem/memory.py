@@ -17,7 +17,7 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
              ((P Q | AO pair) rows of every class, this rank's share), plus each thread's
              slabs (AO integrals of one unit of AO pairs, its half transform, one chunk of
              rows in the finish); in one local process whose 8-fold AO integrals fit
-             PySCF's default max_memory: the rows of all active pairs and the larger of
+             the memory budget per rank (``backends.budget``): the rows of all active pairs and the larger of
              the 8-fold AO integrals and the MO integrals
   ladder     a local run, before its first CCSD iteration: the integrals with vvvv and
              the ladder's V+- made from it (``chem.ccsd._ladder_form``), which then frees vvvv;
@@ -59,7 +59,7 @@ import sys
 
 import numpy as np
 
-from tessera.backends.budget import available_memory
+from tessera.backends.budget import available_memory, memory_budget
 from tessera.backends.context import one_blas_thread
 from tessera.errors import InputError
 
@@ -133,13 +133,11 @@ class RunShape:
         from tessera.chem.ao2mo_symmetry import pair_orbits
         from tessera.chem.job import frozen_core_orbitals
         from tessera.chem.scf.driver import guess_orbitals
-        from pyscf.lib.parameters import MAX_MEMORY
         if reference is not None:
             self.orbsym, self.nocc, self.group = np.asarray(reference.orbsym), reference.nocc, reference.point_group
         else:
             self.orbsym, self.nocc, self.group, _ = guess_orbitals(mol)
         self.nao = int(mol.nao) if mol is not None else len(self.orbsym)
-        self.max_memory_mb = getattr(mol, "max_memory", MAX_MEMORY)    # the transform's in-memory budget
         self.chemcore = frozen_core_orbitals(mol) if mol is not None else 0
         # AO pairs the transform half-transforms: in memory one per point-group orbit, by
         # units those of one shell pair per orbit (chem/ao2mo_symmetry.py)
@@ -148,6 +146,8 @@ class RunShape:
         for by_shell_pair in (False, True):
             orbits = pair_orbits(mol, by_shell_pair=by_shell_pair) if mol is not None else None
             counts.append(npair if orbits is None else len(orbits.reps))
+            if not by_shell_pair:          # the in-memory rows' doubles with orbits
+                self.half_doubles = None if orbits is None else orbits.half_doubles(self.orbsym[int(nfrozen):])
         self.ao_pair_reps, self.ao_pair_unit_columns = counts
         # an FCIDUMP's MO integrals, held whole while its classes are filled
         eri = getattr(reference, "eri_mo", None)
@@ -244,13 +244,14 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     slabs = 8 * (max_cols * (npair + nact * (nact + 1)) + 2 * row_chunk * npair)
     if shape.mo_eri_bytes:
         parts["transform"] = {"integrals": with_vvvv, "fcidump integrals": shape.mo_eri_bytes}
-    elif not shape.distributed and s8_fits(nao, shape.max_memory_mb):
+    elif not shape.distributed and s8_fits(nao, memory_budget(1)[0] if shape.budget is None else shape.budget):
         # in memory (chem/ao2mo.py, A): the rows of all active pairs, with first the 8-fold
         # AO integrals (half_e1), then, once those are freed, the MO integrals and each
         # thread's finish arrays (a chunk of rows and its result). With point-group orbits
         # (chem/ao2mo_symmetry.py) the rows have one column per orbit, transposed once
         # while the AO integrals are held; a finish takes a group's rows and their transpose
-        half = 8 * nact * (nact + 1) // 2 * shape.ao_pair_reps
+        # (with orbits by AO-pair classes: PairOrbits.half_doubles)
+        half = 8 * (nact * (nact + 1) // 2 * npair if shape.half_doubles is None else shape.half_doubles)
         if shape.ao_pair_reps < npair:
             first, finish = s8_bytes(nao) + half, 8 * group_rows * (2 * shape.ao_pair_reps + nact * nact)
         else:

@@ -29,11 +29,10 @@ def s8_bytes(nao: int) -> int:
     return npair * (npair + 1) // 2 * 8
 
 
-def s8_fits(nao: int, max_memory_mb: float) -> bool:
-    """Whether the 8-fold integrals of ``nao`` functions fit ``max_memory_mb`` (MB, as
-    PySCF's ``mol.max_memory``): the rule of the in-memory transform (the SCF's is
-    ``fits``)."""
-    return s8_bytes(nao) <= float(max_memory_mb) * 1e6
+def s8_fits(nao: int, budget: float) -> bool:
+    """Whether the 8-fold integrals of ``nao`` functions fit ``budget`` (bytes per rank,
+    ``backends.budget``): the rule of the in-memory transform (the SCF's is ``fits``)."""
+    return s8_bytes(nao) <= float(budget)
 
 
 def fits(ranks, need: int, budget: float) -> tuple:
