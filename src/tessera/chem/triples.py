@@ -498,7 +498,9 @@ class TripleKernel:
         g_s of ``out`` at nslot len(ks) foff[G, g_s] holds ``nslot`` slots, each
         [k, s, (t, u)].  Terms of one kind whose right operand is the same orbital in
         layouts of adjacent slots are one GEMM (left operands stacked, N summed); a term
-        whose right orbital is k is one GEMM per k."""
+        whose right orbital is k is one GEMM per k, shared likewise by the terms of one
+        kind and pair irrep in adjacent slots (their left rows stacked, the product of
+        each k added to the slots from a scratch buffer)."""
         g, rel, nk = self.irr, self.rel, len(ks)
         blocks = self.maps["blocks"]
         init = [[False] * len(blocks) for _ in range(nslot)]
@@ -507,8 +509,8 @@ class TripleKernel:
             for kind, term in enumerate(self._terms(ks, os_, ot, ou)):
                 if term[6] is None and nk == 1:      # k's right operand is fixed too: may share a GEMM
                     term = term[:6] + (ks[0],) + term[7:]
-                same = [grp for grp in kinds[kind] if term[6] is not None and grp[0] == term[6]
-                        and grp[1][-1][0] + 1 == slot]
+                same = [grp for grp in kinds[kind] if grp[0] == term[6] and grp[1][-1][0] + 1 == slot
+                        and (term[6] is not None or grp[1][-1][2][4] == term[4])]
                 if same:
                     same[0][1].append((slot, os_, term))
                 else:
@@ -546,16 +548,42 @@ class TripleKernel:
                               c=c.reshape(-1, npair).T, overwrite_c=1)
                         self.flops += 2 * len(members) * nk * size * nf
                         continue
-                    _, os_, (_, ltab, ly, *_) = members[0]
-                    row = ltab[os_][g[ly]][rel[ly]][p0:p0 + ns * nf].reshape(ns, nf)
+                    nm = len(members)
+                    scratch = self._scratch(out, nm * size) if nm > 1 else None      # flat [m, s, pairs]
+                    if nm == 1 or scratch is None:
+                        for _, os_, (_, ltab, ly, *_) in members:
+                            row = ltab[os_][g[ly]][rel[ly]][p0:p0 + ns * nf].reshape(ns, nf)
+                            for n, k in enumerate(ks):
+                                dgemm(sign, rtab[k][gs ^ h].T, row.T, beta=beta,
+                                      c=c[n * size:(n + 1) * size].reshape(ns, npair).T, overwrite_c=1)
+                            c = c[nk * size:]
+                        self.flops += 2 * nm * nk * size * nf
+                        continue
+                    rows = self.lbuf[:nm * ns * nf].reshape(nm, ns * nf)
+                    for m, (_, os_, (_, ltab, ly, *_)) in enumerate(members):
+                        rows[m] = ltab[os_][g[ly]][rel[ly]][p0:p0 + ns * nf]
+                    cs = c.reshape(nm, nk, size)
                     for n, k in enumerate(ks):
-                        dgemm(sign, rtab[k][gs ^ h].T, row.T, beta=beta,
-                              c=c[n * size:(n + 1) * size].reshape(ns, npair).T, overwrite_c=1)
-                        self.flops += 2 * size * nf
+                        dgemm(sign, rtab[k][gs ^ h].T, rows.reshape(nm * ns, nf).T, beta=0.0,
+                              c=scratch.reshape(nm * ns, npair).T, overwrite_c=1)
+                        if beta:
+                            cs[:, n] += scratch.reshape(nm, size)
+                        else:
+                            cs[:, n] = scratch.reshape(nm, size)
+                    self.flops += 2 * nm * nk * size * nf
         for b, (gs, off, ns, npair) in enumerate(blocks):
             for sl, *_ in layouts:
                 if not init[sl][b]:
                     out[(nslot * nk * off + sl * nk * ns * npair):][:nk * ns * npair] = 0.0
+
+    def _scratch(self, out, n: int) -> np.ndarray | None:
+        """n doubles (flat) of a pool buffer that is not ``out``; None when none is large
+        enough.  Only the packed kernel accumulates several slots, into the batch buffer:
+        its per-triple buffers are free until the batch is swept."""
+        for a in self.buf:
+            if a.size >= n and not np.may_share_memory(a, out):
+                return a[:n]
+        return None
 
     def _pair_rows(self, i, j, ks) -> tuple:
         """P_l = (jt|ku), (kt|iu), (it|ju) and Pz_l = P_l - 2 (ju|kt), (ku|it), (iu|jt), each
