@@ -73,6 +73,7 @@ from tessera.backends.local import threads_of
 from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet
 from tessera.chem.ao2mo_symmetry import pair_orbits
+from tessera.errors import SymmetryError
 from tessera.tensor.block_tensor import BlockTensor
 from tessera.tensor.space import IndexSpace
 
@@ -426,6 +427,9 @@ class ClassTransform:
             # (reps, npq) C-contiguous (the sparse products, one per irrep pair, would each
             # copy a strided view), by PySCF's C gather: 2.5x faster than np.take
             blk = self.rep_blocks[key]
+            if np.any(self.orbits.rep_class[reps] != key[0]):    # take_2d does not check bounds
+                raise SymmetryError(f"transform: representative AO pairs of another class meet "
+                                    f"irreps {tuple(by_irrep)}; the point-group tables disagree")
             rows = lib.take_2d(blk.reshape(len(blk), -1), self.rep_pos[reps], cols)
         else:
             rows = np.take(lib.transpose(self.row_chunk_of(h, g, 0, npq)), reps, axis=0)

@@ -78,6 +78,10 @@ class PairOrbits:
 
     def __init__(self, mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False):
         U = np.hstack(mol.symm_orb)
+        # PySCF's SO table carries rounding noise (~1e-16) on AOs an SO does not contain in
+        # some orientations (water or ethylene in the xz / xy plane): exact zeros there, or
+        # a representative pair would seem to meet irreps of the other class (``reps_of``)
+        U[np.abs(U) < 1e-12] = 0.0
         so_irrep = np.concatenate([np.full(c.shape[1], i, dtype=np.int64)
                                    for i, c in zip(mol.irrep_id, mol.symm_orb)])
         nao = mol.nao
