@@ -515,3 +515,14 @@ def test_auto_puts_the_network_between_nodes():
     for c in spread:                    # the same counts at other prices
         same = local[(c["backend"], c["variant"])]
         assert c["bytes_per_rank"] == same["bytes_per_rank"] and c["seconds"] != same["seconds"]
+
+
+def test_collective_memory_counts_the_integrals_in_whole_blocks():
+    """mpi-collective stores whole blocks, mpi-onesided the integral classes in pieces:
+    the memory a candidate needs per rank counts each as it stores them. Water cc-pVDZ
+    at 64 ranks, tiles 48/48: a few blocks per class, so the whole-block rank holds more."""
+    from tessera.backends.auto import memory_parts, structure_stats
+    orbsym, nocc = orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)
+    s = structure_stats(CCSDStructure(orbsym, nocc, 0, distributed=True), 48, 48, 64)
+    one, coll = memory_parts(s, 64, "mpi-onesided", "original"), memory_parts(s, 64, "mpi-collective", "summa")
+    assert one["stored"] == s["memory_per_rank_max"] < coll["stored"] == s["whole_memory_per_rank_max"]

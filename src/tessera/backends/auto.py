@@ -264,7 +264,7 @@ def _collective_traffic(s: dict, nranks: int, variant: str) -> dict:
 def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None) -> dict:
     """Bytes per rank of one CCSD iteration on ``backend`` (one of the local executors, or
     an MPI one with its ``variant``), by part: ``stored`` (T2 + integrals of the fullest
-    rank), ``held`` (the structure's other bytes and, distributed, every intermediate of
+    rank; in whole blocks on mpi-collective, which does not cut blocks in pieces), ``held`` (the structure's other bytes and, distributed, every intermediate of
     the iteration, each of which keeps its global array, spread over the ranks), ``working`` (the executor's working set; see
     the module docstring)."""
     held = s["held_bytes"] / nranks
@@ -277,7 +277,8 @@ def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None)
             min(FROZEN_CACHE_BYTES, frozen_share(s, nranks)) if variant in ("cached", "owner") else 0
     else:
         working = s["temporary_bytes"] + s["gathered_bytes"]
-    return {"stored": s["memory_per_rank_max"], "held": held, "working": working}
+    stored = s["whole_memory_per_rank_max" if backend == "mpi-collective" else "memory_per_rank_max"]
+    return {"stored": stored, "held": held, "working": working}
 
 
 def frozen_share(s: dict, nranks: int) -> float:
