@@ -4,7 +4,7 @@ node (pieces read and written in shared memory) and as 2 emulated nodes with MPI
 MPIR_CVAR_NOLOCAL=1 (every piece through MPI one-sided operations).
 
 Checks (tests/mpi/pieces_checks.py): every access path of a pieced tensor against numpy;
-the one-line refusals (a partial put, a local view, a copy, an in-place write); CCSD(T) of water
+the one-line refusals (a partial put, a local view, a copy, norm, max_abs, zero_, vdot, an in-place write; like() makes whole blocks); CCSD(T) of water
 STO-3G on mpi-onesided (cached, original) with every integral class in pieces equal to
 PySCF's to 1e-7 Eh; mpi-collective falls back to whole blocks (nothing cut) and gives
 the same energies.
@@ -48,6 +48,8 @@ def test_pieces_at_two_ranks(pyscf_water, nodes):
     assert "covers part of block" in a["partial_put"] and "\n" not in a["partial_put"]
     assert "stored in pieces on several ranks" in a["local_view"]
     assert "no process holds a whole block to copy" in a["copy"]
+    assert all("stored in pieces on several processes" in m for m in a["whole_tensor"])
+    assert a["like"] == "balanced"             # a tensor made like it is written: whole blocks
     assert "is stored in pieces" in a["in_place"] and "placement 'balanced'" in a["in_place"]
     e_hf, e_ccsd, e_t = pyscf_water
     e = out["energies"]

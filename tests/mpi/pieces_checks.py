@@ -106,6 +106,8 @@ def access(world) -> dict:
         out["partial_put"] = refused(lambda: ga.put_patch(*inner, part))
         out["local_view"] = refused(lambda: ga.local_view(first))
         out["copy"] = refused(t.copy)
+        out["whole_tensor"] = [refused(f) for f in (t.norm, t.max_abs, t.zero_, lambda: t.vdot(t))]
+        out["like"] = t.like().placement
 
         def write_in_place():
             z = BlockTensor((o, v, v), 1, name="z", placement="pieces")

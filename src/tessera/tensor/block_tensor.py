@@ -271,9 +271,11 @@ class BlockTensor:
         return tuple(s.tiles[t].size for s, t in zip(self.spaces, key))
 
     def like(self, name: str = "") -> "BlockTensor":
-        """An empty (zero) tensor with the same spaces, irrep, symmetry and placement."""
+        """An empty (zero) tensor with the same spaces, irrep, symmetry and placement
+        (``balanced`` for one stored in pieces: those are written once and only read)."""
+        placement = "balanced" if self.placement == "pieces" else self.placement
         return BlockTensor(self.spaces, self.irrep, name=name or self.name, symmetry=self.symmetry,
-                           placement=self.placement, canonical=self.canonical)
+                           placement=placement, canonical=self.canonical)
 
     def owned_keys(self) -> list:
         """The allowed keys this process stores: all of them for a local tensor, the
@@ -500,10 +502,14 @@ class BlockTensor:
         return t
 
     # ----------------------------------------------------------------- whole-tensor ops
-    def copy(self, name: str = "") -> "BlockTensor":
+    def _whole_blocks(self, what: str) -> None:
+        """Refuse ``what`` on a tensor stored in pieces: no process holds its whole blocks."""
         if self.dist is not None and self.dist.pieced:
             raise ShapeError(f"tensor {self.name!r} is stored in pieces on several processes (placement "
-                             "'pieces'); no process holds a whole block to copy: read it with get_block")
+                             f"'pieces'); no process holds a whole block to {what}: read it with get_block")
+
+    def copy(self, name: str = "") -> "BlockTensor":
+        self._whole_blocks("copy")
         t = self.like(name)
         if self.dist is None and not self.aliases:
             t.blocks = {k: b.copy() for k, b in self.blocks.items()}
@@ -514,6 +520,7 @@ class BlockTensor:
         return t
 
     def zero_(self) -> "BlockTensor":
+        self._whole_blocks("zero")
         if self.dist is None:
             self._blocks.clear()
             self._flat, self._lazy = None, False
@@ -531,6 +538,8 @@ class BlockTensor:
 
     def vdot(self, other: "BlockTensor") -> float:
         self._check_same(other)
+        self._whole_blocks("dot")
+        other._whole_blocks("dot")
         if self.dist is None:
             return float(sum(np.vdot(b, other.blocks[k]) for k, b in self.blocks.items() if k in other.blocks))
         theirs = self._partner_blocks(other)
@@ -538,9 +547,11 @@ class BlockTensor:
         return float(self.global_sum(local))
 
     def norm(self) -> float:
+        self._whole_blocks("take the norm of")
         return float(np.sqrt(self.global_sum(float(sum(np.vdot(b, b) for b in self.blocks.values())))))
 
     def max_abs(self) -> float:
+        self._whole_blocks("take the largest element of")
         local = max((float(np.abs(b).max()) for b in self.blocks.values() if b.size), default=0.0)
         return float(self.global_sum(local, "max"))
 
