@@ -168,6 +168,16 @@ def test_plan_prints_the_whole_estimate(capsys):
     assert "held" in out and "half-transformed" in out and "baseline" in out
 
 
+def test_plan_decides_the_transform_by_max_memory(capsys):
+    """A local run's transform keeps the AO integrals in memory when they fit its budget
+    (--max-memory), else goes by AO units: ``tessera plan`` estimates by the same budget."""
+    transform = {}
+    for mib in (None, "0.2"):
+        assert main(["plan", "examples/water.xyz", "--basis", "cc-pvdz"] + (["--max-memory", mib] if mib else [])) == 0
+        transform[mib] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  transform "))
+    assert "AO integrals, or MO integrals" in transform[None] and "slabs" in transform["0.2"]
+
+
 def test_scf_phase_counts_the_integrals_the_scf_keeps():
     """The estimate's scf phase holds the AO integrals the SCF will keep: on one rank the
     8-fold array (its size as PySCF computes it), on several the fullest rank's share of

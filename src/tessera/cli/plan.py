@@ -35,8 +35,11 @@ def print_plan(options, rank: int = 0) -> None:
         print(render(decision))
         tile, occ_tile = decision["tile"], decision["occ_tile"]
         shape = shape.but(budget=budget)      # (T)'s tasks take a share of it
-    elif options.backend == "auto":
-        print("auto decision on 1 rank: backend threads (one process: shared memory)")
+    else:           # the budget a local run's transform decides by (in memory or by AO units)
+        from tessera.backends.budget import memory_budget
+        shape = shape.but(budget=memory_budget(1, options.max_memory)[0])
+        if options.backend == "auto":
+            print("auto decision on 1 rank: backend threads (one process: shared memory)")
     run = structure(tile, occ_tile)
     print(f"{source.molecule['point_group_full']} -> {group}; tiles: o {run.tiles['o']}, v {run.tiles['v']}")
     total, peak = 0, 0
