@@ -47,7 +47,8 @@ MIN_OCC_TILE = 12          # the thinnest occupied tile a run cuts to balance th
 def loads(t, nranks: int, pieces: bool = True) -> np.ndarray:
     """Bytes of tensor ``t`` on each of ``nranks`` ranks, placed as a run places them: a
     ``pieces`` tensor as ``mpi-onesided`` stores it (``runtime.distribution.piece_table``),
-    or with ``pieces=False`` as ``mpi-collective`` does (whole blocks, ``balanced``)."""
+    or with ``pieces=False`` as ``mpi-collective`` does (whole blocks, ``balanced``). The
+    default cut: TESSERA_PIECES, a test setting that forces more pieces, is not modelled."""
     from tessera.runtime.distribution import block_owner_array, block_sizes, piece_table
     keys = t.stored_keys()
     if t.placement == "pieces" and nranks > 1 and pieces:

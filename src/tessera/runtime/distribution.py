@@ -278,7 +278,8 @@ def block_owner_array(spaces, irrep, keys, nranks: int, placement="balanced") ->
       that many small tensors do not all start on rank 0; each rank holds within one
       (largest) block of the mean, whatever the tensor;
     - ``pieces``: as ``balanced``, but each block may be stored in pieces on several
-      ranks (``piece_table``); its owner here is its home, the owner of its first piece;
+      ranks (``piece_table``, the default cut: not TESSERA_PIECES's forced one); its owner
+      here is its home, the owner of its first piece;
     - ``("rows", owners)``: every block of first tile i on rank ``owners[i]`` (a tensor
       laid out to follow another's ownership).
 
