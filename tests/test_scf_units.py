@@ -153,6 +153,16 @@ def test_diis_extrapolates_linear_error_exactly():
     np.testing.assert_allclose(out, f_star, atol=1e-10)
 
 
+def test_diis_combination_of_empty_and_full_vectors():
+    """The extrapolated vector sum_i c_i v_i (BLAS axpy), also of empty vectors: a rank
+    that owns no amplitude blocks combines nothing (BLAS refuses empty vectors)."""
+    from tessera.chem.diis import _combine
+    rng = np.random.default_rng(3)
+    c, vs = rng.standard_normal(3), [rng.standard_normal((5, 7)) for _ in range(3)]
+    np.testing.assert_allclose(_combine(c, vs), sum(ci * v for ci, v in zip(c, vs)), atol=1e-14)
+    assert _combine(c, [np.zeros(0)] * 3).shape == (0,)
+
+
 def test_symmetry_labels_equal_pyscf():
     mol = molecule("benzene.xyz", "sto-3g", symmetry=True)
     mf = scf.RHF(mol).run(conv_tol=1e-11)

@@ -89,6 +89,10 @@ def _combine(c, vectors: list) -> np.ndarray:
     memory per term against 3)."""
     first = np.asarray(vectors[0])
     out = np.multiply(first, c[0]).reshape(-1)
-    for ci, v in zip(c[1:], vectors[1:]):
-        out = daxpy(np.ravel(v), out, a=ci)
+    blas = 0 < out.size < 2**31            # BLAS takes no empty vector (a rank with no
+    for ci, v in zip(c[1:], vectors[1:]):  # amplitudes) and 32-bit lengths
+        if blas:
+            out = daxpy(np.ravel(v), out, a=ci)
+        else:
+            out += ci * np.ravel(v)
     return out.reshape(first.shape)
