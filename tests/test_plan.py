@@ -83,6 +83,7 @@ def test_reused_plan_rebinds_new_tensors_and_keeps_no_data(monkeypatch):
     import tessera as ts
     from tessera.backends import context
     from tessera.plan import reuse
+    from tessera.plan.planner import plan_updates
 
     rng = np.random.default_rng(7)
     o, v = IndexSpace.from_irreps("o", rng.integers(0, 4, 5), 2), IndexSpace.from_irreps("v", rng.integers(0, 4, 8), 3)
@@ -91,8 +92,10 @@ def test_reused_plan_rebinds_new_tensors_and_keeps_no_data(monkeypatch):
     W_d = W_d + W_d.transpose(2, 3, 0, 1)        # W[acbd] = W[bdac]: (ac|bd) = (bd|ac), as the +/- ladder needs
     W = BlockTensor.from_dense(W_d, (v,) * 4, 0, name="W", symmetry=(ts.PermutationalSymmetry((2, 3, 0, 1)),)).freeze()
     A = BlockTensor.random((o, v, v, v), rng=rng, name="A").freeze()
-    plans = []
+    plans, planned = [], []
     monkeypatch.setattr(context, "reused_plan", lambda updates: plans.append(reuse.reused_plan(updates)) or plans[-1])
+    monkeypatch.setattr(reuse, "_templates", reuse.OrderedDict())
+    monkeypatch.setattr(reuse, "plan_updates", lambda updates: planned.append(1) or plan_updates(updates))
     earlier = []
     with ts.Context("serial"):
         for run in range(3):
@@ -112,10 +115,14 @@ def test_reused_plan_rebinds_new_tensors_and_keeps_no_data(monkeypatch):
             if run == 0:
                 kept = len(reuse._templates)
             else:                   # planned once; new temporaries every time
-                assert len(reuse._templates) == kept
+                assert len(reuse._templates) == kept and len(planned) == 1
                 assert not {r() for r in earlier} & tensors
                 assert any(st.pairs == "plus_pack" for st in plans[-1].steps)
             earlier += [weakref.ref(x) for x in tensors]
+        with ts.equations():        # another scale: another structure, planned anew
+            R["ijab"] = 0.8 * W["acbd"] * tau["ijcd"]
+        np.testing.assert_allclose(R.to_dense(), 0.8 * np.einsum("acbd,ijcd->ijab", W_d, tau_d), atol=1e-11)
+        assert len(planned) == 2
     del tau, t, R, Z, x, tensors, plans
     gc.collect()
     assert all(r() is None for r in earlier)      # the template keeps no tensor (nor its data) alive

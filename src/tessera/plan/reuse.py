@@ -135,4 +135,6 @@ def _rebind(template: _Template, tensors: list):
     ref = lambda s: None if s is None else Ref(bound[s[0]], s[1])  # noqa: E731
     steps = [replace(st, out=ref(out), inputs=tuple(map(ref, ins)), divisor=ref(div))
              for st, out, ins, div in template.steps]
+    # an add step counts its input's stored elements, which the structure does not fix
+    steps = [replace(st, flops=st.inputs[0].tensor.stored_elements) if st.kind == "add" else st for st in steps]
     return Plan(steps, list(template.labels), list(template.choices))
