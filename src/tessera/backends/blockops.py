@@ -58,10 +58,11 @@ def gather_tasks(ref, perm, layouts: dict, into: dict, workers: int = 1) -> list
 
 def _even_parts(items: list, workers: int) -> list:
     """``items`` ((thing, rows, elements) each) cut into ``workers`` x k lists of equal
-    elements, about ``_GATHER_ELEMENTS`` each, to whole rows of a thing's first axis:
+    elements, about ``_GATHER_ELEMENTS`` each (one list below ``_FLAT_ELEMENTS``), to whole rows of a thing's first axis:
     (thing, first row, end row) each (a part: the rows that start in its range)."""
     total = sum(size for _, _, size in items)
-    n = workers * max(1, round(total / (workers * _GATHER_ELEMENTS)))
+    # one part (run inline, no pool dispatch) below _FLAT_ELEMENTS
+    n = 1 if total < _FLAT_ELEMENTS else workers * max(1, round(total / (workers * _GATHER_ELEMENTS)))
     bounds = [total * k // n for k in range(n + 1)]
     parts: list = [[] for _ in range(n)]
     offset = 0
@@ -225,8 +226,9 @@ def _scatter_parts(out, transpose, cmat, entries, workers: int) -> list:
     non-canonical output in ``_even_parts`` (ranges of each block's first product axis),
     so that nine equal blocks no longer go five to one worker and four to the other; an
     output block not yet there is made here, whole parts then set, not added. Any other
-    output: whole blocks dealt among the workers."""
-    if out.dist is not None or out.aliases:
+    output (canonical, with alias blocks): whole blocks dealt among the workers. Local
+    contexts only (``Context._run_step``)."""
+    if out.aliases:
         return [partial(_scatter_one, out, 1.0, transpose, cmat, entries[i::workers])
                 for i in range(min(workers, len(entries)))]
     fresh = set()

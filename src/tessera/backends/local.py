@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -87,18 +88,25 @@ class ThreadsExecutor:
     def run(self, tasks) -> None:
         """Run ``tasks`` on ``workers`` threads, the calling one among them: each takes the
         next task not yet taken until none is left (one pool submission per helper, not
-        per task: a step of small blocks is many short runs of a few tasks)."""
+        per task: a step of small blocks is many short runs of a few tasks). A task's error
+        stops the others taking more; it is raised once the running ones have ended."""
         if len(tasks) <= 1:
             for task in tasks:
                 task()
             return
-        taken = itertools.count()       # next() is atomic: each task is taken once
+        lock, taken, failed = threading.Lock(), itertools.count(), threading.Event()
 
         def drain():
-            for n in taken:
+            while not failed.is_set():  # after a task's error no other task starts
+                with lock:              # each task taken once (not only under the GIL)
+                    n = next(taken)
                 if n >= len(tasks):
                     return
-                tasks[n]()
+                try:
+                    tasks[n]()
+                except BaseException:
+                    failed.set()
+                    raise
         helpers = [self._pool.submit(drain) for _ in range(min(self.workers, len(tasks)) - 1)]
         try:
             drain()

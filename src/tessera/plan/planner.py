@@ -328,9 +328,11 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
             packed = Ref(BlockTensor((pairs,) + F.tensor.spaces[2:], F.tensor.irrep, name="pairs"),
                          p + F.indices[2:])
             result = Ref(BlockTensor((pairs,) + t.spaces[2:], t.irrep, name="pairs"), p + out.indices[2:])
-            # a G that changes (tau of R2 += Woooo tau) is gathered anew at every run: as the
-            # second factor its letters stay in its own order (kl, ab), a copy without a transpose
-            pair = (G, packed) if G.tensor.constant else (packed, G)
+            # a G that changes (tau of R2 += Woooo tau) is gathered anew at every run of a
+            # local plan: as the second factor its letters stay in its own order (kl, ab), a
+            # copy without a transpose; distributed plans (and the cost model's) keep G first
+            local = t.dist is None and not plans_distributed()
+            pair = (packed, G) if local and not G.tensor.constant else (G, packed)
             steps = [_pair_map(F, packed, "pack", label),
                      *(_plus_minus_steps(G, packed, result, scale, label) or [_pair_step(*pair, result, scale, label)])]
             if t.dist is None:      # local: one pass adds the pairs and their mirror images to the target
