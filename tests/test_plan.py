@@ -123,6 +123,7 @@ def test_reused_plan_rebinds_new_tensors_and_keeps_no_data(monkeypatch):
             R["ijab"] = 0.8 * W["acbd"] * tau["ijcd"]
         np.testing.assert_allclose(R.to_dense(), 0.8 * np.einsum("acbd,ijcd->ijab", W_d, tau_d), atol=1e-11)
         assert len(planned) == 2
-    del tau, t, R, Z, x, tensors, plans
+    plans.clear()
+    del tau, t, R, Z, x, tensors
     gc.collect()
     assert all(r() is None for r in earlier)      # the template keeps no tensor (nor its data) alive

@@ -47,7 +47,7 @@ def access(world) -> dict:
     o = IndexSpace.from_irreps("o", rng.integers(0, 2, 6), 3)
     v = IndexSpace.from_irreps("v", rng.integers(0, 2, 9), 4)
     out = {}
-    with Context("mpi-onesided", variant="original") as ctx:
+    with Context("mpi-onesided", variant="original"):
         t = BlockTensor((o, v, v), 1, name="p", placement="pieces")
         keys = t.stored_keys()
         blocks = {k: rng.standard_normal(t.block_shape(k)) for k in keys}    # the same on every rank
