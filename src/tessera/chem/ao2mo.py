@@ -287,15 +287,22 @@ class ClassTransform:
         coef = {a: np.ascontiguousarray(self.coeff[np.ix_(aos[a], mos)]) for a, mos in self.class_mos.items()}
         pieces = [(kappa, rows[i:i + 32]) for kappa, rows in self.class_rows.items()
                   for i in range(0, len(rows), 32)]
+        # a row's packed AO pairs (k in a, l in b), k-major: gathered from the packed row
+        # at once (no unpacked nao x nao row, then its class block: one pass, not three)
+        cols = {(a, b): pair_index(aos[a], aos[b]).ravel() for kappa in self.class_rows
+                for a, b in self.class_pairs[kappa]}
+        unpack_row = lib.numpy_helper._np_helper.NPdunpack_row   # lib.unpack_row, into a given row
+        eri_ptr, npair = eri_s8.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(self.npair)
 
         def piece(item):
             kappa, rows = item
             r = self.rep_pos[rows]
+            x = self.scratch("rows", (len(rows), self.npair))
+            for i, u in enumerate(self.orbits.reps[rows].tolist()):
+                unpack_row(npair, ctypes.c_int(u), eri_ptr, x[i].ctypes.data_as(ctypes.c_void_p))
             with lib.with_omp_threads(1):
-                x = lib.unpack_tril(np.array([lib.unpack_row(eri_s8, int(u)) for u in self.orbits.reps[rows]]))
-                x = x.reshape(-1, nao)
                 for a, b in self.class_pairs[kappa]:       # (AOs of a, AOs of b) of each row
-                    xs = lib.take_2d(x, (np.arange(len(rows))[:, None] * nao + aos[a]).ravel(), aos[b])
+                    xs = lib.take_2d(x, np.arange(len(rows)), cols[a, b]).reshape(-1, len(aos[b]))
                     t = (xs @ coef[b]).reshape(len(rows), len(aos[a]), -1)
                     self.rep_blocks[kappa, a, b][r[0]:r[-1] + 1] = np.matmul(coef[a].T, t)
                     self.count("half", len(rows) * 2 * len(aos[a]) * coef[b].shape[1]
