@@ -128,10 +128,10 @@ class PairOrbits:
         # class(p) x class(q) = class(u)
         fixed = [i for i, (perm, _) in enumerate(self.ops) if np.array_equal(perm, np.arange(nao))]
         ao_sign = np.array([self.ops[i][1] for i in fixed]).reshape(len(fixed), nao)
-        self.irrep_class = {lab: self._class_of(ch[1:][fixed]) for lab, ch in self.chi.items()}
-        self.ao_class = np.array([self._class_of(s) for s in ao_sign.T], dtype=np.int64)
-        self.rep_class = np.array([self._class_of(ao_sign[:, k] * ao_sign[:, l])
-                                   for k, l in zip(*_unpair(self.reps))], dtype=np.int64)
+        self.irrep_class = {lab: int(self._classes(ch[1:][fixed][:, None])[0]) for lab, ch in self.chi.items()}
+        self.ao_class = self._classes(ao_sign)
+        k, l = _unpair(self.reps)
+        self.rep_class = self.ao_class[k] ^ self.ao_class[l]
 
     def half_doubles(self, orbsym) -> int:
         """Doubles of the in-memory half-transformed rows (``ClassTransform.half_in_memory``)
@@ -145,10 +145,10 @@ class PairOrbits:
                        for k in np.unique(self.rep_class).tolist()))
 
     @staticmethod
-    def _class_of(signs) -> int:
-        """The class of a sign vector over the fixing operations, as bits (1: sign -1):
-        the product of classes is their XOR."""
-        return int(sum(1 << i for i, s in enumerate(signs) if s < 0))
+    def _classes(signs) -> np.ndarray:
+        """The class of each column of signs (fixing operation, item), as bits (bit i: sign
+        -1 under operation i): the product of classes is their XOR."""
+        return (np.asarray(signs) < 0).T.astype(np.int64) @ (1 << np.arange(len(signs), dtype=np.int64))
 
     def reps_of(self, R: int, S: int) -> np.ndarray:
         """The representative pairs (rows of ``reps``) whose (pq|u) can be non-zero for pq
