@@ -292,6 +292,7 @@ class ClassTransform:
         cols = {(a, b): pair_index(aos[a], aos[b]).ravel() for kappa in self.class_rows
                 for a, b in self.class_pairs[kappa]}
         unpack_row = lib.numpy_helper._np_helper.NPdunpack_row   # lib.unpack_row, into a given row
+        eri_s8 = np.ascontiguousarray(eri_s8, dtype=np.float64)     # read by pointer (as libcint and the SCF give them: no copy)
         eri_ptr, npair = eri_s8.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(self.npair)
 
         def piece(item):
