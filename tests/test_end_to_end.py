@@ -4,7 +4,7 @@ Also: CCSD(T) from Tessera's own RHF equals CCSD(T) from PySCF's RHF to 1e-7 Eh.
 """
 
 import pytest
-from pyscf import cc, scf
+from pyscf_energies import ccsd_t_energies, rhf
 
 from tessera.chem.job import Job, RunOptions
 from tessera.chem.molecule import Molecule
@@ -12,17 +12,8 @@ from tessera.chem.molecule import Molecule
 
 @pytest.fixture(scope="module")
 def pyscf_water():
-    mol = Molecule.from_xyz("examples/water.xyz", basis="cc-pvdz").to_pyscf()
-    mf = scf.RHF(mol)
-    mf.conv_tol = 1e-11
-    mf.kernel()
-    out = {}
-    for frozen in (0, 1):
-        mycc = cc.CCSD(mf, frozen=frozen or None)
-        mycc.conv_tol = 1e-10
-        mycc.kernel()
-        out[frozen] = (mf.e_tot, mycc.e_corr, mycc.ccsd_t())
-    return out
+    mf = rhf(Molecule.from_xyz("examples/water.xyz", basis="cc-pvdz").to_pyscf())
+    return {frozen: ccsd_t_energies(mf, frozen) for frozen in (0, 1)}
 
 
 @pytest.mark.parametrize("scf_code", ["pyscf", "tessera"])

@@ -13,9 +13,9 @@ the same energies.
 from pathlib import Path
 
 import pytest
-from pyscf import cc, scf
 
 from mpirun import run_mpi
+from pyscf_energies import ccsd_t_energies, rhf
 from tessera.chem.molecule import Molecule
 
 SCRIPT = Path(__file__).parent / "mpi" / "pieces_checks.py"
@@ -25,14 +25,7 @@ CLASSES = ["oooo", "oovv", "ovoo", "ovov", "ovvv", "vvvv"]
 
 @pytest.fixture(scope="module")
 def pyscf_water():
-    mol = Molecule.from_xyz("examples/water.xyz", basis="sto-3g").to_pyscf()
-    mf = scf.RHF(mol)
-    mf.conv_tol = 1e-11
-    mf.kernel()
-    mycc = cc.CCSD(mf)
-    mycc.conv_tol = 1e-10
-    mycc.kernel()
-    return mf.e_tot, mycc.e_corr, mycc.ccsd_t()
+    return ccsd_t_energies(rhf(Molecule.from_xyz("examples/water.xyz", basis="sto-3g").to_pyscf()))
 
 
 @pytest.mark.parametrize("nodes", [1, 2])

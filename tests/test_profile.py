@@ -222,17 +222,12 @@ def test_report_bad_input(profiles, tmp_path, capsys):
 # ------------------------------------------------------------------ --progress / --ghosts
 @pytest.fixture(scope="module")
 def pyscf_water_c1():
-    from pyscf import cc, gto, scf
+    from pyscf import gto
+    from pyscf_energies import ccsd_t_energies, rhf
     from tessera.chem.molecule import Molecule
     mol = Molecule.from_xyz(WATER, basis="sto-3g").to_pyscf(symmetry=False)
     assert isinstance(mol, gto.Mole)
-    mf = scf.RHF(mol)
-    mf.conv_tol = 1e-11
-    mf.kernel()
-    mycc = cc.CCSD(mf)
-    mycc.conv_tol = 1e-10
-    mycc.kernel()
-    return mf.e_tot, mycc.e_corr, mycc.ccsd_t()
+    return ccsd_t_energies(rhf(mol))
 
 
 def test_ghost_progress_ccsd_t(pyscf_water_c1, tmp_path):
