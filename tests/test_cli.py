@@ -139,3 +139,25 @@ def test_json_phases_time_iterations_flops(tmp_path, capsys):
         assert ph["ccsd"]["flops"] == ph["ccsd"]["flops_per_iteration"] * ph["ccsd"]["iterations"] > 0
     code, _, err = run(capsys, "run", WATER, "--scf-mode", "disk")
     assert code == 2 and "unknown mode 'disk'" in err
+
+
+def test_deferred_imports_run_on_first_use():
+    """A program defers numpy.f2py and scipy.optimize (cli.deferred): importing the run's
+    modules leaves their code unrun, and the first attribute read (``from ... import``,
+    PySCF's own reference to scipy.optimize) gets the real module, with working functions."""
+    code = """if True:
+        import math, sys
+        from tessera.cli.deferred import DEFERRED, defer
+        defer()
+        import tessera.chem.job, pyscf.scf.diis
+        assert all("__all__" not in vars(sys.modules[n]) for n in DEFERRED), "loaded at import"
+        from scipy.optimize import brentq
+        assert abs(brentq(lambda x: x * x - 2.0, 0.0, 2.0) - math.sqrt(2.0)) < 1e-12
+        res = pyscf.scf.diis.scipy.optimize.minimize(lambda x: (x[0] - 3.0) ** 2, [0.0], method="BFGS")
+        assert abs(res.x[0] - 3.0) < 1e-6, res.x
+        import numpy
+        assert numpy.f2py.__name__ == "numpy.f2py" and callable(numpy.f2py.get_include)
+        print("ok")
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

@@ -215,7 +215,10 @@ def _freeze_imports() -> None:
     process ends: moved out of the collector's sight, each full collection of the run
     skips it, and so do the collections of the interpreter's teardown (which took 0.55 s
     after these imports, 0.12 s frozen, measured on a loaded machine). Only for a
-    program: in another caller's process it would also keep that caller's garbage."""
+    program: in another caller's process it would also keep that caller's garbage.
+    Before them, the imports that a run never uses are deferred (``cli.deferred``)."""
+    from tessera.cli.deferred import defer
+    defer()
     import tessera.chem.job  # noqa: F401 - the heaviest of the run's imports
     gc.freeze()
 
