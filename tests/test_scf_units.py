@@ -12,7 +12,7 @@ from pyscf.scf import hf_symm
 
 from tessera.chem.scf.blocking import default_block_nbf, make_blocks
 from tessera.chem.diis import DIIS
-from tessera.chem.scf.integrals import BlockERI, schwarz_bounds
+from tessera.chem.scf.integrals import BlockERI, _shell_operations, s8_integrals, schwarz_bounds
 from tessera.chem.scf.kernel import assemble, contract_block
 from tessera.chem.scf.symmetry import symmetry_basis
 from tessera.chem.scf.tasks import PARTIAL, make_tasks
@@ -74,6 +74,24 @@ def test_block_integrals_equal_full_eri(water_dz):
         ref = full[b.ao_slice(a), b.ao_slice(bb), b.ao_slice(c), b.ao_slice(d)]
         np.testing.assert_allclose(g, ref, rtol=0, atol=1e-13)
 
+
+
+@pytest.mark.parametrize("xyz, basis, group, nops, threads", [
+    ("water.xyz", "cc-pvdz", "C2v", 4, 2),        # in the molecular plane: every op fixes O
+    ("benzene.xyz", "sto-3g", "D2h", 8, 2),       # planar D2h: orbits of 4 shell quartets
+    ("n2.xyz", "cc-pvtz", "D2h", 8, 1),           # f shells; an axis through both atoms
+    ("hocl.xyz", "6-31g*", "Cs", 2, 2),           # Cartesian-free d shells, one plane
+    ("water.xyz", "cc-pvdz", None, 0, 2),         # no symmetry: PySCF's own fill
+])
+def test_s8_integrals_from_symmetry_unique_quartets_equal_libcint(xyz, basis, group, nops, threads):
+    """The 8-fold integrals written from one shell quartet per point-group orbit (s8fill.c)
+    equal libcint's for every quartet, signs of the images included."""
+    mol = molecule(xyz, basis, symmetry=group or False)
+    assert len(_shell_operations(mol)) == nops
+    got = s8_integrals(mol, threads)
+    ref = mol.intor("int2e", aosym="s8")
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12)
 
 def test_schwarz_bounds_equal_brute_force(water_dz):
     mol = water_dz

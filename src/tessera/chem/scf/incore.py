@@ -2,7 +2,8 @@
 J/K kernel.
 
 The unique integrals (ij|kl), i >= j, k >= l, ij >= kl, are computed once by libcint
-(``mol.intor("int2e", aosym="s8")``, OpenMP-parallel) and kept, npair (npair + 1) / 2
+(one shell quartet per point-group orbit, the others written from it:
+``integrals.s8_integrals``; threads) and kept, npair (npair + 1) / 2
 doubles with npair = nao (nao + 1) / 2; every build is then one call of PySCF's C kernel
 for 8-fold integrals (``pyscf.scf._vhf.incore``, OpenMP-parallel): G(D) = J(D) - K(D)/2.
 Both are library calls: no Python loop touches an integral. This is the build of one
@@ -21,6 +22,7 @@ from pyscf.lib import with_omp_threads
 from pyscf.scf import _vhf
 
 from tessera.chem.reference import KeptIntegrals
+from tessera.chem.scf.integrals import s8_integrals
 
 
 def s8_bytes(nao: int) -> int:
@@ -58,8 +60,7 @@ class IncoreFock:
         self.threads = max(1, int(threads))
         self.context = context       # records each build as the region "scf.fock", as a task set
         t0 = time.perf_counter()
-        with with_omp_threads(self.threads):
-            self.eri = mol.intor("int2e", aosym="s8")
+        self.eri = s8_integrals(mol, self.threads)
         self.setup_seconds = time.perf_counter() - t0
         self.nbytes = int(self.eri.nbytes)
         self.history: list = []

@@ -6,19 +6,27 @@ libcint for one block quartet ``(AB|CD)`` at a time, with a ``shls_slice``, exac
 optimizer (``cintopt``) prepared once instead of on every call: a Fock build makes
 thousands of such calls per iteration.
 
-Also the Schwarz bounds Q_ij = sqrt(max |(ij|ij)|) per shell pair (Haser and Ahlrichs,
-J. Comput. Chem. 10, 104 (1989)): |(ij|kl)| <= Q_ij Q_kl.
+Also the whole 8-fold array of the in-memory SCF (``s8_integrals``), from one shell
+quartet per point-group orbit (the C fill ``s8fill.c``), and the Schwarz bounds
+Q_ij = sqrt(max |(ij|ij)|) per shell pair (Haser and Ahlrichs, J. Comput. Chem. 10, 104
+(1989)): |(ij|kl)| <= Q_ij Q_kl.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 
 import numpy as np
 from pyscf.gto import moleintor
-from pyscf.lib import unpack_tril
+from pyscf.lib import unpack_tril, with_omp_threads
 
 from tessera.chem.scf.blocking import ShellBlocks
+from tessera.errors import BuildError
+
+_S8_MODULE = "tessera.chem.scf._s8fill"
 
 
 class BlockERI:
@@ -108,3 +116,75 @@ def schwarz_bounds(eri: BlockERI, mol) -> np.ndarray:
             q[a0:a1, b0:b1] = m
             q[b0:b1, a0:a1] = m.T
     return np.sqrt(q)
+
+
+def s8_integrals(mol, threads: int = 1) -> np.ndarray:
+    """The 8-fold symmetric integrals (ij|kl), i >= j, k >= l, ij >= kl (PySCF's
+    ``mol.intor("int2e", aosym="s8")`` layout), with libcint computing one shell quartet
+    per orbit of the point group (``s8fill.c``: about 1/4 of them for a planar D2h
+    molecule, 1/8 for a non-planar one) on ``threads`` threads; without point-group
+    operations that map shells onto shells with signed AOs, PySCF's own s8 fill."""
+    ops = _shell_operations(mol)
+    if not ops:
+        with with_omp_threads(max(1, int(threads))):
+            return mol.intor("int2e", aosym="s8")
+    eri_ = BlockERI(mol)
+    nao = mol.nao
+    npair = nao * (nao + 1) // 2
+    out = np.empty(npair * (npair + 1) // 2)
+    shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
+    ao_map = np.ascontiguousarray([p for _, p, _ in ops], dtype=np.int32)
+    ao_sign = np.ascontiguousarray([g for _, _, g in ops], dtype=np.float64)
+    counter = np.zeros(1, dtype=np.int64)
+    fill = _s8_library().tessera_s8_fill
+    ptr = ctypes.c_void_p
+
+    def work():
+        return fill(ctypes.cast(eri_._intor, ptr), eri_._cintopt,
+                    eri_._atm.ctypes.data_as(ptr), eri_._natm, eri_._bas.ctypes.data_as(ptr), eri_._nbas,
+                    eri_._env.ctypes.data_as(ptr), eri_.ao_loc.ctypes.data_as(ptr), nao, len(ops),
+                    shell_map.ctypes.data_as(ptr), ao_map.ctypes.data_as(ptr),
+                    ao_sign.ctypes.data_as(ptr), counter.ctypes.data_as(ptr), out.ctypes.data_as(ptr))
+    nthreads = max(1, int(threads))
+    if nthreads == 1:
+        codes = [work()]
+    else:
+        with ThreadPoolExecutor(nthreads) as pool:       # ctypes calls release the GIL
+            codes = list(pool.map(lambda _: work(), range(nthreads)))
+    if any(codes):
+        raise MemoryError("s8fill: no memory for a shell-quartet buffer")
+    return out
+
+
+def _shell_operations(mol) -> list:
+    """[(shell map, AO map, AO signs)] of the point group's operations, the identity
+    first, when they map every shell onto a shell AO by AO (D2h and its subgroups in
+    PySCF's orientation); [] without symmetry or when one does not."""
+    from tessera.chem.ao2mo_symmetry import ao_operations
+    if not getattr(mol, "symmetry", False) or mol.symm_orb is None or mol.groupname == "C1":
+        return []
+    U = np.hstack(mol.symm_orb)
+    U[np.abs(U) < 1e-12] = 0.0
+    loc = np.asarray(mol.ao_loc_nr())
+    shell = np.repeat(np.arange(mol.nbas), np.diff(loc))
+    out = [(np.arange(mol.nbas), np.arange(mol.nao), np.ones(mol.nao))]
+    for perm, sign in ao_operations(mol, U):
+        smap = shell[perm[loc[:-1]]]
+        if not np.array_equal(perm, loc[smap][shell] + np.arange(mol.nao) - loc[shell]):
+            return []
+        out.append((smap, perm, sign))
+    return out if len(out) > 1 else []
+
+
+@cache
+def _s8_library() -> ctypes.CDLL:
+    spec = importlib.util.find_spec(_S8_MODULE)
+    if spec is None or not spec.origin:
+        raise BuildError(f"the compiled integral fill {_S8_MODULE} is not built; run `make` (or "
+                         "`pip install -e .`) in the Tessera checkout, which needs a C compiler")
+    lib = ctypes.CDLL(spec.origin)
+    lib.tessera_s8_fill.restype = ctypes.c_int
+    lib.tessera_s8_fill.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+                                    + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int]
+                                    + [ctypes.c_void_p] * 5)
+    return lib

@@ -1,0 +1,113 @@
+/* The 8-fold AO integrals (ij|kl), i >= j, k >= l, ij >= kl, from one shell quartet per
+ * orbit of the point group (chem/scf/eri_symmetry.py drives it; no Python API, called
+ * through ctypes, which releases the GIL: one call per thread).
+ *
+ * Every operation g of an Abelian point group maps AO k to a signed AO,
+ * phi_k(g r) = s_g(k) phi_pi_g(k)(r), and shell to shell, so the integrals are invariant:
+ *
+ *     (pi_g a pi_g b | pi_g c pi_g d) = s_g(a) s_g(b) s_g(c) s_g(d) (ab|cd).
+ *
+ * The canonical shell quartets fall into orbits; libcint computes one per orbit (the
+ * lowest packed index of its images) and each of its images is written from it with
+ * those signs (the petite list of M. Dupuis and H. F. King, Int. J. Quantum Chem. 11,
+ * 613 (1977)). Orbits are disjoint,
+ * so threads that take different quartets never write the same element.
+ *
+ * Packed indices: pair(a, b) = a (a + 1) / 2 + b for a >= b; the element (ab|cd) is at
+ * pair(pair(a, b), pair(c, d)) of the array of npair (npair + 1) / 2 doubles, PySCF's
+ * ``aosym="s8"`` layout.
+ */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*intor_fn)(double *out, int *dims, int *shls, int *atm, int natm, int *bas,
+                        int nbas, double *env, void *opt, double *cache);
+
+static inline int64_t pair(int64_t a, int64_t b)
+{
+    return a >= b ? a * (a + 1) / 2 + b : b * (b + 1) / 2 + a;
+}
+
+/* Fills ``eri`` for the shell pairs ij (i >= j) that this caller claims from ``next``
+ * (shared by the callers: each takes the next pair with an atomic add) and every kl <= ij.
+ * ``shell_map``, ``ao_map``, ``ao_sign``: nops rows (the identity first) of nbas, nao and
+ * nao entries. Returns 0, or -1 when a buffer could not be allocated. */
+int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, int nbas,
+                    double *env, const int *ao_loc, int nao, int nops, const int *shell_map,
+                    const int *ao_map, const double *ao_sign, int64_t *next, double *eri)
+{
+    intor_fn fn = (intor_fn)intor;
+    if (nops > 64)
+        return -1;
+    int maxsh = 0;
+    for (int s = 0; s < nbas; s++)
+        if (ao_loc[s + 1] - ao_loc[s] > maxsh)
+            maxsh = ao_loc[s + 1] - ao_loc[s];
+    double *buf = malloc(sizeof(double) * (size_t)maxsh * maxsh * maxsh * maxsh);
+    if (buf == NULL)
+        return -1;
+    const int64_t nsp = (int64_t)nbas * (nbas + 1) / 2;
+    int64_t ij;
+    while ((ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < nsp) {
+        int i = 0;
+        while ((int64_t)(i + 1) * (i + 2) / 2 <= ij)
+            i++;
+        int j = (int)(ij - (int64_t)i * (i + 1) / 2);
+        for (int k = 0; k <= i; k++) {
+            for (int l = 0; l <= k; l++) {
+                int64_t kl = pair(k, l);
+                if (kl > ij)
+                    break;
+                int64_t q = pair(ij, kl);
+                /* images[g]: the canonical quartet g maps this one onto; a rep has the lowest */
+                int64_t images[64];
+                int rep = 1;
+                for (int g = 0; g < nops && rep; g++) {
+                    const int *m = shell_map + (size_t)g * nbas;
+                    images[g] = pair(pair(m[i], m[j]), pair(m[k], m[l]));
+                    if (images[g] < q)
+                        rep = 0;
+                }
+                if (!rep)
+                    continue;
+                int shls[4] = {i, j, k, l};
+                int ni = ao_loc[i + 1] - ao_loc[i], nj = ao_loc[j + 1] - ao_loc[j];
+                int nk = ao_loc[k + 1] - ao_loc[k], nl = ao_loc[l + 1] - ao_loc[l];
+                size_t n = (size_t)ni * nj * nk * nl;
+                if (!fn(buf, NULL, shls, atm, natm, bas, nbas, env, cintopt, NULL))
+                    memset(buf, 0, sizeof(double) * n);
+                /* buf[a + ni (b + nj (c + nk d))] = (ab|cd), AOs counted from the shells'
+                 * first; each image quartet written once (two operations that map the
+                 * quartet onto the same one write the same elements) */
+                for (int g = 0; g < nops; g++) {
+                    int seen = 0;
+                    for (int h = 0; h < g && !seen; h++)
+                        seen = images[h] == images[g];
+                    if (seen)
+                        continue;
+                    const int *am = ao_map + (size_t)g * nao;
+                    const double *as = ao_sign + (size_t)g * nao;
+                    for (int a = 0; a < ni; a++)
+                        for (int b = 0; b < nj; b++) {
+                            int A = ao_loc[i] + a, B = ao_loc[j] + b;
+                            int64_t ab = pair(am[A], am[B]);
+                            double sab = as[A] * as[B];
+                            for (int c = 0; c < nk; c++) {
+                                int C = ao_loc[k] + c;
+                                double sabc = sab * as[C];
+                                const double *v = buf + a + (size_t)ni * (b + (size_t)nj * c);
+                                for (int d = 0; d < nl; d++) {
+                                    int D = ao_loc[l] + d;
+                                    eri[pair(ab, pair(am[C], am[D]))] = sabc * as[D] * v[(size_t)ni * nj * nk * d];
+                                }
+                            }
+                        }
+                }
+            }
+        }
+    }
+    free(buf);
+    return 0;
+}
