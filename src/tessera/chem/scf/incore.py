@@ -60,15 +60,18 @@ class IncoreFock:
         self.threads = max(1, int(threads))
         self.context = context       # records each build as the region "scf.fock", as a task set
         t0 = time.perf_counter()
-        self.eri = s8_integrals(mol, self.threads)
+        self.eri, self.skeleton = s8_integrals(mol, self.threads)
         self.setup_seconds = time.perf_counter() - t0
         self.nbytes = int(self.eri.nbytes)
         self.history: list = []
 
     def build(self, dm: np.ndarray) -> np.ndarray:
         t0, c0 = time.perf_counter(), time.process_time()
-        with with_omp_threads(self.threads):
-            vj, vk = _vhf.incore(self.eri, dm, hermi=1)
+        if self.skeleton is not None:       # from the representative quartets alone
+            vj, vk = self.skeleton.jk(self.eri, dm, self.threads)
+        else:
+            with with_omp_threads(self.threads):
+                vj, vk = _vhf.incore(self.eri, dm, hermi=1)
         g = vj - 0.5 * vk
         wall = time.perf_counter() - t0
         if self.context is not None:

@@ -118,42 +118,86 @@ def schwarz_bounds(eri: BlockERI, mol) -> np.ndarray:
     return np.sqrt(q)
 
 
-def s8_integrals(mol, threads: int = 1) -> np.ndarray:
-    """The 8-fold symmetric integrals (ij|kl), i >= j, k >= l, ij >= kl (PySCF's
-    ``mol.intor("int2e", aosym="s8")`` layout), with libcint computing one shell quartet
-    per orbit of the point group (``s8fill.c``: about 1/4 of them for a planar D2h
-    molecule, 1/8 for a non-planar one) on ``threads`` threads; without point-group
-    operations that map shells onto shells with signed AOs, PySCF's own s8 fill."""
+def s8_integrals(mol, threads: int = 1):
+    """(eri, skeleton): the 8-fold symmetric integrals (ij|kl), i >= j, k >= l, ij >= kl
+    (PySCF's ``mol.intor("int2e", aosym="s8")`` layout), with libcint computing one shell
+    quartet per orbit of the point group (``s8fill.c``: about 1/4 of them for a planar D2h
+    molecule, 1/8 for a non-planar one) on ``threads`` threads, and the ``Skeleton`` that
+    builds J and K from those quartets alone; without point-group operations that map
+    shells onto shells with signed AOs, PySCF's own s8 fill and None."""
     ops = _shell_operations(mol)
     if not ops:
         with with_omp_threads(max(1, int(threads))):
-            return mol.intor("int2e", aosym="s8")
+            return mol.intor("int2e", aosym="s8"), None
     eri_ = BlockERI(mol)
-    nao = mol.nao
+    nao, nsp = mol.nao, mol.nbas * (mol.nbas + 1) // 2
     npair = nao * (nao + 1) // 2
     out = np.empty(npair * (npair + 1) // 2)
+    skeleton = Skeleton(ops, eri_.ao_loc, nao, np.empty(nsp * (nsp + 1) // 2, dtype=np.uint8))
     shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
     ao_map = np.ascontiguousarray([p for _, p, _ in ops], dtype=np.int32)
     ao_sign = np.ascontiguousarray([g for _, _, g in ops], dtype=np.float64)
-    counter = np.zeros(1, dtype=np.int64)
     fill = _s8_library().tessera_s8_fill
     ptr = ctypes.c_void_p
 
-    def work():
+    def work(counter):
         return fill(ctypes.cast(eri_._intor, ptr), eri_._cintopt,
                     eri_._atm.ctypes.data_as(ptr), eri_._natm, eri_._bas.ctypes.data_as(ptr), eri_._nbas,
                     eri_._env.ctypes.data_as(ptr), eri_.ao_loc.ctypes.data_as(ptr), nao, len(ops),
                     shell_map.ctypes.data_as(ptr), ao_map.ctypes.data_as(ptr),
-                    ao_sign.ctypes.data_as(ptr), counter.ctypes.data_as(ptr), out.ctypes.data_as(ptr))
-    nthreads = max(1, int(threads))
-    if nthreads == 1:
-        codes = [work()]
-    else:
-        with ThreadPoolExecutor(nthreads) as pool:       # ctypes calls release the GIL
-            codes = list(pool.map(lambda _: work(), range(nthreads)))
-    if any(codes):
+                    ao_sign.ctypes.data_as(ptr), counter, out.ctypes.data_as(ptr),
+                    skeleton.orbit.ctypes.data_as(ptr))
+    if any(_on_threads(work, threads)):
         raise MemoryError("s8fill: no memory for a shell-quartet buffer")
-    return out
+    return out, skeleton
+
+
+class Skeleton:
+    """J and K of a density that the point group leaves invariant (every SCF density of
+    symmetry-adapted orbitals) from the representative shell quartets of ``s8_integrals``
+    only, each weighted by the size of its orbit, then summed over the group's operations
+    (the skeleton Fock matrix of Dupuis and King, Int. J. Quantum Chem. 11, 613 (1977)):
+    ``orbit[pair(ij, kl)]`` is that size for a representative shell quartet, 0 otherwise."""
+
+    def __init__(self, ops, ao_loc, nao: int, orbit: np.ndarray):
+        self.ops, self.ao_loc, self.nao, self.orbit = ops, ao_loc, int(nao), orbit
+
+    def jk(self, eri: np.ndarray, dm: np.ndarray, threads: int = 1) -> tuple:
+        """(J, K) of the symmetric density ``dm`` from the 8-fold ``eri``."""
+        nao = self.nao
+        dm = np.ascontiguousarray(dm, dtype=np.float64)
+        jk = _s8_library().tessera_s8_jk
+        ptr = ctypes.c_void_p
+        parts = []
+
+        def work(counter):
+            vj, vk = np.zeros((nao, nao)), np.zeros((nao, nao))
+            parts.append((vj, vk))
+            jk(len(self.ao_loc) - 1, self.ao_loc.ctypes.data_as(ptr), nao, self.orbit.ctypes.data_as(ptr),
+               eri.ctypes.data_as(ptr), dm.ctypes.data_as(ptr), counter, vj.ctypes.data_as(ptr),
+               vk.ctypes.data_as(ptr))
+        _on_threads(work, threads)
+        vj, vk = (sum(p[n] for p in parts) for n in (0, 1))
+        return self.symmetrize(vj + vj.T), self.symmetrize(vk + vk.T)
+
+    def symmetrize(self, m: np.ndarray) -> np.ndarray:
+        """(1/|G|) sum over the operations g of g m g^T, (g m g^T)[pi a, pi b] = s_a s_b m[a, b]."""
+        out = np.zeros_like(m)
+        for _, perm, sign in self.ops:
+            out[np.ix_(perm, perm)] += sign[:, None] * m * sign[None, :]
+        return out / len(self.ops)
+
+
+def _on_threads(work, threads: int) -> list:
+    """``work(counter)`` on ``threads`` threads at once (ctypes calls release the GIL),
+    sharing the counter from which they claim shell pairs; their results."""
+    counter = np.zeros(1, dtype=np.int64)
+    arg = counter.ctypes.data_as(ctypes.c_void_p)
+    n = max(1, int(threads))
+    if n == 1:
+        return [work(arg)]
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: work(arg), range(n)))
 
 
 def _shell_operations(mol) -> list:
@@ -186,5 +230,7 @@ def _s8_library() -> ctypes.CDLL:
     lib.tessera_s8_fill.restype = ctypes.c_int
     lib.tessera_s8_fill.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
                                     + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int]
-                                    + [ctypes.c_void_p] * 5)
+                                    + [ctypes.c_void_p] * 6)
+    lib.tessera_s8_jk.restype = None
+    lib.tessera_s8_jk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 6
     return lib

@@ -33,10 +33,12 @@ static inline int64_t pair(int64_t a, int64_t b)
 /* Fills ``eri`` for the shell pairs ij (i >= j) that this caller claims from ``next``
  * (shared by the callers: each takes the next pair with an atomic add) and every kl <= ij.
  * ``shell_map``, ``ao_map``, ``ao_sign``: nops rows (the identity first) of nbas, nao and
- * nao entries. Returns 0, or -1 when a buffer could not be allocated. */
+ * nao entries. ``orbit[pair(ij, kl)]``: the number of quartets in the orbit of each
+ * representative, 0 for the others. Returns 0, or -1 when a buffer could not be allocated. */
 int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, int nbas,
                     double *env, const int *ao_loc, int nao, int nops, const int *shell_map,
-                    const int *ao_map, const double *ao_sign, int64_t *next, double *eri)
+                    const int *ao_map, const double *ao_sign, int64_t *next, double *eri,
+                    unsigned char *orbit)
 {
     intor_fn fn = (intor_fn)intor;
     if (nops > 64)
@@ -70,8 +72,18 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
                     if (images[g] < q)
                         rep = 0;
                 }
-                if (!rep)
+                if (!rep) {
+                    orbit[q] = 0;
                     continue;
+                }
+                int distinct = 0;
+                for (int g = 0; g < nops; g++) {
+                    int seen = 0;
+                    for (int h = 0; h < g && !seen; h++)
+                        seen = images[h] == images[g];
+                    distinct += !seen;
+                }
+                orbit[q] = (unsigned char)distinct;
                 int shls[4] = {i, j, k, l};
                 int ni = ao_loc[i + 1] - ao_loc[i], nj = ao_loc[j + 1] - ao_loc[j];
                 int nk = ao_loc[k + 1] - ao_loc[k], nl = ao_loc[l + 1] - ao_loc[l];
@@ -110,4 +122,73 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
     }
     free(buf);
     return 0;
+}
+
+/* The skeleton J and K of a symmetric density ``dm`` (nao x nao) from the representative
+ * quartets only, each weighted by its orbit: summed over the group's operations afterwards
+ * (chem/scf/integrals.py, Skeleton) they are the whole J and K, as the density is
+ * invariant: the sum over an orbit of a quartet's contribution = |orbit| / |G| sum over g
+ * of g applied to the representative's. Each canonical element (ab|cd) stands for its 8
+ * permutations, halved for each coincidence (a = b, c = d, ab = cd); of their updates only
+ * half are made, the other half being the transposes (dm symmetric): J = vj + vj^T and
+ * K = vk + vk^T. ``vj``, ``vk``: this caller's own nao x nao, zeroed; shell pairs claimed
+ * from ``next`` as in tessera_s8_fill. */
+void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *orbit,
+                   const double *eri, const double *dm, int64_t *next, double *vj, double *vk)
+{
+    const int64_t nsp = (int64_t)nbas * (nbas + 1) / 2;
+    int64_t ij;
+    while ((ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < nsp) {
+        int i = 0;
+        while ((int64_t)(i + 1) * (i + 2) / 2 <= ij)
+            i++;
+        int j = (int)(ij - (int64_t)i * (i + 1) / 2);
+        for (int k = 0; k <= i; k++) {
+            for (int l = 0; l <= k; l++) {
+                int64_t kl = pair(k, l);
+                if (kl > ij)
+                    break;
+                double w = orbit[pair(ij, kl)];
+                if (w == 0)
+                    continue;
+                for (int a = ao_loc[i]; a < ao_loc[i + 1]; a++) {
+                    const double *da = dm + (size_t)a * nao;
+                    double *ka = vk + (size_t)a * nao;
+                    int b1 = i == j ? a + 1 : ao_loc[j + 1];
+                    for (int b = ao_loc[j]; b < b1; b++) {
+                        const double *db = dm + (size_t)b * nao;
+                        double *kb = vk + (size_t)b * nao;
+                        int64_t ab = pair(a, b);
+                        double wab = a == b ? 0.5 * w : w;
+                        double dab = da[b], jab = 0;
+                        for (int c = ao_loc[k]; c < ao_loc[k + 1]; c++) {
+                            const double *dc = dm + (size_t)c * nao;
+                            double *jc = vj + (size_t)c * nao;
+                            double kac = 0, kbc = 0, dac = da[c], dbc = db[c];
+                            int d1 = k == l ? c + 1 : ao_loc[l + 1];
+                            for (int d = ao_loc[l]; d < d1; d++) {
+                                int64_t cd = pair(c, d);
+                                if (ij == kl && cd > ab)
+                                    break;
+                                double v = eri[pair(ab, cd)] * wab;
+                                if (c == d)
+                                    v *= 0.5;
+                                if (cd == ab)
+                                    v *= 0.5;
+                                jab += 2 * v * dc[d];          /* (ab|cd) D_cd, both orders of cd */
+                                jc[d] += 2 * v * dab;          /* (ab|cd) D_ab, both orders of ab */
+                                kac += v * db[d];              /* K_ac += (ab|cd) D_bd */
+                                kbc += v * da[d];              /* K_bc += (ba|cd) D_ad */
+                                ka[d] += v * dbc;              /* K_ad += (ab|dc) D_bc */
+                                kb[d] += v * dac;              /* K_bd += (ba|dc) D_ac */
+                            }
+                            ka[c] += kac;
+                            kb[c] += kbc;
+                        }
+                        vj[(size_t)a * nao + b] += jab;
+                    }
+                }
+            }
+        }
+    }
 }
