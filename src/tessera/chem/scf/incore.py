@@ -1,16 +1,17 @@
-"""The in-memory Fock build of one process: 8-fold symmetric AO integrals and PySCF's
-J/K kernel.
+"""The in-memory Fock build of one process: 8-fold symmetric AO integrals and a J/K
+kernel for them.
 
 The unique integrals (ij|kl), i >= j, k >= l, ij >= kl, are computed once by libcint
 (one shell quartet per point-group orbit, the others written from it:
-``integrals.s8_integrals``; threads) and kept, npair (npair + 1) / 2
-doubles with npair = nao (nao + 1) / 2; every build is then one call of PySCF's C kernel
-for 8-fold integrals (``pyscf.scf._vhf.incore``, OpenMP-parallel): G(D) = J(D) - K(D)/2.
-Both are library calls: no Python loop touches an integral. This is the build of one
-rank, kept after the SCF for the transform of the same molecule (``hand_over``); with
-several ranks the SCF keeps screened integral blocks per rank instead
-(``fock.FockBuilder``, mode "incore"), so no rank holds all integrals. Either is kept
-only when it ``fits`` the memory budget per rank.
+``integrals.s8_integrals``; threads) and kept, npair (npair + 1) / 2 doubles with
+npair = nao (nao + 1) / 2; every build is then one call of a C kernel, G(D) = J(D) -
+K(D)/2: with point-group operations the skeleton J/K from the representative quartets
+(``integrals.Skeleton``), else PySCF's for all 8-fold integrals
+(``pyscf.scf._vhf.incore``, OpenMP-parallel). No Python loop touches an integral. This
+is the build of one rank, kept after the SCF for the transform of the same molecule
+(``hand_over``); with several ranks the SCF keeps screened integral blocks per rank
+instead (``fock.FockBuilder``, mode "incore"), so no rank holds all integrals. Either is
+kept only when it ``fits`` the memory budget per rank.
 """
 
 from __future__ import annotations
