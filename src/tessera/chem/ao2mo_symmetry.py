@@ -194,21 +194,30 @@ class PairOrbits:
             self._maps[key] = (m, KR, KS)
         return self._maps[key]
 
-    def finish(self, H: np.ndarray, R: int, S: int, r_orbs, s_orbs) -> np.ndarray:
-        """(pq|rs) for the rows of H (reps_of(R, S), nrows; one irrep R x S) and the orbitals
-        r_orbs (irrep R), s_orbs (irrep S): (nrows, len(r_orbs), len(s_orbs))."""
-        m, KR, KS = self.so_map(R, S)
-        y = (m @ H).reshape(len(KR), -1)                                   # (nsoR, nsoS * rows)
+    def so_rows(self, H: np.ndarray, R: int, S: int) -> np.ndarray:
+        """Y_RS for the rows of H (reps_of(R, S), nrows; one irrep R x S): (nsoR, nsoS *
+        nrows), the same for every class whose first pairs are these rows (``finish``)."""
+        m, KR, _ = self.so_map(R, S)
+        return (m @ H).reshape(len(KR), -1)
+
+    def finish(self, y: np.ndarray, R: int, S: int, r_orbs, s_orbs) -> np.ndarray:
+        """(pq|rs) from Y_RS (``so_rows``) for the orbitals r_orbs (irrep R), s_orbs (irrep
+        S): (nrows, len(r_orbs), len(s_orbs))."""
+        KR, KS = self.so_map(R, S)[1:]
         # the SOs of an irrep are contiguous (U is mol.symm_orb side by side): slices, not
         # np.ix_, and plain products, not tensordot -- these calls are many and small
         z = (self.c[KR[0]:KR[-1] + 1, r_orbs].T @ y).reshape(len(r_orbs), len(KS), -1)   # (nr, nsoS, rows)
         return np.matmul(self.c[KS[0]:KS[-1] + 1, s_orbs].T, z).transpose(2, 0, 1)
 
 
+    def so_rows_flops(self, R: int, S: int, nrows: int) -> int:
+        """Flops (multiply-adds x 2) of ``so_rows`` for ``nrows`` rows."""
+        return 2 * nrows * self.so_map(R, S)[0].nnz
+
     def finish_flops(self, R: int, S: int, nr: int, ns: int, nrows: int) -> int:
         """Flops of ``finish`` for ``nrows`` rows and nr, ns orbitals of irreps R, S."""
-        m, KR, KS = self.so_map(R, S)
-        return 2 * nrows * (m.nnz + nr * len(KR) * len(KS) + nr * len(KS) * ns)
+        _, KR, KS = self.so_map(R, S)
+        return 2 * nrows * (nr * len(KR) * len(KS) + nr * len(KS) * ns)
 
 
 def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False,
