@@ -43,6 +43,8 @@ over the same orbitals), and its blocks are written with ``put_block`` wherever 
 class tensor keeps them (any owner map). When p and q run over the same space (oooo,
 oovv, vvvv) only groups P >= Q are transformed: (qp|rs) = (pq|rs), so the (Q, P, R, S)
 blocks are the transposes. Only the canonical blocks of a canonical class are computed.
+In memory with orbits, one task finishes a first-pair group for every class with those
+first pairs (oooo and oovv; ovoo, ovov and ovvv): they share its rows and their SO products.
 Under MPI the row groups are balanced over *all* ranks (largest first by rows; H is laid
 out with placement ``("rows", homes)``) and each group is finished where its rows are
 (``TaskSet.home``): every rank takes part in both task sets whatever the class tensors'

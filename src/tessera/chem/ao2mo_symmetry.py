@@ -33,6 +33,8 @@ import numpy as np
 import scipy.sparse
 from pyscf import lib
 
+from tessera.backends.context import thread_limit
+
 _AXIS_FLIPS = [np.array(s) for s in ((-1, -1, 1), (-1, 1, -1), (1, -1, -1), (-1, -1, -1),
                                     (1, 1, -1), (1, -1, 1), (-1, 1, 1))]
 
@@ -50,17 +52,17 @@ def ao_operations(mol, U: np.ndarray) -> list:
     norm = np.linalg.norm(ao, axis=0)
     ops = []
     for aog in images:
-        # einsum, not BLAS: these products are tiny, and a BLAS thread woken on a
-        # loaded machine cost more than all of them
-        overlap = np.einsum("xk,xl->kl", aog, ao) / np.outer(np.linalg.norm(aog, axis=0), norm)
+        overlap = (aog.T @ ao) / np.outer(np.linalg.norm(aog, axis=0), norm)
         perm = np.abs(overlap).argmax(axis=1)
         best = overlap[np.arange(mol.nao), perm]
         if not np.allclose(np.abs(best), 1.0, atol=1e-8) or len(set(perm.tolist())) != mol.nao:
             continue                                    # not a symmetry of the molecule
         sign = np.sign(best)
-        rep = np.einsum("kK,kL->KL", U, sign[:, None] * U[perm])   # D^T U in the SO basis
-        if np.abs(rep - np.diag(np.diag(rep))).max() < 1e-8:
-            ops.append((perm, sign))                    # maps every SO onto +-itself
+        # maps every SO onto +-itself: D^T U = U diag(d) (U is orthogonal, so D^T U in the
+        # SO basis is diagonal), checked in O(nao^2), not by the O(nao^3) product
+        image = sign[:, None] * U[perm]
+        if np.abs(image - U * np.einsum("kK,kK->K", U, image)).max() < 1e-8:
+            ops.append((perm, sign))
     return ops
 
 
@@ -228,7 +230,11 @@ def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = Fals
     irreps are not their labels ``orbsym``, so the transform takes every AO pair)."""
     if not getattr(mol, "symmetry", False) or mol.symm_orb is None or mol.groupname == "C1":
         return None
-    orbits = PairOrbits(mol, coeff, by_shell_pair)
+    # one BLAS thread: the products here are small (nao^3 at most), and a BLAS thread
+    # woken on a loaded machine cost more than all of them (U^T C: 12 ms on benzene
+    # cc-pVDZ under load, against 0.2)
+    with thread_limit(1):
+        orbits = PairOrbits(mol, coeff, by_shell_pair)
     if len(orbits.reps) == orbits.npair:
         return None
     if coeff is not None:      # orbitals of one irrep each, their label (the finish takes c_R)
