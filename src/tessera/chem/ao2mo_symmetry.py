@@ -233,9 +233,9 @@ def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = Fals
     irreps are not their labels ``orbsym``, so the transform takes every AO pair)."""
     if not getattr(mol, "symmetry", False) or mol.symm_orb is None or mol.groupname == "C1":
         return None
-    # one BLAS thread: the products here are small (nao^3 at most), and a BLAS thread
-    # woken on a loaded machine cost more than all of them (U^T C: 12 ms on benzene
-    # cc-pVDZ under load, against 0.2)
+    # one BLAS thread: the products here are small (nao^3 at most), and BLAS threads
+    # woken on a loaded machine cost more than all of them (U^T C alone took 12 ms on
+    # benzene cc-pVDZ under load; all of PairOrbits 3.5 ms CPU so, measured)
     with thread_limit(1):
         orbits = PairOrbits(mol, coeff, by_shell_pair)
     if len(orbits.reps) == orbits.npair:
