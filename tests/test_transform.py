@@ -71,16 +71,19 @@ def test_in_memory_and_units_equal_dense_einsum(system, backend, nfz, tile):
     # (2 nao^2 nact for its first product, and more); in memory the same without
     # symmetry, and with it (water is planar: its plane maps each AO onto +-itself) fewer:
     # a pair meets only the orbital pairs of its class there; the finishes count the same
+    # without symmetry, and with it fewer in memory: the classes with the same first pairs
+    # (oooo and oovv; ovoo, ovov and ovvv) share those rows' sparse SO products
     stats = mem.transform_stats, units.transform_stats
     nact = ref.mol.nao - nfz
     assert stats[1]["flops"] > stats[1]["ao_pair_columns"] * 2 * ref.mol.nao ** 2 * nact
     assert stats[1]["half_flops"] == stats[1]["ao_pair_columns"] * half_flops(ref.mol.nao, nact)
     assert stats[0]["ao_pair_columns"] == stats[1]["ao_pair_columns"]
-    assert stats[0]["finish_flops"] == stats[1]["finish_flops"]
     if ref.point_group == "C1":
         assert stats[0]["half_flops"] == stats[1]["half_flops"]
+        assert stats[0]["finish_flops"] == stats[1]["finish_flops"]
     else:
         assert stats[0]["half_flops"] < 0.8 * stats[1]["half_flops"]
+        assert stats[0]["finish_flops"] < stats[1]["finish_flops"]
     for s in stats:
         assert s["half_flops"] + s["finish_flops"] == s["flops"] and s["finish_flops"] > 0
         assert s["half_s"] > 0 and s["finish_s"] > 0

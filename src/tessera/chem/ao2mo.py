@@ -43,6 +43,8 @@ over the same orbitals), and its blocks are written with ``put_block`` wherever 
 class tensor keeps them (any owner map). When p and q run over the same space (oooo,
 oovv, vvvv) only groups P >= Q are transformed: (qp|rs) = (pq|rs), so the (Q, P, R, S)
 blocks are the transposes. Only the canonical blocks of a canonical class are computed.
+In memory with orbits, one task finishes a first-pair group for every class with those
+first pairs (oooo and oovv; ovoo, ovov and ovvv): they share its rows and their SO products.
 Under MPI the row groups are balanced over *all* ranks (largest first by rows; H is laid
 out with placement ``("rows", homes)``) and each group is finished where its rows are
 (``TaskSet.home``): every rank takes part in both task sets whatever the class tensors'
@@ -390,14 +392,28 @@ class ClassTransform:
 
     # -- task set 2: finish the row groups where their rows are ------------------------
     def finish_tasks(self) -> TaskSet:
-        self.work = [(h, g) for h in self.halves for g in range(len(h.groups))]
-        costs = [(h.bounds[g + 1] - h.bounds[g]) * self.npair for h, g in self.work]
+        # a task per first-pair group (P, Q) of a class; from the in-memory rows with orbits
+        # one per (P, Q) of all classes with those first pairs (oooo and oovv; ovoo, ovov
+        # and ovvv), which share the group's rows and their SO products (``_finish_so``)
+        work: dict = {}
+        for h in self.halves:
+            for g in range(len(h.groups)):
+                key = (h.name[:2],) + h.gkeys[g] if self.rep_blocks is not None else (h.name, g)
+                work.setdefault(key, []).append((h, g))
+        self.work = list(work.values())
+        costs = [sum((h.bounds[g + 1] - h.bounds[g]) * self.npair for h, g in w) for w in self.work]
         return TaskSet("transform: finish", costs, self.in_omp(self.finish_group),
-                       home=[h.home[g] for h, g in self.work], progress=True, flops=lambda: self.flops["finish"])
+                       home=[w[0][0].home[w[0][1]] for w in self.work], progress=True,
+                       flops=lambda: self.flops["finish"])
 
     def finish_group(self, j: int, _blocks) -> float:
-        """(P Q | lam sig) rows of one first-pair group -> its blocks (P Q | R S)."""
-        h, g = self.work[j]
+        """(P Q | lam sig) rows of one first-pair group -> the blocks (P Q | R S) of each
+        class of the task (``finish_tasks``)."""
+        shared: dict = {}            # what the classes share: the group's rows, their SO products
+        return float(self.count("finish", sum(self._finish_class(h, g, shared) for h, g in self.work[j])))
+
+    def _finish_class(self, h, g: int, shared: dict) -> int:
+        """The blocks (P Q | R S) of group g of class half h; returns their flops."""
         t, keys = h.t, h.groups[g]
         sp = t.spaces
         npq = int(h.bounds[g + 1] - h.bounds[g])
@@ -410,7 +426,7 @@ class ClassTransform:
                  for hh, hkeys in by_irrep.items()}
         out = {key: np.empty((npq,) + t.block_shape(key)[2:]) for key in keys}
         if self.orbits is not None:          # through the SO basis (chem/ao2mo_symmetry.py)
-            flops = self._finish_so(h, g, npq, by_irrep, spans, out)
+            flops = self._finish_so(h, g, npq, by_irrep, spans, out, shared)
         else:
             flops = self._finish_ao(h, g, npq, by_irrep, spans, out)
         for key, blk in out.items():
@@ -418,17 +434,18 @@ class ClassTransform:
             t.put_block(key, blk)
             if h.mirror and key[0] > key[1] and not t.aliases:   # (Q P|R S) = (P Q|R S) transposed
                 t.put_block((key[1], key[0]) + key[2:], np.ascontiguousarray(blk.transpose(1, 0, 2, 3)))
-        return float(self.count("finish", flops))
+        return flops
 
-    def _finish_so(self, h, g, npq, by_irrep, spans, out) -> int:
+    def _finish_so(self, h, g, npq, by_irrep, spans, out, shared) -> int:
         """Finish from the representative AO pairs' rows, one SO irrep pair at a time;
-        returns its flops."""
+        returns its flops. ``shared``: the rows and Y_RS (``PairOrbits.so_rows``) of the
+        group's first pairs, made by the first class of the task that needs them."""
         name, sp = h.name, h.t.spaces
         # the representative pairs that can meet this group's pairs pq (all its irrep pairs
         # are of one irrep: P x Q), the others' rows are zero by symmetry
         reps = self.orbits.reps_of(*next(iter(by_irrep)))
         iz, iw = self.index[name[2]], self.index[name[3]]
-        if self.rep_blocks is not None:
+        if "rows" not in shared and self.rep_blocks is not None:
             P, Q = h.gkeys[g]
             key, cols = self.block_columns(self.index[name[0]][sp[0].slice(P)],
                                            self.index[name[1]][sp[1].slice(Q)])
@@ -438,13 +455,16 @@ class ClassTransform:
             if np.any(self.orbits.rep_class[reps] != key[0]):    # take_2d does not check bounds
                 raise SymmetryError(f"transform: representative AO pairs of another class meet "
                                     f"irreps {tuple(by_irrep)}; the point-group tables disagree")
-            rows = lib.take_2d(blk.reshape(len(blk), -1), self.rep_pos[reps], cols)
-        else:
-            rows = np.take(lib.transpose(self.row_chunk_of(h, g, 0, npq)), reps, axis=0)
+            shared["rows"] = lib.take_2d(blk.reshape(len(blk), -1), self.rep_pos[reps], cols)
+        elif "rows" not in shared:
+            shared["rows"] = np.take(lib.transpose(self.row_chunk_of(h, g, 0, npq)), reps, axis=0)
         flops = 0
         for (hz, hw), hkeys in by_irrep.items():
             (z0, z1), (w0, w1) = spans[(hz, hw)]
-            res = self.orbits.finish(rows, hz, hw, iz[z0:z1], iw[w0:w1])
+            if (hz, hw) not in shared:
+                shared[hz, hw] = self.orbits.so_rows(shared["rows"], hz, hw)
+                flops += self.orbits.so_rows_flops(hz, hw, npq)
+            res = self.orbits.finish(shared[hz, hw], hz, hw, iz[z0:z1], iw[w0:w1])
             flops += self.orbits.finish_flops(hz, hw, z1 - z0, w1 - w0, npq)
             for key in hkeys:
                 out[key][:] = res[:, slice(*_rel(sp[2], key[2], z0)), slice(*_rel(sp[3], key[3], w0))]

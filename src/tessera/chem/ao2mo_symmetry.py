@@ -33,6 +33,8 @@ import numpy as np
 import scipy.sparse
 from pyscf import lib
 
+from tessera.backends.context import thread_limit
+
 _AXIS_FLIPS = [np.array(s) for s in ((-1, -1, 1), (-1, 1, -1), (1, -1, -1), (-1, -1, -1),
                                     (1, 1, -1), (1, -1, 1), (-1, 1, 1))]
 
@@ -50,17 +52,17 @@ def ao_operations(mol, U: np.ndarray) -> list:
     norm = np.linalg.norm(ao, axis=0)
     ops = []
     for aog in images:
-        # einsum, not BLAS: these products are tiny, and a BLAS thread woken on a
-        # loaded machine cost more than all of them
-        overlap = np.einsum("xk,xl->kl", aog, ao) / np.outer(np.linalg.norm(aog, axis=0), norm)
+        overlap = (aog.T @ ao) / np.outer(np.linalg.norm(aog, axis=0), norm)
         perm = np.abs(overlap).argmax(axis=1)
         best = overlap[np.arange(mol.nao), perm]
         if not np.allclose(np.abs(best), 1.0, atol=1e-8) or len(set(perm.tolist())) != mol.nao:
             continue                                    # not a symmetry of the molecule
         sign = np.sign(best)
-        rep = np.einsum("kK,kL->KL", U, sign[:, None] * U[perm])   # D^T U in the SO basis
-        if np.abs(rep - np.diag(np.diag(rep))).max() < 1e-8:
-            ops.append((perm, sign))                    # maps every SO onto +-itself
+        # maps every SO onto +-itself: D^T U = U diag(d) (U is orthogonal, so D^T U in the
+        # SO basis is diagonal), checked in O(nao^2), not by the O(nao^3) product
+        image = sign[:, None] * U[perm]
+        if np.abs(image - U * np.einsum("kK,kK->K", U, image)).max() < 1e-8:
+            ops.append((perm, sign))
     return ops
 
 
@@ -170,7 +172,10 @@ class PairOrbits:
         key = (R, S, "G")
         if key not in self._maps:
             m, KR, KS = self._full_map(R, S)
-            self._maps[key] = (m[:, self.reps_of(R, S)], KR, KS)
+            reps = self.reps_of(R, S)      # holds every non-zero column of m: renumbered,
+            # not sliced (scipy's column indexing cost 5x the rest of the map)
+            self._maps[key] = (scipy.sparse.csr_matrix((m.data, np.searchsorted(reps, m.indices), m.indptr),
+                                                       shape=(m.shape[0], len(reps))), KR, KS)
         return self._maps[key]
 
     def _full_map(self, R: int, S: int) -> tuple:
@@ -194,21 +199,30 @@ class PairOrbits:
             self._maps[key] = (m, KR, KS)
         return self._maps[key]
 
-    def finish(self, H: np.ndarray, R: int, S: int, r_orbs, s_orbs) -> np.ndarray:
-        """(pq|rs) for the rows of H (reps_of(R, S), nrows; one irrep R x S) and the orbitals
-        r_orbs (irrep R), s_orbs (irrep S): (nrows, len(r_orbs), len(s_orbs))."""
-        m, KR, KS = self.so_map(R, S)
-        y = (m @ H).reshape(len(KR), -1)                                   # (nsoR, nsoS * rows)
+    def so_rows(self, H: np.ndarray, R: int, S: int) -> np.ndarray:
+        """Y_RS for the rows of H (reps_of(R, S), nrows; one irrep R x S): (nsoR, nsoS *
+        nrows), the same for every class whose first pairs are these rows (``finish``)."""
+        m, KR, _ = self.so_map(R, S)
+        return (m @ H).reshape(len(KR), -1)
+
+    def finish(self, y: np.ndarray, R: int, S: int, r_orbs, s_orbs) -> np.ndarray:
+        """(pq|rs) from Y_RS (``so_rows``) for the orbitals r_orbs (irrep R), s_orbs (irrep
+        S): (nrows, len(r_orbs), len(s_orbs))."""
+        KR, KS = self.so_map(R, S)[1:]
         # the SOs of an irrep are contiguous (U is mol.symm_orb side by side): slices, not
         # np.ix_, and plain products, not tensordot -- these calls are many and small
         z = (self.c[KR[0]:KR[-1] + 1, r_orbs].T @ y).reshape(len(r_orbs), len(KS), -1)   # (nr, nsoS, rows)
         return np.matmul(self.c[KS[0]:KS[-1] + 1, s_orbs].T, z).transpose(2, 0, 1)
 
 
+    def so_rows_flops(self, R: int, S: int, nrows: int) -> int:
+        """Flops (multiply-adds x 2) of ``so_rows`` for ``nrows`` rows."""
+        return 2 * nrows * self.so_map(R, S)[0].nnz
+
     def finish_flops(self, R: int, S: int, nr: int, ns: int, nrows: int) -> int:
         """Flops of ``finish`` for ``nrows`` rows and nr, ns orbitals of irreps R, S."""
-        m, KR, KS = self.so_map(R, S)
-        return 2 * nrows * (m.nnz + nr * len(KR) * len(KS) + nr * len(KS) * ns)
+        _, KR, KS = self.so_map(R, S)
+        return 2 * nrows * (nr * len(KR) * len(KS) + nr * len(KS) * ns)
 
 
 def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = False,
@@ -219,7 +233,11 @@ def pair_orbits(mol, coeff: np.ndarray | None = None, by_shell_pair: bool = Fals
     irreps are not their labels ``orbsym``, so the transform takes every AO pair)."""
     if not getattr(mol, "symmetry", False) or mol.symm_orb is None or mol.groupname == "C1":
         return None
-    orbits = PairOrbits(mol, coeff, by_shell_pair)
+    # one BLAS thread: the products here are small (nao^3 at most), and BLAS threads
+    # woken on a loaded machine cost more than all of them (U^T C alone took 12 ms on
+    # benzene cc-pVDZ under load; all of PairOrbits 3.5 ms CPU so, measured)
+    with thread_limit(1):
+        orbits = PairOrbits(mol, coeff, by_shell_pair)
     if len(orbits.reps) == orbits.npair:
         return None
     if coeff is not None:      # orbitals of one irrep each, their label (the finish takes c_R)
