@@ -789,7 +789,7 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     ``cache_mb``: per-rank cache of packed rows of distributed tensors (default: as below);
     with the blocked kernel, the bytes one task's windows may take (``chem.triples_window``;
     when not given, ``triples_tasks.window_budget``: the rank's share of the (T) operands,
-    at least a floor set by tile sizes, at most a quarter of ``memory_mb``, the rank's
+    at least a floor (``task_floor``), at most a quarter of ``memory_mb``, the rank's
     memory budget, or 256 MiB; the occupied task tile then follows from it:
     ``triples_tasks.window_plan``).
     ``kernel_mb``: the kernel's buffers per thread (default 256 MiB); when the whole-space
