@@ -116,7 +116,11 @@ def triples_per_rank(tensors, P, memory_bytes=None) -> dict:
         pass
     try:                                  # the same tasks by whole occupied rows, for comparison
         from tessera.chem.triples_tasks import keys_by_tile, row_plan, window_budget
-        read = row_plan(o, keys_by_tile(tensors), tensors, window_budget(None, memory_bytes), P)[2][1]
+        try:
+            limit = window_budget(None, memory_bytes, tensors, P)
+        except TypeError:                 # older sources: a share of the memory, whatever the ranks
+            limit = window_budget(None, memory_bytes)
+        read = row_plan(o, keys_by_tile(tensors), tensors, limit, P)[2][1]
         out.update(whole_rows_read_per_rank=read / P)
     except ImportError:
         pass

@@ -450,16 +450,52 @@ def test_windowed_tasks_costs_and_reads_without_a_list_of_every_task():
             sequence_reads(win, tiles, triples, listed, range(len(listed)))
 
 
+def test_triples_memory_per_rank_falls_with_ranks():
+    """(T) per rank beside the classes (``triples_parts``' rows: one windowed task's rows
+    and tables, or by whole rows one task's rows and the row cache) for water clusters
+    (H2O)4, 8 and 16 in cc-pVDZ (C1, tile 32) on 16, 64, 256 and 1024 simulated ranks with
+    8 GiB each: the budget of a task (``window_budget``) is the ranks' share of the (T)
+    operands, never below ``task_floor`` (set by o, v, the tiles and the machine, the same
+    at every rank count here: one node's bandwidth) nor above a quarter of the memory; so
+    it never grows with ranks, and what a rank holds stays within it (by whole rows: one
+    task's rows and the row cache, within it and 256 MiB), falling while the share binds. (H2O)16 (o=80, v=304): the share
+    binds on 16 ranks, the floor from 64, and what a rank holds there is below an eighth of
+    the memory (before, a task took a quarter of it at every rank count: 1912 MiB held)."""
+    from tessera.chem.memory import triples_parts
+    from tessera.chem.triples_tasks import SOURCES, plan_counts, task_floor, window_budget
+    from tessera.tensor.block_tensor import allowed_elements
+    cap = 2 * 2**30
+    for n in (4, 8, 16):
+        tensors = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True).stored(32, 32)
+        o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+        operands = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES)
+        floor = task_floor(o, v, 16)
+        rows, budgets = {}, {}
+        for P in (16, 64, 256, 1024):
+            budgets[P] = window_budget(None, 8 * 2**30, tensors, P)
+            assert task_floor(o, v, P) == floor and budgets[P] == min(cap, max(floor, operands / P))
+            plan = plan_counts(tensors, P, memory_bytes=8 * 2**30)
+            rows[P] = triples_parts(o, v, P, 1, memory_bytes=8 * 2**30)["rows"]
+            assert plan["budget_bytes"] == int(budgets[P])
+            held = plan["task_bytes"] if plan["vblock"] else plan["task_bytes"] + plan["cache_bytes"]
+            assert rows[P] <= held and (plan["task_bytes"] <= budgets[P] or plan["occ_tile"] == 1), (n, P)
+        assert budgets[16] >= budgets[64] >= budgets[256] >= budgets[1024], (n, budgets)
+        assert rows[16] >= rows[64] >= rows[256] >= rows[1024], (n, rows)
+    assert budgets[16] == operands / 16 > floor == budgets[64] and rows[1024] < rows[16]
+    assert max(rows[P] for P in (64, 256, 1024)) <= floor < cap / 2
+
+
 def test_triples_estimate_holds_what_the_window_plan_holds():
     """The pre-run estimate's (T) rows (``chem.memory``, distributed, kernel blocked in
     the virtual index) are the bytes one task of the run's window plan holds (its rows
     and tables, ``window_counts`` of the windows the run's ``TriplesTasks`` chose) for the
-    run's memory budget per rank: with 8 GiB per rank a task may hold a quarter of it,
-    more than the 256 MiB floor, and the estimate counts that; its kernel buffers are the
-    ones the run's tasks size for their task tile and windows."""
+    run's budget (``window_budget``); its kernel buffers are the ones the run's tasks size
+    for their task tile and windows. Two ranks' share of the (T) operands (194 MiB for
+    o=6, v=200) is below both the 256 MiB default and a quarter of 8 GiB per rank, so it
+    is what binds, with or without a memory budget."""
     from types import SimpleNamespace
     from tessera.chem.memory import RunShape, estimate
-    from tessera.chem.triples_tasks import DEFAULT_CACHE_MB, window_counts
+    from tessera.chem.triples_tasks import window_budget, window_counts
     ref = SimpleNamespace(orbsym=np.zeros(206, dtype=int), nocc=6, point_group="C1")
     rows = {}
     for budget in (None, 8 * 2**30):
@@ -471,30 +507,40 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
         rows[budget] = part["rows"]
         assert rows[budget] == held, (budget, rows[budget], held)
         assert part["kernel"] == shape.threads * job.pool_bytes       # the buffers the run makes
-    assert rows[None] <= DEFAULT_CACHE_MB * 2**20 < rows[8 * 2**30] <= 2 * 2**30
+        share = 8 * (6 * 200**3 + 2 * 6**2 * 200**2 + 6**3 * 200) / 2
+        assert held <= window_budget(None, budget, job.tensors, 2, job.ranks_per_node) == share
+    assert rows[None] == rows[8 * 2**30]
 
 
 def test_triples_whole_rows_task_tile_from_the_budget():
     """Distributed (T) by whole rows (the kernel not blocked): the run's occupied task tile
     is ``plan_counts``' (the window plan's rule: fewest bytes read with at least 8 tasks
-    per rank and one task within a quarter of the budget, at most nocc/8); for o=40,
-    v=152 (the size of (H2O)8 cc-pVDZ) at 64 ranks that is larger than one orbital, and
-    the tasks read less than one-orbital tiles' (counted here by hand: each task reads
-    its distinct task tiles' rows of ovvv, t2, ovov and ovoo)."""
-    from tessera.chem.triples_tasks import TASKS_PER_RANK
+    per rank and one task within ``window_budget``, at most nocc/8). For o=40, v=152 (the
+    size of (H2O)8 cc-pVDZ) with 8 GiB per rank: on 2 ranks the budget is their share of
+    the operands (858 MB), room for task tiles larger than one orbital, whose tasks read
+    less than one-orbital tiles' (counted here by hand: each task reads its distinct task
+    tiles' rows of ovvv, t2, ovov and ovoo); on 64 ranks the budget has fallen below a
+    two-orbital task (its floor, ``task_floor``), so the tiles are one orbital."""
+    from tessera.chem.triples_tasks import TASKS_PER_RANK, window_budget
     nocc, nvir = 40, 152
     row = 8 * (nvir * nvir * nvir + nocc * nvir * nvir + nocc * nvir * nvir + nocc * nvir * nocc)
+    one = nocc * (nocc + 1) * (nocc + 2) // 6
+    one_orbital = row * sum(len({i, j, k}) for i in range(nocc) for j in range(i + 1) for k in range(j + 1))
     for nranks in (2, 64):
         job, counts = _triples_run_plan(nocc, nvir, nranks, 8 * 2**30)
         assert job.vblock is None and job.windows is None
-        assert job.occ_tile == counts["occ_tile"] > 1 and job.occ_tile <= nocc // 8
+        budget = window_budget(None, 8 * 2**30, job.tensors, nranks)
+        assert counts["budget_bytes"] == int(budget) and counts["cache_bytes"] == job.cache_limit == min(2**28, int(budget))
+        assert job.occ_tile == counts["occ_tile"] <= nocc // 8
         assert counts["tasks"] == len(job.tasks) >= TASKS_PER_RANK * nranks
-        assert counts["task_bytes"] <= 2 * 2**30 and counts["kernel_bytes"] == job.pool_bytes
+        assert counts["task_bytes"] <= max(budget, 2 * 3 * row) and counts["kernel_bytes"] == job.pool_bytes
         by_hand = sum(row * sum(job.tiles[x][1] - job.tiles[x][0] for x in set(t)) for t in job.triples)
         assert counts["read_bytes"] == by_hand
-        one = nocc * (nocc + 1) * (nocc + 2) // 6
-        one_orbital = row * sum(len({i, j, k}) for i in range(nocc) for j in range(i + 1) for k in range(j + 1))
-        assert len(job.tasks) < one and by_hand < one_orbital / 4
+        if nranks == 2:
+            assert budget == 8 * (nocc * nvir**3 + 2 * nocc**2 * nvir**2 + nocc**3 * nvir) / 2
+            assert job.occ_tile > 1 and len(job.tasks) < one and by_hand < one_orbital / 4
+        else:
+            assert budget < 2 * 6 * row and job.occ_tile == 1 and by_hand == one_orbital
 
 
 def test_auto_puts_the_network_between_nodes():

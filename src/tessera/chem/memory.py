@@ -293,10 +293,13 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
     among them (a rank keeps only those the task reads), else one task's rows and the row
     cache) and ``kernel`` (buffers per thread, as ``triples_tasks.kernel_plan`` sizes
     them; distributed, for the plan's task tile and windows). The one formula of (T) memory, also used
-    by ``tessera plan --ranks``. ``memory_bytes``: the rank's memory budget, of which
-    windowed tasks may take a share (``triples_tasks.window_budget``)."""
+    by ``tessera plan --ranks``. Distributed, a task and the row cache are held to
+    ``triples_tasks.window_budget``: the rank's share of the (T) operands, so ``rows``
+    falls as ranks grow down to a floor set by o, v, the tiles and the machine
+    (``task_floor``), and at most a
+    share of ``memory_bytes``, the rank's memory budget."""
     from tessera.chem.triples import VirtualLayout, irrep_ranges
-    from tessera.chem.triples_tasks import DEFAULT_CACHE_MB, kernel_plan
+    from tessera.chem.triples_tasks import kernel_plan
     resident = nranks == 1 if resident is None else resident
     dims = _class_bytes(o, v)
     lay = VirtualLayout(irrep_ranges(v, "virtual"), v.irreps, np.zeros(v.dim), irrep_ranges(o, "occupied"))
@@ -313,7 +316,7 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
         plan = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks, memory_bytes=memory_bytes,
                            ranks_per_node=ranks_per_node)
         task, kernel = plan["task_bytes"], plan["kernel_bytes"]          # the run's kernel batch
-        rows_t = task if vblock is not None else min(rows_t, DEFAULT_CACHE_MB * 2**20 + task)
+        rows_t = task if vblock is not None else min(rows_t, plan["cache_bytes"] + task)
     return {"rows": rows_t, "kernel": threads * kernel}
 
 

@@ -786,10 +786,12 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     ``ints`` are the MO integrals of :func:`tessera.chem.integrals.transform` (canonical
     RHF orbitals).  One task per unique triple of task tiles (``occ_tile`` occupied
     orbitals at most) runs through ``context.run_tasks`` (default: the current context).
-    ``cache_mb``: per-rank cache of packed rows of distributed tensors (default 256 MiB);
+    ``cache_mb``: per-rank cache of packed rows of distributed tensors (default: as below);
     with the blocked kernel, the bytes one task's windows may take (``chem.triples_window``;
-    when not given, a quarter of ``memory_mb``, the rank's memory budget, at least 256 MiB;
-    the occupied task tile then follows from it: ``triples_tasks.window_plan``).
+    when not given, ``triples_tasks.window_budget``: the rank's share of the (T) operands,
+    at least a floor (``task_floor``), at most a quarter of ``memory_mb``, the rank's
+    memory budget, or 256 MiB; the occupied task tile then follows from it:
+    ``triples_tasks.window_plan``).
     ``kernel_mb``: the kernel's buffers per thread (default 256 MiB); when the whole-space
     kernel (~ v^3 / nirrep per buffer) does not fit, the virtual index is blocked too
     (:mod:`tessera.chem.triples_blocked`), in blocks of ``vblock`` orbitals if given.

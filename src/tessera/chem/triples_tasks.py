@@ -20,7 +20,7 @@ the pair-swapped rows are made per orbital on use, in a scratch buffer.  Default
 least TASKS_PER_RANK tasks per rank, one task within the budget), at most ``nocc // 8``,
 so a task's orbitals are a small part of the occupied space.  The rank's (T) operands
 (fetched rows until packed, slabs, cache, two scratch rows; owned blocks arrive as views
-and are not counted) are measured and returned.  The cache is bounded in bytes (``cache_mb``, default 256 MiB) and at rest to
+and are not counted) are measured and returned.  The cache is bounded in bytes (``cache_mb``, default ``window_budget``) and at rest to
 half of each tensor; before each fetch it drops least recently used slabs until cache +
 the task's fetched rows + their slabs + scratch are below every whole tensor.  That is
 always possible when the task alone fits: with n_S <= 3 occ_tile orbitals per task,
@@ -30,7 +30,9 @@ has, and with nocc = 1 necessarily whole o-slabs.  Never o^3 v^3 or v^4 data.
 
 Distributed tensors with the kernel blocked in the virtual index: a task is a triple of
 task tiles and a window of virtual tiles (``chem.triples_window``); it requests only its
-window's rows and builds them into tables (``cache_mb`` bounds one task's bytes).  The
+window's rows and builds them into tables (``cache_mb`` bounds one task's bytes; by
+default ``window_budget``: the rank's share of the operands, so what a rank holds falls
+as ranks grow, down to a floor, ``task_floor``).  The
 tasks run window by window (``window_tasks``), so consecutive tasks share their window
 and mostly two of three task tiles; a rank keeps the rows its previous task fetched
 that its next task needs and fetches only the rest.  What a rank holds is then never
@@ -54,13 +56,15 @@ from functools import lru_cache
 
 import numpy as np
 
+from tessera.backends.machine import Machine
 from tessera.backends.tasks import TaskSet, request_tag
 from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel, blocked_batch,
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
 from tessera.chem.triples_window import (Windows, WindowTables, WindowTripleKernel, bytes_per_row,
-                                         deal_weights, window_reads, window_width)
+                                         deal_weights, task_bytes, window_reads, window_tiles, window_width)
+from tessera.tensor.block_tensor import allowed_elements
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
 WINDOW_SHARE = 0.25        # windowed tasks: of a rank's memory budget, what one task may hold
@@ -70,6 +74,8 @@ OCC_TILE_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)     # occupied task ti
 # is not taken if it narrows them below it (water tetramer cc-pVDZ (T), one rank, under
 # load: windows 38 / 19 / 10 orbitals wide took 91 / 110 / 160 s)
 MIN_WINDOW = 16
+READ_SHARE = 0.1           # distributed (T): the time a task reads rows, at most this share of its compute
+MAX_TASKS = 2**24          # distributed (T): windowed tasks at most (each rank weighs every task for the deal)
 
 
 def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None, kernel_mb=None) -> tuple:
@@ -111,13 +117,50 @@ def task_tiles(o, occ_tile: int) -> tuple:
     return tiles, triples, [tiles[a][2] ^ tiles[b][2] ^ tiles[c][2] for a, b, c in triples]
 
 
-def window_budget(cache_mb: float | None, memory_bytes: float | None) -> float:
-    """Bytes one windowed task may hold: ``cache_mb`` when given, else WINDOW_SHARE of the
-    rank's memory budget ``memory_bytes`` (never below DEFAULT_CACHE_MB)."""
+def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: dict, nranks: int,
+                  ranks_per_node: int | None = None) -> float:
+    """Bytes one distributed (T) task may hold (windowed: its rows and tables; by whole
+    rows: its rows, and the row cache): ``cache_mb`` when given, else the rank's share of
+    the (T) operands ``tensors`` (ovvv, t2, ovov, ovoo: every allowed element, over
+    ``nranks``), so it falls as ranks grow, but never below ``task_floor`` and never above
+    WINDOW_SHARE of the rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
     if cache_mb is not None:
         return cache_mb * 2**20
     base = DEFAULT_CACHE_MB * 2**20
-    return base if memory_bytes is None else max(base, WINDOW_SHARE * memory_bytes)
+    cap = base if memory_bytes is None else max(base, WINDOW_SHARE * memory_bytes)
+    share = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES) / nranks
+    floor = task_floor(tensors["t2"].spaces[0], tensors["t2"].spaces[2], nranks, ranks_per_node)
+    return min(cap, max(floor, share))
+
+
+def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
+    """The least bytes a distributed (T) task over spaces o, v is given: one task of a
+    one-orbital task tile (``triples_window.task_bytes``) whose windows are the narrowest
+    at which the kernel's GEMMs keep their speed (MIN_WINDOW), the rows a task reads take
+    no more than READ_SHARE of its compute time at the calibrated GEMM rate and the
+    bandwidth of ``nranks`` ranks, ``ranks_per_node`` (default: all) to a node
+    (``Machine.on``, as ``deal_weights``), and the tasks (one per occupied orbital triple
+    and window, C1 count) are at most MAX_TASKS.  Rows are read once per task tile that
+    changes, so a task of windows ``wd`` orbitals wide computes 3 wd^2 / (3 wd + o) flops
+    per byte it reads (C1: 72 wd^3 (v + o) flops per orbital triple, 8 (9 wd^2 v + 3 o wd v
+    + 9 o wd^2 + 3 o^2 wd) bytes per row): narrower windows hold less and read more per
+    flop.  Set by o, v, the tiles and the machine, not by the rank count alone; where
+    reads are dear (between nodes) it reaches the cap of ``window_budget``."""
+    nocc, nvir = o.dim, v.dim
+    machine = Machine.calibrated()
+    bandwidth = machine.on(nranks, ranks_per_node or nranks)["bandwidth"]
+    balance = machine.gemm_flops_per_second / bandwidth / READ_SHARE        # flops per byte read
+    triples = nocc * (nocc + 1) * (nocc + 2) // 6
+    vr = irrep_ranges(v, "virtual")
+    irel = [tl.offset - int(vr[tl.irrep, 0]) for tl in v.tiles]
+
+    def fits(width):
+        n = len(window_tiles(v, irel, width)[0])
+        return 3 * width * width >= balance * (3 * width + nocc) and triples * n * (n + 1) * (n + 2) // 6 <= MAX_TASKS
+    width = min(MIN_WINDOW, nvir)
+    while width < nvir and not fits(width):
+        width += 1
+    return task_bytes(nocc, nvir, 1, width)
 
 
 def window_counts(win: Windows, tiles, triples, G) -> tuple:
@@ -273,7 +316,8 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     packed rows, twice: fetched and packed) and the kernel buffers of one thread, as the
     run's ``TriplesTasks`` sizes them for that plan. Depends on the tensors' spaces and
     irreps alone, so kept by them (``tessera plan --ranks`` asks twice: for the (T) memory
-    and for the task counts)."""
+    and for the task counts). Also the budget of one task (``window_budget``) and the row
+    cache's bytes (whole rows: the budget, at most DEFAULT_CACHE_MB unless ``cache_mb``)."""
     key = (tuple((tensors[n].spaces, tensors[n].irrep) for n in SOURCES), nranks, cache_mb, kernel_mb,
            memory_bytes, ranks_per_node)
     if key not in _PLAN_COUNTS:
@@ -294,7 +338,7 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
     lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
     _, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
     keys = keys_by_tile(tensors)
-    budget = window_budget(cache_mb, memory_bytes)
+    budget = window_budget(cache_mb, memory_bytes, tensors, nranks, ranks_per_node)
     if vblock is None:                    # whole rows per task tile
         occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, budget, nranks)
         batch = min(kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)[2], occ_tile)
@@ -312,7 +356,8 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
         kernel = pool_bytes(lay, vblock, batch, win.blocks)
     return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
             "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
-            "vblock": vblock or 0, "kernel_bytes": int(kernel)}
+            "vblock": vblock or 0, "kernel_bytes": int(kernel), "budget_bytes": int(budget),
+            "cache_bytes": int(budget if cache_mb is not None else min(DEFAULT_CACHE_MB * 2**20, budget))}
 
 
 def minimal_flops(lay: VirtualLayout, irrep) -> int:
@@ -386,18 +431,18 @@ class TriplesTasks:
         # task tile and the windows come from the bytes one task may hold (window_plan)
         # (whole rows: the task tile from the same budget, the kernel's batch no larger)
         self.windows = None
+        budget = None if resident else window_budget(cache_mb, memory_bytes, self.tensors, nranks, ranks_per_node)
         if not resident and self.vblock is not None:
-            budget = window_budget(cache_mb, memory_bytes)
             occ, self.windows, _ = window_plan(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
                                                budget, nranks, occ_tile)
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
             self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows.blocks)
-            cache_mb = budget / 2**20
         elif not resident and occ_tile is None:
-            self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, window_budget(cache_mb, memory_bytes),
-                                           nranks)
+            self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, budget, nranks)
             self.batch = min(self.batch, self.occ_tile)
             self.pool_bytes = pool_bytes(lay, None, self.batch)
+        if cache_mb is None and budget is not None:      # the row cache (whole rows): within the budget
+            cache_mb = min(DEFAULT_CACHE_MB, budget / 2**20)
         self.tiles, self.triples, self.G = task_tiles(o, self.occ_tile)
         for G in sorted(set(self.G)) if self.vblock is None else ():    # maps of the whole-space kernel
             lay.prepare(G)

@@ -42,19 +42,44 @@ SOURCE_OF = {"ov1": "ovvv", "t2r": "t2", "ovov": "ovov", "ooL": "ovoo"}     # ta
 WINDOWED = {"ovvv": (1, 2), "t2": (2,), "ovov": (1, 3), "ovoo": (1,)}      # axes a window cuts
 
 
+def task_bytes(nocc: int, nvir: int, occ_tile: int, width: int) -> float:
+    """Bytes one task's rows and tables take at most (C1): 3 occ_tile rows, windows of
+    three tiles ``width`` orbitals wide, w = 3 x width orbitals: read w^2 v + o w v + o w^2
+    + o^2 w, tables w^2 v + 2 o w v + o^2 w doubles per row."""
+    w = 3 * width
+    return 8 * 3 * occ_tile * (2 * w * w * nvir + 3 * nocc * w * nvir + nocc * w * w + 2 * nocc * nocc * w)
+
+
 def window_width(o, v, occ_tile: int, budget_bytes: float) -> int:
     """Virtual orbitals per window tile (``Windows``: tiles joined up to it, or cut into
-    parts no wider): the most (at least 1) at which one task's rows
-    and tables (3 occ_tile rows, windows of three tiles, w = 3 x width orbitals: read
-    w^2 v + o w v + o w^2 + o^2 w, tables w^2 v + 2 o w v + o^2 w doubles per row, C1)
-    fit ``budget_bytes``; more width, fewer windows: each task refetches its rows."""
-    nocc, nvir = o.dim, v.dim
-    task = (lambda w: 8 * 3 * occ_tile * (2 * w * w * nvir + 3 * nocc * w * nvir + nocc * w * w
-                                          + 2 * nocc * nocc * w))
-    width = max(1, nvir)
-    while width > 1 and task(3 * width) > budget_bytes:
+    parts no wider): the most (at least 1) at which one task's rows and tables
+    (``task_bytes``) fit ``budget_bytes``; more width, fewer windows: each task refetches
+    its rows."""
+    width = max(1, v.dim)
+    while width > 1 and task_bytes(o.dim, v.dim, occ_tile, width) > budget_bytes:
         width -= 1
     return width
+
+
+def window_tiles(v, irel, width: int) -> tuple:
+    """(window tiles, pieces) of ``Windows`` over virtual space v (``irel``: each tensor
+    tile's first position inside its irrep)."""
+    vtiles, pieces = [], []
+    joinable = False
+    for n, tl in enumerate(v.tiles):
+        last = vtiles[-1] if vtiles else None
+        if joinable and last[0] == tl.irrep and last[2] + tl.size <= width:
+            vtiles[-1] = (last[0], last[1], last[2] + tl.size)
+            pieces.append([(len(vtiles) - 1, 0, last[2], tl.size)])
+            continue
+        cuts = -(-tl.size // max(1, width))
+        bounds = [tl.size * k // cuts for k in range(cuts + 1)]
+        pieces.append([])
+        for lo, hi in zip(bounds, bounds[1:]):
+            pieces[-1].append((len(vtiles), lo, 0, hi - lo))
+            vtiles.append((tl.irrep, irel[n] + lo, hi - lo))
+        joinable = cuts == 1
+    return vtiles, pieces
 
 
 class Windows:
@@ -71,21 +96,7 @@ class Windows:
         # tensor tile, first position in the window tile, orbitals): one piece when the tile
         # fits ``width`` (tiles joined while they fit), else near-equal cuts, each a window tile
         self.irel = [tl.offset - int(vr[tl.irrep, 0]) for tl in v.tiles]
-        self.vtiles, self.pieces = [], []
-        joinable = False
-        for n, tl in enumerate(v.tiles):
-            last = self.vtiles[-1] if self.vtiles else None
-            if joinable and last[0] == tl.irrep and last[2] + tl.size <= width:
-                self.vtiles[-1] = (last[0], last[1], last[2] + tl.size)
-                self.pieces.append([(len(self.vtiles) - 1, 0, last[2], tl.size)])
-                continue
-            cuts = -(-tl.size // max(1, width))
-            bounds = [tl.size * k // cuts for k in range(cuts + 1)]
-            self.pieces.append([])
-            for lo, hi in zip(bounds, bounds[1:]):
-                self.pieces[-1].append((len(self.vtiles), lo, 0, hi - lo))
-                self.vtiles.append((tl.irrep, self.irel[n] + lo, hi - lo))
-            joinable = cuts == 1
+        self.vtiles, self.pieces = window_tiles(v, self.irel, width)
         self.vsize = [tl.size for tl in v.tiles]
         # the narrowest part cut from a tensor tile (orbitals; None cut: the width asked)
         self.narrowest_cut = min((p[3] for ps in self.pieces if len(ps) > 1 for p in ps), default=width)

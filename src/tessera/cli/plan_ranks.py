@@ -13,7 +13,7 @@ returns, per rank:
   kernel buffers (``chem.memory.triples_parts``, the one formula of (T) memory);
 - ``triples`` (with (T)): its tasks in all and per rank, the bytes of rows they read
   (in all and per rank, the mean; what the tasks request, before any row cache) and the
-  most one task holds (``chem.triples_tasks.plan_counts``);
+  most one task holds, and its budget, ``budget_bytes`` (``chem.triples_tasks.plan_counts``);
 - ``steps``: the dominant contraction steps (largest flops first) with their block
   tasks, tasks per rank and the busiest rank's flops over the mean;
 - ``executors``: for each executor and variant, bytes moved per rank per iteration,
@@ -33,7 +33,9 @@ class above 1.5, one warning line names it. A run balances every class too where
 occupied tiles no thinner than ``MIN_OCC_TILE`` do it (``backends.balance.run_tiles``), else only the
 classes that matter for its memory budget (more than 1/32 of it on one rank): when its
 rule allows larger tiles, one note line names them (``run_tiles`` in the JSON). Distributed (T) takes its occupied
-task tile (and, by virtual tile, its windows) from a quarter of the budget per rank.
+task tile (and, by virtual tile, its windows) from the bytes one task may hold
+(``chem.triples_tasks.window_budget``): the rank's share of the (T) operands, no less than
+a floor set by tile sizes and no more than a quarter of the budget per rank.
 """
 
 from __future__ import annotations
@@ -163,7 +165,9 @@ def render(sim: dict) -> str:
                else "whole occupied rows per task tile")
         lines.append(f"(T): {t['tasks']} tasks ({t['tasks_per_rank']:.1f} per rank, {t['occ_tile']} occupied "
                      f"orbitals per task tile, {how}); rows read {_size(t['read_bytes_per_rank']).strip()} "
-                     f"per rank, at most {_size(t['task_bytes']).strip()} held by one task")
+                     f"per rank, at most {_size(t['task_bytes']).strip()} held by one task (budget "
+                     f"{_size(t['budget_bytes']).strip()}: the ranks' share of the operands, at least a floor "
+                     "set by o, v, the tiles and the machine)")
     lines.append(f"Dominant contraction steps ({sim['flops_per_iteration']:.3e} flops and "
                  f"{sim['block_products']} block products per iteration):")
     lines.append(f"  {'flops':>10s} {'tasks':>7s} {'per rank':>9s} {'busiest/mean':>12s}  step")
