@@ -173,8 +173,9 @@ def _ladder_form(ints) -> None:
     residuals' plans; where it does not, vvvv is kept."""
     from tessera.backends.context import PlanningContext
     tau, r2 = (_structural(eq.new(ints, "oovv", name)) for name in ("tau", "R2"))
+    t1 = _structural(eq.new(ints, "ov", "t1"))
     with PlanningContext(), ts.equations():
-        eq.ladder(ints, r2, tau)
+        eq.ladder(ints, r2, tau, t1)
     free_for_ladder(ints.vvvv)
 
 

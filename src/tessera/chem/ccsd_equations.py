@@ -65,10 +65,15 @@ def correlation_energy(L, tau) -> float:
     return ts.dot(L["ijab"], tau["ijab"])
 
 
-def ladder(ints, r2, tau) -> None:
-    """R2_ijab += (ac|bd) tau_ijcd, the particle-particle ladder (inside ``ts.equations()``):
-    the only term that reads vvvv."""
-    r2["ijab"] += ints.vvvv["acbd"] * tau["ijcd"]
+def ladder(ints, r2, tau, t1) -> None:
+    """R2_ijab += W_acbd tau_ijcd, the t1-dressed particle-particle ladder (inside
+    ``ts.equations()``), W_acbd = (ac|bd) - t_ka (kc|bd) - t_kb (ac|kd): the only term
+    that reads vvvv, and the ovvv tau t1 term of PySCF's ``_add_ovvv_`` with its (ia)<->(jb)
+    twin. The planner runs it in the +/- form with the dressing applied to the packed
+    amplitudes where it can (local runs), else as the ladder plus the dressing computed
+    once and added with its mirror image (``plan.planner._dressed_ladder``)."""
+    r2["ijab"] += (ints.vvvv["acbd"] - ints.ovvv["kcbd"] * t1["ka"]                     # o2v4 / 4
+                   - ints.ovvv["kdac"] * t1["kb"]) * tau["ijcd"]                       # o3v3 (local), 2 o3v3
 
 
 def residual(ints, t1, t2, tau=None, fixed=None):
@@ -123,10 +128,9 @@ def residual(ints, t1, t2, tau=None, fixed=None):
                      + fvv["ab"] * t1["ib"] - foo["ji"] * t1["ja"])
 
         # symmetric in (ia)<->(jb): straight to R2, computed on the pairs i <= j (planner)
-        ladder(I, r2, tau)                                                                # o2v4 / 4
+        ladder(I, r2, tau, t1)                                                            # o2v4 / 4 + o3v3
         r2["ijab"] += Woooo["ijkl"] * tau["klab"]                                         # o4v2 / 2
-        Z["ijab"] += (-I.ovvv["kcdb"] * tau["ijcd"] * t1["ka"]                           # o3v3
-                      + Wt1_ovov["iajb"] + 0.5 * I.ovov["iajb"]
+        Z["ijab"] += (Wt1_ovov["iajb"] + 0.5 * I.ovov["iajb"]
                       - Wt1_ovoo["iajk"] * t1["kb"]                                       # o3v2
                       + Y["jaib"] + 0.5 * Y["iajb"]
                       + u["kica"] * W2["ckjb"]                                            # o3v3
