@@ -185,6 +185,16 @@ def plus_minus_last(h, axes: tuple) -> tuple:
     return made[key]
 
 
+def kept_plus_minus_last(h) -> tuple:
+    """The M+- that ``plus_minus_last`` keeps on ``h`` (of every axis order made; empty when none)."""
+    return tuple(m for pair in (h.__dict__.get("_plus_minus_last") or {}).values() for m in pair)
+
+
+def free_plus_minus_last(h) -> None:
+    """Drop the M+- kept on ``h`` (a CCSD's, once it is done; the next makes them again)."""
+    h.__dict__.pop("_plus_minus_last", None)
+
+
 class TriangleBlocks(dict):
     """The blocks of a symmetric matrix of canonical blocks (V[AB, CD] = V[CD, AB], the
     8-fold ladder's V+-) with its diagonal blocks (AB == CD, symmetric themselves) held
