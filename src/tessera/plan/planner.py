@@ -132,7 +132,7 @@ def _plan_update(up: Update, label: str, choices: list) -> list:
         out = Ref(target.tensor.like("tmp"), target.indices)
     elif not up.accumulate:
         steps.append(Step("zero", target, label=label))
-    dressed = _dressed_ladder(terms, out)
+    dressed = _dressed_ladder(terms, out, label)
     if dressed:
         ladder, dressing, twin = dressed
         steps.extend(_symmetric_half(ladder.factors, out, ladder.scale, label, dressing)
@@ -395,9 +395,9 @@ def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str, dressing
     (ac|bd) - t_ka (kc|bd) - t_kb (ac|kd) of closed-shell CCSD. It is applied to the
     packed X+- of the ladder, not to V+- (no v^4 operand made per iteration): S^s[P, k, y]
     = sum_cd M^s[k, y, cd] X^s[P, cd] (M+- of H, ``tensor.pairs.plus_minus_last``), then
-    R[P, x, y] += s' t[k x] S^s[P k y] and R[P, y, x] += s s' t[k x] S^s[P k y]: the term
-    and its mirror at 2 o(o+1)/2 v (v+1)/2 o v flops (about o^3 v^3, half of the pair of
-    terms as (H X) t on all i, j), the rest o^3 v^2."""
+    R[Pab] += s' t[k x] S^s[P k y] + s s' t[k y] S^s[P k x]: the term and its mirror at
+    2 x 2 o(o+1)/2 v(v+1)/2 o v flops (about o^3 v^3, half of the pair of terms as (H X) t
+    on all i, j), the rest o^3 v^2."""
     g = G.tensor
     if not _PLUS_MINUS.get() or not g.constant or any(t.dist is not None for t in (g, X.tensor, R.tensor)) or g.ndim != 4:
         return []
@@ -452,12 +452,12 @@ def _dressing_operands(term, R: Ref, X: Ref):
     x = next((ch for ch in t.indices if ch in a + b), None)
     y = b if x == a else a
     if k is None or x is None or sorted(H.indices) != sorted(k + y + c + d) or not H.tensor.constant \
-            or H.tensor.dist is not None or t.tensor.dist is not None or t.tensor.spaces[1] != R.tensor.spaces[1]:
+            or H.tensor.dist is not None or t.tensor.dist is not None:
         return None
     return H.tensor, H.indices, t, k, x, y
 
 
-def _dressed_ladder(terms: list, out: Ref):
+def _dressed_ladder(terms: list, out: Ref, label: str):
     """(ladder, dressing, twin) of an update R[ijab] += G[..] F[ijcd] + s' H[..] t[..]
     F[ijcd] + (its mirror image by R's pair symmetry, the twin), the t1-dressed ladder
     of closed-shell CCSD (``_plus_minus_steps``); or None. Planned in the +/- form when
@@ -476,6 +476,10 @@ def _dressed_ladder(terms: list, out: Ref):
                      and any(r.tensor is F.tensor and r.indices == F.indices for r in t.factors)]
             if len(dress) == 2 and dress[0].scale == dress[1].scale and \
                     _equal_terms(_mirror(_items(dress[0]), out, sym), _items(dress[1]), set(out.indices)):
+                for term in (ladder, dress[0]):         # the checks of _plan_term: letters, irreps
+                    _letter_spaces([out] + _refs(term), label)
+                    if np.bitwise_xor.reduce([r.tensor.irrep for r in term.factors]) != out.tensor.irrep:
+                        raise ShapeError(f"{label}: a term's irrep differs from the target's {out.tensor.irrep}")
                 return ladder, dress[0], dress[1]
     return None
 
