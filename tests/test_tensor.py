@@ -355,6 +355,62 @@ def test_ladder_in_plus_minus_form(backend, seed, flat, monkeypatch):
         assert vp.stored_elements == sum(sizes) < 0.5 * vp.dense_elements + npv.sum()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "per-block"])
+def test_t1_dressed_ladder(backend, seed, flat, monkeypatch):
+    """The t1-dressed ladder R[ijab] += (W[acbd] - H[kcbd] t[ka] - H[kdac] t[kb]) tau[ijcd]
+    (closed-shell CCSD's, H = ovvv) equals numpy.einsum: locally in the +/- form with the
+    dressing on the packed tau+- (S^s = M^s tau^s, M+- = H[kcbd] +- H[kdbc] on c <= d:
+    tensor.pairs.plus_minus_last), planned as a distributed run as the ladder plus the
+    dressing made once and added with its mirror image; H with and without its (bd)
+    symmetry, t1 of either virtual letter first. The local dressing's large GEMMs cost
+    2 x 2 sum_g pairs_o(g ^ irrep(tau)) pairs_v(g) ov(g) flops, half of the 2 x 2 o^2 v^3 o
+    of (H tau) t on every i, j (C1)."""
+    from tessera.backends import sectors
+    from tessera.plan.planner import distributed_plans
+    from tessera.tensor.pairs import pair_space
+    monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 1 << 30 if flat else 0)
+    o, v, rng = spaces(500 + seed, nirrep=[1, 2, 4, 8][seed], tile=2 + seed % 2)
+    g = int(rng.integers(0, [1, 2, 4, 8][seed]))
+    W_d = _eightfold(v, rng)
+    W = BlockTensor.from_dense(W_d, (v,) * 4, 0, name="vvvv", symmetry=VVVV_SYMMETRY, canonical=True).freeze()
+    H, H_d = _pair_symmetric(o, v, rng, 0, "kcbd", (0, 1, 3, 2)) if seed % 2 else \
+        (lambda h: (h, h.to_dense()))(rand("kcbd", o, v, rng))
+    H.freeze()
+    t1 = rand("ia", o, v, rng)
+    t_d = t1.to_dense()
+    with ts.Context(backend):
+        tau, tau_d = _pair_symmetric(o, v, rng, g, canonical=True)
+        ref = 0.7 * (np.einsum("acbd,ijcd->ijab", W_d, tau_d) - np.einsum("kcbd,ka,ijcd->ijab", H_d, t_d, tau_d)
+                     - np.einsum("kdac,kb,ijcd->ijab", H_d, t_d, tau_d))
+        plans = []
+        for distributed in (False, True):
+            R = BlockTensor((o, o, v, v), g, name="R", symmetry=(ts.PermutationalSymmetry((1, 0, 3, 2)),),
+                            canonical=True)
+            with distributed_plans(distributed), ts.equations():
+                if seed < 2:
+                    R["ijab"] = 0.7 * (W["acbd"] - H["kcbd"] * t1["ka"] - H["kdac"] * t1["kb"]) * tau["ijcd"]
+                else:       # the same, t1 on the other virtual letter first and H's letters renamed
+                    R["ijab"] = 0.7 * (W["acbd"] - t1["lb"] * H["ldac"] - H["lcbd"] * t1["la"]) * tau["ijcd"]
+            np.testing.assert_allclose(R.to_dense(), ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+            ctx = PlanningContext()
+            with ctx, distributed_plans(distributed), ts.equations():
+                R["ijab"] = 0.7 * (W["acbd"] - H["kcbd"] * t1["ka"] - H["kdac"] * t1["kb"]) * tau["ijcd"]
+            plans.append(ctx.plans[0])
+    local, dist = plans
+    assert [st.pairs for st in local.steps if st.pairs] == [
+        "pack", "plus_pack", "plus_unpack", "minus_pack", "minus_unpack", "unpack"]
+    assert [st.pairs for st in dist.steps if st.pairs] == ["pack", "unpack"]
+    half = [st for st in dist.steps if "half" in [r.tensor.name for r in (st.out, *st.inputs)]]
+    assert [st.kind for st in half] == ["contract", "add", "add"]     # computed once, added with its mirror
+    count = lambda sp: np.bincount(sp.irreps, minlength=8)  # noqa: E731
+    npo, npv, no, nv = count(pair_space(o)), count(pair_space(v)), count(o), count(v)
+    ov = np.array([sum(no[h] * nv[h ^ x] for h in range(8)) for x in range(8)])
+    dressing = [st.flops for st in local.steps if st.kind == "contract" and st.inputs[1].tensor.name in ("kcbd+", "kcbd-")]
+    assert len(dressing) == 2 and sum(dressing) == 4 * int(np.sum(npo[[h ^ g for h in range(8)]] * npv * ov))
+
+
 def _pair_orbitals(v):
     """(a, b) orbitals of each position of ``pair_space(v)`` (rows of pairs a <= b)."""
     from tessera.tensor.pairs import pair_space

@@ -22,7 +22,7 @@ from tessera.chem import ccsd_equations as eq
 from tessera.chem.diis import DIIS
 from tessera.chem.integrals import denominator
 from tessera.errors import ConvergenceError, InputError
-from tessera.tensor.pairs import free_for_ladder, kept_plus_minus
+from tessera.tensor.pairs import free_for_ladder, free_plus_minus_last, kept_plus_minus, kept_plus_minus_last
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class CCSD:
                 return self._iterate(ints, ctx)
             finally:            # the integrals' gathered matrices: no use after CCSD ((T) has its own)
                 ctx.drop_gathered()
+                free_plus_minus_last(ints.ovvv)      # the ladder dressing's M+- (local runs)
 
     def _iterate(self, ints, ctx) -> CCSDResult:
         D1 = denominator(ints.spaces("ov"), (ints.eo, ints.ev), (1, -1), "D1")
@@ -173,8 +174,9 @@ def _ladder_form(ints) -> None:
     residuals' plans; where it does not, vvvv is kept."""
     from tessera.backends.context import PlanningContext
     tau, r2 = (_structural(eq.new(ints, "oovv", name)) for name in ("tau", "R2"))
+    t1 = _structural(eq.new(ints, "ov", "t1"))
     with PlanningContext(), ts.equations():
-        eq.ladder(ints, r2, tau)
+        eq.ladder(ints, r2, tau, t1)
     free_for_ladder(ints.vvvv)
 
 
@@ -197,7 +199,7 @@ class IterationStructure:
     ``tensors``: what a run stores (T2 and the integral classes, empty, with their
     placement); ``tiles``: tile sizes per space; ``held``: bytes the driver holds beside
     them (amplitude copies, the DIIS history, a local run's ladder V+-, which replace
-    vvvv among the stored tensors), spread over the ranks like T2."""
+    vvvv among the stored tensors, and the M+- of its t1 dressing), spread over the ranks like T2."""
     o: object
     v: object
     plans: list
@@ -241,6 +243,9 @@ class CCSDStructure:
         plus_minus = kept_plus_minus(tensors["vvvv"])
         if plus_minus:          # a local run iterates with the ladder's V+- and vvvv freed (_ladder_form)
             held["ladder V+-"] = sum(8 * t.stored_elements for t in plus_minus)
+        dressing = kept_plus_minus_last(tensors["ovvv"])
+        if dressing:            # and the M+- of ovvv its t1 dressing reads (plan.planner._plus_minus_steps)
+            held["ladder dressing M+-"] = sum(8 * t.stored_elements for t in dressing)
         stored = [t2, *(t for n, t in tensors.items() if not (plus_minus and n == "vvvv"))]
         return IterationStructure(o, v, ctx.plans, stored,
                                   {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]}, held)

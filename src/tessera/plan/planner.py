@@ -26,7 +26,7 @@ from tessera.errors import ShapeError
 from tessera.expr.terms import Ref, Term, Update
 from tessera.plan.layout import Sector, group_irreps, matrix_layout
 from tessera.tensor.block_tensor import BlockTensor, allowed_elements, symmetry_group
-from tessera.tensor.pairs import pair_space, plus_minus
+from tessera.tensor.pairs import pair_space, plus_minus, plus_minus_last
 
 
 @dataclass
@@ -132,6 +132,12 @@ def _plan_update(up: Update, label: str, choices: list) -> list:
         out = Ref(target.tensor.like("tmp"), target.indices)
     elif not up.accumulate:
         steps.append(Step("zero", target, label=label))
+    dressed = _dressed_ladder(terms, out, label)
+    if dressed:
+        ladder, dressing, twin = dressed
+        steps.extend(_symmetric_half(ladder.factors, out, ladder.scale, label, dressing)
+                     or _plan_term(ladder, out, label, choices) + _mirror_pair(dressing, out, label, choices))
+        terms = [t for t in terms if all(t is not u for u in dressed)]
     for t in terms:
         steps.extend(_plan_term(t, out, label, choices))
     if aliased:
@@ -297,7 +303,7 @@ def _add_step(a: Ref, out: Ref, scale: float, divisor, label: str) -> Step:
 
 
 # ------------------------------------------------------------------------- symmetric results
-def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
+def _symmetric_half(factors, out: Ref, scale: float, label: str, dressing=None) -> list:
     """Steps that compute a contraction on the canonical pairs only, or [] when the rule
     does not apply. It applies when the target declares a symmetry ``sym`` swapping its
     first two axes (one space, e.g. R2[ijab] = R2[jiba]), one factor F carries those two
@@ -308,7 +314,9 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
     o(o+1)/2 v^4 instead of o^2 v^4 (PySCF's packed ``_add_vvvv``). A local target takes
     R and its mirror image by ``sym`` in one ``unpack`` step (each target element read
     from its pair, once); a distributed one takes a half H (pairs i < j and half of
-    i = j, ``unpack_half``) and H plus its transpose by ``sym``, two adds."""
+    i = j, ``unpack_half``) and H plus its transpose by ``sym``, two adds. With a
+    ``dressing`` term (``_dressed_ladder``) it applies only in the +/- form, which then
+    takes the dressing too (``_plus_minus_steps``)."""
     t = out.tensor
     if t.spaces[0] != t.spaces[1] or len(set(out.indices)) != len(out.indices):
         return []
@@ -324,7 +332,8 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
             if not _equal_terms(_mirror(items, out, sym), items, set(out.indices)):
                 continue
             pairs = pair_space(t.spaces[0])
-            p = next(ch for ch in "PQXYZpqxyz" if ch not in F.indices + G.indices + out.indices)
+            used = F.indices + G.indices + out.indices + "".join(r.indices for r in (dressing.factors if dressing else ()))
+            p = next(ch for ch in "PQXYZpqxyz" if ch not in used)
             packed = Ref(BlockTensor((pairs,) + F.tensor.spaces[2:], F.tensor.irrep, name="pairs"),
                          p + F.indices[2:])
             result = Ref(BlockTensor((pairs,) + t.spaces[2:], t.irrep, name="pairs"), p + out.indices[2:])
@@ -333,8 +342,10 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str) -> list:
             # copy without a transpose; distributed plans (and the cost model's) keep G first
             local = t.dist is None and not plans_distributed()
             pair = (packed, G) if local and not G.tensor.constant else (G, packed)
-            steps = [_pair_map(F, packed, "pack", label),
-                     *(_plus_minus_steps(G, packed, result, scale, label) or [_pair_step(*pair, result, scale, label)])]
+            pm = _plus_minus_steps(G, packed, result, scale, label, dressing)
+            if dressing is not None and not pm:
+                return []
+            steps = [_pair_map(F, packed, "pack", label), *(pm or [_pair_step(*pair, result, scale, label)])]
             if t.dist is None:      # local: one pass adds the pairs and their mirror images to the target
                 return steps + [Step("add", out, (result,), 1.0, None, label, pairs="unpack",
                                      perms={"a": tuple(range(result.tensor.ndim)), "sym": sym})]
@@ -367,7 +378,7 @@ def plans_distributed() -> bool:
     return not _PLUS_MINUS.get()
 
 
-def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str) -> list:
+def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str, dressing=None) -> list:
     """R[Pab] += scale * G[..] X[Pcd] (G over a, b, c, d in any order) in the symmetric/
     antisymmetric form over the virtual pairs a <= b, c <= d (``tensor.pairs.plus_minus``:
     Scuseria, Janssen, Schaefer, J. Chem. Phys. 89, 7382 (1988); PySCF ``_add_vvvv``):
@@ -376,7 +387,17 @@ def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str) -> list:
     is frozen and local (V+- are made from it once and kept), R and X are local, a, b
     share a space, c, d share a space, and G's declared symmetry gives G[abcd] = G[badc]
     (e.g. the ladder's (ac|bd) = (bd|ac)); V+- are stored as canonical halves when it
-    also gives the swap of (ab) with (cd) ((ac|bd) = (ca|db), real orbitals)."""
+    also gives the swap of (ab) with (cd) ((ac|bd) = (ca|db), real orbitals).
+
+    A ``dressing`` term s' H[k y c d] t[k x] X[ijcd] ({x, y} = {a, b}, H frozen and
+    local; its mirror image is the update's other dressing term, ``_dressed_ladder``)
+    makes the operand G + s'(H t + its mirror), the t1-dressed ladder W[acbd] =
+    (ac|bd) - t_ka (kc|bd) - t_kb (ac|kd) of closed-shell CCSD. It is applied to the
+    packed X+- of the ladder, not to V+- (no v^4 operand made per iteration): S^s[P, k, y]
+    = sum_cd M^s[k, y, cd] X^s[P, cd] (M+- of H, ``tensor.pairs.plus_minus_last``), then
+    R[Pab] += s' t[k x] S^s[P k y] + s s' t[k y] S^s[P k x]: the term and its mirror at
+    2 x 2 o(o+1)/2 v(v+1)/2 o v flops (about o^3 v^3, half of the pair of terms as (H X) t
+    on all i, j), the rest o^3 v^2."""
     g = G.tensor
     if not _PLUS_MINUS.get() or not g.constant or any(t.dist is not None for t in (g, X.tensor, R.tensor)) or g.ndim != 4:
         return []
@@ -391,8 +412,12 @@ def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str) -> list:
     if rename({a: b, b: a, c: d, d: c}) not in same:
         return []
     symmetric = sp[a] == sp[c] and rename({a: c, c: a, b: d, d: b}) in same
+    dress = _dressing_operands(dressing, R, X) if dressing is not None else None
+    if dressing is not None and dress is None:
+        return []
     vp, vm = plus_minus(g, tuple(G.indices.index(ch) for ch in a + b + c + d), symmetric)
-    A, C = [ch for ch in "XYZxyz" if ch not in R.indices + X.indices + G.indices][:2]
+    used = R.indices + X.indices + G.indices + "".join(r.indices for r in (dressing.factors if dressing else ()))
+    A, C = [ch for ch in "XYZxyz" if ch not in used][:2]
     p = R.indices[0]
     steps = []
     for v, sign in ((vp, "plus"), (vm, "minus")):
@@ -401,7 +426,73 @@ def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str) -> list:
         steps += [_pair_map(X, packed, f"{sign}_pack", label),
                   _pair_step(Ref(v, A + C), packed, product, scale, label),
                   _pair_map(product, R, f"{sign}_unpack", label)]
+        if dress is not None:
+            h, hl, t, k, x, y = dress
+            m = plus_minus_last(h, tuple(hl.index(ch) for ch in k + y + c + d))[sign == "minus"]
+            sk = Ref(BlockTensor((R.tensor.spaces[0], m.spaces[0], m.spaces[1]), X.tensor.irrep ^ h.irrep,
+                                 name="tmp"), p + k + y)
+            steps += [_pair_step(packed, Ref(m, k + y + C), sk, 1.0, label),
+                      _pair_step(t, sk, R, dressing.scale, label),
+                      _pair_step(Ref(t.tensor, t.indices.replace(x, y)), Ref(sk.tensor, p + k + x), R,
+                                 dressing.scale * (1.0 if sign == "plus" else -1.0), label)]
     return steps
+
+
+def _dressing_operands(term, R: Ref, X: Ref):
+    """(H, H's letters, t, k, x, y) of a dressing term s' H[k y c d] t[k x] F[ijcd] of the
+    +/- ladder R[Pab] += G X[Pcd] (``_plus_minus_steps``), or None when the term is not
+    of that form (H frozen and local, t of two letters, k summed, {x, y} = {a, b})."""
+    (a, b), (c, d) = R.indices[1:], X.indices[1:]
+    hs = [r for r in term.factors if r.tensor.ndim == 4 and set(r.indices) & {a, b}]    # not F[ijcd]
+    ts = [r for r in term.factors if r.tensor.ndim == 2]
+    if len(term.factors) != 3 or len(hs) != 1 or len(ts) != 1:
+        return None
+    H, t = hs[0], ts[0]
+    k = next((ch for ch in t.indices if ch not in a + b), None)
+    x = next((ch for ch in t.indices if ch in a + b), None)
+    y = b if x == a else a
+    if k is None or x is None or sorted(H.indices) != sorted(k + y + c + d) or not H.tensor.constant \
+            or H.tensor.dist is not None or t.tensor.dist is not None:
+        return None
+    return H.tensor, H.indices, t, k, x, y
+
+
+def _dressed_ladder(terms: list, out: Ref, label: str):
+    """(ladder, dressing, twin) of an update R[ijab] += G[..] F[ijcd] + s' H[..] t[..]
+    F[ijcd] + (its mirror image by R's pair symmetry, the twin), the t1-dressed ladder
+    of closed-shell CCSD (``_plus_minus_steps``); or None. Planned in the +/- form when
+    that applies, else as the ladder and the dressing computed once and added with its
+    mirror image (``_mirror_pair``): the same terms, one choice made by the planner."""
+    sym = next((tuple(ps.perm) for ps in out.tensor.symmetry if ps.sign == 1 and tuple(ps.perm)[:2] == (1, 0)), None)
+    if sym is None:
+        return None
+    for ladder in terms:
+        if len(ladder.factors) != 2 or ladder.divisor is not None:
+            continue
+        for F in ladder.factors:
+            if F.indices[:2] != out.indices[:2]:
+                continue
+            dress = [t for t in terms if len(t.factors) == 3 and t.divisor is None
+                     and any(r.tensor is F.tensor and r.indices == F.indices for r in t.factors)]
+            if len(dress) == 2 and dress[0].scale == dress[1].scale and \
+                    _equal_terms(_mirror(_items(dress[0]), out, sym), _items(dress[1]), set(out.indices)):
+                for term in (ladder, dress[0]):         # the checks of _plan_term: letters, irreps
+                    _letter_spaces([out] + _refs(term), label)
+                    if np.bitwise_xor.reduce([r.tensor.irrep for r in term.factors]) != out.tensor.irrep:
+                        raise ShapeError(f"{label}: a term's irrep differs from the target's {out.tensor.irrep}")
+                return ladder, dress[0], dress[1]
+    return None
+
+
+def _mirror_pair(term, out: Ref, label: str, choices: list) -> list:
+    """Steps of a term and its mirror image by ``out``'s pair symmetry: the term computed
+    once into a temporary H (every i, j), then H and its mirror image added to ``out``."""
+    t = out.tensor
+    sym = next(tuple(ps.perm) for ps in t.symmetry if ps.sign == 1 and tuple(ps.perm)[:2] == (1, 0))
+    half = Ref(BlockTensor(t.spaces, t.irrep, name="half", placement=t.placement), out.indices)
+    mirror = Ref(half.tensor, "".join(out.indices[sym[k]] for k in range(len(sym))))
+    return _plan_term(term, half, label, choices) + [_add_step(half, out, 1.0, None, label),
+                                                      _add_step(mirror, out, 1.0, None, label)]
 
 
 def _pair_map(a: Ref, out: Ref, kind: str, label: str) -> Step:

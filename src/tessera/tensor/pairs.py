@@ -150,6 +150,51 @@ def plus_minus(g, axes: tuple, symmetric: bool) -> tuple:
     return made[key]
 
 
+def plus_minus_last(h, axes: tuple) -> tuple:
+    """(M+, M-) of the frozen local tensor ``h``, its axes ``axes`` as (k, y, c, d):
+    M+-[k, y, cd] = h[k, y, c, d] +- h[k, y, d, c] on the pairs c <= d (like V+- of
+    ``plus_minus``, paired on c, d only), tensors over (k's space, y's space, pairs of
+    c's space), frozen. The t1 dressing of the +/- ladder (``plan.planner``,
+    ``_plus_minus_steps``): sum_cd h[k, y, c, d] X[P, c, d] = sum_s sum_cd M^s[k, y, cd]
+    X^s[P, cd] and sum_cd h[k, y, d, c] X[P, c, d] = sum_s s sum_cd M^s X^s, with the
+    ladder's X+- (the formulas above). Made once per (h, version, axes), kept on ``h``."""
+    made = h.__dict__.setdefault("_plus_minus_last", {})
+    for old in [k for k in made if k[0] != h.version]:
+        del made[old]
+    key = (h.version, axes)
+    if key not in made:
+        ks, ys, pc = h.spaces[axes[0]], h.spaces[axes[1]], pair_space(h.spaces[axes[2]])
+        out = tuple(BlockTensor((ks, ys, pc), h.irrep, name=f"{h.name}{s}") for s in "+-")
+        structural = bool(h.blocks) and not any(any(b.strides) for b in h.blocks.values())
+        for v in out:
+            for k, y, cd in v.allowed_keys():
+                u, w = pc.tile_pairs[cd]
+                shape = (ks.tiles[k].size, ys.tiles[y].size, pc.base.tiles[u].size, pc.base.tiles[w].size)
+                if structural:      # h holds zero-stride views (planning without data): M+- alike
+                    v.blocks[(k, y, cd)] = np.broadcast_to(np.float64(0.0), v.block_shape((k, y, cd)))
+                    continue
+                direct, crossed = _role_block(h, axes, (k, y, u, w)), _role_block(h, axes, (k, y, w, u))
+                if direct is None and crossed is None:
+                    continue
+                sign = 1.0 if v is out[0] else -1.0
+                x = (0.0 if direct is None else direct) + \
+                    (0.0 if crossed is None else sign * crossed.transpose(0, 1, 3, 2))
+                x = np.broadcast_to(x, shape).reshape(shape[0] * shape[1], *shape[2:]).transpose(1, 2, 0)
+                v.store_block((k, y, cd), np.ascontiguousarray(pack_block(x, u == w).T).reshape(*shape[:2], -1))
+        made[key] = tuple(v.freeze() for v in out)
+    return made[key]
+
+
+def kept_plus_minus_last(h) -> tuple:
+    """The M+- that ``plus_minus_last`` keeps on ``h`` (of every axis order made; empty when none)."""
+    return tuple(m for pair in (h.__dict__.get("_plus_minus_last") or {}).values() for m in pair)
+
+
+def free_plus_minus_last(h) -> None:
+    """Drop the M+- kept on ``h`` (a CCSD's, once it is done; the next makes them again)."""
+    h.__dict__.pop("_plus_minus_last", None)
+
+
 class TriangleBlocks(dict):
     """The blocks of a symmetric matrix of canonical blocks (V[AB, CD] = V[CD, AB], the
     8-fold ladder's V+-) with its diagonal blocks (AB == CD, symmetric themselves) held
