@@ -92,6 +92,24 @@ class DistHandle:
     def local_nbytes(self) -> int:
         return self.ga.nbytes_local()
 
+    def local_run(self) -> np.ndarray:
+        """This rank's storage as one writable vector (``local_pieces`` order)."""
+        return self.ga.local_run()
+
+    def local_pieces(self) -> list:
+        """[(key, first element in the block, elements), ...] of ``local_run``."""
+        return self.ga.local_pieces()
+
+    def home_keys(self) -> list:
+        """The stored keys this rank computes (owner computes): its own blocks, or the
+        blocks whose first piece it holds."""
+        return self.ga.home_keys()
+
+    def same_layout(self, other) -> bool:
+        """Whether ``other`` (a handle) stores its elements where this one does: one
+        placement, so elementwise work is rank-local on ``local_run``."""
+        return other is not None and self.ga.same_layout(other.ga)
+
 
 def onesided_fetch(handle: DistHandle, keys) -> dict:
     """Non-blocking gets of every block, then wait: the one-sided ``fetch_many``."""
