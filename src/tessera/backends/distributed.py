@@ -10,11 +10,12 @@ the same map without communication:
   by size and dealt round-robin, the rank labels rotated by a structural hash so that
   many small tensors do not all start on rank 0 (``runtime.distribution.block_owners``),
   computed per key (``runtime.placement``): a rank lists only its own blocks;
-- ``pieces`` (the integral classes: written by ``put_block``, then only read): as
-  ``balanced``, but where a class has too few blocks for the ranks each block is stored
-  in pieces over several ranks (``runtime.placement.PiecedPlacement``); no rank then
-  holds a whole block (``tensor.blocks`` is empty: owner-computes steps cannot write
-  such a tensor, ``DistributedExecutor`` refuses them) and every read is a get. Only a
+- ``pieces`` (the integral classes, T2 and the T2-sized CCSD tensors): as ``balanced``,
+  but where a class has too few blocks for the ranks each block is stored in pieces over
+  several ranks (``runtime.placement.PiecedPlacement``); no rank then holds a whole
+  block (``tensor.blocks`` is empty; ``DistributedExecutor`` computes a block on its home
+  rank and accumulates its pieces; elementwise work of tensors of one structure and
+  placement is rank-local on ``DistHandle.local_run``) and every read is a get. Only a
   store made with ``pieces=True`` (the one-sided executor) cuts blocks; another stores
   whole blocks (``balanced``). ``TESSERA_PIECES=N`` (tests) cuts every block of a
   ``pieces`` tensor into at least N pieces;

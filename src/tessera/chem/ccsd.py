@@ -263,8 +263,11 @@ class CCSDStructure:
 
     def stored(self, tile: int, occ_tile: int | None = None) -> dict:
         """{name: empty tensor} of what a run stores at these tiles: the integral classes
-        (vvvv first) and T2 (canonical blocks); no planning (``backends.balance`` places their blocks)."""
+        (vvvv first) and T2 (canonical blocks, placed as the driver's, ``eq.new``; the
+        other T2-sized tensors are placed alike); no planning (``backends.balance`` places
+        their blocks)."""
         from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
         o, v = make_spaces(self.orbsym, self._nocc_all, self.nfrozen, tile, occ_tile)
         return {**{n: class_tensor(n, o, v) for n in sorted(CLASSES, key=lambda n: -n.count("v"))},
-                "t2": ts.BlockTensor((o, o, v, v), 0, name="t2", symmetry=eq.T2_SYMMETRY, canonical=True)}
+                "t2": ts.BlockTensor((o, o, v, v), 0, name="t2", symmetry=eq.T2_SYMMETRY, canonical=True,
+                                     placement=eq.amplitude_placement("oovv"))}
