@@ -13,7 +13,8 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    pieced output: scaled sums with a transposed input, the division by a pieced
    denominator, a product of two t1-like tensors (hadamard) and contractions.
 3. CCSD(T) of water (C2v, tile 2) converged on mpi-onesided (cached, original) with the
-   integral classes and T2 in pieces, and on mpi-collective (whole blocks: the fallback).
+   integral classes and T2 in pieces, STO-3G and 6-31G, and (STO-3G) on mpi-collective
+   (whole blocks: the fallback).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -40,6 +41,7 @@ from tessera.runtime import World
 from tessera.tensor.block_tensor import allowed_keys
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ONESIDED = (("mpi-onesided", "cached"), ("mpi-onesided", "original"))
 
 
 def refused(fn) -> str:
@@ -192,12 +194,12 @@ def operations(world, variant) -> dict:
     return {k: world.allreduce(e, "max") for k, e in err.items()}
 
 
-def energies(world) -> dict:
-    mol = Molecule.from_xyz(str(EXAMPLES / "water.xyz"), basis="sto-3g").to_pyscf()
+def energies(world, basis: str, runs) -> dict:
+    mol = Molecule.from_xyz(str(EXAMPLES / "water.xyz"), basis=basis).to_pyscf()
     ref = rhf_reference(mol) if world.rank == 0 else None
     ref = replace(world.bcast(None if ref is None else replace(ref, mol=None), root=0), mol=mol)
     out = {"e_hf": ref.e_hf}
-    for backend, variant in (("mpi-onesided", "cached"), ("mpi-onesided", "original"), ("mpi-collective", "summa")):
+    for backend, variant in runs:
         with Context(backend, variant=variant) as ctx:
             ints = transform(ref, 0, 2)
             cut = sorted(n for n, t in ints.tensors.items() if t.dist.pieced)
@@ -212,7 +214,8 @@ def main() -> int:
     world = World.get()
     result = {"ranks": world.size, "access": access(world),
               "operations": {v: operations(world, v) for v in ("original", "cached", "owner")},
-              "energies": energies(world)}
+              "energies": energies(world, "sto-3g", ONESIDED + (("mpi-collective", "summa"),)),
+              "energies_631g": energies(world, "6-31g", ONESIDED)}
     if world.rank == 0:
         print(json.dumps(result), flush=True)
     return 0
