@@ -78,7 +78,7 @@ def test_plan_ranks_json(tmp_path, capsys):
     assert "252 workers beside one ghost per node" in text
     coll = [e for e in b["executors"] if e["backend"] == "mpi-collective"]
     assert coll and all(sum(e["contraction_modes"].values()) > 0 for e in coll)
-    for name in ("t2", "oooo", "ovoo", "oovv", "ovov", "ovvv", "vvvv", "total"):
+    for name in ("t2", "Z", "W_ovov", "W_voov", "oooo", "ovoo", "oovv", "ovov", "ovvv", "vvvv", "total"):
         m = a["memory_per_rank"][name]
         assert m["max_over_mean"] == pytest.approx(m["max_bytes"] / m["mean_bytes"], rel=1e-3)
         assert m["max_over_mean"] <= 1.5

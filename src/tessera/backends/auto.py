@@ -355,10 +355,11 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
     else:
         # each rank fetches every distinct block it needs once: at most all of them, but
         # a frozen operand's only in the first iteration while its share fits the frozen
-        # cache (``frozen_share``); ``owner`` adds its results in place (no accumulate, but
-        # into the pieces of an output stored in pieces)
-        gets = P * min(s["distinct_ops"], s["get_ops"] / P) * remote
-        accs = s["pieced_acc_ops"] if variant == "owner" else s["acc_ops"]
+        # cache (``frozen_share``); ``owner`` adds its results in place (no accumulate; an
+        # output stored in pieces by a get and a put per piece, the put costed as an accumulate)
+        owner = variant == "owner"
+        gets = (P * min(s["distinct_ops"], s["get_ops"] / P) + owner * s["pieced_acc_ops"]) * remote
+        accs = s["pieced_acc_ops"] if owner else s["acc_ops"]
         kept = frozen_share(s, P) <= FROZEN_CACHE_BYTES
         moved = P * min(s["distinct_bytes"] - kept * s["frozen_distinct_bytes"],
                         (s["a_bytes"] + s["b_bytes"] - kept * s["frozen_ab_bytes"]) / P) * remote \

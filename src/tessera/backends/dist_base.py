@@ -46,6 +46,7 @@ class DistributedExecutor(ABC):
 
     distributed = True
     name = "mpi"
+    accumulates = True       # whether writes into another rank's memory may be accumulates
 
     def __init__(self, world=None, fetcher=None):
         from tessera.runtime import World
@@ -202,10 +203,20 @@ class DistributedExecutor(ABC):
     def _add_into(self, out, made, scale: float) -> None:
         """out[key] += scale * block for each (key, block) of ``made`` (computed here: the
         output's own blocks in place, or, stored in pieces, accumulated into its pieces,
-        wherever they lie: each piece's bytes are accounted to its owner)."""
+        wherever they lie, each piece's bytes accounted to its owner; without remote
+        accumulates (``accumulates`` False: every block is written by its home rank
+        only) got from its pieces, added to and put back)."""
         if out.pieced:
-            for h in [out.dist.ga.iacc(key, blk, scale) for key, blk in made]:
-                h.wait()
+            ga = out.dist.ga
+            if self.accumulates:
+                for h in [ga.iacc(key, blk, scale) for key, blk in made]:
+                    h.wait()
+                return
+            summed: dict = {}
+            for key, blk in made:
+                summed[key] = summed[key] + blk if key in summed else blk
+            for key, h in [(key, ga.iget(key)) for key in summed]:
+                ga.put(key, h.wait() + scale * summed[key])
             return
         t0 = time.perf_counter()
         for key, blk in made:

@@ -263,11 +263,18 @@ class CCSDStructure:
 
     def stored(self, tile: int, occ_tile: int | None = None) -> dict:
         """{name: empty tensor} of what a run stores at these tiles: the integral classes
-        (vvvv first) and T2 (canonical blocks, placed as the driver's, ``eq.new``; the
-        other T2-sized tensors are placed alike); no planning (``backends.balance`` places
-        their blocks)."""
+        (vvvv first), T2 (canonical blocks) and one of each other structure of the T2-sized
+        intermediates (each keeps its array through the iterations: ``Z`` (oovv, not
+        pair-symmetric), ``W_ovov``, ``W_voov``), placed as the driver's (``eq.new``); no
+        planning (``backends.balance`` places their blocks)."""
         from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
         o, v = make_spaces(self.orbsym, self._nocc_all, self.nfrozen, tile, occ_tile)
+        space = {"o": o, "v": v}
+
+        def amplitude(name, letters, **kw):
+            return ts.BlockTensor(tuple(space[x] for x in letters), 0, name=name,
+                                  placement=eq.amplitude_placement(letters), **kw)
         return {**{n: class_tensor(n, o, v) for n in sorted(CLASSES, key=lambda n: -n.count("v"))},
-                "t2": ts.BlockTensor((o, o, v, v), 0, name="t2", symmetry=eq.T2_SYMMETRY, canonical=True,
-                                     placement=eq.amplitude_placement("oovv"))}
+                "t2": amplitude("t2", "oovv", symmetry=eq.T2_SYMMETRY, canonical=True),
+                "Z": amplitude("Z", "oovv"), "W_ovov": amplitude("W_ovov", "ovov"),
+                "W_voov": amplitude("W_voov", "voov")}
