@@ -11,7 +11,8 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    original, cached and owner: copy, zero_, norm, max_abs, vdot (pieces with pieces
    and with whole blocks), ts.dot (same and swapped index order), and steps writing a
    pieced output: scaled sums with a transposed input, the division by a pieced
-   denominator, a product of two t1-like tensors (hadamard) and contractions.
+   denominator (from other pieces, and all in the same pieces: rank-local), a product
+   of two t1-like tensors (hadamard) and contractions.
 3. CCSD(T) of water (C2v, tile 2) converged on mpi-onesided (cached, original) with the
    integral classes and T2 in pieces, STO-3G and 6-31G, and (STO-3G) on mpi-collective
    (whole blocks: the fallback).
@@ -181,6 +182,10 @@ def operations(world, variant) -> dict:
             Z["ijab"] = T["ijab"] / D["ijab"]
         check("add", C.to_dense(), 2.0 * td - ud.transpose(0, 1, 3, 2) + ud)
         check("divide", Z.to_dense(), np.divide(td, dd, out=np.zeros_like(td), where=dd != 0))
+        with ts.equations():            # all in the same pieces: rank-local (executor.rank_local)
+            C["ijab"] = T["ijab"] / D["ijab"]
+            C["ijab"] += 0.5 * U["ijab"]
+        check("divide", C.to_dense(), np.divide(td, dd, out=np.zeros_like(td), where=dd != 0) + 0.5 * ud)
         with ts.equations():
             C["ijab"] = T["ijab"] + X["ia"] * X["jb"]
         check("hadamard", C.to_dense(), td + masked(np.einsum("ia,jb->ijab", xd, xd), oovv, 0))

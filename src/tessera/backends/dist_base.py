@@ -116,8 +116,21 @@ class DistributedExecutor(ABC):
         """Whether ``step`` writes its output only on the owners, in place (else it
         accumulates into the owners' memory): every step but the one-sided contractions
         and the steps into a tensor stored in pieces (its home ranks compute whole blocks
-        and accumulate them into the pieces; a ``zero`` step clears each rank's pieces)."""
-        return step.kind != "contract" and (step.kind == "zero" or not step.out.tensor.pieced)
+        and accumulate them into the pieces; a ``zero`` step clears each rank's pieces, a
+        ``rank_local`` one works on them)."""
+        return step.kind != "contract" and (step.kind == "zero" or not step.out.tensor.pieced
+                                            or self.rank_local(step))
+
+    @staticmethod
+    def rank_local(step) -> bool:
+        """Whether ``step`` is an ``add`` into a tensor stored in pieces from tensors stored
+        in the same pieces (one structure and placement), read in the same index order:
+        element by element on the pieces each rank holds, no communication."""
+        out, d = step.out.tensor, step.divisor
+        same = tuple(range(out.ndim))
+        return (step.kind == "add" and out.pieced and not step.pairs and tuple(step.perms["a"]) == same
+                and out.dist.same_layout(step.inputs[0].tensor.dist)
+                and (d is None or (tuple(step.perms["d"]) == same and out.dist.same_layout(d.tensor.dist))))
 
     def _needs_barrier(self, step) -> bool:
         dirty = self._dirty
@@ -172,6 +185,11 @@ class DistributedExecutor(ABC):
         canonical blocks only when the output stores canonical blocks)."""
         out = step.out.tensor
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
+        if self.rank_local(step):
+            t0, run = time.perf_counter(), a.dist.local_run()
+            out.dist.local_run()[:] += step.scale * (run if d is None else run / d.dist.local_run())
+            self.compute_seconds += time.perf_counter() - t0
+            return
         srcs = {okey: src for okey in out.owned_keys() if (src := add_source(step, okey))[0] is not None}
         req = [(a, s[0]) for s in srcs.values()]
         if d is not None:
