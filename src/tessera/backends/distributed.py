@@ -15,7 +15,8 @@ the same map without communication:
   several ranks (``runtime.placement.PiecedPlacement``); no rank then holds a whole
   block (``tensor.blocks`` is empty; ``DistributedExecutor`` computes a block on its home
   rank and accumulates its pieces; elementwise work of tensors of one structure and
-  placement is rank-local on ``DistHandle.local_run``) and every read is a get. Only a
+  placement is rank-local on ``DistHandle.local_run``: ``BlockTensor``'s whole-tensor
+  operations, ``DistributedExecutor.rank_local`` steps) and every read is a get. Only a
   store made with ``pieces=True`` (the one-sided executor) cuts blocks; another stores
   whole blocks (``balanced``). ``TESSERA_PIECES=N`` (tests) cuts every block of a
   ``pieces`` tensor into at least N pieces;
