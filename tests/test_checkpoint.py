@@ -3,7 +3,7 @@
 A ``tessera run`` writing every CCSD iteration, killed by SIGKILL while it iterates CCSD
 (once its checkpoint holds iteration 2 or later), resumes with ``--restart`` to the energy of an uninterrupted run
 within 1e-9 Eh: on one rank, on two ranks, and from a two-rank checkpoint onto one
-rank. A checkpoint of another run is refused, and bad option values are one-line
+rank; a checkpoint of T2 in pieces resumes with other pieces and on one rank. A checkpoint of another run is refused, and bad option values are one-line
 errors. Water/6-31G with tile 2 (many blocks per tensor), converged to 1e-10.
 """
 
@@ -39,9 +39,9 @@ def _cmd(nranks: int, *args) -> list:
     return [str(mpiexec_path()), "-n", str(nranks), *tessera, "--backend", "mpi-onesided"]
 
 
-def _run(cmd) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=build_env(), cwd=REPO, timeout=TIMEOUT)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+def _run(cmd, env=None, status: int = 0) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=build_env(env), cwd=REPO, timeout=TIMEOUT)
+    assert proc.returncode == status, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
 
 
@@ -122,6 +122,27 @@ def test_restart_after_kill_two_ranks_and_onto_one(tmp_path, uninterrupted):
     assert abs(e - e_full) < TOL and n == iters
     assert json.loads(h5py.File(other / chk.name, "r").attrs["parts"]) == [f"run.chk.h5.it{iters}.rank0"]
     assert sorted(p.name for p in other.glob("run.chk.h5.it*")) == [f"run.chk.h5.it{iters}.rank0"]
+
+
+def test_restart_from_pieces_onto_other_pieces_and_one_rank(tmp_path, uninterrupted):
+    """T2 stored in pieces (mpi-onesided, TESSERA_PIECES=3 on two ranks: every block of T2
+    cut in 3): a run stopped after 3 CCSD iterations (``--max-iter 3``: not converged,
+    saved) resumes with other pieces (TESSERA_PIECES=2) and, from a copy, on one rank in
+    whole blocks, each to the energy of an uninterrupted run."""
+    js, chk = tmp_path / "r.json", tmp_path / "p.chk.h5"
+    _run(_cmd(2, "--json", str(js), "--checkpoint", str(chk), "--max-iter", "3"), {"TESSERA_PIECES": 3}, status=1)
+    assert _iteration(chk) == 3
+    other = tmp_path / "copy"
+    other.mkdir()
+    for p in [chk.name, *json.loads(h5py.File(chk, "r").attrs["parts"])]:
+        shutil.copy(tmp_path / p, other / p)
+    e_full, iters = uninterrupted[2]
+    _run(_cmd(2, "--json", str(js), "--checkpoint", str(chk), "--restart"), {"TESSERA_PIECES": 2})
+    e, n = _energy(js)
+    assert abs(e - e_full) < TOL and n == iters
+    _run(_cmd(1, "--json", str(other / "r.json"), "--checkpoint", str(other / chk.name), "--restart"))
+    e, n = _energy(other / "r.json")
+    assert abs(e - e_full) < TOL and n == iters
 
 
 def test_restart_sizes_the_estimate_from_the_checkpoint(tmp_path, monkeypatch, capsys):

@@ -1,13 +1,17 @@
-"""Blocks stored in pieces over several ranks (placement ``pieces``, the integral classes)
-at 2 ranks, TESSERA_PIECES=3 forcing every block of such a tensor into 3 pieces: on one
-node (pieces read and written in shared memory) and as 2 emulated nodes with MPICH's
-MPIR_CVAR_NOLOCAL=1 (every piece through MPI one-sided operations).
+"""Blocks stored in pieces over several ranks (placement ``pieces``: the integral classes
+and the T2-sized CCSD tensors) at 2 ranks, TESSERA_PIECES=3 forcing every block of such a
+tensor into 3 pieces: on one node (pieces read and written in shared memory) and as 2
+emulated nodes with MPICH's MPIR_CVAR_NOLOCAL=1 (every piece through MPI one-sided
+operations).
 
 Checks (tests/mpi/pieces_checks.py): every access path of a pieced tensor against numpy;
-the one-line refusals (a partial put, a local view, a copy, norm, max_abs, zero_, vdot, an in-place write; like() makes whole blocks); CCSD(T) of water
-STO-3G on mpi-onesided (cached, original) with every integral class in pieces equal to
-PySCF's to 1e-7 Eh; mpi-collective falls back to whole blocks (nothing cut) and gives
-the same energies.
+the one-line refusals (a partial put, a local view); the operations CCSD performs on
+amplitudes stored in pieces (copy, zero_, norm, max_abs, vdot, dot, and steps writing a
+pieced output: sums, the denominator division, hadamard products, contractions) against
+numpy on the one-sided variants original, cached and owner; CCSD(T) of water STO-3G and
+6-31G on mpi-onesided (cached, original) with every integral class and T2 in pieces
+equal to PySCF's to 1e-7 Eh; mpi-collective (STO-3G) stores whole blocks (nothing cut)
+and gives the same energies.
 """
 
 from pathlib import Path
@@ -25,7 +29,8 @@ CLASSES = ["oooo", "oovv", "ovoo", "ovov", "ovvv", "vvvv"]
 
 @pytest.fixture(scope="module")
 def pyscf_water():
-    return ccsd_t_energies(rhf(Molecule.from_xyz("examples/water.xyz", basis="sto-3g").to_pyscf()))
+    return {basis: ccsd_t_energies(rhf(Molecule.from_xyz("examples/water.xyz", basis=basis).to_pyscf()))
+            for basis in ("sto-3g", "6-31g")}
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
@@ -40,15 +45,18 @@ def test_pieces_at_two_ranks(pyscf_water, nodes):
     assert a["access_error"] < 1e-12 and a["einsum_error"] < 1e-12 and a["dot_error"] < 1e-10, a
     assert "covers part of block" in a["partial_put"] and "\n" not in a["partial_put"]
     assert "stored in pieces on several ranks" in a["local_view"]
-    assert "no process holds a whole block to copy" in a["copy"]
-    assert all("stored in pieces on several processes" in m for m in a["whole_tensor"])
-    assert a["like"] == "balanced"             # a tensor made like it is written: whole blocks
-    assert "is stored in pieces" in a["in_place"] and "placement 'balanced'" in a["in_place"]
-    e_hf, e_ccsd, e_t = pyscf_water
-    e = out["energies"]
-    assert e["e_hf"] == pytest.approx(e_hf, abs=1e-9)
-    for run in ("mpi-onesided/cached", "mpi-onesided/original", "mpi-collective/summa"):
-        assert e[run]["e_ccsd"] == pytest.approx(e_ccsd, abs=1e-7), run
-        assert e[run]["e_t"] == pytest.approx(e_t, abs=1e-7), run
-    assert e["mpi-onesided/cached"]["pieced"] == e["mpi-onesided/original"]["pieced"] == CLASSES
-    assert e["mpi-collective/summa"]["pieced"] == []     # whole blocks: the collective fallback
+    assert a["like"]                    # a tensor made like it is stored in the same pieces
+    for variant, ops in out["operations"].items():
+        assert ops.pop("pieced") == 1.0, variant
+        assert set(ops) == {"copy", "like", "norm", "max_abs", "vdot", "dot", "zero", "add", "divide",
+                            "hadamard", "contract", "held"}, variant
+        assert all(e < 1e-10 for e in ops.values()), (variant, ops)
+    for basis, key in (("sto-3g", "energies"), ("6-31g", "energies_631g")):
+        e_hf, e_ccsd, e_t = pyscf_water[basis]
+        e = out[key]
+        assert e["e_hf"] == pytest.approx(e_hf, abs=1e-9)
+        for run in [r for r in e if r != "e_hf"]:
+            assert e[run]["e_ccsd"] == pytest.approx(e_ccsd, abs=1e-7), (basis, run)
+            assert e[run]["e_t"] == pytest.approx(e_t, abs=1e-7), (basis, run)
+        assert e["mpi-onesided/cached"]["pieced"] == e["mpi-onesided/original"]["pieced"] == CLASSES + ["t2"]
+    assert out["energies"]["mpi-collective/summa"]["pieced"] == []     # whole blocks: the collective fallback

@@ -78,17 +78,17 @@ def test_plan_ranks_json(tmp_path, capsys):
     assert "252 workers beside one ghost per node" in text
     coll = [e for e in b["executors"] if e["backend"] == "mpi-collective"]
     assert coll and all(sum(e["contraction_modes"].values()) > 0 for e in coll)
-    for name in ("t2", "oooo", "ovoo", "oovv", "ovov", "ovvv", "vvvv", "total"):
+    for name in ("t2", "Z", "W_ovov", "W_voov", "oooo", "ovoo", "oovv", "ovov", "ovvv", "vvvv", "total"):
         m = a["memory_per_rank"][name]
         assert m["max_over_mean"] == pytest.approx(m["max_bytes"] / m["mean_bytes"], rel=1e-3)
         assert m["max_over_mean"] <= 1.5
     assert set(a["memory_per_rank"]["(t)"]) == {"rows", "kernel"}
-    # (H2O)4 on 64 ranks: the integral classes are cut into pieces where they have too few
-    # blocks, T2 (whole blocks) is balanced at occupied tiles of 4; a run takes occupied
-    # tiles of 12 or more, where every class is balanced too (16/16), and a note line says so
-    assert (a["tile"], a["occ_tile"]) == (48, 4)
-    assert a["run_tiles"] == {"tile": 16, "occ_tile": 16, "every_class": True}
-    assert "a run with this budget considers tiles 16/16, at which every class is balanced too" in text
+    # (H2O)4 on 64 ranks: the integral classes and T2 are cut into pieces where they have too
+    # few blocks, so every class is balanced at the largest tiles, which a run takes too (no
+    # note line); in whole blocks T2 would need occupied tiles of 4
+    assert (a["tile"], a["occ_tile"]) == (48, 48)
+    assert a["run_tiles"] == {"tile": 48, "occ_tile": 48, "every_class": True}
+    assert "a run with this budget considers" not in text
     for sim, P in ((a, 64), (b, 252)):           # (T) tasks and rows read per rank: the workers'
         t = sim["triples"]
         assert t["tasks"] > 0 and t["tasks_per_rank"] == pytest.approx(t["tasks"] / P)
@@ -177,28 +177,31 @@ def test_a_forced_tile_is_evaluated_alone(monkeypatch, caplog):
 
 
 def test_balance_binds_only_where_memory_matters(caplog):
-    """Water cc-pVDZ on 4 ranks with 8 GiB each: every class is a few MiB at most, so a
-    run keeps tiles of 48 (one occupied tile: oooo in pieces, T2 1.7x the mean) and no
-    warning, where the rule without a budget cuts the occupied tiles to 2 to spread T2. With a budget
-    that the large classes fill, their balance binds again (``balance.binding``)."""
+    """Water cc-pVDZ on 4 ranks with 8 GiB each, in whole blocks (as mpi-collective stores
+    them): every class is a few MiB at most, so a run keeps tiles of 48 (one occupied
+    tile: T2 1.7x the mean) and no warning, where the rule without a budget cuts the
+    tiles to 6/2 to spread T2 and oooo (in pieces, as mpi-onesided stores them, 48/48
+    spread them). With a budget that the large classes fill, their balance binds again
+    (``balance.binding``)."""
     from tessera.backends.auto import decide
     from tessera.backends.balance import MATTERS, binding, worst_class
     orbsym, nocc = orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)
     structure = CCSDStructure(orbsym, nocc, 0)
-    assert balanced_tiles(structure.stored, 4)[:2] == (48, 2)
+    assert balanced_tiles(structure.stored, 4, pieces=False)[:2] == (6, 2)
+    assert balanced_tiles(structure.stored, 4)[:2] == (48, 48)
     roomy = 8 * 2**30
-    assert balanced_tiles(structure.stored, 4, roomy)[:2] == (48, 48)
+    assert balanced_tiles(structure.stored, 4, roomy, pieces=False)[:2] == (48, 48)
     with caplog.at_level("WARNING"):
         d = decide(structure, 4, rate=5e9, budget=roomy)
     assert (d["tile"], d["occ_tile"]) == (48, 48) and not caplog.records
-    mem = class_balance(structure.stored(48, 48), 4)
+    mem = class_balance(structure.stored(48, 48), 4, pieces=False)
     assert max(m["max_over_mean"] for m in mem.values()) > 1.5           # unbalanced, and harmless:
     assert max(m["max_bytes"] for m in mem.values()) < MATTERS * roomy     # no class near the budget
     tight = 32 * mem["vvvv"]["max_bytes"] - 1            # vvvv and ovvv bind, the small classes not
     bound = binding({k: m for k, m in mem.items() if k != "total"}, tight)
     assert "vvvv" in bound and "oooo" not in bound
-    tile, occ_tile, worst = balanced_tiles(structure.stored, 4, tight)
-    assert worst <= 1.5 and worst_class(structure.stored, tile, occ_tile, 4, budget=tight)[1] == worst
+    tile, occ_tile, worst = balanced_tiles(structure.stored, 4, tight, pieces=False)
+    assert worst <= 1.5 and worst_class(structure.stored, tile, occ_tile, 4, budget=tight, pieces=False)[1] == worst
 
 
 def whole_blocks(t, nranks: int) -> float:
@@ -215,9 +218,9 @@ def test_every_class_balanced_at_a_runs_tiles(n):
     least MIN_OCC_TILE) every integral class of (H2O)n cc-pVDZ and of the issue's example
     (C1, o=100, v=800) is spread with max/mean <= 1.5 on 64, 256 and 1024 ranks, and its
     largest share falls as ranks grow: a class with too few blocks for the ranks is cut
-    into pieces (``runtime.distribution.piece_table``), as mpi-onesided stores it. T2
-    (whole blocks: owner-computes steps write it) is too, but for (H2O)4 from 256 ranks
-    on (fewer blocks than ranks at any occupied tile of 12 or more)."""
+    into pieces (``runtime.distribution.piece_table``), as mpi-onesided stores it. T2 too
+    ((H2O)4 from 256 ranks on has fewer T2 blocks than ranks at any occupied tile of 12
+    or more: in whole blocks 2.5x the mean at 256 ranks, 10x at 1024)."""
     from tessera.backends.balance import MIN_OCC_TILE, run_tiles
     if n == "example":
         structure = CCSDStructure(np.zeros(900, dtype=int), 100, 0, distributed=True)
@@ -230,16 +233,14 @@ def test_every_class_balanced_at_a_runs_tiles(n):
         assert occ_tile >= min(MIN_OCC_TILE, structure.nocc), (n, P, tile, occ_tile)
         tensors = structure.stored(tile, occ_tile)
         mem = class_balance(tensors, P)
-        whole_t2 = n == 4 and P >= 256
         for name, t in tensors.items():
             stored = sum(int(np.prod(t.block_shape(k))) for k in t.stored_keys())
             assert mem[name]["mean_bytes"] * P == pytest.approx(8 * stored)       # every element once
-            if name != "t2" or not whole_t2:
-                assert mem[name]["max_over_mean"] <= 1.5, (n, P, name, tile, occ_tile, mem[name])
-            if previous is not None and (name != "t2" or not whole_t2):
+            assert mem[name]["max_over_mean"] <= 1.5, (n, P, name, tile, occ_tile, mem[name])
+            if previous is not None:
                 assert mem[name]["max_bytes"] < previous[name]["max_bytes"], (n, P, name)
-            pieced += name != "t2" and whole_blocks(t, P) > 1.5
-        assert binds is None or whole_t2
+            pieced += whole_blocks(t, P) > 1.5
+        assert binds is None
         previous = mem
     assert pieced if n in (4, 8, "example") else True      # pieces did the work somewhere
 
@@ -247,10 +248,10 @@ def test_every_class_balanced_at_a_runs_tiles(n):
 def test_a_run_balances_every_class_of_the_issue_example():
     """The issue's example (C1, 100 occupied, 800 virtual) with 8 GiB per rank: at 48/48
     oooo (81 blocks) in whole blocks cannot be spread over 1024 ranks (13.7x the mean);
-    in pieces it is, and the run's rule (``balance.run_tiles``) keeps large tiles (48/48,
-    48/48, 48/32; T2 needs the 32 on 1024 ranks). (H2O)8 on 1024 ranks: every class
-    balanced needs occupied tiles of 4 (T2); at the run's floor of 12 every class is
-    balanced too (16/12)."""
+    in pieces it is, and the run's rule (``balance.run_tiles``) keeps the largest tiles
+    (48/48 on 64, 256 and 1024 ranks; T2 in whole blocks would need occupied tiles of 32
+    on 1024 ranks). (H2O)8 on 1024 ranks: T2 and oooo in pieces, every class balanced at
+    48/48 (in whole blocks T2 needed occupied tiles of 4)."""
     from tessera.backends.balance import MIN_OCC_TILE, run_tiles
     budget = 8 * 2**30
     example = CCSDStructure(np.zeros(900, dtype=int), 100, 0, distributed=True)
@@ -262,12 +263,14 @@ def test_a_run_balances_every_class_of_the_issue_example():
         mem = class_balance(example.stored(tile, occ_tile), P)
         assert max(m["max_over_mean"] for m in mem.values()) == pytest.approx(max(worst, mem["total"]["max_over_mean"]))
         assert all(m["max_over_mean"] <= 1.5 for m in mem.values()), (P, mem)
-    assert run_tiles(example, 1024, budget)[:2] == (48, 32)
+    assert run_tiles(example, 1024, budget)[:2] == (48, 48)
+    assert whole_blocks(example.stored(48, 48)["t2"], 1024) > 1.5
     waters = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
-    assert balanced_tiles(waters.stored, 1024)[1] < MIN_OCC_TILE
+    assert balanced_tiles(waters.stored, 1024, pieces=False)[1] < MIN_OCC_TILE
     tile, occ_tile, _, binds = run_tiles(waters, 1024, budget)
-    assert binds is None and (tile, occ_tile) == (16, 12)
+    assert binds is None and (tile, occ_tile) == (48, 48)
     assert whole_blocks(waters.stored(tile, occ_tile)["oooo"], 1024) > 1.5
+    assert whole_blocks(waters.stored(tile, occ_tile)["t2"], 1024) > 1.5
     assert max(m["max_over_mean"] for m in class_balance(waters.stored(tile, occ_tile), 1024).values()) <= 1.5
 
 

@@ -4,10 +4,18 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
 1. A ``pieces`` tensor on mpi-onesided through every access path, against numpy: put_block
    from rank 0, accumulate_block from every rank, get_block, to_dense (fetch_many), the
    global array's iget / get_patch / acc_patch across blocks and pieces, a contraction
-   that reads it (ts.einsum) and a dot with it first; a partial put_patch, a local view, a copy and a step that
-   writes it in place are refused (one-line errors, reported as their messages).
-2. CCSD(T) of water STO-3G (C2v, tile 2) converged on mpi-onesided (cached, original) with
-   the integral classes in pieces, and on mpi-collective (whole blocks: the fallback).
+   that reads it (ts.einsum) and a dot with it first; a partial put_patch and a local
+   view are refused (one-line errors, reported as their messages).
+2. The operations CCSD performs on amplitudes, on pieced tensors (a pair-symmetric oovv
+   tensor stored as canonical blocks, as T2) against numpy, for the one-sided variants
+   original, cached and owner: copy, zero_, norm, max_abs, vdot (pieces with pieces
+   and with whole blocks), ts.dot (same and swapped index order), and steps writing a
+   pieced output: scaled sums with a transposed input, the division by a pieced
+   denominator (from other pieces, and all in the same pieces: rank-local), a product
+   of two t1-like tensors (hadamard) and contractions.
+3. CCSD(T) of water (C2v, tile 2) converged on mpi-onesided (cached, original) with the
+   integral classes and T2 in pieces, STO-3G and 6-31G, and (STO-3G) on mpi-collective
+   (whole blocks: the fallback).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -24,14 +32,17 @@ import tessera as ts
 from tessera import BlockTensor, IndexSpace
 from tessera.backends.context import Context
 from tessera.chem.ccsd import CCSD
+from tessera.chem.ccsd_equations import T2_SYMMETRY
 from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples import triples_correction
 from tessera.errors import TesseraError
 from tessera.runtime import World
+from tessera.tensor.block_tensor import allowed_keys
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ONESIDED = (("mpi-onesided", "cached"), ("mpi-onesided", "original"))
 
 
 def refused(fn) -> str:
@@ -105,36 +116,111 @@ def access(world) -> dict:
         ga.sync()
         out["partial_put"] = refused(lambda: ga.put_patch(*inner, part))
         out["local_view"] = refused(lambda: ga.local_view(first))
-        out["copy"] = refused(t.copy)
-        out["whole_tensor"] = [refused(f) for f in (t.norm, t.max_abs, t.zero_, lambda: t.vdot(t))]
-        out["like"] = t.like().placement
-
-        def write_in_place():
-            z = BlockTensor((o, v, v), 1, name="z", placement="pieces")
-            with ts.equations():
-                z["iab"] += t["iab"]
-        out["in_place"] = refused(write_in_place)
+        out["like"] = t.like().dist.pieced
     return out
 
 
-def energies(world) -> dict:
-    mol = Molecule.from_xyz(str(EXAMPLES / "water.xyz"), basis="sto-3g").to_pyscf()
+def masked(dense, spaces, irrep) -> np.ndarray:
+    """``dense`` with the elements of blocks its symmetry forbids set to zero."""
+    out = np.zeros_like(dense)
+    for key in allowed_keys(spaces, irrep):
+        idx = np.ix_(*(s.orbitals[s.slice(k)] for s, k in zip(spaces, key)))
+        out[idx] = dense[idx]
+    return out
+
+
+def filled(dense, spaces, name, placement="pieces", pair=False) -> BlockTensor:
+    """A tensor with the allowed blocks of ``dense`` (its canonical ones for ``pair``),
+    each process putting the blocks it computes (their home)."""
+    t = BlockTensor(spaces, 0, name=name, placement=placement, symmetry=T2_SYMMETRY if pair else (),
+                    canonical=pair)
+    for key in t.owned_keys():
+        t.store_block(key, dense[np.ix_(*(s.orbitals[s.slice(k)] for s, k in zip(spaces, key)))])
+    t.dist.sync()
+    return t
+
+
+def operations(world, variant) -> dict:
+    """Section 2 of the module docstring on one variant: {check: error against numpy}."""
+    rng = np.random.default_rng(5)
+    o = IndexSpace.from_irreps("o", rng.integers(0, 2, 5), 2)
+    v = IndexSpace.from_irreps("v", rng.integers(0, 2, 7), 3)
+    oovv = (o, o, v, v)
+
+    def pair_dense():
+        x = rng.standard_normal(tuple(s.dim for s in oovv))
+        return masked(x + x.transpose(1, 0, 3, 2), oovv, 0)
+    td, ud, dd = pair_dense(), pair_dense(), 3.0 + np.abs(pair_dense())
+    xd, md, fd = (masked(rng.standard_normal((a.dim, b.dim)), (a, b), 0) for a, b in ((o, v), (v, v), (o, o)))
+    err: dict = {}
+
+    def check(name, got, want):
+        err[name] = max(err.get(name, 0.0), float(np.abs(np.asarray(got) - want).max()))
+    with Context("mpi-onesided", variant=variant):
+        T, U, D = (filled(d, oovv, n, pair=True) for d, n in ((td, "T"), (ud, "U"), (dd, "D")))
+        A = filled(ud, oovv, "A", placement="balanced", pair=True)
+        X, M, F = (filled(d, sp, n, "balanced") for d, sp, n in ((xd, (o, v), "x"), (md, (v, v), "m"), (fd, (o, o), "f")))
+        err["pieced"] = float(all(t.pieced for t in (T, U, D)) and not A.pieced)
+        C = T.copy("C")
+        C.dist.sync()                   # rank-local writes: complete everywhere before reading
+        check("copy", C.to_dense(), td)
+        check("like", float(C.pieced), 1.0)
+        check("norm", T.norm(), np.linalg.norm(td))
+        check("max_abs", T.max_abs(), np.abs(td).max())
+        check("vdot", T.vdot(U), np.vdot(td, ud))
+        check("vdot", T.vdot(A), np.vdot(td, ud))
+        check("vdot", A.vdot(T), np.vdot(td, ud))
+        check("dot", ts.dot(T["ijab"], U["ijab"]), np.vdot(td, ud))
+        check("dot", ts.dot(T["ijab"], U["ijba"]), np.einsum("ijab,ijba->", td, ud))
+        check("dot", ts.dot(A["ijab"], T["jiab"]), np.einsum("ijab,jiab->", ud, td))
+        C.zero_()
+        C.dist.sync()
+        check("zero", C.to_dense(), 0.0)
+        Z = BlockTensor(oovv, 0, name="Z", placement="pieces")           # no pair symmetry
+        with ts.equations():
+            C["ijab"] = 2.0 * T["ijab"] - U["ijba"] + A["ijab"]
+            Z["ijab"] = T["ijab"] / D["ijab"]
+        check("add", C.to_dense(), 2.0 * td - ud.transpose(0, 1, 3, 2) + ud)
+        check("divide", Z.to_dense(), np.divide(td, dd, out=np.zeros_like(td), where=dd != 0))
+        with ts.equations():            # all in the same pieces: rank-local (executor.rank_local)
+            C["ijab"] = T["ijab"] / D["ijab"]
+            C["ijab"] += 0.5 * U["ijab"]
+        check("divide", C.to_dense(), np.divide(td, dd, out=np.zeros_like(td), where=dd != 0) + 0.5 * ud)
+        with ts.equations():
+            C["ijab"] = T["ijab"] + X["ia"] * X["jb"]
+        check("hadamard", C.to_dense(), td + masked(np.einsum("ia,jb->ijab", xd, xd), oovv, 0))
+        with ts.equations():
+            Z["ijab"] = T["ijcb"] * M["ca"] - 0.5 * F["ki"] * U["kjab"]
+            C["ijab"] = T["ijcd"] * T["klcd"] * T["klab"]
+        check("contract", Z.to_dense(), masked(np.einsum("ijcb,ca->ijab", td, md)
+                                               - 0.5 * np.einsum("ki,kjab->ijab", fd, ud), oovv, 0))
+        check("contract", C.to_dense(), np.einsum("ijcd,klcd,klab->ijab", td, td, td))
+        check("held", world.allreduce(Z.local_nbytes, "sum") / (8 * np.count_nonzero(masked(np.ones_like(td), oovv, 0))), 1.0)
+    return {k: world.allreduce(e, "max") for k, e in err.items()}
+
+
+def energies(world, basis: str, runs) -> dict:
+    mol = Molecule.from_xyz(str(EXAMPLES / "water.xyz"), basis=basis).to_pyscf()
     ref = rhf_reference(mol) if world.rank == 0 else None
     ref = replace(world.bcast(None if ref is None else replace(ref, mol=None), root=0), mol=mol)
     out = {"e_hf": ref.e_hf}
-    for backend, variant in (("mpi-onesided", "cached"), ("mpi-onesided", "original"), ("mpi-collective", "summa")):
+    for backend, variant in runs:
         with Context(backend, variant=variant) as ctx:
             ints = transform(ref, 0, 2)
             cut = sorted(n for n, t in ints.tensors.items() if t.dist.pieced)
             cc = CCSD(conv=1e-10, max_iter=80).kernel(ints, ctx)
             tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
+            cut += ["t2"] if cc.t2.pieced else []
         out[f"{backend}/{variant}"] = {"e_ccsd": cc.e_corr, "e_t": tr.energy, "pieced": cut}
     return out
 
 
 def main() -> int:
     world = World.get()
-    result = {"ranks": world.size, "access": access(world), "energies": energies(world)}
+    result = {"ranks": world.size, "access": access(world),
+              "operations": {v: operations(world, v) for v in ("original", "cached", "owner")},
+              "energies": energies(world, "sto-3g", ONESIDED + (("mpi-collective", "summa"),)),
+              "energies_631g": energies(world, "6-31g", ONESIDED)}
     if world.rank == 0:
         print(json.dumps(result), flush=True)
     return 0

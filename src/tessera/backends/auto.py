@@ -15,7 +15,9 @@ estimates, per rank:
                                                        setup per step; SUMMA broadcasts)
        + bytes moved / P / bandwidth                   data movement
 
-with the gets, accumulates and bytes the loop order implies (``original``: both inputs
+with the gets, accumulates and bytes the loop order implies (one per piece of a block
+stored in pieces: T2 and the integral classes where they have too few blocks for the
+ranks, ``runtime.distribution.piece_count``; ``original``: both inputs
 of every product, one accumulate per output block; ``inverted``: the reused operand
 once, the other per product, one accumulate per product; ``cached``: every distinct
 remote block once per rank, a frozen operand's once per run; ``mpi-collective``: per
@@ -68,7 +70,8 @@ from tessera.backends.budget import memory_budget
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
 from tessera.plan.blocktasks import block_sizes, task_arrays
-from tessera.runtime.distribution import block_owners, default_layers, grid_3d, makespan
+from tessera.runtime.distribution import block_owners, default_layers, grid_3d, makespan, piece_count
+from tessera.runtime.distribution import block_sizes as tensor_block_sizes
 from tessera.tensor.block_tensor import allowed_elements
 
 log = logging.getLogger(__name__)
@@ -113,11 +116,14 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
     ``memory_parts`` needs for a local executor (no block tasks: their flops, bytes and
     the distributed working sets are left out)."""
     run = structure(tile, occ_tile)
-    s = {"flops": 0, "products": 0, "out_tasks": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
-         "distinct_bytes": 0, "inv_gets": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
+    s = {"flops": 0, "products": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
+         "distinct_bytes": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
          "other_bytes": 0, "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0,
          "collective_steps": [], "max_step_distinct_bytes": 0, "temporary_bytes": 0,
-         "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0}
+         "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0,
+         # one-sided operations on mpi-onesided, one per piece of a block stored in pieces
+         "get_ops": 0, "acc_ops": 0, "inv_get_ops": 0, "product_acc_ops": 0, "distinct_ops": 0,
+         "pieced_acc_ops": 0}
     owners: dict = {}            # id(tensor) -> owner function on nranks ranks
     gathered: dict = {}          # (tensor, perm, sectors) -> bytes of a constant operand's matrices
     pooled: dict = {}            # intermediate (not stored, not constant) -> its bytes
@@ -154,7 +160,6 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             bytes_a, bytes_b = (8 * int(size.sum()) for size in block_sizes(ta))
             out_bytes = 8 * int(ta.m @ ta.n)
             frozen_a, frozen_b = (r.tensor.constant for r in step.inputs)
-            s["out_tasks"] += len(ta.out)
             s["out_bytes"] += out_bytes
             s["products"] += len(ta.k)
             s["flops"] += int(flops.sum())
@@ -164,9 +169,14 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             s["distinct_bytes"] += bytes_a + bytes_b
             s["frozen_distinct_bytes"] += frozen_a * bytes_a + frozen_b * bytes_b
             s["max_step_distinct_bytes"] = max(s["max_step_distinct_bytes"], bytes_a + bytes_b)
-            s["distinct_blocks"] += len(ta.a_keys) + len(ta.b_keys)
             reuse_a = bytes_a >= bytes_b
-            s["inv_gets"] += len(ta.a_keys if reuse_a else ta.b_keys)
+            ka, kb, kc = (_pieces(owners, r.tensor, nranks) for r in (*step.inputs, step.out))
+            s["get_ops"] += len(ta.k) * (ka + kb)
+            s["acc_ops"] += len(ta.out) * kc
+            s["pieced_acc_ops"] += len(ta.out) * kc * (kc > 1)
+            s["product_acc_ops"] += len(ta.k) * kc
+            s["inv_get_ops"] += len(ta.a_keys) * ka + len(ta.k) * kb if reuse_a else len(ta.b_keys) * kb + len(ta.k) * ka
+            s["distinct_ops"] += len(ta.a_keys) * ka + len(ta.b_keys) * kb
             s["inv_bytes"] += (bytes_a if reuse_a else bytes_b) + (b_sum if reuse_a else a_sum)
             s["collective_steps"].append({
                 "bytes": (bytes_a, bytes_b, out_bytes), "tasks": ta, "perms": (step.perms["a"], step.perms["b"]),
@@ -203,6 +213,18 @@ def _owner(owners: dict, t, nranks: int):
         alias = t.aliases
         owners[id(t)] = (t, lambda key: where[key] if key in where else where[alias[key][0]])
     return owners[id(t)][1]
+
+
+def _pieces(cache: dict, t, nranks: int) -> int:
+    """One-sided operations per block of ``t`` as mpi-onesided stores it on ``nranks`` ranks:
+    its pieces per block where it is placed in pieces (``runtime.distribution.piece_count``,
+    the default cut), else 1 (made once per tensor)."""
+    if t.placement != "pieces" or nranks == 1:
+        return 1
+    if ("pieces", id(t)) not in cache:
+        sizes = tensor_block_sizes(t.spaces, t.stored_keys())
+        cache[("pieces", id(t))] = (t, piece_count(int(sizes.max(initial=0)), int(sizes.sum()), nranks))
+    return cache[("pieces", id(t))][1]
 
 
 def grid_of(nranks: int, variant: str) -> tuple:
@@ -321,20 +343,23 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
                 "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes_per_rank"], "layers": c,
                 "contraction_modes": tr["modes"], "memory_per_rank": memory}
+    # one get or accumulate per piece of a block stored in pieces (``structure_stats``)
     if variant == "original":
-        gets = 2 * s["products"] * remote
-        accs = s["out_tasks"]
+        gets = s["get_ops"] * remote
+        accs = s["acc_ops"]
         moved = (s["a_bytes"] + s["b_bytes"]) * remote + s["out_bytes"] * remote
     elif variant == "inverted":
-        gets = (s["inv_gets"] + s["products"]) * remote
-        accs = s["products"]
+        gets = s["inv_get_ops"] * remote
+        accs = s["product_acc_ops"]
         moved = s["inv_bytes"] * remote + s["out_bytes"] * remote * 2
     else:
         # each rank fetches every distinct block it needs once: at most all of them, but
         # a frozen operand's only in the first iteration while its share fits the frozen
-        # cache (``frozen_share``); ``owner`` adds its results in place (no accumulate)
-        gets = P * min(s["distinct_blocks"], 2 * s["products"] / P) * remote
-        accs = 0 if variant == "owner" else s["out_tasks"]
+        # cache (``frozen_share``); ``owner`` adds its results in place (no accumulate; an
+        # output stored in pieces by a get and a put per piece, the put costed as an accumulate)
+        owner = variant == "owner"
+        gets = (P * min(s["distinct_ops"], s["get_ops"] / P) + owner * s["pieced_acc_ops"]) * remote
+        accs = s["pieced_acc_ops"] if owner else s["acc_ops"]
         kept = frozen_share(s, P) <= FROZEN_CACHE_BYTES
         moved = P * min(s["distinct_bytes"] - kept * s["frozen_distinct_bytes"],
                         (s["a_bytes"] + s["b_bytes"] - kept * s["frozen_ab_bytes"]) / P) * remote \

@@ -1,11 +1,12 @@
 """One rule for the tiles of a distributed run: every stored class balanced over the ranks.
 
-The integral classes are placed in ``pieces`` (``runtime.distribution.piece_table``): a
-class with too few blocks for the ranks (oooo and ovoo of a small occupied space on many
-ranks) has its blocks cut into pieces dealt over the ranks, so it is spread with max/mean
-<= BALANCE at any tiles (as ``mpi-onesided`` stores it; ``mpi-collective`` stores whole
-blocks: every function here takes ``pieces=False`` for that layout). T2 is stored in whole blocks (owner-computes steps write it): a class with
-fewer blocks than about twice the ranks cannot be spread. ``balanced_tiles`` picks the
+The integral classes and T2 are placed in ``pieces`` (``runtime.distribution.piece_table``):
+a class with too few blocks for the ranks (oooo and ovoo of a small occupied space on
+many ranks, T2 of a small molecule) has its blocks cut into pieces dealt over the ranks,
+so it is spread with max/mean <= BALANCE at any tiles (as ``mpi-onesided`` stores it;
+``mpi-collective`` stores whole blocks: every function here takes ``pieces=False`` for
+that layout, where a class with fewer blocks than about twice the ranks cannot be
+spread). ``balanced_tiles`` picks the
 largest tiles of TILES (occupied tiles no larger, from OCC_TILES) at which every class a
 run stores is spread with max/mean <= BALANCE over P ranks (when no pair reaches it, the
 pair with the smallest worst max/mean). ``tessera plan --ranks`` (``cli.plan_ranks``)
@@ -15,13 +16,14 @@ both use it; a forced --tile that leaves a class above BALANCE gets one warning 
 
 A run (``run_tiles``) balances every class whenever tiles no thinner than MIN_OCC_TILE
 (occupied: or the whole occupied space) do it: the issue example (C1, o=100, v=800) on
-1024 ranks takes 48/32, where 48/48 leaves T2 above BALANCE. Below that floor the block
+1024 ranks takes 48/48 (T2 in pieces; in whole blocks it needs 48/32). Below that floor the block
 GEMMs lose about half their rate (one-thread DGEMM of the ladder's (oo, vv, vv) shape, v
 tile 48, measured under load: 53/38/24/18 GFLOP/s at occupied tiles 34/14/8/4), so there
 balance is about memory alone: with a ``budget`` (bytes a rank may use) it binds only
 the classes that matter, those whose busiest rank holds more than MATTERS of the budget,
-and the run's candidate is the least unbalanced tiles at the floor ((H2O)4 on 1024 ranks:
-12/12, T2 at 10x the mean: 18 MB of T2 in 20 x 20 x 76 x 76 does not make enough blocks);
+and the run's candidate is the least unbalanced tiles at the floor (whole blocks, (H2O)4
+on 1024 ranks: 12/12, T2 at 10x the mean: 18 MB of T2 in 20 x 20 x 76 x 76 does not make
+enough blocks);
 the cost model chooses for speed among every candidate at which those classes are
 balanced, instead of tiles cut small to spread a few kilobytes. ``tessera plan --ranks``
 shows the layout at which every class is balanced (no budget, no floor) and, beside it,

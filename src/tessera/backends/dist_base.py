@@ -46,6 +46,7 @@ class DistributedExecutor(ABC):
 
     distributed = True
     name = "mpi"
+    accumulates = True       # whether writes into another rank's memory may be accumulates
 
     def __init__(self, world=None, fetcher=None):
         from tessera.runtime import World
@@ -113,8 +114,23 @@ class DistributedExecutor(ABC):
 
     def in_place(self, step) -> bool:
         """Whether ``step`` writes its output only on the owners, in place (else it
-        accumulates into the owners' memory): every step but the one-sided contractions."""
-        return step.kind != "contract"
+        accumulates into the owners' memory): every step but the one-sided contractions
+        and the steps into a tensor stored in pieces (its home ranks compute whole blocks
+        and accumulate them into the pieces; a ``zero`` step clears each rank's pieces, a
+        ``rank_local`` one works on them)."""
+        return step.kind != "contract" and (step.kind == "zero" or not step.out.tensor.pieced
+                                            or self.rank_local(step))
+
+    @staticmethod
+    def rank_local(step) -> bool:
+        """Whether ``step`` is an ``add`` into a tensor stored in pieces from tensors stored
+        in the same pieces (one structure and placement), read in the same index order:
+        element by element on the pieces each rank holds, no communication."""
+        out, d = step.out.tensor, step.divisor
+        same = tuple(range(out.ndim))
+        return (step.kind == "add" and out.pieced and not step.pairs and tuple(step.perms["a"]) == same
+                and out.dist.same_layout(step.inputs[0].tensor.dist)
+                and (d is None or (tuple(step.perms["d"]) == same and out.dist.same_layout(d.tensor.dist))))
 
     def _needs_barrier(self, step) -> bool:
         dirty = self._dirty
@@ -135,11 +151,6 @@ class DistributedExecutor(ABC):
         self._read.update(t.uid for t in self._reads(step))
 
     def _check_distributed(self, step) -> None:
-        if step.out.tensor.dist is not None and step.out.tensor.dist.pieced:
-            raise ShapeError(
-                f"tensor {step.out.tensor.name!r} in '{step.label}' is stored in pieces (placement "
-                "'pieces', for tensors written by put_block and then only read); expected an output "
-                "with whole blocks: create it with placement 'balanced'.")
         for ref in (step.out, *step.inputs, *([step.divisor] if step.divisor is not None else [])):
             if ref.tensor.dist is None:
                 raise ShapeError(
@@ -174,35 +185,64 @@ class DistributedExecutor(ABC):
         canonical blocks only when the output stores canonical blocks)."""
         out = step.out.tensor
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
+        if self.rank_local(step):
+            t0, run = time.perf_counter(), a.dist.local_run()
+            out.dist.local_run()[:] += step.scale * (run if d is None else run / d.dist.local_run())
+            self.compute_seconds += time.perf_counter() - t0
+            return
         srcs = {okey: src for okey in out.owned_keys() if (src := add_source(step, okey))[0] is not None}
         req = [(a, s[0]) for s in srcs.values()]
         if d is not None:
             req += [(d, s[1]) for s in srcs.values()]
         blocks = self.fetch_blocks(req)
-        t0 = time.perf_counter()
+        t0, made = time.perf_counter(), []
         for okey, (akey, dkey) in srcs.items():
             blk = source_block(step, okey, blocks[(a.uid, akey)])
             if d is not None:
                 blk = blk / blocks[(d.uid, dkey)].transpose(step.perms["d"])
-            view = out.blocks[okey]
-            if step.scale == 1.0:
-                view += blk
-            else:
-                view += step.scale * blk
+            made.append((okey, blk))
         self.compute_seconds += time.perf_counter() - t0
+        self._add_into(out, made, step.scale)
 
     def hadamard_step(self, step) -> None:
         out = step.out.tensor
         a, b = step.inputs[0].tensor, step.inputs[1].tensor
-        pairs = {k: v for k, v in hadamard_outputs(step).items() if k in out.blocks}
+        mine = set(out.owned_keys()) if out.pieced else out.blocks
+        pairs = {k: v for k, v in hadamard_outputs(step).items() if k in mine}
         req = [(a, ka) for v in pairs.values() for ka, _ in v] + [(b, kb) for v in pairs.values() for _, kb in v]
         blocks = self.fetch_blocks(req)
         t0 = time.perf_counter()
         expr = step.perms["einsum"]
-        for okey, plist in pairs.items():
-            view = out.blocks[okey]
-            for ka, kb in plist:
-                view += step.scale * np.einsum(expr, blocks[(a.uid, ka)], blocks[(b.uid, kb)])
+        made = [(okey, sum(np.einsum(expr, blocks[(a.uid, ka)], blocks[(b.uid, kb)]) for ka, kb in plist))
+                for okey, plist in pairs.items() if plist]
+        self.compute_seconds += time.perf_counter() - t0
+        self._add_into(out, made, step.scale)
+
+    def _add_into(self, out, made, scale: float) -> None:
+        """out[key] += scale * block for each (key, block) of ``made`` (computed here: the
+        output's own blocks in place, or, stored in pieces, accumulated into its pieces,
+        wherever they lie, each piece's bytes accounted to its owner; without remote
+        accumulates (``accumulates`` False: every block is written by its home rank
+        only) got from its pieces, added to and put back)."""
+        if out.pieced:
+            ga = out.dist.ga
+            if self.accumulates:
+                for h in [ga.iacc(key, blk, scale) for key, blk in made]:
+                    h.wait()
+                return
+            summed: dict = {}
+            for key, blk in made:
+                summed[key] = summed[key] + blk if key in summed else blk
+            for key, h in [(key, ga.iget(key)) for key in summed]:
+                ga.put(key, h.wait() + scale * summed[key])
+            return
+        t0 = time.perf_counter()
+        for key, blk in made:
+            view = out.blocks[key]
+            if scale == 1.0:
+                view += blk
+            else:
+                view += scale * blk
         self.compute_seconds += time.perf_counter() - t0
 
     @abstractmethod

@@ -10,11 +10,13 @@ the same map without communication:
   by size and dealt round-robin, the rank labels rotated by a structural hash so that
   many small tensors do not all start on rank 0 (``runtime.distribution.block_owners``),
   computed per key (``runtime.placement``): a rank lists only its own blocks;
-- ``pieces`` (the integral classes: written by ``put_block``, then only read): as
-  ``balanced``, but where a class has too few blocks for the ranks each block is stored
-  in pieces over several ranks (``runtime.placement.PiecedPlacement``); no rank then
-  holds a whole block (``tensor.blocks`` is empty: owner-computes steps cannot write
-  such a tensor, ``DistributedExecutor`` refuses them) and every read is a get. Only a
+- ``pieces`` (the integral classes, T2 and the T2-sized CCSD tensors): as ``balanced``,
+  but where a class has too few blocks for the ranks each block is stored in pieces over
+  several ranks (``runtime.placement.PiecedPlacement``); no rank then holds a whole
+  block (``tensor.blocks`` is empty; ``DistributedExecutor`` computes a block on its home
+  rank and accumulates its pieces; elementwise work of tensors of one structure and
+  placement is rank-local on ``DistHandle.local_run``: ``BlockTensor``'s whole-tensor
+  operations, ``DistributedExecutor.rank_local`` steps) and every read is a get. Only a
   store made with ``pieces=True`` (the one-sided executor) cuts blocks; another stores
   whole blocks (``balanced``). ``TESSERA_PIECES=N`` (tests) cuts every block of a
   ``pieces`` tensor into at least N pieces;
@@ -91,6 +93,24 @@ class DistHandle:
 
     def local_nbytes(self) -> int:
         return self.ga.nbytes_local()
+
+    def local_run(self) -> np.ndarray:
+        """This rank's storage as one writable vector (``local_pieces`` order)."""
+        return self.ga.local_run()
+
+    def local_pieces(self) -> list:
+        """[(key, first element in the block, elements), ...] of ``local_run``."""
+        return self.ga.local_pieces()
+
+    def home_keys(self) -> list:
+        """The stored keys this rank computes (owner computes): its own blocks, or the
+        blocks whose first piece it holds."""
+        return self.ga.home_keys()
+
+    def same_layout(self, other) -> bool:
+        """Whether ``other`` (a handle) stores its elements where this one does: one
+        placement, so elementwise work is rank-local on ``local_run``."""
+        return other is not None and self.ga.same_layout(other.ga)
 
 
 def onesided_fetch(handle: DistHandle, keys) -> dict:

@@ -33,7 +33,9 @@ Loop orders (how blocks travel), as in TCE:
   fetches such a block once per run while it stays there.
 - ``owner`` (owner computes, for networks where remote accumulates are slow): each output
   block is computed by the rank that owns it, in ``cached``'s batches and through its
-  cache, and added in place: gets only, no accumulate leaves a rank. The deal follows
+  cache, and added in place: gets only, no accumulate leaves a rank (into an output
+  stored in pieces, its home rank gets the block's pieces, adds and puts them back; so
+  do the other steps into it). The deal follows
   ownership (no counter), so the balance is the layout's; a rank lists only its own
   output blocks' tasks (``plan.blocktasks.owned_tasks``). The dealt variants keep the
   step's global task list: a counter (nxtval, steal) or a cost-balanced partition
@@ -76,8 +78,14 @@ class OneSidedExecutor(DistributedExecutor):
     def describe(self) -> dict:
         return {**super().describe(), "variant": self.variant, "schedule": self.schedule}
 
+    @property
+    def accumulates(self) -> bool:
+        return self.variant != "owner"
+
     def in_place(self, step) -> bool:
-        return step.kind != "contract" or self.variant == "owner"
+        if step.kind == "contract" and self.variant == "owner":
+            return not step.out.tensor.pieced
+        return super().in_place(step)
 
     def synced(self) -> None:
         super().synced()
@@ -263,20 +271,15 @@ class OneSidedExecutor(DistributedExecutor):
     def _owner_loop(self, step, tasks, A, B, out) -> None:
         """Owner computes: each output block on the rank that owns it (a static deal by
         owner), batches of its tasks as ``cached`` forms them (inputs by get, through the
-        block cache), the result added in place: no accumulate leaves the rank."""
+        block cache), the result added in place: no accumulate leaves the rank (an output
+        stored in pieces: the home rank of a block computes it and adds it to its pieces
+        by get and put, ``_add_into``)."""
         groups = self._owner_groups(tasks, A, B, out)
         cache = BlockCache(self.cache_bytes)
-        scale = step.scale
         for batch in groups:
             have = self._prefetch(step, tasks, batch, A, B, cache)
-            for ti, res in self._products(step, tasks, batch, have):
-                c0 = time.perf_counter()
-                view = out.blocks[tasks[ti].out]
-                if scale == 1.0:
-                    view += res
-                else:
-                    view += scale * res
-                self.compute_seconds += time.perf_counter() - c0
+            self._add_into(out, [(tasks[ti].out, res) for ti, res in self._products(step, tasks, batch, have)],
+                           step.scale)
 
     def _owner_groups(self, tasks, A, B, out) -> list:
         """This rank's batches under ``owner``: its own tasks (``owned_tasks``) in batches

@@ -43,27 +43,43 @@ class CCSDResult:
 
 
 def _pack(t1, t2, keys) -> np.ndarray:
-    """The blocks of t1 and t2 held here as one vector (empty on a rank that owns none)."""
-    return np.concatenate([np.zeros(0)] + [t.blocks[k].ravel() for t, ks in zip((t1, t2), keys) for k in ks])
+    """The amplitudes held here as one vector (empty on a rank that holds none): the
+    blocks ``keys`` of each tensor, or, stored in pieces, the pieces held here."""
+    return np.concatenate([np.zeros(0)] + [v for t, ks in zip((t1, t2), keys) for v in _runs(t, ks)])
+
+
+def _runs(t, ks) -> list:
+    """The flat runs of ``t`` in ``_pack``'s order (views; writable for a tensor in pieces)."""
+    if t.pieced:
+        return [t.dist.local_run()]
+    return [t.blocks[k].ravel() for k in ks]
+
+
+def _parts(t, ks) -> list:
+    """(key, first element, elements) of each run of ``t`` in ``_pack``'s order."""
+    if t.pieced:
+        return t.dist.local_pieces()
+    return [(k, 0, t.blocks[k].size) for k in ks]
 
 
 def _weight(t1, t2, keys) -> np.ndarray:
     """Per element of ``_pack``'s vector, the elements of the whole amplitudes it stands
     for (T2 stores canonical blocks only: 2 for a block with a mirror image)."""
-    return np.concatenate([np.zeros(0, np.uint8)] + [np.full(t.blocks[k].size, t.orbit_size(k), np.uint8)
-                                                     for t, ks in zip((t1, t2), keys) for k in ks])
+    return np.concatenate([np.zeros(0, np.uint8)] + [np.full(n, t.orbit_size(k), np.uint8)
+                                                     for t, ks in zip((t1, t2), keys) for k, _, n in _parts(t, ks)])
 
 
 def _layout(t1, t2, keys) -> list:
-    """(tensor name, key, shape) of each block in the order ``_pack`` puts them."""
-    return [(name, k, t.blocks[k].shape) for name, t, ks in zip(("t1", "t2"), (t1, t2), keys) for k in ks]
+    """(tensor name, key, shape) of each run in the order ``_pack`` puts them: a block,
+    or a piece, named by its block's key and its first element, of shape (elements,)."""
+    return [(name, k, t.blocks[k].shape) if not t.pieced else (name, (*k, start), (n,))
+            for name, t, ks in zip(("t1", "t2"), (t1, t2), keys) for k, start, n in _parts(t, ks)]
 
 
 def _unpack(vec, t1, t2, keys) -> None:
     pos = 0
     for t, ks in zip((t1, t2), keys):
-        for k in ks:
-            blk = t.blocks[k]
+        for blk in [t.dist.local_run()] if t.pieced else [t.blocks[k] for k in ks]:
             blk[...] = vec[pos:pos + blk.size].reshape(blk.shape)
             pos += blk.size
         t.version += 1
@@ -97,12 +113,12 @@ class CCSD:
     def _iterate(self, ints, ctx) -> CCSDResult:
         D1 = denominator(ints.spaces("ov"), (ints.eo, ints.ev), (1, -1), "D1")
         D2 = denominator(ints.spaces("oovv"), (ints.eo, ints.eo, ints.ev, ints.ev), (1, 1, -1, -1), "D2",
-                         eq.T2_SYMMETRY)
+                         eq.T2_SYMMETRY, eq.amplitude_placement("oovv"))
         t1 = eq.new(ints, "ov", "t1").fill_zero_blocks()
         t2 = eq.new(ints, "oovv", "t2")
         t2["ijab"] = ints.ovov["iajb"] / D2["ijab"]                                   # MP2 guess
         t2.fill_zero_blocks()
-        keys = (sorted(t1.owned_keys()), sorted(t2.owned_keys()))      # T2: its canonical blocks
+        keys = (sorted(t1.owned_keys()), sorted(t2.owned_keys()))      # T2: its canonical blocks (or pieces)
         weight = _weight(t1, t2, keys)
         fixed = eq.fixed_intermediates(ints)
         if not ctx.distributed:
@@ -252,8 +268,18 @@ class CCSDStructure:
 
     def stored(self, tile: int, occ_tile: int | None = None) -> dict:
         """{name: empty tensor} of what a run stores at these tiles: the integral classes
-        (vvvv first) and T2 (canonical blocks); no planning (``backends.balance`` places their blocks)."""
+        (vvvv first), T2 (canonical blocks) and one of each other structure of the T2-sized
+        intermediates (each keeps its array through the iterations: ``Z`` (oovv, not
+        pair-symmetric), ``W_ovov``, ``W_voov``), placed as the driver's (``eq.new``); no
+        planning (``backends.balance`` places their blocks)."""
         from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
         o, v = make_spaces(self.orbsym, self._nocc_all, self.nfrozen, tile, occ_tile)
+        space = {"o": o, "v": v}
+
+        def amplitude(name, letters, **kw):
+            return ts.BlockTensor(tuple(space[x] for x in letters), 0, name=name,
+                                  placement=eq.amplitude_placement(letters), **kw)
         return {**{n: class_tensor(n, o, v) for n in sorted(CLASSES, key=lambda n: -n.count("v"))},
-                "t2": ts.BlockTensor((o, o, v, v), 0, name="t2", symmetry=eq.T2_SYMMETRY, canonical=True)}
+                "t2": amplitude("t2", "oovv", symmetry=eq.T2_SYMMETRY, canonical=True),
+                "Z": amplitude("Z", "oovv"), "W_ovov": amplitude("W_ovov", "ovov"),
+                "W_voov": amplitude("W_voov", "voov")}

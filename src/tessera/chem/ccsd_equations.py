@@ -40,10 +40,19 @@ def new(ints, letters: str, name: str, symmetry=None) -> BlockTensor:
     """A zero tensor over ``letters``; oovv tensors are declared pair-symmetric (X[ijab] =
     X[jiba]) unless ``symmetry`` says otherwise. A pair-symmetric tensor stores its
     canonical blocks only (about half of them: T2, tau, the residual R2, ...); the
-    planner writes only those, and proves each update into it symmetric."""
+    planner writes only those, and proves each update into it symmetric. Tensors of
+    T2's size (two occupied and two virtual indices) are placed in ``pieces``: where
+    they have too few blocks for the ranks, mpi-onesided cuts their blocks
+    (``runtime.placement.block_placement`` decides)."""
     if symmetry is None:
         symmetry = T2_SYMMETRY if letters == "oovv" else ()
-    return BlockTensor(ints.spaces(letters), 0, name=name, symmetry=symmetry, canonical=symmetry == T2_SYMMETRY)
+    return BlockTensor(ints.spaces(letters), 0, name=name, symmetry=symmetry, canonical=symmetry == T2_SYMMETRY,
+                       placement=amplitude_placement(letters))
+
+
+def amplitude_placement(letters: str) -> str:
+    """The placement of a CCSD tensor over ``letters``: ``pieces`` for T2-sized ones."""
+    return "pieces" if sorted(letters) == sorted("oovv") else "balanced"
 
 
 def make_tau(ints, t1, t2):

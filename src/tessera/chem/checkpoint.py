@@ -8,11 +8,13 @@ Files (h5py), for ``--checkpoint FILE``:
   the iteration table, the DIIS Gram matrix, and the names of that iteration's block
   files.
 - ``FILE.it<N>.rank<R>``, one per rank and written iteration: the T1 and T2 blocks rank
-  ``R`` holds and its part of each DIIS vector and error, stored by block key (one
-  dataset per group and tensor, blocks side by side, and an index of block keys,
-  offsets and sizes; files of earlier versions hold one dataset per block and are read
-  too). A restart reads the blocks each rank owns then, from whichever file holds them,
-  so it may run on another number of ranks; no tensor is ever gathered onto one rank.
+  ``R`` holds (or its pieces of them, for a tensor stored in pieces) and its part of
+  each DIIS vector and error, stored by block key (one dataset per group and tensor,
+  blocks side by side, and an index of block keys, first elements of pieces, offsets
+  and sizes; files of earlier versions hold one dataset per block and are read too). A
+  restart assembles the blocks or pieces each rank holds then from whichever files hold
+  them, so it may run on another number of ranks, with or without pieces; no tensor is
+  ever gathered onto one rank.
 
 Which iterations are written: the first, the last (converged, or the last allowed) and
 in between one whenever the time since the last write reaches ``interval`` seconds, or
@@ -192,7 +194,7 @@ class Checkpoint:
              final: bool = False) -> bool:
         """After CCSD iteration ``iteration`` (collective): when the policy says so (always
         when ``final``), this rank's blocks of T1, T2 (``vector`` packed in ``layout``:
-        (name, key, shape) per block) and of the DIIS history, then the manifest.
+        (name, key, shape) per block or piece, ``_run``) and of the DIIS history, then the manifest.
         Returns whether it wrote; only the ``final`` write is flushed to disk (module
         docstring)."""
         if not final and not self.ranks.share(self._due):
@@ -223,24 +225,28 @@ class Checkpoint:
         if self.stored is None or self.stored["iteration"] == 0:
             return None
         import h5py
-        need = {(name, _name(key)) for name, key, _ in layout}
+        runs = [_run(*entry) for entry in layout]
+        need = {(name, _name(key)) for name, key, _, _ in runs}
         found: dict = {}
         for part in self.stored["parts"]:
             try:
                 with h5py.File(self.path.with_name(part), "r") as f:
-                    found.update(_read_blocks(f, need))
+                    for k, stored in _read_blocks(f, need).items():
+                        found.setdefault(k, []).extend(stored)
             except OSError as err:
                 raise InputError(f"cannot read checkpoint block file {part}: {err}; run without "
                                  "--restart") from None
         ndiis = len(self.stored["diis_gram"])
 
         def stack(group, n):
-            try:
-                return [np.concatenate([np.zeros(0)] + [found[(group, name, _name(key))][j].ravel()
-                                                        for name, key, _ in layout]) for j in range(n)]
-            except KeyError as err:
-                raise InputError(f"checkpoint {self.path} lacks block {err.args[0][1:]} of "
-                                 f"{err.args[0][0]}; run without --restart") from None
+            cols = []
+            for name, key, start, size in runs:
+                got = _assemble(found.get((group, name, _name(key)), ()), start, size, n)
+                if got is None:
+                    raise InputError(f"checkpoint {self.path} lacks elements {start}..{start + size - 1} of "
+                                     f"block {_name(key)} of {name} ({group}); run without --restart")
+                cols.append(got)
+            return list(np.concatenate([np.zeros((n, 0))] + cols, axis=1))
         return Resumed(self.stored["iteration"], self.stored["e_corr"], self.stored["history"],
                        stack("amplitudes", 1)[0], stack("diis_vectors", ndiis), stack("diis_errors", ndiis),
                        np.asarray(self.stored["diis_gram"]))
@@ -289,10 +295,35 @@ def _write_blocks(f, layout, vector, diis) -> None:
                 ds[j] = v[lo:hi]
 
 
+NDIM = {"t1": 2, "t2": 4}    # indices of each tensor: a longer key names a piece of a block
+
+
+def _run(name, key, shape) -> tuple:
+    """(name, block key, first element, elements) of a layout entry (name, key, shape): a
+    block, or a piece of one (of a tensor stored in pieces: ``key`` is the block's key and
+    the piece's first element, ``shape`` its (elements,))."""
+    n = NDIM[name]
+    return name, tuple(key[:n]), int(key[n]) if len(key) > n else 0, int(np.prod(shape))
+
+
+def _assemble(stored, start: int, size: int, rows: int):
+    """Elements [start, start + size) of a block, (rows, size), from ``stored`` runs of it
+    [(first element, (rows, elements) array), ...]: blocks or pieces, whichever the
+    writing run held (so a restart may have other ranks or pieces); None when they do not
+    cover it."""
+    out, covered = np.empty((rows, size)), 0
+    for first, data in stored:
+        lo, hi = max(first, start), min(first + data.shape[1], start + size)
+        if lo < hi:
+            out[:, lo - start:hi - start] = data[:, lo - first:hi - first]
+            covered += hi - lo
+    return out if covered == size else None
+
+
 def _read_blocks(f, need: set) -> dict:
-    """{(group, name, block name): array (vectors, ...)} of the blocks in ``need`` that
-    block file ``f`` holds: ``_write_blocks``' layout, or one dataset per block (files
-    written before it)."""
+    """{(group, name, block name): [(first element, array (vectors, elements))]} of the
+    blocks in ``need`` that block file ``f`` holds, whole or in pieces: ``_write_blocks``'
+    layout, or one dataset per block (files written before it)."""
     found = {}
     for group in ("amplitudes", "diis_vectors", "diis_errors"):
         for name in ("t1", "t2"):
@@ -301,12 +332,14 @@ def _read_blocks(f, need: set) -> dict:
             if "index" not in f:                    # one dataset per block
                 for k in f[group][name]:
                     if (name, k) in need:
-                        found[(group, name, k)] = f[group][name][k][()]
+                        data = f[group][name][k][()]
+                        found[(group, name, k)] = [(0, data.reshape(len(data), -1))]
                 continue
             data = f[group][name][()]
             for *key, start, size in f["index"][name][()].tolist():
-                if (name, _name(key)) in need:
-                    found[(group, name, _name(key))] = data[:, start:start + size]
+                _, block, first, _ = _run(name, key, ())
+                if (name, _name(block)) in need:
+                    found.setdefault((group, name, _name(block)), []).append((first, data[:, start:start + size]))
     return found
 
 

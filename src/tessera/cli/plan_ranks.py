@@ -6,9 +6,10 @@ ranks, ``--ranks-per-node`` to a node with ``--memory-per-node``, by the same co
 uses (``runtime.distribution.block_owner_array``, ``backends.auto``). ``simulate``
 returns, per rank:
 
-- ``memory_per_rank``: per stored tensor class (T2 and the integral classes) and in
+- ``memory_per_rank``: per stored tensor class (the integral classes, T2 and one of each
+  structure of the T2-sized intermediates, ``chem.ccsd.CCSDStructure.stored``) and in
   total, ``max_bytes``, ``mean_bytes`` and ``max_over_mean``, as ``mpi-onesided`` stores
-  them (an integral class of too few blocks for the ranks in pieces,
+  them (an integral class or T2 of too few blocks for the ranks in pieces,
   ``runtime.distribution.piece_table``; ``mpi-collective`` keeps whole blocks); with (T) its rows and
   kernel buffers (``chem.memory.triples_parts``, the one formula of (T) memory);
 - ``triples`` (with (T)): its tasks in all and per rank, the bytes of rows they read

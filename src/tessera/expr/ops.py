@@ -39,12 +39,15 @@ def dot(x: Ref, y: Ref) -> float:
     if sorted(x.indices) != sorted(y.indices):
         raise ShapeError(f"dot needs the same indices on both sides, got {x.indices!r} and {y.indices!r}")
     perm = tuple(y.indices.index(ch) for ch in x.indices)
-    xt = x.tensor
-    if xt.dist is not None and xt.dist.pieced:     # no process holds its blocks whole: sum over y's
-        if y.tensor.dist is not None and y.tensor.dist.pieced:
-            raise ShapeError(f"dot of {xt.name!r} and {y.tensor.name!r}: both are stored in pieces "
-                             "(placement 'pieces'); expected at least one with whole blocks")
-        return dot(y, x)
+    xt, xb = x.tensor, x.tensor.blocks
+    if xt.pieced:                      # no process holds its blocks whole
+        if y.tensor.pieced and perm == tuple(range(len(perm))) and xt.dist.same_layout(y.tensor.dist):
+            return xt.vdot(y.tensor)   # one layout: each process over the pieces it holds
+        if not y.tensor.pieced:
+            return dot(y, x)           # sum over y's blocks, x's fetched
+        xb = xt.dist.fetch_many(xt.owned_keys())     # both in pieces: x's blocks at their homes
+        for key in list(xb) if xt.aliases else ():
+            xb.update((alias, xb[key].transpose(p)) for alias, p in xt.aliases.of(key))
     # two canonical tensors of one structure, same index order: each orbit of blocks
     # once, its canonical block weighted by the orbit's size (aliases are its transposes)
     orbits = bool(xt.aliases) and xt.aliases is y.tensor.aliases and perm == tuple(range(len(perm)))
@@ -58,7 +61,7 @@ def dot(x: Ref, y: Ref) -> float:
         if orbits:
             return float(np.einsum("i,i,i->", xv, flat_weights(xt.spaces, xt.irrep, xt.aliases), yv))
         return float(np.einsum("i,i->", xv, yv))
-    xkeys = [k for k in xt.blocks if k not in xt.aliases] if orbits else list(xt.blocks)
+    xkeys = [k for k in xb if k not in xt.aliases] if orbits else list(xb)
     total = 0.0
     yb = y.tensor.blocks
     ykeys = {key: tuple(key[perm.index(n)] for n in range(len(perm))) for key in xkeys}
@@ -69,5 +72,5 @@ def dot(x: Ref, y: Ref) -> float:
         other = yb.get(ykeys[key])
         if other is not None:
             weight = xt.orbit_size(key) if orbits else 1
-            total += weight * float(np.vdot(xt.blocks[key], other.transpose(perm)))
+            total += weight * float(np.vdot(xb[key], other.transpose(perm)))
     return float(xt.global_sum(total))

@@ -589,6 +589,31 @@ class GlobalArray:
         self._exp.sync_memory()
         return out
 
+    def local_run(self) -> np.ndarray:
+        """This rank's memory as one writable vector (its blocks or pieces one after the
+        other: ``local_keys`` / ``local_pieces`` order); not collective."""
+        self._check_live()
+        self._exp.sync_memory()
+        return self._local
+
+    def local_pieces(self) -> list:
+        """[(key, first element in the block, elements), ...] of ``local_run``, in order:
+        this rank's pieces, or its whole blocks."""
+        if self.pieces > 1:
+            return self._place.local_pieces(self.world.rank)
+        return [(k, 0, self._slots[k][4]) for k in self._local_keys]
+
+    def same_layout(self, other: "GlobalArray") -> bool:
+        """Whether ``other`` puts every element where this array does (one placement
+        object: arrays of one structure and placement share it)."""
+        return other._place is self._place
+
+    def home_keys(self) -> list:
+        """The keys whose home (owner; first piece) is this rank, in key order."""
+        if self.pieces > 1:
+            return self._place.home_keys(self.world.rank)
+        return sorted(self._local_keys)
+
     def clear_local(self) -> None:
         """Set this rank's memory (its blocks and pieces) to zero; not collective."""
         self._check_live()

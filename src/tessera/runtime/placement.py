@@ -344,13 +344,15 @@ class PiecedPlacement:
 
     def __init__(self, base: BalancedPlacement, spaces, irrep: int, nranks: int, least: int = 1):
         self.base, self.nblocks = base, base.nblocks
-        keys = base.keys()
+        self._keys = keys = base.keys()
         self._index = {key: n for n, key in enumerate(keys)}
         t = piece_table(spaces, irrep, keys, nranks, least)
         self.k, self.elements_of = t["k"], t["elements"]
         cols = [t[c].tolist() for c in ("owner", "offset", "start", "count")]
         self._pieces = list(zip(*cols))
         self._first, self._n = t["first"].tolist(), t["npieces"].tolist()
+        self._owner, self._block = t["owner"], t["block"]
+        self._home = t["owner"][t["first"]]
 
     def stored(self, key) -> bool:
         return self.base.stored(key)
@@ -373,6 +375,16 @@ class PiecedPlacement:
 
     def local_keys(self, rank: int) -> list:
         return []
+
+    def home_keys(self, rank: int) -> list:
+        """The keys whose first piece ``rank`` holds (their home), in key order."""
+        return [self._keys[n] for n in np.flatnonzero(self._home == rank).tolist()]
+
+    def local_pieces(self, rank: int) -> list:
+        """[(key, first element in the block, elements), ...] of the pieces ``rank`` holds,
+        in memory order (one after the other from its offset 0)."""
+        mine = np.flatnonzero(self._owner == rank).tolist()
+        return [(self._keys[self._block[n]], *self._pieces[n][2:]) for n in mine]
 
 
 def block_placement(spaces, irrep: int, group, nranks: int, placement="balanced", least_pieces: int = 1):

@@ -19,10 +19,15 @@ metadata stay the same; ``blocks`` then holds only the blocks this process owns,
 writable views into distributed memory (every allowed block exists, zero at first).
 Writes to owned blocks are in place (a view is never replaced); other blocks are
 reached through the handle (``get_block`` fetches, ``accumulate_block`` accumulates to
-the owner). Reductions (``norm``, ``vdot``, ``max_abs``) sum over the processes. The
-handle is supplied by the backend; this module knows only its methods:
-``owner(key)``, ``fetch(key)``, ``fetch_many(keys)``, ``accumulate(key, array, scale)``,
-``put(key, array)``, ``allreduce(value, op)``, ``sync()``, ``local_nbytes()``, ``free()``.
+the owner). Reductions (``norm``, ``vdot``, ``max_abs``) sum over the processes. A
+tensor stored in pieces (``pieced``: each block cut into runs of elements on several
+processes) has no whole block here: ``owned_keys`` are the blocks whose first piece is
+here (``store_block`` puts them), and ``copy``, ``zero_`` and the reductions work on the
+pieces a process holds. The handle is supplied by the backend; this module knows only
+its methods and attribute ``pieced``: ``owner(key)``, ``fetch(key)``,
+``fetch_many(keys)``, ``accumulate(key, array, scale)``, ``put(key, array)``,
+``allreduce(value, op)``, ``sync()``, ``local_nbytes()``, ``free()``, and for pieces
+``local_run()``, ``local_pieces()``, ``home_keys()``, ``same_layout(handle)``.
 """
 
 from __future__ import annotations
@@ -272,16 +277,24 @@ class BlockTensor:
 
     def like(self, name: str = "") -> "BlockTensor":
         """An empty (zero) tensor with the same spaces, irrep, symmetry and placement
-        (``balanced`` for one stored in pieces: those are written once and only read)."""
-        placement = "balanced" if self.placement == "pieces" else self.placement
+        (one stored in pieces: in the same pieces, so elementwise work stays rank-local)."""
         return BlockTensor(self.spaces, self.irrep, name=name or self.name, symmetry=self.symmetry,
-                           placement=placement, canonical=self.canonical)
+                           placement=self.placement, canonical=self.canonical)
+
+    @property
+    def pieced(self) -> bool:
+        """Whether the blocks are stored in pieces over several processes (no process
+        holds one whole: whole-tensor operations work on ``dist.local_run``)."""
+        return self.dist is not None and self.dist.pieced
 
     def owned_keys(self) -> list:
         """The allowed keys this process stores: all of them for a local tensor, the
-        owned ones for a distributed tensor (fill these with ``store_block``)."""
+        owned ones for a distributed tensor, the ones whose first piece it holds for a
+        tensor stored in pieces (fill these with ``store_block``)."""
         if self.dist is None:
             return self.stored_keys()
+        if self.pieced:
+            return self.dist.home_keys()
         return [k for k in self.blocks if k not in self.aliases]
 
     def stored_keys(self) -> list:
@@ -324,6 +337,8 @@ class BlockTensor:
                 self._store_canonical(key, array)
             else:
                 self.blocks[key] = array
+        elif self.pieced:
+            self.dist.put(key, array)              # a home key's pieces, wherever they lie
         else:
             view = self.blocks.get(key)
             if view is None:
@@ -502,16 +517,30 @@ class BlockTensor:
         return t
 
     # ----------------------------------------------------------------- whole-tensor ops
-    def _whole_blocks(self, what: str) -> None:
-        """Refuse ``what`` on a tensor stored in pieces: no process holds its whole blocks."""
-        if self.dist is not None and self.dist.pieced:
-            raise ShapeError(f"tensor {self.name!r} is stored in pieces on several processes (placement "
-                             f"'pieces'); no process holds a whole block to {what}: read it with get_block")
+    # A tensor stored in pieces: each process works on the pieces it holds (``local_run``,
+    # contiguous runs of elements of its blocks, weighted by their orbits' sizes for a
+    # canonical tensor), one allreduce for a reduction; two such tensors are combined
+    # element by element only when they share a layout (one structure and placement).
+    def _local_weights(self) -> np.ndarray | None:
+        """Per element of ``dist.local_run``, the allowed elements it stands for (None: 1)."""
+        if not self.aliases:
+            return None
+        parts = self.dist.local_pieces()
+        return np.repeat(np.array([self.orbit_size(k) for k, _, _ in parts], dtype=np.float64),
+                         [n for _, _, n in parts])
+
+    def _same_pieces(self, other: "BlockTensor", what: str) -> None:
+        if not self.dist.same_layout(other.dist):
+            raise ShapeError(f"cannot {what} tensors {self.name!r} and {other.name!r}: {self.name!r} is stored "
+                             "in pieces and the other is not stored in the same pieces; expected two "
+                             "tensors of one structure and placement")
 
     def copy(self, name: str = "") -> "BlockTensor":
-        self._whole_blocks("copy")
         t = self.like(name)
-        if self.dist is None and not self.aliases:
+        if self.pieced:
+            self._same_pieces(t, "copy")
+            t.dist.local_run()[:] = self.dist.local_run()
+        elif self.dist is None and not self.aliases:
             t.blocks = {k: b.copy() for k, b in self.blocks.items()}
         else:
             for k, b in self.blocks.items():
@@ -520,8 +549,9 @@ class BlockTensor:
         return t
 
     def zero_(self) -> "BlockTensor":
-        self._whole_blocks("zero")
-        if self.dist is None:
+        if self.pieced:
+            self.dist.local_run().fill(0.0)
+        elif self.dist is None:
             self._blocks.clear()
             self._flat, self._lazy = None, False
         else:
@@ -538,8 +568,12 @@ class BlockTensor:
 
     def vdot(self, other: "BlockTensor") -> float:
         self._check_same(other)
-        self._whole_blocks("dot")
-        other._whole_blocks("dot")
+        if self.pieced and other.pieced:
+            self._same_pieces(other, "dot")
+            x, y, w = self.dist.local_run(), other.dist.local_run(), self._local_weights()
+            return float(self.global_sum(float(np.dot(x, y if w is None else w * y))))
+        if self.pieced:                 # the other's whole blocks fetch these pieces
+            return other.vdot(self)
         if self.dist is None:
             return float(sum(np.vdot(b, other.blocks[k]) for k, b in self.blocks.items() if k in other.blocks))
         theirs = self._partner_blocks(other)
@@ -547,12 +581,16 @@ class BlockTensor:
         return float(self.global_sum(local))
 
     def norm(self) -> float:
-        self._whole_blocks("take the norm of")
+        if self.pieced:
+            return float(np.sqrt(self.vdot(self)))
         return float(np.sqrt(self.global_sum(float(sum(np.vdot(b, b) for b in self.blocks.values())))))
 
     def max_abs(self) -> float:
-        self._whole_blocks("take the largest element of")
-        local = max((float(np.abs(b).max()) for b in self.blocks.values() if b.size), default=0.0)
+        if self.pieced:
+            run = self.dist.local_run()
+            local = float(np.abs(run).max()) if run.size else 0.0
+        else:
+            local = max((float(np.abs(b).max()) for b in self.blocks.values() if b.size), default=0.0)
         return float(self.global_sum(local, "max"))
 
     def _check_same(self, other: "BlockTensor") -> None:
