@@ -276,3 +276,29 @@ def test_outer_products_made_block_by_block_equal_einsum(backend, monkeypatch):
     _close(taupp.to_dense(), 2.0 * np.einsum("jkbc->kcjb", t) - 2.0 * np.einsum("kb,jc->kcjb", s, s))
     _close(fresh.to_dense(), -np.einsum("kb,jc->kcjb", s, s))
     assert gemms == []
+
+
+def test_freed_working_memory_reused_until_given_back():
+    """``heap.keep_freed_memory``: working arrays freed during a phase (here 96 MB of
+    arrays below the mmap threshold, more than the old 64 MiB trim threshold) are reused
+    without new page faults; ``give_back_freed_memory`` hands them back, and the next
+    arrays fault their pages in again."""
+    import resource
+
+    from tessera.backends.heap import give_back_freed_memory, keep_freed_memory
+    if not keep_freed_memory():
+        pytest.skip("the C library has no mallopt")
+
+    def faults_touching_arrays():
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        arrays = [np.empty(3 << 20) for _ in range(4)]       # 4 x 24 MiB
+        for a in arrays:
+            a.fill(1.0)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+
+    give_back_freed_memory()
+    first = faults_touching_arrays()
+    reused = faults_touching_arrays()
+    give_back_freed_memory()
+    again = faults_touching_arrays()
+    assert first > 0 and 4 * reused < first and 2 * again > first
