@@ -9,7 +9,8 @@ which build the plans' index arrays): wall time, the calling thread's CPU time, 
 process's CPU time (every thread: pool workers and BLAS's own), and minor page faults.
 The CPU time of the tasks is split by array operation: GEMMs (with their GFLOP per CPU
 second), flat adds (products and permuted sums added into the outputs by one index
-array), gathers, block-by-block adds and scatters, planning; on ``serial`` (every task
+array), gathers, block-by-block adds and scatters, outer products (made block by block
+where they are added), planning; on ``serial`` (every task
 on the calling thread) the rest of the calling thread's time is "other"; on ``threads``
 the operations' CPU time is summed over the pool's threads, and workers x wall less the
 process's CPU time is the time the workers were not computing: waiting at the end of a
@@ -44,7 +45,8 @@ from tessera.errors import ConvergenceError  # noqa: E402
 # the array operations' functions, by category (their tasks call them through the module)
 CATEGORIES = {"gemm": (blockops, ("_gemm_one", "_gemm_scatter_one")), "flat add": (blockops, ("_flat_add",)),
               "gather": (blockops, ("_take", "_gather_one")), "block adds": (blockops, ("_add_one", "_pairs_one")),
-              "scatter": (blockops, ("_scatter_one", "_scatter_rows")), "plan": (context, ("plan_updates",))}
+              "scatter": (blockops, ("_scatter_one", "_scatter_rows")), "outer": (blockops, ("_outer_one",)),
+              "plan": (context, ("plan_updates",))}
 
 
 def _timed(fn, label: str, spent: Counter, stack: threading.local, lock: threading.Lock):
