@@ -7,11 +7,16 @@ Starts from PySCF's RHF and our transform (not timed), runs CCSD for ``--iterati
 iterations and prints, per residual (the median over the iterations after the first two,
 which build the plans' index arrays): wall time, the calling thread's CPU time, the
 process's CPU time (every thread: pool workers and BLAS's own), and minor page faults.
-On ``serial`` (every task on the calling thread) the calling thread's CPU time is also
-split by array operation: GEMMs, flat adds (products and permuted sums added into the
-outputs by one index array), gathers, block-by-block adds and scatters, planning, the
-rest. Also the CPU time of the rest of an iteration (update, DIIS, tau, energy), the
-energy reached and the machine's load. Measured, never asserted.
+The CPU time of the tasks is split by array operation: GEMMs (with their GFLOP per CPU
+second), flat adds (products and permuted sums added into the outputs by one index
+array), gathers, block-by-block adds and scatters, outer products (made block by block
+where they are added), planning; on ``serial`` (every task
+on the calling thread) the rest of the calling thread's time is "other"; on ``threads``
+the operations' CPU time is summed over the pool's threads, and workers x wall less the
+process's CPU time is the time the workers were not computing: waiting at the end of a
+step for the last task, while the calling thread prepared the next, or for a core (a
+loaded machine). Also the CPU time of the rest of an iteration (update, DIIS, tau,
+energy), the energy reached and the machine's load. Measured, never asserted.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import resource
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -39,20 +45,24 @@ from tessera.errors import ConvergenceError  # noqa: E402
 # the array operations' functions, by category (their tasks call them through the module)
 CATEGORIES = {"gemm": (blockops, ("_gemm_one", "_gemm_scatter_one")), "flat add": (blockops, ("_flat_add",)),
               "gather": (blockops, ("_take", "_gather_one")), "block adds": (blockops, ("_add_one", "_pairs_one")),
-              "scatter": (blockops, ("_scatter_one",)), "plan": (context, ("plan_updates",))}
+              "scatter": (blockops, ("_scatter_one", "_scatter_rows")), "outer": (blockops, ("_outer_one",)),
+              "plan": (context, ("plan_updates",))}
 
 
-def _timed(fn, label: str, spent: Counter, nested: list):
+def _timed(fn, label: str, spent: Counter, stack: threading.local, lock: threading.Lock):
     """``fn`` whose thread time counts under ``label``, less that of timed calls inside
-    it (``nested``: one entry per open timed call, the time of the calls inside it)."""
+    it (``stack.nested``, one per thread: one entry per open timed call, the time of the
+    calls inside it)."""
     def run(*args, **kwargs):
+        nested = stack.__dict__.setdefault("nested", [])
         t0 = time.thread_time()
         nested.append(0.0)
         try:
             return fn(*args, **kwargs)
         finally:
             dt = time.thread_time() - t0
-            spent[label] += dt - nested.pop()
+            with lock:
+                spent[label] += dt - nested.pop()
             if nested:
                 nested[-1] += dt
     return run
@@ -69,11 +79,11 @@ def main() -> None:
     if a.iterations < 4:
         p.error("--iterations must be at least 4 (the first two are not counted; the rest of an iteration is timed up to the next)")
     ref = rhf_reference(Molecule.from_xyz(a.xyz, basis=a.basis).to_pyscf())
-    spent, rows, ended, nested = Counter(), [], [], []
-    if a.backend == "serial":       # nested calls (a GEMM inside a scatter task) count in the inner one only
-        for label, (module, names) in CATEGORIES.items():
-            for name in names:
-                setattr(module, name, _timed(getattr(module, name), label, spent, nested))
+    spent, rows, ended, stack, lock = Counter(), [], [], threading.local(), threading.Lock()
+    # nested calls (a GEMM inside a scatter task) count in the inner one only
+    for label, (module, names) in CATEGORIES.items():
+        for name in names:
+            setattr(module, name, _timed(getattr(module, name), label, spent, stack, lock))
     residual = ccsd_equations.residual
 
     def measured(*args, **kwargs):
@@ -81,10 +91,10 @@ def main() -> None:
             rows[-1]["rest of the iteration"] = time.thread_time() - ended[-1]
         spent.clear()
         w0, t0, c0 = time.perf_counter(), time.thread_time(), time.process_time()
-        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        f0, flops0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, context.current_context().flops
         out = residual(*args, **kwargs)
         rows.append({"wall": time.perf_counter() - w0, "thread": time.thread_time() - t0,
-                     "process": time.process_time() - c0,
+                     "process": time.process_time() - c0, "flops": context.current_context().flops - flops0,
                      "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0, **spent})
         ended.append(time.thread_time())
         return out
@@ -103,12 +113,20 @@ def main() -> None:
     print(f"per residual (median of {len(kept)}): wall {med['wall'] * 1e3:.1f} ms, calling thread CPU "
           f"{med['thread'] * 1e3:.1f} ms, process CPU {med['process'] * 1e3:.1f} ms, "
           f"{np.median([r['faults'] for r in kept]):.0f} minor page faults")
+    counted = 0.0
+    print(f"CPU time of the tasks by operation{'' if a.backend == 'serial' else ', summed over the threads'}:")
+    for label in CATEGORIES:
+        counted += med.get(label, 0.0)
+        print(f"  {label:12s} {med.get(label, 0.0) * 1e3:7.1f} ms")
+    if med.get("gemm"):
+        print(f"  (GEMMs: {med['flops'] / 1e9:.1f} GFLOP at {med['flops'] / med['gemm'] / 1e9:.1f} GFLOP per CPU second)")
     if a.backend == "serial":
-        counted = 0.0
-        for label in CATEGORIES:
-            counted += med.get(label, 0.0)
-            print(f"  {label:12s} {med.get(label, 0.0) * 1e3:7.1f} ms")
         print(f"  {'other':12s} {(med['thread'] - counted) * 1e3:7.1f} ms")
+    else:
+        workers = ctx.executor.workers
+        idle = float(np.median([workers * r["wall"] - r["process"] for r in kept]))
+        print(f"  {'not in tasks':12s} {(med['process'] - counted) * 1e3:7.1f} ms (the calling thread between tasks, BLAS's own threads)")
+        print(f"  {workers} workers x wall - process CPU: {idle * 1e3:.1f} ms (workers not computing: waiting or preempted)")
     rest = [r["rest of the iteration"] for r in kept if "rest of the iteration" in r]
     print(f"rest of an iteration, calling thread CPU (median): {np.median(rest) * 1e3:.1f} ms")
 

@@ -248,3 +248,57 @@ def test_gathers_and_scatters_cut_into_even_parts_equal_einsum(workers, monkeypa
         sizes = [sum((r1 - r0) * _row_elements(thing) for thing, r0, r1 in p) for p in parts]
         widest = max(_row_elements(thing) for p in parts for thing, _, _ in p)
         assert max(sizes) - min(sizes) <= 2 * widest       # a part: the rows that start in its range
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outer_products_made_block_by_block_equal_einsum(backend, monkeypatch):
+    """A product with no contracted index (t1 x t1 into tau, taupp) runs no GEMM: each
+    output block is made from its two slices and added where it goes (``_outer_one``);
+    equal numpy.einsum with scale, a transposed output, a canonical output, an output
+    that stores nothing yet and one added to, sparse factors, random irreps."""
+    monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 0)
+    gemms = []
+    for name in ("_gemm_one", "_gemm_scatter_one"):
+        fn = getattr(blockops, name)
+        monkeypatch.setattr(blockops, name, lambda *a, _fn=fn: gemms.append(a) or _fn(*a))
+    o, v, rng = _spaces(11)
+    t1 = BlockTensor.random((o, v), 0, rng=rng, name="t1", fill=0.7)
+    t2 = BlockTensor.random((o, o, v, v), 0, rng=rng, name="t2")
+    tau = BlockTensor((o, o, v, v), 0, name="tau", symmetry=T2_SYM, canonical=True)
+    taupp = BlockTensor((o, v, o, v), 0, name="taupp")
+    fresh = BlockTensor((o, v, o, v), 0, name="fresh")
+    with ts.Context(backend), ts.equations():
+        tau["ijab"] = t2["ijab"] + t2["jiba"] + 0.5 * t1["ia"] * t1["jb"]
+        taupp["kcjb"] = 2.0 * t2["jkbc"] - 2.0 * t1["kb"] * t1["jc"]
+        fresh["kcjb"] = -t1["kb"] * t1["jc"]
+    s, t = t1.to_dense(), t2.to_dense()
+    _close(tau.to_dense(), t + t.transpose(1, 0, 3, 2) + 0.5 * np.einsum("ia,jb->ijab", s, s))
+    _close(taupp.to_dense(), 2.0 * np.einsum("jkbc->kcjb", t) - 2.0 * np.einsum("kb,jc->kcjb", s, s))
+    _close(fresh.to_dense(), -np.einsum("kb,jc->kcjb", s, s))
+    assert gemms == []
+
+
+def test_freed_working_memory_reused_until_given_back():
+    """``heap.keep_freed_memory``: working arrays freed during a phase (here 96 MB of
+    arrays below the mmap threshold, more than the old 64 MiB trim threshold) are reused
+    without new page faults; ``give_back_freed_memory`` hands them back, and the next
+    arrays fault their pages in again."""
+    import resource
+
+    from tessera.backends.heap import give_back_freed_memory, keep_freed_memory
+    if not keep_freed_memory():
+        pytest.skip("the C library has no mallopt")
+
+    def faults_touching_arrays():
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        arrays = [np.empty(3 << 20) for _ in range(4)]       # 4 x 24 MiB
+        for a in arrays:
+            a.fill(1.0)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+
+    give_back_freed_memory()
+    first = faults_touching_arrays()
+    reused = faults_touching_arrays()
+    give_back_freed_memory()
+    again = faults_touching_arrays()
+    assert first > 0 and 4 * reused < first and 2 * again > first

@@ -205,6 +205,12 @@ def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> tupl
     transpose = None if cperm == tuple(range(len(cperm))) else cperm
     first, then = [], []
     for sec in step.sectors:
+        if sec.inner.total == 1:        # an outer product (t1 x t1): each block made where it is added
+            entries = scatter_map(sec.rows, sec.cols, cperm, aliases, 0, len(sec.rows.tuples))
+            amat, bmat = amats[sec.irrep][:, 0] * step.scale, bmats[sec.irrep][0]
+            first += [partial(_outer_one, step.out.tensor, transpose, amat, bmat, entries[i::workers])
+                      for i in range(min(workers, len(entries)))]
+            continue
         ranges = _row_ranges(sec, workers)
         even = len(ranges) == _parts(sec, workers) and \
             max(r1 - r0 for _, _, r0, r1 in ranges) * len(ranges) <= _UNEVEN * sec.rows.total
@@ -259,6 +265,23 @@ def _scatter_rows(out, transpose, axis: int, cmat, pieces) -> None:
 
 def _gemm_scatter_one(out, scale, transpose, amat, bmat, entries) -> None:
     _scatter_one(out, scale, transpose, amat @ bmat, entries)
+
+
+def _outer_one(out, transpose, avec, bvec, entries) -> None:
+    """Blocks of the outer product of vectors ``avec`` (rows) and ``bvec`` (columns) added
+    into the output, each made from its two slices: no product matrix, no GEMM of
+    inner dimension 1, no second pass to read the product back."""
+    get = out.blocks.get
+    for key, rsl, csl, shape in entries:
+        src = np.multiply.outer(avec[rsl], bvec[csl]).reshape(shape)
+        if transpose is not None:
+            src = src.transpose(transpose)
+        blk = get(key)
+        if blk is None:
+            out.accumulate_block(key, src)
+        else:
+            blk += src
+    out.version += 1
 
 
 def _scatter_one(out, scale, transpose, cmat, entries) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from tessera.backends import blockops
-from tessera.backends.heap import keep_freed_memory
+from tessera.backends.heap import give_back_freed_memory, keep_freed_memory
 from tessera.backends.sectors import FLAT_PAIRS, PAIR_DIVISORS, add_index, pair_index, scatter_index, small_blocks
 from tessera.backends.registry import (BACKENDS, DEFAULT_BACKEND, LOCAL_BACKENDS, check_options,
                                        launched_ranks, resolve_auto, runs_distributed)
@@ -107,8 +107,11 @@ class Context:
 
     def drop_gathered(self) -> None:
         """Free the gathered matrices of constant tensors kept for later steps (a driver
-        whose equations are done: its next phase does not contract those tensors)."""
+        whose equations are done: its next phase does not contract those tensors), and
+        give the memory the heap kept for the phase's working arrays back to the kernel
+        (``heap.give_back_freed_memory``)."""
         self._cache.clear()
+        give_back_freed_memory()
 
     def record_step(self, step, seconds: float, start: float | None = None) -> None:
         self.record(step.label, seconds, step.flops, start, step.kind)

@@ -104,6 +104,7 @@ class CCSD:
     def kernel(self, ints, context=None) -> CCSDResult:
         ctx = context or ts.current_context()
         with ctx:
+            ctx.drop_gathered()         # what the phase before kept (the transform's working memory)
             try:
                 return self._iterate(ints, ctx)
             finally:            # the integrals' gathered matrices: no use after CCSD ((T) has its own)
