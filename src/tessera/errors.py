@@ -34,3 +34,7 @@ class RuntimeLayerError(TesseraError):
 
 class OutputError(TesseraError):
     """A result file that cannot be written (folder gone, disk full, permissions)."""
+
+
+class BuildError(TesseraError):
+    """A compiled part of Tessera is missing: the install did not build it."""

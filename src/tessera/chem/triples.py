@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.linalg.blas import dgemm
 
+from tessera.chem.triples_native import energy_dense
 from tessera.errors import InputError, ShapeError
 
 __all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
@@ -393,6 +394,9 @@ class TripleKernel:
         self.nfm = [a + b for a, b in zip(self.nv, self.no)]      # K of the fused terms
         self.nvir = len(lay.irrep)
         self.flops = 0
+        if self.dense:                     # the compiled sweep's operands: contiguous doubles
+            self._ev = np.ascontiguousarray(lay.ev, dtype=float)
+            self._zeros = np.zeros(self.nvir ** 2)
 
     @staticmethod
     def batch_size(lay: VirtualLayout, occ_tile: int) -> int:
@@ -401,7 +405,7 @@ class TripleKernel:
         nirrep = max(1, len(set(lay.irrep.tolist())))
         width = max(1, len(lay.irrep) // nirrep)
         batch = max(1, min(occ_tile, -(-256 // width)))
-        nbatch = 2 if nirrep == 1 else 3
+        nbatch = 3
         while batch > 1 and nbatch * 8 * batch * int(lay.ntrip.max()) > 64 * 2 ** 20:
             batch -= 1
         return batch
@@ -412,8 +416,8 @@ class TripleKernel:
         of one triple's, and the stacked left operands."""
         nv, no, ntrip = int(lay.n.max()), int(lay.no.max()), max(int(lay.ntrip.max()), 1)
         left = [max(batch * nv * (nv + no), 1)]          # stacked left operands (fused C1: v + o wide)
-        if len(set(lay.irrep.tolist())) == 1:         # W and a layout of the batch; 3 of one triple
-            return [batch * ntrip] * 2 + [ntrip] * 3 + left
+        if len(set(lay.irrep.tolist())) == 1:         # the batch's three layouts
+            return [batch * ntrip] * 3 + left
         # the batch's three layouts; 8 of one triple; left operands of two layouts stacked
         return [3 * batch * ntrip] + [ntrip] * 8 + [2 * left[0]]
 
@@ -442,10 +446,8 @@ class TripleKernel:
         With Y = W/D, Yc = Y + Y[bca] + Y[cab] and Zs = Yc[acb] (both invariant under
         cyclic shifts of abc), r3(Y) = 3Y + Yc - 2Zs and sum Y r3(X) = sum r3(Y) X.
         Invariant weights meet V = V1 + V2 + V3 in any cyclic layout, where each V_l is
-        rank 1; 3Y meets V in layout (a; b, c).
+        rank 1; 3Y meets V in layout (a; b, c).  (One virtual irrep: the compiled sweep.)
         """
-        if self.fused:
-            return self._energy_fused(i, j, ks)
         return self._energy_dense(i, j, ks) if self.dense else self._energy_packed(i, j, ks)
 
     def _left(self, table, x, y, ks, p0: int, width: int, out=None) -> np.ndarray:
@@ -620,22 +622,27 @@ class TripleKernel:
         return total
 
     def _energy_dense(self, i, j, ks) -> float:
-        """One virtual irrep: W of the batch is [k, a, b, c], relayouts are transposes; the
-        sweep runs per k (its arrays stay in cache)."""
+        """One virtual irrep: the three layouts of the batch, A [k, a, (b c)], B [k, b, (a c)]
+        and C [k, c, (a b)], by GEMMs (the fused C1 operands when there are), then per k the
+        compiled sweep (``chem.triples_native``): W = A + B[bac] + C[cab], V, r3 and D in
+        one pass."""
         nv, nk = self.nvir, len(ks)
-        W, Sb = (a[:nk * nv ** 3].reshape(nk, nv, nv, nv) for a in self.buf[:2])
-        flat = (lambda x: x.reshape(-1))
-        if i == j:                                                # single a and b alike
-            self._accumulate(flat(Sb), ks, ((0, j, i, None),))    # [b, (a c)] = [a, (b c)]
-            np.add(Sb, Sb.transpose(0, 2, 1, 3), out=W)
+        A, B, C = (a[:nk * nv ** 3].reshape(nk, nv, nv, nv) for a in self.buf[:3])
+        if self.fused:
+            single = self._single
         else:
-            self._accumulate(flat(W), ks, ((0, i, j, None),))     # [a, (b c)]
-            self._accumulate(flat(Sb), ks, ((0, j, i, None),))    # [b, (a c)]
-            W += Sb.transpose(0, 2, 1, 3)
-        if ks[0] != j:                                            # else single c as single b
-            self._accumulate(flat(Sb), ks, ((0, None, i, j),))    # [c, (a b)]
-        W += Sb.transpose(0, 2, 3, 1)                             # W[abc]
-        return sum(self._sweep_dense(W[n], i, j, k) for n, k in enumerate(ks))
+            def single(out, os_, ot, ks, ou=None):
+                self._accumulate(out.reshape(-1), ks, ((0, os_, ot, ou),))
+        single(B, j, i, ks)                                       # single b, pair (a, c)
+        if i == j:                                                # single a and b alike
+            A = B
+        else:
+            single(A, i, j, ks)                                   # single a, pair (b, c)
+        if ks[0] != j:                                            # else (j == k) as single b
+            single(C, None, i, ks, j)                             # single c, pair (a, b)
+        else:
+            C = B
+        return sum(self._sweep_dense(A[n], B[n], C[n], i, j, k) for n, k in enumerate(ks))
 
     def _single(self, out, s, t, ks, u=None) -> None:
         """out = the 4 W0 terms of single (o_s s), pair (o_t t, o_u u) for every k in ks, as
@@ -659,45 +666,13 @@ class TripleKernel:
                 dgemm(1.0, right.T, lft.reshape(nk * nv, nf).T, beta=beta, c=c, overwrite_c=1)
         self.flops += 4 * nk * nv ** 3 * nf
 
-    def _energy_fused(self, i, j, ks) -> float:
-        """C1 with the fused operands: W of the batch [k, a, b, c] = X_a + X_b[bac] + X_c[cab]
-        from X_a [k, a, (b c)], X_b [k, b, (a c)], X_c [k, c, (a b)]; the sweep per k."""
-        nv, nk = self.nvir, len(ks)
-        W, X = (a[:nk * nv ** 3].reshape(nk, nv, nv, nv) for a in self.buf[:2])
-        if i == j:                                                # single a and b alike
-            self._single(X, j, i, ks)
-            np.add(X, X.transpose(0, 2, 1, 3), out=W)
-        else:
-            self._single(W, i, j, ks)
-            self._single(X, j, i, ks)
-            W += X.transpose(0, 2, 1, 3)
-        if ks[0] != j:                                            # else single c as single b
-            self._single(X, None, i, ks, j)
-        W += X.transpose(0, 2, 3, 1)
-        return sum(self._sweep_dense(W[n], i, j, k) for n, k in enumerate(ks))
-
-    def _sweep_dense(self, W, i, j, k) -> float:
-        """sum_abc W r3(W + V) / D of one triple, W [a, b, c]."""
-        nv, t1 = self.nvir, self.inp.t1
-        Y, U, T = (a[:nv ** 3].reshape(nv, nv, nv) for a in self.buf[2:5])
-        flat = (lambda x: x.reshape(-1))
-        eo = self.inp.eo
-        np.subtract(eo[i] + eo[j] + eo[k], self.maps["e3"], out=flat(Y))
-        np.divide(W, Y, out=Y)                                    # Y = W / D
-        ks = range(k, k + 1)
-        P, Pz, ik = self._pair_rows(i, j, ks)
-        nv2 = nv * nv
-        e = float(flat(W) @ flat(Y)) + self._t1_dot(ks, ((flat(Y), i, P[0]),))
-        if ik.shape[-1] == nv2:                                   # else zero by symmetry
-            e += float(np.vdot(np.matmul(t1[j], Y), ik))
-        if P[2].size == nv2:
-            e += float(np.vdot(Y.reshape(-1, nv) @ t1[k], P[2]))
-        e *= 3.0
-        np.add(Y, Y.transpose(2, 0, 1), out=U)                    # + Y[bca]
-        U += Y.transpose(1, 2, 0)                                 # + Y[cab] = Yc
-        np.copyto(T, U.transpose(1, 0, 2))                        # Zs = U[acb] = U[bac] (U cyclic): c stays inner
-        return e + float(flat(U) @ flat(W)) - 2.0 * float(flat(T) @ flat(W)) + self._t1_dot(
-            ks, ((flat(U), i, Pz[0]), (flat(U), j, Pz[1]), (flat(U), None, Pz[2])))
+    def _sweep_dense(self, A, B, C, i, j, k) -> float:
+        """sum_abc W r3(W + V) / D of one triple from its three layouts [v, v, v]."""
+        nv2, ov, g, r, inp = self.nvir ** 2, self.inp.ovov, self.irr, self.rel, self.inp
+        pairs = [ov[x][g[y]][r[y]] for x, y in ((j, k), (i, k), (i, j))]      # (jb|kc), (ia|kc), (ia|jb)
+        pairs = [p if p.size == nv2 else self._zeros for p in pairs]          # else zero by symmetry
+        t1 = inp.t1
+        return energy_dense(A, B, C, self._ev, inp.eo[i] + inp.eo[j] + inp.eo[k], t1[i], t1[j], t1[k], *pairs)
 
     def _energy_packed(self, i, j, ks) -> float:
         """Point-group symmetry: the three cyclic layouts of the batch, then per k (moved out
