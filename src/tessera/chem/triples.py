@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.linalg.blas import dgemm
 
-from tessera.chem.triples_native import energy_dense
+from tessera.chem.triples_native import energy_dense, energy_packed
 from tessera.errors import InputError, ShapeError
 
 __all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
@@ -121,6 +121,8 @@ class VirtualLayout:
         sizes = n[:, None] * (n + no)[xor]           # fused left rows (s, f or m) of irrep h: [g_s, h]
         self.nleft, self.loff = sizes.sum(axis=0), offsets(sizes)              # loff[h, g_s]
         self.c1 = not np.any(irreps) and not np.any(no[1:])      # every orbital of irrep 0
+        # the irrep tables of the compiled sweep (chem.triples_native): vstart, n, poff
+        self.native = tuple(np.ascontiguousarray(x, dtype=np.int64) for x in (vrange[:, 0], n, self.poff))
 
     def blocks(self, G: int) -> list:
         """(g_s, offset, n_single, n_pairs) of the non-empty single-irrep blocks of G."""
@@ -139,7 +141,11 @@ class VirtualLayout:
                     src[:, a:a + nt * nu].reshape(rows, nt, nu).transpose(0, 2, 1)
 
     def prepare(self, G: int) -> None:
-        """Maps of G: cyclic shift rot2, pair swap, swap then rot (swap_rot), e_a+e_b+e_c, blocks.
+        """What the kernel needs for G: its blocks and, packed (several irreps), the orbit
+        table of the compiled sweep (``orbits`` [orbits, 21] int32): per orbit a >= b >= c
+        (virtual positions, not all equal) the packed positions of its six permutations
+        (abc, acb, bac, bca, cab, cba) in layout a (single a, pair (b, c)), in layout b
+        pair-swapped and in layout c, where W = a + b[(b; c, a)] + c[(c; a, b)], then a, b, c.
 
         Filled per sub-block (irreps g_s, g_t of single and first pair index), where the
         packed position of (s, t, u) is a sum of one term per index, so every map is a
@@ -148,12 +154,14 @@ class VirtualLayout:
             return
         blocks = self.blocks(G)
         dense = len(blocks) == 1 and len(set(self.irrep.tolist())) == 1
+        self.maps[G] = maps = dict(blocks=blocks, dense=bool(dense))
+        if dense:                  # one virtual irrep: the compiled sweep indexes [a, b, c]
+            return
         n, npair, foff, poff = self.n.tolist(), self.npair.tolist(), self.foff.tolist(), self.poff.tolist()
-        ev = [self.ev[self.vr[g, 0]:self.vr[g, 1]] for g in range(NIRREP)]
         ar = [np.arange(m) for m in n]
         size = int(self.ntrip[G])
-        e3 = np.empty(size)
-        out = [np.empty(size, dtype=np.intp) for _ in range(0 if dense else 3)]
+        rot, rot2, swap = (np.empty(size, dtype=np.intp) for _ in range(3))
+        vpos = np.empty((3, size), dtype=np.int32)        # virtual positions of (s, t, u)
 
         def base(gx, gy):        # packed position of (x, y, z) = base + x npair + y n_z + z
             return foff[G][gx] + poff[G ^ gx][gy]
@@ -168,22 +176,25 @@ class VirtualLayout:
 
                 def sub(arr):                # the [s, t, u] sub-block of a flat array of G
                     return arr[off:off + ns * np_s].reshape(ns, np_s)[:, q0:q0 + nt * nu].reshape(ns, nt, nu)
-                sub(e3)[...] = ev[gs][:, None, None] + ev[gt][None, :, None] + ev[gu][None, None, :]
-                if dense:
-                    continue
                 s, t, u = ar[gs][:, None, None], ar[gt][None, :, None], ar[gu][None, None, :]
-                rot, rot2, swap = out
                 sub(rot)[...] = base(gt, gu) + t * npair[G ^ gt] + u * ns + s          # (t; u, s)
                 sub(rot2)[...] = base(gu, gs) + u * npair[G ^ gu] + s * nt + t         # (u; s, t)
                 sub(swap)[...] = base(gs, gu) + s * np_s + u * nt + t                  # (s; u, t)
-        maps = dict(e3=e3, blocks=blocks, dense=bool(dense),
-                    block_of={gs: (off, ns, npair) for gs, off, ns, npair in blocks})
-        if not dense:       # packed: index maps; dense: the same moves are transposes
-            rot, rot2, swap = out
-            # swap then rot as one map, for layout b kept pair-swapped: x[swap][rot] =
-            # x[swap_rot]; rot itself is rot2 twice (the kernel gathers it so: faster)
-            maps.update(rot2=rot2, swap=swap, swap_rot=swap[rot])
-        self.maps[G] = maps
+                for row, g, x in zip(vpos, (gs, gt, gu), (s, t, u)):
+                    sub(row)[...] = int(self.vr[g, 0]) + x
+        sg, tg, ug = vpos
+        reps = np.flatnonzero((sg >= tg) & (tg >= ug) & (sg != ug))      # one position per orbit
+        a, b, c = (x[reps].astype(np.intp) for x in vpos)
+        rel = np.arange(len(self.irrep)) - self.vr[self.irrep, 0]
+        npair_a, foff_a, poff_a, n_a = self.npair, self.foff[G], self.poff, self.n
+
+        def pos(x, y, z):                                # packed position of (x; y, z), layout a
+            gx, gy, gz = self.irrep[x], self.irrep[y], self.irrep[z]
+            return (foff_a[gx] + rel[x] * npair_a[G ^ gx] + poff_a[G ^ gx, gy] + rel[y] * n_a[gz] + rel[z])
+        perms = np.stack([pos(a, b, c), pos(a, c, b), pos(b, a, c), pos(b, c, a), pos(c, a, b), pos(c, b, a)], 1)
+        # layout b is kept pair-swapped: its element for W[p] is at swap[rot[p]]
+        maps["orbits"] = np.ascontiguousarray(np.hstack(
+            [perms, swap[rot][perms], rot2[perms], a[:, None], b[:, None], c[:, None]]).astype(np.int32))
 
 
 # --------------------------------------------------------------------------- operands
@@ -394,9 +405,8 @@ class TripleKernel:
         self.nfm = [a + b for a, b in zip(self.nv, self.no)]      # K of the fused terms
         self.nvir = len(lay.irrep)
         self.flops = 0
-        if self.dense:                     # the compiled sweep's operands: contiguous doubles
-            self._ev = np.ascontiguousarray(lay.ev, dtype=float)
-            self._zeros = np.zeros(self.nvir ** 2)
+        self._ev = np.ascontiguousarray(lay.ev, dtype=float)       # the compiled sweep's operands
+        self._zeros = np.zeros(self.nvir ** 2) if self.dense else None
 
     @staticmethod
     def batch_size(lay: VirtualLayout, occ_tile: int) -> int:
@@ -418,8 +428,9 @@ class TripleKernel:
         left = [max(batch * nv * (nv + no), 1)]          # stacked left operands (fused C1: v + o wide)
         if len(set(lay.irrep.tolist())) == 1:         # the batch's three layouts
             return [batch * ntrip] * 3 + left
-        # the batch's three layouts; 8 of one triple; left operands of two layouts stacked
-        return [3 * batch * ntrip] + [ntrip] * 8 + [2 * left[0]]
+        # the batch's three layouts; 3 of one triple; 3 (x t|y u) rows made dense; left
+        # operands of two layouts stacked
+        return [3 * batch * ntrip] + [ntrip] * 3 + [3 * len(lay.irrep) ** 2] + [2 * left[0]]
 
     @staticmethod
     def new_pool(lay: VirtualLayout, batch: int = 1) -> list:
@@ -587,40 +598,6 @@ class TripleKernel:
                 return a[:n]
         return None
 
-    def _pair_rows(self, i, j, ks) -> tuple:
-        """P_l = (jt|ku), (kt|iu), (it|ju) and Pz_l = P_l - 2 (ju|kt), (ku|it), (iu|jt), each
-        over the packed pairs (t, u) of the block whose single irrep is that of i, j, k
-        ([len(ks), pairs] where k enters, else [pairs]); also (iu|kt) [len(ks), pairs].
-
-        V_l = t1[o_s s] P_l[(t, u)] is rank 1 in the cyclic layout l (o_s = i, j, k; t1 is
-        zero unless g_s = g_{o_s}); the pair-swapped part is V[acb], which Zs = Yc[acb]
-        meets as Yc meets V.
-        """
-        ov, g, r, nk = self.inp.ovov, self.irr, self.rel, len(ks)
-        gk, rk = g[ks[0]], r[ks[0]]
-        a, d = ov[j][gk][rk:rk + nk], ov[i][gk][rk:rk + nk]
-        b = np.array([ov[k][g[j]][r[j]] for k in ks])
-        c = np.array([ov[k][g[i]][r[i]] for k in ks])
-        e, f = ov[i][g[j]][r[j]], ov[j][g[i]][r[i]]
-        return (a, c, e), (a - 2.0 * b, c - 2.0 * d, e - 2.0 * f), d
-
-    def _t1_dot(self, ks, layouts) -> float:
-        """sum over (X, o, P) of t1[o, s] X[k, s, pairs] P[(k,) pairs] in the block of s's
-        irrep g_o (o None: k of ks); X in the batch layout."""
-        t1, vr, block_of, g, nk = self.inp.t1, self.vr, self.maps["block_of"], self.irr, len(ks)
-        total = 0.0
-        for x, o, p in layouts:
-            go = g[ks[0]] if o is None else g[o]
-            blk = block_of.get(go)
-            if blk is None or not p.shape[-1]:
-                continue
-            off, ns, npair = blk
-            xb = x[nk * off:nk * (off + ns * npair)].reshape(nk, ns, npair)
-            z = np.matmul(xb, p[..., None])[..., 0] if p.ndim == 2 else xb @ p      # [k, s]
-            v0, v1 = vr[go]
-            total += float(np.vdot(t1[ks[0]:ks[-1] + 1, v0:v1], z) if o is None else t1[o, v0:v1] @ z.sum(0))
-        return total
-
     def _energy_dense(self, i, j, ks) -> float:
         """One virtual irrep: the three layouts of the batch, A [k, a, (b c)], B [k, b, (a c)]
         and C [k, c, (a b)], by GEMMs (the fused C1 operands when there are), then per k the
@@ -676,17 +653,14 @@ class TripleKernel:
 
     def _energy_packed(self, i, j, ks) -> float:
         """Point-group symmetry: the three cyclic layouts of the batch, then per k (moved out
-        of the batch layout) joined by index maps.
+        of the batch layout) the compiled sweep over the orbit table of G.
 
         The batch holds, per single irrep g_s, slot 0: layout a (i; j, k), slot 1: layout b
         pair-swapped (j; i, k), slot 2: layout c (k; i, j), so the b and c terms whose right
-        operand is i's are one GEMM (N doubled).  b is kept pair-swapped because its gather
-        into layout a (swap_rot) is faster than that of the plain layout (rot): ~62 vs ~84 us
-        per 1e5 doubles on benzene; storing c swapped instead would pair two more terms but
-        gather by swap_rot2 (~85 us, not rot2's ~63): measured, this order is the faster."""
+        operand is i's are one GEMM (N doubled)."""
         nk, n, blocks = len(ks), int(self.inp.lay.ntrip[self.G]), self.maps["blocks"]
         B = self.buf[0][:3 * nk * n]
-        Sa, Sb, Sc = (a[:n] for a in self.buf[1:4])
+        Sa_buf, Sb_buf, Sc_buf = (a[:n] for a in self.buf[1:4])
         layouts = [(0, i, j, None)]                               # single a, pair (b, c)
         if i != j:                                                # else the same terms, pair swapped
             layouts.append((1, j, i, None))                       # single b, pair (a, c)
@@ -700,43 +674,18 @@ class TripleKernel:
                 c0 = 3 * nk * off + (slot * nk + n_k) * size
                 out[off:off + size] = B[c0:c0 + size]
             return out
-        m, e = self.maps, 0.0
-        W, Y1 = self.buf[4][:n], self.buf[6][:n]
+        e, inp, g, r, lay = 0.0, self.inp, self.irr, self.rel, self.inp.lay
+        Pscratch = self.buf[4][:3 * self.nvir ** 2]
         for n_k, k in enumerate(ks):
-            # W = a + b[rot] + c[rot2] = a + bs[swap_rot] + c[rot2] (bs: b pair-swapped);
-            # on a diagonal bs = a (i == j) and c = bs (j == k); a is added from the batch
-            # layout in place (no copy: only the gathers need a triple's own array)
-            bs = one(0, n_k, Sa) if i == j else one(1, n_k, Sb)
-            np.take(bs, m["swap_rot"], out=W, mode="clip")
-            if i == j:
-                W += bs
-            else:
-                for _, off, ns, npair in blocks:
-                    size = ns * npair
-                    c0 = 3 * nk * off + n_k * size
-                    W[off:off + size] += B[c0:c0 + size]
-            np.take(one(2, n_k, Sc) if j != k else bs, m["rot2"], out=Y1, mode="clip")
-            W += Y1                                               # W in layout (a; b, c)
-            e += self._sweep_packed(W, i, j, k)
+            # on a diagonal layout b (pair-swapped) is a's (i == j) and c is b's (j == k)
+            Sa = one(0, n_k, Sa_buf)
+            bs = Sa if i == j else one(1, n_k, Sb_buf)
+            Sc = bs if j == k else one(2, n_k, Sc_buf)
+            pairs = [inp.ovov[x][g[y]][r[y]] for x, y in ((j, k), (i, k), (i, j))]   # (jb|kc), (ia|kc), (ia|jb)
+            e += energy_packed(self.maps["orbits"], Sa, bs, Sc, self._ev, inp.eo[i] + inp.eo[j] + inp.eo[k],
+                               inp.t1[i], inp.t1[j], inp.t1[k], pairs, (g[j] ^ g[k], g[i] ^ g[k], g[i] ^ g[j]),
+                               lay, Pscratch)
         return e
-
-    def _sweep_packed(self, W, i, j, k) -> float:
-        """sum_abc W r3(W + V) / D of one triple, W in layout (a; b, c)."""
-        m = self.maps
-        Y, Y1, Y2, U = (a[:W.size] for a in self.buf[5:9])
-        eo = self.inp.eo
-        np.subtract(eo[i] + eo[j] + eo[k], m["e3"], out=Y)
-        np.divide(W, Y, out=Y)                                    # Y = W / D
-        np.take(Y, m["rot2"], out=Y2, mode="clip")                # Y[cab]
-        np.take(Y2, m["rot2"], out=Y1, mode="clip")               # Y[bca] (rot2 twice: faster than rot)
-        np.add(Y, Y1, out=U)
-        U += Y2                                                   # Yc
-        ks = range(k, k + 1)
-        P, Pz, _ = self._pair_rows(i, j, ks)
-        e = 3.0 * (float(W @ Y) + self._t1_dot(ks, ((Y, i, P[0]), (Y2, j, P[1]), (Y1, None, P[2]))))
-        np.take(U, m["swap"], out=Y1, mode="clip")                # Zs
-        return e + float(U @ W) - 2.0 * float(Y1 @ W) + self._t1_dot(ks, ((U, i, Pz[0]), (U, j, Pz[1]),
-                                                                          (U, None, Pz[2])))
 
 
 # --------------------------------------------------------------------------- driver

@@ -17,7 +17,7 @@ import numpy as np
 
 from tessera.errors import BuildError, ShapeError
 
-__all__ = ["energy_dense"]
+__all__ = ["energy_dense", "energy_packed"]
 
 _MODULE = "tessera.chem._triples_kernel"
 _ptr = ctypes.c_void_p
@@ -33,13 +33,16 @@ def _library() -> ctypes.CDLL:
     fn = lib.tessera_t3_energy_dense
     fn.restype = ctypes.c_double
     fn.argtypes = [ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 6
+    fn = lib.tessera_t3_energy_packed
+    fn.restype = ctypes.c_double
+    fn.argtypes = [ctypes.c_long, _ptr, ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 11
     return lib
 
 
-def _addr(a: np.ndarray, size: int) -> int:
-    """Address of ``a``'s first element after checking it is ``size`` contiguous doubles."""
-    if a.dtype != np.float64 or a.size != size or not a.flags.c_contiguous:
-        raise ShapeError(f"the (T) kernel needs {size} contiguous doubles, got {a.dtype} {a.shape}")
+def _addr(a: np.ndarray, size: int, dtype=np.float64) -> int:
+    """Address of ``a``'s first element after checking it is ``size`` contiguous ``dtype``."""
+    if a.dtype != dtype or a.size != size or not a.flags.c_contiguous:
+        raise ShapeError(f"the (T) kernel needs {size} contiguous {np.dtype(dtype)}, got {a.dtype} {a.shape}")
     return a.ctypes.data
 
 
@@ -52,3 +55,18 @@ def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij) -> floa
     return _library().tessera_t3_energy_dense(
         nv, _addr(A, n3), _addr(B, n3), _addr(C, n3), _addr(ev, nv), float(eijk),
         _addr(t1i, nv), _addr(t1j, nv), _addr(t1k, nv), _addr(Pjk, n2), _addr(Pik, n2), _addr(Pij, n2))
+
+
+def energy_packed(orbits, A, Bs, C, ev, eijk: float, t1i, t1j, t1k, rows, pair_irreps, lay, scratch) -> float:
+    """The same sum with point-group symmetry: A, Bs, C packed layouts a, b (pairs swapped)
+    and c of one triple (``VirtualLayout``: ``lay``), ``orbits`` the table of
+    ``VirtualLayout.prepare``; ``rows``: the packed (x t|y u) rows (jb|kc), (ia|kc), (ia|jb)
+    of pair irreps ``pair_irreps`` (empty: zero by symmetry); ``scratch`` 3 v^2 doubles."""
+    nv, n = ev.size, A.size
+    rows = [_addr(p, int(lay.npair[h])) if p.size else None for p, h in zip(rows, pair_irreps)]
+    h = np.array(pair_irreps, dtype=np.int64)
+    return _library().tessera_t3_energy_packed(
+        orbits.shape[0], _addr(orbits, orbits.size, np.int32), nv, _addr(A, n), _addr(Bs, n), _addr(C, n),
+        _addr(ev, nv), float(eijk), _addr(t1i, nv), _addr(t1j, nv), _addr(t1k, nv), *rows,
+        h.ctypes.data, *(t.ctypes.data for t in lay.native), _addr(scratch, 3 * nv * nv))
+
