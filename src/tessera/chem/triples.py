@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.linalg.blas import dgemm
 
-from tessera.chem.triples_native import energy_dense, energy_packed
+from tessera.chem.triples_native import energy_dense, energy_packed, require
 from tessera.errors import InputError, ShapeError
 
 __all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
@@ -735,6 +735,7 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     for name, val in (("cache_mb", cache_mb), ("kernel_mb", kernel_mb), ("memory_mb", memory_mb)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0):
             raise InputError(f"{name} must be a number >= 0 or None, got {val!r}")
+    require()                     # the compiled kernel, before any task (or forked worker) runs
     resident = all(getattr(t, "dist", None) is None for t in (t1, t2, *ints.tensors.values()))
     if not resident and not context.distributed:
         raise InputError("distributed tensors need a distributed context (mpi-onesided or "

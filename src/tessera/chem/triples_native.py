@@ -17,7 +17,7 @@ import numpy as np
 
 from tessera.errors import BuildError, ShapeError
 
-__all__ = ["energy_dense", "energy_packed"]
+__all__ = ["require", "energy_dense", "energy_packed"]
 
 _MODULE = "tessera.chem._triples_kernel"
 _ptr = ctypes.c_void_p
@@ -37,6 +37,11 @@ def _library() -> ctypes.CDLL:
     fn.restype = ctypes.c_double
     fn.argtypes = [ctypes.c_long, _ptr, ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 11
     return lib
+
+
+def require() -> None:
+    """BuildError (naming ``make``) unless the compiled kernel is built; loads it."""
+    _library()
 
 
 def _addr(a: np.ndarray, size: int, dtype=np.float64) -> int:
