@@ -17,9 +17,11 @@ i >= j >= k are visited (weight 6, 3 or 1).  For one ijk only the virtual triple
 g_a^g_b^g_c = g_i^g_j^g_k exist; they are stored packed, one block per irrep of a
 "single" virtual s, each [n_s, (t, u) pairs of the complementary irrep], never as a
 dense v^3 array.  The twelve W0 terms are sector GEMMs accumulated in place (beta = 1),
-four per choice of single index (a, b or c); index maps (cyclic shifts and a pair swap
-of abc) join the three layouts and apply r3.  With one virtual irrep (C1) the layouts
-are [v, v, v] arrays, eight terms land in W[abc] directly and the moves are transposes.
+four per choice of single index (a, b or c).  The compiled sweep (``triples_kernel.c``
+through ``chem.triples_native``) joins the three layouts into W, adds V and applies r3
+and the denominators in one pass over the orbits a >= b >= c: [v, v, v] arrays with one
+virtual irrep (C1), a table of each orbit's packed positions (``VirtualLayout.prepare``)
+with several.
 
 Kernel API (fed by ``chem.triples_tasks``): :class:`VirtualLayout`
 (packed layouts), :class:`RowSlab` (the operands of a range of occupied orbitals, built
@@ -454,10 +456,9 @@ class TripleKernel:
     def energy(self, i: int, j: int, ks: range) -> float:
         """sum over k in ks of sum_abc W r3(W + V) / D for (i, j, k) (no weight, no 1/3).
 
-        With Y = W/D, Yc = Y + Y[bca] + Y[cab] and Zs = Yc[acb] (both invariant under
-        cyclic shifts of abc), r3(Y) = 3Y + Yc - 2Zs and sum Y r3(X) = sum r3(Y) X.
-        Invariant weights meet V = V1 + V2 + V3 in any cyclic layout, where each V_l is
-        rank 1; 3Y meets V in layout (a; b, c).  (One virtual irrep: the compiled sweep.)
+        D is the same at the six permutations of an orbit {a, b, c}; with Z = W + V and
+        S_e, S_o the sums of Z over its even and odd permutations, r3(Z) at an even one p
+        is 3 Z_p + S_e - 2 S_o (odd: 3 Z_p + S_o - 2 S_e): the compiled sweep's form.
         """
         return self._energy_dense(i, j, ks) if self.dense else self._energy_packed(i, j, ks)
 
