@@ -460,10 +460,10 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
     from types import SimpleNamespace
     from tessera.chem.memory import RunShape, estimate
     from tessera.chem.triples_tasks import DEFAULT_CACHE_MB, window_counts
-    ref = SimpleNamespace(orbsym=np.zeros(234, dtype=int), nocc=6, point_group="C1")
+    ref = SimpleNamespace(orbsym=np.zeros(235, dtype=int), nocc=5, point_group="C1")
     rows = {}
     for budget in (None, 8 * 2**30):
-        job, _ = _triples_run_plan(6, 228, 2, budget)
+        job, _ = _triples_run_plan(5, 230, 2, budget)
         assert job.windows is not None                       # windowed tasks
         held = window_counts(job.windows, job.tiles, job.triples, job.G)[2]
         shape = RunShape(None, "ccsd(t)", "mpi-onesided", None, 2, 32, None, 0, True, ref, budget=budget)
