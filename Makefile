@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(wildcard src/tessera/*/*.c src/tessera/*/*/*.c)    # C sources: the extension is rebuilt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
@@ -21,3 +21,4 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
+	find src -name '*.so' -delete

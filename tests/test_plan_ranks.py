@@ -493,16 +493,16 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
     the virtual index) are the bytes one task of the run's window plan holds (its rows
     and tables, ``window_counts`` of the windows the run's ``TriplesTasks`` chose) for the
     run's budget (``window_budget``); its kernel buffers are the ones the run's tasks size
-    for their task tile and windows. Two ranks' share of the (T) operands (194 MiB for
-    o=6, v=200) is below both the 256 MiB default and a quarter of 8 GiB per rank, so it
+    for their task tile and windows. Two ranks' share of the (T) operands (about 242 MiB for
+    o=5, v=230) is below both the 256 MiB default and a quarter of 8 GiB per rank, so it
     is what binds, with or without a memory budget."""
     from types import SimpleNamespace
     from tessera.chem.memory import RunShape, estimate
     from tessera.chem.triples_tasks import window_budget, window_counts
-    ref = SimpleNamespace(orbsym=np.zeros(206, dtype=int), nocc=6, point_group="C1")
+    ref = SimpleNamespace(orbsym=np.zeros(235, dtype=int), nocc=5, point_group="C1")
     rows = {}
     for budget in (None, 8 * 2**30):
-        job, _ = _triples_run_plan(6, 200, 2, budget)
+        job, _ = _triples_run_plan(5, 230, 2, budget)
         assert job.windows is not None                       # windowed tasks
         held = window_counts(job.windows, job.tiles, job.triples, job.G)[2]
         shape = RunShape(None, "ccsd(t)", "mpi-onesided", None, 2, 32, None, 0, True, ref, budget=budget)
@@ -510,7 +510,7 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
         rows[budget] = part["rows"]
         assert rows[budget] == held, (budget, rows[budget], held)
         assert part["kernel"] == shape.threads * job.pool_bytes       # the buffers the run makes
-        share = 8 * (6 * 200**3 + 2 * 6**2 * 200**2 + 6**3 * 200) / 2
+        share = 8 * (5 * 230**3 + 2 * 5**2 * 230**2 + 5**3 * 230) / 2
         assert held <= window_budget(None, budget, job.tensors, 2, job.ranks_per_node) == share
     assert rows[None] == rows[8 * 2**30]
 

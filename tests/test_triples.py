@@ -19,7 +19,7 @@ from tessera.backends.context import Context
 from tessera.chem.integrals import transform
 from tessera.chem.reference import Reference
 from tessera.chem.triples import TriplesResult, triples_correction
-from tessera.errors import InputError, ShapeError
+from tessera.errors import BuildError, InputError, ShapeError
 from tessera.tensor.block_tensor import BlockTensor
 
 WATER = "O 0 0 0.11779; H 0 0.755453 -0.471161; H 0 -0.755453 -0.471161"
@@ -144,6 +144,21 @@ def test_bad_input_is_reported(systems):
     for bad in (0, -2, 1.5, True, "4"):
         with pytest.raises(InputError, match="occ_tile"):
             triples_correction(ints, t1, t2, context=Context("serial"), occ_tile=bad)
+
+
+def test_missing_compiled_kernel_is_a_clear_error(systems, monkeypatch):
+    from tessera.chem import triples_native
+    ref, runs = systems["water"]
+    ints, t1, t2 = _inputs(ref, *runs[0][:2], 0, 8)
+    monkeypatch.setattr(triples_native, "_MODULE", "tessera.chem._no_such_kernel")
+    triples_native._library.cache_clear()
+    try:
+        with pytest.raises(BuildError, match=r"not built; run `make`"):
+            triples_correction(ints, t1, t2, context=Context("serial"))
+    finally:
+        monkeypatch.undo()
+        triples_native._library.cache_clear()
+    assert triples_correction(ints, t1, t2, context=Context("serial")).energy < 0
 
 
 @pytest.mark.parametrize("name", ["water", "n2", "h2o2"])

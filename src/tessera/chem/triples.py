@@ -17,9 +17,11 @@ i >= j >= k are visited (weight 6, 3 or 1).  For one ijk only the virtual triple
 g_a^g_b^g_c = g_i^g_j^g_k exist; they are stored packed, one block per irrep of a
 "single" virtual s, each [n_s, (t, u) pairs of the complementary irrep], never as a
 dense v^3 array.  The twelve W0 terms are sector GEMMs accumulated in place (beta = 1),
-four per choice of single index (a, b or c); index maps (cyclic shifts and a pair swap
-of abc) join the three layouts and apply r3.  With one virtual irrep (C1) the layouts
-are [v, v, v] arrays, eight terms land in W[abc] directly and the moves are transposes.
+four per choice of single index (a, b or c).  The compiled sweep (``triples_kernel.c``
+through ``chem.triples_native``) joins the three layouts into W, adds V and applies r3
+and the denominators in one pass over the orbits a >= b >= c: [v, v, v] arrays with one
+virtual irrep (C1), a table of each orbit's packed positions (``VirtualLayout.prepare``)
+with several.
 
 Kernel API (fed by ``chem.triples_tasks``): :class:`VirtualLayout`
 (packed layouts), :class:`RowSlab` (the operands of a range of occupied orbitals, built
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.linalg.blas import dgemm
 
+from tessera.chem.triples_native import energy_dense, energy_packed, require
 from tessera.errors import InputError, ShapeError
 
 __all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
@@ -120,6 +123,8 @@ class VirtualLayout:
         sizes = n[:, None] * (n + no)[xor]           # fused left rows (s, f or m) of irrep h: [g_s, h]
         self.nleft, self.loff = sizes.sum(axis=0), offsets(sizes)              # loff[h, g_s]
         self.c1 = not np.any(irreps) and not np.any(no[1:])      # every orbital of irrep 0
+        # the irrep tables of the compiled sweep (chem.triples_native): vstart, n, poff
+        self.native = tuple(np.ascontiguousarray(x, dtype=np.int64) for x in (vrange[:, 0], n, self.poff))
 
     def blocks(self, G: int) -> list:
         """(g_s, offset, n_single, n_pairs) of the non-empty single-irrep blocks of G."""
@@ -138,7 +143,11 @@ class VirtualLayout:
                     src[:, a:a + nt * nu].reshape(rows, nt, nu).transpose(0, 2, 1)
 
     def prepare(self, G: int) -> None:
-        """Maps of G: cyclic shift rot2, pair swap, swap then rot (swap_rot), e_a+e_b+e_c, blocks.
+        """What the kernel needs for G: its blocks and, packed (several irreps), the orbit
+        table of the compiled sweep (``orbits`` [orbits, 21] int32): per orbit a >= b >= c
+        (virtual positions, not all equal) the packed positions of its six permutations
+        (abc, acb, bac, bca, cab, cba) in layout a (single a, pair (b, c)), in layout b
+        pair-swapped and in layout c, where W = a + b[(b; c, a)] + c[(c; a, b)], then a, b, c.
 
         Filled per sub-block (irreps g_s, g_t of single and first pair index), where the
         packed position of (s, t, u) is a sum of one term per index, so every map is a
@@ -147,12 +156,14 @@ class VirtualLayout:
             return
         blocks = self.blocks(G)
         dense = len(blocks) == 1 and len(set(self.irrep.tolist())) == 1
+        self.maps[G] = maps = dict(blocks=blocks, dense=bool(dense))
+        if dense:                  # one virtual irrep: the compiled sweep indexes [a, b, c]
+            return
         n, npair, foff, poff = self.n.tolist(), self.npair.tolist(), self.foff.tolist(), self.poff.tolist()
-        ev = [self.ev[self.vr[g, 0]:self.vr[g, 1]] for g in range(NIRREP)]
         ar = [np.arange(m) for m in n]
         size = int(self.ntrip[G])
-        e3 = np.empty(size)
-        out = [np.empty(size, dtype=np.intp) for _ in range(0 if dense else 3)]
+        rot, rot2, swap = (np.empty(size, dtype=np.intp) for _ in range(3))
+        vpos = np.empty((3, size), dtype=np.int32)        # virtual positions of (s, t, u)
 
         def base(gx, gy):        # packed position of (x, y, z) = base + x npair + y n_z + z
             return foff[G][gx] + poff[G ^ gx][gy]
@@ -167,22 +178,25 @@ class VirtualLayout:
 
                 def sub(arr):                # the [s, t, u] sub-block of a flat array of G
                     return arr[off:off + ns * np_s].reshape(ns, np_s)[:, q0:q0 + nt * nu].reshape(ns, nt, nu)
-                sub(e3)[...] = ev[gs][:, None, None] + ev[gt][None, :, None] + ev[gu][None, None, :]
-                if dense:
-                    continue
                 s, t, u = ar[gs][:, None, None], ar[gt][None, :, None], ar[gu][None, None, :]
-                rot, rot2, swap = out
                 sub(rot)[...] = base(gt, gu) + t * npair[G ^ gt] + u * ns + s          # (t; u, s)
                 sub(rot2)[...] = base(gu, gs) + u * npair[G ^ gu] + s * nt + t         # (u; s, t)
                 sub(swap)[...] = base(gs, gu) + s * np_s + u * nt + t                  # (s; u, t)
-        maps = dict(e3=e3, blocks=blocks, dense=bool(dense),
-                    block_of={gs: (off, ns, npair) for gs, off, ns, npair in blocks})
-        if not dense:       # packed: index maps; dense: the same moves are transposes
-            rot, rot2, swap = out
-            # swap then rot as one map, for layout b kept pair-swapped: x[swap][rot] =
-            # x[swap_rot]; rot itself is rot2 twice (the kernel gathers it so: faster)
-            maps.update(rot2=rot2, swap=swap, swap_rot=swap[rot])
-        self.maps[G] = maps
+                for row, g, x in zip(vpos, (gs, gt, gu), (s, t, u)):
+                    sub(row)[...] = int(self.vr[g, 0]) + x
+        sg, tg, ug = vpos
+        reps = np.flatnonzero((sg >= tg) & (tg >= ug) & (sg != ug))      # one position per orbit
+        a, b, c = (x[reps].astype(np.intp) for x in vpos)
+        rel = np.arange(len(self.irrep)) - self.vr[self.irrep, 0]
+        npair_a, foff_a, poff_a, n_a = self.npair, self.foff[G], self.poff, self.n
+
+        def pos(x, y, z):                                # packed position of (x; y, z), layout a
+            gx, gy, gz = self.irrep[x], self.irrep[y], self.irrep[z]
+            return (foff_a[gx] + rel[x] * npair_a[G ^ gx] + poff_a[G ^ gx, gy] + rel[y] * n_a[gz] + rel[z])
+        perms = np.stack([pos(a, b, c), pos(a, c, b), pos(b, a, c), pos(b, c, a), pos(c, a, b), pos(c, b, a)], 1)
+        # layout b is kept pair-swapped: its element for W[p] is at swap[rot[p]]
+        maps["orbits"] = np.ascontiguousarray(np.hstack(
+            [perms, swap[rot][perms], rot2[perms], a[:, None], b[:, None], c[:, None]]).astype(np.int32))
 
 
 # --------------------------------------------------------------------------- operands
@@ -393,6 +407,8 @@ class TripleKernel:
         self.nfm = [a + b for a, b in zip(self.nv, self.no)]      # K of the fused terms
         self.nvir = len(lay.irrep)
         self.flops = 0
+        self._ev = np.ascontiguousarray(lay.ev, dtype=float)       # the compiled sweep's operands
+        self._zeros = np.zeros(self.nvir ** 2) if self.dense else None
 
     @staticmethod
     def batch_size(lay: VirtualLayout, occ_tile: int) -> int:
@@ -401,7 +417,7 @@ class TripleKernel:
         nirrep = max(1, len(set(lay.irrep.tolist())))
         width = max(1, len(lay.irrep) // nirrep)
         batch = max(1, min(occ_tile, -(-256 // width)))
-        nbatch = 2 if nirrep == 1 else 3
+        nbatch = 3
         while batch > 1 and nbatch * 8 * batch * int(lay.ntrip.max()) > 64 * 2 ** 20:
             batch -= 1
         return batch
@@ -412,10 +428,11 @@ class TripleKernel:
         of one triple's, and the stacked left operands."""
         nv, no, ntrip = int(lay.n.max()), int(lay.no.max()), max(int(lay.ntrip.max()), 1)
         left = [max(batch * nv * (nv + no), 1)]          # stacked left operands (fused C1: v + o wide)
-        if len(set(lay.irrep.tolist())) == 1:         # W and a layout of the batch; 3 of one triple
-            return [batch * ntrip] * 2 + [ntrip] * 3 + left
-        # the batch's three layouts; 8 of one triple; left operands of two layouts stacked
-        return [3 * batch * ntrip] + [ntrip] * 8 + [2 * left[0]]
+        if len(set(lay.irrep.tolist())) == 1:         # the batch's three layouts
+            return [batch * ntrip] * 3 + left
+        # the batch's three layouts; 3 of one triple; 3 (x t|y u) rows made dense; left
+        # operands of two layouts stacked
+        return [3 * batch * ntrip] + [ntrip] * 3 + [3 * len(lay.irrep) ** 2] + [2 * left[0]]
 
     @staticmethod
     def new_pool(lay: VirtualLayout, batch: int = 1) -> list:
@@ -439,13 +456,10 @@ class TripleKernel:
     def energy(self, i: int, j: int, ks: range) -> float:
         """sum over k in ks of sum_abc W r3(W + V) / D for (i, j, k) (no weight, no 1/3).
 
-        With Y = W/D, Yc = Y + Y[bca] + Y[cab] and Zs = Yc[acb] (both invariant under
-        cyclic shifts of abc), r3(Y) = 3Y + Yc - 2Zs and sum Y r3(X) = sum r3(Y) X.
-        Invariant weights meet V = V1 + V2 + V3 in any cyclic layout, where each V_l is
-        rank 1; 3Y meets V in layout (a; b, c).
+        D is the same at the six permutations of an orbit {a, b, c}; with Z = W + V and
+        S_e, S_o the sums of Z over its even and odd permutations, r3(Z) at an even one p
+        is 3 Z_p + S_e - 2 S_o (odd: 3 Z_p + S_o - 2 S_e): the compiled sweep's form.
         """
-        if self.fused:
-            return self._energy_fused(i, j, ks)
         return self._energy_dense(i, j, ks) if self.dense else self._energy_packed(i, j, ks)
 
     def _left(self, table, x, y, ks, p0: int, width: int, out=None) -> np.ndarray:
@@ -585,57 +599,28 @@ class TripleKernel:
                 return a[:n]
         return None
 
-    def _pair_rows(self, i, j, ks) -> tuple:
-        """P_l = (jt|ku), (kt|iu), (it|ju) and Pz_l = P_l - 2 (ju|kt), (ku|it), (iu|jt), each
-        over the packed pairs (t, u) of the block whose single irrep is that of i, j, k
-        ([len(ks), pairs] where k enters, else [pairs]); also (iu|kt) [len(ks), pairs].
-
-        V_l = t1[o_s s] P_l[(t, u)] is rank 1 in the cyclic layout l (o_s = i, j, k; t1 is
-        zero unless g_s = g_{o_s}); the pair-swapped part is V[acb], which Zs = Yc[acb]
-        meets as Yc meets V.
-        """
-        ov, g, r, nk = self.inp.ovov, self.irr, self.rel, len(ks)
-        gk, rk = g[ks[0]], r[ks[0]]
-        a, d = ov[j][gk][rk:rk + nk], ov[i][gk][rk:rk + nk]
-        b = np.array([ov[k][g[j]][r[j]] for k in ks])
-        c = np.array([ov[k][g[i]][r[i]] for k in ks])
-        e, f = ov[i][g[j]][r[j]], ov[j][g[i]][r[i]]
-        return (a, c, e), (a - 2.0 * b, c - 2.0 * d, e - 2.0 * f), d
-
-    def _t1_dot(self, ks, layouts) -> float:
-        """sum over (X, o, P) of t1[o, s] X[k, s, pairs] P[(k,) pairs] in the block of s's
-        irrep g_o (o None: k of ks); X in the batch layout."""
-        t1, vr, block_of, g, nk = self.inp.t1, self.vr, self.maps["block_of"], self.irr, len(ks)
-        total = 0.0
-        for x, o, p in layouts:
-            go = g[ks[0]] if o is None else g[o]
-            blk = block_of.get(go)
-            if blk is None or not p.shape[-1]:
-                continue
-            off, ns, npair = blk
-            xb = x[nk * off:nk * (off + ns * npair)].reshape(nk, ns, npair)
-            z = np.matmul(xb, p[..., None])[..., 0] if p.ndim == 2 else xb @ p      # [k, s]
-            v0, v1 = vr[go]
-            total += float(np.vdot(t1[ks[0]:ks[-1] + 1, v0:v1], z) if o is None else t1[o, v0:v1] @ z.sum(0))
-        return total
-
     def _energy_dense(self, i, j, ks) -> float:
-        """One virtual irrep: W of the batch is [k, a, b, c], relayouts are transposes; the
-        sweep runs per k (its arrays stay in cache)."""
+        """One virtual irrep: the three layouts of the batch, A [k, a, (b c)], B [k, b, (a c)]
+        and C [k, c, (a b)], by GEMMs (the fused C1 operands when there are), then per k the
+        compiled sweep (``chem.triples_native``): W = A + B[bac] + C[cab], V, r3 and D in
+        one pass."""
         nv, nk = self.nvir, len(ks)
-        W, Sb = (a[:nk * nv ** 3].reshape(nk, nv, nv, nv) for a in self.buf[:2])
-        flat = (lambda x: x.reshape(-1))
-        if i == j:                                                # single a and b alike
-            self._accumulate(flat(Sb), ks, ((0, j, i, None),))    # [b, (a c)] = [a, (b c)]
-            np.add(Sb, Sb.transpose(0, 2, 1, 3), out=W)
+        A, B, C = (a[:nk * nv ** 3].reshape(nk, nv, nv, nv) for a in self.buf[:3])
+        if self.fused:
+            single = self._single
         else:
-            self._accumulate(flat(W), ks, ((0, i, j, None),))     # [a, (b c)]
-            self._accumulate(flat(Sb), ks, ((0, j, i, None),))    # [b, (a c)]
-            W += Sb.transpose(0, 2, 1, 3)
-        if ks[0] != j:                                            # else single c as single b
-            self._accumulate(flat(Sb), ks, ((0, None, i, j),))    # [c, (a b)]
-        W += Sb.transpose(0, 2, 3, 1)                             # W[abc]
-        return sum(self._sweep_dense(W[n], i, j, k) for n, k in enumerate(ks))
+            def single(out, os_, ot, ks, ou=None):
+                self._accumulate(out.reshape(-1), ks, ((0, os_, ot, ou),))
+        single(B, j, i, ks)                                       # single b, pair (a, c)
+        if i == j:                                                # single a and b alike
+            A = B
+        else:
+            single(A, i, j, ks)                                   # single a, pair (b, c)
+        if ks[0] != j:                                            # else (j == k) as single b
+            single(C, None, i, ks, j)                             # single c, pair (a, b)
+        else:
+            C = B
+        return sum(self._sweep_dense(A[n], B[n], C[n], i, j, k) for n, k in enumerate(ks))
 
     def _single(self, out, s, t, ks, u=None) -> None:
         """out = the 4 W0 terms of single (o_s s), pair (o_t t, o_u u) for every k in ks, as
@@ -659,59 +644,24 @@ class TripleKernel:
                 dgemm(1.0, right.T, lft.reshape(nk * nv, nf).T, beta=beta, c=c, overwrite_c=1)
         self.flops += 4 * nk * nv ** 3 * nf
 
-    def _energy_fused(self, i, j, ks) -> float:
-        """C1 with the fused operands: W of the batch [k, a, b, c] = X_a + X_b[bac] + X_c[cab]
-        from X_a [k, a, (b c)], X_b [k, b, (a c)], X_c [k, c, (a b)]; the sweep per k."""
-        nv, nk = self.nvir, len(ks)
-        W, X = (a[:nk * nv ** 3].reshape(nk, nv, nv, nv) for a in self.buf[:2])
-        if i == j:                                                # single a and b alike
-            self._single(X, j, i, ks)
-            np.add(X, X.transpose(0, 2, 1, 3), out=W)
-        else:
-            self._single(W, i, j, ks)
-            self._single(X, j, i, ks)
-            W += X.transpose(0, 2, 1, 3)
-        if ks[0] != j:                                            # else single c as single b
-            self._single(X, None, i, ks, j)
-        W += X.transpose(0, 2, 3, 1)
-        return sum(self._sweep_dense(W[n], i, j, k) for n, k in enumerate(ks))
-
-    def _sweep_dense(self, W, i, j, k) -> float:
-        """sum_abc W r3(W + V) / D of one triple, W [a, b, c]."""
-        nv, t1 = self.nvir, self.inp.t1
-        Y, U, T = (a[:nv ** 3].reshape(nv, nv, nv) for a in self.buf[2:5])
-        flat = (lambda x: x.reshape(-1))
-        eo = self.inp.eo
-        np.subtract(eo[i] + eo[j] + eo[k], self.maps["e3"], out=flat(Y))
-        np.divide(W, Y, out=Y)                                    # Y = W / D
-        ks = range(k, k + 1)
-        P, Pz, ik = self._pair_rows(i, j, ks)
-        nv2 = nv * nv
-        e = float(flat(W) @ flat(Y)) + self._t1_dot(ks, ((flat(Y), i, P[0]),))
-        if ik.shape[-1] == nv2:                                   # else zero by symmetry
-            e += float(np.vdot(np.matmul(t1[j], Y), ik))
-        if P[2].size == nv2:
-            e += float(np.vdot(Y.reshape(-1, nv) @ t1[k], P[2]))
-        e *= 3.0
-        np.add(Y, Y.transpose(2, 0, 1), out=U)                    # + Y[bca]
-        U += Y.transpose(1, 2, 0)                                 # + Y[cab] = Yc
-        np.copyto(T, U.transpose(1, 0, 2))                        # Zs = U[acb] = U[bac] (U cyclic): c stays inner
-        return e + float(flat(U) @ flat(W)) - 2.0 * float(flat(T) @ flat(W)) + self._t1_dot(
-            ks, ((flat(U), i, Pz[0]), (flat(U), j, Pz[1]), (flat(U), None, Pz[2])))
+    def _sweep_dense(self, A, B, C, i, j, k) -> float:
+        """sum_abc W r3(W + V) / D of one triple from its three layouts [v, v, v]."""
+        nv2, ov, g, r, inp = self.nvir ** 2, self.inp.ovov, self.irr, self.rel, self.inp
+        pairs = [ov[x][g[y]][r[y]] for x, y in ((j, k), (i, k), (i, j))]      # (jb|kc), (ia|kc), (ia|jb)
+        pairs = [p if p.size == nv2 else self._zeros for p in pairs]          # else zero by symmetry
+        t1 = inp.t1
+        return energy_dense(A, B, C, self._ev, inp.eo[i] + inp.eo[j] + inp.eo[k], t1[i], t1[j], t1[k], *pairs)
 
     def _energy_packed(self, i, j, ks) -> float:
         """Point-group symmetry: the three cyclic layouts of the batch, then per k (moved out
-        of the batch layout) joined by index maps.
+        of the batch layout) the compiled sweep over the orbit table of G.
 
         The batch holds, per single irrep g_s, slot 0: layout a (i; j, k), slot 1: layout b
         pair-swapped (j; i, k), slot 2: layout c (k; i, j), so the b and c terms whose right
-        operand is i's are one GEMM (N doubled).  b is kept pair-swapped because its gather
-        into layout a (swap_rot) is faster than that of the plain layout (rot): ~62 vs ~84 us
-        per 1e5 doubles on benzene; storing c swapped instead would pair two more terms but
-        gather by swap_rot2 (~85 us, not rot2's ~63): measured, this order is the faster."""
+        operand is i's are one GEMM (N doubled)."""
         nk, n, blocks = len(ks), int(self.inp.lay.ntrip[self.G]), self.maps["blocks"]
         B = self.buf[0][:3 * nk * n]
-        Sa, Sb, Sc = (a[:n] for a in self.buf[1:4])
+        Sa_buf, Sb_buf, Sc_buf = (a[:n] for a in self.buf[1:4])
         layouts = [(0, i, j, None)]                               # single a, pair (b, c)
         if i != j:                                                # else the same terms, pair swapped
             layouts.append((1, j, i, None))                       # single b, pair (a, c)
@@ -725,43 +675,18 @@ class TripleKernel:
                 c0 = 3 * nk * off + (slot * nk + n_k) * size
                 out[off:off + size] = B[c0:c0 + size]
             return out
-        m, e = self.maps, 0.0
-        W, Y1 = self.buf[4][:n], self.buf[6][:n]
+        e, inp, g, r, lay = 0.0, self.inp, self.irr, self.rel, self.inp.lay
+        Pscratch = self.buf[4][:3 * self.nvir ** 2]
         for n_k, k in enumerate(ks):
-            # W = a + b[rot] + c[rot2] = a + bs[swap_rot] + c[rot2] (bs: b pair-swapped);
-            # on a diagonal bs = a (i == j) and c = bs (j == k); a is added from the batch
-            # layout in place (no copy: only the gathers need a triple's own array)
-            bs = one(0, n_k, Sa) if i == j else one(1, n_k, Sb)
-            np.take(bs, m["swap_rot"], out=W, mode="clip")
-            if i == j:
-                W += bs
-            else:
-                for _, off, ns, npair in blocks:
-                    size = ns * npair
-                    c0 = 3 * nk * off + n_k * size
-                    W[off:off + size] += B[c0:c0 + size]
-            np.take(one(2, n_k, Sc) if j != k else bs, m["rot2"], out=Y1, mode="clip")
-            W += Y1                                               # W in layout (a; b, c)
-            e += self._sweep_packed(W, i, j, k)
+            # on a diagonal layout b (pair-swapped) is a's (i == j) and c is b's (j == k)
+            Sa = one(0, n_k, Sa_buf)
+            bs = Sa if i == j else one(1, n_k, Sb_buf)
+            Sc = bs if j == k else one(2, n_k, Sc_buf)
+            pairs = [inp.ovov[x][g[y]][r[y]] for x, y in ((j, k), (i, k), (i, j))]   # (jb|kc), (ia|kc), (ia|jb)
+            e += energy_packed(self.maps["orbits"], Sa, bs, Sc, self._ev, inp.eo[i] + inp.eo[j] + inp.eo[k],
+                               inp.t1[i], inp.t1[j], inp.t1[k], pairs, (g[j] ^ g[k], g[i] ^ g[k], g[i] ^ g[j]),
+                               lay, Pscratch)
         return e
-
-    def _sweep_packed(self, W, i, j, k) -> float:
-        """sum_abc W r3(W + V) / D of one triple, W in layout (a; b, c)."""
-        m = self.maps
-        Y, Y1, Y2, U = (a[:W.size] for a in self.buf[5:9])
-        eo = self.inp.eo
-        np.subtract(eo[i] + eo[j] + eo[k], m["e3"], out=Y)
-        np.divide(W, Y, out=Y)                                    # Y = W / D
-        np.take(Y, m["rot2"], out=Y2, mode="clip")                # Y[cab]
-        np.take(Y2, m["rot2"], out=Y1, mode="clip")               # Y[bca] (rot2 twice: faster than rot)
-        np.add(Y, Y1, out=U)
-        U += Y2                                                   # Yc
-        ks = range(k, k + 1)
-        P, Pz, _ = self._pair_rows(i, j, ks)
-        e = 3.0 * (float(W @ Y) + self._t1_dot(ks, ((Y, i, P[0]), (Y2, j, P[1]), (Y1, None, P[2]))))
-        np.take(U, m["swap"], out=Y1, mode="clip")                # Zs
-        return e + float(U @ W) - 2.0 * float(Y1 @ W) + self._t1_dot(ks, ((U, i, Pz[0]), (U, j, Pz[1]),
-                                                                          (U, None, Pz[2])))
 
 
 # --------------------------------------------------------------------------- driver
@@ -813,6 +738,7 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     for name, val in (("cache_mb", cache_mb), ("kernel_mb", kernel_mb), ("memory_mb", memory_mb)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0):
             raise InputError(f"{name} must be a number >= 0 or None, got {val!r}")
+    require()                     # the compiled kernel, before any task (or forked worker) runs
     resident = all(getattr(t, "dist", None) is None for t in (t1, t2, *ints.tensors.values()))
     if not resident and not context.distributed:
         raise InputError("distributed tensors need a distributed context (mpi-onesided or "
