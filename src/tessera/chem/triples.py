@@ -21,7 +21,8 @@ four per choice of single index (a, b or c).  The compiled sweep (``triples_kern
 through ``chem.triples_native``) joins the three layouts into W, adds V and applies r3
 and the denominators in one pass over the orbits a >= b >= c: [v, v, v] arrays with one
 virtual irrep (C1), a table of each orbit's packed positions (``VirtualLayout.prepare``)
-with several.
+with several.  With several irreps and the fused operands of resident slabs, one call
+per batch (``triples_native.batch_packed``) runs its GEMMs and sweeps in C.
 
 Kernel API (fed by ``chem.triples_tasks``): :class:`VirtualLayout`
 (packed layouts), :class:`RowSlab` (the operands of a range of occupied orbitals, built
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.linalg.blas import dgemm
 
-from tessera.chem.triples_native import energy_dense, energy_packed, require
+from tessera.chem.triples_native import batch_packed, energy_dense, energy_packed, require
 from tessera.errors import InputError, ShapeError
 
 __all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
@@ -125,6 +126,9 @@ class VirtualLayout:
         self.c1 = not np.any(irreps) and not np.any(no[1:])      # every orbital of irrep 0
         # the irrep tables of the compiled sweep (chem.triples_native): vstart, n, poff
         self.native = tuple(np.ascontiguousarray(x, dtype=np.int64) for x in (vrange[:, 0], n, self.poff))
+        # and of its batch kernel (``triples_native.batch_packed``)
+        self.batch_table = np.concatenate([np.ravel(x).astype(np.int64) for x in (
+            n, no, vrange[:, 0], self.npair, self.nleft, n + no, self.poff, self.loff, self.foff)])
 
     def blocks(self, G: int) -> list:
         """(g_s, offset, n_single, n_pairs) of the non-empty single-irrep blocks of G."""
@@ -300,6 +304,19 @@ class RowSlab:
                 np.negative(self.ooL[gy][:, :, q0:q0 + ns * nm].reshape(tx, no[gy], ns, nm), out=seg[..., nf:])
         return self
 
+    def native_rows(self) -> np.ndarray:
+        """[4, x1 - x0, NIRREP] int64: the address of each orbital's row of left, right_a,
+        right_b and ovov per irrep (0: none), for ``triples_native.batch_packed``; made once
+        (the slab's arrays stay put)."""
+        if getattr(self, "_native_rows", None) is None:
+            tx = self.x1 - self.x0
+            self._native_rows = rows = np.zeros((4, tx, NIRREP), dtype=np.int64)
+            for t, arrs in enumerate((self.left, self.right_a, self.right_b, self.ovov)):
+                for g, a in enumerate(arrs):
+                    if a is not None:
+                        rows[t, :, g] = a.ctypes.data + a.strides[0] * np.arange(tx)
+        return self._native_rows
+
     def nbytes(self) -> dict:
         """Bytes held per source tensor (ov2 counts for ovvv, t2s for t2)."""
         size = (lambda *lists: sum(a.nbytes for lst in lists if lst is not None
@@ -344,6 +361,8 @@ class KernelInputs:
     on may be missing (None).  The kernel reads rows of i, j, k only (over all y).
     Optional: ``right_a``, ``right_b``, ``left``, per orbital x the fused operands of
     :class:`RowSlab` (``[x][g]`` as the tables); given, the kernel uses them.
+    ``native_rows`` ([4, o, NIRREP] addresses of their rows and of ovov's, set by
+    ``from_slabs``): given, packed batches run in one compiled call.
     """
 
     def __init__(self, lay, eo, t1, irrep, *, ov1, ov2, t2r, t2s, ooL, ovov,
@@ -353,6 +372,8 @@ class KernelInputs:
         self.rel = [x - int(lay.orange[g, 0]) for x, g in enumerate(self.irrep)]
         self.ov1, self.ov2, self.t2r, self.t2s, self.ooL, self.ovov = ov1, ov2, t2r, t2s, ooL, ovov
         self.right_a, self.right_b, self.left = right_a, right_b, left
+        self.native_rows = None       # with the fused operands of RowSlab s: see from_slabs
+        self.occ_table = np.array([self.irrep, self.rel], dtype=np.int64)
 
     @classmethod
     def from_slabs(cls, lay, eo, t1, irrep, slabs, scratch=None) -> "KernelInputs":
@@ -371,6 +392,10 @@ class KernelInputs:
                     for x in range(s.x0, s.x1):
                         table[x] = [None if a is None else a[x - s.x0] for a in arrs]
         inp = cls(lay, eo, t1, irrep, **tables)
+        if "left" in tables:                          # the compiled batch kernel's row addresses
+            inp.native_rows = np.zeros((4, nocc, NIRREP), dtype=np.int64)
+            for s in slabs:
+                inp.native_rows[:, s.x0:s.x1] = s.native_rows()
         if scratch is not None:
             inp.ov2 = SwappedRows(inp.ov1, inp.irrep, lay, scratch[0])
             inp.t2s = SwappedRows(inp.t2r, inp.irrep, lay, scratch[1])
@@ -660,6 +685,11 @@ class TripleKernel:
         pair-swapped (j; i, k), slot 2: layout c (k; i, j), so the b and c terms whose right
         operand is i's are one GEMM (N doubled)."""
         nk, n, blocks = len(ks), int(self.inp.lay.ntrip[self.G]), self.maps["blocks"]
+        if self.inp.native_rows is not None:     # fused operands: the whole batch in one call
+            e, flops = batch_packed(self.G, i, j, ks[0], nk, self.inp, self.maps["orbits"], self._ev,
+                                    self.buf[:4], self.lbuf, self.buf[4])
+            self.flops += flops
+            return e
         B = self.buf[0][:3 * nk * n]
         Sa_buf, Sb_buf, Sc_buf = (a[:n] for a in self.buf[1:4])
         layouts = [(0, i, j, None)]                               # single a, pair (b, c)

@@ -31,6 +31,7 @@
 
 static inline long lmin(long x, long y) { return x < y ? x : y; }
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* One orbit: W and Z = W + V at its six permutations (abc, acb, bac, bca, cab, cba), the
@@ -144,3 +145,177 @@ double tessera_t3_energy_packed(long norb, const int32_t *orbits, long nv,
     }
     return energy;
 }
+
+/* ------------------------------------------------------------------ one batch, GEMMs in C
+ *
+ * tessera_t3_batch_packed: what TripleKernel._energy_packed does for a batch (i, j, ks =
+ * k0 .. k0 + nk - 1) on the fused operands of RowSlab.add_swapped, with its GEMMs called
+ * here (BLAS dgemm, Fortran convention, its address given once by tessera_t3_set_dgemm:
+ * SciPy's cython_blas, so no link-time BLAS), then per k the packed sweep above.
+ *
+ * The batch buffer B holds, per virtual block g_s of G (offset foff[G, g_s], n_s singles,
+ * np pairs), three slots [k, s, pairs]: 0 layout a (i; j, k), 1 layout b pair-swapped
+ * (j; i, k), 2 layout c (k; i, j); slot 1 is a's when i == j and slot 2 b's when j == k.
+ * A slot (single o_s, pair o_t, o_u) is the sum of two fused terms:
+ *   kind 0: left[o_s][o_u] right_a[o_t],   kind 1: left[o_s][o_t] right_b[o_u],
+ * left[x][y] the row of y in x's fused left operand (block g_s at loff[h, g_s], [n_s, K],
+ * h = g_x ^ g_y, K = n_c + o_c of g_c = g_s ^ h) and right_*[x] x's [K, np] of irrep g_c.
+ * Terms of one kind in adjacent slots with the same right orbital are one GEMM (left rows
+ * stacked over slots and k into lbuf); a right orbital that is k is one GEMM per k and slot.
+ *
+ * tab (int64): n[8], no[8], vstart[8], npair[8], nleft[8], nfm[8], poff[8][8],
+ * loff[8][8], foff[8][8]; occ: irrep[nocc], rel[nocc]; ptr: addresses of the rows of
+ * left, right_a, right_b, ovov per orbital and irrep ([4][nocc][8], 0: none).
+ */
+
+typedef void dgemm_fn(const char *, const char *, const int *, const int *, const int *,
+                      const double *, const double *, const int *, const double *, const int *,
+                      const double *, double *, const int *);
+static dgemm_fn *dgemm_ptr;
+
+void tessera_t3_set_dgemm(void *fn) { dgemm_ptr = (dgemm_fn *) fn; }
+
+enum { T_N = 0, T_NO = 8, T_VSTART = 16, T_NPAIR = 24, T_NLEFT = 32, T_NFM = 40,
+       T_POFF = 48, T_LOFF = 112, T_FOFF = 176 };
+enum { P_LEFT = 0, P_RA = 1, P_RB = 2, P_OVOV = 3 };
+
+/* row-major C[n, m] = alpha L[n, k] R[k, m] + beta C (leading dimensions k, m, m) */
+static void gemm_rm(long m, long n, long k, double alpha, const double *R, const double *L,
+                    double beta, double *C)
+{
+    const int mi = (int) m, ni = (int) n, ki = (int) k;
+    dgemm_ptr("N", "N", &mi, &ni, &ki, &alpha, R, &mi, L, &ki, &beta, C, &mi);
+}
+
+#define PTR(t, x, g) ((const double *) (intptr_t) ptr[((t) * nocc + (x)) * 8 + (g)])
+
+double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long nocc,
+                               const int64_t *tab, const int64_t *occ, const int64_t *ptr,
+                               const double *t1, const double *eo, const double *ev, long nv,
+                               long norb, const int32_t *orbits,
+                               double *B, double *Sa, double *Sb, double *Sc, double *lbuf, double *scratch,
+                               int64_t *flops)
+{
+    const int64_t *n = tab + T_N, *npair = tab + T_NPAIR, *nleft = tab + T_NLEFT, *nfm = tab + T_NFM,
+                  *loff = tab + T_LOFF, *foff = tab + T_FOFF + 8 * G;
+    const int64_t *irr = occ, *rel = occ + nocc;
+    const long gk = irr[k0];
+    /* layouts: (slot, o_s, o_t, o_u), -1 for k */
+    long lay[3][4], nlay = 0;
+    lay[nlay][0] = 0, lay[nlay][1] = i, lay[nlay][2] = j, lay[nlay][3] = -1, nlay++;
+    if (i != j)
+        lay[nlay][0] = 1, lay[nlay][1] = j, lay[nlay][2] = i, lay[nlay][3] = -1, nlay++;
+    if (k0 != j)
+        lay[nlay][0] = 2, lay[nlay][1] = -1, lay[nlay][2] = i, lay[nlay][3] = j, nlay++;
+    int init[3][8] = {{0}};
+    const long nslot = 3;
+    int64_t fl = 0;
+#define IRR(x) ((x) < 0 ? gk : irr[x])
+    for (int kind = 0; kind < 2; kind++) {
+        const int rt = kind ? P_RB : P_RA;
+        /* per layout: left orbital, its row orbital, right orbital (-1: k, unless nk == 1) */
+        long lo[3], ly[3], r[3];
+        for (long l = 0; l < nlay; l++) {
+            lo[l] = lay[l][1];
+            ly[l] = kind ? lay[l][2] : lay[l][3];
+            r[l] = kind ? lay[l][3] : lay[l][2];
+            if (r[l] < 0 && nk == 1)
+                r[l] = k0;
+        }
+        for (int varying = 0; varying < 2; varying++)
+        for (long l0 = 0; l0 < nlay;) {
+            long l1 = l0 + 1;          /* the group: adjacent slots with the same right orbital */
+            while (l1 < nlay && r[l1] == r[l0] && lay[l1][0] == lay[l1 - 1][0] + 1)
+                l1++;
+            if ((r[l0] < 0) != varying) {
+                l0 = l1;
+                continue;
+            }
+            const long nm = l1 - l0, h = IRR(lo[l0]) ^ IRR(ly[l0]);
+            for (long gs = 0; gs < 8; gs++) {
+                const long np = npair[G ^ gs], ns = n[gs], gc = gs ^ h, K = nfm[gc];
+                if (!ns || !np || !K)
+                    continue;
+                const long size = ns * np, width = ns * K, lo_off = loff[8 * h + gs];
+                double *blk = B + nslot * nk * foff[gs];
+                if (!varying) {
+                    /* one GEMM: left rows of every slot and k stacked */
+                    int mixed = 0, any = 0;
+                    for (long l = l0; l < l1; l++)
+                        any |= init[lay[l][0]][gs], mixed |= init[lay[l][0]][gs] != init[lay[l0][0]][gs];
+                    if (mixed)
+                        for (long l = l0; l < l1; l++)
+                            if (!init[lay[l][0]][gs])
+                                for (long e = 0; e < nk * size; e++)
+                                    blk[lay[l][0] * nk * size + e] = 0.0;
+                    const double *L = NULL;
+                    for (long l = l0; l < l1; l++)
+                        for (long q = 0; q < nk; q++) {
+                            const long x = lo[l] < 0 ? k0 + q : lo[l], y = ly[l] < 0 ? k0 + q : ly[l];
+                            const double *row = PTR(P_LEFT, x, irr[y]) + rel[y] * nleft[h] + lo_off;
+                            if (nm * nk == 1)
+                                L = row;
+                            else
+                                for (long e = 0; e < width; e++)
+                                    lbuf[((l - l0) * nk + q) * width + e] = row[e];
+                        }
+                    gemm_rm(np, nm * nk * ns, K, 1.0, PTR(rt, r[l0], gc), L ? L : lbuf, any ? 1.0 : 0.0,
+                            blk + lay[l0][0] * nk * size);
+                    fl += 2 * nm * nk * size * K;
+                } else {
+                    /* a GEMM per k and slot: the right operand is k's */
+                    for (long q = 0; q < nk; q++)
+                        for (long l = l0; l < l1; l++) {
+                            const long sl = lay[l][0];
+                            const double *L = PTR(P_LEFT, lo[l], irr[ly[l]]) + rel[ly[l]] * nleft[h] + lo_off;
+                            gemm_rm(np, ns, K, 1.0, PTR(rt, k0 + q, gc), L, init[sl][gs] ? 1.0 : 0.0,
+                                    blk + (sl * nk + q) * size);
+                        }
+                    fl += 2 * nm * nk * size * K;
+                }
+                for (long l = l0; l < l1; l++)
+                    init[lay[l][0]][gs] = 1;
+            }
+            l0 = l1;
+        }
+    }
+    for (long l = 0; l < nlay; l++)               /* a block no term reached is zero */
+        for (long gs = 0; gs < 8; gs++)
+            if (n[gs] && npair[G ^ gs] && !init[lay[l][0]][gs]) {
+                double *c = B + nslot * nk * foff[gs] + lay[l][0] * nk * n[gs] * npair[G ^ gs];
+                for (long e = 0; e < nk * n[gs] * npair[G ^ gs]; e++)
+                    c[e] = 0.0;
+            }
+    *flops += fl;
+    /* per k: the three layouts out of the batch layout, then the sweep */
+    const int64_t h3[3] = {irr[j] ^ gk, irr[i] ^ gk, irr[i] ^ irr[j]};
+    double energy = 0.0;
+    for (long q = 0; q < nk; q++) {
+        const long k = k0 + q;
+        double *Sx[3] = {Sa, Sb, Sc};
+        const int nl = 1 + (i != j) + (k != j);
+        const int slot_of[3] = {0, i != j ? 1 : 2, 2};
+        for (int l = 0; l < nl; l++)
+            for (long gs = 0; gs < 8; gs++) {
+                const long size = n[gs] * npair[G ^ gs];
+                const double *src = B + nslot * nk * foff[gs] + (slot_of[l] * nk + q) * size;
+                double *dst = Sx[l] + foff[gs];
+                for (long e = 0; e < size; e++)
+                    dst[e] = src[e];
+            }
+        const double *A = Sx[0], *Bs = i == j ? A : Sx[1];
+        const double *C = j == k ? Bs : (i == j ? Sx[1] : Sx[2]);
+        const long pair_of[3][2] = {{j, k}, {i, k}, {i, j}};
+        const double *P[3];
+        for (int l = 0; l < 3; l++) {
+            const long x = pair_of[l][0], y = pair_of[l][1];
+            P[l] = npair[h3[l]] ? PTR(P_OVOV, x, irr[y]) + rel[y] * npair[h3[l]] : NULL;
+        }
+        energy += tessera_t3_energy_packed(norb, orbits, nv, A, Bs, C, ev, eo[i] + eo[j] + eo[k],
+                                           t1 + i * nv, t1 + j * nv, t1 + k * nv, P[0], P[1], P[2], h3,
+                                           tab + T_VSTART, n, tab + T_POFF, scratch);
+    }
+    return energy;
+#undef IRR
+}
+#undef PTR

@@ -4,7 +4,9 @@ The C source (its header comment gives the equations: Raghavachari et al. 1989, 
 closed-shell form of Rendell, Lee, Komornicki 1991 / PySCF's ``cc/ccsd_t.py``) is a
 setuptools extension of ``pyproject.toml`` with no Python API of its own: plain
 functions on pointers, called through ctypes (which releases the GIL, so the threads
-backend runs one call per worker at once).
+backend runs one call per worker at once).  The packed batch kernel calls BLAS dgemm
+through the address SciPy exports (``scipy.linalg.cython_blas``), set once at load:
+the BLAS SciPy already loaded, none at link time.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from tessera.errors import BuildError, ShapeError
 
-__all__ = ["require", "energy_dense", "energy_packed"]
+__all__ = ["require", "energy_dense", "energy_packed", "batch_packed"]
 
 _MODULE = "tessera.chem._triples_kernel"
 _ptr = ctypes.c_void_p
@@ -36,7 +38,24 @@ def _library() -> ctypes.CDLL:
     fn = lib.tessera_t3_energy_packed
     fn.restype = ctypes.c_double
     fn.argtypes = [ctypes.c_long, _ptr, ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 11
+    fn = lib.tessera_t3_batch_packed
+    fn.restype = ctypes.c_double
+    fn.argtypes = [ctypes.c_long] * 6 + [_ptr] * 6 + [ctypes.c_long] * 2 + [_ptr] * 8
+    lib.tessera_t3_set_dgemm.argtypes = [_ptr]
+    lib.tessera_t3_set_dgemm(_scipy_dgemm())
     return lib
+
+
+def _scipy_dgemm() -> int:
+    """Address of SciPy's BLAS dgemm (Fortran convention), from the capsule that
+    ``scipy.linalg.cython_blas`` exports: the kernel calls the BLAS SciPy loaded."""
+    from scipy.linalg import cython_blas
+    capsule = ctypes.py_object(cython_blas.__pyx_capi__["dgemm"])
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype, api.PyCapsule_GetName.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule))
 
 
 def require() -> None:
@@ -75,3 +94,20 @@ def energy_packed(orbits, A, Bs, C, ev, eijk: float, t1i, t1j, t1k, rows, pair_i
         _addr(ev, nv), float(eijk), _addr(t1i, nv), _addr(t1j, nv), _addr(t1k, nv), *rows,
         h.ctypes.data, *(t.ctypes.data for t in lay.native), _addr(scratch, 3 * nv * nv))
 
+
+def batch_packed(G: int, i: int, j: int, k0: int, nk: int, inp, orbits, ev, buf, lbuf, scratch) -> tuple:
+    """(sum over k in k0..k0+nk-1 of the energy of energy_packed, GEMM flops) of one batch
+    (i, j, ks) of ``TripleKernel`` on the fused operands (``inp.native_rows``): its GEMMs
+    and the sweeps in one call; ``buf``: the batch buffer (3 nk ntrip) and one triple's three
+    layouts (ntrip each), ``lbuf`` the stacked left operands, ``scratch`` 3 v^2 doubles."""
+    lay, nocc, nv = inp.lay, len(inp.irrep), ev.size
+    ntrip = int(lay.ntrip[G])
+    B, *S = buf
+    flops = ctypes.c_int64(0)
+    energy = _library().tessera_t3_batch_packed(
+        G, i, j, k0, nk, nocc, lay.batch_table.ctypes.data, _addr(inp.occ_table, 2 * nocc, np.int64),
+        _addr(inp.native_rows, 4 * nocc * 8, np.int64), _addr(inp.t1, nocc * nv), _addr(inp.eo, nocc),
+        _addr(ev, nv), nv, orbits.shape[0], _addr(orbits, orbits.size, np.int32),
+        _addr(B[:3 * nk * ntrip], 3 * nk * ntrip), *(_addr(x[:ntrip], ntrip) for x in S),
+        lbuf.ctypes.data, _addr(scratch[:3 * nv * nv], 3 * nv * nv), ctypes.byref(flops))
+    return energy, flops.value
