@@ -161,7 +161,9 @@ double tessera_t3_energy_packed(long norb, const int32_t *orbits, long nv,
  * left[x][y] the row of y in x's fused left operand (block g_s at loff[h, g_s], [n_s, K],
  * h = g_x ^ g_y, K = n_c + o_c of g_c = g_s ^ h) and right_*[x] x's [K, np] of irrep g_c.
  * Terms of one kind in adjacent slots with the same right orbital are one GEMM (left rows
- * stacked over slots and k into lbuf); a right orbital that is k is one GEMM per k and slot.
+ * stacked over slots and k into lbuf: at most two slots share a GEMM, so lbuf needs
+ * 2 nk max_s n_s max_c K doubles, TripleKernel.pool_sizes' last buffer); a right orbital
+ * that is k is one GEMM per k and slot, accumulated in place (beta).
  *
  * tab (int64): n[8], no[8], vstart[8], npair[8], nleft[8], nfm[8], poff[8][8],
  * loff[8][8], foff[8][8]; occ: irrep[nocc], rel[nocc]; ptr: addresses of the rows of
