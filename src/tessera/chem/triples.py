@@ -690,7 +690,7 @@ class TripleKernel:
         nk, n, blocks = len(ks), int(self.inp.lay.ntrip[self.G]), self.maps["blocks"]
         if self.inp.native_rows is not None:     # fused operands: the whole batch in one call
             e, flops = batch_packed(self.G, i, j, ks[0], nk, self.inp, self.maps["orbits"], self._ev,
-                                    self.buf[:4], self.lbuf, self.buf[4])
+                                    self.buf[0], self.lbuf, self.buf[4])
             self.flops += flops
             return e
         B = self.buf[0][:3 * nk * n]

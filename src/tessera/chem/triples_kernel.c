@@ -121,13 +121,17 @@ static void dense_pairs(long nv, const int64_t *vstart, const int64_t *n, const 
  * the virtual space, a >= b >= c, not all equal).  Prow: the packed rows (jb|kc), (ia|kc),
  * (ia|jb) of pair irreps h[0..2] (NULL: zero by symmetry), made dense in scratch
  * [3 nv nv] from the irrep tables vstart[8], n[8], poff[8][8]. */
-double tessera_t3_energy_packed(long norb, const int32_t *orbits, long nv,
-                                const double *A, const double *Bs, const double *C,
-                                const double *ev, double eijk,
-                                const double *t1i, const double *t1j, const double *t1k,
-                                const double *Pjk, const double *Pik, const double *Pij,
-                                const int64_t *h, const int64_t *vstart, const int64_t *n,
-                                const int64_t *poff, double *scratch)
+/* The packed sweep; d (NULL: none): per layout (a, b, c) and irrep g_s of the single
+ * index, [3][8] shifts added to the orbit table's positions (A, Bs, C then point into the
+ * batch layout of tessera_t3_batch_packed; virr: the irrep of each virtual). */
+static inline double sweep_packed(long norb, const int32_t *orbits, long nv,
+                                  const double *A, const double *Bs, const double *C,
+                                  const int64_t *d, const int32_t *virr,
+                                  const double *ev, double eijk,
+                                  const double *t1i, const double *t1j, const double *t1k,
+                                  const double *Pjk, const double *Pik, const double *Pij,
+                                  const int64_t *h, const int64_t *vstart, const int64_t *n,
+                                  const int64_t *poff, double *scratch)
 {
     const double *rows[3] = {Pjk, Pik, Pij};
     for (int l = 0; l < 3; l++)
@@ -136,14 +140,36 @@ double tessera_t3_energy_packed(long norb, const int32_t *orbits, long nv,
     double energy = 0.0, w[6], z[6];
     for (long q = 0; q < norb; q++) {
         const int32_t *o = orbits + 21 * q;
-        for (int p = 0; p < 6; p++)
-            w[p] = A[o[p]] + Bs[o[6 + p]] + C[o[12 + p]];
         const long a = o[18], b = o[19], c = o[20];
+        if (d) {          /* the single index of W[xyz] is x in layout a, y in b, z in c */
+            const int64_t *da = d, *db = d + 8, *dc = d + 16;
+            const int32_t ga = virr[a], gb = virr[b], gc = virr[c];
+            w[0] = A[o[0] + da[ga]] + Bs[o[6] + db[gb]] + C[o[12] + dc[gc]];
+            w[1] = A[o[1] + da[ga]] + Bs[o[7] + db[gc]] + C[o[13] + dc[gb]];
+            w[2] = A[o[2] + da[gb]] + Bs[o[8] + db[ga]] + C[o[14] + dc[gc]];
+            w[3] = A[o[3] + da[gb]] + Bs[o[9] + db[gc]] + C[o[15] + dc[ga]];
+            w[4] = A[o[4] + da[gc]] + Bs[o[10] + db[ga]] + C[o[16] + dc[gb]];
+            w[5] = A[o[5] + da[gc]] + Bs[o[11] + db[gb]] + C[o[17] + dc[ga]];
+        } else
+            for (int p = 0; p < 6; p++)
+                w[p] = A[o[p]] + Bs[o[6 + p]] + C[o[12 + p]];
         add_v(nv, a, b, c, t1i, t1j, t1k, Djk, Dik, Dij, w, z);
         const double e = orbit_energy(w, z);
         energy += (a == b || b == c ? 0.5 * e : e) / (eijk - ev[a] - ev[b] - ev[c]);
     }
     return energy;
+}
+
+double tessera_t3_energy_packed(long norb, const int32_t *orbits, long nv,
+                                const double *A, const double *Bs, const double *C,
+                                const double *ev, double eijk,
+                                const double *t1i, const double *t1j, const double *t1k,
+                                const double *Pjk, const double *Pik, const double *Pij,
+                                const int64_t *h, const int64_t *vstart, const int64_t *n,
+                                const int64_t *poff, double *scratch)
+{
+    return sweep_packed(norb, orbits, nv, A, Bs, C, NULL, NULL, ev, eijk, t1i, t1j, t1k,
+                        Pjk, Pik, Pij, h, vstart, n, poff, scratch);
 }
 
 /* The version of this source's functions and argument lists: chem/native.py refuses a
@@ -158,7 +184,9 @@ int tessera_abi_version(void)
  * tessera_t3_batch_packed: what TripleKernel._energy_packed does for a batch (i, j, ks =
  * k0 .. k0 + nk - 1) on the fused operands of RowSlab.add_swapped, with its GEMMs called
  * here (BLAS dgemm, Fortran convention, its address given once by tessera_t3_set_dgemm:
- * SciPy's cython_blas, so no link-time BLAS), then per k the packed sweep above.
+ * SciPy's cython_blas, so no link-time BLAS), then per k the packed sweep above, reading
+ * the three layouts in the batch buffer in place (the orbit table's positions shifted per
+ * layout and irrep of the single index: no copies out of it).
  *
  * The batch buffer B holds, per virtual block g_s of G (offset foff[G, g_s], n_s singles,
  * np pairs), three slots [k, s, pairs]: 0 layout a (i; j, k), 1 layout b pair-swapped
@@ -202,8 +230,7 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
                                const int64_t *tab, const int64_t *occ, const int64_t *ptr,
                                const double *t1, const double *eo, const double *ev, long nv,
                                long norb, const int32_t *orbits,
-                               double *B, double *Sa, double *Sb, double *Sc, double *lbuf, double *scratch,
-                               int64_t *flops)
+                               double *B, double *lbuf, double *scratch, int64_t *flops)
 {
     const int64_t *n = tab + T_N, *npair = tab + T_NPAIR, *nleft = tab + T_NLEFT, *nfm = tab + T_NFM,
                   *loff = tab + T_LOFF, *foff = tab + T_FOFF + 8 * G;
@@ -296,33 +323,29 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
                     c[e] = 0.0;
             }
     *flops += fl;
-    /* per k: the three layouts out of the batch layout, then the sweep */
+    /* per k: the sweep, reading the three layouts in the batch layout */
     const int64_t h3[3] = {irr[j] ^ gk, irr[i] ^ gk, irr[i] ^ irr[j]};
+    int32_t virr[nv];
+    for (long g = 0; g < 8; g++)
+        for (long x = 0; x < n[g]; x++)
+            virr[tab[T_VSTART + g] + x] = (int32_t) g;
+    const long slot_b = i == j ? 0 : 1;          /* on a diagonal b is a's, c is b's */
     double energy = 0.0;
     for (long q = 0; q < nk; q++) {
-        const long k = k0 + q;
-        double *Sx[3] = {Sa, Sb, Sc};
-        const int nl = 1 + (i != j) + (k != j);
-        const int slot_of[3] = {0, i != j ? 1 : 2, 2};
-        for (int l = 0; l < nl; l++)
-            for (long gs = 0; gs < 8; gs++) {
-                const long size = n[gs] * npair[G ^ gs];
-                const double *src = B + nslot * nk * foff[gs] + (slot_of[l] * nk + q) * size;
-                double *dst = Sx[l] + foff[gs];
-                for (long e = 0; e < size; e++)
-                    dst[e] = src[e];
-            }
-        const double *A = Sx[0], *Bs = i == j ? A : Sx[1];
-        const double *C = j == k ? Bs : (i == j ? Sx[1] : Sx[2]);
+        const long k = k0 + q, slots[3] = {0, slot_b, j == k ? slot_b : 2};
+        int64_t d[3][8];
+        for (int l = 0; l < 3; l++)
+            for (long g = 0; g < 8; g++)
+                d[l][g] = (nslot * nk - 1) * foff[g] + (slots[l] * nk + q) * n[g] * npair[G ^ g];
         const long pair_of[3][2] = {{j, k}, {i, k}, {i, j}};
         const double *P[3];
         for (int l = 0; l < 3; l++) {
             const long x = pair_of[l][0], y = pair_of[l][1];
             P[l] = npair[h3[l]] ? PTR(P_OVOV, x, irr[y]) + rel[y] * npair[h3[l]] : NULL;
         }
-        energy += tessera_t3_energy_packed(norb, orbits, nv, A, Bs, C, ev, eo[i] + eo[j] + eo[k],
-                                           t1 + i * nv, t1 + j * nv, t1 + k * nv, P[0], P[1], P[2], h3,
-                                           tab + T_VSTART, n, tab + T_POFF, scratch);
+        energy += sweep_packed(norb, orbits, nv, B, B, B, &d[0][0], virr, ev, eo[i] + eo[j] + eo[k],
+                               t1 + i * nv, t1 + j * nv, t1 + k * nv, P[0], P[1], P[2], h3,
+                               tab + T_VSTART, n, tab + T_POFF, scratch);
     }
     return energy;
 #undef IRR

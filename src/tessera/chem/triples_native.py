@@ -36,7 +36,7 @@ def _library() -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_long, _ptr, ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 11
     fn = lib.tessera_t3_batch_packed
     fn.restype = ctypes.c_double
-    fn.argtypes = [ctypes.c_long] * 6 + [_ptr] * 6 + [ctypes.c_long] * 2 + [_ptr] * 8
+    fn.argtypes = [ctypes.c_long] * 6 + [_ptr] * 6 + [ctypes.c_long] * 2 + [_ptr] * 5
     lib.tessera_t3_set_dgemm.argtypes = [_ptr]
     lib.tessera_t3_set_dgemm(_scipy_dgemm())
     return lib
@@ -91,19 +91,18 @@ def energy_packed(orbits, A, Bs, C, ev, eijk: float, t1i, t1j, t1k, rows, pair_i
         h.ctypes.data, *(t.ctypes.data for t in lay.native), _addr(scratch, 3 * nv * nv))
 
 
-def batch_packed(G: int, i: int, j: int, k0: int, nk: int, inp, orbits, ev, buf, lbuf, scratch) -> tuple:
+def batch_packed(G: int, i: int, j: int, k0: int, nk: int, inp, orbits, ev, B, lbuf, scratch) -> tuple:
     """(sum over k in k0..k0+nk-1 of the energy of energy_packed, GEMM flops) of one batch
     (i, j, ks) of ``TripleKernel`` on the fused operands (``inp.native_rows``): its GEMMs
-    and the sweeps in one call; ``buf``: the batch buffer (3 nk ntrip) and one triple's three
-    layouts (ntrip each), ``lbuf`` the stacked left operands, ``scratch`` 3 v^2 doubles."""
+    and the sweeps in one call, the sweeps reading the batch buffer ``B`` (3 nk ntrip) in
+    place; ``lbuf`` the stacked left operands, ``scratch`` 3 v^2 doubles."""
     lay, nocc, nv = inp.lay, len(inp.irrep), ev.size
     ntrip = int(lay.ntrip[G])
-    B, *S = buf
     flops = ctypes.c_int64(0)
     energy = _library().tessera_t3_batch_packed(
         G, i, j, k0, nk, nocc, lay.batch_table.ctypes.data, _addr(inp.occ_table, 2 * nocc, np.int64),
         _addr(inp.native_rows, 4 * nocc * 8, np.int64), _addr(inp.t1, nocc * nv), _addr(inp.eo, nocc),
         _addr(ev, nv), nv, orbits.shape[0], _addr(orbits, orbits.size, np.int32),
-        _addr(B[:3 * nk * ntrip], 3 * nk * ntrip), *(_addr(x[:ntrip], ntrip) for x in S),
-        lbuf.ctypes.data, _addr(scratch[:3 * nv * nv], 3 * nv * nv), ctypes.byref(flops))
+        _addr(B[:3 * nk * ntrip], 3 * nk * ntrip), lbuf.ctypes.data,
+        _addr(scratch[:3 * nv * nv], 3 * nv * nv), ctypes.byref(flops))
     return energy, flops.value
