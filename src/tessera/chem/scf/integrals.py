@@ -23,6 +23,7 @@ import numpy as np
 from pyscf.gto import moleintor
 from pyscf.lib import unpack_tril, with_omp_threads
 
+from tessera.backends.schedule import partition
 from tessera.chem.scf.blocking import ShellBlocks
 from tessera.errors import BuildError
 
@@ -118,22 +119,29 @@ def schwarz_bounds(eri: BlockERI, mol) -> np.ndarray:
     return np.sqrt(q)
 
 
-def s8_integrals(mol, threads: int = 1):
+def s8_integrals(mol, threads: int = 1, ranks=None):
     """(eri, skeleton): the 8-fold symmetric integrals (ij|kl), i >= j, k >= l, ij >= kl
     (PySCF's ``mol.intor("int2e", aosym="s8")`` layout), with libcint computing one shell
     quartet per orbit of the point group (``s8fill.c``: about 1/4 of them for a planar D2h
     molecule, 1/8 for a non-planar one) on ``threads`` threads, and the ``Skeleton`` that
     builds J and K from those quartets alone; without point-group operations that map
-    shells onto shells with signed AOs, PySCF's own s8 fill and None."""
+    shells onto shells with signed AOs, PySCF's own s8 fill and None.
+
+    With ``ranks`` (a context's ``Ranks``) of several processes and such operations, this
+    rank's part only: the representative quartets of its range of shell pairs
+    (``s8_windows``) in its window of the array; the skeleton's J and K are then this
+    rank's part, to be summed over the ranks."""
     ops = _shell_operations(mol)
+    nranks = 1 if ranks is None else ranks.size
     if not ops:
         with with_omp_threads(max(1, int(threads))):
             return mol.intor("int2e", aosym="s8"), None
     eri_ = BlockERI(mol)
     nao, nsp = mol.nao, mol.nbas * (mol.nbas + 1) // 2
-    npair = nao * (nao + 1) // 2
-    out = np.empty(npair * (npair + 1) // 2)
-    skeleton = Skeleton(ops, eri_.ao_loc, nao, np.empty(nsp * (nsp + 1) // 2, dtype=np.uint8))
+    start, end, base, top = (int(x) for x in s8_windows(mol, nranks, ranks, ops)[0 if ranks is None else ranks.rank])
+    out = np.empty(top - base)
+    skeleton = Skeleton(ops, eri_.ao_loc, nao, np.empty(nsp * (nsp + 1) // 2, dtype=np.uint8),
+                        (start, end), base)
     shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
     ao_map = np.ascontiguousarray([p for _, p, _ in ops], dtype=np.int32)
     ao_sign = np.ascontiguousarray([g for _, _, g in ops], dtype=np.float64)
@@ -145,11 +153,57 @@ def s8_integrals(mol, threads: int = 1):
                     eri_._atm.ctypes.data_as(ptr), eri_._natm, eri_._bas.ctypes.data_as(ptr), eri_._nbas,
                     eri_._env.ctypes.data_as(ptr), eri_.ao_loc.ctypes.data_as(ptr), nao, len(ops),
                     shell_map.ctypes.data_as(ptr), ao_map.ctypes.data_as(ptr),
-                    ao_sign.ctypes.data_as(ptr), counter, out.ctypes.data_as(ptr),
-                    skeleton.orbit.ctypes.data_as(ptr))
-    if any(_on_threads(work, threads)):
+                    ao_sign.ctypes.data_as(ptr), counter, end, len(ops) if nranks == 1 else 1,
+                    out.ctypes.data_as(ptr), base, skeleton.orbit.ctypes.data_as(ptr))
+    if any(_on_threads(work, threads, start)):
         raise MemoryError("s8fill: no memory for a shell-quartet buffer")
     return out, skeleton
+
+
+def s8_windows(mol, nranks: int, ranks=None, ops=None) -> np.ndarray:
+    """(nranks, 4) integers per rank: its range [start, end) of shell pairs ij (packed,
+    i >= j; contiguous ranges of near-equal cost, the engine's ``contiguous`` partition of
+    the representative quartets' integrals per pair, ``s8fill.c``'s ``tessera_s8_cost``)
+    and the range [base, top) of packed 8-fold elements (ab|cd), ab in ij, cd <= ab, that
+    holds their integrals (the whole array for one rank). ``ranks``: the costs are
+    counted in parts, one per rank, and gathered; ``ops``: ``_shell_operations(mol)``."""
+    ops = (ops or _shell_operations(mol)) or [(np.arange(mol.nbas),)]
+    loc = np.asarray(mol.ao_loc_nr(), dtype=np.int64)
+    i, j = np.tril_indices(mol.nbas)                 # packed shell-pair order
+    nsp = len(i)
+    ab_lo = _pair(loc[i], loc[j])
+    ab_hi = _pair(loc[i + 1] - 1, loc[j + 1] - 1)
+    lo, hi = ab_lo * (ab_lo + 1) // 2, ab_hi * (ab_hi + 1) // 2 + ab_hi + 1
+    shell_map = np.ascontiguousarray([op[0] for op in ops], dtype=np.int32)
+    loc32 = np.ascontiguousarray(loc, dtype=np.int32)
+    size, me = (1, 0) if ranks is None else (ranks.size, ranks.rank)
+    cut = np.linspace(0, nsp, size + 1).astype(np.int64)
+    part = np.empty(cut[me + 1] - cut[me])
+    ptr = ctypes.c_void_p
+    _s8_library().tessera_s8_cost(mol.nbas, loc32.ctypes.data_as(ptr), len(ops),
+                                  shell_map.ctypes.data_as(ptr), int(cut[me]), int(cut[me + 1]),
+                                  part.ctypes.data_as(ptr))
+    cost = part if ranks is None else np.concatenate(ranks.allgather(part))
+    out = np.zeros((nranks, 4), dtype=np.int64)
+    for rank, queue in enumerate(partition(list(cost), nranks, "contiguous")):
+        if len(queue):
+            s, e = int(queue[0]), int(queue[-1]) + 1
+            out[rank] = s, e, lo[s:e].min(), hi[s:e].max()
+    return out
+
+
+def s8_shares(mol, nranks: int) -> np.ndarray | None:
+    """Bytes of 8-fold integrals each of ``nranks`` ranks keeps (its window of
+    ``s8_windows``; one rank: the whole array), or None when several ranks cannot share
+    them out (no point-group operations: no skeleton build)."""
+    if nranks > 1 and not _shell_operations(mol):
+        return None
+    w = s8_windows(mol, nranks)
+    return 8 * (w[:, 3] - w[:, 2])
+
+
+def _pair(a, b):
+    return a * (a + 1) // 2 + b
 
 
 class Skeleton:
@@ -157,10 +211,13 @@ class Skeleton:
     symmetry-adapted orbitals) from the representative shell quartets of ``s8_integrals``
     only, each weighted by the size of its orbit, then summed over the group's operations
     (the skeleton Fock matrix of Dupuis and King, Int. J. Quantum Chem. 11, 613 (1977)):
-    ``orbit[pair(ij, kl)]`` is that size for a representative shell quartet, 0 otherwise."""
+    ``orbit[pair(ij, kl)]`` is that size for a representative shell quartet, 0 otherwise;
+    ``pairs``: the range of shell pairs ij whose quartets it contracts, whose integrals
+    the array passed to ``jk`` holds from packed element ``base`` on (``s8_windows``)."""
 
-    def __init__(self, ops, ao_loc, nao: int, orbit: np.ndarray):
+    def __init__(self, ops, ao_loc, nao: int, orbit: np.ndarray, pairs: tuple, base: int = 0):
         self.ops, self.ao_loc, self.nao, self.orbit = ops, ao_loc, int(nao), orbit
+        self.pairs, self.base = pairs, int(base)
 
     def jk(self, eri: np.ndarray, dm: np.ndarray, threads: int = 1) -> tuple:
         """(J, K) of the symmetric density ``dm`` from the 8-fold ``eri``."""
@@ -174,9 +231,9 @@ class Skeleton:
             vj, vk = np.zeros((nao, nao)), np.zeros((nao, nao))
             parts.append((vj, vk))
             jk(len(self.ao_loc) - 1, self.ao_loc.ctypes.data_as(ptr), nao, self.orbit.ctypes.data_as(ptr),
-               eri.ctypes.data_as(ptr), dm.ctypes.data_as(ptr), counter, vj.ctypes.data_as(ptr),
-               vk.ctypes.data_as(ptr))
-        _on_threads(work, threads)
+               eri.ctypes.data_as(ptr), self.base, dm.ctypes.data_as(ptr), counter, self.pairs[1],
+               vj.ctypes.data_as(ptr), vk.ctypes.data_as(ptr))
+        _on_threads(work, threads, self.pairs[0])
         vj, vk = (sum(p[n] for p in parts) for n in (0, 1))
         return self.symmetrize(vj + vj.T), self.symmetrize(vk + vk.T)
 
@@ -188,10 +245,10 @@ class Skeleton:
         return out / len(self.ops)
 
 
-def _on_threads(work, threads: int) -> list:
+def _on_threads(work, threads: int, start: int = 0) -> list:
     """``work(counter)`` on ``threads`` threads at once (ctypes calls release the GIL),
-    sharing the counter from which they claim shell pairs; their results."""
-    counter = np.zeros(1, dtype=np.int64)
+    sharing the counter from which they claim shell pairs, from ``start`` on; their results."""
+    counter = np.full(1, start, dtype=np.int64)
     arg = counter.ctypes.data_as(ctypes.c_void_p)
     n = max(1, int(threads))
     if n == 1:
@@ -228,9 +285,15 @@ def _s8_library() -> ctypes.CDLL:
                          "`pip install -e .`) in the Tessera checkout, which needs a C compiler")
     lib = ctypes.CDLL(spec.origin)
     lib.tessera_s8_fill.restype = ctypes.c_int
+    i64 = ctypes.c_int64
     lib.tessera_s8_fill.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
                                     + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int]
-                                    + [ctypes.c_void_p] * 6)
+                                    + [ctypes.c_void_p] * 4 + [i64, ctypes.c_int, ctypes.c_void_p,
+                                                               i64, ctypes.c_void_p])
+    lib.tessera_s8_cost.restype = None
+    lib.tessera_s8_cost.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                    i64, i64, ctypes.c_void_p]
     lib.tessera_s8_jk.restype = None
-    lib.tessera_s8_jk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 6
+    lib.tessera_s8_jk.argtypes = ([ctypes.c_int, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2
+                                  + [i64] + [ctypes.c_void_p] * 2 + [i64] + [ctypes.c_void_p] * 2)
     return lib
