@@ -119,7 +119,7 @@ def make_builder(mol, context, *, mode: str, budget: tuple, **options):
                 per_rank / 2**20, source, max(room, 0) / 2**20)
     # 8-fold integrals: one process, or several ranks that each keep the representative
     # quartets of their shell pairs (point-group operations needed; else screened blocks)
-    shares = s8_shares(mol, ranks.size) if mode in ("auto", "incore") else None
+    shares = s8_shares(mol, ranks.size, ranks) if mode in ("auto", "incore") else None
     if shares is not None:
         fit = fits(ranks, int(shares[ranks.rank]), per_rank)
         where = "" if ranks.size == 1 else f" on the fullest of {ranks.size} ranks"

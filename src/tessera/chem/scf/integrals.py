@@ -167,10 +167,13 @@ def s8_windows(mol, nranks: int, ranks=None, ops=None) -> np.ndarray:
     and the range [base, top) of packed 8-fold elements (ab|cd), ab in ij, cd <= ab, that
     holds their integrals (the whole array for one rank). ``ranks``: the costs are
     counted in parts, one per rank, and gathered; ``ops``: ``_shell_operations(mol)``."""
+    nsp = mol.nbas * (mol.nbas + 1) // 2
+    if nranks == 1:
+        npair = mol.nao * (mol.nao + 1) // 2
+        return np.array([[0, nsp, 0, npair * (npair + 1) // 2]], dtype=np.int64)
     ops = (ops or _shell_operations(mol)) or [(np.arange(mol.nbas),)]
     loc = np.asarray(mol.ao_loc_nr(), dtype=np.int64)
     i, j = np.tril_indices(mol.nbas)                 # packed shell-pair order
-    nsp = len(i)
     ab_lo = _pair(loc[i], loc[j])
     ab_hi = _pair(loc[i + 1] - 1, loc[j + 1] - 1)
     lo, hi = ab_lo * (ab_lo + 1) // 2, ab_hi * (ab_hi + 1) // 2 + ab_hi + 1
@@ -192,13 +195,15 @@ def s8_windows(mol, nranks: int, ranks=None, ops=None) -> np.ndarray:
     return out
 
 
-def s8_shares(mol, nranks: int) -> np.ndarray | None:
+def s8_shares(mol, nranks: int, ranks=None) -> np.ndarray | None:
     """Bytes of 8-fold integrals each of ``nranks`` ranks keeps (its window of
-    ``s8_windows``; one rank: the whole array), or None when several ranks cannot share
-    them out (no point-group operations: no skeleton build)."""
-    if nranks > 1 and not _shell_operations(mol):
+    ``s8_windows``, whose costs ``ranks`` count in parts; one rank: the whole array), or
+    None when several ranks cannot share them out (no point-group operations: no skeleton
+    build)."""
+    ops = _shell_operations(mol) if nranks > 1 else None
+    if nranks > 1 and not ops:
         return None
-    w = s8_windows(mol, nranks)
+    w = s8_windows(mol, nranks, ranks, ops)
     return 8 * (w[:, 3] - w[:, 2])
 
 
