@@ -27,6 +27,7 @@ from pyscf.scf import _vhf
 
 from tessera.chem.reference import KeptIntegrals
 from tessera.chem.scf.integrals import s8_integrals
+from tessera.errors import SymmetryError
 
 
 def s8_bytes(nao: int) -> int:
@@ -74,8 +75,11 @@ class IncoreFock:
 
     def build(self, dm: np.ndarray) -> np.ndarray:
         t0, c0 = time.perf_counter(), time.process_time()
-        if self.skeleton is not None:       # from the representative quartets alone
+        if self.skeleton is not None and self.skeleton.invariant(dm):   # from the representative quartets alone
             vj, vk = self.skeleton.jk(self.eri, dm, self.threads)
+        elif self.ranks is not None:        # a rank holds its representatives alone
+            raise SymmetryError("the in-memory Fock build over several ranks needs a density "
+                                "the point group leaves unchanged; use mode='direct' for another")
         else:
             with with_omp_threads(self.threads):
                 vj, vk = _vhf.incore(self.eri, dm, hermi=1)

@@ -15,7 +15,7 @@ Q_ij = sqrt(max |(ij|ij)|) per shell pair (Haser and Ahlrichs, J. Comput. Chem. 
 from __future__ import annotations
 
 import ctypes
-import importlib.util
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
@@ -25,9 +25,12 @@ from pyscf.lib import unpack_tril, with_omp_threads
 
 from tessera.backends.schedule import partition
 from tessera.chem.scf.blocking import ShellBlocks
+from tessera.chem.native import load
 from tessera.errors import BuildError
 
+log = logging.getLogger(__name__)
 _S8_MODULE = "tessera.chem.scf._s8fill"
+_S8_ABI = 2         # tessera_abi_version() of s8fill.c whose argument lists these are
 
 
 class BlockERI:
@@ -133,6 +136,12 @@ def s8_integrals(mol, threads: int = 1, ranks=None):
     rank's part, to be summed over the ranks."""
     ops = _shell_operations(mol)
     nranks = 1 if ranks is None else ranks.size
+    fill = _fill() if ops else None
+    if fill is None:
+        if nranks > 1:          # each rank would hold (and the allreduce add) all of them
+            raise ValueError("s8_integrals over several ranks needs point-group operations "
+                             "and the compiled fill (s8_shares is None otherwise)")
+        ops = []
     if not ops:
         with with_omp_threads(max(1, int(threads))):
             return mol.intor("int2e", aosym="s8"), None
@@ -145,7 +154,6 @@ def s8_integrals(mol, threads: int = 1, ranks=None):
     shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
     ao_map = np.ascontiguousarray([p for _, p, _ in ops], dtype=np.int32)
     ao_sign = np.ascontiguousarray([g for _, _, g in ops], dtype=np.float64)
-    fill = _s8_library().tessera_s8_fill
     ptr = ctypes.c_void_p
 
     def work(counter):
@@ -201,7 +209,7 @@ def s8_shares(mol, nranks: int, ranks=None) -> np.ndarray | None:
     None when several ranks cannot share them out (no point-group operations: no skeleton
     build)."""
     ops = _shell_operations(mol) if nranks > 1 else None
-    if nranks > 1 and not ops:
+    if nranks > 1 and not (ops and _fill() is not None):
         return None
     w = s8_windows(mol, nranks, ranks, ops)
     return 8 * (w[:, 3] - w[:, 2])
@@ -242,6 +250,12 @@ class Skeleton:
         vj, vk = (sum(p[n] for p in parts) for n in (0, 1))
         return self.symmetrize(vj + vj.T), self.symmetrize(vk + vk.T)
 
+    def invariant(self, dm: np.ndarray, tol: float = 1e-10) -> bool:
+        """Whether the group leaves ``dm`` unchanged (to ``tol`` of its largest element),
+        the condition under which ``jk`` is exact: every density of symmetry-adapted
+        orbitals is; another (a broken-symmetry guess, a response density) is not."""
+        return bool(np.abs(self.symmetrize(dm) - dm).max(initial=0.0) <= tol * max(1.0, np.abs(dm).max(initial=0.0)))
+
     def symmetrize(self, m: np.ndarray) -> np.ndarray:
         """(1/|G|) sum over the operations g of g m g^T, (g m g^T)[pi a, pi b] = s_a s_b m[a, b]."""
         out = np.zeros_like(m)
@@ -276,19 +290,26 @@ def _shell_operations(mol) -> list:
     out = [(np.arange(mol.nbas), np.arange(mol.nao), np.ones(mol.nao))]
     for perm, sign in ao_operations(mol, U):
         smap = shell[perm[loc[:-1]]]
-        if not np.array_equal(perm, loc[smap][shell] + np.arange(mol.nao) - loc[shell]):
+        if not (np.array_equal(np.diff(loc)[smap], np.diff(loc))
+                and np.array_equal(perm, loc[smap][shell] + np.arange(mol.nao) - loc[shell])):
             return []
         out.append((smap, perm, sign))
     return out if len(out) > 1 else []
 
 
+def _fill():
+    """The compiled fill, or None (logged) when it is not built: the SCF then computes
+    every quartet (one process) or keeps screened blocks (several ranks)."""
+    try:
+        return _s8_library().tessera_s8_fill
+    except BuildError as exc:
+        log.warning("%s; the SCF computes every shell quartet instead", exc)
+        return None
+
+
 @cache
 def _s8_library() -> ctypes.CDLL:
-    spec = importlib.util.find_spec(_S8_MODULE)
-    if spec is None or not spec.origin:
-        raise BuildError(f"the compiled integral fill {_S8_MODULE} is not built; run `make` (or "
-                         "`pip install -e .`) in the Tessera checkout, which needs a C compiler")
-    lib = ctypes.CDLL(spec.origin)
+    lib = load(_S8_MODULE, _S8_ABI, "the compiled integral fill")
     lib.tessera_s8_fill.restype = ctypes.c_int
     i64 = ctypes.c_int64
     lib.tessera_s8_fill.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
