@@ -83,6 +83,12 @@ def test_symmetric_incore_build_over_ranks_equals_pyscf(nranks):
         np.testing.assert_allclose(sorted(run["mo_energy"]), sorted(ref["mo_energy"]),
                                    atol=ORB_TOL)
         assert run["same_on_all_ranks"], name
+    build = out["incore_build"]
+    dm = np.array(build["dm"])
+    vj, vk = scf.hf.get_jk(scf_checks.build("water"), dm)
+    np.testing.assert_allclose(build["g"], vj - 0.5 * vk, rtol=0, atol=1e-10)
+    if nranks > 1:              # one process contracts it with all its integrals
+        assert build["refused"]["type"] == "SymmetryError"
 
 
 @pytest.mark.parametrize("nranks", RANKS)

@@ -16,6 +16,7 @@ from pyscf import gto
 
 from tessera.backends.context import Context
 from tessera.chem.scf import rhf
+from tessera.chem.scf.incore import IncoreFock
 from tessera.errors import TesseraError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -97,6 +98,12 @@ def checks(ctx, extras):
     # with a point group: the 8-fold skeleton build, each rank its range of shell pairs
     out["incore"] = {name: run(ctx, name, mode="incore")
                      for name in MOLECULES if name != "h2o2_c1"}
+    # one build of it: G of an invariant density; a density the group changes is refused
+    fock = IncoreFock(build("water"), 1, ctx)
+    d = np.random.default_rng(7).random((fock.skeleton.nao,) * 2)
+    d = fock.skeleton.symmetrize(d + d.T)
+    out["incore_build"] = {"dm": d.tolist(), "g": fock.build(d).tolist(),
+                           "refused": error_of(lambda: fock.build(d + np.eye(len(d))[::-1]))}
     if extras:
         out["benzene_no_screening"] = run(ctx, "benzene", schedule="steal", screening=0.0,
                                           mode="direct")
