@@ -30,6 +30,27 @@ static inline int64_t pair(int64_t a, int64_t b)
     return a >= b ? a * (a + 1) / 2 + b : b * (b + 1) / 2 + a;
 }
 
+/* The shells i >= j of the packed shell pair ij = pair(i, j). */
+static void shell_pair(int64_t ij, int *i, int *j)
+{
+    int a = 0;
+    while ((int64_t)(a + 1) * (a + 2) / 2 <= ij)
+        a++;
+    *i = a;
+    *j = (int)(ij - (int64_t)a * (a + 1) / 2);
+}
+
+/* The next shell pair ij claimed from the shared counter ``next`` (threads take pairs in
+   turn), its shells in i and j; -1 when every pair below ``end`` is taken. */
+static int64_t claim_shell_pair(int64_t *next, int64_t end, int *i, int *j)
+{
+    int64_t ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+    if (ij >= end)
+        return -1;
+    shell_pair(ij, i, j);
+    return ij;
+}
+
 /* The size of the orbit of the canonical shell quartet (ij|kl), packed index q, when it is
  * its representative (the lowest packed index of its images), else 0; ``images[g]``: the
  * canonical quartet operation g maps it onto (filled up to the first lower one). */
@@ -60,10 +81,8 @@ void tessera_s8_cost(int nbas, const int *ao_loc, int nops, const int *shell_map
 {
     int64_t images[64];
     for (int64_t ij = start; ij < end; ij++) {
-        int i = 0;
-        while ((int64_t)(i + 1) * (i + 2) / 2 <= ij)
-            i++;
-        int j = (int)(ij - (int64_t)i * (i + 1) / 2);
+        int i, j;
+        shell_pair(ij, &i, &j);
         double nij = (double)(ao_loc[i + 1] - ao_loc[i]) * (ao_loc[j + 1] - ao_loc[j]), c = 0;
         for (int k = 0; k <= i; k++)
             for (int l = 0; l <= k; l++) {
@@ -102,11 +121,8 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
     if (buf == NULL)
         return -1;
     int64_t ij;
-    while ((ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < end) {
-        int i = 0;
-        while ((int64_t)(i + 1) * (i + 2) / 2 <= ij)
-            i++;
-        int j = (int)(ij - (int64_t)i * (i + 1) / 2);
+    int i, j;
+    while ((ij = claim_shell_pair(next, end, &i, &j)) >= 0) {
         for (int k = 0; k <= i; k++) {
             for (int l = 0; l <= k; l++) {
                 int64_t kl = pair(k, l);
@@ -172,11 +188,8 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
                    double *vj, double *vk)
 {
     int64_t ij;
-    while ((ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < end) {
-        int i = 0;
-        while ((int64_t)(i + 1) * (i + 2) / 2 <= ij)
-            i++;
-        int j = (int)(ij - (int64_t)i * (i + 1) / 2);
+    int i, j;
+    while ((ij = claim_shell_pair(next, end, &i, &j)) >= 0) {
         for (int k = 0; k <= i; k++) {
             for (int l = 0; l <= k; l++) {
                 int64_t kl = pair(k, l);
