@@ -10,7 +10,7 @@ K(D)/2: with point-group operations the skeleton J/K from the representative qua
 (``pyscf.scf._vhf.incore``, OpenMP-parallel). No Python loop touches an integral. This
 is the build of one process, kept after the SCF for the transform of the same molecule
 (``hand_over``). Over several ranks with point-group operations each rank keeps the
-representative quartets of its range of shell pairs (``integrals.s8_windows``) and
+representative quartets of its range of shell pairs (``integrals.s8_ranges``), compact, and
 contracts them into its part of the skeleton J and K; one allreduce of G sums the
 parts. Without such operations several ranks keep screened integral blocks per rank
 instead (``fock.FockBuilder``, mode "incore"). No rank of several holds all integrals;
@@ -26,14 +26,8 @@ from pyscf.lib import with_omp_threads
 from pyscf.scf import _vhf
 
 from tessera.chem.reference import KeptIntegrals
-from tessera.chem.scf.integrals import s8_integrals
+from tessera.chem.scf.integrals import s8_bytes, s8_integrals  # noqa: F401  (s8_bytes: this module's API)
 from tessera.errors import SymmetryError
-
-
-def s8_bytes(nao: int) -> int:
-    """Bytes of the 8-fold symmetric integral array of ``nao`` functions."""
-    npair = nao * (nao + 1) // 2
-    return npair * (npair + 1) // 2 * 8
 
 
 def s8_fits(nao: int, budget: float) -> bool:

@@ -30,7 +30,7 @@ from tessera.errors import BuildError
 
 log = logging.getLogger(__name__)
 _S8_MODULE = "tessera.chem.scf._s8fill"
-_S8_ABI = 2         # tessera_abi_version() of s8fill.c whose argument lists these are
+_S8_ABI = 3         # tessera_abi_version() of s8fill.c whose argument lists these are
 
 
 class BlockERI:
@@ -132,8 +132,8 @@ def s8_integrals(mol, threads: int = 1, ranks=None):
 
     With ``ranks`` (a context's ``Ranks``) of several processes and such operations, this
     rank's part only: the representative quartets of its range of shell pairs
-    (``s8_windows``) in its window of the array; the skeleton's J and K are then this
-    rank's part, to be summed over the ranks."""
+    (``s8_ranges``), compact (libcint's blocks one after the other, no images); the
+    skeleton's J and K are then this rank's part, to be summed over the ranks."""
     ops = _shell_operations(mol)
     nranks = 1 if ranks is None else ranks.size
     fill = _fill() if ops else None
@@ -147,11 +147,17 @@ def s8_integrals(mol, threads: int = 1, ranks=None):
             return mol.intor("int2e", aosym="s8"), None
     eri_ = BlockERI(mol)
     nao, nsp = mol.nao, mol.nbas * (mol.nbas + 1) // 2
-    start, end, base, top = (int(x) for x in s8_windows(mol, nranks, ranks, ops)[0 if ranks is None else ranks.rank])
-    out = np.empty(top - base)
-    skeleton = Skeleton(ops, eri_.ao_loc, nao, np.empty(nsp * (nsp + 1) // 2, dtype=np.uint8),
-                        (start, end), base)
     shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
+    if nranks == 1:
+        start, end, row_off = 0, nsp, None
+        out = np.empty(s8_bytes(mol.nao) // 8)
+    else:
+        start, end, _ = (int(x) for x in s8_ranges(mol, nranks, ranks, ops)[ranks.rank])
+        row_off = np.zeros(nsp + 1, dtype=np.int64)
+        row_off[start + 1:end + 1] = np.cumsum(_pair_costs(mol, shell_map, start, end))
+        out = np.empty(row_off[end])
+    skeleton = Skeleton(ops, eri_.ao_loc, nao, np.empty(nsp * (nsp + 1) // 2, dtype=np.uint8),
+                        (start, end), row_off)
     ao_map = np.ascontiguousarray([p for _, p, _ in ops], dtype=np.int32)
     ao_sign = np.ascontiguousarray([g for _, _, g in ops], dtype=np.float64)
     ptr = ctypes.c_void_p
@@ -161,62 +167,64 @@ def s8_integrals(mol, threads: int = 1, ranks=None):
                     eri_._atm.ctypes.data_as(ptr), eri_._natm, eri_._bas.ctypes.data_as(ptr), eri_._nbas,
                     eri_._env.ctypes.data_as(ptr), eri_.ao_loc.ctypes.data_as(ptr), nao, len(ops),
                     shell_map.ctypes.data_as(ptr), ao_map.ctypes.data_as(ptr),
-                    ao_sign.ctypes.data_as(ptr), counter, end, len(ops) if nranks == 1 else 1,
-                    out.ctypes.data_as(ptr), base, skeleton.orbit.ctypes.data_as(ptr))
+                    ao_sign.ctypes.data_as(ptr), counter, end, skeleton.row_off_ptr(),
+                    out.ctypes.data_as(ptr), skeleton.orbit.ctypes.data_as(ptr))
     if any(_on_threads(work, threads, start)):
         raise MemoryError("s8fill: no memory for a shell-quartet buffer")
     return out, skeleton
 
 
-def s8_windows(mol, nranks: int, ranks=None, ops=None) -> np.ndarray:
-    """(nranks, 4) integers per rank: its range [start, end) of shell pairs ij (packed,
+def s8_ranges(mol, nranks: int, ranks=None, ops=None) -> np.ndarray:
+    """(nranks, 3) integers per rank: its range [start, end) of shell pairs ij (packed,
     i >= j; contiguous ranges of near-equal cost, the engine's ``contiguous`` partition of
-    the representative quartets' integrals per pair, ``s8fill.c``'s ``tessera_s8_cost``)
-    and the range [base, top) of packed 8-fold elements (ab|cd), ab in ij, cd <= ab, that
-    holds their integrals (the whole array for one rank). ``ranks``: the costs are
-    counted in parts, one per rank, and gathered; ``ops``: ``_shell_operations(mol)``."""
+    the integrals of each pair's representative quartets, ``_pair_costs``) and the number
+    of those integrals, which it keeps (one rank: every pair and the whole 8-fold array).
+    ``ranks``: the costs are counted in parts, one per rank, and gathered; ``ops``:
+    ``_shell_operations(mol)``."""
     nsp = mol.nbas * (mol.nbas + 1) // 2
     if nranks == 1:
-        npair = mol.nao * (mol.nao + 1) // 2
-        return np.array([[0, nsp, 0, npair * (npair + 1) // 2]], dtype=np.int64)
+        return np.array([[0, nsp, s8_bytes(mol.nao) // 8]], dtype=np.int64)
     ops = (ops or _shell_operations(mol)) or [(np.arange(mol.nbas),)]
-    loc = np.asarray(mol.ao_loc_nr(), dtype=np.int64)
-    i, j = np.tril_indices(mol.nbas)                 # packed shell-pair order
-    ab_lo = _pair(loc[i], loc[j])
-    ab_hi = _pair(loc[i + 1] - 1, loc[j + 1] - 1)
-    lo, hi = ab_lo * (ab_lo + 1) // 2, ab_hi * (ab_hi + 1) // 2 + ab_hi + 1
     shell_map = np.ascontiguousarray([op[0] for op in ops], dtype=np.int32)
-    loc32 = np.ascontiguousarray(loc, dtype=np.int32)
     size, me = (1, 0) if ranks is None else (ranks.size, ranks.rank)
     cut = np.linspace(0, nsp, size + 1).astype(np.int64)
-    part = np.empty(cut[me + 1] - cut[me])
-    ptr = ctypes.c_void_p
-    _s8_library().tessera_s8_cost(mol.nbas, loc32.ctypes.data_as(ptr), len(ops),
-                                  shell_map.ctypes.data_as(ptr), int(cut[me]), int(cut[me + 1]),
-                                  part.ctypes.data_as(ptr))
+    part = _pair_costs(mol, shell_map, int(cut[me]), int(cut[me + 1]))
     cost = part if ranks is None else np.concatenate(ranks.allgather(part))
-    out = np.zeros((nranks, 4), dtype=np.int64)
-    for rank, queue in enumerate(partition(list(cost), nranks, "contiguous")):
+    out = np.zeros((nranks, 3), dtype=np.int64)
+    for rank, queue in enumerate(partition(list(cost.astype(float)), nranks, "contiguous")):
         if len(queue):
             s, e = int(queue[0]), int(queue[-1]) + 1
-            out[rank] = s, e, lo[s:e].min(), hi[s:e].max()
+            out[rank] = s, e, cost[s:e].sum()
     return out
 
 
+def _pair_costs(mol, shell_map: np.ndarray, start: int, end: int) -> np.ndarray:
+    """Integrals of the representative quartets (ij|kl), kl <= ij, of the shell pairs ij
+    in [start, end) (``s8fill.c``'s ``tessera_s8_cost``)."""
+    loc = np.ascontiguousarray(mol.ao_loc_nr(), dtype=np.int32)
+    cost = np.empty(end - start)
+    ptr = ctypes.c_void_p
+    _s8_library().tessera_s8_cost(mol.nbas, loc.ctypes.data_as(ptr), len(shell_map),
+                                  shell_map.ctypes.data_as(ptr), start, end,
+                                  cost.ctypes.data_as(ptr))
+    return cost.astype(np.int64)
+
+
 def s8_shares(mol, nranks: int, ranks=None) -> np.ndarray | None:
-    """Bytes of 8-fold integrals each of ``nranks`` ranks keeps (its window of
-    ``s8_windows``, whose costs ``ranks`` count in parts; one rank: the whole array), or
+    """Bytes of 8-fold integrals each of ``nranks`` ranks keeps (``s8_ranges``, whose
+    costs ``ranks`` count in parts; one rank: the whole array), or
     None when several ranks cannot share them out (no point-group operations: no skeleton
     build)."""
     ops = _shell_operations(mol) if nranks > 1 else None
     if nranks > 1 and not (ops and _fill() is not None):
         return None
-    w = s8_windows(mol, nranks, ranks, ops)
-    return 8 * (w[:, 3] - w[:, 2])
+    return 8 * s8_ranges(mol, nranks, ranks, ops)[:, 2]
 
 
-def _pair(a, b):
-    return a * (a + 1) // 2 + b
+def s8_bytes(nao: int) -> int:
+    """Bytes of the 8-fold symmetric integral array of ``nao`` functions."""
+    npair = nao * (nao + 1) // 2
+    return npair * (npair + 1) // 2 * 8
 
 
 class Skeleton:
@@ -225,12 +233,16 @@ class Skeleton:
     only, each weighted by the size of its orbit, then summed over the group's operations
     (the skeleton Fock matrix of Dupuis and King, Int. J. Quantum Chem. 11, 613 (1977)):
     ``orbit[pair(ij, kl)]`` is that size for a representative shell quartet, 0 otherwise;
-    ``pairs``: the range of shell pairs ij whose quartets it contracts, whose integrals
-    the array passed to ``jk`` holds from packed element ``base`` on (``s8_windows``)."""
+    ``pairs``: the range of shell pairs ij whose quartets it contracts; ``row_off``: None
+    for the packed array, else where each pair's representatives start in the compact
+    one (``s8_integrals`` over several ranks)."""
 
-    def __init__(self, ops, ao_loc, nao: int, orbit: np.ndarray, pairs: tuple, base: int = 0):
+    def __init__(self, ops, ao_loc, nao: int, orbit: np.ndarray, pairs: tuple, row_off=None):
         self.ops, self.ao_loc, self.nao, self.orbit = ops, ao_loc, int(nao), orbit
-        self.pairs, self.base = pairs, int(base)
+        self.pairs, self.row_off = pairs, row_off
+
+    def row_off_ptr(self):
+        return None if self.row_off is None else self.row_off.ctypes.data_as(ctypes.c_void_p)
 
     def jk(self, eri: np.ndarray, dm: np.ndarray, threads: int = 1) -> tuple:
         """(J, K) of the symmetric density ``dm`` from the 8-fold ``eri``."""
@@ -244,7 +256,7 @@ class Skeleton:
             vj, vk = np.zeros((nao, nao)), np.zeros((nao, nao))
             parts.append((vj, vk))
             jk(len(self.ao_loc) - 1, self.ao_loc.ctypes.data_as(ptr), nao, self.orbit.ctypes.data_as(ptr),
-               eri.ctypes.data_as(ptr), self.base, dm.ctypes.data_as(ptr), counter, self.pairs[1],
+               eri.ctypes.data_as(ptr), self.row_off_ptr(), dm.ctypes.data_as(ptr), counter, self.pairs[1],
                vj.ctypes.data_as(ptr), vk.ctypes.data_as(ptr))
         _on_threads(work, threads, self.pairs[0])
         vj, vk = (sum(p[n] for p in parts) for n in (0, 1))
@@ -314,12 +326,11 @@ def _s8_library() -> ctypes.CDLL:
     i64 = ctypes.c_int64
     lib.tessera_s8_fill.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
                                     + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int]
-                                    + [ctypes.c_void_p] * 4 + [i64, ctypes.c_int, ctypes.c_void_p,
-                                                               i64, ctypes.c_void_p])
+                                    + [ctypes.c_void_p] * 4 + [i64] + [ctypes.c_void_p] * 3)
     lib.tessera_s8_cost.restype = None
     lib.tessera_s8_cost.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                     i64, i64, ctypes.c_void_p]
     lib.tessera_s8_jk.restype = None
-    lib.tessera_s8_jk.argtypes = ([ctypes.c_int, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2
-                                  + [i64] + [ctypes.c_void_p] * 2 + [i64] + [ctypes.c_void_p] * 2)
+    lib.tessera_s8_jk.argtypes = ([ctypes.c_int, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 5
+                                  + [i64] + [ctypes.c_void_p] * 2)
     return lib

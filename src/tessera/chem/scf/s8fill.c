@@ -98,17 +98,18 @@ void tessera_s8_cost(int nbas, const int *ao_loc, int nops, const int *shell_map
 
 /* Fills ``eri`` for the shell pairs ij (i >= j) below ``end`` that this caller claims from
  * ``next`` (shared by the callers: each takes the next pair with an atomic add) and every
- * kl <= ij: the images of each representative under the first ``nwrite`` operations
- * (nops: the whole array; 1: the representatives alone, all that tessera_s8_jk reads).
- * ``eri`` holds the elements from packed index ``base`` on (a rank's window: its range of
- * shell pairs, chem/scf/integrals.py, s8_window).
+ * kl <= ij. ``row_off`` NULL: the packed 8-fold array, every image of each representative
+ * written. Else the representatives alone, compact (a rank's range of shell pairs,
+ * chem/scf/integrals.py): those of pair ij one after the other in kl order from
+ * eri + row_off[ij], each as libcint's block buf[a + ni (b + nj (c + nk d))] (whose
+ * sizes tessera_s8_cost sums per pair).
  * ``shell_map``, ``ao_map``, ``ao_sign``: nops rows (the identity first) of nbas, nao and
  * nao entries. ``orbit[pair(ij, kl)]``: the number of quartets in the orbit of each
  * representative, 0 for the others. Returns 0, or -1 when a buffer could not be allocated. */
 int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, int nbas,
                     double *env, const int *ao_loc, int nao, int nops, const int *shell_map,
                     const int *ao_map, const double *ao_sign, int64_t *next, int64_t end,
-                    int nwrite, double *eri, int64_t base, unsigned char *orbit)
+                    const int64_t *row_off, double *eri, unsigned char *orbit)
 {
     intor_fn fn = (intor_fn)intor;
     if (nops > 64)
@@ -123,6 +124,7 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
     int64_t ij;
     int i, j;
     while ((ij = claim_shell_pair(next, end, &i, &j)) >= 0) {
+        double *row = row_off ? eri + row_off[ij] : NULL;
         for (int k = 0; k <= i; k++) {
             for (int l = 0; l <= k; l++) {
                 int64_t kl = pair(k, l);
@@ -138,12 +140,17 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
                 int ni = ao_loc[i + 1] - ao_loc[i], nj = ao_loc[j + 1] - ao_loc[j];
                 int nk = ao_loc[k + 1] - ao_loc[k], nl = ao_loc[l + 1] - ao_loc[l];
                 size_t n = (size_t)ni * nj * nk * nl;
-                if (!fn(buf, NULL, shls, atm, natm, bas, nbas, env, cintopt, NULL))
-                    memset(buf, 0, sizeof(double) * n);
+                double *out = row ? row : buf;
+                if (!fn(out, NULL, shls, atm, natm, bas, nbas, env, cintopt, NULL))
+                    memset(out, 0, sizeof(double) * n);
+                if (row) {
+                    row += n;
+                    continue;
+                }
                 /* buf[a + ni (b + nj (c + nk d))] = (ab|cd), AOs counted from the shells'
                  * first; each image quartet written once (two operations that map the
                  * quartet onto the same one write the same elements) */
-                for (int g = 0; g < nwrite; g++) {
+                for (int g = 0; g < nops; g++) {
                     int seen = 0;
                     for (int h = 0; h < g && !seen; h++)
                         seen = images[h] == images[g];
@@ -162,7 +169,7 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
                                 const double *v = buf + a + (size_t)ni * (b + (size_t)nj * c);
                                 for (int d = 0; d < nl; d++) {
                                     int D = ao_loc[l] + d;
-                                    eri[pair(ab, pair(am[C], am[D])) - base] = sabc * as[D] * v[(size_t)ni * nj * nk * d];
+                                    eri[pair(ab, pair(am[C], am[D]))] = sabc * as[D] * v[(size_t)ni * nj * nk * d];
                                 }
                             }
                         }
@@ -182,14 +189,17 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
  * permutations, halved for each coincidence (a = b, c = d, ab = cd); of their updates only
  * half are made, the other half being the transposes (dm symmetric): J = vj + vj^T and
  * K = vk + vk^T. ``vj``, ``vk``: this caller's own nao x nao, zeroed; shell pairs below
- * ``end`` claimed from ``next``, ``eri`` from packed index ``base`` on, as in tessera_s8_fill. */
+ * ``end`` claimed from ``next``, ``eri`` packed or compact (``row_off``) as tessera_s8_fill
+ * wrote it. */
 void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *orbit,
-                   const double *eri, int64_t base, const double *dm, int64_t *next, int64_t end,
-                   double *vj, double *vk)
+                   const double *eri, const int64_t *row_off, const double *dm, int64_t *next,
+                   int64_t end, double *vj, double *vk)
 {
     int64_t ij;
     int i, j;
     while ((ij = claim_shell_pair(next, end, &i, &j)) >= 0) {
+        const double *row = row_off ? eri + row_off[ij] : NULL;
+        int ni = ao_loc[i + 1] - ao_loc[i], nj = ao_loc[j + 1] - ao_loc[j];
         for (int k = 0; k <= i; k++) {
             for (int l = 0; l <= k; l++) {
                 int64_t kl = pair(k, l);
@@ -198,6 +208,11 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
                 double w = orbit[pair(ij, kl)];
                 if (w == 0)
                     continue;
+                /* compact: the block (ij|kl), element (a, b, c, d) at a + ni (b + nj (c + nk d)) */
+                const double *blk = row;
+                size_t nk = ao_loc[k + 1] - ao_loc[k], sd = (size_t)ni * nj * nk;
+                if (row)
+                    row += sd * (ao_loc[l + 1] - ao_loc[l]);
                 for (int a = ao_loc[i]; a < ao_loc[i + 1]; a++) {
                     const double *da = dm + (size_t)a * nao;
                     double *ka = vk + (size_t)a * nao;
@@ -213,11 +228,13 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
                             double *jc = vj + (size_t)c * nao;
                             double kac = 0, kbc = 0, dac = da[c], dbc = db[c];
                             int d1 = k == l ? c + 1 : ao_loc[l + 1];
+                            const double *vabc = blk ? blk + (a - ao_loc[i]) + (size_t)ni * ((b - ao_loc[j])
+                                                     + (size_t)nj * (c - ao_loc[k])) : NULL;
                             for (int d = ao_loc[l]; d < d1; d++) {
                                 int64_t cd = pair(c, d);
                                 if (ij == kl && cd > ab)
                                     break;
-                                double v = eri[pair(ab, cd) - base] * wab;
+                                double v = (vabc ? vabc[sd * (size_t)(d - ao_loc[l])] : eri[pair(ab, cd)]) * wab;
                                 if (c == d)
                                     v *= 0.5;
                                 if (cd == ab)
@@ -244,5 +261,5 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
    library built from another (raise it with any change of an exported signature). */
 int tessera_abi_version(void)
 {
-    return 2;
+    return 3;
 }
