@@ -98,8 +98,10 @@ class Context:
         return False
 
     def close(self) -> None:
+        """Close the executor and hand the heap's free memory back to the kernel."""
         self.executor.close()
         self._cache.clear()
+        give_back_freed_memory()
 
     def _blas_limit(self):
         """Limits BLAS to the executor's threads per worker while in use (``with``)."""

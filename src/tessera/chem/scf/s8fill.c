@@ -192,3 +192,10 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
         }
     }
 }
+
+/* The version of this source's functions and argument lists: chem/native.py refuses a
+   library built from another (raise it with any change of an exported signature). */
+int tessera_abi_version(void)
+{
+    return 1;
+}
