@@ -275,16 +275,8 @@ def _outer_one(out, transpose, avec, bvec, entries) -> None:
     """Blocks of the outer product of vectors ``avec`` (rows) and ``bvec`` (columns) added
     into the output, each made from its two slices: no product matrix, no GEMM of
     inner dimension 1, no second pass to read the product back."""
-    get = out.blocks.get
     for key, rsl, csl, shape in entries:
-        src = np.multiply.outer(avec[rsl], bvec[csl]).reshape(shape)
-        if transpose is not None:
-            src = src.transpose(transpose)
-        blk = get(key)
-        if blk is None:
-            out.accumulate_block(key, src)
-        else:
-            blk += src
+        _add_block(out, key, np.multiply.outer(avec[rsl], bvec[csl]).reshape(shape), transpose)
     out.version += 1
 
 
@@ -292,17 +284,20 @@ def _scatter_one(out, scale, transpose, cmat, entries) -> None:
     """Add blocks of a product (``scatter_map`` entries) into the output."""
     if scale != 1.0:
         cmat *= scale
-    get = out.blocks.get
     for key, rsl, csl, shape in entries:
-        src = cmat[rsl, csl].reshape(shape)
-        if transpose is not None:
-            src = src.transpose(transpose)
-        blk = get(key)
-        if blk is None:
-            out.accumulate_block(key, src)
-        else:
-            blk += src
+        _add_block(out, key, cmat[rsl, csl].reshape(shape), transpose)
     out.version += 1
+
+
+def _add_block(out, key, src, transpose) -> None:
+    """out[key] += src (its axes in ``transpose`` order, when given)."""
+    if transpose is not None:
+        src = src.transpose(transpose)
+    blk = out.blocks.get(key)
+    if blk is None:
+        out.accumulate_block(key, src)
+    else:
+        blk += src
 
 
 def add_tasks(step, workers: int = 1) -> list:
