@@ -70,6 +70,28 @@ def test_energies_equal_pyscf(nranks):
 
 
 @pytest.mark.parametrize("nranks", RANKS)
+def test_symmetric_incore_build_over_ranks_equals_pyscf(nranks):
+    """In memory with a point group each rank keeps the symmetry-unique quartets of its
+    range of shell pairs and builds its part of the skeleton J/K; the parts summed over
+    the ranks give PySCF's energy and orbital energies."""
+    out = launch(nranks)
+    assert set(out["incore"]) == set(scf_checks.MOLECULES) - {"h2o2_c1"}
+    for name, run in out["incore"].items():
+        ref = pyscf_ref(name)
+        assert run["mode"] == "incore" and run["tasks_total"] is None, name
+        assert run["converged"] and abs(run["e_hf"] - ref["e"]) < E_TOL, (name, run["e_hf"])
+        np.testing.assert_allclose(sorted(run["mo_energy"]), sorted(ref["mo_energy"]),
+                                   atol=ORB_TOL)
+        assert run["same_on_all_ranks"], name
+    build = out["incore_build"]
+    dm = np.array(build["dm"])
+    vj, vk = scf.hf.get_jk(scf_checks.build("water"), dm)
+    np.testing.assert_allclose(build["g"], vj - 0.5 * vk, rtol=0, atol=1e-10)
+    if nranks > 1:              # one process contracts it with all its integrals
+        assert build["refused"]["type"] == "SymmetryError"
+
+
+@pytest.mark.parametrize("nranks", RANKS)
 def test_orbital_irreps_equal_pyscf(nranks):
     """Per irrep, the sorted orbital energies agree: labels are right also inside
     degenerate groups (benzene's e1g/e2u pairs split over D2h irreps)."""
@@ -148,13 +170,18 @@ def test_screening_threshold_zero_and_default_agree():
 
 
 def test_incore_mode_equals_direct():
-    """mode="incore" and the default "auto" (incore: the blocks fit) replay the first
-    build's tasks on each rank."""
+    """mode="incore" and the default "auto" (incore: the integrals fit): with a point group
+    the 8-fold skeleton build over the ranks, without one (C1) each rank replays the first
+    build's tasks."""
     out = launch(EXTRAS_AT)
     ref = pyscf_ref("water")["e"]
     auto = out["water_auto"]
     assert auto["mode"] == "incore" and abs(auto["e_hf"] - ref) < E_TOL
-    for schedule, run in out["water_incore"].items():
+    for schedule, run in out["water_incore"].items():       # C2v: the 8-fold skeleton
+        assert run["mode"] == "incore" and run["tasks_total"] is None
+        assert abs(run["e_hf"] - ref) < E_TOL, schedule
+    ref = pyscf_ref("h2o2_c1")["e"]
+    for schedule, run in out["c1_incore"].items():          # C1: screened blocks per rank
         assert run["mode"] == "incore"
         assert abs(run["e_hf"] - ref) < E_TOL, schedule
         assert sum(run["tasks_executed"]) == run["tasks_total"] * run["fock_builds"]

@@ -12,7 +12,9 @@ from pyscf.scf import _vhf, hf, hf_symm
 
 from tessera.chem.scf.blocking import default_block_nbf, make_blocks
 from tessera.chem.diis import DIIS
-from tessera.chem.scf.integrals import BlockERI, _shell_operations, s8_integrals, schwarz_bounds
+from tessera.chem.scf.incore import s8_bytes
+from tessera.chem.scf.integrals import (BlockERI, _shell_operations, s8_integrals, s8_shares,
+                                       s8_ranges, schwarz_bounds)
 from tessera.chem.scf.kernel import assemble, contract_block
 from tessera.chem.scf.symmetry import symmetry_basis
 from tessera.chem.scf.tasks import PARTIAL, make_tasks
@@ -130,6 +132,42 @@ def test_schwarz_bounds_equal_brute_force(water_dz):
         for j in range(mol.nbas):
             assert q[i, j] == pytest.approx(diag[loc[i]:loc[i + 1], loc[j]:loc[j + 1]].max(),
                                             rel=1e-12, abs=1e-15)
+
+
+def test_s8_ranges_split_the_shell_pairs_and_count_their_representatives():
+    """Several ranks: contiguous ranges of shell pairs, each pair on one rank, and each
+    rank keeps the integrals of its pairs' representative quartets, counted here from
+    the shell maps (a quartet is its orbit's representative when no operation maps it
+    to a lower packed index); one rank: the whole array; C1 over several ranks: no
+    8-fold shares (screened blocks instead)."""
+    mol = molecule("benzene.xyz", "sto-3g", symmetry=True)
+    ops = _shell_operations(mol)
+    size = np.diff(mol.ao_loc_nr())
+    nsp = mol.nbas * (mol.nbas + 1) // 2
+
+    def pair(a, b):
+        return a * (a + 1) // 2 + b if a >= b else b * (b + 1) // 2 + a
+    w = s8_ranges(mol, 3)
+    assert w[0, 0] == 0 and w[-1, 1] == nsp and all(w[:-1, 1] == w[1:, 0])
+    assert all(w[:, 1] > w[:, 0])
+    kept = np.zeros(3, dtype=np.int64)
+    reps = 0
+    for i in range(mol.nbas):
+        for j in range(i + 1):
+            ij = pair(i, j)
+            rank = int(np.flatnonzero((w[:, 0] <= ij) & (ij < w[:, 1]))[0])
+            for k in range(i + 1):
+                for l in range(k + 1):
+                    q = pair(ij, pair(k, l))
+                    if pair(k, l) > ij or any(pair(pair(m[i], m[j]), pair(m[k], m[l])) < q
+                                              for m, _, _ in ops):
+                        continue
+                    reps += 1
+                    kept[rank] += size[i] * size[j] * size[k] * size[l]
+    assert w[:, 2].tolist() == kept.tolist() and 0 < reps
+    assert s8_shares(mol, 3).tolist() == (8 * kept).tolist()
+    assert s8_shares(mol, 1).tolist() == [s8_bytes(mol.nao)]
+    assert s8_shares(molecule("h2o2_distorted.xyz", "6-31g", symmetry=True), 2) is None
 
 
 def _serial_fock(mol, threshold, block_nbf, dm):

@@ -1,4 +1,5 @@
-"""Tessera's RHF under `mpiexec -n K`: every test molecule with every schedule, plus
+"""Tessera's RHF under `mpiexec -n K`: every test molecule with every schedule, the
+symmetric ones also in memory (the 8-fold skeleton build over the ranks), plus
 (with --extras) screening off/on, incore mode and the non-convergence error (the
 memory budget: scf_memory_checks.py).  Rank 0 prints one JSON object; tests/test_scf_mpi.py compares it
 with PySCF computed in the test.  Every rank checks that it returns the same Reference.
@@ -15,6 +16,7 @@ from pyscf import gto
 
 from tessera.backends.context import Context
 from tessera.chem.scf import rhf
+from tessera.chem.scf.incore import IncoreFock
 from tessera.errors import TesseraError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -51,7 +53,7 @@ def summary(ctx, ref, seconds):
         "mo_energy": ref.mo_energy.tolist(), "orbsym": ref.orbsym.tolist(),
         "same_on_all_ranks": len(set(ctx.ranks.allgather(fingerprint(ref)))) == 1,
         "seconds": seconds,
-        **{k: ref.info[k] for k in ("schedule", "mode", "screening", "nranks", "imbalance",
+        **{k: ref.info.get(k) for k in ("schedule", "mode", "screening", "nranks", "imbalance",
                                     "busy_s", "tasks_executed", "tasks_stolen", "steals",
                                     "counter_ops", "shell_quartets",
                                     "shell_quartets_skipped", "block_quartets_skipped",
@@ -93,12 +95,24 @@ def checks(ctx, extras):
     for name in MOLECULES:
         for schedule in SCHEDULES:
             out["runs"][f"{name}/{schedule}"] = run(ctx, name, schedule=schedule, mode="direct")
+    # with a point group: the 8-fold skeleton build, each rank its range of shell pairs
+    out["incore"] = {name: run(ctx, name, mode="incore")
+                     for name in MOLECULES if name != "h2o2_c1"}
+    # one build of it: G of an invariant density; a density the group changes is refused
+    fock = IncoreFock(build("water"), 1, ctx)
+    d = np.random.default_rng(7).random((fock.skeleton.nao,) * 2)
+    d = fock.skeleton.symmetrize(d + d.T)
+    out["incore_build"] = {"dm": d.tolist(), "g": fock.build(d).tolist(),
+                           "refused": error_of(lambda: fock.build(d + np.eye(len(d))[::-1]))}
     if extras:
         out["benzene_no_screening"] = run(ctx, "benzene", schedule="steal", screening=0.0,
                                           mode="direct")
         out["water_auto"] = run(ctx, "water", schedule="steal")
         out["water_incore"] = {s: run(ctx, "water", schedule=s, mode="incore")
                                for s in SCHEDULES}
+        # without one (C1): each rank's screened integral blocks
+        out["c1_incore"] = {s: run(ctx, "h2o2_c1", schedule=s, mode="incore")
+                            for s in SCHEDULES}
         out["convergence_error"] = error_of(
             lambda: rhf(build("n2"), context=ctx, max_iter=3))
     return out

@@ -1,5 +1,6 @@
 """Tessera's RHF under `mpiexec -n K` and its memory budget: mode auto keeps each rank's
-share of the screened integral blocks when it fits the budget per rank and is direct
+share of the 8-fold integrals (water: C2v, the symmetry-unique quartets of the rank's
+shell pairs) when it fits the budget per rank and is direct
 otherwise (with the log line saying which); mode incore over budget is an error; the
 bytes each rank keeps are the share predicted before the SCF and counted by the memory
 estimate. Rank 0 prints one JSON object; tests/test_scf_memory_mpi.py checks it against
@@ -12,7 +13,7 @@ import logging
 from tessera.backends.context import Context
 from tessera.chem.memory import RunShape, estimate, resident_peak
 from tessera.chem.scf import rhf
-from tessera.chem.scf.fock import incore_shares, screened_tasks
+from tessera.chem.scf.integrals import s8_shares
 
 from scf_checks import build, error_of
 
@@ -51,7 +52,7 @@ def main():
         out["incore_no_room"] = error_of(lambda: rhf(mol, context=ctx, mode="incore", max_memory=held))
     ctx.close()
     if ctx.ranks.rank == 0:
-        out["shares"] = incore_shares(screened_tasks(mol), size).tolist()
+        out["shares"] = s8_shares(mol, size).tolist()       # C2v: each rank its shell pairs
         shape = RunShape(mol, "hf", "mpi-onesided", None, size, 32, None, 0, True, scf_mode="auto")
         out["estimate_scf"] = estimate(shape).parts["scf"]
         out["estimate_scf_no_room"] = estimate(shape.but(budget=held * 2**20)).parts["scf"]

@@ -175,14 +175,16 @@ class RunShape:
 
 def scf_integral_bytes(shape: RunShape) -> int:
     """Bytes of AO integrals a rank of ``shape``'s SCF keeps in memory if its mode keeps
-    them (0 for mode direct or no SCF of ours): on one rank the 8-fold integrals, on
-    several the fullest rank's share of the screened blocks (``scf.fock.incore_shares``)."""
+    them (0 for mode direct or no SCF of ours): the fullest rank's share of the 8-fold
+    integrals (``scf.integrals.s8_shares``: all of them on one rank), else (several ranks,
+    no point-group operations) of the screened blocks (``scf.fock.incore_shares``)."""
     from tessera.chem.scf.fock import incore_shares
-    from tessera.chem.scf.incore import s8_bytes
+    from tessera.chem.scf.integrals import s8_shares
     if shape.mol is None or shape.scf_mode not in ("auto", "incore"):
         return 0
-    if shape.nranks == 1:
-        return s8_bytes(shape.nao)
+    shares = s8_shares(shape.mol, shape.nranks)
+    if shares is not None:
+        return int(shares.max())
     return int(incore_shares(shape.scf_tasks, shape.nranks).max())
 
 

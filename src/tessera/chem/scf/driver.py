@@ -11,8 +11,9 @@ shared (``Ranks.share``), so that all ranks take the same decisions and return t
 ``Reference``.
 
 Integrals are kept in memory by default (``mode="auto"``) when they fit the memory
-budget: on one process the 8-fold integrals with PySCF's J/K kernel
-(``incore.IncoreFock``), over several ranks each rank's screened integral blocks
+budget: the 8-fold integrals (``incore.IncoreFock``: on one process all of them, over
+several ranks with point-group operations each rank the symmetry-unique quartets of its
+shell pairs), else over several ranks each rank's screened integral blocks
 (``fock.FockBuilder``); otherwise the build is direct (incremental, density-weighted
 screening) and the log says so. Per iteration every rank does O(nao^2) work besides its
 share of the Fock build: the O(nao^3) steps (commutator, DIIS, diagonalisation, density)
@@ -35,7 +36,8 @@ from tessera.chem.reference import Reference
 from tessera.chem.diis import DIIS
 from tessera.backends.local import available_cores, threads_per_rank
 from tessera.chem.scf.fock import MODES, REBUILD_EVERY, SCREENING, FockBuilder
-from tessera.chem.scf.incore import IncoreFock, fits, s8_bytes
+from tessera.chem.scf.incore import IncoreFock, fits
+from tessera.chem.scf.integrals import s8_shares
 from tessera.chem.scf.stats import summarize
 from tessera.chem.scf.symmetry import symmetry_basis
 from tessera.errors import ConvergenceError, InputError
@@ -115,15 +117,20 @@ def make_builder(mol, context, *, mode: str, budget: tuple, **options):
             say("RHF: direct Fock builds: AO integrals in memory would need %.4g MiB per rank, "
                 "budget %.4g MiB (%s) of which %.4g MiB are free", need / 2**20,
                 per_rank / 2**20, source, max(room, 0) / 2**20)
-    if ranks.size == 1 and mode in ("auto", "incore"):
-        fit = fits(ranks, s8_bytes(mol.nao), per_rank)
+    # 8-fold integrals: one process, or several ranks that each keep the representative
+    # quartets of their shell pairs (point-group operations needed; else screened blocks)
+    shares = s8_shares(mol, ranks.size, ranks) if mode in ("auto", "incore") else None
+    if shares is not None:
+        fit = fits(ranks, int(shares[ranks.rank]), per_rank)
+        where = "" if ranks.size == 1 else f" on the fullest of {ranks.size} ranks"
         if mode == "incore" and not fit[0]:
             raise InputError(
-                f"mode='incore' needs {fit[1] / 2**20:.4g} MiB of 8-fold integrals, more than "
-                f"the {fit[2] / 2**20:.4g} MiB the memory budget leaves ({source} "
-                f"{per_rank / 2**20:.4g} MiB less what the process holds); use mode='direct' "
-                "or a larger budget (--max-memory)")
-        chosen(fit, f"8-fold, {threads} threads")
+                f"mode='incore' needs {fit[1] / 2**20:.4g} MiB of 8-fold integrals{where}, more "
+                f"than the {fit[2] / 2**20:.4g} MiB the memory budget leaves ({source} "
+                f"{per_rank / 2**20:.4g} MiB less what the process holds); use mode='direct'"
+                f"{', more ranks' if where else ''} or a larger budget (--max-memory)")
+        chosen(fit, f"8-fold, {threads} threads" if ranks.size == 1 else
+               f"8-fold skeleton over {ranks.size} ranks, {threads} threads each")
         if fit[0]:
             return IncoreFock(mol, threads, context)
         mode = "direct"

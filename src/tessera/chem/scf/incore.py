@@ -8,10 +8,13 @@ npair = nao (nao + 1) / 2; every build is then one call of a C kernel, G(D) = J(
 K(D)/2: with point-group operations the skeleton J/K from the representative quartets
 (``integrals.Skeleton``), else PySCF's for all 8-fold integrals
 (``pyscf.scf._vhf.incore``, OpenMP-parallel). No Python loop touches an integral. This
-is the build of one rank, kept after the SCF for the transform of the same molecule
-(``hand_over``); with several ranks the SCF keeps screened integral blocks per rank
-instead (``fock.FockBuilder``, mode "incore"), so no rank holds all integrals. Either is
-kept only when it ``fits`` the memory budget per rank.
+is the build of one process, kept after the SCF for the transform of the same molecule
+(``hand_over``). Over several ranks with point-group operations each rank keeps the
+representative quartets of its range of shell pairs (``integrals.s8_ranges``), compact, and
+contracts them into its part of the skeleton J and K; one allreduce of G sums the
+parts. Without such operations several ranks keep screened integral blocks per rank
+instead (``fock.FockBuilder``, mode "incore"). No rank of several holds all integrals;
+each is kept only when it ``fits`` the memory budget per rank.
 """
 
 from __future__ import annotations
@@ -23,13 +26,8 @@ from pyscf.lib import with_omp_threads
 from pyscf.scf import _vhf
 
 from tessera.chem.reference import KeptIntegrals
-from tessera.chem.scf.integrals import s8_integrals
-
-
-def s8_bytes(nao: int) -> int:
-    """Bytes of the 8-fold symmetric integral array of ``nao`` functions."""
-    npair = nao * (nao + 1) // 2
-    return npair * (npair + 1) // 2 * 8
+from tessera.chem.scf.integrals import s8_bytes, s8_integrals  # noqa: F401  (s8_bytes: this module's API)
+from tessera.errors import SymmetryError
 
 
 def s8_fits(nao: int, budget: float) -> bool:
@@ -52,7 +50,8 @@ def fits(ranks, need: int, budget: float) -> tuple:
 
 class IncoreFock:
     """``build(dm) -> G``; ``history``: one statistics dict per build (as ``FockBuilder``);
-    ``threads``: OpenMP threads of the integrals and of the contraction."""
+    ``threads``: OpenMP threads of the integrals and of the contraction. Collective when
+    ``context`` has several ranks (each holds its share, ``integrals.s8_shares``)."""
 
     blocks = tasks = None        # no shell blocks or tasks: one library call per build
     mode = "incore"
@@ -61,7 +60,9 @@ class IncoreFock:
         self.threads = max(1, int(threads))
         self.context = context       # records each build as the region "scf.fock", as a task set
         t0 = time.perf_counter()
-        self.eri, self.skeleton = s8_integrals(mol, self.threads)
+        ranks = None if context is None else context.ranks
+        self.ranks = ranks if ranks is not None and ranks.size > 1 else None
+        self.eri, self.skeleton = s8_integrals(mol, self.threads, self.ranks)
         self.setup_seconds = time.perf_counter() - t0
         self.nbytes = int(self.eri.nbytes)
         self.history: list = []
@@ -70,21 +71,29 @@ class IncoreFock:
         t0, c0 = time.perf_counter(), time.process_time()
         if self.skeleton is not None and self.skeleton.invariant(dm):   # from the representative quartets alone
             vj, vk = self.skeleton.jk(self.eri, dm, self.threads)
+        elif self.ranks is not None:        # a rank holds its representatives alone
+            raise SymmetryError("the in-memory Fock build over several ranks needs a density "
+                                "the point group leaves unchanged; use mode='direct' for another")
         else:
             with with_omp_threads(self.threads):
                 vj, vk = _vhf.incore(self.eri, dm, hermi=1)
         g = vj - 0.5 * vk
+        busy, busy_cpu = time.perf_counter() - t0, time.process_time() - c0
+        if self.ranks is not None:          # each rank's part of the skeleton build
+            g = self.ranks.allreduce(g)
         wall = time.perf_counter() - t0
         if self.context is not None:
             self.context.record("scf.fock", wall, 0, t0, "tasks")
-        self.history.append({"tasks": 0, "busy_s": wall, "busy_cpu_s": time.process_time() - c0,
-                             "tasks_s": wall, "wall_s": wall, "replay": True,
-                             "incore_bytes": self.nbytes})
+        self.history.append({"tasks": 0, "busy_s": busy, "busy_cpu_s": busy_cpu,
+                             "tasks_s": busy, "reduce_s": wall - busy, "wall_s": wall,
+                             "replay": True, "incore_bytes": self.nbytes})
         return g
 
     def hand_over(self) -> KeptIntegrals:
         """The integrals, for the transform of the same molecule (``Reference.ao_integrals``);
-        this builder no longer holds them."""
+        this builder no longer holds them; None over several ranks (each holds a part)."""
+        if self.ranks is not None:
+            return None
         kept, self.eri = KeptIntegrals(self.eri), None
         return kept
 

@@ -23,13 +23,14 @@ import numpy as np
 from pyscf.gto import moleintor
 from pyscf.lib import unpack_tril, with_omp_threads
 
+from tessera.backends.schedule import partition
 from tessera.chem.scf.blocking import ShellBlocks
 from tessera.chem.native import load
 from tessera.errors import BuildError
 
 log = logging.getLogger(__name__)
 _S8_MODULE = "tessera.chem.scf._s8fill"
-_S8_ABI = 1         # tessera_abi_version() of s8fill.c whose argument lists these are
+_S8_ABI = 3         # tessera_abi_version() of s8fill.c whose argument lists these are
 
 
 class BlockERI:
@@ -121,29 +122,42 @@ def schwarz_bounds(eri: BlockERI, mol) -> np.ndarray:
     return np.sqrt(q)
 
 
-def s8_integrals(mol, threads: int = 1):
+def s8_integrals(mol, threads: int = 1, ranks=None):
     """(eri, skeleton): the 8-fold symmetric integrals (ij|kl), i >= j, k >= l, ij >= kl
     (PySCF's ``mol.intor("int2e", aosym="s8")`` layout), with libcint computing one shell
     quartet per orbit of the point group (``s8fill.c``: about 1/4 of them for a planar D2h
     molecule, 1/8 for a non-planar one) on ``threads`` threads, and the ``Skeleton`` that
     builds J and K from those quartets alone; without point-group operations that map
-    shells onto shells with signed AOs, PySCF's own s8 fill and None."""
+    shells onto shells with signed AOs, PySCF's own s8 fill and None.
+
+    With ``ranks`` (a context's ``Ranks``) of several processes and such operations, this
+    rank's part only: the representative quartets of its range of shell pairs
+    (``s8_ranges``), compact (libcint's blocks one after the other, no images); the
+    skeleton's J and K are then this rank's part, to be summed over the ranks."""
     ops = _shell_operations(mol)
-    if ops:
-        try:
-            fill = _s8_library().tessera_s8_fill
-        except BuildError as exc:      # the SCF still runs, computing every quartet
-            log.warning("%s; the SCF computes every shell quartet instead (PySCF's fill)", exc)
-            ops = []
+    nranks = 1 if ranks is None else ranks.size
+    fill = _fill() if ops else None
+    if fill is None:
+        if nranks > 1:          # each rank would hold (and the allreduce add) all of them
+            raise ValueError("s8_integrals over several ranks needs point-group operations "
+                             "and the compiled fill (s8_shares is None otherwise)")
+        ops = []
     if not ops:
         with with_omp_threads(max(1, int(threads))):
             return mol.intor("int2e", aosym="s8"), None
     eri_ = BlockERI(mol)
     nao, nsp = mol.nao, mol.nbas * (mol.nbas + 1) // 2
-    npair = nao * (nao + 1) // 2
-    out = np.empty(npair * (npair + 1) // 2)
-    skeleton = Skeleton(ops, eri_.ao_loc, nao, np.empty(nsp * (nsp + 1) // 2, dtype=np.uint8))
     shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
+    if nranks == 1:
+        start, end, row_off = 0, nsp, None
+        out = np.empty(s8_bytes(mol.nao) // 8)
+    else:
+        start, end, _ = (int(x) for x in s8_ranges(mol, nranks, ranks, ops)[ranks.rank])
+        row_off = np.zeros(nsp + 1, dtype=np.int64)
+        row_off[start + 1:end + 1] = np.cumsum(_pair_costs(mol, shell_map, start, end))
+        out = np.empty(row_off[end])
+    skeleton = Skeleton(ops, eri_.ao_loc, nao, np.empty(nsp * (nsp + 1) // 2, dtype=np.uint8),
+                        (start, end), row_off)
     ao_map = np.ascontiguousarray([p for _, p, _ in ops], dtype=np.int32)
     ao_sign = np.ascontiguousarray([g for _, _, g in ops], dtype=np.float64)
     ptr = ctypes.c_void_p
@@ -153,11 +167,64 @@ def s8_integrals(mol, threads: int = 1):
                     eri_._atm.ctypes.data_as(ptr), eri_._natm, eri_._bas.ctypes.data_as(ptr), eri_._nbas,
                     eri_._env.ctypes.data_as(ptr), eri_.ao_loc.ctypes.data_as(ptr), nao, len(ops),
                     shell_map.ctypes.data_as(ptr), ao_map.ctypes.data_as(ptr),
-                    ao_sign.ctypes.data_as(ptr), counter, out.ctypes.data_as(ptr),
-                    skeleton.orbit.ctypes.data_as(ptr))
-    if any(_on_threads(work, threads)):
+                    ao_sign.ctypes.data_as(ptr), counter, end, skeleton.row_off_ptr(),
+                    out.ctypes.data_as(ptr), skeleton.orbit.ctypes.data_as(ptr))
+    if any(_on_threads(work, threads, start)):
         raise MemoryError("s8fill: no memory for a shell-quartet buffer")
     return out, skeleton
+
+
+def s8_ranges(mol, nranks: int, ranks=None, ops=None) -> np.ndarray:
+    """(nranks, 3) integers per rank: its range [start, end) of shell pairs ij (packed,
+    i >= j; contiguous ranges of near-equal cost, the engine's ``contiguous`` partition of
+    the integrals of each pair's representative quartets, ``_pair_costs``) and the number
+    of those integrals, which it keeps (one rank: every pair and the whole 8-fold array).
+    ``ranks``: the costs are counted in parts, one per rank, and gathered; ``ops``:
+    ``_shell_operations(mol)``."""
+    nsp = mol.nbas * (mol.nbas + 1) // 2
+    if nranks == 1:
+        return np.array([[0, nsp, s8_bytes(mol.nao) // 8]], dtype=np.int64)
+    ops = (ops or _shell_operations(mol)) or [(np.arange(mol.nbas),)]
+    shell_map = np.ascontiguousarray([op[0] for op in ops], dtype=np.int32)
+    size, me = (1, 0) if ranks is None else (ranks.size, ranks.rank)
+    cut = np.linspace(0, nsp, size + 1).astype(np.int64)
+    part = _pair_costs(mol, shell_map, int(cut[me]), int(cut[me + 1]))
+    cost = part if ranks is None else np.concatenate(ranks.allgather(part))
+    out = np.zeros((nranks, 3), dtype=np.int64)
+    for rank, queue in enumerate(partition(list(cost.astype(float)), nranks, "contiguous")):
+        if len(queue):
+            s, e = int(queue[0]), int(queue[-1]) + 1
+            out[rank] = s, e, cost[s:e].sum()
+    return out
+
+
+def _pair_costs(mol, shell_map: np.ndarray, start: int, end: int) -> np.ndarray:
+    """Integrals of the representative quartets (ij|kl), kl <= ij, of the shell pairs ij
+    in [start, end) (``s8fill.c``'s ``tessera_s8_cost``)."""
+    loc = np.ascontiguousarray(mol.ao_loc_nr(), dtype=np.int32)
+    cost = np.empty(end - start)
+    ptr = ctypes.c_void_p
+    _s8_library().tessera_s8_cost(mol.nbas, loc.ctypes.data_as(ptr), len(shell_map),
+                                  shell_map.ctypes.data_as(ptr), start, end,
+                                  cost.ctypes.data_as(ptr))
+    return cost.astype(np.int64)
+
+
+def s8_shares(mol, nranks: int, ranks=None) -> np.ndarray | None:
+    """Bytes of 8-fold integrals each of ``nranks`` ranks keeps (``s8_ranges``, whose
+    costs ``ranks`` count in parts; one rank: the whole array), or
+    None when several ranks cannot share them out (no point-group operations: no skeleton
+    build)."""
+    ops = _shell_operations(mol) if nranks > 1 else None
+    if nranks > 1 and not (ops and _fill() is not None):
+        return None
+    return 8 * s8_ranges(mol, nranks, ranks, ops)[:, 2]
+
+
+def s8_bytes(nao: int) -> int:
+    """Bytes of the 8-fold symmetric integral array of ``nao`` functions."""
+    npair = nao * (nao + 1) // 2
+    return npair * (npair + 1) // 2 * 8
 
 
 class Skeleton:
@@ -165,10 +232,17 @@ class Skeleton:
     symmetry-adapted orbitals) from the representative shell quartets of ``s8_integrals``
     only, each weighted by the size of its orbit, then summed over the group's operations
     (the skeleton Fock matrix of Dupuis and King, Int. J. Quantum Chem. 11, 613 (1977)):
-    ``orbit[pair(ij, kl)]`` is that size for a representative shell quartet, 0 otherwise."""
+    ``orbit[pair(ij, kl)]`` is that size for a representative shell quartet, 0 otherwise;
+    ``pairs``: the range of shell pairs ij whose quartets it contracts; ``row_off``: None
+    for the packed array, else where each pair's representatives start in the compact
+    one (``s8_integrals`` over several ranks)."""
 
-    def __init__(self, ops, ao_loc, nao: int, orbit: np.ndarray):
+    def __init__(self, ops, ao_loc, nao: int, orbit: np.ndarray, pairs: tuple, row_off=None):
         self.ops, self.ao_loc, self.nao, self.orbit = ops, ao_loc, int(nao), orbit
+        self.pairs, self.row_off = pairs, row_off
+
+    def row_off_ptr(self):
+        return None if self.row_off is None else self.row_off.ctypes.data_as(ctypes.c_void_p)
 
     def jk(self, eri: np.ndarray, dm: np.ndarray, threads: int = 1) -> tuple:
         """(J, K) of the symmetric density ``dm`` from the 8-fold ``eri``."""
@@ -182,9 +256,9 @@ class Skeleton:
             vj, vk = np.zeros((nao, nao)), np.zeros((nao, nao))
             parts.append((vj, vk))
             jk(len(self.ao_loc) - 1, self.ao_loc.ctypes.data_as(ptr), nao, self.orbit.ctypes.data_as(ptr),
-               eri.ctypes.data_as(ptr), dm.ctypes.data_as(ptr), counter, vj.ctypes.data_as(ptr),
-               vk.ctypes.data_as(ptr))
-        _on_threads(work, threads)
+               eri.ctypes.data_as(ptr), self.row_off_ptr(), dm.ctypes.data_as(ptr), counter, self.pairs[1],
+               vj.ctypes.data_as(ptr), vk.ctypes.data_as(ptr))
+        _on_threads(work, threads, self.pairs[0])
         vj, vk = (sum(p[n] for p in parts) for n in (0, 1))
         return self.symmetrize(vj + vj.T), self.symmetrize(vk + vk.T)
 
@@ -202,10 +276,10 @@ class Skeleton:
         return out / len(self.ops)
 
 
-def _on_threads(work, threads: int) -> list:
+def _on_threads(work, threads: int, start: int = 0) -> list:
     """``work(counter)`` on ``threads`` threads at once (ctypes calls release the GIL),
-    sharing the counter from which they claim shell pairs; their results."""
-    counter = np.zeros(1, dtype=np.int64)
+    sharing the counter from which they claim shell pairs, from ``start`` on; their results."""
+    counter = np.full(1, start, dtype=np.int64)
     arg = counter.ctypes.data_as(ctypes.c_void_p)
     n = max(1, int(threads))
     if n == 1:
@@ -235,13 +309,28 @@ def _shell_operations(mol) -> list:
     return out if len(out) > 1 else []
 
 
+def _fill():
+    """The compiled fill, or None (logged) when it is not built: the SCF then computes
+    every quartet (one process) or keeps screened blocks (several ranks)."""
+    try:
+        return _s8_library().tessera_s8_fill
+    except BuildError as exc:
+        log.warning("%s; the SCF computes every shell quartet instead", exc)
+        return None
+
+
 @cache
 def _s8_library() -> ctypes.CDLL:
     lib = load(_S8_MODULE, _S8_ABI, "the compiled integral fill")
     lib.tessera_s8_fill.restype = ctypes.c_int
+    i64 = ctypes.c_int64
     lib.tessera_s8_fill.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
                                     + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int]
-                                    + [ctypes.c_void_p] * 6)
+                                    + [ctypes.c_void_p] * 4 + [i64] + [ctypes.c_void_p] * 3)
+    lib.tessera_s8_cost.restype = None
+    lib.tessera_s8_cost.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                    i64, i64, ctypes.c_void_p]
     lib.tessera_s8_jk.restype = None
-    lib.tessera_s8_jk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 6
+    lib.tessera_s8_jk.argtypes = ([ctypes.c_int, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 5
+                                  + [i64] + [ctypes.c_void_p] * 2)
     return lib

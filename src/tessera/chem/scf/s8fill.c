@@ -1,5 +1,5 @@
 /* The 8-fold AO integrals (ij|kl), i >= j, k >= l, ij >= kl, from one shell quartet per
- * orbit of the point group (chem/scf/eri_symmetry.py drives it; no Python API, called
+ * orbit of the point group (chem/scf/integrals.py drives it; no Python API, called
  * through ctypes, which releases the GIL: one call per thread).
  *
  * Every operation g of an Abelian point group maps AO k to a signed AO,
@@ -30,15 +30,86 @@ static inline int64_t pair(int64_t a, int64_t b)
     return a >= b ? a * (a + 1) / 2 + b : b * (b + 1) / 2 + a;
 }
 
-/* Fills ``eri`` for the shell pairs ij (i >= j) that this caller claims from ``next``
- * (shared by the callers: each takes the next pair with an atomic add) and every kl <= ij.
+/* The shells i >= j of the packed shell pair ij = pair(i, j). */
+static void shell_pair(int64_t ij, int *i, int *j)
+{
+    int a = 0;
+    while ((int64_t)(a + 1) * (a + 2) / 2 <= ij)
+        a++;
+    *i = a;
+    *j = (int)(ij - (int64_t)a * (a + 1) / 2);
+}
+
+/* The next shell pair ij claimed from the shared counter ``next`` (threads take pairs in
+   turn), its shells in i and j; -1 when every pair below ``end`` is taken. */
+static int64_t claim_shell_pair(int64_t *next, int64_t end, int *i, int *j)
+{
+    int64_t ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+    if (ij >= end)
+        return -1;
+    shell_pair(ij, i, j);
+    return ij;
+}
+
+/* The size of the orbit of the canonical shell quartet (ij|kl), packed index q, when it is
+ * its representative (the lowest packed index of its images), else 0; ``images[g]``: the
+ * canonical quartet operation g maps it onto (filled up to the first lower one). */
+static int orbit_of(int i, int j, int k, int l, int64_t q, int nbas, int nops,
+                    const int *shell_map, int64_t *images)
+{
+    for (int g = 0; g < nops; g++) {
+        const int *m = shell_map + (size_t)g * nbas;
+        images[g] = pair(pair(m[i], m[j]), pair(m[k], m[l]));
+        if (images[g] < q)
+            return 0;
+    }
+    int distinct = 0;
+    for (int g = 0; g < nops; g++) {
+        int seen = 0;
+        for (int h = 0; h < g && !seen; h++)
+            seen = images[h] == images[g];
+        distinct += !seen;
+    }
+    return distinct;
+}
+
+/* ``cost[ij - start]`` for the shell pairs ij in [start, end): the integrals of the
+ * representative quartets (ij|kl), kl <= ij, that tessera_s8_fill computes and
+ * tessera_s8_jk contracts for ij (the cost model of the ranks' ranges of shell pairs). */
+void tessera_s8_cost(int nbas, const int *ao_loc, int nops, const int *shell_map,
+                     int64_t start, int64_t end, double *cost)
+{
+    int64_t images[64];
+    for (int64_t ij = start; ij < end; ij++) {
+        int i, j;
+        shell_pair(ij, &i, &j);
+        double nij = (double)(ao_loc[i + 1] - ao_loc[i]) * (ao_loc[j + 1] - ao_loc[j]), c = 0;
+        for (int k = 0; k <= i; k++)
+            for (int l = 0; l <= k; l++) {
+                int64_t kl = pair(k, l);
+                if (kl > ij)
+                    break;
+                if (orbit_of(i, j, k, l, pair(ij, kl), nbas, nops, shell_map, images))
+                    c += (double)(ao_loc[k + 1] - ao_loc[k]) * (ao_loc[l + 1] - ao_loc[l]);
+            }
+        cost[ij - start] = nij * c;
+    }
+}
+
+/* Fills ``eri`` for the shell pairs ij (i >= j) below ``end`` that this caller claims from
+ * ``next`` (shared by the callers: each takes the next pair with an atomic add) and every
+ * kl <= ij. ``row_off`` NULL: the packed 8-fold array, every image of each representative
+ * written. Else the representatives alone, compact (a rank's range of shell pairs,
+ * chem/scf/integrals.py): those of pair ij one after the other in kl order from
+ * eri + row_off[ij], each as libcint's block buf[a + ni (b + nj (c + nk d))] (whose
+ * sizes tessera_s8_cost sums per pair).
  * ``shell_map``, ``ao_map``, ``ao_sign``: nops rows (the identity first) of nbas, nao and
  * nao entries. ``orbit[pair(ij, kl)]``: the number of quartets in the orbit of each
  * representative, 0 for the others. Returns 0, or -1 when a buffer could not be allocated. */
 int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, int nbas,
                     double *env, const int *ao_loc, int nao, int nops, const int *shell_map,
-                    const int *ao_map, const double *ao_sign, int64_t *next, double *eri,
-                    unsigned char *orbit)
+                    const int *ao_map, const double *ao_sign, int64_t *next, int64_t end,
+                    const int64_t *row_off, double *eri, unsigned char *orbit)
 {
     intor_fn fn = (intor_fn)intor;
     if (nops > 64)
@@ -50,46 +121,32 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
     double *buf = malloc(sizeof(double) * (size_t)maxsh * maxsh * maxsh * maxsh);
     if (buf == NULL)
         return -1;
-    const int64_t nsp = (int64_t)nbas * (nbas + 1) / 2;
     int64_t ij;
-    while ((ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < nsp) {
-        int i = 0;
-        while ((int64_t)(i + 1) * (i + 2) / 2 <= ij)
-            i++;
-        int j = (int)(ij - (int64_t)i * (i + 1) / 2);
+    int i, j;
+    while ((ij = claim_shell_pair(next, end, &i, &j)) >= 0) {
+        double *row = row_off ? eri + row_off[ij] : NULL;
         for (int k = 0; k <= i; k++) {
             for (int l = 0; l <= k; l++) {
                 int64_t kl = pair(k, l);
                 if (kl > ij)
                     break;
                 int64_t q = pair(ij, kl);
-                /* images[g]: the canonical quartet g maps this one onto; a rep has the lowest */
                 int64_t images[64];
-                int rep = 1;
-                for (int g = 0; g < nops && rep; g++) {
-                    const int *m = shell_map + (size_t)g * nbas;
-                    images[g] = pair(pair(m[i], m[j]), pair(m[k], m[l]));
-                    if (images[g] < q)
-                        rep = 0;
-                }
-                if (!rep) {
-                    orbit[q] = 0;
-                    continue;
-                }
-                int distinct = 0;
-                for (int g = 0; g < nops; g++) {
-                    int seen = 0;
-                    for (int h = 0; h < g && !seen; h++)
-                        seen = images[h] == images[g];
-                    distinct += !seen;
-                }
+                int distinct = orbit_of(i, j, k, l, q, nbas, nops, shell_map, images);
                 orbit[q] = (unsigned char)distinct;
+                if (!distinct)
+                    continue;
                 int shls[4] = {i, j, k, l};
                 int ni = ao_loc[i + 1] - ao_loc[i], nj = ao_loc[j + 1] - ao_loc[j];
                 int nk = ao_loc[k + 1] - ao_loc[k], nl = ao_loc[l + 1] - ao_loc[l];
                 size_t n = (size_t)ni * nj * nk * nl;
-                if (!fn(buf, NULL, shls, atm, natm, bas, nbas, env, cintopt, NULL))
-                    memset(buf, 0, sizeof(double) * n);
+                double *out = row ? row : buf;
+                if (!fn(out, NULL, shls, atm, natm, bas, nbas, env, cintopt, NULL))
+                    memset(out, 0, sizeof(double) * n);
+                if (row) {
+                    row += n;
+                    continue;
+                }
                 /* buf[a + ni (b + nj (c + nk d))] = (ab|cd), AOs counted from the shells'
                  * first; each image quartet written once (two operations that map the
                  * quartet onto the same one write the same elements) */
@@ -131,18 +188,18 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
  * of g applied to the representative's. Each canonical element (ab|cd) stands for its 8
  * permutations, halved for each coincidence (a = b, c = d, ab = cd); of their updates only
  * half are made, the other half being the transposes (dm symmetric): J = vj + vj^T and
- * K = vk + vk^T. ``vj``, ``vk``: this caller's own nao x nao, zeroed; shell pairs claimed
- * from ``next`` as in tessera_s8_fill. */
+ * K = vk + vk^T. ``vj``, ``vk``: this caller's own nao x nao, zeroed; shell pairs below
+ * ``end`` claimed from ``next``, ``eri`` packed or compact (``row_off``) as tessera_s8_fill
+ * wrote it. */
 void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *orbit,
-                   const double *eri, const double *dm, int64_t *next, double *vj, double *vk)
+                   const double *eri, const int64_t *row_off, const double *dm, int64_t *next,
+                   int64_t end, double *vj, double *vk)
 {
-    const int64_t nsp = (int64_t)nbas * (nbas + 1) / 2;
     int64_t ij;
-    while ((ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < nsp) {
-        int i = 0;
-        while ((int64_t)(i + 1) * (i + 2) / 2 <= ij)
-            i++;
-        int j = (int)(ij - (int64_t)i * (i + 1) / 2);
+    int i, j;
+    while ((ij = claim_shell_pair(next, end, &i, &j)) >= 0) {
+        const double *row = row_off ? eri + row_off[ij] : NULL;
+        int ni = ao_loc[i + 1] - ao_loc[i], nj = ao_loc[j + 1] - ao_loc[j];
         for (int k = 0; k <= i; k++) {
             for (int l = 0; l <= k; l++) {
                 int64_t kl = pair(k, l);
@@ -151,6 +208,11 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
                 double w = orbit[pair(ij, kl)];
                 if (w == 0)
                     continue;
+                /* compact: the block (ij|kl), element (a, b, c, d) at a + ni (b + nj (c + nk d)) */
+                const double *blk = row;
+                size_t nk = ao_loc[k + 1] - ao_loc[k], sd = (size_t)ni * nj * nk;
+                if (row)
+                    row += sd * (ao_loc[l + 1] - ao_loc[l]);
                 for (int a = ao_loc[i]; a < ao_loc[i + 1]; a++) {
                     const double *da = dm + (size_t)a * nao;
                     double *ka = vk + (size_t)a * nao;
@@ -166,11 +228,13 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
                             double *jc = vj + (size_t)c * nao;
                             double kac = 0, kbc = 0, dac = da[c], dbc = db[c];
                             int d1 = k == l ? c + 1 : ao_loc[l + 1];
+                            const double *vabc = blk ? blk + (a - ao_loc[i]) + (size_t)ni * ((b - ao_loc[j])
+                                                     + (size_t)nj * (c - ao_loc[k])) : NULL;
                             for (int d = ao_loc[l]; d < d1; d++) {
                                 int64_t cd = pair(c, d);
                                 if (ij == kl && cd > ab)
                                     break;
-                                double v = eri[pair(ab, cd)] * wab;
+                                double v = (vabc ? vabc[sd * (size_t)(d - ao_loc[l])] : eri[pair(ab, cd)]) * wab;
                                 if (c == d)
                                     v *= 0.5;
                                 if (cd == ab)
@@ -197,5 +261,5 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
    library built from another (raise it with any change of an exported signature). */
 int tessera_abi_version(void)
 {
-    return 1;
+    return 3;
 }
