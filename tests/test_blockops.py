@@ -148,6 +148,32 @@ def test_constant_gather_served_by_its_transpose_or_symmetric_twin(backend, monk
     assert gathered.count("W") == 2 and len(ctx._cache) == 2       # two cached gathers, no more
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constant_added_in_another_order_kept_permuted_while_unchanged(backend, monkeypatch):
+    """A frozen tensor added into outputs of other axis orders (CCSD's Z[ijab] += ovov[iajb])
+    on the flat path is permuted once per (order, output) and kept (``Context._permuted``);
+    the kept vector serves later batches, a changed tensor is permuted anew, and every
+    result equals numpy's transpose (random irreps; a fresh and an accumulating output)."""
+    monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 1 << 30)
+    o, v, rng = _spaces(17)
+    V = BlockTensor.random((o, v, o, v), 0, rng=rng, name="V").freeze()
+    X = BlockTensor.random((o, o, v, v), 0, rng=rng, name="X")
+    Y = BlockTensor((v, o, o, v), 0, name="Y")
+    x = X.to_dense()
+    with ts.Context(backend) as ctx:
+        for n in range(2):                        # the second batch uses the kept vectors
+            with ts.equations():
+                X["ijab"] += 0.5 * V["iajb"]
+                Y["aijb"] = V["iajb"]
+            vd = V.to_dense()
+            x = x + 0.5 * vd.transpose(0, 2, 1, 3)
+            _close(X.to_dense(), x)
+            _close(Y.to_dense(), vd.transpose(1, 0, 2, 3))
+            assert len(ctx._permuted_flats) == 2
+            key = next(iter(V.blocks))
+            V.store_block(key, V.blocks[key] + 1.0)    # a new version: permuted again next time
+
+
 def test_threads_executor_runs_each_task_once_the_caller_helping():
     """``ThreadsExecutor.run``: every task runs once, on at most ``workers`` threads at a
     time, the calling thread one of them; after a task's error no task starts, and the

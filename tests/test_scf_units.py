@@ -102,6 +102,24 @@ def test_s8_integrals_from_symmetry_unique_quartets_equal_libcint(xyz, basis, gr
         np.testing.assert_allclose(got_j, vj, rtol=0, atol=1e-11)
         np.testing.assert_allclose(got_k, vk, rtol=0, atol=1e-11)
 
+
+def test_incore_fock_of_a_density_the_group_changes_uses_every_quartet():
+    """The skeleton J/K is exact only for densities the group leaves unchanged; the
+    in-memory builder gives a random (symmetric-matrix, not group-invariant) density the
+    full 8-fold J/K, and the invariant part of it the skeleton's (both against PySCF)."""
+    from tessera.chem.scf.incore import IncoreFock
+    mol = molecule("water.xyz", "6-31g", symmetry="C2v")
+    fock = IncoreFock(mol)
+    assert fock.skeleton is not None
+    rng = np.random.default_rng(7)
+    dm = rng.standard_normal((mol.nao, mol.nao))
+    dm = dm + dm.T
+    for d in (dm, fock.skeleton.symmetrize(dm)):
+        vj, vk = _vhf.incore(mol.intor("int2e", aosym="s8"), d, hermi=1)
+        np.testing.assert_allclose(fock.build(d), vj - 0.5 * vk, rtol=0, atol=1e-11)
+    assert not fock.skeleton.invariant(dm) and fock.skeleton.invariant(fock.skeleton.symmetrize(dm))
+
+
 def test_schwarz_bounds_equal_brute_force(water_dz):
     mol = water_dz
     q = schwarz_bounds(BlockERI(mol), mol)

@@ -411,6 +411,27 @@ def test_t1_dressed_ladder(backend, seed, flat, monkeypatch):
     assert len(dressing) == 2 and sum(dressing) == 4 * int(np.sum(npo[[h ^ g for h in range(8)]] * npv * ov))
 
 
+def test_a_dressing_with_an_unsummed_occupied_letter_is_not_the_ladder_dressing():
+    """R[ijab] += (W[acbd] - H[ibcd] t[ia] - H[jadc] t[jb]) tau[ijcd] has the dressed
+    ladder's shape but sums no k (t's occupied letter is R's i): the +/- form must not take
+    it (it would sum over i); planned as written it equals numpy.einsum."""
+    o, v, rng = spaces(517, nirrep=1, tile=3)
+    W_d = _eightfold(v, rng)
+    W = BlockTensor.from_dense(W_d, (v,) * 4, 0, name="vvvv", symmetry=VVVV_SYMMETRY, canonical=True).freeze()
+    H = rand("kcbd", o, v, rng).freeze()
+    H_d, t1 = H.to_dense(), rand("ia", o, v, rng)
+    t_d = t1.to_dense()
+    with ts.Context("serial"):
+        tau, tau_d = _pair_symmetric(o, v, rng, 0, canonical=True)
+        R = BlockTensor((o, o, v, v), 0, name="R", symmetry=(ts.PermutationalSymmetry((1, 0, 3, 2)),),
+                        canonical=True)
+        with ts.equations():
+            R["ijab"] = (W["acbd"] - H["ibcd"] * t1["ia"] - H["jadc"] * t1["jb"]) * tau["ijcd"]
+    ref = (np.einsum("acbd,ijcd->ijab", W_d, tau_d) - np.einsum("ibcd,ia,ijcd->ijab", H_d, t_d, tau_d)
+           - np.einsum("jadc,jb,ijcd->ijab", H_d, t_d, tau_d))
+    np.testing.assert_allclose(R.to_dense(), ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+
+
 def _pair_orbitals(v):
     """(a, b) orbitals of each position of ``pair_space(v)`` (rows of pairs a <= b)."""
     from tessera.tensor.pairs import pair_space

@@ -161,6 +161,32 @@ def test_missing_compiled_kernel_is_a_clear_error(systems, monkeypatch):
     assert triples_correction(ints, t1, t2, context=Context("serial")).energy < 0
 
 
+def test_stale_or_missing_kernel_stops_a_run_before_its_scf(monkeypatch):
+    """A library built from another version of the C source is refused (never called
+    with the wrong arguments), and a CCSD(T) run without the kernel stops before the SCF."""
+    from tessera.chem import triples_native
+    from tessera.chem.job import Job, Report, RunOptions
+    phases = []
+
+    class Phases(Report):
+        def phase(self, name):
+            phases.append(name)
+    monkeypatch.setattr(triples_native, "_ABI", triples_native._ABI + 1)
+    triples_native._library.cache_clear()
+    try:
+        with pytest.raises(BuildError, match=r"another version of its source .* run `make`"):
+            triples_native.require()
+        monkeypatch.setattr(triples_native, "_MODULE", "tessera.chem._no_such_kernel")
+        triples_native._library.cache_clear()
+        with pytest.raises(BuildError, match=r"not built; run `make`"):
+            Job(RunOptions("examples/water.xyz", basis="sto-3g", method="ccsd(t)"), Phases()).kernel()
+        assert phases == []
+    finally:
+        monkeypatch.undo()
+        triples_native._library.cache_clear()
+    triples_native.require()
+
+
 @pytest.mark.parametrize("name", ["water", "n2", "h2o2"])
 def test_public_kernel_on_row_slabs(systems, name):
     """The kernel API the task set uses: RowSlabs of task-tile rows hold each tensor's

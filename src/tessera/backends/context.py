@@ -74,6 +74,7 @@ class Context:
         keep_freed_memory()         # working arrays reused across steps, not faulted in afresh
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict = OrderedDict()     # (uid, version, layout ids) -> matrices
+        self._permuted_flats: dict = {}     # constants' flat vectors in another order (_permuted)
         # regions run here: time, flops (a run's contexts may share one recorder)
         self.profile = recorder if recorder is not None else Recorder()
         self._tokens: list = []
@@ -98,8 +99,11 @@ class Context:
         return False
 
     def close(self) -> None:
+        """Close the executor and hand the heap's free memory back to the kernel."""
         self.executor.close()
         self._cache.clear()
+        self._permuted_flats.clear()
+        give_back_freed_memory()
 
     def _blas_limit(self):
         """Limits BLAS to the executor's threads per worker while in use (``with``)."""
@@ -111,6 +115,7 @@ class Context:
         give the memory the heap kept for the phase's working arrays back to the kernel
         (``heap.give_back_freed_memory``)."""
         self._cache.clear()
+        self._permuted_flats.clear()
         give_back_freed_memory()
 
     def record_step(self, step, seconds: float, start: float | None = None) -> None:
@@ -206,14 +211,19 @@ class Context:
             div = step.divisor.tensor if step.divisor is not None else None
             if all(small_blocks(t) for t in (a, out, div) if t is not None) and \
                     not (step.pairs and (step.pairs not in FLAT_PAIRS or step.pairs != "unpack" and out.aliases)):
+                src = a.flat()
                 if step.pairs:
                     maps = [(index, dindex, PAIR_DIVISORS if dindex is not None else None)
                             for index, dindex in pair_index(a, out, step.pairs, step.perms.get("sym"))]
                 else:
                     index, dindex = add_index(a, out, step.perms["a"], div, step.perms.get("d"))
+                    if a.constant and index is not None and div is None:
+                        kept = self._permuted(a, out, step.perms["a"], index)
+                        if kept is not None:
+                            src, index = kept, None
                     maps = [(index, dindex, div.flat() if div is not None else None)]
                 for index, dindex, divisor in maps:
-                    run(blockops.flat_add_tasks(out, a.flat(), index, step.scale, self.executor.workers, divisor, dindex))
+                    run(blockops.flat_add_tasks(out, src, index, step.scale, self.executor.workers, divisor, dindex))
             else:
                 run(blockops.add_tasks(step, self.executor.workers))
         elif step.kind == "hadamard":
@@ -231,6 +241,22 @@ class Context:
                     run(tasks)
         else:  # the planner makes no other kind
             raise AssertionError(step.kind)
+
+    def _permuted(self, a, out, perm, index) -> np.ndarray | None:
+        """``a.flat()[index]`` of a constant tensor ``a``, kept while ``a`` is unchanged: a
+        constant added every iteration into a tensor of another axis order (CCSD's
+        Z += ovov[iajb]) is then read in order, not through the index. None when keeping
+        it would pass ``cache_bytes`` (with the gathered matrices kept)."""
+        key = (a.uid, perm, out.spaces, out.irrep, out.aliases or None)
+        version, vector = self._permuted_flats.get(key, (None, None))
+        if version != a.version:
+            held = sum(v.nbytes for _, v in self._permuted_flats.values()) + \
+                sum(m.nbytes for v in self._cache.values() for m in v.values())
+            if held + 8 * index.size > self.cache_bytes:
+                return None
+            vector = np.take(a.flat(), index, mode="clip")
+            self._permuted_flats[key] = (a.version, vector)
+        return vector
 
     def _gathered(self, ref, perm, layouts) -> dict:
         t = ref.tensor

@@ -150,7 +150,9 @@ class TensorStore:
                 "create tensors inside the context (with Context(...)) that runs them.")
         if placement == "pieces" and self.least_pieces is None:
             placement = "balanced"           # this executor reads whole blocks only
-        skey = (tensor.spaces, tensor.irrep, placement, tensor.canonical)
+        # the symmetry of a canonical tensor decides which blocks it stores, so its placement
+        skey = (tensor.spaces, tensor.irrep, placement, tensor.canonical,
+                tuple(tensor.symmetry) if tensor.canonical else ())
         free = self._free.get(skey)
         if free:
             ga = free.pop(0)

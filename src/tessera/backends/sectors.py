@@ -110,10 +110,14 @@ index_cache = IndexCache()
 
 def small_blocks(t) -> bool:
     """Whether a local tensor's blocks are small enough for the flat path."""
-    if t.dist is not None:
-        return False
-    offsets = flat_offsets(t.spaces, t.irrep, t.aliases or None)
-    return bool(offsets) and allowed_elements(t.spaces, t.irrep) < FLAT_BLOCK_ELEMENTS * len(offsets)
+    return t.dist is None and _small(t.spaces, t.irrep, t.aliases or None, FLAT_BLOCK_ELEMENTS)
+
+
+@lru_cache(maxsize=4096)
+def _small(spaces: tuple, irrep: int, aliases, block_elements: int) -> bool:
+    """``small_blocks`` of a structure (asked about a hundred times per CCSD residual)."""
+    offsets = flat_offsets(spaces, irrep, aliases)
+    return bool(offsets) and allowed_elements(spaces, irrep) < block_elements * len(offsets)
 
 
 def _structure(t) -> tuple:

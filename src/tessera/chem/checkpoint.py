@@ -311,13 +311,13 @@ def _assemble(stored, start: int, size: int, rows: int):
     [(first element, (rows, elements) array), ...]: blocks or pieces, whichever the
     writing run held (so a restart may have other ranks or pieces); None when they do not
     cover it."""
-    out, covered = np.empty((rows, size)), 0
+    out, covered = np.empty((rows, size)), np.zeros(size, dtype=bool)
     for first, data in stored:
         lo, hi = max(first, start), min(first + data.shape[1], start + size)
         if lo < hi:
             out[:, lo - start:hi - start] = data[:, lo - first:hi - first]
-            covered += hi - lo
-    return out if covered == size else None
+            covered[lo - start:hi - start] = True
+    return out if covered.all() else None
 
 
 def _read_blocks(f, need: set) -> dict:

@@ -30,6 +30,7 @@ from tessera.chem.outcome import check_output_path
 from tessera.chem.inputs import load, with_model
 from tessera.chem.integrals import transform
 from tessera.chem.triples import triples_correction
+from tessera.chem.triples_native import require as require_triples_kernel
 from tessera.errors import ConvergenceError, InputError
 from tessera.profile.records import Recorder, memory_table, slowest
 from tessera.tensor.pairs import FreedBlocks, kept_plus_minus
@@ -158,6 +159,8 @@ class Job:
                              "has none: drop --frozen-core (or dump only the active orbitals)")
         if mol is not None:
             check_electrons(mol)
+        if method == "ccsd(t)":
+            require_triples_kernel()     # a missing build is said before the SCF and CCSD, not after
         timings: dict = {}
         ranks = ranks_of(opt.backend)
         nfrozen = frozen_core_orbitals(mol) if opt.frozen_core else 0

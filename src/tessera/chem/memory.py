@@ -249,11 +249,12 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         # AO integrals (half_e1), then, once those are freed, the MO integrals and each
         # thread's finish arrays (a chunk of rows and its result). With point-group orbits
         # (chem/ao2mo_symmetry.py) the rows have one column per orbit, transposed once
-        # while the AO integrals are held; a finish takes a group's rows and their transpose
-        # (with orbits by AO-pair classes: PairOrbits.half_doubles)
+        # while the AO integrals are held; a finish takes a group's rows, their transpose and
+        # the products into the symmetry-adapted basis that the group's classes share (with
+        # orbits by AO-pair classes: PairOrbits.half_doubles)
         half = 8 * (nact * (nact + 1) // 2 * npair if shape.half_doubles is None else shape.half_doubles)
         if shape.ao_pair_reps < npair:
-            first, finish = s8_bytes(nao) + half, 8 * group_rows * (2 * shape.ao_pair_reps + nact * nact)
+            first, finish = s8_bytes(nao) + half, 8 * group_rows * (3 * shape.ao_pair_reps + nact * nact)
         else:
             first, finish = s8_bytes(nao), 8 * row_chunk * (npair + nact * nact)
         parts["transform"] = {"half-transformed": half,
@@ -263,7 +264,8 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
                               "slabs": T * slabs}
     parts["ccsd"] = dict(ccsd)
     if ladder:
-        parts["ladder"] = {"integrals with vvvv": with_vvvv, "ladder V+-": ladder}
+        parts["ladder"] = {"integrals with vvvv": with_vvvv, "ladder V+-": ladder,
+                           "ladder dressing M+-": s["held"].get("ladder dressing M+-", 0)}
     if shape.method == "ccsd(t)":
         parts["(t)"] = {"integrals": stored, **triples_parts(o, v, P, T, resident=not shape.distributed,
                                                               memory_bytes=shape.budget, ranks_per_node=shape.node_ranks)}

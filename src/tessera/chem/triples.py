@@ -162,6 +162,9 @@ class VirtualLayout:
         n, npair, foff, poff = self.n.tolist(), self.npair.tolist(), self.foff.tolist(), self.poff.tolist()
         ar = [np.arange(m) for m in n]
         size = int(self.ntrip[G])
+        if size >= 2**31:          # the table's int32 positions; a smaller kernel_mb blocks v
+            raise InputError(f"(T): {size} virtual triples of irrep {G} in one kernel block exceed the "
+                             "compiled sweep's 2^31 positions; give triples_correction a smaller kernel_mb")
         rot, rot2, swap = (np.empty(size, dtype=np.intp) for _ in range(3))
         vpos = np.empty((3, size), dtype=np.int32)        # virtual positions of (s, t, u)
 

@@ -144,3 +144,10 @@ double tessera_t3_energy_packed(long norb, const int32_t *orbits, long nv,
     }
     return energy;
 }
+
+/* The version of this source's functions and argument lists: chem/native.py refuses a
+   library built from another (raise it with any change of an exported signature). */
+int tessera_abi_version(void)
+{
+    return 1;
+}

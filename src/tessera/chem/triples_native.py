@@ -2,34 +2,30 @@
 
 The C source (its header comment gives the equations: Raghavachari et al. 1989, the
 closed-shell form of Rendell, Lee, Komornicki 1991 / PySCF's ``cc/ccsd_t.py``) is a
-setuptools extension of ``pyproject.toml`` with no Python API of its own: plain
-functions on pointers, called through ctypes (which releases the GIL, so the threads
-backend runs one call per worker at once).
+compiled part loaded by ``chem.native`` (ctypes releases the GIL, so the threads backend
+runs one call per worker at once).
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 from functools import cache
 
 import numpy as np
 
-from tessera.errors import BuildError, ShapeError
+from tessera.chem.native import load
+from tessera.errors import ShapeError
 
 __all__ = ["require", "energy_dense", "energy_packed"]
 
 _MODULE = "tessera.chem._triples_kernel"
+_ABI = 1            # tessera_abi_version() of triples_kernel.c whose argument lists these are
 _ptr = ctypes.c_void_p
 
 
 @cache
 def _library() -> ctypes.CDLL:
-    spec = importlib.util.find_spec(_MODULE)
-    if spec is None or not spec.origin:
-        raise BuildError(f"the compiled (T) kernel {_MODULE} is not built; run `make` (or "
-                         "`pip install -e .`) in the Tessera checkout, which needs a C compiler")
-    lib = ctypes.CDLL(spec.origin)
+    lib = load(_MODULE, _ABI, "the compiled (T) kernel")
     fn = lib.tessera_t3_energy_dense
     fn.restype = ctypes.c_double
     fn.argtypes = [ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 6

@@ -1,7 +1,7 @@
 """Imports that the run's libraries make but a run never uses, deferred to first use.
 
-Two modules cost a third of a run's import time (0.40 -> 0.21 s to import
-``tessera.chem.job``, measured under load) and are never touched by a run:
+Two modules cost a quarter of a run's import time (0.51 -> 0.37 s CPU to import
+``tessera.chem.job``, median of 8, measured under load) and are never touched by a run:
 
 - ``numpy.f2py``: SciPy's array-API shim (``scipy._lib.array_api_compat``, imported with
   ``scipy.linalg``) asks numpy for every name it lists, and numpy imports f2py to answer;
@@ -13,7 +13,9 @@ attribute anyone reads from it (``scipy.optimize.minimize``, ``from scipy.optimi
 x``), so whoever does use one gets the real module. ``importlib.util.LazyLoader`` would
 not do: an ``import`` statement reads ``__spec__``, which makes it load at once. Only for
 a program (``cli.main``): in another caller's process it would change that caller's
-modules.
+modules. One lock serialises the first use; a run's worker threads never touch these
+modules, so the first use comes from the main thread (a worker importing a submodule of
+one while another thread loads it could wait on both locks).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ classes that matter for its memory budget (more than 1/32 of it on one rank): wh
 rule allows larger tiles, one note line names them (``run_tiles`` in the JSON). Distributed (T) takes its occupied
 task tile (and, by virtual tile, its windows) from the bytes one task may hold
 (``chem.triples_tasks.window_budget``): the rank's share of the (T) operands, no less than
-a floor set by tile sizes and no more than a quarter of the budget per rank.
+a floor set by o, v, the tiles and the machine, and no more than a quarter of the budget per rank.
 """
 
 from __future__ import annotations

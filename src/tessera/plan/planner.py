@@ -441,14 +441,16 @@ def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str, dressing
 def _dressing_operands(term, R: Ref, X: Ref):
     """(H, H's letters, t, k, x, y) of a dressing term s' H[k y c d] t[k x] F[ijcd] of the
     +/- ladder R[Pab] += G X[Pcd] (``_plus_minus_steps``), or None when the term is not
-    of that form (H frozen and local, t of two letters, k summed, {x, y} = {a, b})."""
+    of that form (H frozen and local, t of two letters, k summed: in neither R nor F,
+    {x, y} = {a, b})."""
     (a, b), (c, d) = R.indices[1:], X.indices[1:]
     hs = [r for r in term.factors if r.tensor.ndim == 4 and set(r.indices) & {a, b}]    # not F[ijcd]
     ts = [r for r in term.factors if r.tensor.ndim == 2]
     if len(term.factors) != 3 or len(hs) != 1 or len(ts) != 1:
         return None
     H, t = hs[0], ts[0]
-    k = next((ch for ch in t.indices if ch not in a + b), None)
+    F = next(r for r in term.factors if r is not H and r is not t)        # F[ijcd]: k is not i or j
+    k = next((ch for ch in t.indices if ch not in a + b + F.indices), None)
     x = next((ch for ch in t.indices if ch in a + b), None)
     y = b if x == a else a
     if k is None or x is None or sorted(H.indices) != sorted(k + y + c + d) or not H.tensor.constant \

@@ -133,8 +133,8 @@ def _rebind(template: _Template, tensors: list):
             _, spaces, irrep, name, symmetry, canonical = spec
             bound.append(BlockTensor(spaces, irrep, name=name, symmetry=symmetry, canonical=canonical))
     ref = lambda s: None if s is None else Ref(bound[s[0]], s[1])  # noqa: E731
-    steps = [replace(st, out=ref(out), inputs=tuple(map(ref, ins)), divisor=ref(div))
-             for st, out, ins, div in template.steps]
     # an add step counts its input's stored elements, which the structure does not fix
-    steps = [replace(st, flops=st.inputs[0].tensor.stored_elements) if st.kind == "add" else st for st in steps]
+    steps = [replace(st, out=ref(out), inputs=tuple(map(ref, ins)), divisor=ref(div),
+                     flops=bound[ins[0][0]].stored_elements if st.kind == "add" else st.flops)
+             for st, out, ins, div in template.steps]
     return Plan(steps, list(template.labels), list(template.choices))

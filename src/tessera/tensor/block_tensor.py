@@ -601,6 +601,8 @@ class BlockTensor:
     @property
     def stored_elements(self) -> int:
         """Elements stored (over all processes for a distributed tensor)."""
+        if self._lazy:          # one flat vector, its block views not made yet: not made here
+            return self._flat[0].size
         if self.aliases:
             if self.dist is None:
                 return int(sum(b.size for k, b in self.blocks.items() if k not in self.aliases))

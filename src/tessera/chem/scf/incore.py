@@ -68,7 +68,7 @@ class IncoreFock:
 
     def build(self, dm: np.ndarray) -> np.ndarray:
         t0, c0 = time.perf_counter(), time.process_time()
-        if self.skeleton is not None:       # from the representative quartets alone
+        if self.skeleton is not None and self.skeleton.invariant(dm):   # from the representative quartets alone
             vj, vk = self.skeleton.jk(self.eri, dm, self.threads)
         else:
             with with_omp_threads(self.threads):

@@ -15,7 +15,7 @@ Q_ij = sqrt(max |(ij|ij)|) per shell pair (Haser and Ahlrichs, J. Comput. Chem. 
 from __future__ import annotations
 
 import ctypes
-import importlib.util
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
@@ -24,9 +24,12 @@ from pyscf.gto import moleintor
 from pyscf.lib import unpack_tril, with_omp_threads
 
 from tessera.chem.scf.blocking import ShellBlocks
+from tessera.chem.native import load
 from tessera.errors import BuildError
 
+log = logging.getLogger(__name__)
 _S8_MODULE = "tessera.chem.scf._s8fill"
+_S8_ABI = 1         # tessera_abi_version() of s8fill.c whose argument lists these are
 
 
 class BlockERI:
@@ -126,6 +129,12 @@ def s8_integrals(mol, threads: int = 1):
     builds J and K from those quartets alone; without point-group operations that map
     shells onto shells with signed AOs, PySCF's own s8 fill and None."""
     ops = _shell_operations(mol)
+    if ops:
+        try:
+            fill = _s8_library().tessera_s8_fill
+        except BuildError as exc:      # the SCF still runs, computing every quartet
+            log.warning("%s; the SCF computes every shell quartet instead (PySCF's fill)", exc)
+            ops = []
     if not ops:
         with with_omp_threads(max(1, int(threads))):
             return mol.intor("int2e", aosym="s8"), None
@@ -137,7 +146,6 @@ def s8_integrals(mol, threads: int = 1):
     shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
     ao_map = np.ascontiguousarray([p for _, p, _ in ops], dtype=np.int32)
     ao_sign = np.ascontiguousarray([g for _, _, g in ops], dtype=np.float64)
-    fill = _s8_library().tessera_s8_fill
     ptr = ctypes.c_void_p
 
     def work(counter):
@@ -180,6 +188,12 @@ class Skeleton:
         vj, vk = (sum(p[n] for p in parts) for n in (0, 1))
         return self.symmetrize(vj + vj.T), self.symmetrize(vk + vk.T)
 
+    def invariant(self, dm: np.ndarray, tol: float = 1e-10) -> bool:
+        """Whether the group leaves ``dm`` unchanged (to ``tol`` of its largest element),
+        the condition under which ``jk`` is exact: every density of symmetry-adapted
+        orbitals is; another (a broken-symmetry guess, a response density) is not."""
+        return bool(np.abs(self.symmetrize(dm) - dm).max(initial=0.0) <= tol * max(1.0, np.abs(dm).max(initial=0.0)))
+
     def symmetrize(self, m: np.ndarray) -> np.ndarray:
         """(1/|G|) sum over the operations g of g m g^T, (g m g^T)[pi a, pi b] = s_a s_b m[a, b]."""
         out = np.zeros_like(m)
@@ -214,7 +228,8 @@ def _shell_operations(mol) -> list:
     out = [(np.arange(mol.nbas), np.arange(mol.nao), np.ones(mol.nao))]
     for perm, sign in ao_operations(mol, U):
         smap = shell[perm[loc[:-1]]]
-        if not np.array_equal(perm, loc[smap][shell] + np.arange(mol.nao) - loc[shell]):
+        if not (np.array_equal(np.diff(loc)[smap], np.diff(loc))
+                and np.array_equal(perm, loc[smap][shell] + np.arange(mol.nao) - loc[shell])):
             return []
         out.append((smap, perm, sign))
     return out if len(out) > 1 else []
@@ -222,11 +237,7 @@ def _shell_operations(mol) -> list:
 
 @cache
 def _s8_library() -> ctypes.CDLL:
-    spec = importlib.util.find_spec(_S8_MODULE)
-    if spec is None or not spec.origin:
-        raise BuildError(f"the compiled integral fill {_S8_MODULE} is not built; run `make` (or "
-                         "`pip install -e .`) in the Tessera checkout, which needs a C compiler")
-    lib = ctypes.CDLL(spec.origin)
+    lib = load(_S8_MODULE, _S8_ABI, "the compiled integral fill")
     lib.tessera_s8_fill.restype = ctypes.c_int
     lib.tessera_s8_fill.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
                                     + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int]

@@ -30,6 +30,21 @@ static inline int64_t pair(int64_t a, int64_t b)
     return a >= b ? a * (a + 1) / 2 + b : b * (b + 1) / 2 + a;
 }
 
+/* The next shell pair ij = pair(i, j), i >= j, claimed from the shared counter ``next``
+   (threads take pairs in turn); -1 when all ``nsp`` are taken. */
+static int64_t claim_shell_pair(int64_t *next, int64_t nsp, int *i, int *j)
+{
+    int64_t ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+    if (ij >= nsp)
+        return -1;
+    int a = 0;
+    while ((int64_t)(a + 1) * (a + 2) / 2 <= ij)
+        a++;
+    *i = a;
+    *j = (int)(ij - (int64_t)a * (a + 1) / 2);
+    return ij;
+}
+
 /* Fills ``eri`` for the shell pairs ij (i >= j) that this caller claims from ``next``
  * (shared by the callers: each takes the next pair with an atomic add) and every kl <= ij.
  * ``shell_map``, ``ao_map``, ``ao_sign``: nops rows (the identity first) of nbas, nao and
@@ -52,11 +67,8 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
         return -1;
     const int64_t nsp = (int64_t)nbas * (nbas + 1) / 2;
     int64_t ij;
-    while ((ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < nsp) {
-        int i = 0;
-        while ((int64_t)(i + 1) * (i + 2) / 2 <= ij)
-            i++;
-        int j = (int)(ij - (int64_t)i * (i + 1) / 2);
+    int i, j;
+    while ((ij = claim_shell_pair(next, nsp, &i, &j)) >= 0) {
         for (int k = 0; k <= i; k++) {
             for (int l = 0; l <= k; l++) {
                 int64_t kl = pair(k, l);
@@ -138,11 +150,8 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
 {
     const int64_t nsp = (int64_t)nbas * (nbas + 1) / 2;
     int64_t ij;
-    while ((ij = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < nsp) {
-        int i = 0;
-        while ((int64_t)(i + 1) * (i + 2) / 2 <= ij)
-            i++;
-        int j = (int)(ij - (int64_t)i * (i + 1) / 2);
+    int i, j;
+    while ((ij = claim_shell_pair(next, nsp, &i, &j)) >= 0) {
         for (int k = 0; k <= i; k++) {
             for (int l = 0; l <= k; l++) {
                 int64_t kl = pair(k, l);
@@ -191,4 +200,11 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
             }
         }
     }
+}
+
+/* The version of this source's functions and argument lists: chem/native.py refuses a
+   library built from another (raise it with any change of an exported signature). */
+int tessera_abi_version(void)
+{
+    return 1;
 }
