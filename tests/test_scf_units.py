@@ -165,7 +165,8 @@ def test_s8_ranges_split_the_shell_pairs_and_count_their_representatives():
                     reps += 1
                     kept[rank] += size[i] * size[j] * size[k] * size[l]
     assert w[:, 2].tolist() == kept.tolist() and 0 < reps
-    assert s8_shares(mol, 3).tolist() == (8 * kept).tolist()
+    quartets = [pair(e - 1, e - 1) + 1 - pair(s, 0) for s, e in w[:, :2]]   # kl <= ij of its pairs ij
+    assert s8_shares(mol, 3).tolist() == (8 * kept + quartets).tolist()       # + their orbit sizes
     assert s8_shares(mol, 1).tolist() == [s8_bytes(mol.nao)]
     assert s8_shares(molecule("h2o2_distorted.xyz", "6-31g", symmetry=True), 2) is None
 

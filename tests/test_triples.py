@@ -230,6 +230,20 @@ def test_public_kernel_on_row_slabs(systems, name):
             for label, inp in (("lazy", lazy), ("whole", whole), ("python", python)):
                 energy[label] += TripleKernel(inp, G, pool).tile_energy(I[:2], J[:2], K[:2])
     assert all(abs(e - e_serial) < 1e-14 for e in energy.values()), energy
+    # task tiles of several orbitals, batches of up to 3 k: the compiled batch's stacked
+    # GEMMs over k against the Python batch
+    job = TriplesTasks(ints, bt1, bt2, 4, None, resident=True)
+    compiled, python = (KernelInputs.from_slabs(lay, job.eo, job.t1d, o.irreps,
+                                                [job._slab(x, {}) for x in range(len(job.tiles))]) for _ in range(2))
+    python.native_rows = None
+    pool, energy = TripleKernel.new_pool(lay, 3), {"compiled": 0.0, "python": 0.0}
+    for a, b, c in job.triples:
+        I, J, K = (job.tiles[x] for x in (a, b, c))
+        G = I[2] ^ J[2] ^ K[2]
+        if lay.ntrip[G]:
+            for label, inp in (("compiled", compiled), ("python", python)):
+                energy[label] += TripleKernel(inp, G, pool, batch=3).tile_energy(I[:2], J[:2], K[:2])
+    assert all(abs(e - e_serial) < 1e-14 for e in energy.values()), energy
 
 
 def test_flops_equal_the_minimal_count(systems):

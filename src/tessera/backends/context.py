@@ -250,13 +250,18 @@ class Context:
         key = (a.uid, perm, out.spaces, out.irrep, out.aliases or None)
         version, vector = self._permuted_flats.get(key, (None, None))
         if version != a.version:
-            held = sum(v.nbytes for _, v in self._permuted_flats.values()) + \
-                sum(m.nbytes for v in self._cache.values() for m in v.values())
-            if held + 8 * index.size > self.cache_bytes:
+            self._permuted_flats.pop(key, None)         # a stale copy holds no room
+            if self._kept_bytes() + 8 * index.size > self.cache_bytes:
                 return None
             vector = np.take(a.flat(), index, mode="clip")
             self._permuted_flats[key] = (a.version, vector)
         return vector
+
+    def _kept_bytes(self) -> int:
+        """Bytes kept for later steps: gathered matrices of constants and permuted constants
+        (together within ``cache_bytes``)."""
+        return sum(v.nbytes for _, v in self._permuted_flats.values()) + \
+            sum(m.nbytes for v in self._cache.values() for m in v.values())
 
     def _gathered(self, ref, perm, layouts) -> dict:
         t = ref.tensor
@@ -275,7 +280,7 @@ class Context:
         size = sum(m.nbytes for m in mats.values())
         if size <= self.cache_bytes:
             self._cache[key] = mats
-            while sum(m.nbytes for v in self._cache.values() for m in v.values()) > self.cache_bytes:
+            while self._cache and self._kept_bytes() > self.cache_bytes:
                 self._cache.popitem(last=False)
         return mats
 

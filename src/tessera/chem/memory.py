@@ -9,7 +9,8 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
              orthogonaliser, Fock, density, the DIIS history of Fock and error matrices,
              the Fock build's blocks), plus one Fock buffer per thread, plus the AO
              integrals the SCF keeps in memory (``scf_integral_bytes``: one process the
-             8-fold integrals, several ranks the fullest rank's share of the screened
+             8-fold integrals, several ranks with a point group the fullest rank's share
+             of the representative quartets, without one its share of the screened
              blocks) when it will keep them: mode incore, or auto and they fit the budget
              beside the baseline and the matrices (``scf.incore.fits``' rule; otherwise the
              SCF is direct and says so)

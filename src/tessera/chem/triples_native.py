@@ -16,7 +16,7 @@ from functools import cache
 import numpy as np
 
 from tessera.chem.native import load
-from tessera.errors import ShapeError
+from tessera.errors import BuildError, ShapeError
 
 __all__ = ["require", "energy_dense", "energy_packed", "batch_packed"]
 
@@ -45,13 +45,22 @@ def _library() -> ctypes.CDLL:
 def _scipy_dgemm() -> int:
     """Address of SciPy's BLAS dgemm (Fortran convention), from the capsule that
     ``scipy.linalg.cython_blas`` exports: the kernel calls the BLAS SciPy loaded."""
+    import scipy
     from scipy.linalg import cython_blas
-    capsule = ctypes.py_object(cython_blas.__pyx_capi__["dgemm"])
-    api = ctypes.pythonapi
-    api.PyCapsule_GetName.restype, api.PyCapsule_GetName.argtypes = ctypes.c_char_p, [ctypes.py_object]
-    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    return api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule))
+    # prototypes of our own: the process-wide ctypes.pythonapi ones are left as they are
+    get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
+    try:
+        capsule = cython_blas.__pyx_capi__["dgemm"]
+        address = get_pointer(capsule, get_name(capsule))
+    except (AttributeError, KeyError, ValueError) as exc:
+        address = None
+        why = f"{type(exc).__name__}: {exc}"
+    if not address:
+        raise BuildError(f"the (T) kernel needs SciPy's BLAS dgemm (scipy.linalg.cython_blas), which "
+                         f"SciPy {scipy.__version__} does not export here ({why if address is None else 'NULL'})")
+    return address
 
 
 def require() -> None:
@@ -98,6 +107,8 @@ def batch_packed(G: int, i: int, j: int, k0: int, nk: int, inp, orbits, ev, B, l
     place; ``lbuf`` the stacked left operands, ``scratch`` 3 v^2 doubles."""
     lay, nocc, nv = inp.lay, len(inp.irrep), ev.size
     ntrip = int(lay.ntrip[G])
+    if not inp.native_rows[:, [i, j, *range(k0, k0 + nk)]].any(axis=(0, 2)).all():
+        raise ShapeError(f"(T) batch ({i}, {j}, {k0}..{k0 + nk - 1}): an orbital outside the given row slabs")
     flops = ctypes.c_int64(0)
     energy = _library().tessera_t3_batch_packed(
         G, i, j, k0, nk, nocc, lay.batch_table.ctypes.data, _addr(inp.occ_table, 2 * nocc, np.int64),

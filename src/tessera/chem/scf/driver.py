@@ -197,6 +197,10 @@ def rhf(mol, *, schedule: str = "steal", screening: float = SCREENING, mode: str
     builder = make_builder(mol, context, mode=mode, budget=budget,
                            schedule=schedule, screening=screening, block_nbf=block_nbf,
                            rebuild_every=rebuild_every)
+    if getattr(builder, "skeleton", None) is not None:
+        # the guess of a geometry symmetric within PySCF's tolerance only is not quite
+        # invariant, which the skeleton J/K needs (over ranks it refuses another density)
+        dm = builder.skeleton.symmetrize(dm)
     if builder.tasks is not None:
         say("RHF: %d AOs in %d shell blocks, %d tasks (%d block quartets skipped), "
             "schedule=%s mode=%s screening=%g ranks=%d group=%s",

@@ -64,7 +64,7 @@ class IncoreFock:
         self.ranks = ranks if ranks is not None and ranks.size > 1 else None
         self.eri, self.skeleton = s8_integrals(mol, self.threads, self.ranks)
         self.setup_seconds = time.perf_counter() - t0
-        self.nbytes = int(self.eri.nbytes)
+        self.nbytes = int(self.eri.nbytes) + (0 if self.skeleton is None else int(self.skeleton.orbit.nbytes))
         self.history: list = []
 
     def build(self, dm: np.ndarray) -> np.ndarray:
@@ -98,4 +98,4 @@ class IncoreFock:
         return kept
 
     def free(self) -> None:
-        self.eri = None
+        self.eri = self.skeleton = None

@@ -26,11 +26,11 @@ from pyscf.lib import unpack_tril, with_omp_threads
 from tessera.backends.schedule import partition
 from tessera.chem.scf.blocking import ShellBlocks
 from tessera.chem.native import load
-from tessera.errors import BuildError
+from tessera.errors import BuildError, SymmetryError
 
 log = logging.getLogger(__name__)
 _S8_MODULE = "tessera.chem.scf._s8fill"
-_S8_ABI = 3         # tessera_abi_version() of s8fill.c whose argument lists these are
+_S8_ABI = 4         # tessera_abi_version() of s8fill.c whose argument lists these are
 
 
 class BlockERI:
@@ -139,8 +139,8 @@ def s8_integrals(mol, threads: int = 1, ranks=None):
     fill = _fill() if ops else None
     if fill is None:
         if nranks > 1:          # each rank would hold (and the allreduce add) all of them
-            raise ValueError("s8_integrals over several ranks needs point-group operations "
-                             "and the compiled fill (s8_shares is None otherwise)")
+            raise SymmetryError("s8_integrals over several ranks needs point-group operations "
+                                "and the compiled fill (s8_shares is None otherwise)")
         ops = []
     if not ops:
         with with_omp_threads(max(1, int(threads))):
@@ -156,7 +156,9 @@ def s8_integrals(mol, threads: int = 1, ranks=None):
         row_off = np.zeros(nsp + 1, dtype=np.int64)
         row_off[start + 1:end + 1] = np.cumsum(_pair_costs(mol, shell_map, start, end))
         out = np.empty(row_off[end])
-    skeleton = Skeleton(ops, eri_.ao_loc, nao, np.empty(nsp * (nsp + 1) // 2, dtype=np.uint8),
+    # orbit sizes of the quartets (ij|kl), kl <= ij, of this rank's pairs ij only
+    obase = start * (start + 1) // 2
+    skeleton = Skeleton(ops, eri_.ao_loc, nao, np.empty(end * (end + 1) // 2 - obase, dtype=np.uint8),
                         (start, end), row_off)
     ao_map = np.ascontiguousarray([p for _, p, _ in ops], dtype=np.int32)
     ao_sign = np.ascontiguousarray([g for _, _, g in ops], dtype=np.float64)
@@ -168,7 +170,7 @@ def s8_integrals(mol, threads: int = 1, ranks=None):
                     eri_._env.ctypes.data_as(ptr), eri_.ao_loc.ctypes.data_as(ptr), nao, len(ops),
                     shell_map.ctypes.data_as(ptr), ao_map.ctypes.data_as(ptr),
                     ao_sign.ctypes.data_as(ptr), counter, end, skeleton.row_off_ptr(),
-                    out.ctypes.data_as(ptr), skeleton.orbit.ctypes.data_as(ptr))
+                    out.ctypes.data_as(ptr), skeleton.orbit.ctypes.data_as(ptr), obase)
     if any(_on_threads(work, threads, start)):
         raise MemoryError("s8fill: no memory for a shell-quartet buffer")
     return out, skeleton
@@ -218,7 +220,9 @@ def s8_shares(mol, nranks: int, ranks=None) -> np.ndarray | None:
     ops = _shell_operations(mol) if nranks > 1 else None
     if nranks > 1 and not (ops and _fill() is not None):
         return None
-    return 8 * s8_ranges(mol, nranks, ranks, ops)[:, 2]
+    start, end, kept = s8_ranges(mol, nranks, ranks, ops).T
+    # several ranks: and the orbit sizes of their pairs' quartets (Skeleton.orbit, a byte each)
+    return 8 * kept + ((end * (end + 1) - start * (start + 1)) // 2 if nranks > 1 else 0)
 
 
 def s8_bytes(nao: int) -> int:
@@ -232,7 +236,7 @@ class Skeleton:
     symmetry-adapted orbitals) from the representative shell quartets of ``s8_integrals``
     only, each weighted by the size of its orbit, then summed over the group's operations
     (the skeleton Fock matrix of Dupuis and King, Int. J. Quantum Chem. 11, 613 (1977)):
-    ``orbit[pair(ij, kl)]`` is that size for a representative shell quartet, 0 otherwise;
+    ``orbit[pair(ij, kl) - pair(start, 0)]`` (``pairs`` = (start, end)) is that size for a representative shell quartet, 0 otherwise;
     ``pairs``: the range of shell pairs ij whose quartets it contracts; ``row_off``: None
     for the packed array, else where each pair's representatives start in the compact
     one (``s8_integrals`` over several ranks)."""
@@ -257,7 +261,7 @@ class Skeleton:
             parts.append((vj, vk))
             jk(len(self.ao_loc) - 1, self.ao_loc.ctypes.data_as(ptr), nao, self.orbit.ctypes.data_as(ptr),
                eri.ctypes.data_as(ptr), self.row_off_ptr(), dm.ctypes.data_as(ptr), counter, self.pairs[1],
-               vj.ctypes.data_as(ptr), vk.ctypes.data_as(ptr))
+               vj.ctypes.data_as(ptr), vk.ctypes.data_as(ptr), self.pairs[0] * (self.pairs[0] + 1) // 2)
         _on_threads(work, threads, self.pairs[0])
         vj, vk = (sum(p[n] for p in parts) for n in (0, 1))
         return self.symmetrize(vj + vj.T), self.symmetrize(vk + vk.T)
@@ -309,9 +313,10 @@ def _shell_operations(mol) -> list:
     return out if len(out) > 1 else []
 
 
+@cache
 def _fill():
-    """The compiled fill, or None (logged) when it is not built: the SCF then computes
-    every quartet (one process) or keeps screened blocks (several ranks)."""
+    """The compiled fill, or None (logged once) when it is not built: the SCF then
+    computes every quartet (one process) or keeps screened blocks (several ranks)."""
     try:
         return _s8_library().tessera_s8_fill
     except BuildError as exc:
@@ -326,11 +331,11 @@ def _s8_library() -> ctypes.CDLL:
     i64 = ctypes.c_int64
     lib.tessera_s8_fill.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
                                     + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int]
-                                    + [ctypes.c_void_p] * 4 + [i64] + [ctypes.c_void_p] * 3)
+                                    + [ctypes.c_void_p] * 4 + [i64] + [ctypes.c_void_p] * 3 + [i64])
     lib.tessera_s8_cost.restype = None
     lib.tessera_s8_cost.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                     i64, i64, ctypes.c_void_p]
     lib.tessera_s8_jk.restype = None
     lib.tessera_s8_jk.argtypes = ([ctypes.c_int, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 5
-                                  + [i64] + [ctypes.c_void_p] * 2)
+                                  + [i64] + [ctypes.c_void_p] * 2 + [i64])
     return lib

@@ -80,6 +80,11 @@ void tessera_s8_cost(int nbas, const int *ao_loc, int nops, const int *shell_map
                      int64_t start, int64_t end, double *cost)
 {
     int64_t images[64];
+    if (nops > 64) {            /* more operations than images[] holds: no quartet counted */
+        for (int64_t ij = start; ij < end; ij++)
+            cost[ij - start] = 0;
+        return;
+    }
     for (int64_t ij = start; ij < end; ij++) {
         int i, j;
         shell_pair(ij, &i, &j);
@@ -104,12 +109,13 @@ void tessera_s8_cost(int nbas, const int *ao_loc, int nops, const int *shell_map
  * eri + row_off[ij], each as libcint's block buf[a + ni (b + nj (c + nk d))] (whose
  * sizes tessera_s8_cost sums per pair).
  * ``shell_map``, ``ao_map``, ``ao_sign``: nops rows (the identity first) of nbas, nao and
- * nao entries. ``orbit[pair(ij, kl)]``: the number of quartets in the orbit of each
- * representative, 0 for the others. Returns 0, or -1 when a buffer could not be allocated. */
+ * nao entries. ``orbit[pair(ij, kl) - obase]``: the number of quartets in the orbit of
+ * each representative, 0 for the others (``obase`` = pair(first pair of the range, 0): a
+ * rank holds the entries of its own range only). Returns 0, or -1 when a buffer could not be allocated. */
 int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, int nbas,
                     double *env, const int *ao_loc, int nao, int nops, const int *shell_map,
                     const int *ao_map, const double *ao_sign, int64_t *next, int64_t end,
-                    const int64_t *row_off, double *eri, unsigned char *orbit)
+                    const int64_t *row_off, double *eri, unsigned char *orbit, int64_t obase)
 {
     intor_fn fn = (intor_fn)intor;
     if (nops > 64)
@@ -133,7 +139,7 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
                 int64_t q = pair(ij, kl);
                 int64_t images[64];
                 int distinct = orbit_of(i, j, k, l, q, nbas, nops, shell_map, images);
-                orbit[q] = (unsigned char)distinct;
+                orbit[q - obase] = (unsigned char)distinct;
                 if (!distinct)
                     continue;
                 int shls[4] = {i, j, k, l};
@@ -193,7 +199,7 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
  * wrote it. */
 void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *orbit,
                    const double *eri, const int64_t *row_off, const double *dm, int64_t *next,
-                   int64_t end, double *vj, double *vk)
+                   int64_t end, double *vj, double *vk, int64_t obase)
 {
     int64_t ij;
     int i, j;
@@ -205,7 +211,7 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
                 int64_t kl = pair(k, l);
                 if (kl > ij)
                     break;
-                double w = orbit[pair(ij, kl)];
+                double w = orbit[pair(ij, kl) - obase];
                 if (w == 0)
                     continue;
                 /* compact: the block (ij|kl), element (a, b, c, d) at a + ni (b + nj (c + nk d)) */
@@ -261,5 +267,5 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
    library built from another (raise it with any change of an exported signature). */
 int tessera_abi_version(void)
 {
-    return 3;
+    return 4;
 }
