@@ -230,6 +230,7 @@ class RowSlab:
         self.ov1, self.t2r, self.ooL, self.ovov = ov1, t2r, ooL, ovov
         self.stacked = stacked        # [x, n_c + o_c, pairs] per g_c: ov1 over t2r (they are its views)
         self.ov2 = self.t2s = self.right_a = self.right_b = self.left = None
+        self._native_rows = None      # native_rows(), made on first use
 
     @classmethod
     def from_blocks(cls, lay: VirtualLayout, o, v, x0: int, x1: int, parts: dict) -> "RowSlab":
@@ -311,7 +312,7 @@ class RowSlab:
         """[4, x1 - x0, NIRREP] int64: the address of each orbital's row of left, right_a,
         right_b and ovov per irrep (0: none), for ``triples_native.batch_packed``; made once
         (the slab's arrays stay put)."""
-        if getattr(self, "_native_rows", None) is None:
+        if self._native_rows is None:
             tx = self.x1 - self.x0
             self._native_rows = rows = np.zeros((4, tx, NIRREP), dtype=np.int64)
             for t, arrs in enumerate((self.left, self.right_a, self.right_b, self.ovov)):

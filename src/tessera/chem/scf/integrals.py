@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
@@ -154,7 +155,7 @@ def s8_integrals(mol, threads: int = 1, ranks=None):
     else:
         start, end, _ = (int(x) for x in s8_ranges(mol, nranks, ranks, ops)[ranks.rank])
         row_off = np.zeros(nsp + 1, dtype=np.int64)
-        row_off[start + 1:end + 1] = np.cumsum(_pair_costs(mol, shell_map, start, end))
+        row_off[start + 1:end + 1] = np.cumsum(_all_pair_costs(mol, shell_map, ranks)[start:end])
         out = np.empty(row_off[end])
     # orbit sizes of the quartets (ij|kl), kl <= ij, of this rank's pairs ij only
     obase = start * (start + 1) // 2
@@ -188,16 +189,34 @@ def s8_ranges(mol, nranks: int, ranks=None, ops=None) -> np.ndarray:
         return np.array([[0, nsp, s8_bytes(mol.nao) // 8]], dtype=np.int64)
     ops = (ops or _shell_operations(mol)) or [(np.arange(mol.nbas),)]
     shell_map = np.ascontiguousarray([op[0] for op in ops], dtype=np.int32)
-    size, me = (1, 0) if ranks is None else (ranks.size, ranks.rank)
-    cut = np.linspace(0, nsp, size + 1).astype(np.int64)
-    part = _pair_costs(mol, shell_map, int(cut[me]), int(cut[me + 1]))
-    cost = part if ranks is None else np.concatenate(ranks.allgather(part))
+    cost = _all_pair_costs(mol, shell_map, ranks)
     out = np.zeros((nranks, 3), dtype=np.int64)
     for rank, queue in enumerate(partition(list(cost.astype(float)), nranks, "contiguous")):
         if len(queue):
             s, e = int(queue[0]), int(queue[-1]) + 1
             out[rank] = s, e, cost[s:e].sum()
     return out
+
+
+_PAIR_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # mol -> {key: costs}
+
+
+def _all_pair_costs(mol, shell_map: np.ndarray, ranks=None) -> np.ndarray:
+    """``_pair_costs`` of every shell pair of ``mol``, with ``ranks`` counted in parts, one
+    per rank, and gathered. Kept per molecule, basis, operations and rank count, so that the
+    builder's choice, its ranges and each rank's offsets count them once; counted over
+    ranks only by calls every rank makes (all of them find it kept, or none: the memory
+    estimate, which one rank makes alone, keeps its own count apart)."""
+    key = (mol.nbas, np.asarray(mol.ao_loc_nr()).tobytes(), shell_map.tobytes(),
+           1 if ranks is None else ranks.size)
+    kept = _PAIR_COSTS.setdefault(mol, {})
+    if key not in kept:
+        nsp = mol.nbas * (mol.nbas + 1) // 2
+        size, me = (1, 0) if ranks is None else (ranks.size, ranks.rank)
+        cut = np.linspace(0, nsp, size + 1).astype(np.int64)
+        part = _pair_costs(mol, shell_map, int(cut[me]), int(cut[me + 1]))
+        kept[key] = part if ranks is None else np.concatenate(ranks.allgather(part))
+    return kept[key]
 
 
 def _pair_costs(mol, shell_map: np.ndarray, start: int, end: int) -> np.ndarray:
