@@ -312,13 +312,14 @@ class RowSlab:
         """[4, x1 - x0, NIRREP] int64: the address of each orbital's row of left, right_a,
         right_b and ovov per irrep (0: none), for ``triples_native.batch_packed``; made once
         (the slab's arrays stay put)."""
-        if self._native_rows is None:
+        if self._native_rows is None:      # set once filled: threads may share the slab
             tx = self.x1 - self.x0
-            self._native_rows = rows = np.zeros((4, tx, NIRREP), dtype=np.int64)
+            rows = np.zeros((4, tx, NIRREP), dtype=np.int64)
             for t, arrs in enumerate((self.left, self.right_a, self.right_b, self.ovov)):
                 for g, a in enumerate(arrs):
                     if a is not None:
                         rows[t, :, g] = a.ctypes.data + a.strides[0] * np.arange(tx)
+            self._native_rows = rows
         return self._native_rows
 
     def nbytes(self) -> dict:

@@ -507,8 +507,12 @@ class TriplesTasks:
             costs = deal_weights(self.windows, self.tiles, self.triples, self.tasks, costs,
                                  self.minimal_flops(), nranks, self.ranks_per_node)
             deal = {"schedule": "steal", "partition": "contiguous"}
+        # packed batches run wholly in C with the GIL released (triples_native.batch_packed):
+        # threads share the slabs, where forked workers would fault in copies of them
+        packed = self.vblock is None and len(set(self.lay.irrep.tolist())) > 1
         return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
-                       progress=True, forkable=self.resident, add_flops=self._add_flops, **deal)
+                       progress=True, forkable=self.resident and not packed, add_flops=self._add_flops,
+                       **deal)
 
     def _add_flops(self, n: int) -> None:
         with self.lock:
