@@ -28,6 +28,9 @@
 #ifndef TILE
 #define TILE 16
 #endif
+#ifndef PREFETCH
+#define PREFETCH 8            /* orbits ahead whose W elements the packed sweep prefetches */
+#endif
 
 static inline long lmin(long x, long y) { return x < y ? x : y; }
 
@@ -143,6 +146,17 @@ static inline double sweep_packed(long norb, const int32_t *orbits, long nv,
         const long a = o[18], b = o[19], c = o[20];
         if (d) {          /* the single index of W[xyz] is x in layout a, y in b, z in c */
             const int64_t *da = d, *db = d + 8, *dc = d + 16;
+            if (q + PREFETCH < norb) {    /* the batch layout is read scattered: fetch ahead */
+                const int32_t *f = o + 21 * PREFETCH;
+                const int32_t fa = virr[f[18]], fb = virr[f[19]], fc = virr[f[20]];
+                const int32_t gl[3][6] = {{fa, fa, fb, fb, fc, fc}, {fb, fc, fa, fc, fa, fb},
+                                          {fc, fb, fc, fa, fb, fa}};
+                for (int p = 0; p < 6; p++) {
+                    __builtin_prefetch(A + f[p] + da[gl[0][p]]);
+                    __builtin_prefetch(Bs + f[6 + p] + db[gl[1][p]]);
+                    __builtin_prefetch(C + f[12 + p] + dc[gl[2][p]]);
+                }
+            }
             const int32_t ga = virr[a], gb = virr[b], gc = virr[c];
             w[0] = A[o[0] + da[ga]] + Bs[o[6] + db[gb]] + C[o[12] + dc[gc]];
             w[1] = A[o[1] + da[ga]] + Bs[o[7] + db[gc]] + C[o[13] + dc[gb]];
