@@ -92,6 +92,17 @@ def test_executors_agree_and_default_context(systems):
     assert serial.flops == threads.flops and serial.tasks == threads.tasks
 
 
+def test_packed_batches_run_on_threads_not_forked_workers(systems):
+    """Resident (T) with several virtual irreps runs its compiled batches on the threads
+    (they release the GIL); in C1 or blocked in the virtual index it stays forkable."""
+    from tessera.chem.triples_tasks import TriplesTasks
+    for name, vblock, forkable in (("water", None, False), ("water", 2, True), ("h2o2", None, True)):
+        ref, runs = systems[name]
+        ints, t1, t2 = _inputs(ref, *runs[0][:2], 0, 32)
+        job = TriplesTasks(ints, t1, t2, None, None, True, vblock)
+        assert job.task_set(1).forkable is forkable, (name, vblock)
+
+
 def test_symmetry_forbidden_blocks_are_never_formed(systems):
     """Water's orbitals labelled C2v or all C1: the same E(T), a quarter of the GEMM flops."""
     ref, runs = systems["water"]
