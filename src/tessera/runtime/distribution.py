@@ -387,6 +387,10 @@ class PieceDeal:
         self.n = np.minimum(self.k, np.maximum(self.sizes, 1))        # pieces per block of each class
         self.first_block = np.concatenate(([0], np.cumsum(self.counts)))
         self.first_piece = np.concatenate(([0], np.cumsum(self.counts * self.n)))
+        # per class, as Python integers (per-key arithmetic): size, pieces per block, first
+        # piece, pieces
+        self._class_ints = list(zip(self.sizes.tolist(), self.n.tolist(), self.first_piece[:-1].tolist(),
+                                    (self.counts * self.n).tolist()))
 
     def _class(self, g) -> np.ndarray:
         return np.searchsorted(self.first_block, g, side="right") - 1
@@ -400,18 +404,18 @@ class PieceDeal:
     def _first(self, rank: int, c: int) -> tuple:
         """(x0, T): ``rank``'s first piece of class ``c`` (its index in the class) and its
         number of pieces there."""
-        x0 = (rank - self.shift - int(self.first_piece[c])) % self.nranks
-        total = int(self.counts[c] * self.n[c])
+        _, _, first, total = self._class_ints[c]
+        x0 = (rank - self.shift - first) % self.nranks
         return x0, max(0, -(-(total - x0) // self.nranks))
 
     def _elements(self, c: int, x0: int, t: int) -> int:
         """Elements of the pieces x0, x0 + P, ..., x0 + (t - 1) P of class ``c``."""
-        s, n, P = int(self.sizes[c]), int(self.n[c]), self.nranks
-        return floor_sum(t, n, P * s, (x0 + 1) * s) - floor_sum(t, n, P * s, x0 * s)
+        s, n, _, _ = self._class_ints[c]
+        return floor_sum(t, n, self.nranks * s, (x0 + 1) * s) - floor_sum(t, n, self.nranks * s, x0 * s)
 
     def _before(self, rank: int, c: int) -> int:
         """Elements of ``rank``'s pieces in the classes before ``c``."""
-        return sum(self._elements(d, *self._first(rank, d)) for d in range(c) if self.counts[d])
+        return sum(self._elements(d, *self._first(rank, d)) for d in range(c) if self._class_ints[d][3])
 
     def elements(self, rank: int) -> int:
         """Elements ``rank`` holds."""
@@ -421,12 +425,12 @@ class PieceDeal:
         """[(owner, offset in its memory, first element in the block, elements), ...] of the
         block at position ``g``, in element order."""
         c = int(self._class(g))
-        s, n, P = int(self.sizes[c]), int(self.n[c]), self.nranks
-        b = g - int(self.first_block[c])
+        s, n, first, _ = self._class_ints[c]
+        P, b = self.nranks, g - int(self.first_block[c])
         out = []
         for j in range(n):
             x = b * n + j
-            owner = (int(self.first_piece[c]) + x + self.shift) % P
+            owner = (first + x + self.shift) % P
             start, end = j * s // n, (j + 1) * s // n
             out.append((owner, self._before(owner, c) + self._elements(c, x % P, x // P), start, end - start))
         return out
