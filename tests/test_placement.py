@@ -110,16 +110,38 @@ def test_owned_tasks_are_the_owners_share(expr):
     assert owned_tasks(step, []) == () and cached_batches((), True, 2**20, 4) == []   # a rank owning nothing
 
 
+def dealt_pieces(keys, sizes, k, nranks, shift):
+    """The ``pieces`` rule written out piece by piece (the reference): blocks by
+    decreasing size (ties in key order), each cut into min(k, size) runs of its elements
+    [j s // n, (j + 1) s // n), dealt round-robin from rank ``shift``; a rank's pieces one
+    after the other in deal order. {key: [(owner, offset, start, count)]}."""
+    out, used, i = {}, [0] * nranks, 0
+    for n_ in sorted(range(len(keys)), key=lambda n_: (-sizes[n_], keys[n_])):
+        s, pieces = sizes[n_], []
+        n = min(k, s)
+        for j in range(n):
+            owner, start = (i + shift) % nranks, j * s // n
+            count = (j + 1) * s // n - start
+            pieces.append((owner, used[owner], start, count))
+            used[owner] += count
+            i += 1
+        out[keys[n_]] = pieces
+    return out
+
+
 @pytest.mark.parametrize("orbsym", [[0] * 30, [0, 1, 2, 3, 1, 0, 2, 0, 3, 1] * 3], ids=["C1", "D2"])
-@pytest.mark.parametrize("nranks,least", [(2, 3), (8, 1), (64, 1)])
+@pytest.mark.parametrize("nranks,least", [(2, 3), (8, 1), (7, 3), (64, 1), (1000, 1)])
 def test_pieces_cover_every_element_once(orbsym, nranks, least):
-    """The ``pieces`` placement (runtime.placement.PiecedPlacement): a block's pieces are
-    consecutive runs of its elements that cover it once; a rank's pieces lie one after
-    the other in its memory; a block's home is its first piece's owner (block_owner_array's
-    unforced); classes with few
-    blocks for the ranks are cut (``least`` forces it, as TESSERA_PIECES does for tests),
-    and then every class is spread with max/mean <= 1.5 unless forced."""
-    from tessera.runtime.distribution import piece_table
+    """The ``pieces`` placement (runtime.placement.PiecedPlacement, by arithmetic on
+    positions: distribution.PieceDeal) against the rule dealt out piece by piece
+    (``dealt_pieces``): every block's pieces (owner, offset, elements), every rank's
+    pieces in memory order, its home keys and element count; a block's pieces cover it
+    once, a rank's pieces lie one after the other; a block's home is block_owner_array's
+    (unforced); classes with few blocks for the ranks are cut (``least`` forces it, as
+    TESSERA_PIECES does for tests), and then every class is spread with max/mean <= 1.5
+    unless forced (also as ``backends.balance.loads`` counts it for plans)."""
+    from tessera.backends.balance import loads
+    from tessera.runtime.distribution import structure_signature
     from tessera.runtime.placement import BalancedPlacement, PiecedPlacement
     cut = 0
     for name, t in structures(orbsym, 8, 5, 3).items():
@@ -132,26 +154,48 @@ def test_pieces_cover_every_element_once(orbsym, nranks, least):
             assert isinstance(pl, BalancedPlacement) and least == 1, name    # whole blocks suffice
             continue
         cut += 1
-        table = piece_table(t.spaces, t.irrep, keys, nranks, least)
-        home = table["owner"][table["first"]]
+        sizes = [int(np.prod(t.block_shape(k))) for k in keys]
+        ref = dealt_pieces(keys, sizes, pl.k, nranks, structure_signature(t.spaces, t.irrep) % nranks)
         if least == 1:
-            assert (home == block_owner_array(t.spaces, t.irrep, keys, nranks, "pieces")).all()
+            home = block_owner_array(t.spaces, t.irrep, keys, nranks, "pieces")
+            assert home.tolist() == [ref[k][0][0] for k in keys], name
         memory = {r: [] for r in range(nranks)}
-        for key, h in zip(keys, home.tolist()):
+        for key in keys:
             pieces = pl.pieces_of(key)
-            assert pl.locate(key)[0] == h and len(pieces) <= pl.k, (name, key)
+            assert pieces == ref[key] and pl.locate(key) == pieces[0][:2], (name, key)
             at = 0
             for owner, offset, start, count in pieces:
                 assert start == at and count > 0
                 at += count
-                memory[owner].append((offset, count))
+                memory[owner].append((offset, key, start, count))
             assert at == int(np.prod(t.block_shape(key))), (name, key)
         for r, runs in memory.items():
             runs.sort()
-            assert [o for o, _ in runs] == list(np.cumsum([0] + [c for _, c in runs])[:-1]), (name, r)
-            assert pl.elements(r) == sum(c for _, c in runs) and pl.local_keys(r) == []
-        loads = np.asarray([pl.elements(r) for r in range(nranks)])
-        assert (loads == table["elements"]).all()
-        if least == 1 and loads.mean() >= 16:     # a piece is at least one element
-            assert loads.max() / loads.mean() <= 1.5, (name, loads)
+            assert [o for o, *_ in runs] == list(np.cumsum([0] + [c for *_, c in runs])[:-1]), (name, r)
+            assert pl.local_pieces(r) == [tuple(x[1:]) for x in runs], (name, r)
+            assert pl.home_keys(r) == sorted(k for k in keys if ref[k][0][0] == r), (name, r)
+            assert pl.elements(r) == sum(c for *_, c in runs) and pl.local_keys(r) == []
+        load = np.asarray([pl.elements(r) for r in range(nranks)])
+        if least == 1 and t.placement == "pieces":
+            assert (8 * load == loads(t, nranks)).all(), name
+        if least == 1 and load.mean() >= 16:     # a piece is at least one element
+            assert load.max() / load.mean() <= 1.5, (name, load)
     assert cut
+
+
+def test_pieces_at_many_ranks_keep_no_table():
+    """At 1024 ranks (the issue's example, T2 in pieces) a rank's pieced placement keeps
+    the half-grid tables and O(size classes) integers, not a row per piece: its pieces and
+    home keys are its own share, and a block's pieces agree with each owner's memory."""
+    from tessera.runtime.placement import PiecedPlacement
+    t = structures([0] * 900, 100, 48, 48)["t2"]
+    pl = placement_of(t, 1024, "pieces")
+    assert isinstance(pl, PiecedPlacement) and pl.k > 1
+    assert not pl._pieces and len(pl.deal.sizes) == len(pl.base.classes)
+    mine = pl.local_pieces(5)
+    assert 0 < len(mine) <= pl.k * pl.nblocks // 1024 + len(pl.deal.sizes)
+    assert sum(c for *_, c in mine) == pl.elements(5)
+    for key, start, count in mine[:50]:
+        (hit,) = [p for p in pl.pieces_of(key) if p[2] == start]
+        assert hit[0] == 5 and hit[3] == count
+    assert all(pl.locate(k)[0] == 5 for k in pl.home_keys(5))

@@ -218,7 +218,7 @@ def test_every_class_balanced_at_a_runs_tiles(n):
     least MIN_OCC_TILE) every integral class of (H2O)n cc-pVDZ and of the issue's example
     (C1, o=100, v=800) is spread with max/mean <= 1.5 on 64, 256 and 1024 ranks, and its
     largest share falls as ranks grow: a class with too few blocks for the ranks is cut
-    into pieces (``runtime.distribution.piece_table``), as mpi-onesided stores it. T2 too
+    into pieces (``runtime.distribution.piece_deal``), as mpi-onesided stores it. T2 too
     ((H2O)4 from 256 ranks on has fewer T2 blocks than ranks at any occupied tile of 12
     or more: in whole blocks 2.5x the mean at 256 ranks, 10x at 1024)."""
     from tessera.backends.balance import MIN_OCC_TILE, run_tiles

@@ -1,6 +1,6 @@
 """One rule for the tiles of a distributed run: every stored class balanced over the ranks.
 
-The integral classes and T2 are placed in ``pieces`` (``runtime.distribution.piece_table``):
+The integral classes and T2 are placed in ``pieces`` (``runtime.distribution.piece_deal``):
 a class with too few blocks for the ranks (oooo and ovoo of a small occupied space on
 many ranks, T2 of a small molecule) has its blocks cut into pieces dealt over the ranks,
 so it is spread with max/mean <= BALANCE at any tiles (as ``mpi-onesided`` stores it;
@@ -48,13 +48,13 @@ MIN_OCC_TILE = 12          # the thinnest occupied tile a run cuts to balance th
 
 def loads(t, nranks: int, pieces: bool = True) -> np.ndarray:
     """Bytes of tensor ``t`` on each of ``nranks`` ranks, placed as a run places them: a
-    ``pieces`` tensor as ``mpi-onesided`` stores it (``runtime.distribution.piece_table``),
+    ``pieces`` tensor as ``mpi-onesided`` stores it (``runtime.distribution.piece_deal``),
     or with ``pieces=False`` as ``mpi-collective`` does (whole blocks, ``balanced``). The
     default cut: TESSERA_PIECES, a test setting that forces more pieces, is not modelled."""
-    from tessera.runtime.distribution import block_owner_array, block_sizes, piece_table
+    from tessera.runtime.distribution import block_owner_array, block_sizes, piece_deal
     keys = t.stored_keys()
     if t.placement == "pieces" and nranks > 1 and pieces:
-        return 8.0 * piece_table(t.spaces, t.irrep, keys, nranks)["elements"]
+        return 8.0 * piece_deal(t.spaces, t.irrep, keys, nranks).loads()
     placement = "balanced" if t.placement == "pieces" else t.placement
     return np.bincount(block_owner_array(t.spaces, t.irrep, keys, nranks, placement),
                        weights=8.0 * block_sizes(t.spaces, keys), minlength=nranks)

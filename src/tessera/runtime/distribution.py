@@ -17,8 +17,9 @@ Pure Python and deterministic: every rank computes the same map from the same in
 - ``block_owner_array`` / ``block_owners``: the owner map of a distributed block tensor
   (placements ``balanced`` and ``("rows", owners)``), as an array or a dict;
 - ``block_offsets``: where each block lies in its owner's memory;
-- ``piece_count`` / ``piece_table``: the ``pieces`` placement, blocks cut into pieces
-  dealt like blocks, so that a class of fewer blocks than ranks is spread too.
+- ``piece_count`` / ``PieceDeal`` / ``piece_deal``: the ``pieces`` placement, blocks cut
+  into pieces dealt like blocks, so that a class of fewer blocks than ranks is spread
+  too; computed from the size classes by arithmetic (``floor_sum``), no table.
 """
 
 from __future__ import annotations
@@ -278,7 +279,7 @@ def block_owner_array(spaces, irrep, keys, nranks: int, placement="balanced") ->
       that many small tensors do not all start on rank 0; each rank holds within one
       (largest) block of the mean, whatever the tensor;
     - ``pieces``: as ``balanced``, but each block may be stored in pieces on several
-      ranks (``piece_table``, the default cut: not TESSERA_PIECES's forced one); its owner
+      ranks (``piece_deal``, the default cut: not TESSERA_PIECES's forced one); its owner
       here is its home, the owner of its first piece;
     - ``("rows", owners)``: every block of first tile i on rank ``owners[i]`` (a tensor
       laid out to follow another's ownership).
@@ -291,8 +292,10 @@ def block_owner_array(spaces, irrep, keys, nranks: int, placement="balanced") ->
     if nranks == 1:
         return np.zeros(len(keys), dtype=np.int64)
     if placement == "pieces":
-        table = piece_table(spaces, irrep, keys, nranks)
-        return table["owner"][table["first"]]
+        sizes = block_sizes(spaces, keys)
+        positions = np.empty(len(keys), dtype=np.int64)      # the balanced order of blocks
+        positions[np.argsort(-sizes, kind="stable")] = np.arange(len(keys))
+        return piece_deal(spaces, irrep, keys, nranks).home(positions)
     return size_ranked(block_sizes(spaces, keys), nranks, structure_signature(spaces, irrep) % nranks)
 
 
@@ -342,27 +345,137 @@ def piece_count(largest: int, total: int, nranks: int, least: int = 1) -> int:
     return int(max(least, min(need, nranks)))
 
 
-def piece_table(spaces, irrep, keys, nranks: int, least: int = 1) -> dict:
-    """The ``pieces`` placement of the blocks ``keys`` of a structure: each block is cut
-    into ``k`` (``piece_count``; fewer for a block of fewer elements) pieces, contiguous
-    runs of its elements of near-equal length; the pieces, blocks in ``balanced`` order
-    (largest first, ties in key order) and a block's pieces in element order, are dealt
-    round-robin from the same structure-hashed start rank. Arrays, vectorised: ``k``;
-    per block (aligned with ``keys``) ``first`` (its first piece's index) and
-    ``npieces``; per piece ``block``, ``start`` and ``count`` (elements within the
-    block), ``owner`` and ``offset`` (in its owner's memory, a rank's pieces in deal
-    order); ``elements`` per rank."""
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """sum over t < n of floor((a t + b) / m), for n >= 0, m >= 1, a, b >= 0, in O(log m)
+    steps (the Euclid-like reduction of AtCoder Library's ``floor_sum``); Python integers."""
+    total = 0
+    while True:
+        if a >= m:
+            total += n * (n - 1) // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        top = a * n + b
+        if top < m:
+            return total
+        n, b = divmod(top, m)
+        m, a = a, m
+
+
+class PieceDeal:
+    """The ``pieces`` placement from a structure's block size classes alone: O(classes)
+    integers, nothing per block or piece, the same on every rank.
+
+    Blocks are ranked by decreasing size, ties in key order (a block's *position*, as
+    ``balanced``); class ``c`` (``sizes[c]`` elements, ``counts[c]`` blocks) cuts each block
+    into ``n_c = min(k, size)`` pieces (``k``: ``piece_count``), piece ``j`` holding the
+    block's elements [floor(j s / n), floor((j + 1) s / n)). The pieces, blocks in position
+    order and a block's in element order, are numbered ``i`` and dealt round-robin: owner
+    (i + shift) mod P, a rank's pieces lying in its memory in that order. Within a class,
+    piece x = b n + j (block b) starts at floor(x s / n) of the class's elements, so the
+    elements of a rank's first T pieces of a class (x = x0, x0 + P, ...) are a difference
+    of two ``floor_sum``s: offsets, element counts, a block's pieces and a rank's own
+    pieces are arithmetic on positions (``BalancedPlacement`` maps positions to keys)."""
+
+    def __init__(self, sizes, counts, nranks: int, shift: int = 0, least: int = 1):
+        self.sizes = np.asarray(sizes, dtype=np.int64)              # decreasing
+        self.counts = np.asarray(counts, dtype=np.int64)
+        held = self.sizes[self.counts > 0]
+        self.nranks, self.shift = int(nranks), int(shift) % int(nranks)
+        self.k = piece_count(int(held[0]) if len(held) else 0, int(self.sizes @ self.counts), nranks, least)
+        self.n = np.minimum(self.k, np.maximum(self.sizes, 1))        # pieces per block of each class
+        self.first_block = np.concatenate(([0], np.cumsum(self.counts)))
+        self.first_piece = np.concatenate(([0], np.cumsum(self.counts * self.n)))
+        # per class, as Python integers (per-key arithmetic): size, pieces per block, first
+        # piece, pieces
+        self._class_ints = list(zip(self.sizes.tolist(), self.n.tolist(), self.first_piece[:-1].tolist(),
+                                    (self.counts * self.n).tolist()))
+
+    def _class(self, g) -> np.ndarray:
+        return np.searchsorted(self.first_block, g, side="right") - 1
+
+    def home(self, positions) -> np.ndarray:
+        """Owner of the first piece of the block at each position."""
+        g = np.asarray(positions, dtype=np.int64)
+        c = self._class(g)
+        return (self.first_piece[c] + (g - self.first_block[c]) * self.n[c] + self.shift) % self.nranks
+
+    def _first(self, rank: int, c: int) -> tuple:
+        """(x0, T): ``rank``'s first piece of class ``c`` (its index in the class) and its
+        number of pieces there."""
+        _, _, first, total = self._class_ints[c]
+        x0 = (rank - self.shift - first) % self.nranks
+        return x0, max(0, -(-(total - x0) // self.nranks))
+
+    def _elements(self, c: int, x0: int, t: int) -> int:
+        """Elements of the pieces x0, x0 + P, ..., x0 + (t - 1) P of class ``c``."""
+        s, n, _, _ = self._class_ints[c]
+        return floor_sum(t, n, self.nranks * s, (x0 + 1) * s) - floor_sum(t, n, self.nranks * s, x0 * s)
+
+    def _before(self, rank: int, c: int) -> int:
+        """Elements of ``rank``'s pieces in the classes before ``c``."""
+        return sum(self._elements(d, *self._first(rank, d)) for d in range(c) if self._class_ints[d][3])
+
+    def elements(self, rank: int) -> int:
+        """Elements ``rank`` holds."""
+        return self._before(rank, len(self.sizes))
+
+    def pieces(self, g: int) -> list:
+        """[(owner, offset in its memory, first element in the block, elements), ...] of the
+        block at position ``g``, in element order."""
+        c = int(self._class(g))
+        s, n, first, _ = self._class_ints[c]
+        P, b = self.nranks, g - int(self.first_block[c])
+        out = []
+        for j in range(n):
+            x = b * n + j
+            owner = (first + x + self.shift) % P
+            start, end = j * s // n, (j + 1) * s // n
+            out.append((owner, self._before(owner, c) + self._elements(c, x % P, x // P), start, end - start))
+        return out
+
+    def rank_pieces(self, rank: int) -> tuple:
+        """(positions, first elements, elements) of ``rank``'s pieces in memory order."""
+        parts = []
+        for c in np.flatnonzero(self.counts).tolist():
+            x0, t = self._first(rank, c)
+            x = x0 + self.nranks * np.arange(t, dtype=np.int64)
+            s, n = self.sizes[c], self.n[c]
+            j = x % n
+            start = j * s // n
+            parts.append((self.first_block[c] + x // n, start, (j + 1) * s // n - start))
+        if not parts:
+            return (np.zeros(0, dtype=np.int64),) * 3
+        return tuple(np.concatenate(p) for p in zip(*parts))
+
+    def home_positions(self, rank: int) -> np.ndarray:
+        """Positions of the blocks whose first piece ``rank`` holds, ascending: block b of
+        class c with b n_c = x0 (mod P), an arithmetic progression in b."""
+        out = []
+        for c in np.flatnonzero(self.counts).tolist():
+            x0, n, P = self._first(rank, c)[0], int(self.n[c]), self.nranks
+            d = math.gcd(n, P)
+            if x0 % d:
+                continue
+            step = P // d
+            b0 = (x0 // d) * pow(n // d, -1, step) % step if step > 1 else 0
+            out.append(self.first_block[c] + np.arange(b0, self.counts[c], step, dtype=np.int64))
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def loads(self) -> np.ndarray:
+        """Elements on every rank at once (for plans: O(pieces) NumPy work)."""
+        out = np.zeros(self.nranks, dtype=np.int64)
+        for c in np.flatnonzero(self.counts).tolist():
+            x = np.arange(self.counts[c] * self.n[c], dtype=np.int64)
+            j, s, n = x % self.n[c], self.sizes[c], self.n[c]
+            owner = (self.first_piece[c] + x + self.shift) % self.nranks
+            out += np.bincount(owner, weights=(j + 1) * s // n - j * s // n, minlength=self.nranks).astype(np.int64)
+        return out
+
+
+def piece_deal(spaces, irrep, keys, nranks: int, least: int = 1) -> PieceDeal:
+    """The ``pieces`` placement (``PieceDeal``) of the blocks ``keys`` of a structure."""
     sizes = block_sizes(spaces, keys)
-    k = piece_count(int(sizes.max(initial=0)), int(sizes.sum()), nranks, least)
-    order = np.argsort(-sizes, kind="stable")             # the balanced deal order of blocks
-    npieces = np.minimum(k, np.maximum(sizes, 1))
-    block = np.repeat(order, npieces[order])
-    first = np.empty(len(keys), dtype=np.int64)
-    first[order] = np.cumsum(npieces[order]) - npieces[order]
-    j = np.arange(len(block)) - first[block]
-    start = j * sizes[block] // npieces[block]
-    count = (j + 1) * sizes[block] // npieces[block] - start
-    owner = (np.arange(len(block)) + structure_signature(spaces, irrep) % nranks) % nranks
-    offset, elements = block_offsets(owner, count, nranks)
-    return {"k": k, "first": first, "npieces": npieces, "block": block, "start": start,
-            "count": count, "owner": owner, "offset": offset, "elements": elements}
+    classes, counts = np.unique(sizes, return_counts=True)
+    return PieceDeal(classes[::-1], counts[::-1], nranks, structure_signature(spaces, irrep) % nranks, least)

@@ -27,17 +27,17 @@ block, but NumPy work over every block, the same on every rank count).
 its elements and where its row starts in its owner's memory); ``TablePlacement`` the
 same interface over an explicit owner per listed key (GlobalArray's distributions and
 explicit owners). ``PiecedPlacement`` is the ``pieces`` placement (blocks stored in
-pieces over several ranks, ``distribution.piece_table``) where a structure has too few
-blocks for its ranks; its tables list every piece (O(blocks x pieces), a few per rank:
-only classes of fewer blocks than about the ranks are cut). ``block_placement`` makes
-the one a tensor structure asks for.
+pieces over several ranks, ``distribution.PieceDeal``) where a structure has too few
+blocks for its ranks: the same half-grid tables plus O(size classes) integers; a
+block's pieces and a rank's own pieces are arithmetic on positions.
+``block_placement`` makes the one a tensor structure asks for.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tessera.runtime.distribution import block_offsets, check_placement, piece_count, piece_table, structure_signature
+from tessera.runtime.distribution import PieceDeal, block_offsets, check_placement, structure_signature
 
 CHUNK = 1 << 14            # grid cells evaluated at once when building the counts
 ROWS = 64                  # prefix rows kept by a placement (``_row``)
@@ -241,7 +241,11 @@ class BalancedPlacement(StoredGrid):
 
     def _unrank(self, rank: int) -> tuple:
         g0 = (rank - self.shift) % self.nranks
-        g = np.arange(g0, self.nblocks, self.nranks, dtype=np.int64)
+        return self.keys_at(np.arange(g0, self.nblocks, self.nranks, dtype=np.int64))
+
+    def keys_at(self, g) -> tuple:
+        """The keys at positions ``g`` (stored blocks in the size-ranked order), as tuples."""
+        g = np.asarray(g, dtype=np.int64)
         c = np.searchsorted(self.start, g, side="right") - 1
         t = g - self.start[c]
         p = np.empty(len(g), dtype=np.int64)
@@ -337,22 +341,17 @@ class TablePlacement:
 
 class PiecedPlacement:
     """The ``pieces`` placement of the stored blocks of ``base`` (a BalancedPlacement of
-    the same structure), per ``distribution.piece_table``: ``pieces_of(key)`` says where
-    each piece of a block lies; no rank holds a whole block (``local_keys`` is empty)."""
+    the same structure: keys <-> positions) by ``deal`` (``distribution.PieceDeal``: a
+    block's pieces, offsets and a rank's pieces by arithmetic on positions): nothing per
+    block or piece is listed; ``pieces_of(key)`` is kept for the keys a rank touches. No
+    rank holds a whole block (``local_keys`` is empty)."""
 
     name = "pieces"
 
-    def __init__(self, base: BalancedPlacement, spaces, irrep: int, nranks: int, least: int = 1):
-        self.base, self.nblocks = base, base.nblocks
-        self._keys = keys = base.keys()
-        self._index = {key: n for n, key in enumerate(keys)}
-        t = piece_table(spaces, irrep, keys, nranks, least)
-        self.k, self.elements_of = t["k"], t["elements"]
-        cols = [t[c].tolist() for c in ("owner", "offset", "start", "count")]
-        self._pieces = list(zip(*cols))
-        self._first, self._n = t["first"].tolist(), t["npieces"].tolist()
-        self._owner, self._block = t["owner"], t["block"]
-        self._home = t["owner"][t["first"]]
+    def __init__(self, base: BalancedPlacement, deal: PieceDeal):
+        self.base, self.deal = base, deal
+        self.nblocks, self.k = base.nblocks, deal.k
+        self._pieces: dict = {}        # key -> pieces_of(key)
 
     def stored(self, key) -> bool:
         return self.base.stored(key)
@@ -363,28 +362,33 @@ class PiecedPlacement:
     def pieces_of(self, key) -> list:
         """[(owner, offset in its memory, first element in the block, elements), ...] of
         the pieces of a stored key, in element order; KeyError for another key."""
-        n = self._index[key]
-        return self._pieces[self._first[n]:self._first[n] + self._n[n]]
+        hit = self._pieces.get(key)
+        if hit is None:
+            g = int(self.base.positions(key)[0]) if len(key) == self.base.ndim else -1
+            if g < 0:
+                raise KeyError(key)
+            hit = self._pieces[key] = self.deal.pieces(g)
+        return hit
 
     def locate(self, key) -> tuple:
         """(home: the owner of the block's first piece, its offset there)."""
         return self.pieces_of(key)[0][:2]
 
     def elements(self, rank: int) -> int:
-        return int(self.elements_of[rank])
+        return self.deal.elements(rank)
 
     def local_keys(self, rank: int) -> list:
         return []
 
     def home_keys(self, rank: int) -> list:
         """The keys whose first piece ``rank`` holds (their home), in key order."""
-        return [self._keys[n] for n in np.flatnonzero(self._home == rank).tolist()]
+        return sorted(self.base.keys_at(self.deal.home_positions(rank)))
 
     def local_pieces(self, rank: int) -> list:
         """[(key, first element in the block, elements), ...] of the pieces ``rank`` holds,
         in memory order (one after the other from its offset 0)."""
-        mine = np.flatnonzero(self._owner == rank).tolist()
-        return [(self._keys[self._block[n]], *self._pieces[n][2:]) for n in mine]
+        g, start, count = self.deal.rank_pieces(rank)
+        return list(zip(self.base.keys_at(g), start.tolist(), count.tolist()))
 
 
 def block_placement(spaces, irrep: int, group, nranks: int, placement="balanced", least_pieces: int = 1):
@@ -401,8 +405,7 @@ def block_placement(spaces, irrep: int, group, nranks: int, placement="balanced"
         return RowsPlacement(sizes, irreps, irrep, group, rows)
     base = BalancedPlacement(sizes, irreps, irrep, group, nranks, structure_signature(spaces, irrep) % nranks)
     if placement == "pieces" and base.nblocks:
-        per_class = np.diff(base.start)                   # stored blocks of each size class
-        largest, total = int(base.classes[per_class > 0][0]), int(np.dot(per_class, base.classes))
-        if piece_count(largest, total, nranks, least_pieces) > 1:
-            return PiecedPlacement(base, spaces, irrep, nranks, least_pieces)
+        deal = PieceDeal(base.classes, np.diff(base.start), nranks, base.shift, least_pieces)
+        if deal.k > 1:
+            return PiecedPlacement(base, deal)
     return base
