@@ -35,9 +35,10 @@ from tessera.backends.registry import check_schedule
 from tessera.chem.reference import Reference
 from tessera.chem.diis import DIIS
 from tessera.backends.local import available_cores, threads_per_rank
+from tessera.chem.scf.direct import DirectFock
 from tessera.chem.scf.fock import MODES, REBUILD_EVERY, SCREENING, FockBuilder
 from tessera.chem.scf.incore import IncoreFock, fits
-from tessera.chem.scf.integrals import s8_shares
+from tessera.chem.scf.integrals import _fill, s8_shares
 from tessera.chem.scf.stats import summarize
 from tessera.chem.scf.symmetry import symmetry_basis
 from tessera.errors import ConvergenceError, InputError
@@ -136,8 +137,17 @@ def make_builder(mol, context, *, mode: str, budget: tuple, **options):
         mode = "direct"
     # in a threads context the executor's workers share the cores of the rank
     workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
+    threads = max(1, threads // workers)
+    if mode == "direct" and _fill() is not None:
+        options.pop("block_nbf", None)          # no shell blocks: ranges of shell pairs
+        builder = DirectFock(mol, context, threads=threads, **options)
+        say("RHF: direct Fock builds from the symmetry-unique shell quartets (%d operations), "
+            "%d tasks of shell pairs, schedule=%s screening=%g ranks=%d threads=%d",
+            len(builder.shell_map), len(builder.ranges), builder.schedule, builder.threshold,
+            ranks.size, threads)
+        return builder
     builder = FockBuilder(mol, context, mode=mode, budget_bytes=per_rank,
-                          threads=max(1, threads // workers), **options)
+                          threads=threads, **options)
     if builder.fit is not None:
         chosen(builder.fit, f"screened blocks over {ranks.size} ranks")
     return builder
