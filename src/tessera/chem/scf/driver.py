@@ -14,8 +14,9 @@ Integrals are kept in memory by default (``mode="auto"``) when they fit the memo
 budget: the 8-fold integrals (``incore.IncoreFock``: on one process all of them, over
 several ranks with point-group operations each rank the symmetry-unique quartets of its
 shell pairs), else over several ranks each rank's screened integral blocks
-(``fock.FockBuilder``); otherwise the build is direct (incremental, density-weighted
-screening) and the log says so. Per iteration every rank does O(nao^2) work besides its
+(``fock.FockBuilder``); otherwise the build is direct (``direct.DirectFock``: the
+symmetry-unique quartets recomputed, incremental, density-weighted screening; the block
+tasks of ``fock.FockBuilder`` without the compiled fill) and the log says so. Per iteration every rank does O(nao^2) work besides its
 share of the Fock build: the O(nao^3) steps (commutator, DIIS, diagonalisation, density)
 run on rank 0, which shares the new density.
 """

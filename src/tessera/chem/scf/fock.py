@@ -16,7 +16,8 @@ under MPI, local otherwise). Each build
 3. every rank accumulates its buffers into M, once per tile; after a sync every rank
    reads M whole (O(nao^2)) and forms G = (M + M^T)/2.
 
-``mode="direct"`` recomputes the integrals every build, *incrementally*: a build after
+``mode="direct"`` (the SCF's direct mode only without the compiled fill; with it,
+``direct.DirectFock``) recomputes the integrals every build, *incrementally*: a build after
 the first computes G(D - D_last) and adds it to the last G (the difference of two SCF
 densities is small, so more tasks fall below the screening threshold), and every
 ``rebuild_every`` + 1-th build is a full G(D) again, which bounds the error the skipped
