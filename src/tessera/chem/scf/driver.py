@@ -139,18 +139,21 @@ def make_builder(mol, context, *, mode: str, budget: tuple, **options):
     # in a threads context the executor's workers share the cores of the rank
     workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
     threads = max(1, threads // workers)
-    if mode == "direct" and _fill() is not None:
-        options.pop("block_nbf", None)          # no shell blocks: ranges of shell pairs
-        builder = DirectFock(mol, context, threads=threads, **options)
-        say("RHF: direct Fock builds from the symmetry-unique shell quartets (%d operations), "
-            "%d tasks of shell pairs, schedule=%s screening=%g ranks=%d threads=%d",
-            len(builder.shell_map), len(builder.ranges), builder.schedule, builder.threshold,
-            ranks.size, threads)
-        return builder
-    builder = FockBuilder(mol, context, mode=mode, budget_bytes=per_rank,
-                          threads=threads, **options)
-    if builder.fit is not None:
-        chosen(builder.fit, f"screened blocks over {ranks.size} ranks")
+    if mode != "direct" or _fill() is None:
+        # several ranks without point-group operations: screened blocks per rank if they fit
+        builder = FockBuilder(mol, context, mode=mode, budget_bytes=per_rank,
+                              threads=threads, **options)
+        if builder.fit is not None:
+            chosen(builder.fit, f"screened blocks over {ranks.size} ranks")
+        if builder.mode == "incore" or _fill() is None:
+            return builder
+        builder.free()
+    options.pop("block_nbf", None)          # no shell blocks: ranges of shell pairs
+    builder = DirectFock(mol, context, threads=threads, **options)
+    say("RHF: direct Fock builds from the symmetry-unique shell quartets of %d operation(s), "
+        "%d tasks of shell pairs, schedule=%s screening=%g ranks=%d threads=%d",
+        len(builder.shell_map), len(builder.ranges), builder.schedule, builder.threshold,
+        ranks.size, threads)
     return builder
 
 
