@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import queue
+import threading
 import time
 
 import numpy as np
@@ -99,7 +100,7 @@ class DirectFock:
         nao, e, ptr = self.skeleton.nao, self.eri, ctypes.c_void_p
         direct_jk = _s8_library().tessera_s8_direct_jk
         spare, made = queue.SimpleQueue(), []      # each concurrent caller's vj, vk, counts
-        busy = {"wall": 0.0, "cpu": 0.0, "tasks": 0}
+        busy, lock = {"wall": 0.0, "cpu": 0.0, "tasks": 0}, threading.Lock()
 
         def one(counter, end):
             try:
@@ -117,14 +118,18 @@ class DirectFock:
             spare.put(part)
             return rc
 
+        # this thread's CPU time, or the process's when the task runs threads of its own
+        clock = time.thread_time if self.threads == 1 else time.process_time
+
         def work(t, _blocks):
             start, end = self.ranges[t]
-            wall, cpu = time.perf_counter(), time.process_time()
+            wall, cpu = time.perf_counter(), clock()
             if any(_on_threads(lambda counter: one(counter, end), self.threads, start)):
                 raise MemoryError("s8fill: no memory for a shell-quartet buffer")
-            busy["wall"] += time.perf_counter() - wall
-            busy["cpu"] += time.process_time() - cpu
-            busy["tasks"] += 1
+            with lock:              # a threads executor's workers run tasks at once
+                busy["wall"] += time.perf_counter() - wall
+                busy["cpu"] += clock() - cpu
+                busy["tasks"] += 1
             return 0.0
 
         t_tasks = time.perf_counter()
