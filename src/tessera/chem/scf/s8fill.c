@@ -73,6 +73,19 @@ static int orbit_of(int i, int j, int k, int l, int64_t q, int nbas, int nops,
     return distinct;
 }
 
+/* A buffer for one shell quartet of the largest shell (malloc'd; the caller frees it),
+ * or NULL when it cannot be allocated or ``nops`` exceeds the 64 images the callers hold. */
+static double *quartet_buffer(int nbas, const int *ao_loc, int nops)
+{
+    if (nops > 64)
+        return NULL;
+    int maxsh = 0;
+    for (int s = 0; s < nbas; s++)
+        if (ao_loc[s + 1] - ao_loc[s] > maxsh)
+            maxsh = ao_loc[s + 1] - ao_loc[s];
+    return malloc(sizeof(double) * (size_t)maxsh * maxsh * maxsh * maxsh);
+}
+
 /* ``cost[ij - start]`` for the shell pairs ij in [start, end): the integrals of the
  * representative quartets (ij|kl), kl <= ij, that tessera_s8_fill computes and
  * tessera_s8_jk contracts for ij (the cost model of the ranks' ranges of shell pairs). */
@@ -118,13 +131,7 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
                     const int64_t *row_off, double *eri, unsigned char *orbit, int64_t obase)
 {
     intor_fn fn = (intor_fn)intor;
-    if (nops > 64)
-        return -1;
-    int maxsh = 0;
-    for (int s = 0; s < nbas; s++)
-        if (ao_loc[s + 1] - ao_loc[s] > maxsh)
-            maxsh = ao_loc[s + 1] - ao_loc[s];
-    double *buf = malloc(sizeof(double) * (size_t)maxsh * maxsh * maxsh * maxsh);
+    double *buf = quartet_buffer(nbas, ao_loc, nops);
     if (buf == NULL)
         return -1;
     int64_t ij;
@@ -290,13 +297,7 @@ int tessera_s8_direct_jk(void *intor, void *cintopt, int *atm, int natm, int *ba
                          int64_t *next, int64_t end, double *vj, double *vk, int64_t *counts)
 {
     intor_fn fn = (intor_fn)intor;
-    if (nops > 64)
-        return -1;
-    int maxsh = 0;
-    for (int s = 0; s < nbas; s++)
-        if (ao_loc[s + 1] - ao_loc[s] > maxsh)
-            maxsh = ao_loc[s + 1] - ao_loc[s];
-    double *buf = malloc(sizeof(double) * (size_t)maxsh * maxsh * maxsh * maxsh);
+    double *buf = quartet_buffer(nbas, ao_loc, nops);
     if (buf == NULL)
         return -1;
     int64_t ij, images[64];
