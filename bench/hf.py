@@ -4,7 +4,7 @@
     .venv/bin/python bench/hf.py --basis sto-3g --quick   # smoke run
 
 Measures, in one run, on the same machine (never a timed assertion):
-1. wall time per SCF iteration of our RHF (schedule steal, mode direct) at 1 and 2 MPI
+1. wall time per SCF iteration of our RHF (schedule steal, ``--mode``) at 1 and 2 MPI
    ranks against PySCF's RHF with 1 and 2 OpenMP threads (same cores), same basis,
    conv_tol, and screening threshold (PySCF: ``direct_scf_tol``), PySCF forced to
    direct SCF; PySCF's default (incore ERIs when they fit) is shown for reference.
@@ -77,7 +77,7 @@ def worker(args) -> None:
         world.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         ref = rhf(mol, schedule=schedule, screening=SCREENING, conv_tol=CONV_TOL,
-                  context=ctx)
+                  mode=args.mode, context=ctx)
         wall = time.perf_counter() - t0
         cpu = sum(world.allgather(time.process_time() - c0))
         info = ref.info
@@ -100,7 +100,7 @@ def worker(args) -> None:
 def launch(nranks: int, args, schedules: str) -> dict:
     cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(nranks), sys.executable,
            str(Path(__file__).resolve()), "--worker", "--molecule", args.molecule,
-           "--basis", args.basis, "--schedules", schedules]
+           "--basis", args.basis, "--schedules", schedules, "--mode", getattr(args, "mode", "auto")]
     env = dict(os.environ, **MPI_ENV)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -193,6 +193,8 @@ def main() -> None:
     ap.add_argument("--molecule", default="naphthalene", choices=sorted(MOLECULES))
     ap.add_argument("--basis", default="cc-pvdz")
     ap.add_argument("--schedules", default="static,nxtval,steal")
+    ap.add_argument("--mode", default="auto", choices=("auto", "direct", "incore"),
+                    help="our SCF's Fock build (auto: in memory when it fits)")
     ap.add_argument("--quick", action="store_true",
                     help="skip the PySCF default run and the 2-thread/2-rank pair")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -48,6 +48,17 @@ def test_auto_is_direct_and_says_so_when_the_share_does_not_fit(out, e_pyscf):
     assert "budget" in line[0] and "(--max-memory)" in line[0]
 
 
+def test_c1_auto_without_room_is_the_direct_build_of_every_quartet(out):
+    """Several ranks without point-group operations: the screened blocks do not fit, so the
+    builds are direct, through the compiled build with the identity alone."""
+    run = out["c1_auto_no_room"]
+    mf = scf.RHF(build("h2o2_c1"))
+    mf.verbose, mf.conv_tol = 0, 1e-12
+    assert run["mode"] == "direct" and abs(run["e_hf"] - mf.kernel()) < E_TOL
+    assert run["kept"] == [0, 0]
+    assert any("symmetry-unique shell quartets of 1 operation(s)" in s for s in run["log"]), run["log"]
+
+
 def test_incore_over_budget_is_an_error_not_a_switch(out):
     err = out["incore_no_room"]
     assert err["type"] == "InputError"

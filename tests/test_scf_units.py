@@ -105,6 +105,21 @@ def test_s8_integrals_from_symmetry_unique_quartets_equal_libcint(xyz, basis, gr
         np.testing.assert_allclose(got_k, vk, rtol=0, atol=1e-11)
 
 
+def test_point_group_operations_are_worked_out_once_per_molecule():
+    """The SCF, its memory estimate and the transform ask for the AO operations of the same
+    molecule: the second request returns the kept list; a moved atom (the same SOs) is
+    worked out again, and both equal a fresh computation."""
+    from tessera.chem import ao2mo_symmetry as aos
+    mol = molecule("water.xyz", "6-31g", symmetry="C2v")
+    U = np.hstack(mol.symm_orb)
+    first = aos.ao_operations(mol, U)
+    assert aos.ao_operations(mol, U.copy()) is first and len(first) == 3
+    fresh = aos._operations(mol, U)
+    assert all(np.array_equal(p, q) and np.array_equal(s, t) for (p, s), (q, t) in zip(first, fresh))
+    mol.set_geom_(mol.atom_coords() * 1.01, unit="Bohr")
+    assert aos.ao_operations(mol, np.hstack(mol.symm_orb)) is not first
+
+
 def test_incore_fock_of_a_density_the_group_changes_uses_every_quartet():
     """The skeleton J/K is exact only for densities the group leaves unchanged; the
     in-memory builder gives a random (symmetric-matrix, not group-invariant) density the

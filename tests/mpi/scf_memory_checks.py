@@ -50,6 +50,8 @@ def main():
         held = max(ctx.ranks.allgather(resident_peak())) / 2**20
         out["auto_no_room"] = run(ctx, mol, max_memory=held)
         out["incore_no_room"] = error_of(lambda: rhf(mol, context=ctx, mode="incore", max_memory=held))
+        # C1: screened blocks per rank do not fit either; direct from every quartet (identity)
+        out["c1_auto_no_room"] = run(ctx, build("h2o2_c1"), max_memory=held)
     ctx.close()
     if ctx.ranks.rank == 0:
         out["shares"] = s8_shares(mol, size).tolist()       # C2v: each rank its shell pairs

@@ -29,6 +29,8 @@ when they map every SO onto itself: the group is the one the orbitals are labell
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import scipy.sparse
 from pyscf import lib
@@ -39,10 +41,24 @@ _AXIS_FLIPS = [np.array(s) for s in ((-1, -1, 1), (-1, 1, -1), (1, -1, -1), (-1,
                                     (1, 1, -1), (1, -1, 1), (-1, 1, 1))]
 
 
+_KEPT_OPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # mol -> (key arrays, ops)
+
+
 def ao_operations(mol, U: np.ndarray) -> list:
     """[(perm, sign)] of the group's operations other than E: phi_k(g r) = sign[k]
     phi_perm[k](r), for the flips of the group's axes that map each SO (column of U)
-    onto +-itself."""
+    onto +-itself. Worked out once per molecule (the SCF, its memory estimate and the
+    transform all ask; kept while its SOs, geometry and shells are the same; read-only)."""
+    key = (U, mol.atom_coords(), np.asarray(mol.ao_loc_nr()))
+    kept = _KEPT_OPS.get(mol)
+    if kept is not None and all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(kept[0], key)):
+        return kept[1]
+    ops = _operations(mol, U)
+    _KEPT_OPS[mol] = (tuple(a.copy() for a in key), ops)
+    return ops
+
+
+def _operations(mol, U: np.ndarray) -> list:
     rng = np.random.default_rng(7)
     coords = mol.atom_coords()
     pts = (coords[:, None, :] + rng.normal(scale=0.7, size=(len(coords), 8, 3))).reshape(-1, 3)

@@ -9,7 +9,8 @@ schedules of the engine (``backends.schedule``).  See docs/scf.md.
 
 Modules: ``blocking`` (shell blocks), ``integrals`` (libcint block quartets, Schwarz
 bounds), ``tasks`` (task list, screening, costs), ``kernel`` (J/K of one block quartet),
-``fock`` (the build as a task set),
+``fock`` (the build as a task set), ``direct`` (direct builds from the symmetry-unique
+shell quartets),
 ``symmetry`` (symmetry-adapted orbitals, irrep labels), ``stats``, ``driver`` (the SCF).
 """
 

@@ -14,8 +14,9 @@ Integrals are kept in memory by default (``mode="auto"``) when they fit the memo
 budget: the 8-fold integrals (``incore.IncoreFock``: on one process all of them, over
 several ranks with point-group operations each rank the symmetry-unique quartets of its
 shell pairs), else over several ranks each rank's screened integral blocks
-(``fock.FockBuilder``); otherwise the build is direct (incremental, density-weighted
-screening) and the log says so. Per iteration every rank does O(nao^2) work besides its
+(``fock.FockBuilder``); otherwise the build is direct (``direct.DirectFock``: the
+symmetry-unique quartets recomputed, incremental, density-weighted screening; the block
+tasks of ``fock.FockBuilder`` without the compiled fill) and the log says so. Per iteration every rank does O(nao^2) work besides its
 share of the Fock build: the O(nao^3) steps (commutator, DIIS, diagonalisation, density)
 run on rank 0, which shares the new density.
 """
@@ -35,9 +36,10 @@ from tessera.backends.registry import check_schedule
 from tessera.chem.reference import Reference
 from tessera.chem.diis import DIIS
 from tessera.backends.local import available_cores, threads_per_rank
+from tessera.chem.scf.direct import DirectFock
 from tessera.chem.scf.fock import MODES, REBUILD_EVERY, SCREENING, FockBuilder
 from tessera.chem.scf.incore import IncoreFock, fits
-from tessera.chem.scf.integrals import s8_shares
+from tessera.chem.scf.integrals import _fill, s8_shares
 from tessera.chem.scf.stats import summarize
 from tessera.chem.scf.symmetry import symmetry_basis
 from tessera.errors import ConvergenceError, InputError
@@ -136,10 +138,22 @@ def make_builder(mol, context, *, mode: str, budget: tuple, **options):
         mode = "direct"
     # in a threads context the executor's workers share the cores of the rank
     workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
-    builder = FockBuilder(mol, context, mode=mode, budget_bytes=per_rank,
-                          threads=max(1, threads // workers), **options)
-    if builder.fit is not None:
-        chosen(builder.fit, f"screened blocks over {ranks.size} ranks")
+    threads = max(1, threads // workers)
+    if mode != "direct" or _fill() is None:
+        # several ranks without point-group operations: screened blocks per rank if they fit
+        builder = FockBuilder(mol, context, mode=mode, budget_bytes=per_rank,
+                              threads=threads, **options)
+        if builder.fit is not None:
+            chosen(builder.fit, f"screened blocks over {ranks.size} ranks")
+        if builder.mode == "incore" or _fill() is None:
+            return builder
+        builder.free()
+    options.pop("block_nbf", None)          # no shell blocks: ranges of shell pairs
+    builder = DirectFock(mol, context, threads=threads, **options)
+    say("RHF: direct Fock builds from the symmetry-unique shell quartets of %d operation(s), "
+        "%d tasks of shell pairs, schedule=%s screening=%g ranks=%d threads=%d",
+        len(builder.shell_map), len(builder.ranges), builder.schedule, builder.threshold,
+        ranks.size, threads)
     return builder
 
 

@@ -16,7 +16,8 @@ under MPI, local otherwise). Each build
 3. every rank accumulates its buffers into M, once per tile; after a sync every rank
    reads M whole (O(nao^2)) and forms G = (M + M^T)/2.
 
-``mode="direct"`` recomputes the integrals every build, *incrementally*: a build after
+``mode="direct"`` (the SCF's direct mode only without the compiled fill; with it,
+``direct.DirectFock``) recomputes the integrals every build, *incrementally*: a build after
 the first computes G(D - D_last) and adds it to the last G (the difference of two SCF
 densities is small, so more tasks fall below the screening threshold), and every
 ``rebuild_every`` + 1-th build is a full G(D) again, which bounds the error the skipped
@@ -78,6 +79,37 @@ BOX_FRACTION = 0.75
 _DEAL_KEYS = ("stolen", "steals", "counter_local", "counter_remote")
 
 
+class Incremental:
+    """The incremental (Delta D) scheme of a direct build: ``build(dm, full)`` is G(dm) from
+    ``full(d, incremental) -> G(d)``, as G(D_last) + G(D - D_last) between full builds,
+    G(D) in full every ``rebuild_every`` + 1-th build (None: never again, tests only; 0:
+    always), which bounds the error that screened contributions accumulate (Haser and
+    Ahlrichs, J. Comput. Chem. 10, 104 (1989); PySCF's ``rebuild_nsteps``). Also checks
+    the options of a direct build."""
+
+    def __init__(self, screening: float, rebuild_every: int | None):
+        if not (screening >= 0.0):
+            raise InputError(f"screening={screening!r}: expected a threshold >= 0 "
+                             "(0 disables Schwarz screening)")
+        if rebuild_every is not None and int(rebuild_every) < 0:
+            raise InputError(f"rebuild_every={rebuild_every!r}: expected incremental builds "
+                             "between full ones >= 0 (0: every build is full)")
+        self.rebuild_every = rebuild_every
+        self.last = None             # (D, G) of the last build
+        self.since_full = 0          # incremental builds since the last full one
+
+    def build(self, dm: np.ndarray, full) -> np.ndarray:
+        if self.last is not None and (self.rebuild_every is None
+                                      or self.since_full < self.rebuild_every):
+            g = self.last[1] + full(dm - self.last[0], True)
+            self.since_full += 1
+        else:
+            g = full(dm, False)
+            self.since_full = 0
+        self.last = (dm.copy(), g)
+        return g
+
+
 class _Worker:
     """One thread's share of a build: its M tile buffers, counts and kept integrals."""
 
@@ -124,13 +156,7 @@ class FockBuilder:
         self.schedule = check_schedule(schedule)
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r}; expected one of {MODES}")
-        if not (screening >= 0.0):
-            raise InputError(f"screening={screening!r}: expected a threshold >= 0 "
-                             "(0 disables Schwarz screening)")
-        if rebuild_every is not None and int(rebuild_every) < 0:
-            raise InputError(f"rebuild_every={rebuild_every!r}: expected incremental builds "
-                             "between full ones >= 0 (0: every build is full)")
-        self.rebuild_every = rebuild_every      # None: never rebuilt (tests only)
+        self.delta = Incremental(screening, rebuild_every)
         self.threads = max(1, int(threads))
         self.context = context
         self.ranks = context.ranks
@@ -165,8 +191,6 @@ class FockBuilder:
             self.dens = BlockTensor((space, space), name="scf.D")
             self.fock = BlockTensor((space, space), name="scf.M")
         self._stored = None          # incore: list of (task id, integral block) run here
-        self._last = None            # direct: (D, G) of the last build
-        self._since_full = 0         # direct: incremental builds since the last full one
         pairs = self.tasks.pairs
         self._qmax = np.array([pb.qmax for pb in pairs])
         self.history = []            # per build: dict of this rank's statistics
@@ -175,18 +199,10 @@ class FockBuilder:
     def build(self, dm: np.ndarray) -> np.ndarray:
         """G(D) on every rank; ``dm`` is the replicated density matrix (direct mode:
         incremental from the last build unless a full build is due)."""
-        incremental = (self.mode == "direct" and self._last is not None
-                       and (self.rebuild_every is None or self._since_full < self.rebuild_every))
         with thread_limit(self.threads, None):
-            if incremental:
-                g = self._last[1] + self._build(dm - self._last[0], True)
-                self._since_full += 1
-            else:
-                g = self._build(dm, False)
-                self._since_full = 0
-        if self.mode == "direct":
-            self._last = (dm.copy(), g)
-        return g
+            if self.mode == "direct":
+                return self.delta.build(dm, self._build)
+            return self._build(dm, False)
 
     def screen(self, dm: np.ndarray) -> np.ndarray:
         """Ids of the tasks whose density-weighted Schwarz bound for ``dm`` reaches the

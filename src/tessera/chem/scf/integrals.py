@@ -31,7 +31,7 @@ from tessera.errors import BuildError, SymmetryError
 
 log = logging.getLogger(__name__)
 _S8_MODULE = "tessera.chem.scf._s8fill"
-_S8_ABI = 4         # tessera_abi_version() of s8fill.c whose argument lists these are
+_S8_ABI = 5         # tessera_abi_version() of s8fill.c whose argument lists these are
 
 
 class BlockERI:
@@ -357,4 +357,9 @@ def _s8_library() -> ctypes.CDLL:
     lib.tessera_s8_jk.restype = None
     lib.tessera_s8_jk.argtypes = ([ctypes.c_int, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 5
                                   + [i64] + [ctypes.c_void_p] * 2 + [i64])
+    lib.tessera_s8_direct_jk.restype = ctypes.c_int
+    lib.tessera_s8_direct_jk.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+                                         + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int]
+                                         + [ctypes.c_void_p] * 3 + [ctypes.c_double] + [ctypes.c_void_p] * 2
+                                         + [i64] + [ctypes.c_void_p] * 3)
     return lib

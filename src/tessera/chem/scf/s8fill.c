@@ -73,6 +73,19 @@ static int orbit_of(int i, int j, int k, int l, int64_t q, int nbas, int nops,
     return distinct;
 }
 
+/* A buffer for one shell quartet of the largest shell (malloc'd; the caller frees it),
+ * or NULL when it cannot be allocated or ``nops`` exceeds the 64 images the callers hold. */
+static double *quartet_buffer(int nbas, const int *ao_loc, int nops)
+{
+    if (nops > 64)
+        return NULL;
+    int maxsh = 0;
+    for (int s = 0; s < nbas; s++)
+        if (ao_loc[s + 1] - ao_loc[s] > maxsh)
+            maxsh = ao_loc[s + 1] - ao_loc[s];
+    return malloc(sizeof(double) * (size_t)maxsh * maxsh * maxsh * maxsh);
+}
+
 /* ``cost[ij - start]`` for the shell pairs ij in [start, end): the integrals of the
  * representative quartets (ij|kl), kl <= ij, that tessera_s8_fill computes and
  * tessera_s8_jk contracts for ij (the cost model of the ranks' ranges of shell pairs). */
@@ -118,13 +131,7 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
                     const int64_t *row_off, double *eri, unsigned char *orbit, int64_t obase)
 {
     intor_fn fn = (intor_fn)intor;
-    if (nops > 64)
-        return -1;
-    int maxsh = 0;
-    for (int s = 0; s < nbas; s++)
-        if (ao_loc[s + 1] - ao_loc[s] > maxsh)
-            maxsh = ao_loc[s + 1] - ao_loc[s];
-    double *buf = malloc(sizeof(double) * (size_t)maxsh * maxsh * maxsh * maxsh);
+    double *buf = quartet_buffer(nbas, ao_loc, nops);
     if (buf == NULL)
         return -1;
     int64_t ij;
@@ -187,6 +194,57 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
     return 0;
 }
 
+/* Adds the contribution of the representative quartet (ij|kl), weighted by ``w`` (its
+ * orbit size), to this caller's vj and vk (see tessera_s8_jk): from ``blk``, the block as
+ * libcint writes it (element (a, b, c, d) at a + ni (b + nj (c + nk d))), or, when blk is
+ * NULL, from the packed 8-fold ``eri``. */
+static void contract_quartet(const int *ao_loc, int nao, int i, int j, int k, int l, int same,
+                             double w, const double *blk, const double *eri, const double *dm,
+                             double *vj, double *vk)
+{
+    int ni = ao_loc[i + 1] - ao_loc[i], nj = ao_loc[j + 1] - ao_loc[j];
+    size_t nk = ao_loc[k + 1] - ao_loc[k], sd = (size_t)ni * nj * nk;
+    for (int a = ao_loc[i]; a < ao_loc[i + 1]; a++) {
+        const double *da = dm + (size_t)a * nao;
+        double *ka = vk + (size_t)a * nao;
+        int b1 = i == j ? a + 1 : ao_loc[j + 1];
+        for (int b = ao_loc[j]; b < b1; b++) {
+            const double *db = dm + (size_t)b * nao;
+            double *kb = vk + (size_t)b * nao;
+            int64_t ab = pair(a, b);
+            double wab = a == b ? 0.5 * w : w;
+            double dab = da[b], jab = 0;
+            for (int c = ao_loc[k]; c < ao_loc[k + 1]; c++) {
+                const double *dc = dm + (size_t)c * nao;
+                double *jc = vj + (size_t)c * nao;
+                double kac = 0, kbc = 0, dac = da[c], dbc = db[c];
+                int d1 = k == l ? c + 1 : ao_loc[l + 1];
+                const double *vabc = blk ? blk + (a - ao_loc[i]) + (size_t)ni * ((b - ao_loc[j])
+                                         + (size_t)nj * (c - ao_loc[k])) : NULL;
+                for (int d = ao_loc[l]; d < d1; d++) {
+                    int64_t cd = pair(c, d);
+                    if (same && cd > ab)
+                        break;
+                    double v = (vabc ? vabc[sd * (size_t)(d - ao_loc[l])] : eri[pair(ab, cd)]) * wab;
+                    if (c == d)
+                        v *= 0.5;
+                    if (cd == ab)
+                        v *= 0.5;
+                    jab += 2 * v * dc[d];          /* (ab|cd) D_cd, both orders of cd */
+                    jc[d] += 2 * v * dab;          /* (ab|cd) D_ab, both orders of ab */
+                    kac += v * db[d];              /* K_ac += (ab|cd) D_bd */
+                    kbc += v * da[d];              /* K_bc += (ba|cd) D_ad */
+                    ka[d] += v * dbc;              /* K_ad += (ab|dc) D_bc */
+                    kb[d] += v * dac;              /* K_bd += (ba|dc) D_ac */
+                }
+                ka[c] += kac;
+                kb[c] += kbc;
+            }
+            vj[(size_t)a * nao + b] += jab;
+        }
+    }
+}
+
 /* The skeleton J and K of a symmetric density ``dm`` (nao x nao) from the representative
  * quartets only, each weighted by its orbit: summed over the group's operations afterwards
  * (chem/scf/integrals.py, Skeleton) they are the whole J and K, as the density is
@@ -203,6 +261,7 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
 {
     int64_t ij;
     int i, j;
+    (void)nbas;
     while ((ij = claim_shell_pair(next, end, &i, &j)) >= 0) {
         const double *row = row_off ? eri + row_off[ij] : NULL;
         int ni = ao_loc[i + 1] - ao_loc[i], nj = ao_loc[j + 1] - ao_loc[j];
@@ -214,58 +273,76 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
                 double w = orbit[pair(ij, kl) - obase];
                 if (w == 0)
                     continue;
-                /* compact: the block (ij|kl), element (a, b, c, d) at a + ni (b + nj (c + nk d)) */
-                const double *blk = row;
-                size_t nk = ao_loc[k + 1] - ao_loc[k], sd = (size_t)ni * nj * nk;
+                contract_quartet(ao_loc, nao, i, j, k, l, ij == kl, w, row, eri, dm, vj, vk);
                 if (row)
-                    row += sd * (ao_loc[l + 1] - ao_loc[l]);
-                for (int a = ao_loc[i]; a < ao_loc[i + 1]; a++) {
-                    const double *da = dm + (size_t)a * nao;
-                    double *ka = vk + (size_t)a * nao;
-                    int b1 = i == j ? a + 1 : ao_loc[j + 1];
-                    for (int b = ao_loc[j]; b < b1; b++) {
-                        const double *db = dm + (size_t)b * nao;
-                        double *kb = vk + (size_t)b * nao;
-                        int64_t ab = pair(a, b);
-                        double wab = a == b ? 0.5 * w : w;
-                        double dab = da[b], jab = 0;
-                        for (int c = ao_loc[k]; c < ao_loc[k + 1]; c++) {
-                            const double *dc = dm + (size_t)c * nao;
-                            double *jc = vj + (size_t)c * nao;
-                            double kac = 0, kbc = 0, dac = da[c], dbc = db[c];
-                            int d1 = k == l ? c + 1 : ao_loc[l + 1];
-                            const double *vabc = blk ? blk + (a - ao_loc[i]) + (size_t)ni * ((b - ao_loc[j])
-                                                     + (size_t)nj * (c - ao_loc[k])) : NULL;
-                            for (int d = ao_loc[l]; d < d1; d++) {
-                                int64_t cd = pair(c, d);
-                                if (ij == kl && cd > ab)
-                                    break;
-                                double v = (vabc ? vabc[sd * (size_t)(d - ao_loc[l])] : eri[pair(ab, cd)]) * wab;
-                                if (c == d)
-                                    v *= 0.5;
-                                if (cd == ab)
-                                    v *= 0.5;
-                                jab += 2 * v * dc[d];          /* (ab|cd) D_cd, both orders of cd */
-                                jc[d] += 2 * v * dab;          /* (ab|cd) D_ab, both orders of ab */
-                                kac += v * db[d];              /* K_ac += (ab|cd) D_bd */
-                                kbc += v * da[d];              /* K_bc += (ba|cd) D_ad */
-                                ka[d] += v * dbc;              /* K_ad += (ab|dc) D_bc */
-                                kb[d] += v * dac;              /* K_bd += (ba|dc) D_ac */
-                            }
-                            ka[c] += kac;
-                            kb[c] += kbc;
-                        }
-                        vj[(size_t)a * nao + b] += jab;
-                    }
-                }
+                    row += (size_t)ni * nj * (ao_loc[k + 1] - ao_loc[k]) * (ao_loc[l + 1] - ao_loc[l]);
             }
         }
     }
+}
+
+/* The direct skeleton build: as tessera_s8_fill followed by tessera_s8_jk, but each
+ * representative quartet (ij|kl) of the shell pairs ij below ``end`` claimed from ``next``
+ * is computed by libcint into a buffer and contracted at once, nothing kept. With
+ * ``thr`` > 0 a quartet is skipped when its Schwarz bound Q_ij Q_kl (``qsh``, nbas x nbas)
+ * is below thr, or Q_ij Q_kl max(4|D_ij|, 4|D_kl|, |D_ik|, |D_jl|, |D_il|, |D_jk|) is, the
+ * shell-pair maxima of |dm| in ``dsh`` (nbas x nbas; M. Haser and R. Ahlrichs,
+ * J. Comput. Chem. 10, 104 (1989); PySCF's CVHFnrs8_prescreen): an invariant density
+ * gives every image of a quartet the bound of its representative. ``counts`` (this
+ * caller's): [0] quartets computed, [1] representatives screened out, [2] integrals
+ * computed. Returns 0, or -1 when a buffer could not be allocated. */
+int tessera_s8_direct_jk(void *intor, void *cintopt, int *atm, int natm, int *bas, int nbas,
+                         double *env, const int *ao_loc, int nao, int nops, const int *shell_map,
+                         const double *qsh, const double *dsh, double thr, const double *dm,
+                         int64_t *next, int64_t end, double *vj, double *vk, int64_t *counts)
+{
+    intor_fn fn = (intor_fn)intor;
+    double *buf = quartet_buffer(nbas, ao_loc, nops);
+    if (buf == NULL)
+        return -1;
+    int64_t ij, images[64];
+    int i, j;
+    while ((ij = claim_shell_pair(next, end, &i, &j)) >= 0) {
+        double qij = qsh[(size_t)i * nbas + j], dij = dsh[(size_t)i * nbas + j];
+        for (int k = 0; k <= i; k++) {
+            for (int l = 0; l <= k; l++) {
+                int64_t kl = pair(k, l);
+                if (kl > ij)
+                    break;
+                int w = orbit_of(i, j, k, l, pair(ij, kl), nbas, nops, shell_map, images);
+                if (!w)
+                    continue;
+                if (thr > 0) {
+                    double qq = qij * qsh[(size_t)k * nbas + l], dmax = 4 * dij;
+                    const double *dk = dsh + (size_t)k * nbas, *dl = dsh + (size_t)l * nbas;
+                    if (4 * dk[l] > dmax) dmax = 4 * dk[l];
+                    if (dk[i] > dmax) dmax = dk[i];
+                    if (dl[j] > dmax) dmax = dl[j];
+                    if (dl[i] > dmax) dmax = dl[i];
+                    if (dk[j] > dmax) dmax = dk[j];
+                    if (qq < thr || qq * dmax < thr) {
+                        counts[1]++;
+                        continue;
+                    }
+                }
+                int shls[4] = {i, j, k, l};
+                size_t n = (size_t)(ao_loc[i + 1] - ao_loc[i]) * (ao_loc[j + 1] - ao_loc[j])
+                           * (ao_loc[k + 1] - ao_loc[k]) * (ao_loc[l + 1] - ao_loc[l]);
+                counts[0]++;
+                counts[2] += (int64_t)n;
+                if (!fn(buf, NULL, shls, atm, natm, bas, nbas, env, cintopt, NULL))
+                    continue;           /* libcint: all zero */
+                contract_quartet(ao_loc, nao, i, j, k, l, ij == kl, w, buf, NULL, dm, vj, vk);
+            }
+        }
+    }
+    free(buf);
+    return 0;
 }
 
 /* The version of this source's functions and argument lists: chem/native.py refuses a
    library built from another (raise it with any change of an exported signature). */
 int tessera_abi_version(void)
 {
-    return 4;
+    return 5;
 }

@@ -59,6 +59,14 @@ def summarize(builder, ranks, **extra) -> dict:
         "tasks_per_build": per_rank[0]["tasks_per_build"],
         "incremental_builds": per_rank[0]["incremental_builds"],
     }
+    if getattr(builder, "ranges", None) is not None:      # the direct skeleton build's tasks
+        blocks = {
+            "tasks_total": len(builder.ranges),
+            "shell_quartets": builder.quartet_counts[1],
+            "shell_quartets_skipped": builder.quartet_counts[0],
+            "tasks_per_build": per_rank[0]["tasks_per_build"],
+            "incremental_builds": per_rank[0]["incremental_builds"],
+        }
     return {
         **extra,
         "nranks": ranks.size,
