@@ -637,3 +637,16 @@ def test_collective_memory_counts_the_integrals_in_whole_blocks():
     s = structure_stats(CCSDStructure(orbsym, nocc, 0, distributed=True), 48, 48, 64)
     one, coll = memory_parts(s, 64, "mpi-onesided", "original"), memory_parts(s, 64, "mpi-collective", "summa")
     assert one["stored"] == s["memory_per_rank_max"] < coll["stored"] == s["whole_memory_per_rank_max"]
+
+
+def test_few_ranks_keep_their_tiles_where_they_have_the_tasks():
+    """(H2O)8 cc-pVDZ (o=40, v=152) at 48/48: one occupied tile and 4 virtual ones, so the
+    o^3v step tmp[kbij] has 4 tasks, the other dominant steps 16 (ladder: 1 pair x 16).
+    On 2 ranks that is 2 per rank: the run's tiles stay 48/48; on 4 ranks 1 per rank, and
+    the rule cuts the occupied space in two (48/32: 8 x 4 = 32 tasks)."""
+    from tessera.backends.balance import run_tiles
+    structure = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
+    assert _fewest_tasks(structure, 48, 48, 2) == 2.0
+    tile, occ_tile, _, binds = run_tiles(structure, 2, 8 * 2**30)
+    assert (tile, occ_tile, binds) == (48, 48, None)
+    assert run_tiles(structure, 4, 8 * 2**30)[:2] == (48, 32) and _fewest_tasks(structure, 48, 32, 4) == 8.0
