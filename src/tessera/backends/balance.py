@@ -16,7 +16,8 @@ both use it; a forced --tile that leaves a class above BALANCE gets one warning 
 
 A run (``run_tiles``) balances every class whenever tiles no thinner than MIN_OCC_TILE
 (occupied: or the whole occupied space) do it: the issue example (C1, o=100, v=800) on
-1024 ranks takes 48/48 (T2 in pieces; in whole blocks it needs 48/32). Below that floor the block
+1024 ranks is balanced at 48/48 (T2 in pieces; in whole blocks it needs 48/32; for tasks
+per rank it takes 48/24, below). Below that floor the block
 GEMMs lose about half their rate (one-thread DGEMM of the ladder's (oo, vv, vv) shape, v
 tile 48, measured under load: 53/38/24/18 GFLOP/s at occupied tiles 34/14/8/4), so there
 balance is about memory alone: with a ``budget`` (bytes a rank may use) it binds only
@@ -26,8 +27,7 @@ on 1024 ranks: 12/12, T2 at 10x the mean: 18 MB of T2 in 20 x 20 x 76 x 76 does 
 enough blocks);
 the cost model chooses for speed among every candidate at which those classes are
 balanced, instead of tiles cut small to spread a few kilobytes. ``tessera plan --ranks``
-shows the layout at which every class is balanced (no budget, no floor) and, beside it,
-the tiles a run with its budget takes.
+shows the tiles a run with its budget takes (``run_tiles``).
 
 Among the tiles at or above that floor that balance every class, a run takes the
 largest (virtual tile first, then occupied: the largest GEMMs, the fewest bytes moved)
@@ -145,7 +145,7 @@ def dominant_steps(plans) -> list:
     """The contraction steps of ``plans`` with at least DOMINANT of the largest one's
     flops, most flops first."""
     steps = sorted((s for p in plans for s in p.steps if s.kind == "contract"), key=lambda s: -s.flops)
-    return [s for s in steps if s.flops >= DOMINANT * steps[0].flops]
+    return [s for s in steps if s.flops >= DOMINANT * steps[0].flops] if steps else []
 
 
 def granularity(plans, nranks: int) -> dict:

@@ -32,8 +32,8 @@ returns, per rank:
 Without ``--tile`` the tiles are a run's (``backends.balance.run_tiles``): the largest,
 with tiles and occupied tiles no thinner than ``MIN_OCC_TILE``, at which every stored
 class is spread with max/mean <= 1.5 and every dominant step has at least
-``TASKS_PER_RANK`` block tasks per rank (else the finest such tiles, said in one note
-line); where no such tiles balance every class, only the classes that matter for the
+``TASKS_PER_RANK`` block tasks per rank (else the finest such tiles; the ``Granularity:``
+line says which); where no such tiles balance every class, only the classes that matter for the
 memory budget (more than 1/32 of it on one rank) are balanced, said in a warning line.
 With a --tile that leaves a class above 1.5, one warning line names it. Distributed (T) takes its occupied
 task tile (and, by virtual tile, its windows) from the bytes one task may hold
@@ -49,6 +49,7 @@ import math
 import numpy as np
 
 from tessera.errors import InputError
+
 
 def dominant_steps(plans, nranks: int) -> list:
     """The dominant contraction steps (``backends.balance.dominant_steps``): block tasks,
