@@ -15,7 +15,9 @@ and the per-rank bytes of each class are summed: max, mean and max/mean per clas
 bytes of rows they read (``chem.memory.triples_parts``, ``chem.triples_tasks.plan_counts``),
 beside what the same budget's tasks by whole occupied rows would read (``row_plan``).
 The bytes each rank moves per CCSD iteration come from the cost model
-(``backends.auto.structure_stats`` and ``estimate``) for each executor and variant.
+(``backends.auto.structure_stats`` and ``estimate``) for each executor and variant; the
+block tasks per rank of the dominant contraction steps and their busiest rank's flops
+over the mean from ``cli.plan_ranks.dominant_steps`` (as ``tessera plan --ranks``).
 Also, at each rank count, the Python time and memory (tracemalloc peak) of what one
 rank builds for the issue's example (C1, 100 occupied, 800 virtual, tile 48): the
 owners and own slots of every class, and the owner-computes variant's task lists of one
@@ -45,6 +47,7 @@ sys.path.insert(0, os.environ.get("TESSERA_BENCH_SRC", str(REPO / "src")))
 from tessera.backends.auto import estimate, structure_stats  # noqa: E402
 from tessera.chem.ccsd import CCSDStructure  # noqa: E402
 from tessera.chem.integrals import CLASSES, class_tensor, make_spaces  # noqa: E402
+from tessera.cli.plan_ranks import dominant_steps  # noqa: E402
 from tessera.runtime.distribution import block_owners  # noqa: E402
 from tessera.tensor.block_tensor import BlockTensor  # noqa: E402
 
@@ -281,8 +284,10 @@ def main(argv=None) -> None:
             tensors = class_tensors(orbsym, nocc, tile, occ_tile)
             s = structure_stats(structure, tile, occ_tile, P)
             moved = {f"{b} {v}": estimate(s, P, b, v, 10e9)["bytes_per_rank"] for b, v in EXECUTORS}
+            steps = [{k: d[k] for k in ("step", "tasks", "tasks_per_rank", "busiest_over_mean_flops")}
+                     for d in dominant_steps(structure(tile, occ_tile).plans, P)]
             rows[P] = {"tiles": [tile, occ_tile], "memory_per_rank": per_rank(tensors, P), "bytes_per_rank": moved,
-                       "triples": triples_per_rank(tensors, P, args.memory_per_rank * 2**30)}
+                       "dominant_steps": steps, "triples": triples_per_rank(tensors, P, args.memory_per_rank * 2**30)}
         result["clusters"][f"(H2O){n}"] = rows
         print(f"\n(H2O){n} cc-pVDZ, C1, o={nocc} v={nmo - nocc}, tile {args.tile}: per-rank memory "
               "(MiB max / MiB mean / max/mean) per class; tiles (v/o) per rank count: "
@@ -293,6 +298,13 @@ def main(argv=None) -> None:
             cells = [f"{m['max_bytes'] / 2**20:8.1f}/{m['mean_bytes'] / 2**20:7.1f}/{m['max_over_mean']:5.2f}"
                      for m in row["memory_per_rank"].values()]
             print(f"{P:6d} " + " ".join(f"{c:>22s}" for c in cells))
+        print("block tasks per rank of the dominant steps: the fewest, each step's (most flops first); "
+              "the busiest rank's flops over the mean, the worst")
+        for P, row in rows.items():
+            per = [d["tasks_per_rank"] for d in row["dominant_steps"]]
+            print(f"{P:6d} tiles {row['tiles'][0]:2d}/{row['tiles'][1]:<2d} fewest {min(per):7.2f}  "
+                  + " ".join(f"{x:7.2f}" for x in per)
+                  + f"  busiest/mean {max(d['busiest_over_mean_flops'] for d in row['dominant_steps']):6.2f}")
         print("(T) per rank: rows held, kernel buffers (MiB); tasks; occupied task tile; rows read (MiB); "
               "rows read by whole occupied rows (MiB) and the ratio")
         for P, row in rows.items():

@@ -158,3 +158,33 @@ def test_tile_search_goes_finer_on_many_ranks(monkeypatch):
         coarser = [t for t in tiles[nranks] if t != min(tiles[nranks])]
         assert all(products[t] <= max(200, 50 * nranks) for t in coarser)
     assert min(tiles[64]) < min(tiles[2])
+
+
+def test_cached_batches_of_the_dominant_steps_at_1024_ranks():
+    """The cached loop order on the dominant steps of (H2O)4 cc-pVDZ (C1, o=20, v=76) at the
+    tiles a run takes on 1024 ranks (``balance.run_tiles``): every product in one batch,
+    each batch's distinct input blocks within the cache bound (the executor's default, and
+    a quarter of the smaller operand, where a ladder batch of one row of vvvv would
+    otherwise prefetch all of tau), one batch per output task or more (147 to 196 tasks
+    here, fewer than 2 per rank: the batches cannot feed every rank)."""
+    from tessera.backends.balance import dominant_steps, run_tiles
+    from tessera.backends.dist_base import DEFAULT_CACHE_MB
+    from tessera.tensor.block_tensor import allowed_elements
+    structure = CCSDStructure(np.zeros(96, dtype=int), 20, 0, distributed=True)
+    tile, occ_tile, _, _ = run_tiles(structure, 1024, 8 * 2**30)
+    cut = {}
+    for step in dominant_steps(structure(tile, occ_tile).plans):
+        tasks = contraction_tasks(step)
+        a, b = (8 * allowed_elements(r.tensor.spaces, r.tensor.irrep) for r in step.inputs)
+        every = sorted((i, q) for i, t in enumerate(tasks) for q in range(len(t.products)))
+        count = []
+        for bound in (DEFAULT_CACHE_MB << 20, min(a, b) // 4):
+            batches = cached_batches(tasks, a >= b, bound, 1024)
+            assert sorted((i, q) for x in batches for i, lo, hi in x for q in range(lo, hi)) == every
+            assert all(distinct_bytes(tasks, x) <= bound or (len(x) == 1 and x[0][2] - x[0][1] == 1)
+                       for x in batches), step.describe()
+            assert len(batches) >= len(tasks)
+            count.append(len(batches))
+        cut[step.describe().split("+=")[0].strip()] = count
+    # the ladder's tasks each read all of tau (pairs): the tight bound cuts them in runs
+    assert cut["contract pairs[Pab]"][1] > cut["contract pairs[Pab]"][0] == 147

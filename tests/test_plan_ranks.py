@@ -84,11 +84,14 @@ def test_plan_ranks_json(tmp_path, capsys):
         assert m["max_over_mean"] <= 1.5
     assert set(a["memory_per_rank"]["(t)"]) == {"rows", "kernel"}
     # (H2O)4 on 64 ranks: the integral classes and T2 are cut into pieces where they have too
-    # few blocks, so every class is balanced at the largest tiles, which a run takes too (no
-    # note line); in whole blocks T2 would need occupied tiles of 4
-    assert (a["tile"], a["occ_tile"]) == (48, 48)
-    assert a["run_tiles"] == {"tile": 48, "occ_tile": 48, "every_class": True}
-    assert "a run with this budget considers" not in text
+    # few blocks, so every class is balanced at any tiles; the run's tiles are the finest it
+    # cuts (12/12: 48/48 gives the ladder 6 tasks for 64 ranks), still short of the target of
+    # tasks per rank, which the text says
+    assert (a["tile"], a["occ_tile"], a["tile_given"]) == (12, 12, False)
+    g = a["granularity"]
+    assert g["every_class"] and not g["met"] and g["target"] == 2
+    assert g["tasks_per_rank"] == pytest.approx(min(s["tasks_per_rank"] for s in a["steps"]))
+    assert "(target 2, not reached: the finest tiles a run cuts" in text
     for sim, P in ((a, 64), (b, 252)):           # (T) tasks and rows read per rank: the workers'
         t = sim["triples"]
         assert t["tasks"] > 0 and t["tasks_per_rank"] == pytest.approx(t["tasks"] / P)
@@ -248,30 +251,89 @@ def test_every_class_balanced_at_a_runs_tiles(n):
 def test_a_run_balances_every_class_of_the_issue_example():
     """The issue's example (C1, 100 occupied, 800 virtual) with 8 GiB per rank: at 48/48
     oooo (81 blocks) in whole blocks cannot be spread over 1024 ranks (13.7x the mean);
-    in pieces it is, and the run's rule (``balance.run_tiles``) keeps the largest tiles
-    (48/48 on 64, 256 and 1024 ranks; T2 in whole blocks would need occupied tiles of 32
-    on 1024 ranks). (H2O)8 on 1024 ranks: T2 and oooo in pieces, every class balanced at
-    48/48 (in whole blocks T2 needed occupied tiles of 4)."""
+    in pieces it is, and the run's rule (``balance.run_tiles``) takes the largest tiles
+    whose dominant steps have 2 tasks per rank: 48/48 on 64 ranks, occupied tiles of 32
+    on 256 and of 24 on 1024 (at 48/32 the o^3v step tmp[kbij] has 4^3 x 17 = 1088 tasks,
+    1.06 per rank). (H2O)8 on 1024 ranks: T2 and oooo in pieces, every class balanced at
+    the finest tiles a run cuts, 12/12 (in whole blocks oooo 4x the mean)."""
     from tessera.backends.balance import MIN_OCC_TILE, run_tiles
     budget = 8 * 2**30
     example = CCSDStructure(np.zeros(900, dtype=int), 100, 0, distributed=True)
     assert whole_blocks(example.stored(48, 48)["oooo"], 1024) > 10
     assert class_balance(example.stored(48, 48), 1024)["oooo"]["max_over_mean"] <= 1.5
+    expected = {64: (48, 48), 256: (48, 32), 1024: (48, 24)}
     for P in RANKS:
         tile, occ_tile, worst, binds = run_tiles(example, P, budget)
-        assert binds is None and occ_tile >= MIN_OCC_TILE, (P, tile, occ_tile)
+        assert binds is None and (tile, occ_tile) == expected[P], (P, tile, occ_tile)
         mem = class_balance(example.stored(tile, occ_tile), P)
         assert max(m["max_over_mean"] for m in mem.values()) == pytest.approx(max(worst, mem["total"]["max_over_mean"]))
         assert all(m["max_over_mean"] <= 1.5 for m in mem.values()), (P, mem)
-    assert run_tiles(example, 1024, budget)[:2] == (48, 48)
-    assert whole_blocks(example.stored(48, 48)["t2"], 1024) > 1.5
+    assert whole_blocks(example.stored(48, 24)["oooo"], 1024) > 1.5
     waters = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
     assert balanced_tiles(waters.stored, 1024, pieces=False)[1] < MIN_OCC_TILE
     tile, occ_tile, _, binds = run_tiles(waters, 1024, budget)
-    assert binds is None and (tile, occ_tile) == (48, 48)
+    assert binds is None and (tile, occ_tile) == (MIN_OCC_TILE, MIN_OCC_TILE)
     assert whole_blocks(waters.stored(tile, occ_tile)["oooo"], 1024) > 1.5
-    assert whole_blocks(waters.stored(tile, occ_tile)["t2"], 1024) > 1.5
     assert max(m["max_over_mean"] for m in class_balance(waters.stored(tile, occ_tile), 1024).values()) <= 1.5
+
+
+def _fewest_tasks(structure, tile, occ_tile, nranks):
+    from tessera.backends.balance import granularity
+    return granularity(structure(tile, occ_tile).plans, nranks)["tasks_per_rank"]
+
+
+@pytest.mark.parametrize("n", [4, 8, 12, 16])
+def test_a_runs_tiles_give_the_dominant_steps_tasks_on_every_rank(n):
+    """(H2O)n cc-pVDZ on 64, 256 and 1024 ranks with 8 GiB each: a run's tiles
+    (``balance.run_tiles``) give every dominant step (the ladder and the o^3v^3 terms) at
+    least TASKS_PER_RANK block tasks per rank, and are the largest that do (the next
+    larger virtual or occupied tile does not), or, where none does, the finest a run cuts
+    (tiles of MIN_OCC_TILE: no finer tiles of that floor give more); every class within
+    max/mean 1.5 and each class's busiest rank holds less as ranks grow."""
+    from tessera.backends.balance import MIN_OCC_TILE, OCC_TILES, TASKS_PER_RANK, TILES, run_tiles
+    structure = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, 0, distributed=True)
+    floor = min(MIN_OCC_TILE, structure.nocc)
+    previous = None
+    for P in RANKS:
+        tile, occ_tile, worst, binds = run_tiles(structure, P, 8 * 2**30)
+        assert binds is None and tile >= MIN_OCC_TILE and occ_tile >= floor, (n, P, tile, occ_tile)
+        fewest = _fewest_tasks(structure, tile, occ_tile, P)
+        if fewest >= TASKS_PER_RANK:
+            larger = [(t, occ_tile) for t in TILES if t > tile][-1:] + [(tile, o) for o in OCC_TILES if tile >= o > occ_tile][-1:]
+            for pair in larger:
+                if structure.stored(*pair)["t2"].spaces != structure.stored(tile, occ_tile)["t2"].spaces:
+                    assert _fewest_tasks(structure, *pair, P) < TASKS_PER_RANK, (n, P, pair)
+        else:
+            assert _fewest_tasks(structure, MIN_OCC_TILE, floor, P) <= fewest, (n, P)
+        mem = class_balance(structure.stored(tile, occ_tile), P)
+        assert all(m["max_over_mean"] <= 1.5 for m in mem.values()), (n, P, mem)
+        if previous is not None:
+            assert all(mem[c]["max_bytes"] < previous[c]["max_bytes"] for c in mem), (n, P)
+        previous = mem
+    # at 1024 ranks (H2O)4 falls short of the target, (H2O)16 reaches it
+    if n in (4, 16):
+        assert (fewest >= TASKS_PER_RANK) == (n == 16)
+
+
+def test_dominant_step_tasks_by_hand():
+    """(H2O)8 cc-pVDZ (o=40, v=152) at 12/12: 4 occupied tiles, 13 virtual ones. The
+    dominant steps are the ladder (10 occupied tile pairs i <= j x 13^2 ab blocks = 1690
+    tasks) and the o^3v^3 terms: four of 4^2 x 13^2 = 2704 output blocks and
+    tmp[kbij] (4^3 x 13 = 832); the count equals the tasks the executor lists
+    (``contraction_tasks``), here and for an output stored as canonical blocks."""
+    from tessera.backends.balance import dominant_steps, granularity
+    from tessera.plan.blocktasks import contraction_tasks, task_count
+    run = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)(12, 12)
+    assert (len(run.tiles["o"]), len(run.tiles["v"])) == (4, 13)
+    steps = dominant_steps(run.plans)
+    assert sorted(task_count(s) for s in steps) == [832, 1690, 2704, 2704, 2704, 2704]
+    assert granularity(run.plans, 1024) == {"target": 2, "tasks_per_rank": 832 / 1024, "met": False}
+    assert granularity(run.plans, 416) == {"target": 2, "tasks_per_rank": 2.0, "met": True}
+    small = CCSDStructure(np.zeros(24, dtype=int), 5, 0, distributed=True)(4, 2)
+    steps = [s for p in small.plans for s in p.steps if s.kind == "contract"]
+    assert any(s.out.tensor.aliases for s in steps)
+    for s in steps:
+        assert task_count(s) == len(contraction_tasks(s)), s.describe()
 
 
 def test_a_run_with_room_still_balances_every_class():
@@ -575,3 +637,16 @@ def test_collective_memory_counts_the_integrals_in_whole_blocks():
     s = structure_stats(CCSDStructure(orbsym, nocc, 0, distributed=True), 48, 48, 64)
     one, coll = memory_parts(s, 64, "mpi-onesided", "original"), memory_parts(s, 64, "mpi-collective", "summa")
     assert one["stored"] == s["memory_per_rank_max"] < coll["stored"] == s["whole_memory_per_rank_max"]
+
+
+def test_few_ranks_keep_their_tiles_where_they_have_the_tasks():
+    """(H2O)8 cc-pVDZ (o=40, v=152) at 48/48: one occupied tile and 4 virtual ones, so the
+    o^3v step tmp[kbij] has 4 tasks, the other dominant steps 16 (ladder: 1 pair x 16).
+    On 2 ranks that is 2 per rank: the run's tiles stay 48/48; on 4 ranks 1 per rank, and
+    the rule cuts the occupied space in two (48/32: 8 x 4 = 32 tasks)."""
+    from tessera.backends.balance import run_tiles
+    structure = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
+    assert _fewest_tasks(structure, 48, 48, 2) == 2.0
+    tile, occ_tile, _, binds = run_tiles(structure, 2, 8 * 2**30)
+    assert (tile, occ_tile, binds) == (48, 48, None)
+    assert run_tiles(structure, 4, 8 * 2**30)[:2] == (48, 32) and _fewest_tasks(structure, 48, 32, 4) == 8.0

@@ -16,7 +16,8 @@ both use it; a forced --tile that leaves a class above BALANCE gets one warning 
 
 A run (``run_tiles``) balances every class whenever tiles no thinner than MIN_OCC_TILE
 (occupied: or the whole occupied space) do it: the issue example (C1, o=100, v=800) on
-1024 ranks takes 48/48 (T2 in pieces; in whole blocks it needs 48/32). Below that floor the block
+1024 ranks is balanced at 48/48 (T2 in pieces; in whole blocks it needs 48/32; for tasks
+per rank it takes 48/24, below). Below that floor the block
 GEMMs lose about half their rate (one-thread DGEMM of the ladder's (oo, vv, vv) shape, v
 tile 48, measured under load: 53/38/24/18 GFLOP/s at occupied tiles 34/14/8/4), so there
 balance is about memory alone: with a ``budget`` (bytes a rank may use) it binds only
@@ -26,11 +27,22 @@ on 1024 ranks: 12/12, T2 at 10x the mean: 18 MB of T2 in 20 x 20 x 76 x 76 does 
 enough blocks);
 the cost model chooses for speed among every candidate at which those classes are
 balanced, instead of tiles cut small to spread a few kilobytes. ``tessera plan --ranks``
-shows the layout at which every class is balanced (no budget, no floor) and, beside it,
-the tiles a run with its budget takes.
+shows the tiles a run with its budget takes (``run_tiles``).
+
+Among the tiles at or above that floor that balance every class, a run takes the
+largest (virtual tile first, then occupied: the largest GEMMs, the fewest bytes moved)
+that give every dominant step (``dominant_steps``: the contractions with at least
+DOMINANT of the largest one's flops; for CCSD the ladder and the o^3v^3 ring terms) at
+least TASKS_PER_RANK block tasks per rank, as the planner runs them (output blocks,
+``plan.blocktasks.task_count``), so that no rank idles in them: (H2O)8 cc-pVDZ on 1024
+ranks takes 12/12, not 48/48 (16 tasks for 1024 ranks). Where no such tiles reach the
+target, the ones with the most tasks (the finest the floor allows; ``granularity`` says
+whether a run's tiles reach it). Tiles that change nothing (the same tiling as larger
+ones) are not tried twice.
 
 ``stored(tile, occ_tile)`` is the caller's: {class name: empty tensor} of what a run
-stores at those tiles (for CCSD ``chem.ccsd.CCSDStructure.stored``).
+stores at those tiles (for CCSD ``chem.ccsd.CCSDStructure.stored``); ``structure(tile,
+occ_tile).plans`` the plans of one iteration (structure only, ``CCSDStructure``).
 """
 
 from __future__ import annotations
@@ -44,6 +56,8 @@ TILES = (48, 32, 24, 16, 12, 8, 6, 4)         # tried from large to small ...
 OCC_TILES = TILES + (3, 2)                     # ... with occupied tiles no larger
 MATTERS = 1 / 32           # a class's balance binds when its busiest rank holds more of the budget
 MIN_OCC_TILE = 12          # the thinnest occupied tile a run cuts to balance the small classes
+TASKS_PER_RANK = 2         # block tasks per rank a run's tiles give each dominant step ...
+DOMINANT = 1 / 8           # ... a contraction with at least this share of the largest one's flops
 
 
 def loads(t, nranks: int, pieces: bool = True) -> np.ndarray:
@@ -127,18 +141,58 @@ def balanced_tiles(stored, nranks: int, budget: float | None = None, min_occ: in
     return (*best, best_worst)
 
 
+def dominant_steps(plans) -> list:
+    """The contraction steps of ``plans`` with at least DOMINANT of the largest one's
+    flops, most flops first."""
+    steps = sorted((s for p in plans for s in p.steps if s.kind == "contract"), key=lambda s: -s.flops)
+    return [s for s in steps if s.flops >= DOMINANT * steps[0].flops] if steps else []
+
+
+def granularity(plans, nranks: int) -> dict:
+    """{target, tasks_per_rank, met}: the fewest block tasks per rank of a dominant step
+    of ``plans`` on ``nranks`` ranks against TASKS_PER_RANK."""
+    from tessera.plan.blocktasks import task_count
+    fewest = min((task_count(s) for s in dominant_steps(plans)), default=0) / nranks
+    return {"target": TASKS_PER_RANK, "tasks_per_rank": fewest, "met": fewest >= TASKS_PER_RANK}
+
+
+def granular_tiles(structure, nranks: int, min_occ: int, pieces: bool = True) -> tuple | None:
+    """(tile, occ_tile, worst max/mean) by the rule of the module docstring: among tiles
+    of at least MIN_OCC_TILE and occupied tiles of at least ``min_occ`` that balance every
+    class, the largest whose dominant steps have TASKS_PER_RANK tasks per rank, else the
+    ones with the most; None when no such tiles balance every class."""
+    memo: dict = {}
+    seen, best = set(), None
+    for tile in [t for t in TILES if t >= max(min_occ, MIN_OCC_TILE)]:
+        for occ_tile in [t for t in OCC_TILES if min_occ <= t <= tile]:
+            tiling = tuple(_signature(t) for t in structure.stored(tile, occ_tile).values())
+            if tiling in seen:
+                continue
+            seen.add(tiling)
+            worst = worst_class(structure.stored, tile, occ_tile, nranks, memo, stop=BALANCE, pieces=pieces)[1]
+            if worst > BALANCE:
+                continue
+            g = granularity(structure(tile, occ_tile).plans, nranks)
+            if g["met"]:
+                return tile, occ_tile, worst
+            if best is None or g["tasks_per_rank"] > best[0]:
+                best = (g["tasks_per_rank"], tile, occ_tile, worst)
+    return best and best[1:]
+
+
 def run_tiles(structure, nranks: int, budget: float | None, pieces: bool = True) -> tuple:
     """(tile, occ_tile, worst, binds) of a run on ``nranks`` ranks (module docstring):
     ``binds`` is what ``binding`` then judges the run's candidates by, None (every class)
     when tiles with occupied tiles of at least min(MIN_OCC_TILE, active occupied) balance
-    every class, else ``budget``; then the tiles are the least unbalanced of those, where
-    the classes that matter are balanced, else the largest at which they are."""
+    every class (then the tiles are ``granular_tiles``'), else ``budget``; then the tiles
+    are the least unbalanced of those, where the classes that matter are balanced, else
+    the largest at which they are."""
     if budget is None or nranks == 1:
         return (*balanced_tiles(structure.stored, nranks, budget, pieces=pieces), budget)
-    *tiles, worst = balanced_tiles(structure.stored, nranks, min_occ=min(MIN_OCC_TILE, structure.nocc),
-                                   min_tile=MIN_OCC_TILE, pieces=pieces)
-    if worst <= BALANCE:
-        return (*tiles, worst, None)
+    floor = min(MIN_OCC_TILE, structure.nocc)
+    if found := granular_tiles(structure, nranks, floor, pieces):
+        return (*found, None)
+    *tiles, worst = balanced_tiles(structure.stored, nranks, min_occ=floor, min_tile=MIN_OCC_TILE, pieces=pieces)
     worst = worst_class(structure.stored, *tiles, nranks, budget=budget, pieces=pieces)[1]
     if worst <= BALANCE:
         return (*tiles, worst, budget)

@@ -15,8 +15,10 @@ returns, per rank:
 - ``triples`` (with (T)): its tasks in all and per rank, the bytes of rows they read
   (in all and per rank, the mean; what the tasks request, before any row cache) and the
   most one task holds, and its budget, ``budget_bytes`` (``chem.triples_tasks.plan_counts``);
-- ``steps``: the dominant contraction steps (largest flops first) with their block
-  tasks, tasks per rank and the busiest rank's flops over the mean;
+- ``steps``: the dominant contraction steps (``backends.balance.dominant_steps``, largest
+  flops first) with their block tasks, tasks per rank and the busiest rank's flops over
+  the mean; ``granularity``: the fewest tasks per rank among them against the target
+  (``backends.balance.granularity``) and whether every class is balanced;
 - ``executors``: for each executor and variant, bytes moved per rank per iteration,
   memory per rank (stored + held + working, ``backends.auto.memory_parts``) against the
   budget (memory per node / ranks per node) and seconds per iteration from the
@@ -27,13 +29,13 @@ returns, per rank:
   ghost rank per node (progress ``auto``): the executors' figures are for the
   ``workers`` (ranks minus ghosts), the class table above for all ranks.
 
-Without ``--tile`` the tiles are the largest at which every stored class is spread with
-max/mean <= 1.5 (``backends.balance``; a small molecule on many ranks needs small tiles,
-and the estimates show what they cost in block products); with a --tile that leaves a
-class above 1.5, one warning line names it. A run balances every class too where
-occupied tiles no thinner than ``MIN_OCC_TILE`` do it (``backends.balance.run_tiles``), else only the
-classes that matter for its memory budget (more than 1/32 of it on one rank): when its
-rule allows larger tiles, one note line names them (``run_tiles`` in the JSON). Distributed (T) takes its occupied
+Without ``--tile`` the tiles are a run's (``backends.balance.run_tiles``): the largest,
+with tiles and occupied tiles no thinner than ``MIN_OCC_TILE``, at which every stored
+class is spread with max/mean <= 1.5 and every dominant step has at least
+``TASKS_PER_RANK`` block tasks per rank (else the finest such tiles; the ``Granularity:``
+line says which); where no such tiles balance every class, only the classes that matter for the
+memory budget (more than 1/32 of it on one rank) are balanced, said in a warning line.
+With a --tile that leaves a class above 1.5, one warning line names it. Distributed (T) takes its occupied
 task tile (and, by virtual tile, its windows) from the bytes one task may hold
 (``chem.triples_tasks.window_budget``): the rank's share of the (T) operands, no less than
 a floor set by o, v, the tiles and the machine, and no more than a quarter of the budget per rank.
@@ -48,16 +50,15 @@ import numpy as np
 
 from tessera.errors import InputError
 
-DOMINANT_STEPS = 6
 
-
-def dominant_steps(plans, nranks: int, limit: int = DOMINANT_STEPS) -> list:
-    """The ``limit`` contraction steps of most flops: block tasks, per rank, balance."""
+def dominant_steps(plans, nranks: int) -> list:
+    """The dominant contraction steps (``backends.balance.dominant_steps``): block tasks,
+    per rank, balance."""
+    from tessera.backends.balance import dominant_steps as dominant
     from tessera.plan.blocktasks import task_arrays
     from tessera.runtime.distribution import makespan
-    steps = sorted((s for p in plans for s in p.steps if s.kind == "contract"), key=lambda s: -s.flops)
     out = []
-    for step in steps[:limit]:
+    for step in dominant(plans):
         ta = task_arrays(step)
         flops = 2 * ta.m[ta.task] * ta.k * ta.n[ta.task]
         total = int(flops.sum())
@@ -74,19 +75,20 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     from tessera.backends.auto import (COLLECTIVE_VARIANTS, ONESIDED_VARIANTS, estimate,
                                        memory_parts, structure_stats)
     from tessera.chem.ccsd import CCSDStructure
-    from tessera.backends.balance import BALANCE, balanced_tiles, class_balance, forced_tile_warning, run_tiles
+    from tessera.backends.balance import (BALANCE, MIN_OCC_TILE, class_balance, forced_tile_warning, granularity,
+                                          run_tiles)
     from tessera.chem.memory import triples_parts
     from tessera.backends.budget import memory_budget
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     structure = CCSDStructure(orbsym, nocc, nfrozen, distributed=True)
-    warning = taken = None
-    if tile is None:
-        tile, occ_tile, worst = balanced_tiles(structure.stored, nranks)
-        *taken, _, binds = run_tiles(structure, nranks, budget)
-        taken = {"tile": taken[0], "occ_tile": taken[1], "every_class": binds is None}
-        if worst > BALANCE:
-            warning = (f"no tiles spread every class with max/mean <= {BALANCE} over {nranks} ranks "
-                       f"(too few blocks); these are the least unbalanced ({worst:.2f})")
+    warning, given = None, tile is not None
+    if not given:
+        tile, occ_tile, worst, binds = run_tiles(structure, nranks, budget)
+        if binds is not None:
+            warning = (f"no tiles of {MIN_OCC_TILE} or more spread every class with max/mean <= {BALANCE} over "
+                       f"{nranks} ranks (too few blocks); these balance only the classes that hold more than "
+                       "1/32 of the memory per rank" + ("" if worst <= BALANCE else
+                                                       f", and not even those: the least unbalanced ({worst:.2f})"))
     else:
         warning = forced_tile_warning(structure.stored, tile, occ_tile, nranks)
     occ_tile = occ_tile or tile
@@ -98,6 +100,8 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     workers = nranks - ghosts * -(-nranks // rpn)
     stats = structure_stats(lambda *_: run, tile, occ_tile, workers)
     memory = class_balance(structure.stored(tile, occ_tile), nranks)
+    granular = {**granularity(run.plans, nranks),
+                "every_class": all(m["max_over_mean"] <= BALANCE for m in memory.values())}
     triples = None
     if method == "ccsd(t)":
         from tessera.chem.triples_tasks import plan_counts
@@ -122,7 +126,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     return {"ranks": nranks, "ranks_per_node": ranks_per_node, "nodes": -(-nranks // rpn), "workers": workers,
             "ghosts_per_node": ghosts,
             "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile, "tile_warning": warning,
-            "run_tiles": taken, "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
+            "tile_given": given, "granularity": granular, "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
             "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
             "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, nranks),
             "executors": executors,
@@ -138,18 +142,17 @@ def _size(n: float) -> str:
 
 def render(sim: dict) -> str:
     from tessera.backends.balance import MIN_OCC_TILE
+    g = sim["granularity"]
     ghosts = f", {sim['workers']} workers beside one ghost per node" if sim["ghosts_per_node"] else ""
     lines = [f"Simulated machine: {sim['ranks']} ranks, {sim['ranks_per_node']} per node ({sim['nodes']} nodes{ghosts}), "
              f"{_size(sim['memory_budget_per_rank']).strip()} per rank; tiles o {sim['tiles']['o']} "
              f"v {sim['tiles']['v']} (o={sim['nocc']}, v={sim['nvir']})",
              *([f"warning: {sim['tile_warning']}"] if sim.get("tile_warning") else []),
-             *([f"note: these tiles balance every class; a run with this budget considers tiles {taken['tile']}/"
-                f"{taken['occ_tile']}, at which "
-                + (f"every class is balanced too (occupied tiles of {MIN_OCC_TILE} or more)" if taken["every_class"] else
-                   "only the classes that hold more than 1/32 of it on a rank are balanced (balancing every "
-                   f"class needs occupied tiles thinner than {MIN_OCC_TILE})")]
-               if (taken := sim.get("run_tiles")) and (taken["tile"], taken["occ_tile"]) != (sim["tile"], sim["occ_tile"])
-               else []),
+             f"Granularity: the dominant steps have {g['tasks_per_rank']:.2f} block tasks per rank or more "
+             f"(target {g['target']}" + (")" if g["met"] else
+                                         ", not reached: " + ("the tiles given (--tile)" if sim["tile_given"] else
+                                         f"the finest tiles a run cuts, tiles of {MIN_OCC_TILE} or more") + ")")
+             + ("" if g["every_class"] else "; not every class within max/mean 1.5"),
              "Memory per rank by tensor class (blocks placed as a run places them):",
              f"  {'class':8s} {'max':>12s} {'mean':>12s} {'max/mean':>9s}"]
     for name, m in sim["memory_per_rank"].items():

@@ -68,23 +68,44 @@ def _layout(step) -> tuple:
     return sig, perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None
 
 
+def _outputs(rows, cols, perm_c, aliases) -> list:
+    """(r, c, output key) of a sector's output tile pairs in task order, less the
+    output's ``aliases`` (blocks stored as another, canonical block)."""
+    identity = perm_c == tuple(range(len(perm_c)))
+    out = []
+    for r, rk in enumerate(rows.tuples):
+        for c, ck in enumerate(cols.tuples):
+            key = rk + ck
+            okey = key if identity else tuple(key[p] for p in perm_c)
+            if not (aliases and okey in aliases):
+                out.append((r, c, okey))
+    return out
+
+
+def task_count(step) -> int:
+    """The number of ``contraction_tasks(step)`` (output blocks), counted without listing
+    their products."""
+    return _task_count(*_layout(step))
+
+
+@lru_cache(maxsize=4096)
+def _task_count(sig, perm_a, perm_b, perm_c, aliases=None) -> int:
+    if not aliases:
+        return sum(len(rows.tuples) * len(cols.tuples) for _, rows, _, cols in sig)
+    return sum(len(_outputs(rows, cols, perm_c, aliases)) for _, rows, _, cols in sig)
+
+
 @lru_cache(maxsize=4096)
 def _tasks(sig, perm_a, perm_b, perm_c, aliases=None) -> tuple:
-    identity = perm_c == tuple(range(len(perm_c)))
     out = []
     for n, (_, rows, inner, cols) in enumerate(sig):
         akeys = [[invert_key(rk + kk, perm_a) for kk in inner.tuples] for rk in rows.tuples]
         bkeys = [[invert_key(kk + ck, perm_b) for ck in cols.tuples] for kk in inner.tuples]
-        for r, rk in enumerate(rows.tuples):
-            for c, ck in enumerate(cols.tuples):
-                key = rk + ck
-                okey = key if identity else tuple(key[p] for p in perm_c)
-                if aliases and okey in aliases:
-                    continue
-                prods = tuple(Product(akeys[r][q], bkeys[q][c], inner.sizes[q], q)
-                              for q in range(len(inner.tuples)))
-                out.append(OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c],
-                                      rows.shapes[r] + cols.shapes[c], prods))
+        for r, c, okey in _outputs(rows, cols, perm_c, aliases):
+            prods = tuple(Product(akeys[r][q], bkeys[q][c], inner.sizes[q], q)
+                          for q in range(len(inner.tuples)))
+            out.append(OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c],
+                                  rows.shapes[r] + cols.shapes[c], prods))
     return tuple(out)
 
 
@@ -117,19 +138,14 @@ def _arrays(sig, perm_a, perm_b, perm_c, aliases=None) -> TaskArrays:
     # the tasks and products of ``_tasks``, in its order, from the sector layouts alone:
     # A block (r, q) and B block (q, c) of a sector numbered from the sector's base, then
     # renumbered over the blocks the tasks use
-    identity = perm_c == tuple(range(len(perm_c)))
     outs, parts, bases = [], [], []
     a_base = b_base = ntask = 0
     for _, rows, inner, cols in sig:
         nq, nc = len(inner.tuples), len(cols.tuples)
         kept = []
-        for r, rk in enumerate(rows.tuples):
-            for c, ck in enumerate(cols.tuples):
-                key = rk + ck
-                okey = key if identity else tuple(key[p] for p in perm_c)
-                if not (aliases and okey in aliases):
-                    kept.append((r, c))
-                    outs.append(okey)
+        for r, c, okey in _outputs(rows, cols, perm_c, aliases):
+            kept.append((r, c))
+            outs.append(okey)
         r, c = np.array(kept, dtype=np.int64).reshape(-1, 2).T
         q = np.tile(np.arange(nq), len(kept))
         parts.append((np.asarray(rows.sizes, dtype=np.int64)[r], np.asarray(cols.sizes, dtype=np.int64)[c],
