@@ -23,7 +23,8 @@ def blas() -> str:
     if not libs:
         return "unknown"
     i = libs[0]
-    return " ".join(str(x) for x in (i.get("internal_api"), i.get("version")) if x)
+    kernels = f"({i['architecture']} kernels)" if i.get("architecture") else None   # OpenBLAS's choice for the CPU
+    return " ".join(str(x) for x in (i.get("internal_api"), i.get("version"), kernels) if x)
 
 
 def header_lines(backend: str) -> list:
