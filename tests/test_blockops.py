@@ -328,3 +328,14 @@ def test_freed_working_memory_reused_until_given_back():
     give_back_freed_memory()
     again = faults_touching_arrays()
     assert first > 0 and 4 * reused < first and 2 * again > first
+
+
+def test_numpy_arrays_on_base_pages_once_memory_is_kept():
+    """``heap.keep_freed_memory`` turns off numpy's request for transparent huge pages
+    (its ``madvise(MADV_HUGEPAGE)`` for arrays of 4 MiB or more): the switch, asked to
+    stay off, reports it was off."""
+    from tessera.backends.heap import keep_freed_memory
+    multiarray = pytest.importorskip("numpy._core.multiarray")
+    if not keep_freed_memory() or not hasattr(multiarray, "_set_madvise_hugepage"):
+        pytest.skip("no mallopt in the C library or no huge-page switch in numpy")
+    assert multiarray._set_madvise_hugepage(False) is False
