@@ -148,7 +148,7 @@ def test_constant_gather_served_by_its_transpose_or_symmetric_twin(backend, monk
     # W[iabc] (rows iab) and W[jcba] (rows a) are read in place; W[kcdb] is gathered and
     # cached, and F's gather is its twin
     assert gathered.count("W") == 1 and len(ctx._cache) == 1
-    assert sum(m is not None for m in ctx._in_place.values()) == 2
+    assert sum(m is not None for _, m in ctx._in_place.values()) == 2
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -184,8 +184,16 @@ def test_constant_left_operand_read_in_place_equal_einsum(backend, monkeypatch):
         _close(P.to_dense(), np.einsum("jcba,ijbc->ia", w, u))
         _close(S.to_dense(), np.einsum("iacb,ca->ib", w, x))
         _close(Y.to_dense(), np.einsum("kc,kcab->ab", s, w))
-        assert sum(m is not None for m in ctx._in_place.values()) == 3
+        assert sum(m is not None for _, m in ctx._in_place.values()) == 3
     assert gathered.count("W") == 4                     # two per context: S and Y
+    with ts.Context(backend) as ctx:
+        for _ in range(2):
+            with ts.equations():
+                Q["iabj"] = W["iabc"] * t1["jc"]
+            _close(Q.to_dense(), np.einsum("iabc,jc->iabj", W.to_dense(), s))
+            key = next(iter(W.blocks))
+            W.store_block(key, W.blocks[key] + 1.0)    # a new version: read anew, the stale entry replaced
+        assert len(ctx._in_place) == 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -284,11 +284,13 @@ class Context:
         if not t.constant:
             return self._batch_gathered(ref, perm, layouts)
         key = (t.version,) + _gather_key(t, perm, layouts)
-        if left:
-            if key not in self._in_place:
-                self._in_place[key] = blockops.in_place_matrices(ref, perm, layouts)
-            if self._in_place[key] is not None:
-                return self._in_place[key]
+        if left:        # by layout, with the version: a stale entry holds no old blocks
+            version, mats = self._in_place.get(key[1:], (None, None))
+            if version != t.version:
+                mats = blockops.in_place_matrices(ref, perm, layouts)
+                self._in_place[key[1:]] = (t.version, mats)
+            if mats is not None:
+                return mats
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
