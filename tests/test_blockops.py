@@ -145,7 +145,55 @@ def test_constant_gather_served_by_its_transpose_or_symmetric_twin(backend, monk
     _close(P.to_dense(), np.einsum("jcba,ijbc->ia", w, u))
     _close(S.to_dense(), np.einsum("kcdb,ijcd->ijkb", w, u))
     _close(F.to_dense(), np.einsum("kbca,kc->ab", w, s))
-    assert gathered.count("W") == 2 and len(ctx._cache) == 2       # two cached gathers, no more
+    # W[iabc] (rows iab) and W[jcba] (rows a) are read in place; W[kcdb] is gathered and
+    # cached, and F's gather is its twin
+    assert gathered.count("W") == 1 and len(ctx._cache) == 1
+    assert sum(m is not None for _, m in ctx._in_place.values()) == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constant_left_operand_read_in_place_equal_einsum(backend, monkeypatch):
+    """A frozen left operand whose summed axes are a leading or trailing run of its blocks
+    is read from its blocks in place (``blockops.InPlaceMatrix``: no gather, nothing
+    cached), split by rows over tasks and with blocks missing (sparse: zero rows), on the
+    per-block and the flat output paths; results equal numpy.einsum. A non-run order
+    (summed axes in the middle) and a right operand are gathered as before."""
+    monkeypatch.setattr(blockops, "_TASK_FLOPS", 1e3)
+    o, v, rng = _spaces(29)
+    W = BlockTensor.random((o, v, v, v), 0, rng=rng, name="W", fill=0.7).freeze()
+    t1 = BlockTensor.random((o, v), 0, rng=rng, name="t1")
+    U = BlockTensor.random((o, o, v, v), 0, rng=rng, name="U")
+    Q, F = BlockTensor((o, v, v, o), 0, name="Q"), BlockTensor((v, v), 0, name="F")
+    X = BlockTensor.random((v, v), 0, rng=rng, name="X")
+    P, S, Y = BlockTensor((o, v), 0, name="P"), BlockTensor((o, v), 0, name="S"), BlockTensor((v, v), 0, name="Y")
+    gathered = []
+    gather_tasks = blockops.gather_tasks
+    monkeypatch.setattr(blockops, "gather_tasks", lambda ref, *args: gathered.append(ref.tensor.name)
+                        or gather_tasks(ref, *args))
+    for flat in (True, False):
+        monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 1 << 30 if flat else 0)
+        with ts.Context(backend) as ctx, ts.equations():
+            Q["iabj"] = W["iabc"] * t1["jc"]            # trailing run c
+            F["ab"] = 2.0 * W["kcab"] * t1["kc"]        # leading run kc
+            P["ia"] = W["jcba"] * U["ijbc"]             # leading run jcb
+            S["ib"] = W["iacb"] * X["ca"]               # summed axes in the middle: gathered
+            Y["ab"] = t1["kc"] * W["kcab"]              # W on the right: gathered
+        w, s, u, x = W.to_dense(), t1.to_dense(), U.to_dense(), X.to_dense()
+        _close(Q.to_dense(), np.einsum("iabc,jc->iabj", w, s))
+        _close(F.to_dense(), 2.0 * np.einsum("kcab,kc->ab", w, s))
+        _close(P.to_dense(), np.einsum("jcba,ijbc->ia", w, u))
+        _close(S.to_dense(), np.einsum("iacb,ca->ib", w, x))
+        _close(Y.to_dense(), np.einsum("kc,kcab->ab", s, w))
+        assert sum(m is not None for _, m in ctx._in_place.values()) == 3
+    assert gathered.count("W") == 4                     # two per context: S and Y
+    with ts.Context(backend) as ctx:
+        for _ in range(2):
+            with ts.equations():
+                Q["iabj"] = W["iabc"] * t1["jc"]
+            _close(Q.to_dense(), np.einsum("iabc,jc->iabj", W.to_dense(), s))
+            key = next(iter(W.blocks))
+            W.store_block(key, W.blocks[key] + 1.0)    # a new version: read anew, the stale entry replaced
+        assert len(ctx._in_place) == 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -56,6 +56,61 @@ def gather_tasks(ref, perm, layouts: dict, into: dict, workers: int = 1) -> list
     return [partial(_gather_one, perm, part) for part in _even_parts(copies, workers)]
 
 
+class InPlaceMatrix:
+    """A sector's left GEMM operand read from its tensor's blocks in place: each block,
+    transposed by the gather's permutation and reshaped to (rows, inner), is a view
+    (the summed axes are a leading or trailing run of the stored block: BLAS reads it
+    with a transpose flag), so nothing is copied or kept. ``entries``: (first row, end
+    row, first inner, end inner, view) of its blocks; ``self[r0:r1]`` its rows r0:r1;
+    ``self @ B`` the product, a GEMM per block summed over the inner tuples."""
+
+    nbytes = 0          # views only: nothing of its own
+
+    def __init__(self, shape: tuple, entries: list):
+        self.shape, self.entries = shape, entries
+
+    def __getitem__(self, rows: slice) -> "InPlaceMatrix":
+        r0, r1, _ = rows.indices(self.shape[0])
+        return InPlaceMatrix((r1 - r0, self.shape[1]), [
+            (max(a, r0) - r0, min(b, r1) - r0, i0, i1, v[max(a, r0) - a:min(b, r1) - a])
+            for a, b, i0, i1, v in self.entries if a < r1 and b > r0])
+
+    def __matmul__(self, bmat: np.ndarray) -> np.ndarray:
+        return self.matmul_into(bmat, np.empty((self.shape[0], bmat.shape[1])))
+
+    def matmul_into(self, bmat: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out = self @ bmat: the first block of a row range writes its rows, the others add."""
+        written = np.zeros(self.shape[0], bool)
+        for a, b, i0, i1, view in self.entries:
+            if written[a]:
+                out[a:b] += view @ bmat[i0:i1]
+            else:
+                np.matmul(view, bmat[i0:i1], out=out[a:b])
+                written[a:b] = True
+        out[~written] = 0.0
+        return out
+
+
+def in_place_matrices(ref, perm, layouts: dict) -> dict | None:
+    """``{g: InPlaceMatrix}`` of ``ref``'s sector matrices (``gather_tasks``' layouts) when
+    every stored block of every sector transposes and reshapes to its place without a
+    copy; else None."""
+    blocks = ref.tensor.blocks
+    out = {}
+    for g, (rows, cols) in layouts.items():
+        entries = []
+        for key, rsl, csl, _ in gather_map(rows, cols, perm):
+            blk = blocks.get(key)
+            if blk is None:
+                continue
+            view = blk.transpose(perm).reshape(rsl.stop - rsl.start, csl.stop - csl.start)
+            if not np.may_share_memory(view, blk):
+                return None
+            entries.append((rsl.start, rsl.stop, csl.start, csl.stop, view))
+        out[g] = InPlaceMatrix((rows.total, cols.total), entries)
+    return out
+
+
 def _even_parts(items: list, workers: int) -> list:
     """``items`` ((thing, rows, elements) each) cut into ``workers`` x k lists of equal
     elements, about ``_GATHER_ELEMENTS`` each (one list below ``_FLAT_ELEMENTS``), to whole rows of a thing's first axis:
@@ -124,7 +179,10 @@ def _gemm_tasks(sec, amats: dict, bmats: dict, cmat: np.ndarray, workers: int, s
 
 
 def _gemm_one(amat, bmat, cmat, scale: float) -> None:
-    np.matmul(amat, bmat, out=cmat)
+    if isinstance(amat, InPlaceMatrix):
+        amat.matmul_into(bmat, cmat)
+    else:
+        np.matmul(amat, bmat, out=cmat)
     if scale != 1.0:
         cmat *= scale
 
@@ -211,7 +269,10 @@ def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> tupl
     for sec in step.sectors:
         if sec.inner.total == 1:        # an outer product (t1 x t1): each block made where it is added
             entries = scatter_map(sec.rows, sec.cols, cperm, aliases, 0, len(sec.rows.tuples))
-            amat, bmat = amats[sec.irrep][:, 0] * step.scale, bmats[sec.irrep][0]
+            amat = amats[sec.irrep]
+            if isinstance(amat, InPlaceMatrix):       # its one column
+                amat = amat @ np.ones((1, 1))
+            amat, bmat = amat[:, 0] * step.scale, bmats[sec.irrep][0]
             first += [partial(_outer_one, step.out.tensor, transpose, amat, bmat, entries[i::workers])
                       for i in range(min(workers, len(entries)))]
             continue

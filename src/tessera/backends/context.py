@@ -37,6 +37,12 @@ from tessera.profile.records import Recorder
 from tessera.tensor.block_tensor import reset_storage, symmetry_group, use_storage
 
 CACHE_BYTES = 2 << 30      # gathered matrices of constant tensors a context keeps, at most
+# a constant's left operand is read in place (``_gathered``) in a product of at most this
+# many columns: a GEMM bound by reading A once (t1 and one-body products: o columns or one),
+# where the blocks' smaller GEMMs cost what one GEMM on a gathered copy does; wider ones
+# run near BLAS peak, where per-block GEMMs and their sums were slower (the ladder's V+-
+# of glycine cc-pVDZ: 0.061 -> 0.065 s of CPU per GEMM)
+IN_PLACE_COLUMNS = 64
 
 _current: contextvars.ContextVar = contextvars.ContextVar("tessera_context", default=None)
 _default = None
@@ -75,6 +81,7 @@ class Context:
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict = OrderedDict()     # (uid, version, layout ids) -> matrices
         self._permuted_flats: dict = {}     # constants' flat vectors in another order (_permuted)
+        self._in_place: dict = {}   # constants' left operands read from their blocks (_gathered)
         # regions run here: time, flops (a run's contexts may share one recorder)
         self.profile = recorder if recorder is not None else Recorder()
         self._tokens: list = []
@@ -103,6 +110,7 @@ class Context:
         self.executor.close()
         self._cache.clear()
         self._permuted_flats.clear()
+        self._in_place.clear()
         give_back_freed_memory()
 
     def _blas_limit(self):
@@ -116,6 +124,7 @@ class Context:
         (``heap.give_back_freed_memory``)."""
         self._cache.clear()
         self._permuted_flats.clear()
+        self._in_place.clear()
         give_back_freed_memory()
 
     def record_step(self, step, seconds: float, start: float | None = None) -> None:
@@ -229,7 +238,9 @@ class Context:
         elif step.kind == "hadamard":
             run(blockops.hadamard_tasks(step))
         elif step.kind == "contract":
-            amats, bmats = (self._gathered(*operand) for operand in _operands(step))
+            (a, aperm, alayouts), b = _operands(step)
+            left = all(s.cols.total <= IN_PLACE_COLUMNS for s in step.sectors)
+            amats, bmats = self._gathered(a, aperm, alayouts, left), self._gathered(*b)
             if small_blocks(step.out.tensor):       # products end to end, then one add into the output
                 index, total = scatter_index(step.out.tensor, step.perms["c"], step.sectors)
                 products = np.empty(total + 1)
@@ -263,11 +274,23 @@ class Context:
         return sum(v.nbytes for _, v in self._permuted_flats.values()) + \
             sum(m.nbytes for v in self._cache.values() for m in v.values())
 
-    def _gathered(self, ref, perm, layouts) -> dict:
+    def _gathered(self, ref, perm, layouts, left: bool = False) -> dict:
+        """The sector matrices of an operand. A constant's ``left`` operand (A of A @ B,
+        in a product of few columns: ``IN_PLACE_COLUMNS``) whose blocks all reshape to
+        their places without a copy is read from its blocks in place
+        (``blockops.InPlaceMatrix``): no gathered copy made or kept (CCSD's ovvv and ovov
+        in the t1 and one-body products)."""
         t = ref.tensor
         if not t.constant:
             return self._batch_gathered(ref, perm, layouts)
         key = (t.version,) + _gather_key(t, perm, layouts)
+        if left:        # by layout, with the version: a stale entry holds no old blocks
+            version, mats = self._in_place.get(key[1:], (None, None))
+            if version != t.version:
+                mats = blockops.in_place_matrices(ref, perm, layouts)
+                self._in_place[key[1:]] = (t.version, mats)
+            if mats is not None:
+                return mats
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
