@@ -62,6 +62,7 @@ from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
+from tessera.chem.triples_stream import Chunks, StreamTables, StreamTripleKernel, stream_requests
 from tessera.chem.triples_window import (Windows, WindowTables, WindowTripleKernel, bytes_per_row,
                                          deal_weights, task_bytes, window_reads, window_tiles, window_width)
 from tessera.tensor.block_tensor import allowed_elements
@@ -95,11 +96,12 @@ def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None,
     return int(occ_tile), vblock, batch, pool_bytes(lay, vblock, batch)
 
 
-def pool_bytes(lay: VirtualLayout, vblock, batch: int, blocks=None) -> int:
+def pool_bytes(lay: VirtualLayout, vblock, batch: int, blocks=None, k: int | None = None) -> int:
     """Bytes of one thread's kernel buffers (whole-space kernel when ``vblock`` is None;
-    ``blocks``: the windows' kernel blocks, ``Windows.blocks``)."""
+    ``blocks``: the windows' kernel blocks, ``Windows.blocks``; ``k``: the widest
+    contracted chunk, streamed tasks)."""
     sizes = (TripleKernel.pool_sizes(lay, batch) if vblock is None
-             else blocked_pool_sizes(lay, vblock, batch, blocks))
+             else blocked_pool_sizes(lay, vblock, batch, blocks, k))
     return 8 * sum(max(n, 1) for n in sizes)
 
 
@@ -393,9 +395,9 @@ class _Ledger:
     """Bytes held per source tensor now, and the peaks (total and per source)."""
 
     def __init__(self):
-        self.now = dict.fromkeys(SOURCES, 0)
+        self.now = dict.fromkeys(SOURCES + ("W",), 0)       # W: a streamed task's accumulated W
         self.peak = 0
-        self.peak_by = dict.fromkeys(SOURCES, 0)
+        self.peak_by = dict.fromkeys(SOURCES + ("W",), 0)
 
     def add(self, nbytes: dict, sign: int = 1) -> None:
         for s, b in nbytes.items():
@@ -412,7 +414,8 @@ class TriplesTasks:
     buffers per thread)."""
 
     def __init__(self, ints, t1, t2, occ_tile, cache_mb, resident: bool, vblock=None, kernel_mb=None,
-                 nranks: int = 1, memory_bytes: float | None = None, ranks_per_node: int | None = None):
+                 nranks: int = 1, memory_bytes: float | None = None, ranks_per_node: int | None = None,
+                 chunks: int | None = None):
         o, v = ints.o, ints.v
         self.ranks_per_node = ranks_per_node
         self.o, self.v, self.resident = o, v, resident
@@ -437,7 +440,13 @@ class TriplesTasks:
                                                budget, nranks, occ_tile)
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
             self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows.blocks)
-        elif not resident and occ_tile is None:
+        # windowed tasks in stages, the contracted f and m in chunks (chem.triples_stream)
+        self.stream = Chunks(lay, chunks) if chunks and chunks > 1 and self.windows is not None else None
+        self.stage = (None, -1)                          # streamed: (task, stage) need() set up
+        self.acc: dict = {}                              # streamed: W of the task's block triples
+        if self.stream is not None:
+            self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows.blocks, self.stream.widest)
+        elif not resident and occ_tile is None and self.windows is None:
             self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, budget, nranks)
             self.batch = min(self.batch, self.occ_tile)
             self.pool_bytes = pool_bytes(lay, None, self.batch)
@@ -508,7 +517,8 @@ class TriplesTasks:
                                  self.minimal_flops(), nranks, self.ranks_per_node)
             deal = {"schedule": "steal", "partition": "contiguous"}
         return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
-                       progress=True, forkable=self.resident, add_flops=self._add_flops, **deal)
+                       progress=True, forkable=self.resident, add_flops=self._add_flops,
+                       stages=self.stream.count if self.stream is not None else 1, **deal)
 
     def _add_flops(self, n: int) -> None:
         with self.lock:
@@ -526,9 +536,14 @@ class TriplesTasks:
         rank's previous task did not fetch (those it did are kept, the rest dropped): a
         rank calls need(i) then work(i) for one task after another (``dist_base.run_tasks``)."""
         t, window = self.tasks[task]
+        if self.stream is not None:      # the next stage of this task, or the first of a new one
+            at, stage = self.stage
+            self.stage = (task, stage + 1 if at == task and stage + 1 < self.stream.count else 0)
         if self.resident or not self.lay.ntrip[self.G[t]]:
             return []
         wanted = sorted(set(self.triples[t]))
+        if self.stream is not None:
+            return self._stream_need(wanted, window)
         if window is not None:
             out = []
             for x in wanted:
@@ -631,7 +646,7 @@ class TriplesTasks:
         t, window = self.tasks[task]
         a, b, c = self.triples[t]
         G = self.G[t]
-        if window is not None:
+        if window is not None and (self.stream is None or self.stage[1] == 0):
             with self.lock:
                 if self.runs and self.runs[-1][1] == task:
                     self.runs[-1][1] += 1
@@ -640,6 +655,8 @@ class TriplesTasks:
         if not self.lay.ntrip[G]:
             return 0.0
         wanted = sorted({a, b, c})
+        if self.stream is not None:
+            return self._stream_work(task, wanted, blocks)
         if window is not None:
             return self._window_work(task, wanted, blocks)
         if self.resident:
@@ -663,7 +680,8 @@ class TriplesTasks:
         if not hasattr(self.local, "pool"):
             self.local.pool = (TripleKernel.new_pool(self.lay, self.batch) if self.vblock is None
                                else BlockedTripleKernel.new_pool(self.lay, self.vblock, self.batch,
-                                                                 self.windows and self.windows.blocks))
+                                                                 self.windows and self.windows.blocks,
+                                                                 self.stream and self.stream.widest))
         return self.local.pool
 
     def _drop_kept(self, tag) -> None:
@@ -712,3 +730,67 @@ class TriplesTasks:
             self.held.add(tables.nbytes, -1)
         return energy
 
+
+    # ------------------------------------------------------------------ streamed (chunks)
+    def _stream_need(self, wanted: list, window) -> list:
+        """The requests of this stage (``triples_stream.stream_requests``) that the rank's
+        previous stage did not fetch (kept; the rest dropped), each once."""
+        self._stream_reqs = stream_requests(self.windows, self.stream, [self.tiles[x] for x in wanted], window,
+                                            self.stage[1])
+        out = {}
+        for name, key, part, _, _ in self._stream_reqs:
+            req = (self.tensors[name], key, part) if part else (self.tensors[name], key)
+            out[request_tag(req)] = req
+        with self.lock:
+            for tag in [tag for tag in self.kept if tag not in out]:
+                self._drop_kept(tag)
+        return [r for tag, r in out.items() if tag not in self.kept]
+
+    def _stream_work(self, task: int, wanted: list, blocks: dict) -> float:
+        """One stage of a streamed task: its rows into StreamTables, the chunk's W0 terms
+        added to the task's W (``acc``, from stage 0 to the last); at the last stage the
+        energy. Held: the stage's fetched copies and tables, and W."""
+        t, window = self.tasks[task]
+        stage = self.stage[1]
+        if stage == 0:
+            self.acc = {}
+        ytiles = {self.tiles[x][0]: (self.tiles[x][1] - self.tiles[x][0], self.tiles[x][2]) for x in wanted}
+        tables = StreamTables(self.windows, self.irrep, self.stream, stage, ytiles)
+        read, copies = 0, dict.fromkeys(SOURCES, 0)
+        for name, key, part, kind, place in self._stream_reqs:
+            tensor = self.tensors[name]
+            tag = (tensor.uid, key, part) if part else (tensor.uid, key)
+            if tag in blocks:
+                arr = blocks.pop(tag)
+                read += arr.nbytes
+                copy = key not in tensor.blocks          # owned blocks arrive as views
+                copies[name] += arr.nbytes if copy else 0
+                if copy and getattr(arr.base, "nbytes", 0) > arr.nbytes:
+                    arr = arr.copy()     # a part of a larger buffer: keep only the part
+                self.kept[tag] = (arr, name, copy)
+            tables.add(kind, self.kept[tag][0], place)
+        blocks.clear()
+        before = _acc_bytes(self.acc)
+        self.read[task] = self.read.get(task, 0) + read
+        self.held.add({s: copies[s] + tables.nbytes[s] for s in SOURCES})
+        inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, ov1=None, ov2=None, t2r=None, t2s=None,
+                           ooL=None, ovov=None)
+        kern = StreamTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows, window,
+                                  tables, self.acc)
+        I, J, K = (self.tiles[x][:2] for x in self.triples[t])
+        kern.tile_energy(I, J, K)
+        held = _acc_bytes(self.acc)
+        self.held.add({"W": held - before})
+        energy = 0.0
+        if stage == self.stream.count - 1:           # W complete: the energy, then W dropped
+            kern.adding = False
+            energy = kern.tile_energy(I, J, K)
+            self.held.add({"W": held}, -1)
+        self.flops += kern.flops
+        self.held.add(tables.nbytes, -1)
+        return energy
+
+
+def _acc_bytes(acc: dict) -> int:
+    """Bytes of a streamed task's W (``StreamTripleKernel``'s ``acc``)."""
+    return sum(w.nbytes for blocks in acc.values() for w in blocks.values())
