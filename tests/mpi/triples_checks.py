@@ -16,7 +16,8 @@ with the last rank slowed down (each task takes it five times as long, SLOW seco
 more at least) so that the others steal from it.
 Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
-the bytes moved by one-sided gets during (T).
+the bytes moved by one-sided gets during (T). The windowed runs again with the contracted
+indices streamed in STREAM_CHUNKS chunks (``streamed``).
 tests/test_triples_mpi.py checks them.
 """
 
@@ -48,6 +49,7 @@ WINDOW_TILE = 4          # h2o2_c1 again, operands fetched by virtual tile (wind
 WINDOW_COMBOS = [("mpi-onesided", "cached"), ("mpi-collective", "summa")]    # patches by get, by exchange
 COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
           ("mpi-collective", "summa", None)]
+STREAM_CHUNKS = 3        # window_run again, the contracted f and m fetched in 3 chunks (chem.triples_stream)
 SLOW = 0.005             # the slow-rank run: the last rank sleeps at least this long (s) per windowed task
 RUNS = {"None": {}, "4": {"occ_tile": 4},               # default and given occ_tile
         "4/vblock3": {"occ_tile": 4, "vblock": 3}}        # the kernel blocked in the virtual index too
@@ -99,7 +101,7 @@ def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
     return runs
 
 
-def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0):
+def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0, chunks=None):
     """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 7, and
     cache_mb 0.8 (windows 3 orbitals wide: the first virtual tile cut into 2 2 and fetched
     by patch, the others whole; T2 kept as canonical blocks, so half its rows are patches of
@@ -127,7 +129,8 @@ def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0):
                     return out
                 WindowTripleKernel.tile_energy = tile_energy
             try:
-                res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=7, cache_mb=0.8)
+                res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=7, cache_mb=0.8,
+                                         chunks=chunks)
             finally:
                 if slowed and own:
                     WindowTripleKernel.tile_energy = kernel
@@ -160,6 +163,8 @@ def main():
         if name == "h2o2_c1":
             out[name]["windows"] = {b: window_run(world, ref, t1, t2, b, v) for b, v in WINDOW_COMBOS}
             out[name]["slow_rank"] = window_run(world, ref, t1, t2, "mpi-onesided", "cached", slow=SLOW)
+            out[name]["streamed"] = {b: window_run(world, ref, t1, t2, b, v, chunks=STREAM_CHUNKS)
+                                     for b, v in WINDOW_COMBOS}
     if world.rank == 0:
         print(json.dumps({"nranks": world.size, "molecules": out,
                           "seconds": time.perf_counter() - t_start}), flush=True)
