@@ -42,7 +42,9 @@ are dealt in contiguous runs of near-equal estimated time, compute and reads
 of what another has left (``backends.schedule``'s ``steal``), again a contiguous run, so
 a slow rank does not hold up the others and the rows stay shared along each run.
 ``TriplesResult.rank_runs`` says which runs each rank ran; ``sequence_reads`` what they
-read.  ``plan_counts`` counts tasks and rows read (``window_reads``: the static deal,
+read.  With ``chunks`` (C > 1) a windowed task runs in C stages, each
+fetching one chunk of the contracted indices (``chem.triples_stream``; not counted by
+``plan_counts``, which plans the unstreamed tasks).  ``plan_counts`` counts tasks and rows read (``window_reads``: the static deal,
 no steals) from structure alone, for ``tessera plan --ranks``.
 """
 
