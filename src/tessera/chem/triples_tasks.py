@@ -691,6 +691,20 @@ class TriplesTasks:
         arr, name, copy = self.kept.pop(tag)
         self.held.add({name: arr.nbytes if copy else 0}, -1)
 
+    def _keep(self, tag, name: str, key, blocks: dict) -> tuple:
+        """(rows, bytes that arrived) of request ``tag``: arrived in ``blocks`` (kept for the
+        rank's next task or stage; a copy's bytes go to the ledger by the caller) or kept."""
+        with self.lock:
+            if tag not in blocks:
+                return self.kept[tag][0], 0
+            arr = blocks.pop(tag)
+            copy = key not in self.tensors[name].blocks          # owned blocks arrive as views
+            nbytes = arr.nbytes
+            if copy and getattr(arr.base, "nbytes", 0) > arr.nbytes:
+                arr = arr.copy()     # a part of a larger buffer: keep only the part
+            self.kept[tag] = (arr, name, copy)
+            return arr, nbytes
+
     def _window_work(self, task: int, wanted: list, blocks: dict) -> float:
         """A windowed task: its rows (kept from the previous task or fetched) into
         WindowTables, the kernel on the window's block triples; the tables are dropped
@@ -705,18 +719,9 @@ class TriplesTasks:
                 for key, part, pieces in reqs:
                     part = (rows or ()) + part
                     tag = (tensor.uid, key, part) if part else (tensor.uid, key)
-                    if tag in blocks:
-                        arr = blocks[tag]
-                        read += arr.nbytes
-                        copy = key not in tensor.blocks          # owned blocks arrive as views
-                        copies[name] += arr.nbytes if copy else 0
-                        if copy and getattr(arr.base, "nbytes", 0) > arr.nbytes:
-                            arr = arr.copy()     # a part of a larger buffer: keep only the part
-                        with self.lock:
-                            self.kept[tag] = (arr, name, copy)
-                    else:
-                        with self.lock:
-                            arr = self.kept[tag][0]
+                    arr, got = self._keep(tag, name, key, blocks)
+                    read += got
+                    copies[name] += got if key not in tensor.blocks else 0
                     tables.add(name, key, arr, s0, pieces)
         blocks.clear()
         with self.lock:
@@ -762,15 +767,10 @@ class TriplesTasks:
         for name, key, part, kind, place in self._stream_reqs:
             tensor = self.tensors[name]
             tag = (tensor.uid, key, part) if part else (tensor.uid, key)
-            if tag in blocks:
-                arr = blocks.pop(tag)
-                read += arr.nbytes
-                copy = key not in tensor.blocks          # owned blocks arrive as views
-                copies[name] += arr.nbytes if copy else 0
-                if copy and getattr(arr.base, "nbytes", 0) > arr.nbytes:
-                    arr = arr.copy()     # a part of a larger buffer: keep only the part
-                self.kept[tag] = (arr, name, copy)
-            tables.add(kind, self.kept[tag][0], place)
+            arr, got = self._keep(tag, name, key, blocks)
+            read += got
+            copies[name] += got if key not in tensor.blocks else 0
+            tables.add(kind, arr, place)
         blocks.clear()
         before = _acc_bytes(self.acc)
         self.read[task] = self.read.get(task, 0) + read
