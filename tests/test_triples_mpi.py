@@ -215,3 +215,17 @@ def test_rows_travel_by_the_executors_means(nranks):
                     assert run["get_bytes"] == 0, (name, combo, ot)
                 else:
                     assert run["get_bytes"] > 0, (name, combo, ot)
+
+
+def test_the_budget_rule_streams_where_no_unstreamed_task_fits():
+    """H2O2 C1 (o = 9, v = 13) windowed on 2 ranks with no chunks given and a budget
+    (``cache_mb`` 0.04, 41.9 kB) below even a one-orbital unstreamed task of one-orbital
+    windows (``task_bytes``, 44.5 kB): the budget rule (``stream_plan``) streams the tasks
+    in C > 1 stages of one-orbital task tiles; E(T) the serial one's to 1e-9 and the
+    unstreamed windowed run's to 1e-12, and a rank's peak below the unstreamed run's."""
+    mol = launch(2)["molecules"]["h2o2_c1"]
+    run, plain = mol["budget_streamed"], mol["windows"]["mpi-onesided"]
+    assert run["stages"] > 1 and run["task_tile"] == 1 and plain["stages"] == 1, (run["stages"], run["task_tile"])
+    assert abs(run["e_t"] - mol["e_serial"]["None"]) < E_TOL
+    assert abs(run["e_t"] - plain["e_t"]) < 1e-12, (run["e_t"], plain["e_t"])
+    assert max(run["peak_operand_bytes"]) < max(plain["peak_operand_bytes"])

@@ -77,6 +77,7 @@ class TriplesResult:
     rank_read_bytes: tuple = ()                  # per rank: rows its windowed tasks read (chem.triples_window)
     rank_runs: tuple = ()                        # per rank: (start, stop) of the windowed task ids it ran, in order
     rank_stolen: tuple = ()                      # per rank: of those, tasks taken from another rank's queue
+    stages: int = 1                              # chunks of the contracted indices per windowed task (chem.triples_stream)
 
 
 # --------------------------------------------------------------------------- layouts
@@ -792,7 +793,8 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     flops = int(ranks.allreduce(job.flops, "sum"))
     seconds = time.perf_counter() - t_start
     out = TriplesResult(energy, flops, len(task_set), seconds, job.minimal_flops(), task_tile=job.occ_tile,
-                        kernel_buffer_bytes=job.pool_bytes, virtual_block=job.vblock or 0)
+                        kernel_buffer_bytes=job.pool_bytes, virtual_block=job.vblock or 0,
+                        stages=job.stream.count if job.stream is not None else 1)
     if resident:
         _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP (%.3f x minimal), %.2f s, %.1f GFLOP/s; "
                   "task tile %d, virtual block %s", energy, len(task_set), flops / 1e9,

@@ -43,8 +43,8 @@ of what another has left (``backends.schedule``'s ``steal``), again a contiguous
 a slow rank does not hold up the others and the rows stay shared along each run.
 ``TriplesResult.rank_runs`` says which runs each rank ran; ``sequence_reads`` what they
 read.  With ``chunks`` (C > 1) a windowed task runs in C stages, each
-fetching one chunk of the contracted indices (``chem.triples_stream``; not counted by
-``plan_counts``, which plans the unstreamed tasks).  ``plan_counts`` counts tasks and rows read (``window_reads``: the static deal,
+fetching one chunk of the contracted indices (``chem.triples_stream``); the budget rule
+streams where the budget is below the unstreamed floor (``stream_plan``).  ``plan_counts`` counts tasks and rows read (``window_reads``: the static deal,
 no steals) from structure alone, for ``tessera plan --ranks``.
 """
 
@@ -79,6 +79,8 @@ OCC_TILE_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)     # occupied task ti
 MIN_WINDOW = 16
 READ_SHARE = 0.1           # distributed (T): the time a task reads rows, at most this share of its compute
 MAX_TASKS = 2**24          # distributed (T): windowed tasks at most (each rank weighs every task for the deal)
+STREAM_CHUNK = 16          # streamed (T) tasks: the narrowest chunk of a contracted index (the GEMMs' k)
+STREAM_TILES = (1, 2, 3, 4, 6, 8)     # streamed (T) tasks: occupied task tiles tried
 
 
 def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None, kernel_mb=None) -> tuple:
@@ -126,15 +128,18 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
     """Bytes one distributed (T) task may hold (windowed: its rows and tables; by whole
     rows: its rows, and the row cache): ``cache_mb`` when given, else the rank's share of
     the (T) operands ``tensors`` (ovvv, t2, ovov, ovoo: every allowed element, over
-    ``nranks``), so it falls as ranks grow, but never below ``task_floor`` and never above
-    WINDOW_SHARE of the rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
+    ``nranks``), so it falls as ranks grow, but never below the lesser of ``task_floor``
+    (unstreamed) and ``stream_floor`` (streamed tasks, set by the machine alone) and never
+    above WINDOW_SHARE of the rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
     if cache_mb is not None:
         return cache_mb * 2**20
     base = DEFAULT_CACHE_MB * 2**20
     cap = base if memory_bytes is None else max(base, WINDOW_SHARE * memory_bytes)
     share = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES) / nranks
-    floor = task_floor(tensors["t2"].spaces[0], tensors["t2"].spaces[2], nranks, ranks_per_node)
-    return min(cap, max(floor, share))
+    o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+    floor = task_floor(o, v, nranks, ranks_per_node)
+    streamed = stream_floor(o, v, nranks, ranks_per_node)
+    return min(cap, max(floor if streamed is None else min(floor, streamed[2]), share))
 
 
 def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
@@ -165,6 +170,61 @@ def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
     while width < nvir and not fits(width):
         width += 1
     return task_bytes(nocc, nvir, 1, width)
+
+
+def stream_bytes(nocc: int, nvir: int, occ_tile: int, width: int, cv: int, co: int) -> float:
+    """Bytes a streamed task (``chem.triples_stream``) holds at most (C1): one stage's rows,
+    fetched and tabled, 3 r rows of w^2 (c_v + c_o) + Y w (c_v + c_o) + Y w^2 doubles (r
+    ``occ_tile``, Y = 3 r, windows of three tiles ``width`` wide, w = 3 width, at most
+    v; chunks c_v, c_o), and W of its orbital triples, r^3 w^3 doubles: no term in o or v."""
+    w, Y, r = min(3 * width, nvir), min(3 * occ_tile, nocc), occ_tile
+    return 8 * (2 * 3 * r * (w * w * (cv + co) + Y * w * (cv + co) + Y * w * w) + r ** 3 * w ** 3)
+
+
+def stream_floor(o, v, nranks: int, ranks_per_node: int | None = None):
+    """(occ_tile, width, bytes) of the streamed task that holds least (``stream_bytes``,
+    chunks STREAM_CHUNK wide) among those whose reads take at most READ_SHARE of their
+    compute at the calibrated GEMM rate and bandwidth (as ``task_floor``): a streamed task
+    rereads its rows each task, 8 x 27 r wd (wd + r)(v + o) bytes for 72 r^3 wd^3 (v + o)
+    flops (C1), r^2 wd^2 / (3 (wd + r)) flops per byte whatever o and v; windows at least
+    MIN_WINDOW wide, at most MAX_TASKS tasks. None when none meets it (between nodes)."""
+    nocc, nvir = o.dim, v.dim
+    machine = Machine.calibrated()
+    balance = machine.gemm_flops_per_second / machine.on(nranks, ranks_per_node or nranks)["bandwidth"] / READ_SHARE
+    largest = max((tl.size for tl in o.tiles), default=1)
+    best = None
+    for r in (r for r in STREAM_TILES if r <= largest):
+        tasks = -(-nocc // r) ** 3 / 6
+        for width in range(min(MIN_WINDOW, nvir), nvir + 1):
+            if r * r * width * width < 3 * balance * (width + r) or tasks * (-(-nvir // width)) ** 3 / 6 > MAX_TASKS:
+                continue
+            held = stream_bytes(nocc, nvir, r, width, min(STREAM_CHUNK, nvir), min(STREAM_CHUNK, nocc))
+            if best is None or held < best[2]:
+                best = (r, width, held)
+            break                      # wider windows hold more
+    return best
+
+
+def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_node: int | None = None):
+    """(occ_tile, width, chunks) of streamed (T) tasks, or None (unstreamed): streamed when
+    ``budget`` is below the unstreamed floor (``task_floor``) and a streamed task fits it
+    in the fewest chunks (C > 1) whose ``stream_bytes`` fit: the task of ``stream_floor``
+    where it holds less than that floor; a budget given below even a one-orbital
+    unstreamed task of one-orbital windows, also a one-orbital task of the widest windows
+    (at most MIN_WINDOW) that fit, whatever its reads."""
+    floor = task_floor(o, v, nranks, ranks_per_node)
+    if budget >= floor:
+        return None
+    balanced = stream_floor(o, v, nranks, ranks_per_node)
+    tried = [balanced[:2]] if balanced is not None and balanced[2] < floor else []
+    if budget < task_bytes(o.dim, v.dim, 1, 1):
+        tried += [(1, width) for width in range(min(MIN_WINDOW, v.dim), 0, -1)]
+    nv, no = int(lay.n.max()), int(lay.no.max())
+    for r, width in tried:
+        for count in range(2, max(nv, no) + 1):
+            if stream_bytes(o.dim, v.dim, r, width, -(-nv // count), -(-no // count)) <= budget:
+                return r, width, count
+    return None
 
 
 def window_counts(win: Windows, tiles, triples, G) -> tuple:
@@ -320,7 +380,9 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     packed rows, twice: fetched and packed) and the kernel buffers of one thread, as the
     run's ``TriplesTasks`` sizes them for that plan. Depends on the tensors' spaces and
     irreps alone, so kept by them (``tessera plan --ranks`` asks twice: for the (T) memory
-    and for the task counts). Also the budget of one task (``window_budget``) and the row
+    and for the task counts). Streamed tasks (``stream_plan``; ``chunks`` > 1): the most
+    one holds is ``stream_bytes`` and the rows read every task's rows with the contracted
+    indices whole, no rows kept between tasks (an upper bound). Also the budget of one task (``window_budget``) and the row
     cache's bytes (whole rows: the budget, at most DEFAULT_CACHE_MB unless ``cache_mb``)."""
     key = (tuple((tensors[n].spaces, tensors[n].irrep) for n in SOURCES), nranks, cache_mb, kernel_mb,
            memory_bytes, ranks_per_node)
@@ -343,7 +405,19 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
     _, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
     keys = keys_by_tile(tensors)
     budget = window_budget(cache_mb, memory_bytes, tensors, nranks, ranks_per_node)
-    if vblock is None:                    # whole rows per task tile
+    streamed = stream_plan(lay, o, v, budget, nranks, ranks_per_node)
+    chunks = 1
+    if streamed is not None:              # streamed windowed tasks: each reads its rows again
+        occ_tile, width, chunks = streamed
+        vblock = vblock or min(width, int(lay.n.max()))
+        win = Windows(o, v, vrange, orange, keys, tensors, vblock, width)
+        tiles, triples, G = task_tiles(o, occ_tile)
+        ntasks, read, _ = window_counts(win, tiles, triples, G)
+        batch = kernel_plan(lay, o, v, occ_tile, False, vblock, kernel_mb)[2]
+        most = stream_bytes(o.dim, v.dim, occ_tile, width, -(-int(lay.n.max()) // chunks),
+                            -(-int(lay.no.max()) // chunks))
+        kernel = pool_bytes(lay, vblock, batch, win.blocks, Chunks(lay, chunks).widest)
+    elif vblock is None:                    # whole rows per task tile
         occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, budget, nranks)
         batch = min(kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)[2], occ_tile)
         kernel = pool_bytes(lay, None, batch)
@@ -360,7 +434,7 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
         kernel = pool_bytes(lay, vblock, batch, win.blocks)
     return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
             "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
-            "vblock": vblock or 0, "kernel_bytes": int(kernel), "budget_bytes": int(budget),
+            "vblock": vblock or 0, "chunks": chunks, "kernel_bytes": int(kernel), "budget_bytes": int(budget),
             "cache_bytes": int(budget if cache_mb is not None else min(DEFAULT_CACHE_MB * 2**20, budget))}
 
 
@@ -437,7 +511,13 @@ class TriplesTasks:
         # (whole rows: the task tile from the same budget, the kernel's batch no larger)
         self.windows = None
         budget = None if resident else window_budget(cache_mb, memory_bytes, self.tensors, nranks, ranks_per_node)
-        if not resident and self.vblock is not None:
+        streamed = None if resident or chunks else stream_plan(lay, o, v, budget, nranks, ranks_per_node)
+        if streamed is not None:         # the budget's streamed tasks (stream_plan)
+            occ, width, chunks = streamed
+            self.vblock = self.vblock or min(width, int(lay.n.max()))
+            self.windows = Windows(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock, width)
+            self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
+        elif not resident and self.vblock is not None:
             occ, self.windows, _ = window_plan(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
                                                budget, nranks, occ_tile)
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
