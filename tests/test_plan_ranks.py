@@ -466,7 +466,8 @@ def test_triples_memory_per_rank_falls_with_ranks():
     rank holds stays within it, falling while the share binds. At 1024 ranks the share
     is below the streamed floor for (H2O)8 to (H2O)16, so what a rank holds there is
     within that one molecule-independent bound (before: (H2O)8 512.5 MiB, (H2O)16 792.6 MiB,
-    whole-rows and windowed floors), and streamed (chunks > 1)."""
+    whole-rows and windowed floors), and streamed (chunks > 1), the kernel's buffers
+    those of the windows' blocks, about the same for every cluster."""
     from tessera.chem.memory import triples_parts
     from tessera.chem.triples_tasks import SOURCES, plan_counts, stream_floor, task_floor, window_budget
     from tessera.tensor.block_tensor import allowed_elements
@@ -484,17 +485,20 @@ def test_triples_memory_per_rank_falls_with_ranks():
             assert task_floor(o, v, P) == floor and stream_floor(o, v, P) == streamed
             assert budgets[P] == min(cap, max(least, operands / P))
             plan = plan_counts(tensors, P, memory_bytes=8 * 2**30)
-            rows[P] = triples_parts(o, v, P, 1, memory_bytes=8 * 2**30)["rows"]
+            parts = triples_parts(o, v, P, 1, memory_bytes=8 * 2**30)
+            rows[P] = parts["rows"]
             assert plan["budget_bytes"] == int(budgets[P])
             held = plan["task_bytes"] if plan["vblock"] else plan["task_bytes"] + plan["cache_bytes"]
             assert rows[P] <= held and (plan["task_bytes"] <= budgets[P] or plan["occ_tile"] == 1), (n, P)
             assert (plan["chunks"] > 1) == (budgets[P] < floor), (n, P, plan)
         assert budgets[16] >= budgets[64] >= budgets[256] >= budgets[1024], (n, budgets)
         assert rows[16] >= rows[64] >= rows[256] >= rows[1024], (n, rows)
-        at_1024[n] = (rows[1024], streamed[2], floor)
+        at_1024[n] = (rows[1024], streamed[2], floor, parts["kernel"])
     bound = at_1024[16][1]
-    assert all(s == bound for _, s, _ in at_1024.values())                 # one floor for every cluster
-    assert all(r <= bound < f for r, _, f in (at_1024[n] for n in (8, 12, 16))), at_1024
+    assert all(s == bound for _, s, _, _ in at_1024.values())              # one floor for every cluster
+    assert all(r <= bound < f for r, _, f, _ in (at_1024[n] for n in (8, 12, 16))), at_1024
+    kernel = [at_1024[n][3] for n in (8, 12, 16)]                          # buffers of the windows' blocks
+    assert max(kernel) <= 1.25 * min(kernel), kernel
     assert at_1024[16][2] > 3 * at_1024[8][2]                              # what the unstreamed floor did
 
 

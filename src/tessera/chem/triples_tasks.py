@@ -409,7 +409,7 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
     chunks = 1
     if streamed is not None:              # streamed windowed tasks: each reads its rows again
         occ_tile, width, chunks = streamed
-        vblock = vblock or min(width, int(lay.n.max()))
+        vblock = min(vblock or width, width, int(lay.n.max()))
         win = Windows(o, v, vrange, orange, keys, tensors, vblock, width)
         tiles, triples, G = task_tiles(o, occ_tile)
         ntasks, read, _ = window_counts(win, tiles, triples, G)
@@ -514,7 +514,7 @@ class TriplesTasks:
         streamed = None if resident or chunks else stream_plan(lay, o, v, budget, nranks, ranks_per_node)
         if streamed is not None:         # the budget's streamed tasks (stream_plan)
             occ, width, chunks = streamed
-            self.vblock = self.vblock or min(width, int(lay.n.max()))
+            self.vblock = min(self.vblock or width, width, int(lay.n.max()))
             self.windows = Windows(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock, width)
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
         elif not resident and self.vblock is not None:
