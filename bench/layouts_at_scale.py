@@ -114,7 +114,7 @@ def triples_per_rank(tensors, P, memory_bytes=None) -> dict:
         from tessera.chem.triples_tasks import plan_counts
         c = plan_counts(tensors, P, **budget(plan_counts))
         out.update(tasks_per_rank=c["tasks_per_rank"], read_bytes_per_rank=c["read_bytes_per_rank"],
-                   occ_tile=c.get("occ_tile"))
+                   occ_tile=c.get("occ_tile"), chunks=c.get("chunks", 1))
     except ImportError:
         pass
     try:                                  # the same tasks by whole occupied rows, for comparison
@@ -306,13 +306,14 @@ def main(argv=None) -> None:
                   + " ".join(f"{x:7.2f}" for x in per)
                   + f"  busiest/mean {max(d['busiest_over_mean_flops'] for d in row['dominant_steps']):6.2f}")
         print("(T) per rank: rows held, kernel buffers (MiB); tasks; occupied task tile; rows read (MiB); "
-              "rows read by whole occupied rows (MiB) and the ratio")
+              "rows read by whole occupied rows (MiB) and the ratio; chunks of a streamed task (1: unstreamed)")
         for P, row in rows.items():
             t = row["triples"]
             read, whole = t.get("read_bytes_per_rank", float("nan")), t.get("whole_rows_read_per_rank", float("nan"))
             print(f"{P:6d} rows {t.get('rows', 0) / 2**20:10.1f} kernel {t.get('kernel', 0) / 2**20:8.1f} "
                   f"tasks {t.get('tasks_per_rank', float('nan')):10.1f} tile {t.get('occ_tile') or '-':>3} "
-                  f"read {read / 2**20:12.1f} whole rows {whole / 2**20:12.1f} ({read / whole:.2f}x)")
+                  f"read {read / 2**20:12.1f} whole rows {whole / 2**20:12.1f} ({read / whole:.2f}x) "
+                  f"chunks {t.get('chunks', 1)}")
         print("bytes moved per rank per CCSD iteration (MiB), by executor and variant")
         print(f"{'ranks':>6s} " + " ".join(f"{e:>22s}" for e in rows[ranks[0]]["bytes_per_rank"]))
         for P, row in rows.items():

@@ -516,38 +516,52 @@ def test_windowed_tasks_costs_and_reads_without_a_list_of_every_task():
 
 
 def test_triples_memory_per_rank_falls_with_ranks():
-    """(T) per rank beside the classes (``triples_parts``' rows: one windowed task's rows
-    and tables, or by whole rows one task's rows and the row cache) for water clusters
-    (H2O)4, 8 and 16 in cc-pVDZ (C1, tile 32) on 16, 64, 256 and 1024 simulated ranks with
-    8 GiB each: the budget of a task (``window_budget``) is the ranks' share of the (T)
-    operands, never below ``task_floor`` (set by o, v, the tiles and the machine, the same
-    at every rank count here: one node's bandwidth) nor above a quarter of the memory; so
-    it never grows with ranks, and what a rank holds stays within it (by whole rows: one
-    task's rows and the row cache, within it and 256 MiB), falling while the share binds. (H2O)16 (o=80, v=304): the share
-    binds on 16 ranks, the floor from 64, and what a rank holds there is below an eighth of
-    the memory (before, a task took a quarter of it at every rank count: 1912 MiB held)."""
+    """(T) per rank beside the classes (``triples_parts``' rows: one windowed or streamed
+    task's rows and tables, or by whole rows one task's rows and the row cache) for water
+    clusters (H2O)4, 8, 12 and 16 in cc-pVDZ (C1, tile 32) on 16, 64, 256 and 1024
+    simulated ranks with 8 GiB each, on one node's bandwidth: the budget of a task
+    (``window_budget``) is the ranks' share of the (T) operands, never below the least of
+    the unstreamed floor (``task_floor``, which grows with o and v) and the streamed one
+    (``stream_floor``: tasks streaming the contracted indices whose reads stay within
+    READ_SHARE of compute, set by the machine alone: the same bytes for every cluster
+    here) nor above a quarter of the memory; so it never grows with ranks, and what a
+    rank holds stays within it, falling while the share binds. At 1024 ranks the share
+    is below the streamed floor for (H2O)8 to (H2O)16, so what a rank holds there is
+    within that one molecule-independent bound (before: (H2O)8 512.5 MiB, (H2O)16 792.6 MiB,
+    whole-rows and windowed floors), and streamed (chunks > 1), the kernel's buffers
+    those of the windows' blocks, about the same for every cluster."""
     from tessera.chem.memory import triples_parts
-    from tessera.chem.triples_tasks import SOURCES, plan_counts, task_floor, window_budget
+    from tessera.chem.triples_tasks import SOURCES, plan_counts, stream_floor, task_floor, window_budget
     from tessera.tensor.block_tensor import allowed_elements
     cap = 2 * 2**30
-    for n in (4, 8, 16):
+    at_1024 = {}
+    for n in (4, 8, 12, 16):
         tensors = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True).stored(32, 32)
         o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
         operands = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES)
-        floor = task_floor(o, v, 16)
+        floor, streamed = task_floor(o, v, 16), stream_floor(o, v, 16)
+        least = min(floor, streamed[2])
         rows, budgets = {}, {}
         for P in (16, 64, 256, 1024):
             budgets[P] = window_budget(None, 8 * 2**30, tensors, P)
-            assert task_floor(o, v, P) == floor and budgets[P] == min(cap, max(floor, operands / P))
+            assert task_floor(o, v, P) == floor and stream_floor(o, v, P) == streamed
+            assert budgets[P] == min(cap, max(least, operands / P))
             plan = plan_counts(tensors, P, memory_bytes=8 * 2**30)
-            rows[P] = triples_parts(o, v, P, 1, memory_bytes=8 * 2**30)["rows"]
+            parts = triples_parts(o, v, P, 1, memory_bytes=8 * 2**30)
+            rows[P] = parts["rows"]
             assert plan["budget_bytes"] == int(budgets[P])
             held = plan["task_bytes"] if plan["vblock"] else plan["task_bytes"] + plan["cache_bytes"]
             assert rows[P] <= held and (plan["task_bytes"] <= budgets[P] or plan["occ_tile"] == 1), (n, P)
+            assert (plan["chunks"] > 1) == (budgets[P] < floor), (n, P, plan)
         assert budgets[16] >= budgets[64] >= budgets[256] >= budgets[1024], (n, budgets)
         assert rows[16] >= rows[64] >= rows[256] >= rows[1024], (n, rows)
-    assert budgets[16] == operands / 16 > floor == budgets[64] and rows[1024] < rows[16]
-    assert max(rows[P] for P in (64, 256, 1024)) <= floor < cap / 2
+        at_1024[n] = (rows[1024], streamed[2], floor, parts["kernel"])
+    bound = at_1024[16][1]
+    assert all(s == bound for _, s, _, _ in at_1024.values())              # one floor for every cluster
+    assert all(r <= bound < f for r, _, f, _ in (at_1024[n] for n in (8, 12, 16))), at_1024
+    kernel = [at_1024[n][3] for n in (8, 12, 16)]                          # buffers of the windows' blocks
+    assert max(kernel) <= 1.25 * min(kernel), kernel
+    assert at_1024[16][2] > 3 * at_1024[8][2]                              # what the unstreamed floor did
 
 
 def test_triples_estimate_holds_what_the_window_plan_holds():
@@ -584,14 +598,19 @@ def test_triples_whole_rows_task_tile_from_the_budget():
     size of (H2O)8 cc-pVDZ) with 8 GiB per rank: on 2 ranks the budget is their share of
     the operands (858 MB), room for task tiles larger than one orbital, whose tasks read
     less than one-orbital tiles' (counted here by hand: each task reads its distinct task
-    tiles' rows of ovvv, t2, ovov and ovoo); on 64 ranks the budget has fallen below a
-    two-orbital task (its floor, ``task_floor``), so the tiles are one orbital."""
+    tiles' rows of ovvv, t2, ovov and ovoo); on 64 ranks the share has fallen below the
+    unstreamed floor (``task_floor``), so the run streams its windowed tasks
+    (``stream_plan``), as ``plan_counts`` counts them."""
     from tessera.chem.triples_tasks import TASKS_PER_RANK, window_budget
     nocc, nvir = 40, 152
     row = 8 * (nvir * nvir * nvir + nocc * nvir * nvir + nocc * nvir * nvir + nocc * nvir * nocc)
     one = nocc * (nocc + 1) * (nocc + 2) // 6
     one_orbital = row * sum(len({i, j, k}) for i in range(nocc) for j in range(i + 1) for k in range(j + 1))
-    for nranks in (2, 64):
+    job, counts = _triples_run_plan(nocc, nvir, 64, 8 * 2**30)
+    assert job.stream is not None and counts["chunks"] == job.stream.count > 1
+    assert counts["occ_tile"] == job.occ_tile and counts["tasks"] == len(job.tasks)
+    assert counts["task_bytes"] <= counts["budget_bytes"] and counts["kernel_bytes"] == job.pool_bytes
+    for nranks in (2,):
         job, counts = _triples_run_plan(nocc, nvir, nranks, 8 * 2**30)
         assert job.vblock is None and job.windows is None
         budget = window_budget(None, 8 * 2**30, job.tensors, nranks)
@@ -601,11 +620,8 @@ def test_triples_whole_rows_task_tile_from_the_budget():
         assert counts["task_bytes"] <= max(budget, 2 * 3 * row) and counts["kernel_bytes"] == job.pool_bytes
         by_hand = sum(row * sum(job.tiles[x][1] - job.tiles[x][0] for x in set(t)) for t in job.triples)
         assert counts["read_bytes"] == by_hand
-        if nranks == 2:
-            assert budget == 8 * (nocc * nvir**3 + 2 * nocc**2 * nvir**2 + nocc**3 * nvir) / 2
-            assert job.occ_tile > 1 and len(job.tasks) < one and by_hand < one_orbital / 4
-        else:
-            assert budget < 2 * 6 * row and job.occ_tile == 1 and by_hand == one_orbital
+        assert budget == 8 * (nocc * nvir**3 + 2 * nocc**2 * nvir**2 + nocc**3 * nvir) / 2
+        assert job.occ_tile > 1 and len(job.tasks) < one and by_hand < one_orbital / 4
 
 
 def test_auto_puts_the_network_between_nodes():

@@ -386,3 +386,29 @@ def test_kept_partitions_are_bounded(monkeypatch):
                 assert [i for c in d for i in c] == _reference_queues(costs, 2)[r]
                 assert s._held <= 60 and len(s._memo) < len(sets)
                 assert s._held == sum(m.held for m in s._memo.values())
+
+
+@pytest.mark.parametrize("backend", ["serial", "threads"])
+def test_task_stages_run_in_a_row_and_add(backend):
+    """A task set of ``stages`` parts: need(i) and work(i, blocks) called that many times in
+    a row for each task, each part's blocks handed to its work, the task's result the sum
+    of its parts' (here part s of task i returns (i + 1) * 10**s)."""
+    from tessera.backends.context import Context
+    from tessera.backends.tasks import TaskSet
+    calls, lock = {}, threading.Lock()
+
+    def need(i):
+        with lock:
+            calls.setdefault(i, []).append("need")
+        return []
+
+    def work(i, blocks):
+        with lock:
+            calls[i].append("work")
+            part = calls[i].count("work") - 1
+        assert blocks == {}
+        return float((i + 1) * 10 ** part)
+    with Context(backend) as ctx:
+        out = ctx.run_tasks(TaskSet("staged", [1.0] * 5, work, need, stages=3))
+    assert out.tolist() == [111.0 * (i + 1) for i in range(5)]
+    assert all(c == ["need", "work"] * 3 for c in calls.values()) and len(calls) == 5

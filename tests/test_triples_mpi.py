@@ -12,6 +12,7 @@ bytes of that whole tensor; one-sided gets only from mpi-onesided and only with 
 small: the kernel needs the ovvv rows of three orbitals, 3 v^3, and t2 is o^2 v^2.)
 """
 
+import math
 import sys
 from pathlib import Path
 
@@ -125,6 +126,70 @@ def test_windowed_tasks_are_stolen_from_a_slow_rank(nranks):
     assert sum(taken) > 0, run["runs"]
 
 
+@pytest.mark.parametrize("nranks", RANKS[:2])
+def test_streamed_tasks_hold_one_chunk_of_the_contracted_indices(nranks):
+    """The windowed run again with the contracted f and m streamed in 3 chunks
+    (``chem.triples_stream``: a task in 3 stages, each fetching chunk s of f and m, and y
+    only over the task's own orbitals; W kept across the stages). H2O2 C1, o = 9 (tiles
+    3 3 3, chunks 3 3 3), v = 13 (chunks 4 4 5), windows of w orbitals: E(T) the serial
+    one and the unstreamed windowed one's to 1e-12 on mpi-onesided and mpi-collective; a
+    task reads, over its stages, 8 R (w^2 v + o w^2 + R w v + R w o + R w^2) bytes for
+    R rows of its distinct task tiles ((x p|q f), t2[x m p q], t2[x y p f], (x p|y m) and,
+    last stage, (x p|y q), y over those R orbitals; no chunk is kept from one stage to
+    the next), each rank what its tasks read; a rank holds at most one stage's fetched
+    rows and tables, 2 x 8 R (w^2 (c_v + c_o) + R w (c_v + c_o) + R w^2) for the widest
+    chunks c_v = 5, c_o = 3, and W of the task's orbital triples, 8 N w^3: terms of the
+    tiles and chunks, not of v and o; and less than the unstreamed run's peak."""
+    mol = launch(nranks)["molecules"]["h2o2_c1"]
+    vt, ot = [(0, 4), (4, 7), (7, 10), (10, 13)], [(0, 3), (3, 6), (6, 9)]       # tensor tiles
+    wt = [(0, 2), (2, 4), (4, 7), (7, 10), (10, 13)]                            # window tiles
+    vc, oc = [(0, 4), (4, 8), (8, 13)], [(0, 3), (3, 6), (6, 9)]                # chunks of f, m
+
+    def cuts(rng, tiles):          # a range cut at tensor tile bounds
+        return [(max(rng[0], a), min(rng[1], b)) for a, b in tiles if max(rng[0], a) < min(rng[1], b)]
+
+    def stage_rows(X, W, s):       # {(source, ranges per axis)}: the blocks' parts stage s reads
+        out = set()
+        for x in X:
+            for P in W:
+                out |= {("ovvv", ot[x], wt[P], wt[Q], f) for Q in W for f in cuts(vc[s], vt)}
+                out |= {("t2", ot[x], m, wt[P], wt[Q]) for Q in W for m in cuts(oc[s], ot)}
+                for y in X:
+                    out |= {("t2", ot[x], ot[y], wt[P], f) for f in cuts(vc[s], vt)}
+                    out |= {("ovoo", ot[x], wt[P], ot[y], m) for m in cuts(oc[s], ot)}
+                    out |= {("ovov", ot[x], wt[P], ot[y], wt[Q]) for Q in W} if s == 2 else set()
+        return out
+
+    def nbytes(rows):
+        return sum(8 * math.prod(b - a for a, b in r[1:]) for r in rows)
+    for backend, run in mol["streamed"].items():
+        plain = mol["windows"][backend]
+        assert abs(run["e_t"] - mol["e_serial"]["None"]) < E_TOL
+        assert abs(run["e_t"] - plain["e_t"]) < 1e-12, (backend, run["e_t"], plain["e_t"])
+        assert (run["tiles"]["o"], run["tiles"]["v"]) == ([3, 3, 3], [4, 3, 3, 3])
+        w_tiles = [b - a for a, b in wt]
+        occ = [(a, b, c) for a in range(3) for b in range(a + 1) for c in range(b + 1)]
+        order = [(X, (A, B, C)) for A in range(5) for B in range(A + 1) for C in range(B + 1) for X in occ]
+        reads, bound = [], 0
+        for runs in run["runs"]:
+            mine, before = 0, set()
+            for i in (i for a, b in runs for i in range(a, b)):
+                X, W = sorted(set(order[i][0])), sorted(set(order[i][1]))
+                for s in range(3):             # a rank keeps the previous stage's rows, no more
+                    rows = stage_rows(X, W, s)
+                    mine += nbytes(rows - before)
+                    before = rows
+                w, R = sum(w_tiles[t] for t in W), sum(3 for _ in X)
+                a, b, c = (range(*ot[x]) for x in order[i][0])
+                ntrip = sum(1 for i_ in a for j in b for k in c if i_ >= j >= k)
+                bound = max(bound, 16 * R * (w * w * 8 + R * w * 8 + R * w * w) + 8 * ntrip * w ** 3)
+            reads.append(mine)
+        assert run["tasks"] == len(order) and run["read_bytes"] == reads, (backend, run["read_bytes"], reads)
+        peaks = run["peak_operand_bytes"]
+        assert all(0 < p <= bound for p in peaks), (backend, peaks, bound)
+        assert max(peaks) < max(plain["peak_operand_bytes"]), (backend, peaks, plain["peak_operand_bytes"])
+
+
 @pytest.mark.parametrize("nranks", RANKS)
 def test_no_rank_holds_a_whole_tensor_for_triples(nranks):
     mol = launch(nranks)["molecules"]["h2o2_c1"]
@@ -150,3 +215,17 @@ def test_rows_travel_by_the_executors_means(nranks):
                     assert run["get_bytes"] == 0, (name, combo, ot)
                 else:
                     assert run["get_bytes"] > 0, (name, combo, ot)
+
+
+def test_the_budget_rule_streams_where_no_unstreamed_task_fits():
+    """H2O2 C1 (o = 9, v = 13) windowed on 2 ranks with no chunks given and a budget
+    (``cache_mb`` 0.04, 41.9 kB) below even a one-orbital unstreamed task of one-orbital
+    windows (``task_bytes``, 44.5 kB): the budget rule (``stream_plan``) streams the tasks
+    in C > 1 stages of one-orbital task tiles; E(T) the serial one's to 1e-9 and the
+    unstreamed windowed run's to 1e-12, and a rank's peak below the unstreamed run's."""
+    mol = launch(2)["molecules"]["h2o2_c1"]
+    run, plain = mol["budget_streamed"], mol["windows"]["mpi-onesided"]
+    assert run["stages"] > 1 and run["task_tile"] == 1 and plain["stages"] == 1, (run["stages"], run["task_tile"])
+    assert abs(run["e_t"] - mol["e_serial"]["None"]) < E_TOL
+    assert abs(run["e_t"] - plain["e_t"]) < 1e-12, (run["e_t"], plain["e_t"])
+    assert max(run["peak_operand_bytes"]) < max(plain["peak_operand_bytes"])

@@ -16,7 +16,10 @@ with the last rank slowed down (each task takes it five times as long, SLOW seco
 more at least) so that the others steal from it.
 Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
-the bytes moved by one-sided gets during (T).
+the bytes moved by one-sided gets during (T). The windowed runs again with the contracted
+indices streamed in STREAM_CHUNKS chunks (``streamed``), and once more with no chunks given
+and a budget below every unstreamed task, STREAM_CACHE_MB, so the budget rule streams them
+(``budget_streamed``).
 tests/test_triples_mpi.py checks them.
 """
 
@@ -48,6 +51,8 @@ WINDOW_TILE = 4          # h2o2_c1 again, operands fetched by virtual tile (wind
 WINDOW_COMBOS = [("mpi-onesided", "cached"), ("mpi-collective", "summa")]    # patches by get, by exchange
 COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
           ("mpi-collective", "summa", None)]
+STREAM_CACHE_MB = 0.04    # window_run again, no chunks given: a budget (41.9 kB) below every unstreamed task
+STREAM_CHUNKS = 3        # window_run again, the contracted f and m fetched in 3 chunks (chem.triples_stream)
 SLOW = 0.005             # the slow-rank run: the last rank sleeps at least this long (s) per windowed task
 RUNS = {"None": {}, "4": {"occ_tile": 4},               # default and given occ_tile
         "4/vblock3": {"occ_tile": 4, "vblock": 3}}        # the kernel blocked in the virtual index too
@@ -99,7 +104,7 @@ def one_run(world, ref, tile, t1d, t2d, backend, variant, schedule):
     return runs
 
 
-def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0):
+def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0, chunks=None, cache_mb=0.8):
     """H2O2 (C1) with tile 4 (occupied tiles 3 3 3, virtual 4 3 3 3), occ_tile 4, vblock 7, and
     cache_mb 0.8 (windows 3 orbitals wide: the first virtual tile cut into 2 2 and fetched
     by patch, the others whole; T2 kept as canonical blocks, so half its rows are patches of
@@ -127,7 +132,8 @@ def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0):
                     return out
                 WindowTripleKernel.tile_energy = tile_energy
             try:
-                res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=7, cache_mb=0.8)
+                res = triples_correction(ints, t1, t2, context=ctx, occ_tile=4, vblock=7, cache_mb=cache_mb,
+                                         chunks=chunks)
             finally:
                 if slowed and own:
                     WindowTripleKernel.tile_energy = kernel
@@ -137,7 +143,8 @@ def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0):
             tiles = {"o": [t.size for t in ints.o.tiles], "v": [t.size for t in ints.v.tiles]}
     finally:
         ctx.close()
-    return {"e_t": res.energy, "tasks": res.tasks, "read_bytes": list(res.rank_read_bytes), "tiles": tiles,
+    return {"e_t": res.energy, "tasks": res.tasks, "stages": res.stages, "task_tile": res.task_tile,
+            "read_bytes": list(res.rank_read_bytes), "tiles": tiles,
             "runs": [list(map(list, r)) for r in res.rank_runs], "stolen": list(res.rank_stolen),
             "peak_operand_bytes": list(res.rank_peak_operand_bytes), "whole_bytes": res.whole_bytes,
             "get_bytes": int(world.allreduce(gets, "sum"))}
@@ -160,6 +167,10 @@ def main():
         if name == "h2o2_c1":
             out[name]["windows"] = {b: window_run(world, ref, t1, t2, b, v) for b, v in WINDOW_COMBOS}
             out[name]["slow_rank"] = window_run(world, ref, t1, t2, "mpi-onesided", "cached", slow=SLOW)
+            out[name]["streamed"] = {b: window_run(world, ref, t1, t2, b, v, chunks=STREAM_CHUNKS)
+                                     for b, v in WINDOW_COMBOS}
+            out[name]["budget_streamed"] = window_run(world, ref, t1, t2, "mpi-onesided", "cached",
+                                                      cache_mb=STREAM_CACHE_MB)
     if world.rank == 0:
         print(json.dumps({"nranks": world.size, "molecules": out,
                           "seconds": time.perf_counter() - t_start}), flush=True)

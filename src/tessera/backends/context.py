@@ -163,7 +163,8 @@ class Context:
         progress = None
         if task_set.progress:
             ranks = self.ranks
-            progress = TaskProgress(task_set.name, len(task_set), ranks.rank, ranks.size)
+            parts = task_set.stages if self.distributed else 1     # wrapped work runs once per part
+            progress = TaskProgress(task_set.name, len(task_set) * parts, ranks.rank, ranks.size)
             if self.distributed:
                 task_set = replace(task_set, work=progress.wrap(task_set.work))
         if self.profile.detailed:         # per-task records are kept in this process

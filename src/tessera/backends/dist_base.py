@@ -261,11 +261,12 @@ class DistributedExecutor(ABC):
         self.barrier()
         results = np.zeros(len(task_set))
         for i in self.task_order(task_set):
-            blocks = self.fetch_blocks(task_set.need(i) if i is not None else [])
-            if i is not None:
-                w0 = time.perf_counter()
-                results[i] = task_set.work(i, blocks)
-                self.compute_seconds += time.perf_counter() - w0
+            for _ in range(task_set.stages):          # a task's parts one after another (TaskSet)
+                blocks = self.fetch_blocks(task_set.need(i) if i is not None else [])
+                if i is not None:
+                    w0 = time.perf_counter()
+                    results[i] += task_set.work(i, blocks)
+                    self.compute_seconds += time.perf_counter() - w0
         if self.world.size > 1:
             results = self.world.allreduce(results, "sum")
         self.account.end(task_set.name, snap, time.perf_counter() - t0, self.compute_seconds - c0,

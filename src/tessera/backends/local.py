@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tessera.backends.tasks import local_blocks
+from tessera.backends.tasks import local_blocks, run_task
 from tessera.errors import InputError
 
 _log = logging.getLogger(__name__)
@@ -162,5 +162,5 @@ def _forked_task(i: int) -> tuple:
     """In a forked worker: (i, result of task i, flops it counted)."""
     ts = _forked
     before = ts.flops() if ts.flops else 0
-    result = float(ts.work(i, local_blocks(ts.need(i))))
+    result = float(run_task(ts, i, local_blocks))
     return i, result, (ts.flops() - before) if ts.flops else 0

@@ -75,7 +75,11 @@ class TaskSet:
         (inherited copy-on-write) and changes nothing the caller needs but its result
         and the count behind ``flops``;
     add_flops: ``add_flops(n)`` receives the flops that forked workers counted (their
-        ``flops()`` increments), so that ``flops()`` afterwards covers the whole run.
+        ``flops()`` increments), so that ``flops()`` afterwards covers the whole run;
+    stages: a task's blocks arrive in this many parts: ``need(i)`` and ``work(i, blocks)``
+        are called ``stages`` times in a row for the same task on one rank (the task
+        tells its parts apart), its result the sum (``run_task``); so a task holds one
+        part's blocks at a time (e.g. a contracted index streamed in chunks).
     """
 
     name: str
@@ -91,6 +95,7 @@ class TaskSet:
     progress: bool = False
     forkable: bool = False
     add_flops: Callable[[int], None] | None = None
+    stages: int = 1
 
     def __len__(self) -> int:
         return len(self.costs)
@@ -109,6 +114,12 @@ def local_blocks(requests) -> dict:
     return out
 
 
+def run_task(task_set: TaskSet, i: int, fetch: Callable[[list], dict]) -> float:
+    """Task i: its ``stages`` parts one after another, each part's blocks (``fetch`` of
+    ``need(i)``) handed to ``work``; the sum of what they return."""
+    return sum(task_set.work(i, fetch(task_set.need(i))) for _ in range(task_set.stages))
+
+
 def run_local(executor, task_set: TaskSet, done: Callable[[], None] | None = None) -> np.ndarray:
     """Every task on a serial or threads executor, largest first; ``done()`` after each
     task. A forkable task set runs in the threads executor's worker processes
@@ -123,7 +134,7 @@ def run_local(executor, task_set: TaskSet, done: Callable[[], None] | None = Non
     results = np.zeros(len(task_set))
 
     def one(i):
-        results[i] = task_set.work(i, local_blocks(task_set.need(i)))
+        results[i] = run_task(task_set, i, local_blocks)
         done()
     executor.run([(lambda i=i: one(i)) for i in order])
     return results

@@ -321,7 +321,7 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
         plan = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks, memory_bytes=memory_bytes,
                            ranks_per_node=ranks_per_node)
         task, kernel = plan["task_bytes"], plan["kernel_bytes"]          # the run's kernel batch
-        rows_t = task if vblock is not None else min(rows_t, plan["cache_bytes"] + task)
+        rows_t = task if plan["vblock"] else min(rows_t, plan["cache_bytes"] + task)   # windowed (or streamed)
     return {"rows": rows_t, "kernel": threads * kernel}
 
 

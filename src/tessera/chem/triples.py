@@ -77,6 +77,7 @@ class TriplesResult:
     rank_read_bytes: tuple = ()                  # per rank: rows its windowed tasks read (chem.triples_window)
     rank_runs: tuple = ()                        # per rank: (start, stop) of the windowed task ids it ran, in order
     rank_stolen: tuple = ()                      # per rank: of those, tasks taken from another rank's queue
+    stages: int = 1                              # chunks of the contracted indices per windowed task (chem.triples_stream)
 
 
 # --------------------------------------------------------------------------- layouts
@@ -739,7 +740,8 @@ def check_occ_tile(occ_tile, name: str = "occ_tile") -> None:
 
 def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = None,
                        cache_mb: float | None = None, vblock: int | None = None,
-                       kernel_mb: float | None = None, memory_mb: float | None = None) -> TriplesResult:
+                       kernel_mb: float | None = None, memory_mb: float | None = None,
+                       chunks: int | None = None) -> TriplesResult:
     """E(T) of closed-shell CCSD amplitudes ``t1`` (o, v) and ``t2`` (o, o, v, v), local or
     distributed, on any backend (the tasks: :mod:`tessera.chem.triples_tasks`).
 
@@ -755,6 +757,8 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     ``kernel_mb``: the kernel's buffers per thread (default 256 MiB); when the whole-space
     kernel (~ v^3 / nirrep per buffer) does not fit, the virtual index is blocked too
     (:mod:`tessera.chem.triples_blocked`), in blocks of ``vblock`` orbitals if given.
+    ``chunks``: distributed windowed tasks run in that many stages, each fetching one chunk
+    of the contracted virtual and occupied indices (``chem.triples_stream``).
     Collective under MPI: every rank calls it and gets the same result.  Raises
     ShapeError when the amplitudes are not over ``ints``' spaces, InputError for a bad
     ``occ_tile`` or ``cache_mb``, or distributed tensors with a local context.
@@ -770,6 +774,7 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
                          "BlockTensor.from_dense(..., (ints.o, ints.v)) from the same MOIntegrals")
     check_occ_tile(occ_tile)
     check_occ_tile(vblock, "vblock")
+    check_occ_tile(chunks, "chunks")
     for name, val in (("cache_mb", cache_mb), ("kernel_mb", kernel_mb), ("memory_mb", memory_mb)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0):
             raise InputError(f"{name} must be a number >= 0 or None, got {val!r}")
@@ -781,14 +786,16 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     from tessera.chem.triples_tasks import TriplesTasks
     ranks = context.ranks
     job = TriplesTasks(ints, t1, t2, occ_tile, cache_mb, resident, vblock, kernel_mb, nranks=ranks.size,
-                       memory_bytes=None if memory_mb is None else memory_mb * 2**20, ranks_per_node=ranks.node_size)
+                       memory_bytes=None if memory_mb is None else memory_mb * 2**20, ranks_per_node=ranks.node_size,
+                       chunks=chunks)
     task_set = job.task_set(ranks.size)
     results = context.run_tasks(task_set)
     energy = float(sum(results.tolist()))               # task order: schedule-independent
     flops = int(ranks.allreduce(job.flops, "sum"))
     seconds = time.perf_counter() - t_start
     out = TriplesResult(energy, flops, len(task_set), seconds, job.minimal_flops(), task_tile=job.occ_tile,
-                        kernel_buffer_bytes=job.pool_bytes, virtual_block=job.vblock or 0)
+                        kernel_buffer_bytes=job.pool_bytes, virtual_block=job.vblock or 0,
+                        stages=job.stream.count if job.stream is not None else 1)
     if resident:
         _log.info("(T) correction %.12f Eh: %d tasks, %.3g GFLOP (%.3f x minimal), %.2f s, %.1f GFLOP/s; "
                   "task tile %d, virtual block %s", energy, len(task_set), flops / 1e9,

@@ -43,17 +43,18 @@ def virtual_blocks(lay: VirtualLayout, vblock: int) -> list:
     return out
 
 
-def blocked_pool_sizes(lay: VirtualLayout, vblock: int, batch: int, blocks=None) -> list:
+def blocked_pool_sizes(lay: VirtualLayout, vblock: int, batch: int, blocks=None, k: int | None = None) -> list:
     """Elements of one thread's buffers: W, Y and Yc of the ordered blocks of one block
     triple (six, three or one, as the number of blocks allows), one layout's scratch, the
     right operand (pair copied out) and the stacked left operands; ``blocks``: the blocks
     a triple is drawn from when not ``virtual_blocks(lay, vblock)`` (windows:
-    ``Windows.blocks``, none larger than those, whose size is the kernel's slot)."""
+    ``Windows.blocks``, none larger than those, whose size is the kernel's slot); ``k``:
+    the widest contracted index (default: the largest irrep, virtual or occupied)."""
     full = virtual_blocks(lay, vblock)
     n = max((s for _, _, s in full), default=1)
     count = len(full if blocks is None else blocks)
     orders = 6 if count >= 3 else 2 * count - 1
-    k = max(int(lay.n.max()), int(lay.no.max()), 1)
+    k = max(int(lay.n.max()), int(lay.no.max()), 1) if k is None else max(k, 1)
     return [3 * orders * batch * n ** 3, batch * n ** 3, k * n * n, batch * n * k]
 
 
@@ -100,18 +101,24 @@ class BlockedTripleKernel(TripleKernel):
         self.flops = 0
 
     @staticmethod
-    def new_pool(lay: VirtualLayout, vblock: int, batch: int, blocks=None) -> list:
-        return [np.empty(max(n, 1)) for n in blocked_pool_sizes(lay, vblock, batch, blocks)]
+    def new_pool(lay: VirtualLayout, vblock: int, batch: int, blocks=None, k: int | None = None) -> list:
+        return [np.empty(max(n, 1)) for n in blocked_pool_sizes(lay, vblock, batch, blocks, k)]
 
     def energy(self, i: int, j: int, ks: range) -> float:
         """sum over k in ks of sum_abc W r3(W + V) / D, block triple by block triple."""
         return sum(self._triple_energy(i, j, ks, order) for order in self.triples)
 
     def _triple_energy(self, i, j, ks, order) -> float:
-        nk, slot, eo = len(ks), self.slot, self.inp.eo
-        view = (lambda b, n, shape: self.wbuf[(3 * b + n) * nk * slot:][:prod(shape)].reshape(shape))
-        shapes = {key: (nk, key[0][2], key[1][2], key[2][2]) for key in order}
-        W, Y, U, Sa, Sb = {}, {}, {}, {}, {}
+        return self._order_energy(i, j, ks, order, self._order_w(i, j, ks, order))
+
+    def _view(self, b: int, n: int, shape) -> np.ndarray:
+        """Buffer n (0: W, 1: Sb / Y, 2: Sa / Yc) of ordered block b, [shape]."""
+        return self.wbuf[(3 * b + n) * shape[0] * self.slot:][:prod(shape)].reshape(shape)
+
+    def _order_w(self, i, j, ks, order) -> dict:
+        """W of each ordered block of one block triple (views of buffer 0)."""
+        nk, view = len(ks), self._view
+        W, Sa, Sb = {}, {}, {}
         for b, (X, Yb, Z) in enumerate(order):        # layouts a and b of every ordered block
             nx, ny, nz = X[2], Yb[2], Z[2]
             Sa[X, Yb, Z] = view(b, 2, (nk, nx, ny, nz))
@@ -130,6 +137,13 @@ class BlockedTripleKernel(TripleKernel):
                 sc = self.sbuf[:nk * nx * ny * nz].reshape(nk, nz, nx, ny)
                 self._accumulate(sc.reshape(nk, nz, nx * ny), ks, None, i, j, Z, X, Yb)
             w += sc.transpose(0, 2, 3, 1)
+        return W
+
+    def _order_energy(self, i, j, ks, order, W: dict) -> float:
+        """sum over the ordered blocks of R (W + V) / D, from their W."""
+        nk, eo, view = len(ks), self.inp.eo, self._view
+        shapes = {key: (nk, key[0][2], key[1][2], key[2][2]) for key in order}
+        Y, U = {}, {}
         for b, key in enumerate(order):
             Y[key], U[key] = y, _ = view(b, 1, shapes[key]), view(b, 2, shapes[key])
             y[...] = (eo[i] + eo[j] + eo[ks[0]:ks[-1] + 1])[:, None, None, None]

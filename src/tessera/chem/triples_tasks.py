@@ -42,7 +42,9 @@ are dealt in contiguous runs of near-equal estimated time, compute and reads
 of what another has left (``backends.schedule``'s ``steal``), again a contiguous run, so
 a slow rank does not hold up the others and the rows stay shared along each run.
 ``TriplesResult.rank_runs`` says which runs each rank ran; ``sequence_reads`` what they
-read.  ``plan_counts`` counts tasks and rows read (``window_reads``: the static deal,
+read.  With ``chunks`` (C > 1) a windowed task runs in C stages, each
+fetching one chunk of the contracted indices (``chem.triples_stream``); the budget rule
+streams where the budget is below the unstreamed floor (``stream_plan``).  ``plan_counts`` counts tasks and rows read (``window_reads``: the static deal,
 no steals) from structure alone, for ``tessera plan --ranks``.
 """
 
@@ -62,6 +64,7 @@ from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel
                                           blocked_pool_sizes, choose_vblock)
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
+from tessera.chem.triples_stream import Chunks, StreamTables, StreamTripleKernel, stream_requests
 from tessera.chem.triples_window import (Windows, WindowTables, WindowTripleKernel, bytes_per_row,
                                          deal_weights, task_bytes, window_reads, window_tiles, window_width)
 from tessera.tensor.block_tensor import allowed_elements
@@ -76,6 +79,8 @@ OCC_TILE_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)     # occupied task ti
 MIN_WINDOW = 16
 READ_SHARE = 0.1           # distributed (T): the time a task reads rows, at most this share of its compute
 MAX_TASKS = 2**24          # distributed (T): windowed tasks at most (each rank weighs every task for the deal)
+STREAM_CHUNK = 16          # streamed (T) tasks: the narrowest chunk of a contracted index (the GEMMs' k)
+STREAM_TILES = (1, 2, 3, 4, 6, 8)     # streamed (T) tasks: occupied task tiles tried
 
 
 def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None, kernel_mb=None) -> tuple:
@@ -95,11 +100,12 @@ def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None,
     return int(occ_tile), vblock, batch, pool_bytes(lay, vblock, batch)
 
 
-def pool_bytes(lay: VirtualLayout, vblock, batch: int, blocks=None) -> int:
+def pool_bytes(lay: VirtualLayout, vblock, batch: int, blocks=None, k: int | None = None) -> int:
     """Bytes of one thread's kernel buffers (whole-space kernel when ``vblock`` is None;
-    ``blocks``: the windows' kernel blocks, ``Windows.blocks``)."""
+    ``blocks``: the windows' kernel blocks, ``Windows.blocks``; ``k``: the widest
+    contracted chunk, streamed tasks)."""
     sizes = (TripleKernel.pool_sizes(lay, batch) if vblock is None
-             else blocked_pool_sizes(lay, vblock, batch, blocks))
+             else blocked_pool_sizes(lay, vblock, batch, blocks, k))
     return 8 * sum(max(n, 1) for n in sizes)
 
 
@@ -122,15 +128,18 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
     """Bytes one distributed (T) task may hold (windowed: its rows and tables; by whole
     rows: its rows, and the row cache): ``cache_mb`` when given, else the rank's share of
     the (T) operands ``tensors`` (ovvv, t2, ovov, ovoo: every allowed element, over
-    ``nranks``), so it falls as ranks grow, but never below ``task_floor`` and never above
-    WINDOW_SHARE of the rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
+    ``nranks``), so it falls as ranks grow, but never below the lesser of ``task_floor``
+    (unstreamed) and ``stream_floor`` (streamed tasks, set by the machine alone) and never
+    above WINDOW_SHARE of the rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
     if cache_mb is not None:
         return cache_mb * 2**20
     base = DEFAULT_CACHE_MB * 2**20
     cap = base if memory_bytes is None else max(base, WINDOW_SHARE * memory_bytes)
     share = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES) / nranks
-    floor = task_floor(tensors["t2"].spaces[0], tensors["t2"].spaces[2], nranks, ranks_per_node)
-    return min(cap, max(floor, share))
+    o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+    floor = task_floor(o, v, nranks, ranks_per_node)
+    streamed = stream_floor(o, v, nranks, ranks_per_node)
+    return min(cap, max(floor if streamed is None else min(floor, streamed[2]), share))
 
 
 def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
@@ -161,6 +170,61 @@ def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
     while width < nvir and not fits(width):
         width += 1
     return task_bytes(nocc, nvir, 1, width)
+
+
+def stream_bytes(nocc: int, nvir: int, occ_tile: int, width: int, cv: int, co: int) -> float:
+    """Bytes a streamed task (``chem.triples_stream``) holds at most (C1): one stage's rows,
+    fetched and tabled, 3 r rows of w^2 (c_v + c_o) + Y w (c_v + c_o) + Y w^2 doubles (r
+    ``occ_tile``, Y = 3 r, windows of three tiles ``width`` wide, w = 3 width, at most
+    v; chunks c_v, c_o), and W of its orbital triples, r^3 w^3 doubles: no term in o or v."""
+    w, Y, r = min(3 * width, nvir), min(3 * occ_tile, nocc), occ_tile
+    return 8 * (2 * 3 * r * (w * w * (cv + co) + Y * w * (cv + co) + Y * w * w) + r ** 3 * w ** 3)
+
+
+def stream_floor(o, v, nranks: int, ranks_per_node: int | None = None):
+    """(occ_tile, width, bytes) of the streamed task that holds least (``stream_bytes``,
+    chunks STREAM_CHUNK wide) among those whose reads take at most READ_SHARE of their
+    compute at the calibrated GEMM rate and bandwidth (as ``task_floor``): a streamed task
+    rereads its rows each task, 8 x 27 r wd (wd + r)(v + o) bytes for 72 r^3 wd^3 (v + o)
+    flops (C1), r^2 wd^2 / (3 (wd + r)) flops per byte whatever o and v; windows at least
+    MIN_WINDOW wide, at most MAX_TASKS tasks. None when none meets it (between nodes)."""
+    nocc, nvir = o.dim, v.dim
+    machine = Machine.calibrated()
+    balance = machine.gemm_flops_per_second / machine.on(nranks, ranks_per_node or nranks)["bandwidth"] / READ_SHARE
+    largest = max((tl.size for tl in o.tiles), default=1)
+    best = None
+    for r in (r for r in STREAM_TILES if r <= largest):
+        tasks = -(-nocc // r) ** 3 / 6
+        for width in range(min(MIN_WINDOW, nvir), nvir + 1):
+            if r * r * width * width < 3 * balance * (width + r) or tasks * (-(-nvir // width)) ** 3 / 6 > MAX_TASKS:
+                continue
+            held = stream_bytes(nocc, nvir, r, width, min(STREAM_CHUNK, nvir), min(STREAM_CHUNK, nocc))
+            if best is None or held < best[2]:
+                best = (r, width, held)
+            break                      # wider windows hold more
+    return best
+
+
+def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_node: int | None = None):
+    """(occ_tile, width, chunks) of streamed (T) tasks, or None (unstreamed): streamed when
+    ``budget`` is below the unstreamed floor (``task_floor``) and a streamed task fits it
+    in the fewest chunks (C > 1) whose ``stream_bytes`` fit: the task of ``stream_floor``
+    where it holds less than that floor; a budget given below even a one-orbital
+    unstreamed task of one-orbital windows, also a one-orbital task of the widest windows
+    (at most MIN_WINDOW) that fit, whatever its reads."""
+    floor = task_floor(o, v, nranks, ranks_per_node)
+    if budget >= floor:
+        return None
+    balanced = stream_floor(o, v, nranks, ranks_per_node)
+    tried = [balanced[:2]] if balanced is not None and balanced[2] < floor else []
+    if budget < task_bytes(o.dim, v.dim, 1, 1):
+        tried += [(1, width) for width in range(min(MIN_WINDOW, v.dim), 0, -1)]
+    nv, no = int(lay.n.max()), int(lay.no.max())
+    for r, width in tried:
+        for count in range(2, max(nv, no) + 1):
+            if stream_bytes(o.dim, v.dim, r, width, -(-nv // count), -(-no // count)) <= budget:
+                return r, width, count
+    return None
 
 
 def window_counts(win: Windows, tiles, triples, G) -> tuple:
@@ -316,7 +380,9 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     packed rows, twice: fetched and packed) and the kernel buffers of one thread, as the
     run's ``TriplesTasks`` sizes them for that plan. Depends on the tensors' spaces and
     irreps alone, so kept by them (``tessera plan --ranks`` asks twice: for the (T) memory
-    and for the task counts). Also the budget of one task (``window_budget``) and the row
+    and for the task counts). Streamed tasks (``stream_plan``; ``chunks`` > 1): the most
+    one holds is ``stream_bytes`` and the rows read every task's rows with the contracted
+    indices whole, no rows kept between tasks (an upper bound). Also the budget of one task (``window_budget``) and the row
     cache's bytes (whole rows: the budget, at most DEFAULT_CACHE_MB unless ``cache_mb``)."""
     key = (tuple((tensors[n].spaces, tensors[n].irrep) for n in SOURCES), nranks, cache_mb, kernel_mb,
            memory_bytes, ranks_per_node)
@@ -339,7 +405,19 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
     _, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
     keys = keys_by_tile(tensors)
     budget = window_budget(cache_mb, memory_bytes, tensors, nranks, ranks_per_node)
-    if vblock is None:                    # whole rows per task tile
+    streamed = stream_plan(lay, o, v, budget, nranks, ranks_per_node)
+    chunks = 1
+    if streamed is not None:              # streamed windowed tasks: each reads its rows again
+        occ_tile, width, chunks = streamed
+        vblock = min(vblock or width, width, int(lay.n.max()))
+        win = Windows(o, v, vrange, orange, keys, tensors, vblock, width)
+        tiles, triples, G = task_tiles(o, occ_tile)
+        ntasks, read, _ = window_counts(win, tiles, triples, G)
+        batch = kernel_plan(lay, o, v, occ_tile, False, vblock, kernel_mb)[2]
+        most = stream_bytes(o.dim, v.dim, occ_tile, width, -(-int(lay.n.max()) // chunks),
+                            -(-int(lay.no.max()) // chunks))
+        kernel = pool_bytes(lay, vblock, batch, win.blocks, Chunks(lay, chunks).widest)
+    elif vblock is None:                    # whole rows per task tile
         occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, budget, nranks)
         batch = min(kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)[2], occ_tile)
         kernel = pool_bytes(lay, None, batch)
@@ -356,7 +434,7 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
         kernel = pool_bytes(lay, vblock, batch, win.blocks)
     return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
             "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
-            "vblock": vblock or 0, "kernel_bytes": int(kernel), "budget_bytes": int(budget),
+            "vblock": vblock or 0, "chunks": chunks, "kernel_bytes": int(kernel), "budget_bytes": int(budget),
             "cache_bytes": int(budget if cache_mb is not None else min(DEFAULT_CACHE_MB * 2**20, budget))}
 
 
@@ -393,9 +471,9 @@ class _Ledger:
     """Bytes held per source tensor now, and the peaks (total and per source)."""
 
     def __init__(self):
-        self.now = dict.fromkeys(SOURCES, 0)
+        self.now = dict.fromkeys(SOURCES + ("W",), 0)       # W: a streamed task's accumulated W
         self.peak = 0
-        self.peak_by = dict.fromkeys(SOURCES, 0)
+        self.peak_by = dict.fromkeys(SOURCES + ("W",), 0)
 
     def add(self, nbytes: dict, sign: int = 1) -> None:
         for s, b in nbytes.items():
@@ -412,7 +490,8 @@ class TriplesTasks:
     buffers per thread)."""
 
     def __init__(self, ints, t1, t2, occ_tile, cache_mb, resident: bool, vblock=None, kernel_mb=None,
-                 nranks: int = 1, memory_bytes: float | None = None, ranks_per_node: int | None = None):
+                 nranks: int = 1, memory_bytes: float | None = None, ranks_per_node: int | None = None,
+                 chunks: int | None = None):
         o, v = ints.o, ints.v
         self.ranks_per_node = ranks_per_node
         self.o, self.v, self.resident = o, v, resident
@@ -432,12 +511,24 @@ class TriplesTasks:
         # (whole rows: the task tile from the same budget, the kernel's batch no larger)
         self.windows = None
         budget = None if resident else window_budget(cache_mb, memory_bytes, self.tensors, nranks, ranks_per_node)
-        if not resident and self.vblock is not None:
+        streamed = None if resident or chunks else stream_plan(lay, o, v, budget, nranks, ranks_per_node)
+        if streamed is not None:         # the budget's streamed tasks (stream_plan)
+            occ, width, chunks = streamed
+            self.vblock = min(self.vblock or width, width, int(lay.n.max()))
+            self.windows = Windows(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock, width)
+            self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
+        elif not resident and self.vblock is not None:
             occ, self.windows, _ = window_plan(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
                                                budget, nranks, occ_tile)
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
             self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows.blocks)
-        elif not resident and occ_tile is None:
+        # windowed tasks in stages, the contracted f and m in chunks (chem.triples_stream)
+        self.stream = Chunks(lay, chunks) if chunks and chunks > 1 and self.windows is not None else None
+        self.stage = (None, -1)                          # streamed: (task, stage) need() set up
+        self.acc: dict = {}                              # streamed: W of the task's block triples
+        if self.stream is not None:
+            self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows.blocks, self.stream.widest)
+        elif not resident and occ_tile is None and self.windows is None:
             self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, budget, nranks)
             self.batch = min(self.batch, self.occ_tile)
             self.pool_bytes = pool_bytes(lay, None, self.batch)
@@ -512,7 +603,7 @@ class TriplesTasks:
         packed = self.vblock is None and len(set(self.lay.irrep.tolist())) > 1
         return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
                        progress=True, forkable=self.resident and not packed, add_flops=self._add_flops,
-                       **deal)
+                       stages=self.stream.count if self.stream is not None else 1, **deal)
 
     def _add_flops(self, n: int) -> None:
         with self.lock:
@@ -530,9 +621,14 @@ class TriplesTasks:
         rank's previous task did not fetch (those it did are kept, the rest dropped): a
         rank calls need(i) then work(i) for one task after another (``dist_base.run_tasks``)."""
         t, window = self.tasks[task]
+        if self.stream is not None:      # the next stage of this task, or the first of a new one
+            at, stage = self.stage
+            self.stage = (task, stage + 1 if at == task and stage + 1 < self.stream.count else 0)
         if self.resident or not self.lay.ntrip[self.G[t]]:
             return []
         wanted = sorted(set(self.triples[t]))
+        if self.stream is not None:
+            return self._stream_need(wanted, window)
         if window is not None:
             out = []
             for x in wanted:
@@ -635,7 +731,7 @@ class TriplesTasks:
         t, window = self.tasks[task]
         a, b, c = self.triples[t]
         G = self.G[t]
-        if window is not None:
+        if window is not None and (self.stream is None or self.stage[1] == 0):
             with self.lock:
                 if self.runs and self.runs[-1][1] == task:
                     self.runs[-1][1] += 1
@@ -644,6 +740,8 @@ class TriplesTasks:
         if not self.lay.ntrip[G]:
             return 0.0
         wanted = sorted({a, b, c})
+        if self.stream is not None:
+            return self._stream_work(task, wanted, blocks)
         if window is not None:
             return self._window_work(task, wanted, blocks)
         if self.resident:
@@ -667,13 +765,28 @@ class TriplesTasks:
         if not hasattr(self.local, "pool"):
             self.local.pool = (TripleKernel.new_pool(self.lay, self.batch) if self.vblock is None
                                else BlockedTripleKernel.new_pool(self.lay, self.vblock, self.batch,
-                                                                 self.windows and self.windows.blocks))
+                                                                 self.windows and self.windows.blocks,
+                                                                 self.stream and self.stream.widest))
         return self.local.pool
 
     def _drop_kept(self, tag) -> None:
         """Let a kept row go (lock held)."""
         arr, name, copy = self.kept.pop(tag)
         self.held.add({name: arr.nbytes if copy else 0}, -1)
+
+    def _keep(self, tag, name: str, key, blocks: dict) -> tuple:
+        """(rows, bytes that arrived) of request ``tag``: arrived in ``blocks`` (kept for the
+        rank's next task or stage; a copy's bytes go to the ledger by the caller) or kept."""
+        with self.lock:
+            if tag not in blocks:
+                return self.kept[tag][0], 0
+            arr = blocks.pop(tag)
+            copy = key not in self.tensors[name].blocks          # owned blocks arrive as views
+            nbytes = arr.nbytes
+            if copy and getattr(arr.base, "nbytes", 0) > arr.nbytes:
+                arr = arr.copy()     # a part of a larger buffer: keep only the part
+            self.kept[tag] = (arr, name, copy)
+            return arr, nbytes
 
     def _window_work(self, task: int, wanted: list, blocks: dict) -> float:
         """A windowed task: its rows (kept from the previous task or fetched) into
@@ -689,18 +802,9 @@ class TriplesTasks:
                 for key, part, pieces in reqs:
                     part = (rows or ()) + part
                     tag = (tensor.uid, key, part) if part else (tensor.uid, key)
-                    if tag in blocks:
-                        arr = blocks[tag]
-                        read += arr.nbytes
-                        copy = key not in tensor.blocks          # owned blocks arrive as views
-                        copies[name] += arr.nbytes if copy else 0
-                        if copy and getattr(arr.base, "nbytes", 0) > arr.nbytes:
-                            arr = arr.copy()     # a part of a larger buffer: keep only the part
-                        with self.lock:
-                            self.kept[tag] = (arr, name, copy)
-                    else:
-                        with self.lock:
-                            arr = self.kept[tag][0]
+                    arr, got = self._keep(tag, name, key, blocks)
+                    read += got
+                    copies[name] += got if key not in tensor.blocks else 0
                     tables.add(name, key, arr, s0, pieces)
         blocks.clear()
         with self.lock:
@@ -716,3 +820,62 @@ class TriplesTasks:
             self.held.add(tables.nbytes, -1)
         return energy
 
+
+    # ------------------------------------------------------------------ streamed (chunks)
+    def _stream_need(self, wanted: list, window) -> list:
+        """The requests of this stage (``triples_stream.stream_requests``) that the rank's
+        previous stage did not fetch (kept; the rest dropped), each once."""
+        self._stream_reqs = stream_requests(self.windows, self.stream, [self.tiles[x] for x in wanted], window,
+                                            self.stage[1])
+        out = {}
+        for name, key, part, _, _ in self._stream_reqs:
+            req = (self.tensors[name], key, part) if part else (self.tensors[name], key)
+            out[request_tag(req)] = req
+        with self.lock:
+            for tag in [tag for tag in self.kept if tag not in out]:
+                self._drop_kept(tag)
+        return [r for tag, r in out.items() if tag not in self.kept]
+
+    def _stream_work(self, task: int, wanted: list, blocks: dict) -> float:
+        """One stage of a streamed task: its rows into StreamTables, the chunk's W0 terms
+        added to the task's W (``acc``, from stage 0 to the last); at the last stage the
+        energy. Held: the stage's fetched copies and tables, and W."""
+        t, window = self.tasks[task]
+        stage = self.stage[1]
+        if stage == 0:
+            self.acc = {}
+        ytiles = {self.tiles[x][0]: (self.tiles[x][1] - self.tiles[x][0], self.tiles[x][2]) for x in wanted}
+        tables = StreamTables(self.windows, self.irrep, self.stream, stage, ytiles)
+        read, copies = 0, dict.fromkeys(SOURCES, 0)
+        for name, key, part, kind, place in self._stream_reqs:
+            tensor = self.tensors[name]
+            tag = (tensor.uid, key, part) if part else (tensor.uid, key)
+            arr, got = self._keep(tag, name, key, blocks)
+            read += got
+            copies[name] += got if key not in tensor.blocks else 0
+            tables.add(kind, arr, place)
+        blocks.clear()
+        before = _acc_bytes(self.acc)
+        self.read[task] = self.read.get(task, 0) + read
+        self.held.add({s: copies[s] + tables.nbytes[s] for s in SOURCES})
+        inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, ov1=None, ov2=None, t2r=None, t2s=None,
+                           ooL=None, ovov=None)
+        kern = StreamTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows, window,
+                                  tables, self.acc)
+        I, J, K = (self.tiles[x][:2] for x in self.triples[t])
+        kern.tile_energy(I, J, K)
+        held = _acc_bytes(self.acc)
+        self.held.add({"W": held - before})
+        energy = 0.0
+        if stage == self.stream.count - 1:           # W complete: the energy, then W dropped
+            kern.adding = False
+            energy = kern.tile_energy(I, J, K)
+            self.held.add({"W": held}, -1)
+        self.flops += kern.flops
+        self.held.add(tables.nbytes, -1)
+        return energy
+
+
+def _acc_bytes(acc: dict) -> int:
+    """Bytes of a streamed task's W (``StreamTripleKernel``'s ``acc``)."""
+    return sum(w.nbytes for blocks in acc.values() for w in blocks.values())

@@ -167,11 +167,13 @@ def render(sim: dict) -> str:
         t = sim["triples"]
         how = (f"operands by virtual tile (windows), kernel blocks of {t['vblock']}" if t["vblock"]
                else "whole occupied rows per task tile")
+        if t.get("chunks", 1) > 1:
+            how += f", the contracted indices streamed in {t['chunks']} chunks"
         lines.append(f"(T): {t['tasks']} tasks ({t['tasks_per_rank']:.1f} per rank, {t['occ_tile']} occupied "
                      f"orbitals per task tile, {how}); rows read {_size(t['read_bytes_per_rank']).strip()} "
                      f"per rank, at most {_size(t['task_bytes']).strip()} held by one task (budget "
                      f"{_size(t['budget_bytes']).strip()}: the ranks' share of the operands, at least a floor "
-                     "set by o, v, the tiles and the machine)")
+                     "set by o, v, the tiles and the machine, or by the machine alone when streamed)")
     lines.append(f"Dominant contraction steps ({sim['flops_per_iteration']:.3e} flops and "
                  f"{sim['block_products']} block products per iteration):")
     lines.append(f"  {'flops':>10s} {'tasks':>7s} {'per rank':>9s} {'busiest/mean':>12s}  step")
