@@ -231,9 +231,10 @@ def task_lists(iteration, nranks: int) -> list:
 
 
 def auto_tiles(structure, P: int, how: str, budget: float) -> tuple:
-    """(tile, occ_tile): ``auto`` as ``tessera plan --ranks`` chooses them (every class
-    balanced), ``run`` as a run with ``budget`` bytes per rank does (``balance.run_tiles``;
-    on older sources without it, the plan's)."""
+    """(tile, occ_tile): ``auto`` the largest that balance every class
+    (``balance.balanced_tiles``), ``run`` as a run with ``budget`` bytes per rank and
+    ``tessera plan --ranks`` take them (``balance.run_tiles``; on older sources without
+    it, the plan's)."""
     try:
         from tessera.backends.balance import balanced_tiles
     except ImportError:                  # older sources (--src)
@@ -302,7 +303,7 @@ def main(argv=None) -> None:
               "the busiest rank's flops over the mean, the worst")
         for P, row in rows.items():
             per = [d["tasks_per_rank"] for d in row["dominant_steps"]]
-            print(f"{P:6d} tiles {row['tiles'][0]:2d}/{row['tiles'][1]:<2d} fewest {min(per):7.2f}  "
+            print(f"{P:6d} tiles {row['tiles'][0]:2d}/{row['tiles'][1]:<2d} fewest {min(per, default=0):7.2f}  "
                   + " ".join(f"{x:7.2f}" for x in per)
                   + f"  busiest/mean {max(d['busiest_over_mean_flops'] for d in row['dominant_steps']):6.2f}")
         print("(T) per rank: rows held, kernel buffers (MiB); tasks; occupied task tile; rows read (MiB); "

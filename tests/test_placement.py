@@ -13,7 +13,7 @@ from tessera.chem.integrals import CLASSES, class_tensor, make_spaces
 from tessera.backends.onesided import cached_batches
 from tessera.plan.blocktasks import contraction_tasks, owned_tasks
 from tessera.errors import RuntimeLayerError
-from tessera.runtime.distribution import block_owner_array
+from tessera.runtime.distribution import block_owner_array, piece_count
 from tessera.runtime.placement import block_placement
 from tessera.tensor.block_tensor import symmetry_group
 
@@ -155,6 +155,7 @@ def test_pieces_cover_every_element_once(orbsym, nranks, least):
             continue
         cut += 1
         sizes = [int(np.prod(t.block_shape(k))) for k in keys]
+        assert pl.k == piece_count(max(sizes), sum(sizes), nranks, least), name
         ref = dealt_pieces(keys, sizes, pl.k, nranks, structure_signature(t.spaces, t.irrep) % nranks)
         if least == 1:
             home = block_owner_array(t.spaces, t.irrep, keys, nranks, "pieces")
@@ -191,7 +192,9 @@ def test_pieces_at_many_ranks_keep_no_table():
     t = structures([0] * 900, 100, 48, 48)["t2"]
     pl = placement_of(t, 1024, "pieces")
     assert isinstance(pl, PiecedPlacement) and pl.k > 1
-    assert not pl._pieces and len(pl.deal.sizes) == len(pl.base.classes)
+    assert len(pl.deal.sizes) == len(pl.base.classes)
+    held = [len(x) for x in vars(pl.deal).values() if isinstance(x, (list, tuple, np.ndarray))]
+    assert max(held) <= len(pl.base.classes) + 1, held       # O(size classes), nothing per block
     mine = pl.local_pieces(5)
     assert 0 < len(mine) <= pl.k * pl.nblocks // 1024 + len(pl.deal.sizes)
     assert sum(c for *_, c in mine) == pl.elements(5)

@@ -35,7 +35,7 @@ that give every dominant step (``dominant_steps``: the contractions with at leas
 DOMINANT of the largest one's flops; for CCSD the ladder and the o^3v^3 ring terms) at
 least TASKS_PER_RANK block tasks per rank, as the planner runs them (output blocks,
 ``plan.blocktasks.task_count``), so that no rank idles in them: (H2O)8 cc-pVDZ on 1024
-ranks takes 12/12, not 48/48 (16 tasks for 1024 ranks). Where no such tiles reach the
+ranks takes 12/12, not 48/48 (4 tasks of its o^3v step for 1024 ranks). Where no such tiles reach the
 target, the ones with the most tasks (the finest the floor allows; ``granularity`` says
 whether a run's tiles reach it). Tiles that change nothing (the same tiling as larger
 ones) are not tried twice.
@@ -162,21 +162,22 @@ def granular_tiles(structure, nranks: int, min_occ: int, pieces: bool = True) ->
     class, the largest whose dominant steps have TASKS_PER_RANK tasks per rank, else the
     ones with the most; None when no such tiles balance every class."""
     memo: dict = {}
+    pairs = [(tile, occ_tile) for tile in TILES if tile >= max(min_occ, MIN_OCC_TILE)
+             for occ_tile in OCC_TILES if min_occ <= occ_tile <= tile]
     seen, best = set(), None
-    for tile in [t for t in TILES if t >= max(min_occ, MIN_OCC_TILE)]:
-        for occ_tile in [t for t in OCC_TILES if min_occ <= t <= tile]:
-            tiling = tuple(_signature(t) for t in structure.stored(tile, occ_tile).values())
-            if tiling in seen:
-                continue
-            seen.add(tiling)
-            worst = worst_class(structure.stored, tile, occ_tile, nranks, memo, stop=BALANCE, pieces=pieces)[1]
-            if worst > BALANCE:
-                continue
-            g = granularity(structure(tile, occ_tile).plans, nranks)
-            if g["met"]:
-                return tile, occ_tile, worst
-            if best is None or g["tasks_per_rank"] > best[0]:
-                best = (g["tasks_per_rank"], tile, occ_tile, worst)
+    for tile, occ_tile in pairs:
+        tiling = tuple(_signature(t) for t in structure.stored(tile, occ_tile).values())
+        if tiling in seen:
+            continue
+        seen.add(tiling)
+        worst = worst_class(structure.stored, tile, occ_tile, nranks, memo, stop=BALANCE, pieces=pieces)[1]
+        if worst > BALANCE:
+            continue
+        g = granularity(structure(tile, occ_tile).plans, nranks)
+        if g["met"]:
+            return tile, occ_tile, worst
+        if best is None or g["tasks_per_rank"] > best[0]:
+            best = (g["tasks_per_rank"], tile, occ_tile, worst)
     return best and best[1:]
 
 

@@ -29,7 +29,8 @@ returns, per rank:
   ghost rank per node (progress ``auto``): the executors' figures are for the
   ``workers`` (ranks minus ghosts), the class table above for all ranks.
 
-Without ``--tile`` the tiles are a run's (``backends.balance.run_tiles``): the largest,
+Without ``--tile`` the tiles are the candidate a run's cost model always considers
+(``backends.balance.run_tiles``; it may take another): the largest,
 with tiles and occupied tiles no thinner than ``MIN_OCC_TILE``, at which every stored
 class is spread with max/mean <= 1.5 and every dominant step has at least
 ``TASKS_PER_RANK`` block tasks per rank (else the finest such tiles; the ``Granularity:``
@@ -81,10 +82,10 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     from tessera.backends.budget import memory_budget
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     structure = CCSDStructure(orbsym, nocc, nfrozen, distributed=True)
-    warning, given = None, tile is not None
+    warning, given, binds = None, tile is not None, None
     if not given:
         tile, occ_tile, worst, binds = run_tiles(structure, nranks, budget)
-        if binds is not None:
+        if binds is not None and nranks > 1:
             warning = (f"no tiles of {MIN_OCC_TILE} or more spread every class with max/mean <= {BALANCE} over "
                        f"{nranks} ranks (too few blocks); these balance only the classes that hold more than "
                        "1/32 of the memory per rank" + ("" if worst <= BALANCE else
@@ -100,7 +101,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     workers = nranks - ghosts * -(-nranks // rpn)
     stats = structure_stats(lambda *_: run, tile, occ_tile, workers)
     memory = class_balance(structure.stored(tile, occ_tile), nranks)
-    granular = {**granularity(run.plans, nranks),
+    granular = {**granularity(run.plans, workers), "rule": "given" if given else "memory" if binds is not None and nranks > 1 else "tasks",
                 "every_class": all(m["max_over_mean"] <= BALANCE for m in memory.values())}
     triples = None
     if method == "ccsd(t)":
@@ -128,7 +129,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
             "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile, "tile_warning": warning,
             "tile_given": given, "granularity": granular, "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
             "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
-            "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, nranks),
+            "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, workers),
             "executors": executors,
             "machine": {**{k: getattr(machine, k) for k in ("gemm_flops_per_second", "task_seconds",
                         "get_seconds", "acc_seconds", "collective_seconds", "copy_bytes_per_second",
@@ -150,8 +151,9 @@ def render(sim: dict) -> str:
              *([f"warning: {sim['tile_warning']}"] if sim.get("tile_warning") else []),
              f"Granularity: the dominant steps have {g['tasks_per_rank']:.2f} block tasks per rank or more "
              f"(target {g['target']}" + (")" if g["met"] else
-                                         ", not reached: " + ("the tiles given (--tile)" if sim["tile_given"] else
-                                         f"the finest tiles a run cuts, tiles of {MIN_OCC_TILE} or more") + ")")
+                                         ", not reached: " + {"given": "the tiles given (--tile)",
+                                                              "tasks": f"the finest tiles a run cuts, tiles of {MIN_OCC_TILE} or more",
+                                                              "memory": "tiles chosen to balance memory"}[g["rule"]] + ")")
              + ("" if g["every_class"] else "; not every class within max/mean 1.5"),
              "Memory per rank by tensor class (blocks placed as a run places them):",
              f"  {'class':8s} {'max':>12s} {'mean':>12s} {'max/mean':>9s}"]

@@ -347,8 +347,9 @@ def piece_count(largest: int, total: int, nranks: int, least: int = 1) -> int:
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:
     """sum over t < n of floor((a t + b) / m), for n >= 0, m >= 1, a, b >= 0, in O(log m)
-    steps (the Euclid-like reduction of AtCoder Library's ``floor_sum``); Python integers."""
-    total = 0
+    steps (the Euclid-like reduction of AtCoder Library's ``floor_sum``), exact (NumPy
+    integers are made Python integers: their products would overflow)."""
+    n, m, a, b, total = int(n), int(m), int(a), int(b), 0
     while True:
         if a >= m:
             total += n * (n - 1) // 2 * (a // m)
@@ -382,6 +383,7 @@ class PieceDeal:
         self.sizes = np.asarray(sizes, dtype=np.int64)              # decreasing
         self.counts = np.asarray(counts, dtype=np.int64)
         held = self.sizes[self.counts > 0]
+        assert (np.diff(held) < 0).all(), "size classes must be given largest first"
         self.nranks, self.shift = int(nranks), int(shift) % int(nranks)
         self.k = piece_count(int(held[0]) if len(held) else 0, int(self.sizes @ self.counts), nranks, least)
         self.n = np.minimum(self.k, np.maximum(self.sizes, 1))        # pieces per block of each class

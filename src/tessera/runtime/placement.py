@@ -352,6 +352,7 @@ class PiecedPlacement:
         self.base, self.deal = base, deal
         self.nblocks, self.k = base.nblocks, deal.k
         self._pieces: dict = {}        # key -> pieces_of(key)
+        self._own: dict = {}           # rank -> (local_pieces, home_keys)
 
     def stored(self, key) -> bool:
         return self.base.stored(key)
@@ -380,15 +381,21 @@ class PiecedPlacement:
     def local_keys(self, rank: int) -> list:
         return []
 
+    def _rank(self, rank: int) -> tuple:
+        if rank not in self._own:
+            g, start, count = self.deal.rank_pieces(rank)
+            self._own[rank] = (list(zip(self.base.keys_at(g), start.tolist(), count.tolist())),
+                               sorted(self.base.keys_at(self.deal.home_positions(rank))))
+        return self._own[rank]
+
     def home_keys(self, rank: int) -> list:
         """The keys whose first piece ``rank`` holds (their home), in key order."""
-        return sorted(self.base.keys_at(self.deal.home_positions(rank)))
+        return self._rank(rank)[1]
 
     def local_pieces(self, rank: int) -> list:
         """[(key, first element in the block, elements), ...] of the pieces ``rank`` holds,
         in memory order (one after the other from its offset 0)."""
-        g, start, count = self.deal.rank_pieces(rank)
-        return list(zip(self.base.keys_at(g), start.tolist(), count.tolist()))
+        return self._rank(rank)[0]
 
 
 def block_placement(spaces, irrep: int, group, nranks: int, placement="balanced", least_pieces: int = 1):
