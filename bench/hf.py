@@ -4,7 +4,7 @@
     .venv/bin/python bench/hf.py --basis sto-3g --quick   # smoke run
 
 Measures, in one run, on the same machine (never a timed assertion):
-1. wall time per SCF iteration of our RHF (schedule steal, ``--mode``) at 1 and 2 MPI
+1. wall time per SCF iteration of our RHF (schedule steal, ``--mode``, default direct) at 1 and 2 MPI
    ranks against PySCF's RHF with 1 and 2 OpenMP threads (same cores), same basis,
    conv_tol, and screening threshold (PySCF: ``direct_scf_tol``), PySCF forced to
    direct SCF; PySCF's default (incore ERIs when they fit) is shown for reference.
@@ -193,8 +193,9 @@ def main() -> None:
     ap.add_argument("--molecule", default="naphthalene", choices=sorted(MOLECULES))
     ap.add_argument("--basis", default="cc-pvdz")
     ap.add_argument("--schedules", default="static,nxtval,steal")
-    ap.add_argument("--mode", default="auto", choices=("auto", "direct", "incore"),
-                    help="our SCF's Fock build (auto: in memory when it fits)")
+    ap.add_argument("--mode", default="direct", choices=("auto", "direct", "incore"),
+                    help="our SCF's Fock build (default direct, as PySCF is forced to be; "
+                         "auto: in memory when it fits)")
     ap.add_argument("--quick", action="store_true",
                     help="skip the PySCF default run and the 2-thread/2-rank pair")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

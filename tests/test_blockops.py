@@ -379,11 +379,20 @@ def test_freed_working_memory_reused_until_given_back():
 
 
 def test_numpy_arrays_on_base_pages_once_memory_is_kept():
-    """``heap.keep_freed_memory`` turns off numpy's request for transparent huge pages
-    (its ``madvise(MADV_HUGEPAGE)`` for arrays of 4 MiB or more): the switch, asked to
-    stay off, reports it was off."""
-    from tessera.backends.heap import keep_freed_memory
-    multiarray = pytest.importorskip("numpy._core.multiarray")
-    if not keep_freed_memory() or not hasattr(multiarray, "_set_madvise_hugepage"):
-        pytest.skip("no mallopt in the C library or no huge-page switch in numpy")
-    assert multiarray._set_madvise_hugepage(False) is False
+    """``heap._no_huge_pages`` (called by ``keep_freed_memory``) turns off numpy's request
+    for transparent huge pages (its ``madvise(MADV_HUGEPAGE)`` for arrays of 4 MiB or
+    more): turned on, then off by it, the switch reports it was off."""
+    import importlib
+    from tessera.backends import heap
+    switch = None
+    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            switch = importlib.import_module(module)._set_madvise_hugepage
+            break
+        except (ImportError, AttributeError):
+            continue
+    if switch is None:
+        pytest.skip("no huge-page switch in this numpy")
+    switch(True)                       # as numpy starts where the kernel offers huge pages
+    heap._no_huge_pages()
+    assert switch(False) is False

@@ -139,15 +139,17 @@ def direct(mol, ctx, **kw):
     return DirectFock(mol, ctx, schedule="static", **kw)
 
 
-@pytest.mark.parametrize("name", ["benzene", "trimer"])
-def test_direct_skeleton_incremental_screened_builds_agree_with_full_rebuilds(name, request):
+@pytest.mark.parametrize("name,backend,threads", [("benzene", "serial", 1), ("trimer", "serial", 1),
+                                                  ("benzene", "threads", 2), ("trimer", "threads", 1)])
+def test_direct_skeleton_incremental_screened_builds_agree_with_full_rebuilds(name, backend, threads, request):
     """The direct build from the symmetry-unique quartets (benzene D2h: 8 operations;
     the C1 trimer: the identity alone), incremental with density-weighted screening,
     equals unscreened full builds and PySCF's J - K/2 to 1e-9 for a sequence of
-    invariant densities, and screens more quartets once ΔD is small."""
+    invariant densities, and screens more quartets once ΔD is small; also with tasks on
+    a threads executor's workers and with threads of its own inside a task."""
     mol = request.getfixturevalue(name)
-    with Context("serial") as ctx:
-        inc = direct(mol, ctx, screening=1e-11)
+    with Context(backend) as ctx:
+        inc = direct(mol, ctx, screening=1e-11, threads=threads)
         full = direct(mol, ctx, screening=0.0, rebuild_every=0)
         for dm in densities(mol, 4, 1e-5):
             dm = inc.skeleton.symmetrize(dm)

@@ -96,6 +96,7 @@ def test_orbital_irreps_equal_pyscf(nranks):
     """Per irrep, the sorted orbital energies agree: labels are right also inside
     degenerate groups (benzene's e1g/e2u pairs split over D2h irreps)."""
     out = launch(nranks)
+    fraction_checked = False
     for name in scf_checks.MOLECULES:
         ref = pyscf_ref(name)
         run = out["runs"][f"{name}/steal"]
@@ -130,6 +131,7 @@ def test_schedule_accounting(nranks):
     16 tasks or more per build (the direct build's tasks are ranges of shell pairs: water
     6-31G has 26)."""
     out = launch(nranks)
+    fraction_checked = False
     for name in scf_checks.MOLECULES:
         for schedule in scf_checks.SCHEDULES:
             run = out["runs"][f"{name}/{schedule}"]
@@ -158,6 +160,8 @@ def test_schedule_accounting(nranks):
                 assert steals <= stolen
                 if run["tasks_total"] >= 16 * nranks:   # else the fixed claims and visits dominate
                     assert ops["local_fraction"] > 0.5, (name, ops)
+                    fraction_checked = True
+    assert fraction_checked or nranks == 1
 
 
 def test_screening_threshold_zero_and_default_agree():

@@ -22,7 +22,8 @@ and zero 2 MiB, and on a shared virtual machine that was the larger part of the 
 time of a run. Glycine cc-pVDZ (C1) CCSD, 2 threads: the first iteration (its constants'
 ~0.7 GB of gathered matrices touched for the first time) 1.5-1.7 s -> 0.3 s of system
 time, the whole 5-iteration run 2.6-2.8 -> 1.3-1.5 s, user time unchanged (measured
-under load; GEMMs run as fast on base pages).
+under load; GEMMs run as fast on base pages). Like the malloc thresholds, this holds
+for the whole process from the first ``Context`` on (a caller's own arrays included).
 """
 
 from __future__ import annotations

@@ -161,8 +161,9 @@ class VirtualLayout:
             return
         blocks = self.blocks(G)
         dense = len(blocks) == 1 and len(set(self.irrep.tolist())) == 1
-        self.maps[G] = maps = dict(blocks=blocks, dense=bool(dense))
+        maps = dict(blocks=blocks, dense=bool(dense))     # published once filled (threads read it)
         if dense:                  # one virtual irrep: the compiled sweep indexes [a, b, c]
+            self.maps[G] = maps
             return
         n, npair, foff, poff = self.n.tolist(), self.npair.tolist(), self.foff.tolist(), self.poff.tolist()
         ar = [np.arange(m) for m in n]
@@ -205,6 +206,7 @@ class VirtualLayout:
         # layout b is kept pair-swapped: its element for W[p] is at swap[rot[p]]
         maps["orbits"] = np.ascontiguousarray(np.hstack(
             [perms, swap[rot][perms], rot2[perms], a[:, None], b[:, None], c[:, None]]).astype(np.int32))
+        self.maps[G] = maps
 
 
 # --------------------------------------------------------------------------- operands

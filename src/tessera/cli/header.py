@@ -22,7 +22,8 @@ def blas() -> str:
     libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
     if not libs:
         return "unknown"
-    i = libs[0]
+    # NumPy's library runs the tensor GEMMs; SciPy's or PySCF's may be listed before it
+    i = next((i for i in libs if "numpy" in i.get("filepath", "")), libs[0])
     kernels = f"({i['architecture']} kernels)" if i.get("architecture") else None   # OpenBLAS's choice for the CPU
     return " ".join(str(x) for x in (i.get("internal_api"), i.get("version"), kernels) if x)
 

@@ -73,7 +73,8 @@ class DirectFock:
         self.shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
         size = self.ranks.size
         cost = _all_pair_costs(mol, self.shell_map, self.ranks if size > 1 else None)
-        ntasks = min(len(cost), TASKS_PER_WORKER * size * self.threads)
+        workers = getattr(context.executor, "workers", 1)          # a threads executor's
+        ntasks = min(len(cost), TASKS_PER_WORKER * size * workers * self.threads)
         self.ranges = [(int(q[0]), int(q[-1]) + 1) for q in partition(list(cost), ntasks, "contiguous")
                        if len(q)]
         self.costs = [float(cost[s:e].sum()) + TASK_OVERHEAD for s, e in self.ranges]

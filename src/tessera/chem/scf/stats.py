@@ -29,6 +29,9 @@ def _rank_totals(history: list) -> dict:
             out["victims"][int(v)] = out["victims"].get(int(v), 0) + n
     out["busy_per_build_s"] = [h["busy_s"] for h in history]
     out["tasks_per_build"] = [h.get("tasks_active", 0) for h in history]
+    for k in ("shell_quartets_computed", "shell_quartets_screened"):     # the direct build's
+        if history and k in history[0]:
+            out[f"{k}_per_build"] = [h[k] for h in history]
     out["incremental_builds"] = sum(bool(h.get("incremental")) for h in history)
     out["incore_bytes"] = history[0].get("incore_bytes", 0) if history else 0
     return out
