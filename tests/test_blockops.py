@@ -120,7 +120,7 @@ def test_gathered_operand_reused_only_while_unchanged(backend, monkeypatch):
 def test_constant_gather_served_by_its_transpose_or_symmetric_twin(backend, monkeypatch):
     """A constant tensor's gathered matrices are reused for a gather that equals one of
     them transposed, or equals it through the tensor's declared symmetry (ovvv[kbca] =
-    ovvv[kbac]): four contractions of a frozen ovvv-like tensor gather it twice, and
+    ovvv[kbac]): four contractions of a frozen ovvv-like tensor gather it once (two are read in place), and
     every result equals numpy.einsum (random irreps, so several sectors per GEMM)."""
     o, v, rng = _spaces(13)
     w = BlockTensor.random((o, v, v, v), 0, rng=rng).to_dense()

@@ -15,6 +15,7 @@ import contextvars
 import functools
 import sys
 import time
+import weakref
 from collections import Counter, OrderedDict
 from dataclasses import replace
 from functools import lru_cache
@@ -289,6 +290,8 @@ class Context:
             version, mats = self._in_place.get(key[1:], (None, None))
             if version != t.version:
                 mats = blockops.in_place_matrices(ref, perm, layouts)
+                if version is None:     # the views keep the blocks alive: not beyond the tensor
+                    weakref.finalize(t, self._in_place.pop, key[1:], None)
                 self._in_place[key[1:]] = (t.version, mats)
             if mats is not None:
                 return mats

@@ -300,8 +300,8 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
     them; distributed, for the plan's task tile and windows). The one formula of (T) memory, also used
     by ``tessera plan --ranks``. Distributed, a task and the row cache are held to
     ``triples_tasks.window_budget``: the rank's share of the (T) operands, so ``rows``
-    falls as ranks grow down to a floor set by o, v, the tiles and the machine
-    (``task_floor``), and at most a
+    falls as ranks grow down to a floor (the lesser of ``task_floor``, set by o, v, the
+    tiles and the machine, and the streamed tasks' ``stream_floor``), and at most a
     share of ``memory_bytes``, the rank's memory budget."""
     from tessera.chem.triples import VirtualLayout, irrep_ranges
     from tessera.chem.triples_tasks import kernel_plan

@@ -753,9 +753,10 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     ``cache_mb``: per-rank cache of packed rows of distributed tensors (default: as below);
     with the blocked kernel, the bytes one task's windows may take (``chem.triples_window``;
     when not given, ``triples_tasks.window_budget``: the rank's share of the (T) operands,
-    at least a floor (``task_floor``), at most a quarter of ``memory_mb``, the rank's
-    memory budget, or 256 MiB; the occupied task tile then follows from it:
-    ``triples_tasks.window_plan``).
+    at least a floor (the lesser of ``task_floor`` and the streamed ``stream_floor``), at
+    most a quarter of ``memory_mb``, the rank's memory budget, or 256 MiB; the occupied
+    task tile then follows from it: ``triples_tasks.window_plan``, or, below the
+    unstreamed floor, ``stream_plan``: the contracted indices fetched in chunks).
     ``kernel_mb``: the kernel's buffers per thread (default 256 MiB); when the whole-space
     kernel (~ v^3 / nirrep per buffer) does not fit, the virtual index is blocked too
     (:mod:`tessera.chem.triples_blocked`), in blocks of ``vblock`` orbitals if given.
@@ -787,8 +788,10 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
                          "mpi-collective); run triples_correction inside the context that made them")
     from tessera.chem.triples_tasks import TriplesTasks
     ranks = context.ranks
+    # one plan on every rank: nodes may hold different numbers of ranks
+    per_node = ranks.allreduce(ranks.node_size, "max")
     job = TriplesTasks(ints, t1, t2, occ_tile, cache_mb, resident, vblock, kernel_mb, nranks=ranks.size,
-                       memory_bytes=None if memory_mb is None else memory_mb * 2**20, ranks_per_node=ranks.node_size,
+                       memory_bytes=None if memory_mb is None else memory_mb * 2**20, ranks_per_node=per_node,
                        chunks=chunks)
     task_set = job.task_set(ranks.size)
     results = context.run_tasks(task_set)

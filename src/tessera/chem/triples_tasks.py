@@ -205,13 +205,15 @@ def stream_floor(o, v, nranks: int, ranks_per_node: int | None = None):
     return best
 
 
-def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_node: int | None = None):
+def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_node: int | None = None,
+                occ_tile: int | None = None):
     """(occ_tile, width, chunks) of streamed (T) tasks, or None (unstreamed): streamed when
     ``budget`` is below the unstreamed floor (``task_floor``) and a streamed task fits it
     in the fewest chunks (C > 1) whose ``stream_bytes`` fit: the task of ``stream_floor``
     where it holds less than that floor; a budget given below even a one-orbital
     unstreamed task of one-orbital windows, also a one-orbital task of the widest windows
-    (at most MIN_WINDOW) that fit, whatever its reads."""
+    (at most MIN_WINDOW) that fit, whatever its reads. A given ``occ_tile`` is the task
+    tile of every candidate."""
     floor = task_floor(o, v, nranks, ranks_per_node)
     if budget >= floor:
         return None
@@ -220,7 +222,7 @@ def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_
     if budget < task_bytes(o.dim, v.dim, 1, 1):
         tried += [(1, width) for width in range(min(MIN_WINDOW, v.dim), 0, -1)]
     nv, no = int(lay.n.max()), int(lay.no.max())
-    for r, width in tried:
+    for r, width in [(occ_tile or r, width) for r, width in tried]:
         for count in range(2, max(nv, no) + 1):
             if stream_bytes(o.dim, v.dim, r, width, -(-nv // count), -(-no // count)) <= budget:
                 return r, width, count
@@ -511,7 +513,7 @@ class TriplesTasks:
         # (whole rows: the task tile from the same budget, the kernel's batch no larger)
         self.windows = None
         budget = None if resident else window_budget(cache_mb, memory_bytes, self.tensors, nranks, ranks_per_node)
-        streamed = None if resident or chunks else stream_plan(lay, o, v, budget, nranks, ranks_per_node)
+        streamed = None if resident or chunks else stream_plan(lay, o, v, budget, nranks, ranks_per_node, occ_tile)
         if streamed is not None:         # the budget's streamed tasks (stream_plan)
             occ, width, chunks = streamed
             self.vblock = min(self.vblock or width, width, int(lay.n.max()))
@@ -807,9 +809,10 @@ class TriplesTasks:
                     copies[name] += got if key not in tensor.blocks else 0
                     tables.add(name, key, arr, s0, pieces)
         blocks.clear()
+        counted = dict(tables.nbytes)          # zero tables the kernel asks for come on top
         with self.lock:
             self.read[task] = read
-            self.held.add({s: copies[s] + tables.nbytes[s] for s in SOURCES})
+            self.held.add({s: copies[s] + counted[s] for s in SOURCES})
         inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, **tables.tables())
         kern = WindowTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows,
                                   window, tables)
@@ -817,6 +820,7 @@ class TriplesTasks:
         energy = kern.tile_energy(I, J, K)
         with self.lock:
             self.flops += kern.flops
+            self.held.add({k: n - counted[k] for k, n in tables.nbytes.items()})
             self.held.add(tables.nbytes, -1)
         return energy
 
@@ -857,7 +861,8 @@ class TriplesTasks:
         blocks.clear()
         before = _acc_bytes(self.acc)
         self.read[task] = self.read.get(task, 0) + read
-        self.held.add({s: copies[s] + tables.nbytes[s] for s in SOURCES})
+        counted = dict(tables.nbytes)          # zero tables the kernel asks for come on top
+        self.held.add({s: copies[s] + counted[s] for s in SOURCES})
         inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, ov1=None, ov2=None, t2r=None, t2s=None,
                            ooL=None, ovov=None)
         kern = StreamTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows, window,
@@ -872,6 +877,7 @@ class TriplesTasks:
             energy = kern.tile_energy(I, J, K)
             self.held.add({"W": held}, -1)
         self.flops += kern.flops
+        self.held.add({k: n - counted[k] for k, n in tables.nbytes.items()})
         self.held.add(tables.nbytes, -1)
         return energy
 
