@@ -96,7 +96,6 @@ def test_orbital_irreps_equal_pyscf(nranks):
     """Per irrep, the sorted orbital energies agree: labels are right also inside
     degenerate groups (benzene's e1g/e2u pairs split over D2h irreps)."""
     out = launch(nranks)
-    fraction_checked = False
     for name in scf_checks.MOLECULES:
         ref = pyscf_ref(name)
         run = out["runs"][f"{name}/steal"]
