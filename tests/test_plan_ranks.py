@@ -520,18 +520,20 @@ def test_triples_memory_per_rank_falls_with_ranks():
     task's rows and tables, or by whole rows one task's rows and the row cache) for water
     clusters (H2O)4, 8, 12 and 16 in cc-pVDZ (C1, tile 32) on 16, 64, 256 and 1024
     simulated ranks with 8 GiB each, on one node's bandwidth: the budget of a task
-    (``window_budget``) is the ranks' share of the (T) operands, never below the least of
-    the unstreamed floor (``task_floor``, which grows with o and v) and the streamed one
-    (``stream_floor``: tasks streaming the contracted indices whose reads stay within
-    READ_SHARE of compute, set by the machine alone: the same bytes for every cluster
-    here) nor above a quarter of the memory; so it never grows with ranks, and what a
+    (``window_budget``) is the ranks' share of the (T) operands, never below the
+    unstreamed floor (``task_floor``, which grows with o and v) -- or, where the share is
+    below 1/STREAM_BELOW of it, the lesser of it and the streamed one (``stream_floor``:
+    tasks streaming the contracted indices whose reads stay within READ_SHARE of
+    compute, set by the machine alone: the same bytes for every cluster here) -- nor
+    above a quarter of the memory; so it never grows with ranks, and what a
     rank holds stays within it, falling while the share binds. At 1024 ranks the share
     is below the streamed floor for (H2O)8 to (H2O)16, so what a rank holds there is
     within that one molecule-independent bound (before: (H2O)8 512.5 MiB, (H2O)16 792.6 MiB,
     whole-rows and windowed floors), and streamed (chunks > 1), the kernel's buffers
     those of the windows' blocks, about the same for every cluster."""
     from tessera.chem.memory import triples_parts
-    from tessera.chem.triples_tasks import SOURCES, plan_counts, stream_floor, task_floor, window_budget
+    from tessera.chem.triples_tasks import (STREAM_BELOW, SOURCES, plan_counts, stream_floor, task_floor,
+                                            window_budget)
     from tessera.tensor.block_tensor import allowed_elements
     cap = 2 * 2**30
     at_1024 = {}
@@ -545,7 +547,8 @@ def test_triples_memory_per_rank_falls_with_ranks():
         for P in (16, 64, 256, 1024):
             budgets[P] = window_budget(None, 8 * 2**30, tensors, P)
             assert task_floor(o, v, P) == floor and stream_floor(o, v, P) == streamed
-            assert budgets[P] == min(cap, max(least, operands / P))
+            lower = least if STREAM_BELOW * operands / P < floor else floor      # streamed tasks only well below
+            assert budgets[P] == min(cap, max(lower, operands / P))
             plan = plan_counts(tensors, P, memory_bytes=8 * 2**30)
             parts = triples_parts(o, v, P, 1, memory_bytes=8 * 2**30)
             rows[P] = parts["rows"]

@@ -28,6 +28,7 @@ import numpy as np
 from scipy.linalg.blas import dgemm
 
 from tessera.chem.triples_blocked import BlockedTripleKernel
+from tessera.chem.triples_window import ZeroTables
 
 SOURCE_OF = {"ov1": "ovvv", "t2R": "t2", "t2L": "t2", "ooL": "ovoo", "ovov": "ovov"}   # table -> tensor
 
@@ -108,7 +109,7 @@ def stream_requests(win, chunks: Chunks, X: list, window, stage: int) -> list:
     return out
 
 
-class StreamTables:
+class StreamTables(ZeroTables):
     """One stage's rows in the forms the streamed kernel reads, per occupied orbital x:
     ``ov1`` (P, Q) -> [f, n_P, n_Q] = (x p|q f); ``t2R`` (P, Q) -> [m, n_P, n_Q] =
     t2[x m p q]; ``t2L`` (y0, S) -> [n_y, n_S, f] = t2[x y s f]; ``ooL`` (y0, S) ->
@@ -116,19 +117,13 @@ class StreamTables:
     (P, Q, S window tiles; f, m the stage's chunk of their irrep; y0 the first orbital
     of one of the task's tiles; missing keys are zero)."""
 
+    source_of = SOURCE_OF
+
     def __init__(self, win, irrep, chunks: Chunks, stage: int, ytiles: dict):
+        super().__init__()
         self.win, self.irrep, self.ytiles = win, irrep, ytiles      # ytiles: y0 -> (orbitals, irrep)
         self.wv, self.wo = chunks.widths("v", stage), chunks.widths("o", stage)
         self.ystart = {y: y0 for y0, (ny, _) in ytiles.items() for y in range(y0, y0 + ny)}
-        self.data: dict = {}
-        self.nbytes = dict.fromkeys(("ovvv", "t2", "ovov", "ovoo"), 0)
-
-    def get(self, kind: str, x: int, key) -> np.ndarray:
-        arr = self.data.get((kind, x, key))
-        if arr is None:
-            arr = self.data[(kind, x, key)] = np.zeros(self._shape(kind, x, key))
-            self.nbytes[SOURCE_OF[kind]] += arr.nbytes
-        return arr
 
     def _shape(self, kind, x, key) -> tuple:
         g, vt = self.irrep[x], self.win.vtiles

@@ -79,6 +79,11 @@ OCC_TILE_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)     # occupied task ti
 MIN_WINDOW = 16
 READ_SHARE = 0.1           # distributed (T): the time a task reads rows, at most this share of its compute
 MAX_TASKS = 2**24          # distributed (T): windowed tasks at most (each rank weighs every task for the deal)
+# streamed tasks (far smaller, more of them) are taken only where the rank's share of the
+# operands is below this fraction of the unstreamed floor: with few ranks holding the floor
+# costs little and its larger tasks run faster (water tetramer cc-pVDZ (T) on 2 ranks,
+# idle: streamed, 13440 tasks, 61.9 s; unstreamed 10.6 s)
+STREAM_BELOW = 8
 STREAM_CHUNK = 16          # streamed (T) tasks: the narrowest chunk of a contracted index (the GEMMs' k)
 STREAM_TILES = (1, 2, 3, 4, 6, 8)     # streamed (T) tasks: occupied task tiles tried
 
@@ -128,9 +133,10 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
     """Bytes one distributed (T) task may hold (windowed: its rows and tables; by whole
     rows: its rows, and the row cache): ``cache_mb`` when given, else the rank's share of
     the (T) operands ``tensors`` (ovvv, t2, ovov, ovoo: every allowed element, over
-    ``nranks``), so it falls as ranks grow, but never below the lesser of ``task_floor``
-    (unstreamed) and ``stream_floor`` (streamed tasks, set by the machine alone) and never
-    above WINDOW_SHARE of the rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
+    ``nranks``), so it falls as ranks grow, but never below ``task_floor`` (unstreamed) --
+    or, where the share is below 1/STREAM_BELOW of that floor, ``stream_floor`` (streamed
+    tasks, set by the machine alone) when it is less -- and never above WINDOW_SHARE of the
+    rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
     if cache_mb is not None:
         return cache_mb * 2**20
     base = DEFAULT_CACHE_MB * 2**20
@@ -138,7 +144,7 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
     share = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES) / nranks
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
     floor = task_floor(o, v, nranks, ranks_per_node)
-    streamed = stream_floor(o, v, nranks, ranks_per_node)
+    streamed = stream_floor(o, v, nranks, ranks_per_node) if STREAM_BELOW * share < floor else None
     return min(cap, max(floor if streamed is None else min(floor, streamed[2]), share))
 
 

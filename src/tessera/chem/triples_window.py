@@ -346,27 +346,39 @@ class _ByIrrep:
         return _LeftRows(self.tables, self.kind, self.x, gy)
 
 
-class WindowTables:
+class ZeroTables:
+    """A task's tables, each made zero on first use (``get``; missing keys read as zero),
+    their bytes counted per source tensor (``source_of``: table kind -> tensor)."""
+
+    source_of: dict = {}
+
+    def __init__(self):
+        self.data: dict = {}          # (kind, x, key) -> array
+        self.nbytes = dict.fromkeys(("ovvv", "t2", "ovov", "ovoo"), 0)
+
+    def get(self, kind: str, x: int, key) -> np.ndarray:
+        arr = self.data.get((kind, x, key))
+        if arr is None:
+            arr = self.data[(kind, x, key)] = np.zeros(self._shape(kind, x, key))
+            self.nbytes[self.source_of[kind]] += arr.nbytes
+        return arr
+
+
+class WindowTables(ZeroTables):
     """One task's fetched rows, in the forms the windowed kernel reads, per occupied
     orbital x and key: ``ov1`` (P, Q) -> [n_f, n_P, n_Q] = (x p|q f); ``t2r`` (g_y, S) ->
     [n_y, n_S, n_f] = t2[x y s f]; ``ooL`` (g_y, S) -> [n_y, n_S, n_m] = (x s|y m);
     ``ovov`` (g_y, P) -> [n_y, n_P, n_q] = (x p|y q) (P, Q, S virtual tiles, the others
     whole irreps; missing keys are zero)."""
 
+    source_of = SOURCE_OF
+
     def __init__(self, win: Windows, lay, irrep, o, v):
+        super().__init__()
         self.win, self.lay, self.irrep, self.o, self.v = win, lay, irrep, o, v
         self.nv, self.no = lay.n.tolist(), lay.no.tolist()
         self.offsets = {"t2r": lay.poff.tolist(), "ooL": lay.vooff.tolist()}
         self.dims = {"t2r": self.nv, "ooL": self.no}
-        self.data: dict = {}          # (kind, x, key) -> array
-        self.nbytes = dict.fromkeys(SOURCE_OF.values(), 0)      # per source tensor
-
-    def get(self, kind: str, x: int, key) -> np.ndarray:
-        arr = self.data.get((kind, x, key))
-        if arr is None:
-            arr = self.data[(kind, x, key)] = np.zeros(self._shape(kind, x, key))
-            self.nbytes[SOURCE_OF[kind]] += arr.nbytes
-        return arr
 
     def _shape(self, kind, x, key) -> tuple:
         g, vt = self.irrep[x], self.win.vtiles
