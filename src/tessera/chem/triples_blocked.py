@@ -201,6 +201,11 @@ class BlockedTripleKernel(TripleKernel):
             return seg                                   # the whole row: no copy
         seg = seg.reshape(nc, n1, n2)
         seg = seg[:, first[1]:first[1] + first[2], second[1]:second[1] + second[2]]
+        return self._into_rbuf(seg, nc, T, U, swapped)
+
+    def _into_rbuf(self, seg, nc: int, T, U, swapped: bool) -> np.ndarray:
+        """``seg`` [nc, first, second] (``swapped``: first is U) as [nc, n_T n_U] in the
+        right-operand buffer (pairs t in T, u in U)."""
         out = self.rbuf[:nc * T[2] * U[2]].reshape(nc, T[2], U[2])
         out[...] = seg.transpose(0, 2, 1) if swapped else seg
         return out.reshape(nc, T[2] * U[2])

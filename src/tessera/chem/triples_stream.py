@@ -243,9 +243,7 @@ class StreamTripleKernel(BlockedTripleKernel):
         first, second = (U, T) if swapped else (T, U)
         (t1, o1), (t2, o2) = self._tile(first), self._tile(second)
         seg = self.tab.get(kind, x, (t1, t2))[:, o1:o1 + first[2], o2:o2 + second[2]]
-        out = self.rbuf[:nc * T[2] * U[2]].reshape(nc, T[2], U[2])
-        out[...] = seg.transpose(0, 2, 1) if swapped else seg
-        return out.reshape(nc, T[2] * U[2])
+        return self._into_rbuf(seg, nc, T, U, swapped)
 
     def _pairs(self, x, gy, rows: slice, P, Q):
         if P[0] ^ Q[0] != self.irr[x] ^ gy:

@@ -809,7 +809,7 @@ class TriplesTasks:
                 tensor = self.tensors[name]
                 for key, part, pieces in reqs:
                     part = (rows or ()) + part
-                    tag = (tensor.uid, key, part) if part else (tensor.uid, key)
+                    tag = request_tag((tensor, key, part or None))
                     arr, got = self._keep(tag, name, key, blocks)
                     read += got
                     copies[name] += got if key not in tensor.blocks else 0
@@ -859,7 +859,7 @@ class TriplesTasks:
         read, copies = 0, dict.fromkeys(SOURCES, 0)
         for name, key, part, kind, place in self._stream_reqs:
             tensor = self.tensors[name]
-            tag = (tensor.uid, key, part) if part else (tensor.uid, key)
+            tag = request_tag((tensor, key, part or None))
             arr, got = self._keep(tag, name, key, blocks)
             read += got
             copies[name] += got if key not in tensor.blocks else 0

@@ -434,9 +434,7 @@ class WindowTripleKernel(BlockedTripleKernel):
             seg = self.tab.get("ov1", x, (t1, t2))[:, o1:o1 + first[2], o2:o2 + second[2]]
         else:                                        # t2r: rows m of irrep gc, (s in first, f any)
             seg = self.tab.get("t2r", x, (gc, t1))[:, o1:o1 + first[2], second[1]:second[1] + second[2]]
-        out = self.rbuf[:nc * T[2] * U[2]].reshape(nc, T[2], U[2])
-        out[...] = seg.transpose(0, 2, 1) if swapped else seg
-        return out.reshape(nc, T[2] * U[2])
+        return self._into_rbuf(seg, nc, T, U, swapped)
 
     def _pairs(self, x, gy, rows: slice, P, Q):
         if P[0] ^ Q[0] != self.irr[x] ^ gy:

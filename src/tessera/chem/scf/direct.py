@@ -36,7 +36,7 @@ from tessera.backends.context import thread_limit
 from tessera.backends.registry import check_schedule
 from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet
-from tessera.chem.scf.fock import Incremental, SCREENING, REBUILD_EVERY
+from tessera.chem.scf.fock import Incremental, SCREENING, REBUILD_EVERY, shell_maxima
 from tessera.chem.scf.integrals import (BlockERI, Skeleton, _all_pair_costs, _on_threads,
                                         _s8_library, _shell_operations, schwarz_bounds)
 from tessera.chem.scf.tasks import count_skipped_shell_quartets
@@ -89,9 +89,7 @@ class DirectFock:
 
     def shell_density(self, dm: np.ndarray) -> np.ndarray:
         """max |D| over the functions of each shell pair, (nbas, nbas)."""
-        loc = np.asarray(self.eri.ao_loc[:-1], dtype=np.int64)
-        return np.ascontiguousarray(np.maximum.reduceat(np.maximum.reduceat(np.abs(dm), loc, axis=0),
-                                                        loc, axis=1))
+        return shell_maxima(dm, self.eri.ao_loc)
 
     def _build(self, dm: np.ndarray, incremental: bool) -> np.ndarray:
         t_start = time.perf_counter()

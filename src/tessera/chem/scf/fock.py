@@ -79,6 +79,13 @@ BOX_FRACTION = 0.75
 _DEAL_KEYS = ("stolen", "steals", "counter_local", "counter_remote")
 
 
+
+def shell_maxima(dm: np.ndarray, ao_loc) -> np.ndarray:
+    """max |D| over the functions of each shell pair, (nbas, nbas) contiguous: the density
+    factor of the density-weighted screening bound."""
+    loc = np.asarray(ao_loc[:-1], dtype=np.int64)
+    return np.ascontiguousarray(np.maximum.reduceat(np.maximum.reduceat(np.abs(dm), loc, axis=0), loc, axis=1))
+
 class Incremental:
     """The incremental (Delta D) scheme of a direct build: ``build(dm, full)`` is G(dm) from
     ``full(d, incremental) -> G(d)``, as G(D_last) + G(D - D_last) between full builds,
@@ -226,8 +233,7 @@ class FockBuilder:
         screening of a direct build; None when nothing is screened."""
         if self.mode != "direct" or self.tasks.threshold <= 0:
             return None
-        loc = np.asarray(self.blocks.ao_loc[:-1], dtype=np.int64)
-        return np.maximum.reduceat(np.maximum.reduceat(np.abs(dm), loc, axis=0), loc, axis=1)
+        return shell_maxima(dm, self.blocks.ao_loc)
 
     def quartet_screen(self, quartet: tuple, dsh: np.ndarray) -> np.ndarray:
         """Boolean (nsa, nsb, nsc, nsd) over the shells of a block quartet: Q_ab Q_cd and
