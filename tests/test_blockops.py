@@ -197,6 +197,54 @@ def test_constant_left_operand_read_in_place_equal_einsum(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_constant_gathered_in_one_layout_stored_once(backend, monkeypatch):
+    """``Context.store_constants_gathered``: a constant gathered in one layout only keeps
+    its blocks as views of the kept matrices (its own arrays freed, its values unchanged);
+    one gathered in two layouts, one read in place, one on the flat path, and blocks no
+    product reads keep their own arrays; the same equations run again equal numpy.einsum (random irreps, so
+    several sectors per GEMM)."""
+    import weakref
+    o, v, rng = _spaces(31)
+    W, V, L = (BlockTensor.random((o, v, v, v), 0, rng=rng, name=n, fill=0.7).freeze() for n in "WVL")
+    M = BlockTensor.random((v, v), 0, rng=rng, name="M").freeze()
+    t1 = BlockTensor.random((o, v), 0, rng=rng, name="t1")
+    U = BlockTensor.random((o, o, v, v), 0, rng=rng, name="U")
+    w, vv, lv, m, s, u = (x.to_dense() for x in (W, V, L, M, t1, U))
+    Y, S, Q, P, F = (BlockTensor((v, v), 0, name="Y"), BlockTensor((o, o, o, v), 0, name="S"),
+                     BlockTensor((v, v), 0, name="Q"), BlockTensor((o, v, v, o), 0, name="P"),
+                     BlockTensor((o, v), 0, name="F"))
+    monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 0)        # per block, then M on the flat path
+    monkeypatch.setattr(sectors, "_small", lambda spaces, *args: len(spaces) == 2 and spaces[0] is v)
+    own = {n: {k: weakref.ref(b) for k, b in t.blocks.items()} for n, t in (("W", W), ("V", V), ("L", L))}
+
+    def run():
+        with ts.equations():
+            Y["ab"] = t1["kc"] * W["kcab"]              # W on the right: gathered, its one layout
+            S["ijkb"] = V["kcdb"] * U["ijcd"]           # V in two layouts
+            Q["ab"] = t1["kc"] * V["kcab"]
+            P["iabj"] = L["iabc"] * t1["jc"]            # L read in place
+            F["ia"] = t1["ib"] * M["ba"]                # M: flat
+        _close(Y.to_dense(), np.einsum("kc,kcab->ab", s, w))
+        _close(S.to_dense(), np.einsum("kcdb,ijcd->ijkb", vv, u))
+        _close(Q.to_dense(), np.einsum("kc,kcab->ab", s, vv))
+        _close(P.to_dense(), np.einsum("iabc,jc->iabj", lv, s))
+        _close(F.to_dense(), s @ m)
+    with ts.Context(backend) as ctx:
+        run()
+        flat = M.flat()
+        ctx.store_constants_gathered()
+        (mats,) = [mats for key, mats in ctx._cache.items() if key[1] == W.uid]
+        # the blocks of the sectors this product reads (t1's irrep) are views, their own
+        # arrays freed; the others keep theirs
+        shared = {k for k, b in W.blocks.items() if any(np.shares_memory(b, x) for x in mats.values())}
+        assert shared and all((r() is None) == (k in shared) for k, r in own["W"].items())
+        assert all(r() is not None for r in [*own["V"].values(), *own["L"].values()])    # two layouts, in place: kept
+        assert all(np.shares_memory(b, flat) for b in M.blocks.values())
+        np.testing.assert_array_equal(W.to_dense(), w)
+        run()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_constant_added_in_another_order_kept_permuted_while_unchanged(backend, monkeypatch):
     """A frozen tensor added into outputs of other axis orders (CCSD's Z[ijab] += ovov[iajb])
     on the flat path is permuted once per (order, output) and kept (``Context._permuted``);

@@ -102,3 +102,50 @@ def test_not_converged_reports_last_state(systems):
     assert "did not converge in 3 iterations" in str(info.value)
     assert len(info.value.result.iterations) == 3
     assert np.isfinite(info.value.result.e_corr)
+
+
+def test_residual_frees_intermediates_before_its_second_group(monkeypatch):
+    """The residual's intermediates read only by its first group of updates (tauh, th,
+    taup, taupp, X0, X) are no longer referenced when the second group runs (the ladder
+    is one of its updates), and after the first residual of a local CCSD the ladder
+    dressing's M+- (gathered in one layout) keep their blocks as views of the kept
+    matrices; the energy still equals PySCF's."""
+    import weakref
+
+    from tessera.chem import ccsd_equations as eq
+    from tessera.tensor.pairs import kept_plus_minus_last
+    mol = Molecule.from_xyz(EXAMPLES + "water.xyz", basis="cc-pvdz").to_pyscf()
+    ref = rhf_reference(mol)
+    mf = scf.RHF(mol).run(conv_tol=1e-11)
+    mycc = cc.CCSD(mf).run(conv_tol=1e-10)
+    ints = transform(ref, 0, 32)
+    made, checked = {}, []
+    new, ladder = eq.new, eq.ladder
+
+    def recording_new(ints_, letters, name, symmetry=None):
+        t = new(ints_, letters, name, symmetry)
+        made[name] = weakref.ref(t)
+        return t
+
+    def checking_ladder(*args):
+        if "X" in made:         # in a residual (not the plan of the ladder before the iterations)
+            checked.append({n: made[n]() is None for n in ("tauh", "th", "taup", "taupp", "X0", "X")})
+        return ladder(*args)
+
+    monkeypatch.setattr(eq, "new", recording_new)
+    monkeypatch.setattr(eq, "ladder", checking_ladder)
+    ctx = Context("serial")
+    shared = []
+    store = ctx.store_constants_gathered
+
+    def storing():
+        store()
+        for m in kept_plus_minus_last(ints.ovvv):
+            kept = [mats for key, mats in ctx._cache.items() if key[1] == m.uid]
+            shared.append(bool(kept) and all(any(np.shares_memory(b, x) for x in kept[0].values())
+                                             for b in m.blocks.values()))
+    monkeypatch.setattr(ctx, "store_constants_gathered", storing)
+    result = CCSD(conv=1e-10).kernel(ints, ctx)
+    assert checked and all(all(freed.values()) for freed in checked), checked
+    assert shared == [True, True]
+    assert abs(result.e_corr - mycc.e_corr) < 1e-7

@@ -56,6 +56,19 @@ def gather_tasks(ref, perm, layouts: dict, into: dict, workers: int = 1) -> list
     return [partial(_gather_one, perm, part) for part in _even_parts(copies, workers)]
 
 
+def blocks_into_gathered(t, perm, sectors: tuple, mats: dict) -> None:
+    """Make each block ``t`` holds a view of its place in the gathered matrices ``mats``
+    (``gather_tasks`` of ``t`` by ``perm``, one matrix per ``(g, rows, cols)`` of
+    ``sectors``), so that the blocks' own arrays are freed: a constant contracted in one
+    layout only is then stored once, as its matrices."""
+    back = tuple(np.argsort(perm))
+    blocks = t.blocks
+    for g, rows, cols in sectors:
+        for key, rsl, csl, bshape in gather_map(rows, cols, perm):
+            if key in blocks:
+                blocks[key] = mats[g][rsl, csl].reshape(bshape).transpose(back)
+
+
 class InPlaceMatrix:
     """A sector's left GEMM operand read from its tensor's blocks in place: each block,
     transposed by the gather's permutation and reshaped to (rows, inner), is a view

@@ -83,6 +83,7 @@ class Context:
         self._cache: OrderedDict = OrderedDict()     # (uid, version, layout ids) -> matrices
         self._permuted_flats: dict = {}     # constants' flat vectors in another order (_permuted)
         self._in_place: dict = {}   # constants' left operands read from their blocks (_gathered)
+        self._constants = weakref.WeakValueDictionary()    # uid -> constant gathered here
         # regions run here: time, flops (a run's contexts may share one recorder)
         self.profile = recorder if recorder is not None else Recorder()
         self._tokens: list = []
@@ -127,6 +128,23 @@ class Context:
         self._permuted_flats.clear()
         self._in_place.clear()
         give_back_freed_memory()
+
+    def store_constants_gathered(self) -> None:
+        """Each constant that the plans run so far gathered in one layout only, and never read
+        in place, keeps its blocks as views of those kept matrices: its own block arrays
+        are freed, not held beside a copy of the same numbers (``blockops.blocks_into_gathered``).
+        A driver calls it once its plans have all run (after a CCSD's first residual)."""
+        entries: dict = {}
+        for key, mats in self._cache.items():
+            entries.setdefault(key[1], []).append((key, mats))
+        in_place = {key[0] for key, (_, mats) in self._in_place.items() if mats is not None}
+        for uid, kept in entries.items():
+            t = self._constants.get(uid)
+            if t is None or len(kept) != 1 or uid in in_place or not _plain_blocks(t):
+                continue
+            (version, _, perm, sectors), mats = kept[0]
+            if version == t.version:
+                blockops.blocks_into_gathered(t, perm, sectors, mats)
 
     def record_step(self, step, seconds: float, start: float | None = None) -> None:
         self.record(step.label, seconds, step.flops, start, step.kind)
@@ -286,6 +304,7 @@ class Context:
         if not t.constant:
             return self._batch_gathered(ref, perm, layouts)
         key = (t.version,) + _gather_key(t, perm, layouts)
+        self._constants[t.uid] = t
         if left:        # by layout, with the version: a stale entry holds no old blocks
             version, mats = self._in_place.get(key[1:], (None, None))
             if version != t.version:
@@ -396,6 +415,12 @@ def gather_twins(t, perm: tuple, nrow: int) -> list:
         q = tuple(g[p] for p in perm)
         out += [(q, False), (q[nrow:] + q[:nrow], True)]
     return out
+
+
+def _plain_blocks(t) -> bool:
+    """Whether a local tensor's blocks are its own arrays in a plain dict: not views of its
+    flat vector (``BlockTensor.flat``), not triangles (the ladder's V+-, ``tensor.pairs``)."""
+    return t.dist is None and t._flat is None and type(t.blocks) is dict
 
 
 def _gather_key(t, perm, layouts) -> tuple:

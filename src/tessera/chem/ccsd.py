@@ -150,10 +150,13 @@ class CCSD:
             t0, f0 = time.perf_counter(), ctx.flops
             r1, r2 = eq.residual(ints, t1, t2, tau, fixed)
             del tau                     # free until the next amplitudes' tau
+            if it == first:             # every plan has run: constants of one layout stored once
+                ctx.store_constants_gathered()
             new1, new2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
             with ts.equations():
                 new1["ia"] = r1["ia"] / D1["ia"]
                 new2["ijab"] = r2["ijab"] / D2["ijab"]
+            del r1, r2                  # freed before the packed vectors are made
             new1.fill_zero_blocks()
             new2.fill_zero_blocks()
             # the old amplitudes are the last iteration's vector (unpacked into t1, t2)

@@ -136,6 +136,9 @@ def residual(ints, t1, t2, tau=None, fixed=None):
         W2["aijb"] += (Wt1_ovov["iajb"] + 0.5 * X0["aijb"] + I.ovov["iajb"]
                        + 0.5 * VO["aikc"] * taupp["kcjb"])                                # o3v3
         Y["jaib"] += t2["jkca"] * X["ckib"]                                               # o3v3
+    # read by the updates above only: freed before the residuals' updates (three of them
+    # ov x ov, 18 MB each on glycine cc-pVDZ), not held to the end of the iteration
+    del tauh, th, taup, taupp, X0, X
 
     with ts.equations():
         r1["ia"] += (-I.oovv["jiab"] * t1["jb"] + 2.0 * I.ovov["iajb"] * t1["jb"]
