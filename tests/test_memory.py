@@ -249,6 +249,10 @@ def test_ccsd_estimate_holds_the_ladder_plus_minus(tmp_path):
     # the phases that hold vvvv (the transform, the ladder's set-up) or V+- ((T)) count them
     phases = data["memory"]["estimate"]["parts"]
     assert phases["ladder"]["ladder V+-"] == local["held"]["ladder V+-"]
+    # the dressing's M+- are held as their gathered matrices from the first residual on
+    # (the working set counts those), so the iteration's held bytes do not count them again
+    assert phases["ladder"]["ladder dressing M+-"] == local["dressing_bytes"] > 0
+    assert sum(local["held"].values()) == local["held_bytes"] and "ladder dressing M+-" not in local["held"]
     # vvvv's canonical blocks: at least 1/8 of the C2v-allowed elements (>= 1/4 of dense),
     # at most 1/4 of dense (8-fold canonical blocks of the allowed ones)
     vvvv = (phases["ladder"]["integrals with vvvv"] - phases["ccsd"]["stored"]) / 8

@@ -202,6 +202,7 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
     s["gathered_bytes"] = min(CACHE_BYTES, sum(gathered.values()))
     s["held"] = dict(getattr(run, "held", {}))
     s["held_bytes"] = sum(s["held"].values())
+    s["dressing_bytes"] = getattr(run, "dressing", 0)
     s["pooled_bytes"] = sum(pooled.values())
     return s
 

@@ -224,13 +224,17 @@ class IterationStructure:
     ``tensors``: what a run stores (T2 and the integral classes, empty, with their
     placement); ``tiles``: tile sizes per space; ``held``: bytes the driver holds beside
     them (amplitude copies, the DIIS history, a local run's ladder V+-, which replace
-    vvvv among the stored tensors, and the M+- of its t1 dressing), spread over the ranks like T2."""
+    vvvv among the stored tensors), spread over the ranks like T2; ``dressing``: bytes of
+    the M+- of a local run's t1 dressing of the ladder, made in its first iteration and
+    from its first residual on held as their gathered matrices only
+    (``Context.store_constants_gathered``), which the executor's working set counts."""
     o: object
     v: object
     plans: list
     tensors: list
     tiles: dict
     held: dict = field(default_factory=dict)
+    dressing: int = 0
 
 
 def _structural(t):
@@ -268,12 +272,11 @@ class CCSDStructure:
         plus_minus = kept_plus_minus(tensors["vvvv"])
         if plus_minus:          # a local run iterates with the ladder's V+- and vvvv freed (_ladder_form)
             held["ladder V+-"] = sum(8 * t.stored_elements for t in plus_minus)
-        dressing = kept_plus_minus_last(tensors["ovvv"])
-        if dressing:            # and the M+- of ovvv its t1 dressing reads (plan.planner._plus_minus_steps)
-            held["ladder dressing M+-"] = sum(8 * t.stored_elements for t in dressing)
+        # and the M+- of ovvv its t1 dressing reads (plan.planner._plus_minus_steps)
+        dressing = sum(8 * t.stored_elements for t in kept_plus_minus_last(tensors["ovvv"]))
         stored = [t2, *(t for n, t in tensors.items() if not (plus_minus and n == "vvvv"))]
         return IterationStructure(o, v, ctx.plans, stored,
-                                  {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]}, held)
+                                  {"o": [t.size for t in o.tiles], "v": [t.size for t in v.tiles]}, held, dressing)
 
     def stored(self, tile: int, occ_tile: int | None = None) -> dict:
         """{name: empty tensor} of what a run stores at these tiles: the integral classes

@@ -26,6 +26,8 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
   ccsd       one iteration as ``backends.auto.memory_parts`` counts it (the one estimator
              of the cost model): T2 + integrals of the fullest rank, the amplitude copies
              and the DIIS history (the structure's ``held``), the executor's working set
+             (its gathered matrices of the constants: a local run's ladder dressing M+-,
+             gathered in one layout, are held as those alone, ``chem.ccsd.IterationStructure``)
   (t)        the integrals and T2 (CCSD frees its gathered matrices; under MPI also
              CCSD's other global arrays, pooled until the context closes), the packed rows
              (T) reads (on one process every task tile's rows stay, with their pair-swapped
@@ -268,7 +270,7 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     parts["ccsd"] = dict(ccsd)
     if ladder:
         parts["ladder"] = {"integrals with vvvv": with_vvvv, "ladder V+-": ladder,
-                           "ladder dressing M+-": s["held"].get("ladder dressing M+-", 0)}
+                           "ladder dressing M+-": s["dressing_bytes"]}
     if shape.method == "ccsd(t)":
         parts["(t)"] = {"integrals": stored, **triples_parts(o, v, P, T, resident=not shape.distributed,
                                                               memory_bytes=shape.budget, ranks_per_node=shape.node_ranks)}
