@@ -153,8 +153,8 @@ def test_s8_ranges_split_the_shell_pairs_and_count_their_representatives():
     """Several ranks: contiguous ranges of shell pairs, each pair on one rank, and each
     rank keeps the integrals of its pairs' representative quartets, counted here from
     the shell maps (a quartet is its orbit's representative when no operation maps it
-    to a lower packed index); one rank: the whole array; C1 over several ranks: no
-    8-fold shares (screened blocks instead)."""
+    to a lower packed index); one rank: the whole array; C1 over several ranks: the
+    identity's representatives, every canonical quartet (ij|kl), kl <= ij, once."""
     mol = molecule("benzene.xyz", "sto-3g", symmetry=True)
     ops = _shell_operations(mol)
     size = np.diff(mol.ao_loc_nr())
@@ -181,9 +181,18 @@ def test_s8_ranges_split_the_shell_pairs_and_count_their_representatives():
                     kept[rank] += size[i] * size[j] * size[k] * size[l]
     assert w[:, 2].tolist() == kept.tolist() and 0 < reps
     quartets = [pair(e - 1, e - 1) + 1 - pair(s, 0) for s, e in w[:, :2]]   # kl <= ij of its pairs ij
-    assert s8_shares(mol, 3).tolist() == (8 * kept + quartets).tolist()       # + their orbit sizes
+    assert (0 < w[:, 3]).all() and (w[:, 3] <= quartets).all() and w[:, 3].sum() <= sum(quartets)
+    assert s8_shares(mol, 3).tolist() == (8 * kept + w[:, 3]).tolist()        # + their orbit sizes
     assert s8_shares(mol, 1).tolist() == [s8_bytes(mol.nao)]
-    assert s8_shares(molecule("h2o2_distorted.xyz", "6-31g", symmetry=True), 2) is None
+    c1 = molecule("h2o2_distorted.xyz", "6-31g", symmetry=True)
+    assert c1.groupname == "C1"
+    n = np.diff(c1.ao_loc_nr())
+    nij = np.outer(n, n)[np.tril_indices(c1.nbas)]            # functions of each shell pair
+    blocks = (int((nij ** 2).sum()) + int(nij.sum()) ** 2) // 2  # of every (ij|kl), kl <= ij
+    npair = len(nij)
+    w = s8_ranges(c1, 2)
+    assert w[:, 2].sum() == blocks and w[:, 3].sum() == npair * (npair + 1) // 2
+    assert s8_shares(c1, 2).sum() == 8 * blocks + npair * (npair + 1) // 2
 
 
 def _serial_fock(mol, threshold, block_nbf, dm):
