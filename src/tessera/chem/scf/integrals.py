@@ -190,13 +190,14 @@ class ShellPairQuartets:
         offsets = None if row_off is None else row_off.ctypes.data_as(ptr)
 
         def work(counter):
+            scratch = e.scratch()           # this thread's, for the whole call
             return _fill()(ctypes.cast(e._intor, ptr), e._cintopt, e._atm.ctypes.data_as(ptr), e._natm,
                            e._bas.ctypes.data_as(ptr), e._nbas, e._env.ctypes.data_as(ptr),
                            e.ao_loc.ctypes.data_as(ptr), self.nao, len(self.ops),
                            self.shell_map.ctypes.data_as(ptr), self.ao_map.ctypes.data_as(ptr),
                            self.ao_sign.ctypes.data_as(ptr), counter, end, offsets,
                            out.ctypes.data_as(ptr), orbit.ctypes.data_as(ptr), start * (start + 1) // 2,
-                           e.scratch().ctypes.data_as(ptr))
+                           scratch.ctypes.data_as(ptr))
         if any(_on_threads(work, threads, start)):
             raise SymmetryError("s8fill: more than 64 point-group operations")
 
