@@ -31,7 +31,8 @@ from tessera.errors import BuildError, SymmetryError
 
 log = logging.getLogger(__name__)
 _S8_MODULE = "tessera.chem.scf._s8fill"
-#: Tasks of ranges of shell pairs per rank and thread: small enough for the schedules to balance.
+#: Tasks of ranges of shell pairs per rank (the direct build: per rank, worker and thread),
+#: small enough for the schedules to balance.
 PAIR_TASKS_PER_WORKER = 32
 #: A range task's fixed cost (Python and scheduling), in integrals, for the ranges' balance.
 PAIR_TASK_OVERHEAD = 2000.0
