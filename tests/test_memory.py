@@ -180,19 +180,20 @@ def test_plan_decides_the_transform_by_max_memory(capsys):
 
 def test_scf_phase_counts_the_integrals_the_scf_keeps():
     """The estimate's scf phase holds the AO integrals the SCF will keep: on one rank the
-    8-fold array (its size as PySCF computes it), on several the fullest rank's share of
-    the screened blocks; not when the budget leaves no room for them (auto goes direct),
-    always in mode incore (so a run that cannot fit is refused before the SCF)."""
+    8-fold array (its size as PySCF computes it), on several (C1: the identity's) the
+    fullest rank's share of the representative quartets; not when the budget leaves no
+    room for them (auto goes direct), always in mode incore (so a run that cannot fit is
+    refused before the SCF)."""
     from pyscf import gto
     from tessera.chem.memory import RunShape, estimate
-    from tessera.chem.scf.fock import incore_shares, screened_tasks
+    from tessera.chem.scf.integrals import s8_shares
     from tessera.errors import InputError
     atoms = "".join(Path(WATER).read_text().splitlines(True)[2:])
     mol = gto.M(atom=atoms, basis="6-31g", verbose=0)
     one = RunShape(mol, "hf", "serial", None, 1, 32, None, 0, False, scf_mode="auto")
     assert estimate(one).parts["scf"]["AO integrals"] == mol.intor("int2e", aosym="s8").nbytes
     two = one.but(nranks=2, distributed=True)
-    shares = incore_shares(screened_tasks(mol), 2)
+    shares = s8_shares(mol, 2)
     assert estimate(two).parts["scf"]["AO integrals"] == shares.max() < shares.sum()
     for shape in (one.but(budget=1.0), one.but(scf_mode="direct"), one.but(scf_mode=None)):
         assert "AO integrals" not in estimate(shape).parts["scf"]

@@ -33,10 +33,29 @@ def e_pyscf():
 def test_auto_keeps_each_ranks_share_when_it_fits(out, e_pyscf):
     auto = out["auto"]
     assert auto["mode"] == "incore" and abs(auto["e_hf"] - e_pyscf) < E_TOL
-    # each rank keeps exactly the share dealt before the first build, none all of them
+    # static: each rank keeps exactly the share counted before any integral, none all of them
     assert auto["kept"] == out["shares"] and 0 < max(out["shares"]) < sum(out["shares"])
     line = [s for s in auto["log"] if "AO integrals in memory:" in s]
     assert line and f"{max(out['shares']) / 2**20:.4g} MiB per rank of" in line[0]
+    assert "8-fold skeleton over 2 ranks" in line[0] and "schedule=static" in line[0]
+    # steal (the default): each rank keeps what it computed, together every representative
+    steal = out["auto_steal"]
+    assert steal["mode"] == "incore" and abs(steal["e_hf"] - e_pyscf) < E_TOL
+    assert sum(steal["kept"]) == sum(out["shares"]) and max(steal["kept"]) < sum(out["shares"])
+
+
+def test_c1_auto_decides_from_counted_shares(out):
+    """Several ranks without point-group operations: the choice counts each rank's share of
+    the identity's representatives (no Fock builder is made, no integral computed before
+    it): in memory when it fits, said in the log line with the fullest share."""
+    run, shares = out["c1_auto"], out["c1_shares"]
+    mf = scf.RHF(build("h2o2_c1"))
+    mf.verbose, mf.conv_tol = 0, 1e-12
+    assert run["mode"] == "incore" and abs(run["e_hf"] - mf.kernel()) < E_TOL
+    assert run["kept"] == shares and 0 < max(shares) < sum(shares)
+    line = [s for s in run["log"] if "AO integrals in memory:" in s]
+    assert line and f"{max(shares) / 2**20:.4g} MiB per rank of" in line[0]
+    assert "8-fold over 2 ranks (their shares of the shell pairs counted)" in line[0]
 
 
 def test_auto_is_direct_and_says_so_when_the_share_does_not_fit(out, e_pyscf):
@@ -49,9 +68,11 @@ def test_auto_is_direct_and_says_so_when_the_share_does_not_fit(out, e_pyscf):
 
 
 def test_c1_auto_without_room_is_the_direct_build_of_every_quartet(out):
-    """Several ranks without point-group operations: the screened blocks do not fit, so the
+    """Several ranks without point-group operations: the counted shares do not fit, so the
     builds are direct, through the compiled build with the identity alone."""
     run = out["c1_auto_no_room"]
+    line = [s for s in run["log"] if "direct Fock builds: AO integrals" in s]
+    assert line and f"would need {max(out['c1_shares']) / 2**20:.4g} MiB per rank" in line[0]
     mf = scf.RHF(build("h2o2_c1"))
     mf.verbose, mf.conv_tol = 0, 1e-12
     assert run["mode"] == "direct" and abs(run["e_hf"] - mf.kernel()) < E_TOL

@@ -75,18 +75,25 @@ def test_symmetric_incore_build_over_ranks_equals_pyscf(nranks):
     range of shell pairs and builds its part of the skeleton J/K; the parts summed over
     the ranks give PySCF's energy and orbital energies."""
     out = launch(nranks)
-    assert set(out["incore"]) == set(scf_checks.MOLECULES) - {"h2o2_c1"}
-    for name, run in out["incore"].items():
+    assert {key.split("/")[0] for key in out["incore"]} == set(scf_checks.MOLECULES)
+    for key in ("benzene", "h2o2_c1"):
+        assert {f"{key}/{s}" for s in scf_checks.SCHEDULES} <= set(out["incore"])
+    for key, run in out["incore"].items():
+        name = key.split("/")[0]
         ref = pyscf_ref(name)
-        assert run["mode"] == "incore" and run["tasks_total"] is None, name
-        assert run["converged"] and abs(run["e_hf"] - ref["e"]) < E_TOL, (name, run["e_hf"])
+        assert run["mode"] == "incore" and run["tasks_total"] is None, key
+        assert run["converged"] and abs(run["e_hf"] - ref["e"]) < E_TOL, (key, run["e_hf"])
         np.testing.assert_allclose(sorted(run["mo_energy"]), sorted(ref["mo_energy"]),
                                    atol=ORB_TOL)
-        assert run["same_on_all_ranks"], name
+        assert run["same_on_all_ranks"], key
     build = out["incore_build"]
     dm = np.array(build["dm"])
     vj, vk = scf.hf.get_jk(scf_checks.build("water"), dm)
     np.testing.assert_allclose(build["g"], vj - 0.5 * vk, rtol=0, atol=1e-10)
+    if nranks > 1:              # the budget left no room: each rank computed its ranges anew
+        no_room = build["no_room"]
+        np.testing.assert_allclose(no_room["g"], vj - 0.5 * vk, rtol=0, atol=1e-10)
+        assert no_room["integral_pairs_kept"] == 0 and no_room["incore_bytes"] == 0
     if nranks > 1:              # one process contracts it with all its integrals
         assert build["refused"]["type"] == "SymmetryError"
 
@@ -187,10 +194,26 @@ def test_incore_mode_equals_direct():
         assert run["mode"] == "incore" and run["tasks_total"] is None
         assert abs(run["e_hf"] - ref) < E_TOL, schedule
     ref = pyscf_ref("h2o2_c1")["e"]
-    for schedule, run in out["c1_incore"].items():          # C1: screened blocks per rank
-        assert run["mode"] == "incore"
+    for schedule, run in out["c1_incore"].items():          # C1: the identity's representatives
+        assert run["mode"] == "incore" and run["tasks_total"] is None
         assert abs(run["e_hf"] - ref) < E_TOL, schedule
-        assert sum(run["tasks_executed"]) == run["tasks_total"] * run["fock_builds"]
+
+
+def test_stealing_moves_integral_tasks_from_a_slowed_rank():
+    """The in-memory build's integral tasks under steal: the last rank, slowed, computes
+    (and keeps) fewer shell pairs than its static share, the other more; every pair is
+    computed once; the energy equals PySCF's."""
+    out = launch(EXTRAS_AT)["slowed_rank"]
+    ref = pyscf_ref("h2o2_c1")["e"]
+    static, steal = out["static"], out["steal"]
+    npairs = sum(static["integral_pairs_kept"])
+    assert sum(steal["integral_pairs_kept"]) == npairs
+    assert static["integral_tasks_stolen"] == [0, 0] and static["integral_pairs_recomputed"] == [0, 0]
+    assert steal["integral_pairs_kept"][1] < static["integral_pairs_kept"][1]
+    assert steal["integral_pairs_kept"][0] > static["integral_pairs_kept"][0]
+    assert steal["integral_tasks_stolen"][0] > 0 and steal["integral_tasks"][0] > static["integral_tasks"][0]
+    for run in (static, steal):
+        assert abs(run["e_hf"] - ref) < E_TOL
 
 
 def test_nonconvergence_raises_with_last_energy_and_error():

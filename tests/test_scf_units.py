@@ -137,6 +137,37 @@ def test_incore_fock_of_a_density_the_group_changes_uses_every_quartet():
     assert not fock.skeleton.invariant(dm) and fock.skeleton.invariant(fock.skeleton.symmetrize(dm))
 
 
+@pytest.mark.parametrize("xyz, basis, symmetry", [("benzene.xyz", "sto-3g", True),          # D2h skeleton
+                                                    ("h2o2_distorted.xyz", "6-31g", True)])  # C1: identity
+def test_parts_of_shell_pairs_computed_in_any_order_give_pyscf_jk(xyz, basis, symmetry):
+    """What a rank of several keeps: the compact representatives of ranges of shell pairs
+    (``ShellPairQuartets.part``), computed in another order than the ranges' (a stealing
+    rank takes ranges from the back), half of them on one rank, half on another; their J and K
+    (``Skeleton.parts_jk``) summed with the others' equal PySCF's (1e-11)."""
+    from tessera.chem.scf.integrals import (ShellPairQuartets, Skeleton, _all_pair_costs,
+                                           pair_ranges)
+    mol = molecule(xyz, basis, symmetry=symmetry)
+    ops = _shell_operations(mol) or [(np.arange(mol.nbas), np.arange(mol.nao), np.ones(mol.nao))]
+    quartets = ShellPairQuartets(mol, ops)
+    skeleton = Skeleton(ops, quartets.eri.ao_loc, mol.nao, None, (0, quartets.npairs))
+    cost = _all_pair_costs(mol, quartets.shell_map)
+    ranges, _ = pair_ranges(cost, 7)
+    assert len(ranges) > 3
+    rng = np.random.default_rng(3)
+    dm = rng.standard_normal((mol.nao, mol.nao))
+    dm = skeleton.symmetrize(dm + dm.T)
+    vj_ref, vk_ref = _vhf.incore(mol.intor("int2e", aosym="s8"), dm, hermi=1)
+    vj = vk = 0
+    half = len(ranges) // 2
+    for ranks_ranges in (ranges[:half], ranges[half:]):   # two ranks' shares, each its own row offsets
+        row_off = np.zeros(quartets.npairs + 1, dtype=np.int64)
+        parts = [(s, e, *quartets.part(s, e, cost, row_off, 2)) for s, e in reversed(ranks_ranges)]
+        j, k = skeleton.parts_jk(parts, dm, 2, row_off)
+        vj, vk = vj + j, vk + k
+    np.testing.assert_allclose(vj, vj_ref, rtol=0, atol=1e-11)
+    np.testing.assert_allclose(vk, vk_ref, rtol=0, atol=1e-11)
+
+
 def test_schwarz_bounds_equal_brute_force(water_dz):
     mol = water_dz
     q = schwarz_bounds(BlockERI(mol), mol)
@@ -153,8 +184,8 @@ def test_s8_ranges_split_the_shell_pairs_and_count_their_representatives():
     """Several ranks: contiguous ranges of shell pairs, each pair on one rank, and each
     rank keeps the integrals of its pairs' representative quartets, counted here from
     the shell maps (a quartet is its orbit's representative when no operation maps it
-    to a lower packed index); one rank: the whole array; C1 over several ranks: no
-    8-fold shares (screened blocks instead)."""
+    to a lower packed index); one rank: the whole array; C1 over several ranks: the
+    identity's representatives, every canonical quartet (ij|kl), kl <= ij, once."""
     mol = molecule("benzene.xyz", "sto-3g", symmetry=True)
     ops = _shell_operations(mol)
     size = np.diff(mol.ao_loc_nr())
@@ -181,9 +212,18 @@ def test_s8_ranges_split_the_shell_pairs_and_count_their_representatives():
                     kept[rank] += size[i] * size[j] * size[k] * size[l]
     assert w[:, 2].tolist() == kept.tolist() and 0 < reps
     quartets = [pair(e - 1, e - 1) + 1 - pair(s, 0) for s, e in w[:, :2]]   # kl <= ij of its pairs ij
-    assert s8_shares(mol, 3).tolist() == (8 * kept + quartets).tolist()       # + their orbit sizes
+    assert (0 < w[:, 3]).all() and (w[:, 3] <= quartets).all() and w[:, 3].sum() <= sum(quartets)
+    assert s8_shares(mol, 3).tolist() == (8 * kept + w[:, 3]).tolist()        # + their orbit sizes
     assert s8_shares(mol, 1).tolist() == [s8_bytes(mol.nao)]
-    assert s8_shares(molecule("h2o2_distorted.xyz", "6-31g", symmetry=True), 2) is None
+    c1 = molecule("h2o2_distorted.xyz", "6-31g", symmetry=True)
+    assert c1.groupname == "C1"
+    n = np.diff(c1.ao_loc_nr())
+    nij = np.outer(n, n)[np.tril_indices(c1.nbas)]            # functions of each shell pair
+    blocks = (int((nij ** 2).sum()) + int(nij.sum()) ** 2) // 2  # of every (ij|kl), kl <= ij
+    npair = len(nij)
+    w = s8_ranges(c1, 2)
+    assert w[:, 2].sum() == blocks and w[:, 3].sum() == npair * (npair + 1) // 2
+    assert s8_shares(c1, 2).sum() == 8 * blocks + npair * (npair + 1) // 2
 
 
 def _serial_fock(mol, threshold, block_nbf, dm):

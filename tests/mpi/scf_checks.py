@@ -68,6 +68,28 @@ def run(ctx, name, **kw):
     return summary(ctx, ref, time.perf_counter() - t0)
 
 
+def slowed_rank(ctx):
+    """The in-memory build's integral tasks with the last rank slowed (a sleep before each
+    of its ranges): its shell pairs kept per rank, static and steal."""
+    from tessera.chem.scf import integrals
+    part = integrals.ShellPairQuartets.part
+
+    def slow(self, *args, **kw):
+        time.sleep(0.05)
+        return part(self, *args, **kw)
+    out = {}
+    for schedule in ("static", "steal"):
+        if ctx.ranks.rank == ctx.ranks.size - 1:
+            integrals.ShellPairQuartets.part = slow
+        try:
+            ref = rhf(build("h2o2_c1"), context=ctx, mode="incore", schedule=schedule)
+        finally:
+            integrals.ShellPairQuartets.part = part
+        out[schedule] = {"e_hf": ref.e_hf, **{k: [r.get(k) for r in ref.info["per_rank"]] for k in (
+            "integral_tasks", "integral_pairs_kept", "integral_pairs_recomputed", "integral_tasks_stolen")}}
+    return out
+
+
 def error_of(fn):
     try:
         fn()
@@ -95,24 +117,30 @@ def checks(ctx, extras):
     for name in MOLECULES:
         for schedule in SCHEDULES:
             out["runs"][f"{name}/{schedule}"] = run(ctx, name, schedule=schedule, mode="direct")
-    # with a point group: the 8-fold skeleton build, each rank its range of shell pairs
-    out["incore"] = {name: run(ctx, name, mode="incore")
-                     for name in MOLECULES if name != "h2o2_c1"}
+    # in memory: the representatives computed as a task set dealt by each schedule, each
+    # rank keeping those it computed (the 8-fold skeleton with a point group; C1: identity)
+    out["incore"] = {f"{name}/{schedule}": run(ctx, name, mode="incore", schedule=schedule)
+                     for name in MOLECULES
+                     for schedule in (SCHEDULES if name in ("benzene", "h2o2_c1") else ("steal",))}
     # one build of it: G of an invariant density; a density the group changes is refused
     fock = IncoreFock(build("water"), 1, ctx)
     d = np.random.default_rng(7).random((fock.skeleton.nao,) * 2)
     d = fock.skeleton.symmetrize(d + d.T)
     out["incore_build"] = {"dm": d.tolist(), "g": fock.build(d).tolist(),
                            "refused": error_of(lambda: fock.build(d + np.eye(len(d))[::-1]))}
+    # a budget with no room: every range computed anew in each build, none kept
+    bare = IncoreFock(build("water"), 1, ctx, budget=0.0)
+    out["incore_build"]["no_room"] = {"g": bare.build(d).tolist(), **bare.history[-1]}
     if extras:
         out["benzene_no_screening"] = run(ctx, "benzene", schedule="steal", screening=0.0,
                                           mode="direct")
         out["water_auto"] = run(ctx, "water", schedule="steal")
         out["water_incore"] = {s: run(ctx, "water", schedule=s, mode="incore")
                                for s in SCHEDULES}
-        # without one (C1): each rank's screened integral blocks
+        # without one (C1): the identity's representatives
         out["c1_incore"] = {s: run(ctx, "h2o2_c1", schedule=s, mode="incore")
                             for s in SCHEDULES}
+        out["slowed_rank"] = slowed_rank(ctx)
         out["convergence_error"] = error_of(
             lambda: rhf(build("n2"), context=ctx, max_iter=3))
     return out

@@ -179,8 +179,9 @@ class RunShape:
 def scf_integral_bytes(shape: RunShape) -> int:
     """Bytes of AO integrals a rank of ``shape``'s SCF keeps in memory if its mode keeps
     them (0 for mode direct or no SCF of ours): the fullest rank's share of the 8-fold
-    integrals (``scf.integrals.s8_shares``: all of them on one rank), else (several ranks,
-    no point-group operations) of the screened blocks (``scf.fock.incore_shares``)."""
+    integrals (``scf.integrals.s8_shares``: all of them on one rank, the representatives
+    of its static share of the shell pairs on several), else (several ranks without the
+    compiled fill) of the screened blocks (``scf.fock.incore_shares``)."""
     from tessera.chem.scf.fock import incore_shares
     from tessera.chem.scf.integrals import s8_shares
     if shape.mol is None or shape.scf_mode not in ("auto", "incore"):

@@ -34,17 +34,14 @@ import numpy as np
 
 from tessera.backends.context import thread_limit
 from tessera.backends.registry import check_schedule
-from tessera.backends.schedule import partition
 from tessera.backends.tasks import TaskSet
 from tessera.chem.scf.fock import Incremental, SCREENING, REBUILD_EVERY, shell_maxima
-from tessera.chem.scf.integrals import (BlockERI, Skeleton, _all_pair_costs, _on_threads,
-                                        _s8_library, _shell_operations, schwarz_bounds)
+from tessera.chem.scf.integrals import (PAIR_TASKS_PER_WORKER, BlockERI, Skeleton, _all_pair_costs,
+                                        _on_threads, _s8_library, _shell_operations, pair_ranges,
+                                        schwarz_bounds)
 from tessera.chem.scf.tasks import count_skipped_shell_quartets
+from tessera.errors import SymmetryError
 
-#: Tasks per rank and thread: ranges of shell pairs small enough for the schedules to balance.
-TASKS_PER_WORKER = 32
-#: A task's fixed cost (Python and scheduling), in integrals, for the ranges' balance.
-TASK_OVERHEAD = 2000.0
 _DEAL_KEYS = ("stolen", "steals", "counter_local", "counter_remote")
 
 
@@ -74,11 +71,9 @@ class DirectFock:
         size = self.ranks.size
         cost = _all_pair_costs(mol, self.shell_map, self.ranks if size > 1 else None)
         workers = getattr(context.executor, "workers", 1)          # a threads executor's
-        ntasks = min(len(cost), TASKS_PER_WORKER * size * workers * self.threads)
-        self.ranges = [(int(q[0]), int(q[-1]) + 1) for q in partition(list(cost), ntasks, "contiguous")
-                       if len(q)]
-        self.costs = [float(cost[s:e].sum()) + TASK_OVERHEAD for s, e in self.ranges]
+        self.ranges, self.costs = pair_ranges(cost, PAIR_TASKS_PER_WORKER * size * workers * self.threads)
         self.quartet_counts = count_skipped_shell_quartets(self.qshell, self.threshold)
+        self.scratch = queue.SimpleQueue()     # libcint scratch of each concurrent caller, kept between builds
         self.setup_seconds = time.perf_counter() - t0
         self.history: list = []
 
@@ -105,15 +100,19 @@ class DirectFock:
             try:
                 part = spare.get_nowait()
             except queue.Empty:
-                part = (np.zeros((nao, nao)), np.zeros((nao, nao)), np.zeros(3, dtype=np.int64))
+                try:
+                    scratch = self.scratch.get_nowait()
+                except queue.Empty:
+                    scratch = e.scratch()
+                part = (np.zeros((nao, nao)), np.zeros((nao, nao)), np.zeros(3, dtype=np.int64), scratch)
                 made.append(part)
-            vj, vk, counts = part
+            vj, vk, counts, scratch = part
             rc = direct_jk(ctypes.cast(e._intor, ptr), e._cintopt, e._atm.ctypes.data_as(ptr), e._natm,
                            e._bas.ctypes.data_as(ptr), e._nbas, e._env.ctypes.data_as(ptr),
                            e.ao_loc.ctypes.data_as(ptr), nao, nops, self.shell_map.ctypes.data_as(ptr),
                            self.qshell.ctypes.data_as(ptr), dsh.ctypes.data_as(ptr), self.threshold,
                            dm.ctypes.data_as(ptr), counter, end, vj.ctypes.data_as(ptr),
-                           vk.ctypes.data_as(ptr), counts.ctypes.data_as(ptr))
+                           vk.ctypes.data_as(ptr), counts.ctypes.data_as(ptr), scratch.ctypes.data_as(ptr))
             spare.put(part)
             return rc
 
@@ -124,7 +123,7 @@ class DirectFock:
             start, end = self.ranges[t]
             wall, cpu = time.perf_counter(), clock()
             if any(_on_threads(lambda counter: one(counter, end), self.threads, start)):
-                raise MemoryError("s8fill: no memory for a shell-quartet buffer")
+                raise SymmetryError("s8fill: more than 64 point-group operations")
             with lock:              # a threads executor's workers run tasks at once
                 busy["wall"] += time.perf_counter() - wall
                 busy["cpu"] += clock() - cpu
@@ -139,9 +138,10 @@ class DirectFock:
         t = time.perf_counter()
         g = np.zeros((nao, nao))
         counts = np.zeros(3, dtype=np.int64)
-        for vj, vk, c in made:
+        for vj, vk, c, scratch in made:
             g += vj - 0.5 * vk
             counts += c
+            self.scratch.put(scratch)
         g = self.ranks.allreduce(g + g.T)
         if sym:
             g = self.skeleton.symmetrize(g)

@@ -12,8 +12,9 @@ shared (``Ranks.share``), so that all ranks take the same decisions and return t
 
 Integrals are kept in memory by default (``mode="auto"``) when they fit the memory
 budget: the 8-fold integrals (``incore.IncoreFock``: on one process all of them, over
-several ranks with point-group operations each rank the symmetry-unique quartets of its
-shell pairs), else over several ranks each rank's screened integral blocks
+several ranks each rank the symmetry-unique quartets of the shell pairs it computed, a
+task set dealt with the schedule; each rank's share counted before any is computed),
+without the compiled fill over several ranks each rank's screened integral blocks
 (``fock.FockBuilder``); otherwise the build is direct (``direct.DirectFock``: the
 symmetry-unique quartets recomputed, incremental, density-weighted screening; the block
 tasks of ``fock.FockBuilder`` without the compiled fill) and the log says so. Per iteration every rank does O(nao^2) work besides its
@@ -39,7 +40,7 @@ from tessera.backends.local import available_cores, threads_per_rank
 from tessera.chem.scf.direct import DirectFock
 from tessera.chem.scf.fock import MODES, REBUILD_EVERY, SCREENING, FockBuilder
 from tessera.chem.scf.incore import IncoreFock, fits
-from tessera.chem.scf.integrals import _fill, s8_shares
+from tessera.chem.scf.integrals import _fill, _shell_operations, s8_shares
 from tessera.chem.scf.stats import summarize
 from tessera.chem.scf.symmetry import symmetry_basis
 from tessera.errors import ConvergenceError, InputError
@@ -120,7 +121,8 @@ def make_builder(mol, context, *, mode: str, budget: tuple, **options):
                 "budget %.4g MiB (%s) of which %.4g MiB are free", need / 2**20,
                 per_rank / 2**20, source, max(room, 0) / 2**20)
     # 8-fold integrals: one process, or several ranks that each keep the representative
-    # quartets of their shell pairs (point-group operations needed; else screened blocks)
+    # quartets of the shell pairs they compute; each rank's share counted, none computed
+    # (without the compiled fill over ranks: screened blocks, FockBuilder)
     shares = s8_shares(mol, ranks.size, ranks) if mode in ("auto", "incore") else None
     if shares is not None:
         fit = fits(ranks, int(shares[ranks.rank]), per_rank)
@@ -132,9 +134,11 @@ def make_builder(mol, context, *, mode: str, budget: tuple, **options):
                 f"{per_rank / 2**20:.4g} MiB less what the process holds); use mode='direct'"
                 f"{', more ranks' if where else ''} or a larger budget (--max-memory)")
         chosen(fit, f"8-fold, {threads} threads" if ranks.size == 1 else
-               f"8-fold skeleton over {ranks.size} ranks, {threads} threads each")
+               f"8-fold {'skeleton ' if _shell_operations(mol) else ''}over {ranks.size} ranks "
+               f"(their shares of the shell pairs counted), schedule={options['schedule']}, "
+               f"{threads} threads each")
         if fit[0]:
-            return IncoreFock(mol, threads, context)
+            return IncoreFock(mol, threads, context, schedule=options["schedule"], budget=per_rank)
         mode = "direct"
     # in a threads context the executor's workers share the cores of the rank
     workers = 1 if context.distributed else getattr(context.executor, "workers", 1)

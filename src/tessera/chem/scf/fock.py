@@ -40,8 +40,8 @@ cost-balanced partition, whatever the schedule), so each rank's share of the int
 is known before any is computed: ``incore_shares``. If a rank's share does not fit its
 memory budget (``incore.fits``), the SCF stops with an error instead of switching to
 direct; ``mode="auto"`` is incore when every rank's share fits its budget, else direct.
-(With point-group operations, or on one process, the 8-fold integrals are kept instead:
-``incore.IncoreFock``.)
+(This is the in-memory mode over ranks without the compiled fill only; with it, and on
+one process, the 8-fold integrals are kept instead: ``incore.IncoreFock``.)
 
 Threads: each task's libcint call runs ``threads`` OpenMP threads (the caller chooses
 them so that ranks x workers x threads <= cores).

@@ -31,7 +31,12 @@ from tessera.errors import BuildError, SymmetryError
 
 log = logging.getLogger(__name__)
 _S8_MODULE = "tessera.chem.scf._s8fill"
-_S8_ABI = 5         # tessera_abi_version() of s8fill.c whose argument lists these are
+#: Tasks of ranges of shell pairs per rank (the direct build: per rank, worker and thread),
+#: small enough for the schedules to balance.
+PAIR_TASKS_PER_WORKER = 32
+#: A range task's fixed cost (Python and scheduling), in integrals, for the ranges' balance.
+PAIR_TASK_OVERHEAD = 2000.0
+_S8_ABI = 6         # tessera_abi_version() of s8fill.c whose argument lists these are
 
 
 class BlockERI:
@@ -60,6 +65,16 @@ class BlockERI:
             self._atm.ctypes.data_as(ctypes.c_void_p), self._natm,
             self._bas.ctypes.data_as(ctypes.c_void_p), self._nbas,
             self._env.ctypes.data_as(ctypes.c_void_p))
+        nbas = self._bas.shape[0]
+        self._cache_doubles = int(lib.GTOmax_cache_size(
+            self._intor, (ctypes.c_int * 2)(0, nbas), ctypes.c_int(1), *self._args_tail[2:]))
+
+    def scratch(self) -> np.ndarray:
+        """One thread's scratch of the C fill and direct build (``s8fill.c``): a shell
+        quartet of the largest shell and libcint's cache, sized once (PySCF's
+        ``GTOmax_cache_size``); without it libcint allocates a cache in every call."""
+        quartet = _s8_library().tessera_s8_quartet_doubles(self._nbas, self.ao_loc.ctypes.data_as(ctypes.c_void_p))
+        return np.empty(quartet + self._cache_doubles)
 
     def _fill_call(self, sym: str, shls: tuple, shape: tuple) -> np.ndarray:
         out = np.empty(shape)
@@ -123,78 +138,102 @@ def schwarz_bounds(eri: BlockERI, mol) -> np.ndarray:
     return np.sqrt(q)
 
 
-def s8_integrals(mol, threads: int = 1, ranks=None):
+def s8_integrals(mol, threads: int = 1):
     """(eri, skeleton): the 8-fold symmetric integrals (ij|kl), i >= j, k >= l, ij >= kl
     (PySCF's ``mol.intor("int2e", aosym="s8")`` layout), with libcint computing one shell
     quartet per orbit of the point group (``s8fill.c``: about 1/4 of them for a planar D2h
     molecule, 1/8 for a non-planar one) on ``threads`` threads, and the ``Skeleton`` that
     builds J and K from those quartets alone; without point-group operations that map
-    shells onto shells with signed AOs, PySCF's own s8 fill and None.
-
-    With ``ranks`` (a context's ``Ranks``) of several processes and such operations, this
-    rank's part only: the representative quartets of its range of shell pairs
-    (``s8_ranges``), compact (libcint's blocks one after the other, no images); the
-    skeleton's J and K are then this rank's part, to be summed over the ranks."""
-    ops = _shell_operations(mol)
-    nranks = 1 if ranks is None else ranks.size
-    fill = _fill() if ops else None
-    if fill is None:
-        if nranks > 1:          # each rank would hold (and the allreduce add) all of them
-            raise SymmetryError("s8_integrals over several ranks needs point-group operations "
-                                "and the compiled fill (s8_shares is None otherwise)")
-        ops = []
+    shells onto shells with signed AOs, PySCF's own s8 fill and None. (Over several ranks
+    each keeps the representatives of the shell pairs it computed: ``ShellPairQuartets``.)"""
+    ops = _shell_operations(mol) if _fill() is not None else []
     if not ops:
         with with_omp_threads(max(1, int(threads))):
             return mol.intor("int2e", aosym="s8"), None
-    eri_ = BlockERI(mol)
-    nao, nsp = mol.nao, mol.nbas * (mol.nbas + 1) // 2
-    shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
-    if nranks == 1:
-        start, end, row_off = 0, nsp, None
-        out = np.empty(s8_bytes(mol.nao) // 8)
-    else:
-        start, end, _ = (int(x) for x in s8_ranges(mol, nranks, ranks, ops)[ranks.rank])
-        row_off = np.zeros(nsp + 1, dtype=np.int64)
-        row_off[start + 1:end + 1] = np.cumsum(_all_pair_costs(mol, shell_map, ranks)[start:end])
-        out = np.empty(row_off[end])
-    # orbit sizes of the quartets (ij|kl), kl <= ij, of this rank's pairs ij only
-    obase = start * (start + 1) // 2
-    skeleton = Skeleton(ops, eri_.ao_loc, nao, np.empty(end * (end + 1) // 2 - obase, dtype=np.uint8),
-                        (start, end), row_off)
-    ao_map = np.ascontiguousarray([p for _, p, _ in ops], dtype=np.int32)
-    ao_sign = np.ascontiguousarray([g for _, _, g in ops], dtype=np.float64)
-    ptr = ctypes.c_void_p
+    quartets = ShellPairQuartets(mol, ops)
+    nsp = quartets.npairs
+    out = np.empty(s8_bytes(mol.nao) // 8)
+    orbit = np.empty(nsp * (nsp + 1) // 2, dtype=np.uint8)
+    quartets.fill(0, nsp, out, orbit, threads)
+    return out, Skeleton(ops, quartets.eri.ao_loc, mol.nao, orbit, (0, nsp))
 
-    def work(counter):
-        return fill(ctypes.cast(eri_._intor, ptr), eri_._cintopt,
-                    eri_._atm.ctypes.data_as(ptr), eri_._natm, eri_._bas.ctypes.data_as(ptr), eri_._nbas,
-                    eri_._env.ctypes.data_as(ptr), eri_.ao_loc.ctypes.data_as(ptr), nao, len(ops),
-                    shell_map.ctypes.data_as(ptr), ao_map.ctypes.data_as(ptr),
-                    ao_sign.ctypes.data_as(ptr), counter, end, skeleton.row_off_ptr(),
-                    out.ctypes.data_as(ptr), skeleton.orbit.ctypes.data_as(ptr), obase)
-    if any(_on_threads(work, threads, start)):
-        raise MemoryError("s8fill: no memory for a shell-quartet buffer")
-    return out, skeleton
+
+class ShellPairQuartets:
+    """The representative quartets (ij|kl), kl <= ij, one per orbit of the operations
+    ``ops`` (``_shell_operations``, the identity alone without a group), of ranges of shell
+    pairs ij: ``fill`` writes them packed (every image, one process) or, with ``row_off``,
+    compact (``part``: libcint's blocks one after the other, no images; what a rank of
+    several keeps, ``incore.IncoreFock``)."""
+
+    def __init__(self, mol, ops):
+        self.eri, self.ops = BlockERI(mol), ops
+        self.nao, self.npairs = mol.nao, mol.nbas * (mol.nbas + 1) // 2
+        self.shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
+        self.ao_map = np.ascontiguousarray([p for _, p, _ in ops], dtype=np.int32)
+        self.ao_sign = np.ascontiguousarray([g for _, _, g in ops], dtype=np.float64)
+
+    def part(self, start: int, end: int, cost: np.ndarray, row_off: np.ndarray, threads: int) -> tuple:
+        """(eri, orbit) of the shell pairs [start, end), compact: ``row_off[ij]`` (set here
+        for these pairs alone, from ``cost``, ``_all_pair_costs``) where pair ij's
+        representatives start in eri."""
+        offsets = np.concatenate(([0], np.cumsum(cost[start:end])))
+        row_off[start:end] = offsets[:-1]
+        out = np.empty(int(offsets[-1]))
+        orbit = np.empty(end * (end + 1) // 2 - start * (start + 1) // 2, dtype=np.uint8)
+        self.fill(start, end, out, orbit, threads, row_off)
+        return out, orbit
+
+    def fill(self, start, end, out, orbit, threads: int, row_off=None) -> None:
+        """``s8fill.c``'s ``tessera_s8_fill`` of the pairs [start, end) on ``threads``
+        threads: ``out`` packed (``row_off`` None) or compact; ``orbit`` the orbit sizes of
+        their quartets (ij|kl), kl <= ij, from pair(start, 0) on."""
+        e, ptr = self.eri, ctypes.c_void_p
+        offsets = None if row_off is None else row_off.ctypes.data_as(ptr)
+
+        def work(counter):
+            scratch = e.scratch()           # this thread's, for the whole call
+            return _fill()(ctypes.cast(e._intor, ptr), e._cintopt, e._atm.ctypes.data_as(ptr), e._natm,
+                           e._bas.ctypes.data_as(ptr), e._nbas, e._env.ctypes.data_as(ptr),
+                           e.ao_loc.ctypes.data_as(ptr), self.nao, len(self.ops),
+                           self.shell_map.ctypes.data_as(ptr), self.ao_map.ctypes.data_as(ptr),
+                           self.ao_sign.ctypes.data_as(ptr), counter, end, offsets,
+                           out.ctypes.data_as(ptr), orbit.ctypes.data_as(ptr), start * (start + 1) // 2,
+                           scratch.ctypes.data_as(ptr))
+        if any(_on_threads(work, threads, start)):
+            raise SymmetryError("s8fill: more than 64 point-group operations")
+
+
+def pair_ranges(cost: np.ndarray, ntasks: int) -> tuple:
+    """(ranges, costs): at most ``ntasks`` contiguous ranges [start, end) of shell pairs of
+    near-equal ``cost`` (``_all_pair_costs``; the engine's contiguous partition), those
+    without representatives dropped, and each range's cost plus ``PAIR_TASK_OVERHEAD``: the
+    tasks of the direct build and of the in-memory build over ranks."""
+    ntasks = max(1, min(len(cost), int(ntasks)))
+    ranges = [(int(q[0]), int(q[-1]) + 1) for q in partition(list(cost), ntasks, "contiguous") if len(q)]
+    return ranges, [float(cost[s:e].sum()) + PAIR_TASK_OVERHEAD for s, e in ranges]
 
 
 def s8_ranges(mol, nranks: int, ranks=None, ops=None) -> np.ndarray:
-    """(nranks, 3) integers per rank: its range [start, end) of shell pairs ij (packed,
-    i >= j; contiguous ranges of near-equal cost, the engine's ``contiguous`` partition of
-    the integrals of each pair's representative quartets, ``_pair_costs``) and the number
-    of those integrals, which it keeps (one rank: every pair and the whole 8-fold array).
-    ``ranks``: the costs are counted in parts, one per rank, and gathered; ``ops``:
-    ``_shell_operations(mol)``."""
+    """(nranks, 4) integers per rank: the span [start, end) of the shell pairs ij (packed,
+    i >= j) of its static share of the in-memory build's tasks (``pair_ranges``, dealt by
+    the engine's ``contiguous`` partition of their costs, as ``Context.run_tasks`` deals
+    them statically), the integrals of their representative quartets (``_pair_costs``)
+    and the bytes of their orbit sizes (one rank: every pair, the whole 8-fold array and
+    no orbit bytes). ``ranks``: the costs are counted in parts, one per rank, and
+    gathered; ``ops``: ``_shell_operations(mol)`` (the identity alone when empty)."""
     nsp = mol.nbas * (mol.nbas + 1) // 2
     if nranks == 1:
-        return np.array([[0, nsp, s8_bytes(mol.nao) // 8]], dtype=np.int64)
+        return np.array([[0, nsp, s8_bytes(mol.nao) // 8, 0]], dtype=np.int64)
     ops = (ops or _shell_operations(mol)) or [(np.arange(mol.nbas),)]
     shell_map = np.ascontiguousarray([op[0] for op in ops], dtype=np.int32)
     cost = _all_pair_costs(mol, shell_map, ranks)
-    out = np.zeros((nranks, 3), dtype=np.int64)
-    for rank, queue in enumerate(partition(list(cost.astype(float)), nranks, "contiguous")):
+    ranges, costs = pair_ranges(cost, PAIR_TASKS_PER_WORKER * nranks)
+    out = np.zeros((nranks, 4), dtype=np.int64)
+    for rank, queue in enumerate(partition(costs, nranks, "contiguous")):
         if len(queue):
-            s, e = int(queue[0]), int(queue[-1]) + 1
-            out[rank] = s, e, cost[s:e].sum()
+            mine = [ranges[t] for t in queue]
+            out[rank] = (mine[0][0], mine[-1][1], sum(cost[s:e].sum() for s, e in mine),
+                         sum((e * (e + 1) - s * (s + 1)) // 2 for s, e in mine))
     return out
 
 
@@ -232,16 +271,16 @@ def _pair_costs(mol, shell_map: np.ndarray, start: int, end: int) -> np.ndarray:
 
 
 def s8_shares(mol, nranks: int, ranks=None) -> np.ndarray | None:
-    """Bytes of 8-fold integrals each of ``nranks`` ranks keeps (``s8_ranges``, whose
-    costs ``ranks`` count in parts; one rank: the whole array), or
-    None when several ranks cannot share them out (no point-group operations: no skeleton
-    build)."""
-    ops = _shell_operations(mol) if nranks > 1 else None
-    if nranks > 1 and not (ops and _fill() is not None):
+    """Bytes of 8-fold integrals each of ``nranks`` ranks is expected to keep: the
+    representatives of its static share of the shell pairs (``s8_ranges``, whose costs
+    ``ranks`` count in parts; the identity alone without point-group operations; one rank:
+    the whole array), counted without computing an integral; None over several ranks
+    without the compiled fill."""
+    if nranks > 1 and _fill() is None:
         return None
-    start, end, kept = s8_ranges(mol, nranks, ranks, ops).T
-    # several ranks: and the orbit sizes of their pairs' quartets (Skeleton.orbit, a byte each)
-    return 8 * kept + ((end * (end + 1) - start * (start + 1)) // 2 if nranks > 1 else 0)
+    ops = _shell_operations(mol) if nranks > 1 else None
+    _, _, kept, orbits = s8_ranges(mol, nranks, ranks, ops).T
+    return 8 * kept + orbits      # and the orbit sizes of their quartets, a byte each
 
 
 def s8_bytes(nao: int) -> int:
@@ -256,33 +295,36 @@ class Skeleton:
     only, each weighted by the size of its orbit, then summed over the group's operations
     (the skeleton Fock matrix of Dupuis and King, Int. J. Quantum Chem. 11, 613 (1977)):
     ``orbit[pair(ij, kl) - pair(start, 0)]`` (``pairs`` = (start, end)) is that size for a representative shell quartet, 0 otherwise;
-    ``pairs``: the range of shell pairs ij whose quartets it contracts; ``row_off``: None
-    for the packed array, else where each pair's representatives start in the compact
-    one (``s8_integrals`` over several ranks)."""
+    ``pairs``: the range of shell pairs ij whose quartets ``jk`` contracts (``parts_jk``:
+    those of each part; the identity alone without a group: the plain 8-fold J and K)."""
 
-    def __init__(self, ops, ao_loc, nao: int, orbit: np.ndarray, pairs: tuple, row_off=None):
-        self.ops, self.ao_loc, self.nao, self.orbit = ops, ao_loc, int(nao), orbit
-        self.pairs, self.row_off = pairs, row_off
-
-    def row_off_ptr(self):
-        return None if self.row_off is None else self.row_off.ctypes.data_as(ctypes.c_void_p)
+    def __init__(self, ops, ao_loc, nao: int, orbit: np.ndarray, pairs: tuple):
+        self.ops, self.ao_loc, self.nao, self.orbit, self.pairs = ops, ao_loc, int(nao), orbit, pairs
 
     def jk(self, eri: np.ndarray, dm: np.ndarray, threads: int = 1) -> tuple:
-        """(J, K) of the symmetric density ``dm`` from the 8-fold ``eri``."""
-        nao = self.nao
+        """(J, K) of the symmetric density ``dm`` from the packed 8-fold ``eri``."""
+        return self.parts_jk([(*self.pairs, eri, self.orbit)], dm, threads)
+
+    def parts_jk(self, parts: list, dm: np.ndarray, threads: int = 1, row_off=None) -> tuple:
+        """(J, K) of the symmetric density ``dm`` from ``parts`` [(start, end, eri, orbit)]
+        of shell pairs [start, end) (``ShellPairQuartets``): ``eri`` packed (``row_off``
+        None) or compact; over ranks each rank's part of J and K, to be summed."""
+        nao, ptr = self.nao, ctypes.c_void_p
         dm = np.ascontiguousarray(dm, dtype=np.float64)
         jk = _s8_library().tessera_s8_jk
-        ptr = ctypes.c_void_p
-        parts = []
+        offsets = None if row_off is None else row_off.ctypes.data_as(ptr)
+        counters = np.array([p[0] for p in parts], dtype=np.int64)    # the threads claim pairs from each
+        out = []
 
-        def work(counter):
+        def work(_counter):
             vj, vk = np.zeros((nao, nao)), np.zeros((nao, nao))
-            parts.append((vj, vk))
-            jk(len(self.ao_loc) - 1, self.ao_loc.ctypes.data_as(ptr), nao, self.orbit.ctypes.data_as(ptr),
-               eri.ctypes.data_as(ptr), self.row_off_ptr(), dm.ctypes.data_as(ptr), counter, self.pairs[1],
-               vj.ctypes.data_as(ptr), vk.ctypes.data_as(ptr), self.pairs[0] * (self.pairs[0] + 1) // 2)
-        _on_threads(work, threads, self.pairs[0])
-        vj, vk = (sum(p[n] for p in parts) for n in (0, 1))
+            out.append((vj, vk))
+            for n, (start, end, eri, orbit) in enumerate(parts):
+                jk(len(self.ao_loc) - 1, self.ao_loc.ctypes.data_as(ptr), nao, orbit.ctypes.data_as(ptr),
+                   eri.ctypes.data_as(ptr), offsets, dm.ctypes.data_as(ptr), ptr(counters.ctypes.data + 8 * n),
+                   end, vj.ctypes.data_as(ptr), vk.ctypes.data_as(ptr), start * (start + 1) // 2)
+        _on_threads(work, threads)
+        vj, vk = (sum(p[n] for p in out) for n in (0, 1))
         return self.symmetrize(vj + vj.T), self.symmetrize(vk + vk.T)
 
     def invariant(self, dm: np.ndarray, tol: float = 1e-10) -> bool:
@@ -350,7 +392,9 @@ def _s8_library() -> ctypes.CDLL:
     i64 = ctypes.c_int64
     lib.tessera_s8_fill.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
                                     + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int]
-                                    + [ctypes.c_void_p] * 4 + [i64] + [ctypes.c_void_p] * 3 + [i64])
+                                    + [ctypes.c_void_p] * 4 + [i64] + [ctypes.c_void_p] * 3 + [i64, ctypes.c_void_p])
+    lib.tessera_s8_quartet_doubles.restype = i64
+    lib.tessera_s8_quartet_doubles.argtypes = [ctypes.c_int, ctypes.c_void_p]
     lib.tessera_s8_cost.restype = None
     lib.tessera_s8_cost.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                     i64, i64, ctypes.c_void_p]
@@ -361,5 +405,5 @@ def _s8_library() -> ctypes.CDLL:
     lib.tessera_s8_direct_jk.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
                                          + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_int]
                                          + [ctypes.c_void_p] * 3 + [ctypes.c_double] + [ctypes.c_void_p] * 2
-                                         + [i64] + [ctypes.c_void_p] * 3)
+                                         + [i64] + [ctypes.c_void_p] * 4)
     return lib

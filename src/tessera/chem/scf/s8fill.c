@@ -73,17 +73,18 @@ static int orbit_of(int i, int j, int k, int l, int64_t q, int nbas, int nops,
     return distinct;
 }
 
-/* A buffer for one shell quartet of the largest shell (malloc'd; the caller frees it),
- * or NULL when it cannot be allocated or ``nops`` exceeds the 64 images the callers hold. */
-static double *quartet_buffer(int nbas, const int *ao_loc, int nops)
+/* Doubles before libcint's cache in a caller's ``scratch`` (tessera_s8_fill,
+ * tessera_s8_direct_jk): one shell quartet of the largest shell, rounded up to 8 doubles
+ * (64 bytes). The caller sizes ``scratch`` once, this plus libcint's largest cache
+ * (PySCF's GTOmax_cache_size, chem/scf/integrals.py: BlockERI.scratch), and keeps one per
+ * thread: libcint, given no cache, allocates one in every call. */
+int64_t tessera_s8_quartet_doubles(int nbas, const int *ao_loc)
 {
-    if (nops > 64)
-        return NULL;
-    int maxsh = 0;
+    int64_t maxsh = 0;
     for (int s = 0; s < nbas; s++)
         if (ao_loc[s + 1] - ao_loc[s] > maxsh)
             maxsh = ao_loc[s + 1] - ao_loc[s];
-    return malloc(sizeof(double) * (size_t)maxsh * maxsh * maxsh * maxsh);
+    return (maxsh * maxsh * maxsh * maxsh + 7) / 8 * 8;
 }
 
 /* ``cost[ij - start]`` for the shell pairs ij in [start, end): the integrals of the
@@ -124,16 +125,18 @@ void tessera_s8_cost(int nbas, const int *ao_loc, int nops, const int *shell_map
  * ``shell_map``, ``ao_map``, ``ao_sign``: nops rows (the identity first) of nbas, nao and
  * nao entries. ``orbit[pair(ij, kl) - obase]``: the number of quartets in the orbit of
  * each representative, 0 for the others (``obase`` = pair(first pair of the range, 0): a
- * rank holds the entries of its own range only). Returns 0, or -1 when a buffer could not be allocated. */
+ * rank holds the entries of its own range only). ``scratch``: this caller's, of
+ * tessera_s8_quartet_doubles + libcint's cache. Returns 0, or -1 with more than 64 operations. */
 int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, int nbas,
                     double *env, const int *ao_loc, int nao, int nops, const int *shell_map,
                     const int *ao_map, const double *ao_sign, int64_t *next, int64_t end,
-                    const int64_t *row_off, double *eri, unsigned char *orbit, int64_t obase)
+                    const int64_t *row_off, double *eri, unsigned char *orbit, int64_t obase,
+                    double *scratch)
 {
     intor_fn fn = (intor_fn)intor;
-    double *buf = quartet_buffer(nbas, ao_loc, nops);
-    if (buf == NULL)
+    if (nops > 64)
         return -1;
+    double *buf = scratch, *cache = scratch + tessera_s8_quartet_doubles(nbas, ao_loc);
     int64_t ij;
     int i, j;
     while ((ij = claim_shell_pair(next, end, &i, &j)) >= 0) {
@@ -154,7 +157,7 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
                 int nk = ao_loc[k + 1] - ao_loc[k], nl = ao_loc[l + 1] - ao_loc[l];
                 size_t n = (size_t)ni * nj * nk * nl;
                 double *out = row ? row : buf;
-                if (!fn(out, NULL, shls, atm, natm, bas, nbas, env, cintopt, NULL))
+                if (!fn(out, NULL, shls, atm, natm, bas, nbas, env, cintopt, cache))
                     memset(out, 0, sizeof(double) * n);
                 if (row) {
                     row += n;
@@ -190,7 +193,6 @@ int tessera_s8_fill(void *intor, void *cintopt, int *atm, int natm, int *bas, in
             }
         }
     }
-    free(buf);
     return 0;
 }
 
@@ -290,16 +292,17 @@ void tessera_s8_jk(int nbas, const int *ao_loc, int nao, const unsigned char *or
  * J. Comput. Chem. 10, 104 (1989); PySCF's CVHFnrs8_prescreen): an invariant density
  * gives every image of a quartet the bound of its representative. ``counts`` (this
  * caller's): [0] quartets computed, [1] representatives screened out, [2] integrals
- * computed. Returns 0, or -1 when a buffer could not be allocated. */
+ * computed. ``scratch``: as tessera_s8_fill's. Returns 0, or -1 with more than 64 operations. */
 int tessera_s8_direct_jk(void *intor, void *cintopt, int *atm, int natm, int *bas, int nbas,
                          double *env, const int *ao_loc, int nao, int nops, const int *shell_map,
                          const double *qsh, const double *dsh, double thr, const double *dm,
-                         int64_t *next, int64_t end, double *vj, double *vk, int64_t *counts)
+                         int64_t *next, int64_t end, double *vj, double *vk, int64_t *counts,
+                         double *scratch)
 {
     intor_fn fn = (intor_fn)intor;
-    double *buf = quartet_buffer(nbas, ao_loc, nops);
-    if (buf == NULL)
+    if (nops > 64)
         return -1;
+    double *buf = scratch, *cache = scratch + tessera_s8_quartet_doubles(nbas, ao_loc);
     int64_t ij, images[64];
     int i, j;
     while ((ij = claim_shell_pair(next, end, &i, &j)) >= 0) {
@@ -330,13 +333,12 @@ int tessera_s8_direct_jk(void *intor, void *cintopt, int *atm, int natm, int *ba
                            * (ao_loc[k + 1] - ao_loc[k]) * (ao_loc[l + 1] - ao_loc[l]);
                 counts[0]++;
                 counts[2] += (int64_t)n;
-                if (!fn(buf, NULL, shls, atm, natm, bas, nbas, env, cintopt, NULL))
+                if (!fn(buf, NULL, shls, atm, natm, bas, nbas, env, cintopt, cache))
                     continue;           /* libcint: all zero */
                 contract_quartet(ao_loc, nao, i, j, k, l, ij == kl, w, buf, NULL, dm, vj, vk);
             }
         }
     }
-    free(buf);
     return 0;
 }
 
@@ -344,5 +346,5 @@ int tessera_s8_direct_jk(void *intor, void *cintopt, int *atm, int natm, int *ba
    library built from another (raise it with any change of an exported signature). */
 int tessera_abi_version(void)
 {
-    return 5;
+    return 6;
 }

@@ -14,6 +14,12 @@ from tessera.profile.records import imbalance
 _SUMMED = ("busy_s", "busy_cpu_s", "tasks_s", "reduce_s", "wall_s", "tasks", "stolen", "steals",
            "counter_local", "counter_remote", "integrals")
 
+#: The in-memory build over ranks (``incore.IncoreFock``): its integral tasks run on this
+#: rank, shell pairs whose representatives it keeps or computes anew in every build, and
+#: integral tasks it stole.
+INTEGRAL_DEAL_KEYS = ("integral_tasks", "integral_pairs_kept", "integral_pairs_recomputed",
+                      "integral_tasks_stolen")
+
 
 def _rank_totals(history: list) -> dict:
     out = {k: 0 for k in _SUMMED}
@@ -34,6 +40,9 @@ def _rank_totals(history: list) -> dict:
             out[f"{k}_per_build"] = [h[k] for h in history]
     out["incremental_builds"] = sum(bool(h.get("incremental")) for h in history)
     out["incore_bytes"] = history[0].get("incore_bytes", 0) if history else 0
+    for k in INTEGRAL_DEAL_KEYS:            # the in-memory build over ranks: its integral tasks
+        if history and k in history[0]:
+            out[k] = history[0][k]
     return out
 
 
