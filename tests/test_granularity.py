@@ -188,3 +188,19 @@ def test_cached_batches_of_the_dominant_steps_at_1024_ranks():
         cut[step.describe().split("+=")[0].strip()] = count
     # the ladder's tasks each read all of tau (pairs): the tight bound cuts them in runs
     assert cut["contract pairs[Pab]"][1] > cut["contract pairs[Pab]"][0] == 147
+
+
+@pytest.mark.parametrize("case", ["4:64", "8:256"])
+def test_decide_unchanged_by_its_caches(case):
+    """``auto.decide`` for (H2O)n cc-pVDZ on P ranks (C1 structure, fixed rate and budget)
+    gives the decision and every candidate's estimates, as JSON, that it gave before its
+    repeated work was cached (tests/data/decide_water.json, made at commit 44b0b83): the
+    plans kept per tiling, block sizes kept with the task arrays, deals kept per sizes,
+    the stationary modes' distinct pairs by sort."""
+    import json
+    from pathlib import Path
+    ref = json.loads((Path(__file__).parent / "data" / "decide_water.json").read_text())["cases"][case]
+    n, nranks = map(int, case.split(":"))
+    structure = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True)
+    got = auto.decide(structure, nranks, rate=10e9, budget=8 * 2**30, ranks_per_node=64)
+    assert json.loads(json.dumps(got, sort_keys=True)) == ref

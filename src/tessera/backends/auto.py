@@ -425,11 +425,12 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
         [p for t in tiles for p in dict.fromkeys([(t, t)] + [(t, min(t, o)) for o in occs])]
     pairs = [balanced] + pairs if balanced else pairs
     for t, ot in pairs:
-        s = structure_stats(structure, t, ot, nranks, binds)
-        key = (tuple(s["tiles"]["o"]), tuple(s["tiles"]["v"]))
+        tiling = structure(t, ot).tiles
+        key = (tuple(tiling["o"]), tuple(tiling["v"]))
         if key in seen_tiles:          # a larger tile that changes nothing
             continue
         seen_tiles.add(key)
+        s = structure_stats(structure, t, ot, nranks, binds)
         too_fine = s["products"] > max(MAX_PRODUCTS, PRODUCTS_PER_RANK * nranks) and not tile
         for b, var in combos:
             e = estimate(s, nranks, b, var, rate, costs)
