@@ -190,6 +190,27 @@ def test_cached_batches_of_the_dominant_steps_at_1024_ranks():
     assert cut["contract pairs[Pab]"][1] > cut["contract pairs[Pab]"][0] == 147
 
 
+@pytest.mark.parametrize("n, nranks, tiles", [(8, 256, (24, 12)), (16, 256, (48, 24))])
+def test_collective_tiles_keep_every_grid_line_busy(n, nranks, tiles):
+    """mpi-collective's tiles (``balance.run_tiles`` with ``pieces=False``) are judged by
+    its grid, not by tasks per rank: the largest balanced tiles at which every dominant
+    step, on the grid the executor runs it on, has output work on every grid row and
+    column (from ``summa_layout``, the executor's layout). (H2O)8 and (H2O)16 cc-pVDZ on
+    256 ranks take coarser tiles than the task rule's 2 tasks per rank allow (24/12 and
+    48/24 with 1.75 tasks per rank; the task rule took 16/12 and 48/16)."""
+    from tessera.backends.balance import TASKS_PER_RANK, dominant_steps, run_tiles
+    from tessera.plan.blocktasks import task_count
+    structure = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True)
+    tile, occ_tile, worst, _ = run_tiles(structure, nranks, 8 * 2**30, pieces=False)
+    assert (tile, occ_tile) == tiles and worst <= 1.5
+    steps = dominant_steps(structure(tile, occ_tile).plans)
+    assert min(task_count(s) for s in steps) < TASKS_PER_RANK * nranks
+    for s in steps:
+        sig = tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in s.sectors)
+        pr, pc = choose_grid(sig, s.perms["a"], s.perms["b"], nranks, 1)
+        assert busy_lines(s, pr, pc) == (pr, pc), (s, pr, pc)
+
+
 @pytest.mark.parametrize("case", ["4:64", "8:256"])
 def test_decide_unchanged_by_its_caches(case):
     """``auto.decide`` for (H2O)n cc-pVDZ on P ranks (C1 structure, fixed rate and budget)

@@ -43,8 +43,8 @@ lies whole on one rank: every class where occupied tiles no thinner than
 ``balance.MIN_OCC_TILE`` balance them all, else those that matter for memory (their
 busiest rank holds more than 1/32 of the budget, ``balance.binding``); the tiles of
 ``backends.balance.run_tiles`` (the largest at which every binding class is balanced
-and, where every class is, the dominant steps have 2 block tasks per rank) are always a
-candidate. A forced --tile is evaluated alone (no tile search) and gets one
+and, where every class is, the dominant steps have 2 block tasks per rank; with
+--backend mpi-collective, no idle grid line) are always a candidate. A forced --tile is evaluated alone (no tile search) and gets one
 warning line when it leaves any stored class above 1.5 (as ``tessera plan --ranks``). The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
 shared-memory figures measured on the development machine (docs/distributed.md);
