@@ -188,3 +188,40 @@ def test_cached_batches_of_the_dominant_steps_at_1024_ranks():
         cut[step.describe().split("+=")[0].strip()] = count
     # the ladder's tasks each read all of tau (pairs): the tight bound cuts them in runs
     assert cut["contract pairs[Pab]"][1] > cut["contract pairs[Pab]"][0] == 147
+
+
+@pytest.mark.parametrize("n, nranks, tiles", [(8, 256, (24, 12)), (16, 256, (48, 24))])
+def test_collective_tiles_keep_every_grid_line_busy(n, nranks, tiles):
+    """mpi-collective's tiles (``balance.run_tiles`` with ``pieces=False``) are judged by
+    its grid, not by tasks per rank: the largest balanced tiles at which every dominant
+    step, on the grid the executor runs it on, has output work on every grid row and
+    column (from ``summa_layout``, the executor's layout). (H2O)8 and (H2O)16 cc-pVDZ on
+    256 ranks take coarser tiles than the task rule's 2 tasks per rank allow (24/12 and
+    48/24 with 1.75 tasks per rank; the task rule took 16/12 and 48/16)."""
+    from tessera.backends.balance import TASKS_PER_RANK, dominant_steps, run_tiles
+    from tessera.plan.blocktasks import task_count
+    structure = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True)
+    tile, occ_tile, worst, _ = run_tiles(structure, nranks, 8 * 2**30, pieces=False)
+    assert (tile, occ_tile) == tiles and worst <= 1.5
+    steps = dominant_steps(structure(tile, occ_tile).plans)
+    assert min(task_count(s) for s in steps) < TASKS_PER_RANK * nranks
+    for s in steps:
+        sig = tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in s.sectors)
+        pr, pc = choose_grid(sig, s.perms["a"], s.perms["b"], nranks, 1)
+        assert busy_lines(s, pr, pc) == (pr, pc), (s, pr, pc)
+
+
+@pytest.mark.parametrize("case", ["4:64", "8:256"])
+def test_decide_unchanged_by_its_caches(case):
+    """``auto.decide`` for (H2O)n cc-pVDZ on P ranks (C1 structure, fixed rate and budget)
+    gives the decision and every candidate's estimates, as JSON, that it gave before its
+    repeated work was cached (tests/data/decide_water.json, made at commit 44b0b83): the
+    plans kept per tiling, block sizes kept with the task arrays, deals kept per sizes,
+    the stationary modes' distinct pairs by sort."""
+    import json
+    from pathlib import Path
+    ref = json.loads((Path(__file__).parent / "data" / "decide_water.json").read_text())["cases"][case]
+    n, nranks = map(int, case.split(":"))
+    structure = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True)
+    got = auto.decide(structure, nranks, rate=10e9, budget=8 * 2**30, ranks_per_node=64)
+    assert json.loads(json.dumps(got, sort_keys=True)) == ref

@@ -3,6 +3,7 @@ ranks run at different speeds and counters are reused across deals (simulated ra
 one process: counters are a list of ints with fetch-and-add)."""
 
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -390,25 +391,51 @@ def test_kept_partitions_are_bounded(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["serial", "threads"])
 def test_task_stages_run_in_a_row_and_add(backend):
-    """A task set of ``stages`` parts: need(i) and work(i, blocks) called that many times in
-    a row for each task, each part's blocks handed to its work, the task's result the sum
-    of its parts' (here part s of task i returns (i + 1) * 10**s)."""
+    """A task set of ``stages`` parts: need(i, s) and work(i, blocks, s) called for s = 0,
+    1, 2 in a row for each task, each part's blocks handed to its work, the task's result
+    the sum of its parts' (here part s of task i returns (i + 1) * 10**s). The part is
+    passed: a need() asked twice (as a retrying executor would) changes nothing."""
     from tessera.backends.context import Context
     from tessera.backends.tasks import TaskSet
     calls, lock = {}, threading.Lock()
 
-    def need(i):
+    def need(i, s):
         with lock:
-            calls.setdefault(i, []).append("need")
+            calls.setdefault(i, []).append(("need", s))
         return []
 
-    def work(i, blocks):
+    def work(i, blocks, s):
         with lock:
-            calls[i].append("work")
-            part = calls[i].count("work") - 1
+            calls[i].append(("work", s))
         assert blocks == {}
-        return float((i + 1) * 10 ** part)
+        return float((i + 1) * 10 ** s)
+
+    def need_twice(i, s):
+        need(i, s)
+        return need(i, s)
     with Context(backend) as ctx:
         out = ctx.run_tasks(TaskSet("staged", [1.0] * 5, work, need, stages=3))
-    assert out.tolist() == [111.0 * (i + 1) for i in range(5)]
-    assert all(c == ["need", "work"] * 3 for c in calls.values()) and len(calls) == 5
+        assert all(c == [("need", 0), ("work", 0), ("need", 1), ("work", 1), ("need", 2), ("work", 2)]
+                   for c in calls.values()) and len(calls) == 5
+        calls.clear()
+        twice = ctx.run_tasks(TaskSet("staged", [1.0] * 5, work, need_twice, stages=3))
+    assert out.tolist() == twice.tolist() == [111.0 * (i + 1) for i in range(5)]
+    assert all(c == [(k, s) for s in range(3) for k in ("need", "need", "work")] for c in calls.values())
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_task_stages_on_mpi_executors(nranks):
+    """tests/mpi/staged_tasks.py on mpi-onesided and mpi-collective: task i's stage s reads
+    block (i + s) % 6 of a distributed vector A[n] = n + 1 (tiles of 2; need asked twice)
+    and returns 10**s times its sum: every task's result is sum_s 10**s (4 m + 3) for
+    m = (i + s) % 6, and each rank's work saw its tasks' stages 0, 1, 2 in a row."""
+    from mpirun import run_mpi
+    out = run_mpi(Path(__file__).parent / "mpi" / "staged_tasks.py", nranks, timeout=120)
+    expected = [float(sum(10 ** s * (4 * ((i + s) % 6) + 3) for s in range(3))) for i in range(4)]
+    for backend, run in out["executors"].items():
+        assert run["results"] == expected, (backend, run["results"], expected)
+        seen = [pair for rank in run["seen"] for pair in rank]
+        assert sorted(seen) == [[i, s] for i in range(4) for s in range(3)], (backend, run["seen"])
+        for rank in run["seen"]:
+            assert [s for _, s in rank] == [0, 1, 2] * (len(rank) // 3), (backend, rank)
+            assert all(rank[n][0] == rank[n + 1][0] == rank[n + 2][0] for n in range(0, len(rank), 3))

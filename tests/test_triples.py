@@ -353,3 +353,52 @@ def test_kernel_buffers_follow_the_budget(systems):
     assert sizes[0] < sizes[1] < sizes[2]
     res = triples_correction(ints, bt1, bt2, context=Context("serial"), kernel_mb=budget)
     assert res.virtual_block == job.vblock and res.kernel_buffer_bytes == nbytes
+
+
+def test_chunks_above_one_need_windowed_tasks(systems):
+    """``chunks`` > 1 streams windowed tasks: with local tensors, or distributed ones on the
+    whole-space kernel (no windows), it is a one-line InputError, not silently ignored;
+    ``chunks=1`` is one stage (a result's ``stages`` 1, the energy unchanged)."""
+    from tessera.chem.triples_tasks import TriplesTasks
+    ref, runs = systems["h2o2"]
+    t1, t2, e_ref = runs[0]
+    ints, bt1, bt2 = _inputs(ref, t1, t2, 0, 4)
+    with Context("serial") as ctx:
+        with pytest.raises(InputError, match=r"chunks=3 streams windowed .* local: drop chunks") as err:
+            triples_correction(ints, bt1, bt2, context=ctx, chunks=3)
+        assert "\n" not in str(err.value)
+        one = triples_correction(ints, bt1, bt2, context=ctx, chunks=1)
+    ctx.close()
+    assert one.stages == 1 and abs(one.energy - e_ref) < 1e-9
+    # the distributed planning (resident=False) on the whole-space kernel: no windows to stream
+    with pytest.raises(InputError, match="whole-space kernel fits here: give vblock too"):
+        TriplesTasks(ints, bt1, bt2, 4, 0.8, False, None, None, nranks=2, chunks=3)
+    assert TriplesTasks(ints, bt1, bt2, 4, 0.8, False, 7, None, nranks=2, chunks=3).stream.count == 3
+
+
+def test_streamed_stages_are_passed_not_counted(systems):
+    """Streamed (T) tasks (``chunks`` 3, windows of a blocked kernel; the distributed
+    planning on local tensors, every part served as a view) run on the serial executor
+    with each stage's ``need`` asked twice: the same energy as asked once and as the
+    unstreamed windowed tasks (1e-12), PySCF's to 1e-9; a task's W is dropped after its
+    last stage. (With a stage counted from calls to need, the second call moved to the
+    next stage.)"""
+    from tessera.chem.triples_tasks import TriplesTasks
+    ref, runs = systems["h2o2"]
+    t1, t2, e_ref = runs[0]
+    ints, bt1, bt2 = _inputs(ref, t1, t2, 0, 4)
+
+    def energy(chunks, twice=False):
+        job = TriplesTasks(ints, bt1, bt2, 4, 0.8, False, 7, None, nranks=1, chunks=chunks)
+        ts = job.task_set(1)
+        if twice:
+            ts = replace(ts, need=lambda i, s: (job.need(i, s), job.need(i, s))[1])
+        with Context("serial") as ctx:
+            out = float(sum(ctx.run_tasks(ts).tolist()))
+        ctx.close()
+        assert job.acc == {} and job.stage_requests == {} and job.held.now["W"] == 0
+        return out, ts.stages
+    (plain, one), (once, three), (twice, _) = energy(None), energy(3), energy(3, twice=True)
+    assert (one, three) == (1, 3)
+    assert abs(once - plain) < 1e-12 and abs(twice - plain) < 1e-12, (plain, once, twice)
+    assert abs(plain - e_ref) < 1e-9

@@ -43,8 +43,8 @@ lies whole on one rank: every class where occupied tiles no thinner than
 ``balance.MIN_OCC_TILE`` balance them all, else those that matter for memory (their
 busiest rank holds more than 1/32 of the budget, ``balance.binding``); the tiles of
 ``backends.balance.run_tiles`` (the largest at which every binding class is balanced
-and, where every class is, the dominant steps have 2 block tasks per rank) are always a
-candidate. A forced --tile is evaluated alone (no tile search) and gets one
+and, where every class is, the dominant steps have 2 block tasks per rank; with
+--backend mpi-collective, no idle grid line) are always a candidate. A forced --tile is evaluated alone (no tile search) and gets one
 warning line when it leaves any stored class above 1.5 (as ``tessera plan --ranks``). The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
 shared-memory figures measured on the development machine (docs/distributed.md);
@@ -426,11 +426,12 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
         [p for t in tiles for p in dict.fromkeys([(t, t)] + [(t, min(t, o)) for o in occs])]
     pairs = [balanced] + pairs if balanced else pairs
     for t, ot in pairs:
-        s = structure_stats(structure, t, ot, nranks, binds)
-        key = (tuple(s["tiles"]["o"]), tuple(s["tiles"]["v"]))
+        tiling = structure(t, ot).tiles
+        key = (tuple(tiling["o"]), tuple(tiling["v"]))
         if key in seen_tiles:          # a larger tile that changes nothing
             continue
         seen_tiles.add(key)
+        s = structure_stats(structure, t, ot, nranks, binds)
         too_fine = s["products"] > max(MAX_PRODUCTS, PRODUCTS_PER_RANK * nranks) and not tile
         for b, var in combos:
             e = estimate(s, nranks, b, var, rate, costs)

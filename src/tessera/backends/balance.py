@@ -37,7 +37,14 @@ least TASKS_PER_RANK block tasks per rank, as the planner runs them (output bloc
 ``plan.blocktasks.task_count``), so that no rank idles in them: (H2O)8 cc-pVDZ on 1024
 ranks takes 12/12, not 48/48 (4 tasks of its o^3v step for 1024 ranks). Where no such tiles reach the
 target, the ones with the most tasks (the finest the floor allows; ``granularity`` says
-whether a run's tiles reach it). Tiles that change nothing (the same tiling as larger
+whether a run's tiles reach it). ``mpi-collective`` (``pieces=False``) is not dealt by a
+task counter: its grid deals output row tuples over grid rows and column tuples over
+grid columns, so tasks per rank say neither whether a grid line idles nor how even the
+work is (at 2+ tasks per rank its busiest rank still does up to 1.9x the mean, (H2O)16
+on 1024 ranks). Its tiles are the largest at which no dominant step leaves a grid line
+idle on the grid the executor runs it on (``grid_lines``), else the fewest idle lines,
+then the most even: (H2O)8 and (H2O)16 cc-pVDZ on 256 ranks take 24/12 and 48/24 (1.75
+tasks per rank, every line busy; the task rule took 16/12 and 48/16). Tiles that change nothing (the same tiling as larger
 ones) are not tried twice.
 
 ``stored(tile, occ_tile)`` is the caller's: {class name: empty tensor} of what a run
@@ -148,12 +155,36 @@ def dominant_steps(plans) -> list:
     return [s for s in steps if s.flops >= DOMINANT * steps[0].flops] if steps else []
 
 
-def granularity(plans, nranks: int) -> dict:
+def granularity(plans, nranks: int, pieces: bool = True) -> dict:
     """{target, tasks_per_rank, met}: the fewest block tasks per rank of a dominant step
-    of ``plans`` on ``nranks`` ranks against TASKS_PER_RANK."""
+    of ``plans`` on ``nranks`` ranks against TASKS_PER_RANK. With ``pieces=False``
+    (mpi-collective, whose grid, not a task counter, deals the work) also ``idle_lines``
+    and ``busiest_over_mean`` (``grid_lines``), and ``met`` when no grid line idles."""
     from tessera.plan.blocktasks import task_count
-    fewest = min((task_count(s) for s in dominant_steps(plans)), default=0) / nranks
-    return {"target": TASKS_PER_RANK, "tasks_per_rank": fewest, "met": fewest >= TASKS_PER_RANK}
+    steps = dominant_steps(plans)
+    fewest = min((task_count(s) for s in steps), default=0) / nranks
+    out = {"target": TASKS_PER_RANK, "tasks_per_rank": fewest, "met": fewest >= TASKS_PER_RANK}
+    if pieces:
+        return out
+    idle, busiest = grid_lines(steps, nranks)
+    return {**out, "idle_lines": idle, "busiest_over_mean": busiest, "met": idle == 0}
+
+
+def grid_lines(steps, nranks: int) -> tuple:
+    """(grid rows and columns that idle, the busiest rank's flops over the mean) summed and
+    at most over contraction ``steps`` on mpi-collective's grid of ``nranks`` ranks, each on
+    the pr x pc grid the executor runs it on (``summa_layout.choose_grid``, one layer):
+    output row tuples are dealt over grid rows, column tuples over grid columns, so a
+    step with fewer of them than grid lines idles ranks however many tasks it has."""
+    from tessera.backends.summa_layout import choose_grid, grid_score
+    idle, busiest = 0, 1.0
+    for s in steps:
+        sig = tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in s.sectors)
+        grid = choose_grid(sig, s.perms["a"], s.perms["b"], nranks, 1)
+        sc = grid_score(sig, s.perms["a"], s.perms["b"], *grid, 1)
+        idle += sc["idle"]
+        busiest = max(busiest, sc["flops"] * nranks / s.flops if s.flops else 1.0)
+    return idle, busiest
 
 
 def granular_tiles(structure, nranks: int, min_occ: int, pieces: bool = True) -> tuple | None:
@@ -173,11 +204,12 @@ def granular_tiles(structure, nranks: int, min_occ: int, pieces: bool = True) ->
         worst = worst_class(structure.stored, tile, occ_tile, nranks, memo, stop=BALANCE, pieces=pieces)[1]
         if worst > BALANCE:
             continue
-        g = granularity(structure(tile, occ_tile).plans, nranks)
+        g = granularity(structure(tile, occ_tile).plans, nranks, pieces)
         if g["met"]:
             return tile, occ_tile, worst
-        if best is None or g["tasks_per_rank"] > best[0]:
-            best = (g["tasks_per_rank"], tile, occ_tile, worst)
+        rank = (-g["tasks_per_rank"],) if pieces else (g["idle_lines"], g["busiest_over_mean"])
+        if best is None or rank < best[0]:
+            best = (rank, tile, occ_tile, worst)
     return best and best[1:]
 
 

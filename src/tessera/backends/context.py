@@ -433,9 +433,9 @@ def _timed_tasks(task_set, recorder):
     """``task_set`` whose work also records each task's start and time (profiling)."""
     work, name = task_set.work, task_set.name
 
-    def timed(i, blocks):
+    def timed(i, blocks, *stage):
         t0 = time.perf_counter()
-        out = work(i, blocks)
+        out = work(i, blocks, *stage)
         recorder.task(name, i, t0, time.perf_counter() - t0)
         return out
     return replace(task_set, work=timed)

@@ -261,11 +261,11 @@ class DistributedExecutor(ABC):
         self.barrier()
         results = np.zeros(len(task_set))
         for i in self.task_order(task_set):
-            for _ in range(task_set.stages):          # a task's parts one after another (TaskSet)
-                blocks = self.fetch_blocks(task_set.need(i) if i is not None else [])
+            for s in range(task_set.stages):          # a task's parts one after another (TaskSet)
+                blocks = self.fetch_blocks(task_set.need_part(i, s) if i is not None else [])
                 if i is not None:
                     w0 = time.perf_counter()
-                    results[i] += task_set.work(i, blocks)
+                    results[i] += task_set.work_part(i, blocks, s)
                     self.compute_seconds += time.perf_counter() - w0
         if self.world.size > 1:
             results = self.world.allreduce(results, "sum")

@@ -49,18 +49,29 @@ def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True) -> dict:
     flops = np.bincount(ranks, weights=2.0 * ta.m[ta.task] * ta.k * ta.n[ta.task], minlength=nranks)
     recv = {}
     for x, ids, own_x, size in zip("ab", (ta.a, ta.b), (own_a, own_b), block_sizes(ta)):
-        _, first = np.unique(ids * nranks + ranks, return_index=True)     # each (block, rank) once
-        first = first[own_x[ids[first]] != ranks[first]]
-        recv[x] = np.bincount(ranks[first], weights=8.0 * size[ids[first]], minlength=nranks)
-    _, first = np.unique(ta.task * nranks + ranks, return_index=True)      # each (task, rank) once
-    first = first[ranks[first] != dest[ta.task[first]]]
-    t = ta.task[first]
+        ids, at = _pairs(ids, ranks, nranks, stays=mode == x)             # each (block, rank) once
+        away = own_x[ids] != at
+        recv[x] = np.bincount(at[away], weights=8.0 * size[ids[away]], minlength=nranks)
+    t, at = _pairs(ta.task, ranks, nranks, stays=mode == "c")              # each (task, rank) once
+    t = t[at != dest[t]]
     recv["c"] = np.bincount(dest[t], weights=8.0 * ta.m[t] * ta.n[t], minlength=nranks)
     out = {"flops": flops, "recv": recv}
     if where:
         flat = ranks.tolist()
         out["where"] = [flat[s:e] for s, e in zip(ta.start[:-1].tolist(), ta.start[1:].tolist())]
     return out
+
+
+def _pairs(ids, ranks, nranks: int, stays: bool) -> tuple:
+    """(ids, ranks) of the distinct (id, rank) pairs, by id then rank; none when ``stays``
+    (the operand that stays: every product runs where its block lives, nothing moves)."""
+    if stays:
+        return ids[:0], ranks[:0]
+    pairs = np.sort(ids * nranks + ranks)
+    first = np.ones(len(pairs), dtype=bool)          # np.unique's result, without its hashing
+    first[1:] = pairs[1:] != pairs[:-1]
+    pairs = pairs[first]
+    return pairs // nranks, pairs % nranks
 
 
 def stationary_scores(ta, owners: tuple, nranks: int, moved_once=(), modes=MODES, where: bool = True) -> tuple:

@@ -26,15 +26,22 @@ def _rotated(bins: list, nbins: int, shift: int) -> list:
     return [(b + shift) % nbins for b in bins]
 
 
+@lru_cache(maxsize=8192)
+def _lpt(sizes: tuple, nbins: int) -> tuple:
+    """``largest_first(sizes, nbins)``, kept: the sectors of many steps and grid shapes deal
+    the same sizes into the same number of bins."""
+    return tuple(largest_first(sizes, nbins))
+
+
 def _deal_layers(sizes, layers: int, npanel: int, shift: int = 0) -> list:
     """(layer, panel) of each inner tuple: dealt to layers by size (labels rotated by
     ``shift``), then within each layer to its panels by size (with one layer:
     ``largest_first(sizes, npanel)``)."""
-    layer = _rotated(largest_first(sizes, layers), layers, shift) if layers > 1 else [0] * len(sizes)
+    layer = _rotated(_lpt(tuple(sizes), layers), layers, shift) if layers > 1 else [0] * len(sizes)
     out = [(0, 0)] * len(sizes)
     for lay in range(layers):
         members = [q for q, l_ in enumerate(layer) if l_ == lay]
-        for q, p in zip(members, largest_first([sizes[q] for q in members], npanel)):
+        for q, p in zip(members, _lpt(tuple(sizes[q] for q in members), npanel)):
             out[q] = (lay, p)
     return out
 
@@ -61,14 +68,19 @@ def _inner_units(inner, layers: int) -> list:
     return units
 
 
+@lru_cache(maxsize=8192)
+def _shift(n, rows, inner, cols, pa, pb) -> int:
+    """A stable number from sector n's structure that rotates its deals, so that the
+    remainders of steps with few tuples do not all land on grid row/column/layer 0."""
+    return zlib.crc32(repr((n, rows.tuples, inner.tuples, cols.tuples, pa, pb)).encode())
+
+
 def _deal(n, rows, inner, cols, pa, pb, pr: int, pc: int, layers: int) -> tuple:
     """Sector n's deal: grid row of each row tuple, grid column of each column tuple, the
     inner units (``_inner_units``), their sizes and their (layer, panel)."""
-    # rotate the deals by a stable number from the sector's structure, so that the
-    # remainders of steps with few tuples do not all land on grid row/column/layer 0
-    shift = zlib.crc32(repr((n, rows.tuples, inner.tuples, cols.tuples, pa, pb)).encode())
-    grow = _rotated(largest_first(rows.sizes, pr), pr, shift)
-    gcol = _rotated(largest_first(cols.sizes, pc), pc, shift // pr)
+    shift = _shift(n, rows, inner, cols, pa, pb)
+    grow = _rotated(_lpt(rows.sizes, pr), pr, shift)
+    gcol = _rotated(_lpt(cols.sizes, pc), pc, shift // pr)
     units = _inner_units(inner, layers)
     usize = [inner.sizes[q] if part is None else inner.sizes[q] // inner.shapes[q][0] * (part[1] - part[0])
              for q, part in units]

@@ -38,8 +38,8 @@ class TaskProgress:
         if not self.active:
             return work
 
-        def counted(i, blocks):
-            result = work(i, blocks)
+        def counted(i, blocks, *stage):
+            result = work(i, blocks, *stage)
             self.tick()
             return result
         return counted

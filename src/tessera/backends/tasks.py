@@ -76,10 +76,12 @@ class TaskSet:
         and the count behind ``flops``;
     add_flops: ``add_flops(n)`` receives the flops that forked workers counted (their
         ``flops()`` increments), so that ``flops()`` afterwards covers the whole run;
-    stages: a task's blocks arrive in this many parts: ``need(i)`` and ``work(i, blocks)``
-        are called ``stages`` times in a row for the same task on one rank (the task
-        tells its parts apart), its result the sum (``run_task``); so a task holds one
-        part's blocks at a time (e.g. a contracted index streamed in chunks).
+    stages: a task's blocks arrive in this many parts: with ``stages`` > 1 the executor
+        calls ``need(i, s)`` then ``work(i, blocks, s)`` for s = 0, 1, ..., stages - 1 in
+        a row for the same task on one rank, its result the sum (``run_task``); so a task
+        holds one part's blocks at a time (e.g. a contracted index streamed in chunks).
+        The part is passed, never inferred from the order of calls: a need() asked twice
+        or a task run again asks for the same part.
     """
 
     name: str
@@ -100,6 +102,14 @@ class TaskSet:
     def __len__(self) -> int:
         return len(self.costs)
 
+    def need_part(self, i: int, stage: int) -> list:
+        """The blocks part ``stage`` of task i reads (``need``, with the part when staged)."""
+        return self.need(i, stage) if self.stages > 1 else self.need(i)
+
+    def work_part(self, i: int, blocks: dict, stage: int) -> float:
+        """Part ``stage`` of task i on its ``blocks`` (``work``, with the part when staged)."""
+        return self.work(i, blocks, stage) if self.stages > 1 else self.work(i, blocks)
+
 
 def local_blocks(requests) -> dict:
     """Requests served from local tensors: views, no copies."""
@@ -116,8 +126,8 @@ def local_blocks(requests) -> dict:
 
 def run_task(task_set: TaskSet, i: int, fetch: Callable[[list], dict]) -> float:
     """Task i: its ``stages`` parts one after another, each part's blocks (``fetch`` of
-    ``need(i)``) handed to ``work``; the sum of what they return."""
-    return sum(task_set.work(i, fetch(task_set.need(i))) for _ in range(task_set.stages))
+    its ``need``) handed to its ``work``; the sum of what they return."""
+    return sum(task_set.work_part(i, fetch(task_set.need_part(i, s)), s) for s in range(task_set.stages))
 
 
 def run_local(executor, task_set: TaskSet, done: Callable[[], None] | None = None) -> np.ndarray:

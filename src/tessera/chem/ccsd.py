@@ -239,8 +239,14 @@ class IterationStructure:
 
 def _structural(t):
     """``t`` with every allowed block present as a read-only zero of no memory (a
-    zero-stride view): what a run stores, for planning without data."""
-    t.blocks = {k: np.broadcast_to(np.float64(0.0), t.block_shape(k)) for k in t.allowed_keys()}
+    zero-stride view, one per block shape): what a run stores, for planning without data."""
+    zeros: dict = {}
+
+    def zero(shape):
+        if shape not in zeros:
+            zeros[shape] = np.broadcast_to(np.float64(0.0), shape)
+        return zeros[shape]
+    t.blocks = {k: zero(t.block_shape(k)) for k in t.allowed_keys()}
     return t
 
 
@@ -253,12 +259,22 @@ class CCSDStructure:
         self.orbsym, self.nfrozen, self.distributed = np.asarray(orbsym), int(nfrozen), bool(distributed)
         self.nocc = int(nocc) - self.nfrozen          # active occupied orbitals
         self._nocc_all = int(nocc)
+        self._planned: dict = {}                      # tiling -> IterationStructure
 
     def __call__(self, tile: int, occ_tile: int | None = None) -> IterationStructure:
-        from tessera.backends.context import PlanningContext
-        from tessera.chem.integrals import CLASSES, MOIntegrals, class_tensor, make_spaces
-        from tessera.plan.planner import distributed_plans
+        """The iteration at these tiles, planned once per tiling (tiles that cut the spaces
+        alike give the same object; callers read it, never change it)."""
+        from tessera.chem.integrals import make_spaces
         o, v = make_spaces(self.orbsym, self._nocc_all, self.nfrozen, tile, occ_tile)
+        tiling = tuple(tuple((tl.size, tl.irrep) for tl in s.tiles) for s in (o, v))
+        if tiling not in self._planned:
+            self._planned[tiling] = self._plan(o, v)
+        return self._planned[tiling]
+
+    def _plan(self, o, v) -> IterationStructure:
+        from tessera.backends.context import PlanningContext
+        from tessera.chem.integrals import CLASSES, MOIntegrals, class_tensor
+        from tessera.plan.planner import distributed_plans
         ctx = PlanningContext()
         with ctx, distributed_plans(self.distributed):
             tensors = {name: _structural(class_tensor(name, o, v)).freeze() for name in CLASSES}

@@ -761,10 +761,14 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     kernel (~ v^3 / nirrep per buffer) does not fit, the virtual index is blocked too
     (:mod:`tessera.chem.triples_blocked`), in blocks of ``vblock`` orbitals if given.
     ``chunks``: distributed windowed tasks run in that many stages, each fetching one chunk
-    of the contracted virtual and occupied indices (``chem.triples_stream``).
+    of the contracted virtual and occupied indices (``chem.triples_stream``); 1: one
+    stage, the contracted indices whole (never streamed, whatever the budget; a result's
+    ``stages`` is 1 for every unstreamed run); None: the budget rule decides.
     Collective under MPI: every rank calls it and gets the same result.  Raises
     ShapeError when the amplitudes are not over ``ints``' spaces, InputError for a bad
-    ``occ_tile`` or ``cache_mb``, or distributed tensors with a local context.
+    ``occ_tile`` or ``cache_mb``, distributed tensors with a local context, or ``chunks``
+    > 1 where no task is windowed (local tensors, or the whole-space kernel without
+    ``vblock``).
     """
     from tessera.backends.context import current_context
 

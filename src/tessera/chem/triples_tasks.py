@@ -43,7 +43,8 @@ of what another has left (``backends.schedule``'s ``steal``), again a contiguous
 a slow rank does not hold up the others and the rows stay shared along each run.
 ``TriplesResult.rank_runs`` says which runs each rank ran; ``sequence_reads`` what they
 read.  With ``chunks`` (C > 1) a windowed task runs in C stages, each
-fetching one chunk of the contracted indices (``chem.triples_stream``); the budget rule
+fetching one chunk of the contracted indices (``chem.triples_stream``; the stage is
+passed to need and work, ``TaskSet.stages``; C = 1: one stage, never streamed); the budget rule
 streams where the budget is below the unstreamed floor (``stream_plan``).  ``plan_counts`` counts tasks and rows read (``window_reads``: the static deal,
 no steals) from structure alone, for ``tessera plan --ranks``.
 """
@@ -67,6 +68,7 @@ from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, Triple
 from tessera.chem.triples_stream import Chunks, StreamTables, StreamTripleKernel, stream_requests
 from tessera.chem.triples_window import (Windows, WindowTables, WindowTripleKernel, bytes_per_row,
                                          deal_weights, task_bytes, window_reads, window_tiles, window_width)
+from tessera.errors import InputError
 from tessera.tensor.block_tensor import allowed_elements
 
 DEFAULT_CACHE_MB = 256     # RowSlabs of recent task tiles a rank keeps (distributed; also capped per tensor)
@@ -530,10 +532,16 @@ class TriplesTasks:
                                                budget, nranks, occ_tile)
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
             self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows.blocks)
-        # windowed tasks in stages, the contracted f and m in chunks (chem.triples_stream)
-        self.stream = Chunks(lay, chunks) if chunks and chunks > 1 and self.windows is not None else None
-        self.stage = (None, -1)                          # streamed: (task, stage) need() set up
-        self.acc: dict = {}                              # streamed: W of the task's block triples
+        # windowed tasks in stages, the contracted f and m in chunks (chem.triples_stream);
+        # chunks 1 (given or chosen): one stage, f and m whole
+        if chunks and chunks > 1 and self.windows is None:
+            raise InputError(f"chunks={chunks} streams windowed (T) tasks, which need distributed tensors and the "
+                             "kernel blocked in the virtual index; " + (
+                                 "these tensors are local: drop chunks" if resident else
+                                 "the whole-space kernel fits here: give vblock too, or drop chunks"))
+        self.stream = Chunks(lay, chunks) if chunks and chunks > 1 else None
+        self.stage_requests: dict = {}                   # streamed: (task, stage) -> its requests (need)
+        self.acc: dict = {}                              # streamed: task -> W of its block triples
         if self.stream is not None:
             self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows.blocks, self.stream.widest)
         elif not resident and occ_tile is None and self.windows is None:
@@ -622,21 +630,19 @@ class TriplesTasks:
         return task_costs(self.tiles, self.triples, self.tasks, self.lay.ntrip,
                           self.windows.vtiles if self.windows is not None else None)
 
-    def need(self, task: int) -> list:
+    def need(self, task: int, stage: int = 0) -> list:
         """Rows of the blocks of the task's uncached task tiles (partial requests); first
         drops cached slabs (least recently used, not the task's) until what arrives fits.
         Nothing for resident tensors; for a windowed task, its window's rows that the
         rank's previous task did not fetch (those it did are kept, the rest dropped): a
-        rank calls need(i) then work(i) for one task after another (``dist_base.run_tasks``)."""
+        rank calls need(i) then work(i) for one task after another (``dist_base.run_tasks``);
+        streamed, need(i, s) then work(i, blocks, s) for each stage s (``TaskSet.stages``)."""
         t, window = self.tasks[task]
-        if self.stream is not None:      # the next stage of this task, or the first of a new one
-            at, stage = self.stage
-            self.stage = (task, stage + 1 if at == task and stage + 1 < self.stream.count else 0)
         if self.resident or not self.lay.ntrip[self.G[t]]:
             return []
         wanted = sorted(set(self.triples[t]))
         if self.stream is not None:
-            return self._stream_need(wanted, window)
+            return self._stream_need(task, stage, wanted, window)
         if window is not None:
             out = []
             for x in wanted:
@@ -735,11 +741,11 @@ class TriplesTasks:
             self.held.add(fetched, -1)
             return slabs, [x for x in new if not self._admit(x, slabs[x], wanted)]
 
-    def work(self, task: int, blocks: dict) -> float:
+    def work(self, task: int, blocks: dict, stage: int = 0) -> float:
         t, window = self.tasks[task]
         a, b, c = self.triples[t]
         G = self.G[t]
-        if window is not None and (self.stream is None or self.stage[1] == 0):
+        if window is not None and stage == 0:
             with self.lock:
                 if self.runs and self.runs[-1][1] == task:
                     self.runs[-1][1] += 1
@@ -749,7 +755,7 @@ class TriplesTasks:
             return 0.0
         wanted = sorted({a, b, c})
         if self.stream is not None:
-            return self._stream_work(task, wanted, blocks)
+            return self._stream_work(task, stage, wanted, blocks)
         if window is not None:
             return self._window_work(task, wanted, blocks)
         if self.resident:
@@ -832,13 +838,15 @@ class TriplesTasks:
 
 
     # ------------------------------------------------------------------ streamed (chunks)
-    def _stream_need(self, wanted: list, window) -> list:
-        """The requests of this stage (``triples_stream.stream_requests``) that the rank's
-        previous stage did not fetch (kept; the rest dropped), each once."""
-        self._stream_reqs = stream_requests(self.windows, self.stream, [self.tiles[x] for x in wanted], window,
-                                            self.stage[1])
+    def _stream_need(self, task: int, stage: int, wanted: list, window) -> list:
+        """The requests of stage ``stage`` of the task (``triples_stream.stream_requests``;
+        kept for its work) that the rank's previous stage did not fetch (kept; the rest
+        dropped), each once."""
+        reqs = stream_requests(self.windows, self.stream, [self.tiles[x] for x in wanted], window, stage)
+        with self.lock:
+            self.stage_requests[(task, stage)] = reqs
         out = {}
-        for name, key, part, _, _ in self._stream_reqs:
+        for name, key, part, _, _ in reqs:
             req = (self.tensors[name], key, part) if part else (self.tensors[name], key)
             out[request_tag(req)] = req
         with self.lock:
@@ -846,18 +854,22 @@ class TriplesTasks:
                 self._drop_kept(tag)
         return [r for tag, r in out.items() if tag not in self.kept]
 
-    def _stream_work(self, task: int, wanted: list, blocks: dict) -> float:
-        """One stage of a streamed task: its rows into StreamTables, the chunk's W0 terms
-        added to the task's W (``acc``, from stage 0 to the last); at the last stage the
-        energy. Held: the stage's fetched copies and tables, and W."""
+    def _stream_work(self, task: int, stage: int, wanted: list, blocks: dict) -> float:
+        """Stage ``stage`` of a streamed task: its rows (the requests its need listed) into
+        StreamTables, the chunk's W0 terms added to the task's W (``acc[task]``, made at
+        stage 0, dropped after the last); at the last stage the energy. Held: the stage's
+        fetched copies and tables, and W."""
         t, window = self.tasks[task]
-        stage = self.stage[1]
-        if stage == 0:
-            self.acc = {}
+        with self.lock:
+            reqs = self.stage_requests.pop((task, stage))
+            if stage == 0:                        # a task run again starts a new W
+                self.held.add({"W": _acc_bytes(self.acc.pop(task, {}))}, -1)
+                self.acc[task] = {}
+            acc = self.acc[task]
         ytiles = {self.tiles[x][0]: (self.tiles[x][1] - self.tiles[x][0], self.tiles[x][2]) for x in wanted}
         tables = StreamTables(self.windows, self.irrep, self.stream, stage, ytiles)
         read, copies = 0, dict.fromkeys(SOURCES, 0)
-        for name, key, part, kind, place in self._stream_reqs:
+        for name, key, part, kind, place in reqs:
             tensor = self.tensors[name]
             tag = request_tag((tensor, key, part or None))
             arr, got = self._keep(tag, name, key, blocks)
@@ -865,23 +877,24 @@ class TriplesTasks:
             copies[name] += got if key not in tensor.blocks else 0
             tables.add(kind, arr, place)
         blocks.clear()
-        before = _acc_bytes(self.acc)
+        before = _acc_bytes(acc)
         self.read[task] = self.read.get(task, 0) + read
         counted = dict(tables.nbytes)          # zero tables the kernel asks for come on top
         self.held.add({s: copies[s] + counted[s] for s in SOURCES})
         inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, ov1=None, ov2=None, t2r=None, t2s=None,
                            ooL=None, ovov=None)
         kern = StreamTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows, window,
-                                  tables, self.acc)
+                                  tables, acc)
         I, J, K = (self.tiles[x][:2] for x in self.triples[t])
         kern.tile_energy(I, J, K)
-        held = _acc_bytes(self.acc)
+        held = _acc_bytes(acc)
         self.held.add({"W": held - before})
         energy = 0.0
         if stage == self.stream.count - 1:           # W complete: the energy, then W dropped
             kern.adding = False
             energy = kern.tile_energy(I, J, K)
             self.held.add({"W": held}, -1)
+            del self.acc[task]
         self.flops += kern.flops
         self.held.add({k: n - counted[k] for k, n in tables.nbytes.items()})
         self.held.add(tables.nbytes, -1)

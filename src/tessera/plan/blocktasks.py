@@ -114,7 +114,8 @@ class TaskArrays(NamedTuple):
     per task its ``out`` key, ``m`` and ``n``; per product (tasks' products in order) its
     ``task``, ``k`` and the index of its A and B block in ``a_keys`` / ``b_keys`` (the
     distinct keys the products use); ``start``: task t's products are
-    ``start[t]:start[t + 1]``."""
+    ``start[t]:start[t + 1]``; ``a_size`` / ``b_size``: elements of each A / B block, by
+    key index (``block_sizes``)."""
 
     out: tuple
     m: np.ndarray
@@ -126,6 +127,8 @@ class TaskArrays(NamedTuple):
     a_keys: tuple
     b_keys: tuple
     start: np.ndarray
+    a_size: np.ndarray
+    b_size: np.ndarray
 
 
 def task_arrays(step) -> TaskArrays:
@@ -165,8 +168,14 @@ def _arrays(sig, perm_a, perm_b, perm_c, aliases=None) -> TaskArrays:
         keys.append(tuple(invert_key(bases[g][lrow].tuples[i] + bases[g][lcol].tuples[j], perm)
                           for g, i, j in zip(sector.tolist(), row.tolist(), col.tolist())))
     counts = np.bincount(task, minlength=ntask)
-    out = TaskArrays(tuple(outs), m, n, task, k, a.astype(np.int64), b.astype(np.int64), *keys,
-                     np.concatenate(([0], np.cumsum(counts))).astype(np.int64))
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    sizes = []
+    for ids, rows, cols, nkeys in ((a, m[task], k, len(keys[0])), (b, k, n[task], len(keys[1]))):
+        size = np.zeros(nkeys, dtype=np.int64)
+        size[ids] = rows * cols
+        sizes.append(size)
+    out = TaskArrays(tuple(outs), m, n, task, k, a, b, *keys,
+                     np.concatenate(([0], np.cumsum(counts))).astype(np.int64), *sizes)
     for x in out:               # cached and shared by every caller: read-only
         if isinstance(x, np.ndarray):
             x.flags.writeable = False
@@ -174,14 +183,9 @@ def _arrays(sig, perm_a, perm_b, perm_c, aliases=None) -> TaskArrays:
 
 
 def block_sizes(ta: TaskArrays) -> tuple:
-    """(elements of each A block, of each B block) of ``TaskArrays`` ``ta``, by key index."""
-    sizes = []
-    for ids, rows, cols, nkeys in ((ta.a, ta.m[ta.task], ta.k, len(ta.a_keys)),
-                                   (ta.b, ta.k, ta.n[ta.task], len(ta.b_keys))):
-        size = np.zeros(nkeys, dtype=np.int64)
-        size[ids] = rows * cols
-        sizes.append(size)
-    return tuple(sizes)
+    """(elements of each A block, of each B block) of ``TaskArrays`` ``ta``, by key index
+    (made once with the arrays)."""
+    return ta.a_size, ta.b_size
 
 
 def owned_tasks(step, keys) -> tuple:

@@ -1,0 +1,47 @@
+"""A staged task set (``TaskSet.stages``) under `mpiexec -n K`, for tests/test_schedule.py.
+
+A vector A over 12 orbitals in 6 tiles of 2 (A[n] = n + 1), distributed. Task i (of 4)
+runs in 3 stages; stage s reads block (i + s) % 6 of A, and its ``need`` is asked twice
+(as an executor that asks again would). The work of part s returns 10**s times the sum
+of the block it got, so a part that reads another stage's block gives another number.
+Run on mpi-onesided (nxtval) and mpi-collective; rank 0 prints each executor's results
+and the (task, stage) pairs every rank's work saw, in order.
+"""
+
+import json
+
+import numpy as np
+
+from tessera import BlockTensor
+from tessera.backends.context import Context
+from tessera.backends.tasks import TaskSet
+from tessera.runtime import World
+from tessera.tensor.space import IndexSpace
+
+TASKS, STAGES = 4, 3
+
+world = World.get()
+space = IndexSpace.from_irreps("p", [0] * 12, 2)
+out = {}
+for backend, variant in (("mpi-onesided", "original"), ("mpi-collective", "summa")):
+    ctx = Context(backend, variant=variant)
+    with ctx:
+        A = BlockTensor.from_dense(np.arange(1.0, 13.0), (space,), name="A")
+        seen = []
+
+        def need(i, s):
+            need_once(i, s)
+            return need_once(i, s)
+
+        def need_once(i, s):
+            return [(A, ((i + s) % len(space.tiles),))]
+
+        def work(i, blocks, s):
+            seen.append([i, s])
+            (block,) = blocks.values()
+            return float(10 ** s * block.sum())
+        results = ctx.run_tasks(TaskSet("staged", [1.0] * TASKS, work, need, stages=STAGES))
+    ctx.close()
+    out[backend] = {"results": results.tolist(), "seen": world.allgather(seen)}
+if world.rank == 0:
+    print(json.dumps({"nranks": world.size, "executors": out}), flush=True)
