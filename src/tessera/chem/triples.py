@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.linalg.blas import dgemm
 
-from tessera.chem.triples_native import batch_packed, energy_dense, energy_packed, require
+from tessera.chem.triples_native import batch_packed, dense_scratch_size, energy_dense, energy_packed, require
 from tessera.errors import InputError, ShapeError
 
 __all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
@@ -458,11 +458,12 @@ class TripleKernel:
     @staticmethod
     def pool_sizes(lay: VirtualLayout, batch: int = 1) -> list:
         """Elements of one thread's buffers: some of a batch's W (in the batch layout), some
-        of one triple's, and the stacked left operands."""
+        of one triple's (one virtual irrep: the compiled sweep's scratch), and the stacked
+        left operands."""
         nv, no, ntrip = int(lay.n.max()), int(lay.no.max()), max(int(lay.ntrip.max()), 1)
         left = [max(batch * nv * (nv + no), 1)]          # stacked left operands (fused C1: v + o wide)
-        if len(set(lay.irrep.tolist())) == 1:         # the batch's three layouts
-            return [batch * ntrip] * 3 + left
+        if len(set(lay.irrep.tolist())) == 1:         # the batch's three layouts; the sweep's scratch
+            return [batch * ntrip] * 3 + [dense_scratch_size(len(lay.irrep))] + left
         # the batch's three layouts; 3 of one triple; 3 (x t|y u) rows made dense; left
         # operands of two layouts stacked
         return [3 * batch * ntrip] + [ntrip] * 3 + [3 * len(lay.irrep) ** 2] + [2 * left[0]]
@@ -683,7 +684,8 @@ class TripleKernel:
         pairs = [ov[x][g[y]][r[y]] for x, y in ((j, k), (i, k), (i, j))]      # (jb|kc), (ia|kc), (ia|jb)
         pairs = [p if p.size == nv2 else self._zeros for p in pairs]          # else zero by symmetry
         t1 = inp.t1
-        return energy_dense(A, B, C, self._ev, inp.eo[i] + inp.eo[j] + inp.eo[k], t1[i], t1[j], t1[k], *pairs)
+        return energy_dense(A, B, C, self._ev, inp.eo[i] + inp.eo[j] + inp.eo[k], t1[i], t1[j], t1[k], *pairs,
+                            self.buf[3])
 
     def _energy_packed(self, i, j, ks) -> float:
         """Point-group symmetry: the three cyclic layouts of the batch, then per k (moved out

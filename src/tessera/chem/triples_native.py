@@ -18,10 +18,10 @@ import numpy as np
 from tessera.chem.native import load
 from tessera.errors import BuildError, ShapeError
 
-__all__ = ["require", "energy_dense", "energy_packed", "batch_packed"]
+__all__ = ["require", "dense_scratch_size", "energy_dense", "energy_packed", "batch_packed"]
 
 _MODULE = "tessera.chem._triples_kernel"
-_ABI = 2            # tessera_abi_version() of triples_kernel.c whose argument lists these are
+_ABI = 3            # tessera_abi_version() of triples_kernel.c whose argument lists these are
 _ptr = ctypes.c_void_p
 
 
@@ -30,7 +30,9 @@ def _library() -> ctypes.CDLL:
     lib = load(_MODULE, _ABI, "the compiled (T) kernel")
     fn = lib.tessera_t3_energy_dense
     fn.restype = ctypes.c_double
-    fn.argtypes = [ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 6
+    fn.argtypes = [ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 7
+    lib.tessera_t3_dense_scratch.restype = ctypes.c_long
+    lib.tessera_t3_dense_scratch.argtypes = [ctypes.c_long]
     fn = lib.tessera_t3_energy_packed
     fn.restype = ctypes.c_double
     fn.argtypes = [ctypes.c_long, _ptr, ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 11
@@ -75,15 +77,23 @@ def _addr(a: np.ndarray, size: int, dtype=np.float64) -> int:
     return a.ctypes.data
 
 
-def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij) -> float:
+def dense_scratch_size(nv: int) -> int:
+    """Doubles of the scratch ``energy_dense`` needs for ``nv`` virtuals (its local tiles
+    and transposed pair matrices)."""
+    return int(_library().tessera_t3_dense_scratch(nv))
+
+
+def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij, scratch) -> float:
     """sum_abc W r3(W + V) / D of one occupied triple (i, j, k), one virtual irrep of v:
     W[abc] = A[abc] + B[bac] + C[cab] (each [v, v, v]), V[abc] = t1i[a] Pjk[bc] +
-    t1j[b] Pik[ac] + t1k[c] Pij[ab] (Pjk[bc] = (jb|kc), ...), D = eijk - ev[a] - ev[b] - ev[c]."""
+    t1j[b] Pik[ac] + t1k[c] Pij[ab] (Pjk[bc] = (jb|kc), ...), D = eijk - ev[a] - ev[b] - ev[c];
+    ``scratch``: at least ``dense_scratch_size(v)`` doubles."""
     nv = ev.size
-    n3, n2 = nv ** 3, nv * nv
+    n3, n2, ns = nv ** 3, nv * nv, dense_scratch_size(nv)
     return _library().tessera_t3_energy_dense(
         nv, _addr(A, n3), _addr(B, n3), _addr(C, n3), _addr(ev, nv), float(eijk),
-        _addr(t1i, nv), _addr(t1j, nv), _addr(t1k, nv), _addr(Pjk, n2), _addr(Pik, n2), _addr(Pij, n2))
+        _addr(t1i, nv), _addr(t1j, nv), _addr(t1k, nv), _addr(Pjk, n2), _addr(Pik, n2), _addr(Pij, n2),
+        _addr(scratch[:ns], ns))
 
 
 def energy_packed(orbits, A, Bs, C, ev, eijk: float, t1i, t1j, t1k, rows, pair_irreps, lay, scratch) -> float:
