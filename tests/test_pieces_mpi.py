@@ -8,10 +8,10 @@ Checks (tests/mpi/pieces_checks.py): every access path of a pieced tensor agains
 the one-line refusals (a partial put, a local view); the operations CCSD performs on
 amplitudes stored in pieces (copy, zero_, norm, max_abs, vdot, dot, and steps writing a
 pieced output: sums, the denominator division, hadamard products, contractions) against
-numpy on the one-sided variants original, cached and owner; CCSD(T) of water STO-3G and
-6-31G on mpi-onesided (cached, original) with every integral class and T2 in pieces
-equal to PySCF's to 1e-7 Eh; mpi-collective (STO-3G) stores whole blocks (nothing cut)
-and gives the same energies.
+numpy on the one-sided variants original, cached and owner and on mpi-collective summa
+and 2.5d; CCSD(T) of water STO-3G (mpi-onesided cached and original, mpi-collective summa
+and 2.5d) and 6-31G (the one-sided ones) with every integral class and T2 in pieces
+equal to PySCF's to 1e-7 Eh.
 """
 
 from pathlib import Path
@@ -58,5 +58,5 @@ def test_pieces_at_two_ranks(pyscf_water, nodes):
         for run in [r for r in e if r != "e_hf"]:
             assert e[run]["e_ccsd"] == pytest.approx(e_ccsd, abs=1e-7), (basis, run)
             assert e[run]["e_t"] == pytest.approx(e_t, abs=1e-7), (basis, run)
-        assert e["mpi-onesided/cached"]["pieced"] == e["mpi-onesided/original"]["pieced"] == CLASSES + ["t2"]
-    assert out["energies"]["mpi-collective/summa"]["pieced"] == []     # whole blocks: the collective fallback
+        for run in [r for r in e if r != "e_hf"]:
+            assert e[run]["pieced"] == CLASSES + ["t2"], (basis, run)

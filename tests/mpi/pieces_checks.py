@@ -8,14 +8,15 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    view are refused (one-line errors, reported as their messages).
 2. The operations CCSD performs on amplitudes, on pieced tensors (a pair-symmetric oovv
    tensor stored as canonical blocks, as T2) against numpy, for the one-sided variants
-   original, cached and owner: copy, zero_, norm, max_abs, vdot (pieces with pieces
+   original, cached and owner and for mpi-collective summa and 2.5d (pieces gathered
+   and cut by all-to-all): copy, zero_, norm, max_abs, vdot (pieces with pieces
    and with whole blocks), ts.dot (same and swapped index order), and steps writing a
    pieced output: scaled sums with a transposed input, the division by a pieced
    denominator (from other pieces, and all in the same pieces: rank-local), a product
    of two t1-like tensors (hadamard) and contractions.
-3. CCSD(T) of water (C2v, tile 2) converged on mpi-onesided (cached, original) with the
-   integral classes and T2 in pieces, STO-3G and 6-31G, and (STO-3G) on mpi-collective
-   (whole blocks: the fallback).
+3. CCSD(T) of water (C2v, tile 2) converged with the integral classes and T2 in pieces
+   on mpi-onesided (cached, original), STO-3G and 6-31G, and on mpi-collective (summa,
+   2.5d), STO-3G.
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -43,6 +44,8 @@ from tessera.tensor.block_tensor import allowed_keys
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ONESIDED = (("mpi-onesided", "cached"), ("mpi-onesided", "original"))
+COLLECTIVE = (("mpi-collective", "summa"), ("mpi-collective", "2.5d"))
+OPERATIONS = tuple(("mpi-onesided", v) for v in ("original", "cached", "owner")) + COLLECTIVE
 
 
 def refused(fn) -> str:
@@ -140,7 +143,7 @@ def filled(dense, spaces, name, placement="pieces", pair=False) -> BlockTensor:
     return t
 
 
-def operations(world, variant) -> dict:
+def operations(world, backend, variant) -> dict:
     """Section 2 of the module docstring on one variant: {check: error against numpy}."""
     rng = np.random.default_rng(5)
     o = IndexSpace.from_irreps("o", rng.integers(0, 2, 5), 2)
@@ -156,7 +159,7 @@ def operations(world, variant) -> dict:
 
     def check(name, got, want):
         err[name] = max(err.get(name, 0.0), float(np.abs(np.asarray(got) - want).max()))
-    with Context("mpi-onesided", variant=variant):
+    with Context(backend, variant=variant):
         T, U, D = (filled(d, oovv, n, pair=True) for d, n in ((td, "T"), (ud, "U"), (dd, "D")))
         A = filled(ud, oovv, "A", placement="balanced", pair=True)
         X, M, F = (filled(d, sp, n, "balanced") for d, sp, n in ((xd, (o, v), "x"), (md, (v, v), "m"), (fd, (o, o), "f")))
@@ -218,8 +221,8 @@ def energies(world, basis: str, runs) -> dict:
 def main() -> int:
     world = World.get()
     result = {"ranks": world.size, "access": access(world),
-              "operations": {v: operations(world, v) for v in ("original", "cached", "owner")},
-              "energies": energies(world, "sto-3g", ONESIDED + (("mpi-collective", "summa"),)),
+              "operations": {f"{b}/{v}": operations(world, b, v) for b, v in OPERATIONS},
+              "energies": energies(world, "sto-3g", ONESIDED + COLLECTIVE),
               "energies_631g": energies(world, "6-31g", ONESIDED)}
     if world.rank == 0:
         print(json.dumps(result), flush=True)
