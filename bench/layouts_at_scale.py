@@ -15,7 +15,9 @@ and the per-rank bytes of each class are summed: max, mean and max/mean per clas
 bytes of rows they read (``chem.memory.triples_parts``, ``chem.triples_tasks.plan_counts``),
 beside what the same budget's tasks by whole occupied rows would read (``row_plan``).
 The bytes each rank moves per CCSD iteration come from the cost model
-(``backends.auto.structure_stats`` and ``estimate``) for each executor and variant; the
+(``backends.auto.structure_stats`` and ``estimate``) for each executor and variant, and
+its memory per rank (``memory_parts``: the stored classes of the fullest rank, what the
+driver holds, the executor's working set); the
 block tasks per rank of the dominant contraction steps and their busiest rank's flops
 over the mean from ``cli.plan_ranks.dominant_steps`` (as ``tessera plan --ranks``).
 Also, at each rank count, the Python time and memory (tracemalloc peak) of what one
@@ -44,7 +46,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("TESSERA_BENCH_SRC", str(REPO / "src")))
 
-from tessera.backends.auto import estimate, structure_stats  # noqa: E402
+from tessera.backends.auto import estimate, memory_parts, structure_stats  # noqa: E402
 from tessera.chem.ccsd import CCSDStructure  # noqa: E402
 from tessera.chem.integrals import CLASSES, class_tensor, make_spaces  # noqa: E402
 from tessera.cli.plan_ranks import dominant_steps  # noqa: E402
@@ -285,10 +287,11 @@ def main(argv=None) -> None:
             tensors = class_tensors(orbsym, nocc, tile, occ_tile)
             s = structure_stats(structure, tile, occ_tile, P)
             moved = {f"{b} {v}": estimate(s, P, b, v, 10e9)["bytes_per_rank"] for b, v in EXECUTORS}
+            parts = {f"{b} {v}": memory_parts(s, P, b, v) for b, v in EXECUTORS}
             steps = [{k: d[k] for k in ("step", "tasks", "tasks_per_rank", "busiest_over_mean_flops")}
                      for d in dominant_steps(structure(tile, occ_tile).plans, P)]
             rows[P] = {"tiles": [tile, occ_tile], "memory_per_rank": per_rank(tensors, P), "bytes_per_rank": moved,
-                       "dominant_steps": steps, "triples": triples_per_rank(tensors, P, args.memory_per_rank * 2**30)}
+                       "dominant_steps": steps, "executor_memory": parts, "triples": triples_per_rank(tensors, P, args.memory_per_rank * 2**30)}
         result["clusters"][f"(H2O){n}"] = rows
         print(f"\n(H2O){n} cc-pVDZ, C1, o={nocc} v={nmo - nocc}, tile {args.tile}: per-rank memory "
               "(MiB max / MiB mean / max/mean) per class; tiles (v/o) per rank count: "
@@ -319,6 +322,11 @@ def main(argv=None) -> None:
         print(f"{'ranks':>6s} " + " ".join(f"{e:>22s}" for e in rows[ranks[0]]["bytes_per_rank"]))
         for P, row in rows.items():
             print(f"{P:6d} " + " ".join(f"{b / 2**20:22.1f}" for b in row["bytes_per_rank"].values()))
+        print("memory per rank of a CCSD iteration (MiB: stored T2 + integrals of the fullest rank / held / working, "
+              "backends.auto.memory_parts), by executor and variant")
+        for P, row in rows.items():
+            print(f"{P:6d} " + " ".join(f"{m['stored'] / 2**20:8.1f}/{m['held'] / 2**20:6.1f}/{m['working'] / 2**20:6.1f}"
+                                        for m in row["executor_memory"].values()))
     iteration = CCSDStructure(np.zeros(900, dtype=int), 100, distributed=True)(48, 48)   # planned once: structure, not layout work
     costs = [layout_cost(P, iteration) for P in ranks]
     result["layout_cost"] = costs

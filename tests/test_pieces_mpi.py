@@ -8,10 +8,10 @@ Checks (tests/mpi/pieces_checks.py): every access path of a pieced tensor agains
 the one-line refusals (a partial put, a local view); the operations CCSD performs on
 amplitudes stored in pieces (copy, zero_, norm, max_abs, vdot, dot, and steps writing a
 pieced output: sums, the denominator division, hadamard products, contractions) against
-numpy on the one-sided variants original, cached and owner; CCSD(T) of water STO-3G and
-6-31G on mpi-onesided (cached, original) with every integral class and T2 in pieces
-equal to PySCF's to 1e-7 Eh; mpi-collective (STO-3G) stores whole blocks (nothing cut)
-and gives the same energies.
+numpy on the one-sided variants original, cached and owner and on mpi-collective summa
+and 2.5d; CCSD(T) of water STO-3G (mpi-onesided cached and original, mpi-collective summa
+and 2.5d) and 6-31G (the one-sided ones) with every integral class and T2 in pieces
+equal to PySCF's to 1e-7 Eh.
 """
 
 from pathlib import Path
@@ -58,5 +58,29 @@ def test_pieces_at_two_ranks(pyscf_water, nodes):
         for run in [r for r in e if r != "e_hf"]:
             assert e[run]["e_ccsd"] == pytest.approx(e_ccsd, abs=1e-7), (basis, run)
             assert e[run]["e_t"] == pytest.approx(e_t, abs=1e-7), (basis, run)
-        assert e["mpi-onesided/cached"]["pieced"] == e["mpi-onesided/original"]["pieced"] == CLASSES + ["t2"]
-    assert out["energies"]["mpi-collective/summa"]["pieced"] == []     # whole blocks: the collective fallback
+        for run in [r for r in e if r != "e_hf"]:
+            assert e[run]["pieced"] == CLASSES + ["t2"], (basis, run)
+
+
+@pytest.mark.parametrize("nranks,nodes", [(3, 1), (4, 2)])
+def test_collective_pieces_at_three_and_four_ranks(nranks, nodes):
+    """mpi-collective with every block of the integral classes and T2 in 2 pieces
+    (TESSERA_PIECES=2), at 3 ranks on one node and 4 ranks as 2 emulated nodes with
+    nothing shared: the pieced operations against numpy with each operand stationary
+    (a, b, c) and on the grid (never); CCSD(T) of water (C2v) and H2O2 (C1), STO-3G, on
+    summa and 2.5d equal to serial (run in the same job) to 1e-10 Eh and to PySCF to 1e-7 Eh."""
+    env = {"TESSERA_PIECES": "2"}
+    if nodes == 2:
+        env.update({"TESSERA_EMULATE_NODES": "2", "MPIR_CVAR_NOLOCAL": "1", "TESSERA_PROGRESS": "none"})
+    out = run_mpi(SCRIPT, nranks, args=["--collective"], env=env, timeout=TIMEOUT)
+    for mode, ops in out["operations"].items():
+        assert ops.pop("pieced") == 1.0, mode
+        assert all(e < 1e-10 for e in ops.values()), (mode, ops)
+    for xyz, e in out["energies"].items():
+        e_hf, e_ccsd, e_t = ccsd_t_energies(rhf(Molecule.from_xyz(f"examples/{xyz}", basis="sto-3g").to_pyscf()))
+        assert e["e_hf"] == pytest.approx(e_hf, abs=1e-9), xyz
+        serial = e.pop("serial/None")
+        for run in [r for r in e if r != "e_hf"]:
+            assert e[run]["pieced"] == CLASSES + ["t2"], (xyz, run)
+            assert abs(e[run]["e_ccsd"] - serial["e_ccsd"]) < 1e-10 and abs(e[run]["e_t"] - serial["e_t"]) < 1e-10, (xyz, run)
+            assert e[run]["e_ccsd"] == pytest.approx(e_ccsd, abs=1e-7) and e[run]["e_t"] == pytest.approx(e_t, abs=1e-7), (xyz, run)

@@ -140,38 +140,47 @@ def test_a_run_takes_the_balanced_tiles_and_warns_on_a_forced_tile(caplog):
     """The cost model of a real run (``backends.auto.decide``, no --tile) chooses tiles at
     which every stored class that matters for memory is spread with max/mean <= 1.5, as
     ``tessera plan --ranks`` does; a forced --tile that leaves one above it gets one
-    warning line naming it. mpi-collective stores whole blocks (no pieces): oooo counts. A budget of 512 KiB makes every class matter (a variant is
-    named, so the candidates need not fit it)."""
+    warning line naming it. mpi-collective stores the classes in pieces, as mpi-onesided:
+    (H2O)4 at tile 48 on 64 ranks is balanced (no warning); a class of fewer elements than
+    ranks is not (vvvv of 2 virtual orbitals, 16 elements on 64 ranks: 4x the mean). A
+    budget of 512 KiB makes every class matter (a variant is named, so the candidates
+    need not fit it)."""
     from tessera.backends.auto import decide
     orbsym, nocc = orbitals(load(water_cluster(4), basis="cc-pvdz", charge=0), True)
     structure = CCSDStructure(orbsym, nocc, 0)
     for P in (64, 256):
         d = decide(structure, P, variant="summa", rate=5e9, budget=2**19)
-        mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), P, pieces=False)   # whole blocks
+        mem = class_balance(structure.stored(d["tile"], d["occ_tile"]), P)
         assert max(m["max_over_mean"] for m in mem.values()) <= 1.5, (P, mem)
-    with caplog.at_level("WARNING"):
-        decide(structure, 64, tile=48, backend="mpi-collective", variant="summa", rate=5e9, budget=2**19)
-    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(lines) == 1 and "class oooo" in lines[0] and "max/mean 64.00" in lines[0], lines
+    tiny = CCSDStructure(np.zeros(7, dtype=int), 5, 0, distributed=True)
+    for s, warned in ((structure, None), (tiny, "class vvvv is spread over 64 ranks with max/mean 4.00")):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            decide(s, 64, tile=48, backend="mpi-collective", variant="summa", rate=5e9, budget=2**19)
+        lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert (lines == [] if warned is None else len(lines) == 1 and warned in lines[0]), lines
 
 
 def test_a_forced_tile_is_evaluated_alone(monkeypatch, caplog):
     """With --tile the cost model evaluates the forced tiles only: no tile search (the
     search functions raise here), every candidate at those tiles; one warning line when
     they leave a stored class above 1.5 (every class judged, as ``tessera plan --ranks``
-    does: (H2O)8's oooo at tile 48 on 16 ranks, 16x the mean), none when they balance
-    every class (tile 24)."""
+    does: vvvv of 2 virtual orbitals, 16 elements on 64 ranks, 4x the mean), none when
+    they balance every class ((H2O)8 on 16 ranks at tiles 48 and 24: at 48 oooo is one
+    block, spread in pieces)."""
     from tessera.backends import auto, balance
 
     def searched(*args, **kwargs):
         raise AssertionError("the tile search ran for a forced tile")
     monkeypatch.setattr(auto, "run_tiles", searched)
     monkeypatch.setattr(balance, "balanced_tiles", searched)
-    structure = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
-    for tile, warned in ((48, "class oooo is spread over 16 ranks with max/mean 16.00"), (24, None)):
+    waters = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
+    tiny = CCSDStructure(np.zeros(7, dtype=int), 5, 0, distributed=True)
+    for structure, P, tile, warned in ((waters, 16, 48, None), (waters, 16, 24, None),
+                                       (tiny, 64, 48, "class vvvv is spread over 64 ranks with max/mean 4.00")):
         caplog.clear()
         with caplog.at_level("WARNING"):
-            d = auto.decide(structure, 16, tile=tile, backend="mpi-collective", variant="summa", rate=5e9,
+            d = auto.decide(structure, P, tile=tile, backend="mpi-collective", variant="summa", rate=5e9,
                             budget=8 * 2**30)
         assert (d["tile"], d["occ_tile"]) == (tile, tile)
         assert {(c["tile"], c["occ_tile"]) for c in d["candidates"]} == {(tile, tile)}
@@ -180,31 +189,29 @@ def test_a_forced_tile_is_evaluated_alone(monkeypatch, caplog):
 
 
 def test_balance_binds_only_where_memory_matters(caplog):
-    """Water cc-pVDZ on 4 ranks with 8 GiB each, in whole blocks (as mpi-collective stores
-    them): every class is a few MiB at most, so a run keeps tiles of 48 (one occupied
-    tile: T2 1.7x the mean) and no warning, where the rule without a budget cuts the
-    tiles to 6/2 to spread T2 and oooo (in pieces, as mpi-onesided stores them, 48/48
-    spread them). With a budget that the large classes fill, their balance binds again
-    (``balance.binding``)."""
+    """Water cc-pVDZ on 1024 ranks with 8 GiB each: oooo has fewer elements (625, in
+    irrep blocks) than ranks, so even in pieces no tiles spread every class (the best,
+    48/48, leaves ovoo at 1.52 and oooo at 5.2x the mean); every class is bytes per rank,
+    so a run keeps tiles of 48 and no warning. With a budget that the large classes fill,
+    their balance binds again (``balance.binding``)."""
     from tessera.backends.auto import decide
     from tessera.backends.balance import MATTERS, binding, worst_class
     orbsym, nocc = orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)
     structure = CCSDStructure(orbsym, nocc, 0)
-    assert balanced_tiles(structure.stored, 4, pieces=False)[:2] == (6, 2)
-    assert balanced_tiles(structure.stored, 4)[:2] == (48, 48)
+    assert balanced_tiles(structure.stored, 1024)[2] > 1.5
     roomy = 8 * 2**30
-    assert balanced_tiles(structure.stored, 4, roomy, pieces=False)[:2] == (48, 48)
+    assert balanced_tiles(structure.stored, 1024, roomy)[:2] == (48, 48)
     with caplog.at_level("WARNING"):
-        d = decide(structure, 4, rate=5e9, budget=roomy)
+        d = decide(structure, 1024, rate=5e9, budget=roomy)
     assert (d["tile"], d["occ_tile"]) == (48, 48) and not caplog.records
-    mem = class_balance(structure.stored(48, 48), 4, pieces=False)
-    assert max(m["max_over_mean"] for m in mem.values()) > 1.5           # unbalanced, and harmless:
+    mem = class_balance(structure.stored(48, 48), 1024)
+    assert mem["oooo"]["max_over_mean"] > 1.5                              # unbalanced, and harmless:
     assert max(m["max_bytes"] for m in mem.values()) < MATTERS * roomy     # no class near the budget
     tight = 32 * mem["vvvv"]["max_bytes"] - 1            # vvvv and ovvv bind, the small classes not
     bound = binding({k: m for k, m in mem.items() if k != "total"}, tight)
     assert "vvvv" in bound and "oooo" not in bound
-    tile, occ_tile, worst = balanced_tiles(structure.stored, 4, tight, pieces=False)
-    assert worst <= 1.5 and worst_class(structure.stored, tile, occ_tile, 4, budget=tight, pieces=False)[1] == worst
+    tile, occ_tile, worst = balanced_tiles(structure.stored, 1024, tight)
+    assert worst <= 1.5 and worst_class(structure.stored, tile, occ_tile, 1024, budget=tight)[1] == worst
 
 
 def whole_blocks(t, nranks: int) -> float:
@@ -270,7 +277,6 @@ def test_a_run_balances_every_class_of_the_issue_example():
         assert all(m["max_over_mean"] <= 1.5 for m in mem.values()), (P, mem)
     assert whole_blocks(example.stored(48, 24)["oooo"], 1024) > 1.5
     waters = CCSDStructure(np.zeros(192, dtype=int), 40, 0, distributed=True)
-    assert balanced_tiles(waters.stored, 1024, pieces=False)[1] < MIN_OCC_TILE
     tile, occ_tile, _, binds = run_tiles(waters, 1024, budget)
     assert binds is None and (tile, occ_tile) == (MIN_OCC_TILE, MIN_OCC_TILE)
     assert whole_blocks(waters.stored(tile, occ_tile)["oooo"], 1024) > 1.5
@@ -647,15 +653,16 @@ def test_auto_puts_the_network_between_nodes():
         assert c["bytes_per_rank"] == same["bytes_per_rank"] and c["seconds"] != same["seconds"]
 
 
-def test_collective_memory_counts_the_integrals_in_whole_blocks():
-    """mpi-collective stores whole blocks, mpi-onesided the integral classes in pieces:
-    the memory a candidate needs per rank counts each as it stores them. Water cc-pVDZ
-    at 64 ranks, tiles 48/48: a few blocks per class, so the whole-block rank holds more."""
+def test_collective_memory_counts_the_integrals_in_pieces():
+    """Both MPI executors store the integral classes and T2 in pieces where they have too
+    few blocks: the memory a candidate needs per rank counts them so on either. Water
+    cc-pVDZ at 64 ranks, tiles 48/48: a few blocks per class, spread by the pieces."""
     from tessera.backends.auto import memory_parts, structure_stats
     orbsym, nocc = orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)
     s = structure_stats(CCSDStructure(orbsym, nocc, 0, distributed=True), 48, 48, 64)
     one, coll = memory_parts(s, 64, "mpi-onesided", "original"), memory_parts(s, 64, "mpi-collective", "summa")
-    assert one["stored"] == s["memory_per_rank_max"] < coll["stored"] == s["whole_memory_per_rank_max"]
+    assert one["stored"] == coll["stored"] == s["memory_per_rank_max"]
+    assert s["memory_max_over_mean"] <= 1.5
 
 
 def test_few_ranks_keep_their_tiles_where_they_have_the_tasks():

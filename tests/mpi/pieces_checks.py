@@ -8,14 +8,16 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    view are refused (one-line errors, reported as their messages).
 2. The operations CCSD performs on amplitudes, on pieced tensors (a pair-symmetric oovv
    tensor stored as canonical blocks, as T2) against numpy, for the one-sided variants
-   original, cached and owner: copy, zero_, norm, max_abs, vdot (pieces with pieces
+   original, cached and owner and for mpi-collective summa and 2.5d (pieces gathered
+   and cut by all-to-all): copy, zero_, norm, max_abs, vdot (pieces with pieces
    and with whole blocks), ts.dot (same and swapped index order), and steps writing a
    pieced output: scaled sums with a transposed input, the division by a pieced
    denominator (from other pieces, and all in the same pieces: rank-local), a product
    of two t1-like tensors (hadamard) and contractions.
-3. CCSD(T) of water (C2v, tile 2) converged on mpi-onesided (cached, original) with the
-   integral classes and T2 in pieces, STO-3G and 6-31G, and (STO-3G) on mpi-collective
-   (whole blocks: the fallback).
+3. CCSD(T) of water (C2v, tile 2) converged with the integral classes and T2 in pieces
+   on mpi-onesided (cached, original), STO-3G and 6-31G, and on mpi-collective (summa,
+   2.5d), STO-3G.
+4. With ``--collective`` (3 and 4 ranks): ``collective`` below.
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -43,6 +45,8 @@ from tessera.tensor.block_tensor import allowed_keys
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ONESIDED = (("mpi-onesided", "cached"), ("mpi-onesided", "original"))
+COLLECTIVE = (("mpi-collective", "summa"), ("mpi-collective", "2.5d"))
+OPERATIONS = tuple(("mpi-onesided", v) for v in ("original", "cached", "owner")) + COLLECTIVE
 
 
 def refused(fn) -> str:
@@ -140,7 +144,7 @@ def filled(dense, spaces, name, placement="pieces", pair=False) -> BlockTensor:
     return t
 
 
-def operations(world, variant) -> dict:
+def operations(world, backend, variant, **options) -> dict:
     """Section 2 of the module docstring on one variant: {check: error against numpy}."""
     rng = np.random.default_rng(5)
     o = IndexSpace.from_irreps("o", rng.integers(0, 2, 5), 2)
@@ -156,7 +160,7 @@ def operations(world, variant) -> dict:
 
     def check(name, got, want):
         err[name] = max(err.get(name, 0.0), float(np.abs(np.asarray(got) - want).max()))
-    with Context("mpi-onesided", variant=variant):
+    with Context(backend, variant=variant, **options):
         T, U, D = (filled(d, oovv, n, pair=True) for d, n in ((td, "T"), (ud, "U"), (dd, "D")))
         A = filled(ud, oovv, "A", placement="balanced", pair=True)
         X, M, F = (filled(d, sp, n, "balanced") for d, sp, n in ((xd, (o, v), "x"), (md, (v, v), "m"), (fd, (o, o), "f")))
@@ -199,15 +203,15 @@ def operations(world, variant) -> dict:
     return {k: world.allreduce(e, "max") for k, e in err.items()}
 
 
-def energies(world, basis: str, runs) -> dict:
-    mol = Molecule.from_xyz(str(EXAMPLES / "water.xyz"), basis=basis).to_pyscf()
+def energies(world, basis: str, runs, xyz: str = "water.xyz") -> dict:
+    mol = Molecule.from_xyz(str(EXAMPLES / xyz), basis=basis).to_pyscf()
     ref = rhf_reference(mol) if world.rank == 0 else None
     ref = replace(world.bcast(None if ref is None else replace(ref, mol=None), root=0), mol=mol)
     out = {"e_hf": ref.e_hf}
     for backend, variant in runs:
         with Context(backend, variant=variant) as ctx:
             ints = transform(ref, 0, 2)
-            cut = sorted(n for n, t in ints.tensors.items() if t.dist.pieced)
+            cut = sorted(n for n, t in ints.tensors.items() if t.pieced)
             cc = CCSD(conv=1e-10, max_iter=80).kernel(ints, ctx)
             tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
             cut += ["t2"] if cc.t2.pieced else []
@@ -215,11 +219,26 @@ def energies(world, basis: str, runs) -> dict:
     return out
 
 
+def collective(world) -> dict:
+    """Section 4 (``--collective``): the operations on mpi-collective with each operand kept
+    stationary (a, b, c) and the grid only (never), and CCSD(T) of water (C2v) and H2O2
+    (C1), STO-3G, on mpi-collective summa and 2.5d and on serial (every rank alone)."""
+    return {"operations": {f"mpi-collective/{s}": operations(world, "mpi-collective", "summa", stationary=s)
+                           for s in ("a", "b", "c", "never")},
+            "energies": {xyz: energies(world, "sto-3g", COLLECTIVE + (("serial", None),), xyz)
+                         for xyz in ("water.xyz", "h2o2_distorted.xyz")}}
+
+
 def main() -> int:
     world = World.get()
+    if "--collective" in sys.argv:
+        result = {"ranks": world.size, **collective(world)}
+        if world.rank == 0:
+            print(json.dumps(result), flush=True)
+        return 0
     result = {"ranks": world.size, "access": access(world),
-              "operations": {v: operations(world, v) for v in ("original", "cached", "owner")},
-              "energies": energies(world, "sto-3g", ONESIDED + (("mpi-collective", "summa"),)),
+              "operations": {f"{b}/{v}": operations(world, b, v) for b, v in OPERATIONS},
+              "energies": energies(world, "sto-3g", ONESIDED + COLLECTIVE),
               "energies_631g": energies(world, "6-31g", ONESIDED)}
     if world.rank == 0:
         print(json.dumps(result), flush=True)

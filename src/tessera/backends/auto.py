@@ -187,17 +187,16 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
     # memory balance of the stored tensors (in total and of the worst binding class), and
-    # the largest share of one binding tensor on one rank
-    # (``whole_``: in whole blocks, as mpi-collective stores the integral classes)
-    for tag, pieces in (("", True), ("whole_", False)):
-        per_class = class_balance({i: t for i, t in enumerate(run.tensors)}, nranks, pieces)
-        total = per_class.pop("total")
-        bind = binding(per_class, budget)
-        s[tag + "max_tensor_share"] = max((c["max_bytes"] / (c["mean_bytes"] * nranks) for c in bind.values()
-                                           if c["mean_bytes"]), default=0.0)
-        s[tag + "class_max_over_mean"] = max((c["max_over_mean"] for c in bind.values()), default=1.0)
-        s[tag + "memory_per_rank_max"] = total["max_bytes"]
-        s[tag + "memory_max_over_mean"] = total["max_over_mean"]
+    # the largest share of one binding tensor on one rank (as both MPI executors store them:
+    # a ``pieces`` class of too few blocks in pieces)
+    per_class = class_balance({i: t for i, t in enumerate(run.tensors)}, nranks)
+    total = per_class.pop("total")
+    bind = binding(per_class, budget)
+    s["max_tensor_share"] = max((c["max_bytes"] / (c["mean_bytes"] * nranks) for c in bind.values()
+                                 if c["mean_bytes"]), default=0.0)
+    s["class_max_over_mean"] = max((c["max_over_mean"] for c in bind.values()), default=1.0)
+    s["memory_per_rank_max"] = total["max_bytes"]
+    s["memory_max_over_mean"] = total["max_over_mean"]
     s["tiles"] = run.tiles
     s["gathered_bytes"] = min(CACHE_BYTES, sum(gathered.values()))
     s["held"] = dict(getattr(run, "held", {}))
@@ -288,7 +287,7 @@ def _collective_traffic(s: dict, nranks: int, variant: str) -> dict:
 def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None) -> dict:
     """Bytes per rank of one CCSD iteration on ``backend`` (one of the local executors, or
     an MPI one with its ``variant``), by part: ``stored`` (T2 + integrals of the fullest
-    rank; in whole blocks on mpi-collective, which does not cut blocks in pieces), ``held`` (the structure's other bytes and, distributed, every intermediate of
+    rank, a ``pieces`` class of too few blocks in pieces), ``held`` (the structure's other bytes and, distributed, every intermediate of
     the iteration, each of which keeps its global array, spread over the ranks), ``working`` (the executor's working set; see
     the module docstring)."""
     held = s["held_bytes"] / nranks
@@ -301,8 +300,7 @@ def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None)
             min(FROZEN_CACHE_BYTES, frozen_share(s, nranks)) if variant in ("cached", "owner") else 0
     else:
         working = s["temporary_bytes"] + s["gathered_bytes"]
-    stored = s["whole_memory_per_rank_max" if backend == "mpi-collective" else "memory_per_rank_max"]
-    return {"stored": stored, "held": held, "working": working}
+    return {"stored": s["memory_per_rank_max"], "held": held, "working": working}
 
 
 def frozen_share(s: dict, nranks: int) -> float:
@@ -413,13 +411,12 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
     # leaves any stored class above BALANCE gets a warning (forced tiles are evaluated alone:
     # no tile search; every class judged, as ``tessera plan --ranks`` judges a forced --tile)
     balanced, binds = None, budget
-    pieces = backend != "mpi-collective"        # mpi-collective stores whole blocks only
     if nranks > 1 and tile:
         binds = None
-        if note := forced_tile_warning(structure.stored, tile, None, nranks, pieces=pieces):
+        if note := forced_tile_warning(structure.stored, tile, None, nranks):
             log.warning(note)
     elif nranks > 1:
-        *balanced, worst, binds = run_tiles(structure, nranks, budget, pieces)
+        *balanced, worst, binds = run_tiles(structure, nranks, budget)
         balanced = tuple(balanced) if worst <= BALANCE else None
     occs = [half_occ] + ([balanced[1]] if balanced and binds is None else [])
     pairs = [(t, t) for t in tiles] if tile or nranks == 1 else \
@@ -435,11 +432,10 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
         too_fine = s["products"] > max(MAX_PRODUCTS, PRODUCTS_PER_RANK * nranks) and not tile
         for b, var in combos:
             e = estimate(s, nranks, b, var, rate, costs)
-            w = "whole_" if b == "mpi-collective" else ""
             candidates.append({"backend": b, "variant": var, "tile": t, "occ_tile": ot,
-                               "memory_max_over_mean": round(s[w + "memory_max_over_mean"], 3),
-                               "class_max_over_mean": round(s[w + "class_max_over_mean"], 3),
-                               "max_tensor_share": round(s[w + "max_tensor_share"], 3),
+                               "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
+                               "class_max_over_mean": round(s["class_max_over_mean"], 3),
+                               "max_tensor_share": round(s["max_tensor_share"], 3),
                                "flops": s["flops"], "block_products": s["products"],
                                "fits_memory": e["memory_per_rank"] <= budget,
                                **{k: (round(x, 6) if isinstance(x, float) else x) for k, x in e.items()}})

@@ -3,10 +3,9 @@
 The integral classes and T2 are placed in ``pieces`` (``runtime.distribution.piece_deal``):
 a class with too few blocks for the ranks (oooo and ovoo of a small occupied space on
 many ranks, T2 of a small molecule) has its blocks cut into pieces dealt over the ranks,
-so it is spread with max/mean <= BALANCE at any tiles (as ``mpi-onesided`` stores it;
-``mpi-collective`` stores whole blocks: every function here takes ``pieces=False`` for
-that layout, where a class with fewer blocks than about twice the ranks cannot be
-spread). ``balanced_tiles`` picks the
+so it is spread with max/mean <= BALANCE at any tiles (as both MPI executors store it;
+in whole blocks a class with fewer blocks than about twice the ranks cannot be spread).
+``balanced_tiles`` picks the
 largest tiles of TILES (occupied tiles no larger, from OCC_TILES) at which every class a
 run stores is spread with max/mean <= BALANCE over P ranks (when no pair reaches it, the
 pair with the smallest worst max/mean). ``tessera plan --ranks`` (``cli.plan_ranks``)
@@ -22,9 +21,7 @@ GEMMs lose about half their rate (one-thread DGEMM of the ladder's (oo, vv, vv) 
 tile 48, measured under load: 53/38/24/18 GFLOP/s at occupied tiles 34/14/8/4), so there
 balance is about memory alone: with a ``budget`` (bytes a rank may use) it binds only
 the classes that matter, those whose busiest rank holds more than MATTERS of the budget,
-and the run's candidate is the least unbalanced tiles at the floor (whole blocks, (H2O)4
-on 1024 ranks: 12/12, T2 at 10x the mean: 18 MB of T2 in 20 x 20 x 76 x 76 does not make
-enough blocks);
+and the run's candidate is the least unbalanced tiles at the floor;
 the cost model chooses for speed among every candidate at which those classes are
 balanced, instead of tiles cut small to spread a few kilobytes. ``tessera plan --ranks``
 shows the tiles a run with its budget takes (``run_tiles``).
@@ -67,14 +64,13 @@ TASKS_PER_RANK = 2         # block tasks per rank a run's tiles give each domina
 DOMINANT = 1 / 8           # ... a contraction with at least this share of the largest one's flops
 
 
-def loads(t, nranks: int, pieces: bool = True) -> np.ndarray:
+def loads(t, nranks: int) -> np.ndarray:
     """Bytes of tensor ``t`` on each of ``nranks`` ranks, placed as a run places them: a
-    ``pieces`` tensor as ``mpi-onesided`` stores it (``runtime.distribution.piece_deal``),
-    or with ``pieces=False`` as ``mpi-collective`` does (whole blocks, ``balanced``). The
-    default cut: TESSERA_PIECES, a test setting that forces more pieces, is not modelled."""
+    ``pieces`` tensor as ``runtime.distribution.piece_deal`` cuts it. The default cut:
+    TESSERA_PIECES, a test setting that forces more pieces, is not modelled."""
     from tessera.runtime.distribution import block_owner_array, block_sizes, piece_deal
     keys = t.stored_keys()
-    if t.placement == "pieces" and nranks > 1 and pieces:
+    if t.placement == "pieces" and nranks > 1:
         return 8.0 * piece_deal(t.spaces, t.irrep, keys, nranks).loads()
     placement = "balanced" if t.placement == "pieces" else t.placement
     return np.bincount(block_owner_array(t.spaces, t.irrep, keys, nranks, placement),
@@ -88,12 +84,12 @@ def stats(load) -> dict:
             "max_over_mean": round(float(np.max(load)) / mean, 4) if mean else 1.0}
 
 
-def class_balance(tensors: dict, nranks: int, pieces: bool = True) -> dict:
+def class_balance(tensors: dict, nranks: int) -> dict:
     """{name: stats} of each tensor's blocks placed over ``nranks`` ranks (``loads``), and
     ``total`` (the ranks' sums)."""
     out, total = {}, np.zeros(nranks)
     for name, t in tensors.items():
-        load = loads(t, nranks, pieces)
+        load = loads(t, nranks)
         total += load
         out[name] = stats(load)
     out["total"] = stats(total)
@@ -114,7 +110,7 @@ def _signature(t) -> tuple:
 
 
 def worst_class(stored, tile: int, occ_tile: int, nranks: int, memo: dict | None = None,
-                stop: float = math.inf, budget: float | None = None, pieces: bool = True) -> tuple:
+                stop: float = math.inf, budget: float | None = None) -> tuple:
     """(class name, max/mean) of the least balanced stored class at these tiles, among
     those that bind under ``budget`` (``binding``; ("", 0.0) when none does); stops at
     the first class above ``stop``. ``memo`` keeps each class's stats by its tiles."""
@@ -123,7 +119,7 @@ def worst_class(stored, tile: int, occ_tile: int, nranks: int, memo: dict | None
     for name, t in stored(tile, occ_tile).items():
         key = _signature(t)
         if key not in memo:
-            memo[key] = stats(loads(t, nranks, pieces))
+            memo[key] = stats(loads(t, nranks))
         if binding({name: memo[key]}, budget) and memo[key]["max_over_mean"] > worst[1]:
             worst = (name, memo[key]["max_over_mean"])
         if worst[1] > stop:
@@ -132,15 +128,15 @@ def worst_class(stored, tile: int, occ_tile: int, nranks: int, memo: dict | None
 
 
 def balanced_tiles(stored, nranks: int, budget: float | None = None, min_occ: int = 1,
-                   min_tile: int = 1, pieces: bool = True) -> tuple:
+                   min_tile: int = 1) -> tuple:
     """(tile, occ_tile, worst binding class max/mean there) by the rule of the module
     docstring, among occupied tiles of at least ``min_occ`` and tiles of at least
-    ``min_tile``; ``pieces``: see ``loads``."""
+    ``min_tile``."""
     memo: dict = {}
     best, best_worst = None, math.inf
     for tile in [t for t in TILES if t >= max(min_occ, min_tile)]:
         for occ_tile in [t for t in OCC_TILES if min_occ <= t <= tile]:
-            worst = worst_class(stored, tile, occ_tile, nranks, memo, stop=BALANCE, budget=budget, pieces=pieces)[1]
+            worst = worst_class(stored, tile, occ_tile, nranks, memo, stop=BALANCE, budget=budget)[1]
             if worst <= BALANCE:
                 return tile, occ_tile, worst
             if worst < best_worst:
@@ -187,7 +183,7 @@ def grid_lines(steps, nranks: int) -> tuple:
     return idle, busiest
 
 
-def granular_tiles(structure, nranks: int, min_occ: int, pieces: bool = True) -> tuple | None:
+def granular_tiles(structure, nranks: int, min_occ: int) -> tuple | None:
     """(tile, occ_tile, worst max/mean) by the rule of the module docstring: among tiles
     of at least MIN_OCC_TILE and occupied tiles of at least ``min_occ`` that balance every
     class, the largest whose dominant steps have TASKS_PER_RANK tasks per rank, else the
@@ -201,7 +197,7 @@ def granular_tiles(structure, nranks: int, min_occ: int, pieces: bool = True) ->
         if tiling in seen:
             continue
         seen.add(tiling)
-        worst = worst_class(structure.stored, tile, occ_tile, nranks, memo, stop=BALANCE, pieces=pieces)[1]
+        worst = worst_class(structure.stored, tile, occ_tile, nranks, memo, stop=BALANCE)[1]
         if worst > BALANCE:
             continue
         g = granularity(structure(tile, occ_tile).plans, nranks, pieces)
@@ -213,7 +209,7 @@ def granular_tiles(structure, nranks: int, min_occ: int, pieces: bool = True) ->
     return best and best[1:]
 
 
-def run_tiles(structure, nranks: int, budget: float | None, pieces: bool = True) -> tuple:
+def run_tiles(structure, nranks: int, budget: float | None) -> tuple:
     """(tile, occ_tile, worst, binds) of a run on ``nranks`` ranks (module docstring):
     ``binds`` is what ``binding`` then judges the run's candidates by, None (every class)
     when tiles with occupied tiles of at least min(MIN_OCC_TILE, active occupied) balance
@@ -221,21 +217,21 @@ def run_tiles(structure, nranks: int, budget: float | None, pieces: bool = True)
     are the least unbalanced of those, where the classes that matter are balanced, else
     the largest at which they are."""
     if budget is None or nranks == 1:
-        return (*balanced_tiles(structure.stored, nranks, budget, pieces=pieces), budget)
+        return (*balanced_tiles(structure.stored, nranks, budget), budget)
     floor = min(MIN_OCC_TILE, structure.nocc)
-    if found := granular_tiles(structure, nranks, floor, pieces):
+    if found := granular_tiles(structure, nranks, floor):
         return (*found, None)
-    *tiles, worst = balanced_tiles(structure.stored, nranks, min_occ=floor, min_tile=MIN_OCC_TILE, pieces=pieces)
-    worst = worst_class(structure.stored, *tiles, nranks, budget=budget, pieces=pieces)[1]
+    *tiles, worst = balanced_tiles(structure.stored, nranks, min_occ=floor, min_tile=MIN_OCC_TILE)
+    worst = worst_class(structure.stored, *tiles, nranks, budget=budget)[1]
     if worst <= BALANCE:
         return (*tiles, worst, budget)
-    return (*balanced_tiles(structure.stored, nranks, budget, pieces=pieces), budget)
+    return (*balanced_tiles(structure.stored, nranks, budget), budget)
 
 
 def forced_tile_warning(stored, tile: int, occ_tile: int | None, nranks: int,
-                        budget: float | None = None, pieces: bool = True) -> str | None:
+                        budget: float | None = None) -> str | None:
     """One line when tiles the user gave leave a binding stored class above BALANCE, else None."""
-    name, worst = worst_class(stored, tile, occ_tile or tile, nranks, budget=budget, pieces=pieces)
+    name, worst = worst_class(stored, tile, occ_tile or tile, nranks, budget=budget)
     if worst <= BALANCE:
         return None
     return (f"--tile {tile}: class {name} is spread over {nranks} ranks with max/mean {worst:.2f} "

@@ -29,7 +29,13 @@ reach pc - 1 ranks of a grid 1/c the size, over 1/c of the inner tuples), while 
 rank holds an output rectangle c times larger than with SUMMA on the same ranks: the
 memory cost of replication, which the cost model (``auto``) checks before choosing c > 1.
 Owner-computes steps (permuted additions, Hadamard products) get their inputs by one
-all-to-all. A contraction may instead keep one operand where it lives (its products on
+all-to-all. Tensors stored in pieces (``placement="pieces"``: the integral classes, T2
+and its kin where they have too few blocks for the ranks) take part unchanged: an
+exchange gathers such a block where it is needed from the runs of its pieces (each
+holder sends its run, ``exchange``; a request goes to every holder), and an output
+block, or a partial one, is cut at piece boundaries and each piece sent to its owner,
+who adds it (``deliver``, ``_add_partials``); a block's home (where owner-computes
+steps and the stationary modes compute it) is its first piece's owner. A contraction may instead keep one operand where it lives (its products on
 the owners of A, of B or of the output; ``backends.stationary``), chosen per contraction
 by cost (``stationary`` option: auto | never | a | b | c).
 """
@@ -120,11 +126,13 @@ def exchange(cc: CollectiveComm, items) -> dict:
     key, destination, part) for rows lo..hi of one axis (``part = (axis, lo, hi)``; several
     axes: ``tasks.part_slice``), the same list on every rank (deterministic). Returns {(array id, key): block} (with
     ``part`` appended to the key when given) of the items destined here (owned blocks as
-    views)."""
+    views). A block stored in pieces is gathered at its destination: each rank holding a
+    piece of it (of the part's flat range) sends that run (``_pieced_item``)."""
     me, size = cc.rank, cc.size
     send = [[] for _ in range(size)]
-    expect = [[] for _ in range(size)]
+    expect = [[] for _ in range(size)]     # (tag, shape): a view of the buffer; (None, run): copied into run
     out: dict = {}
+    gathered: list = []
     seen = set()
     for ga, key, dest, *part in items:
         part = part[0] if part else None
@@ -132,6 +140,9 @@ def exchange(cc: CollectiveComm, items) -> dict:
         if (tag, dest) in seen:
             continue
         seen.add((tag, dest))
+        if ga.pieces > 1:
+            _pieced_item(ga, key, part, tag, dest, me, send, expect, gathered)
+            continue
         src = ga.owner(key)
         if src == me:
             view = _owned_view(ga, key, part)
@@ -142,15 +153,43 @@ def exchange(cc: CollectiveComm, items) -> dict:
         elif dest == me:
             lo, hi = part_range(ga, key, part)
             expect[src].append((tag, tuple(b - a for a, b in zip(lo, hi))))
-    counts = [sum(int(np.prod(shape)) for _, shape in lst) for lst in expect]
+    counts = [sum(int(np.prod(shape)) if tag is not None else shape.size for tag, shape in lst) for lst in expect]
     recv = cc.alltoallv([np.concatenate(s) if s else np.zeros(0) for s in send], counts)
     for src, lst in enumerate(expect):
         pos, buf = 0, recv[src]
         for tag, shape in lst:
+            if tag is None:              # a run of a gathered block
+                shape[:] = buf[pos:pos + shape.size]
+                pos += shape.size
+                continue
             n = int(np.prod(shape))
             out[tag] = buf[pos:pos + n].reshape(shape)
             pos += n
+    for tag, flat, shape, order, part in gathered:
+        blk = flat.reshape(shape) if order is None else flat.reshape(shape).transpose(order)
+        out[tag] = blk if part is None else blk[part_slice(blk.ndim, part)]
     return out
+
+
+def _pieced_item(ga, key, part, tag, dest, me, send, expect, gathered) -> None:
+    """``exchange`` of one item of an array stored in pieces: this rank sends its runs of
+    the block (``GlobalArray.piece_runs``) to ``dest``; at ``dest`` the stored block is
+    assembled from them (its own runs copied) and, after the all-to-all, transposed to an
+    alias's axes and cut to the part (``gathered``)."""
+    canon, order, runs = ga.piece_runs(key, part)
+    if dest != me:
+        if any(owner == me for owner, *_ in runs):
+            local = ga.local_run()
+            send[dest] += [local[off:off + n] for owner, off, _, n in runs if owner == me]
+        return
+    shape = ga.block_shape(canon)
+    flat = np.empty(int(np.prod(shape, dtype=np.int64)))
+    for owner, off, start, n in runs:
+        if owner == me:
+            flat[start:start + n] = ga.local_run()[off:off + n]
+        else:
+            expect[owner].append((None, flat[start:start + n]))
+    gathered.append((tag, flat, shape, order, part))
 
 
 def _owned_view(ga, key, part):
@@ -159,10 +198,10 @@ def _owned_view(ga, key, part):
 
 
 def owned_views(me: int, items) -> dict:
-    """``exchange``'s answer for the items this rank owns itself (no communication)."""
+    """``exchange``'s answer for the whole blocks this rank owns itself (no communication)."""
     out = {}
     for ga, key, _, *part in items:
-        if ga.owner(key) == me:
+        if ga.pieces == 1 and ga.owner(key) == me:
             part = part[0] if part else None
             out[(ga.eid, key) if part is None else (ga.eid, key, part)] = _owned_view(ga, key, part)
     return out
@@ -200,10 +239,12 @@ def request_exchange(cc: CollectiveComm, arrays: dict, requests) -> dict:
     items = []
     for eid, key, *rest in mine:
         ga = arrays[eid]
+        part = rest[0] if rest else None
         items.append((ga, key, me, *rest))
-        owner = ga.owner(key)
-        if owner != me:
-            ask[owner] += _encode(eid, key, rest[0] if rest else None)
+        # a block stored in pieces: asked of every rank holding a piece of the part
+        owners = {r for r, *_ in ga.piece_runs(key, part)[2]} if ga.pieces > 1 else {ga.owner(key)}
+        for owner in sorted(owners - {me}):
+            ask[owner] += _encode(eid, key, part)
     if size > 1:
         # int64 records travel bit for bit as float64 elements (the runtime moves float64)
         counts = cc.alltoallv([np.array([len(a)], dtype=np.int64).view(np.float64) for a in ask], [1] * size)
@@ -280,7 +321,7 @@ class CollectiveExecutor(DistributedExecutor):
             """Bytes the rank receiving the most of ``items`` gets."""
             recv = [0] * self.cc.size
             for _, key, dest, *part in items:
-                if ga.owner(key) != dest:
+                if ga.pieces > 1 or ga.owner(key) != dest:
                     lo, hi = part_range(ga, key, part[0] if part else None)
                     recv[dest] += 8 * int(np.prod([b - a for a, b in zip(lo, hi)]))
             return max(recv)
@@ -298,7 +339,8 @@ class CollectiveExecutor(DistributedExecutor):
         got = exchange(self.cc, send) if send or fill else {}
         for ga, keep in fill:
             # copies: a view would hold the whole receive buffer
-            keep.update({tag: blk.copy() for tag, blk in got.items() if tag[0] == ga.eid and ga.owner(tag[1]) != me})
+            keep.update({tag: blk.copy() for tag, blk in got.items()
+                         if tag[0] == ga.eid and (ga.pieces > 1 or ga.owner(tag[1]) != me)})
         out.update(got)
         return out
 
@@ -334,45 +376,62 @@ class CollectiveExecutor(DistributedExecutor):
         step.out.tensor.version += 1
 
     def add_step(self, step) -> None:
-        out = step.out.tensor
+        """out[okey] += scale * A[perm] (/ D[perm]) on the owner (home) of every output block;
+        an output stored in pieces gets its pieces by one all-to-all (``deliver``)."""
+        if self.rank_local(step):
+            self.add_local(step)
+            return
+        out, me = step.out.tensor, self.cc.rank
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
-        items, ditems = [], []
+        items, ditems, homes = [], [], []
         for okey in out.stored_keys():          # canonical blocks only for a canonical output
             dest = out.dist.owner(okey)
             akey, dkey = add_source(step, okey)
             if akey is None:
                 continue
+            homes.append((okey, dest, akey, dkey))
             items.append((a.dist.ga, akey, dest))
             if d is not None:
                 ditems.append((d.dist.ga, dkey, dest))
         blocks = self._exchange([(a, items)] + ([(d, ditems)] if d is not None else []))
         t0 = time.perf_counter()
-        for okey in out.owned_keys():
-            view = out.blocks[okey]
-            akey, dkey = add_source(step, okey)
-            if akey is None:
+        send, expect = [[] for _ in range(self.cc.size)], [[] for _ in range(self.cc.size)]
+        for okey, home, akey, dkey in homes:
+            if home != me:
+                if out.pieced:
+                    expect_from(out, okey, home, expect, me)
                 continue
             blk = source_block(step, okey, blocks[(a.dist.ga.eid, akey)])
             if d is not None:
                 blk = blk / blocks[(d.dist.ga.eid, dkey)].transpose(step.perms["d"])
-            view += step.scale * blk if step.scale != 1.0 else blk
+            deliver(out, okey, blk, step.scale, send, me)
         self.compute_seconds += time.perf_counter() - t0
+        if out.pieced:
+            self.compute_seconds += _add_partials(self.cc, step.scale, send, expect)
 
     def hadamard_step(self, step) -> None:
-        out = step.out.tensor
+        out, me = step.out.tensor, self.cc.rank
         a, b = step.inputs[0].tensor, step.inputs[1].tensor
         pairs = hadamard_outputs(step)
         ga_a, ga_b = a.dist.ga, b.dist.ga
         blocks = self._exchange([(a, [(ga_a, ka, out.dist.owner(ok)) for ok, v in pairs.items() for ka, _ in v]),
                                  (b, [(ga_b, kb, out.dist.owner(ok)) for ok, v in pairs.items() for _, kb in v])])
         t0 = time.perf_counter()
+        send, expect = [[] for _ in range(self.cc.size)], [[] for _ in range(self.cc.size)]
         expr = step.perms["einsum"]
         for okey, plist in pairs.items():
-            if okey in out.blocks:
-                for ka, kb in plist:
-                    out.blocks[okey] += step.scale * np.einsum(expr, blocks[(ga_a.eid, ka)],
-                                                               blocks[(ga_b.eid, kb)])
+            if not plist:
+                continue
+            home = out.dist.owner(okey)
+            if home != me:
+                if out.pieced:
+                    expect_from(out, okey, home, expect, me)
+                continue
+            blk = sum(np.einsum(expr, blocks[(ga_a.eid, ka)], blocks[(ga_b.eid, kb)]) for ka, kb in plist)
+            deliver(out, okey, blk, step.scale, send, me)
         self.compute_seconds += time.perf_counter() - t0
+        if out.pieced:
+            self.compute_seconds += _add_partials(self.cc, step.scale, send, expect)
 
     # ---------------------------------------------------------------- SUMMA / 2.5D
     def _mode(self, step, sig, grid) -> tuple:
@@ -414,10 +473,9 @@ class CollectiveExecutor(DistributedExecutor):
         expect = [[] for _ in range(cc.size)]
         c0 = time.perf_counter()
         for t, rs in zip(tasks, where):
-            dest = C.dist.owner(t.out)
-            if dest == me:          # partial blocks from the other ranks with products of it, in task order
-                for r in sorted(set(rs) - {me}):
-                    expect[r].append(t.out)
+            # partial blocks (pieces) held here from the other ranks with products of it, in task order
+            for r in sorted(set(rs) - {me}):
+                expect_from(C, t.out, r, expect, me)
             acc = None
             for p, r in zip(t.products, rs):
                 if r != me:
@@ -430,12 +488,8 @@ class CollectiveExecutor(DistributedExecutor):
                     acc += prod
             if acc is None:
                 continue
-            res = acc.reshape(t.out_shape).transpose(pc_)
-            if dest == me:
-                C.blocks[t.out] += step.scale * res
-            else:
-                send[dest].append(np.ascontiguousarray(res).ravel())
-        self.compute_seconds += time.perf_counter() - c0 + _add_partials(cc, C, step.scale, send, expect)
+            deliver(C, t.out, acc.reshape(t.out_shape).transpose(pc_), step.scale, send, me)
+        self.compute_seconds += time.perf_counter() - c0 + _add_partials(cc, step.scale, send, expect)
 
     def contract_step(self, step) -> None:
         cc = self.cc
@@ -499,12 +553,8 @@ class CollectiveExecutor(DistributedExecutor):
                 okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
                 if okey in C.aliases:        # a canonical output receives its canonical blocks only
                     continue
-                dest = C.dist.owner(okey)
-                res = blk.reshape(rows.shapes[r] + cols.shapes[c]).transpose(pc_)
-                if dest == cc.rank:
-                    C.blocks[okey] += step.scale * res
-                else:
-                    send[dest].append(np.ascontiguousarray(res).ravel())
+                deliver(C, okey, blk.reshape(rows.shapes[r] + cols.shapes[c]).transpose(pc_), step.scale,
+                        send, cc.rank)
         compute += time.perf_counter() - c0
         for n, (_, rows, inner, cols) in enumerate(sig):
             for gl in range(cc.layers):
@@ -517,9 +567,9 @@ class CollectiveExecutor(DistributedExecutor):
                             continue
                         for r, c, _, _ in lay["out"][n][gr][gc]:
                             okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
-                            if okey not in C.aliases and C.dist.owner(okey) == cc.rank:
-                                expect[src].append(okey)
-        self.compute_seconds += compute + _add_partials(cc, C, step.scale, send, expect)
+                            if okey not in C.aliases:
+                                expect_from(C, okey, src, expect, cc.rank)
+        self.compute_seconds += compute + _add_partials(cc, step.scale, send, expect)
 
     def _panel(self, kept, keep, p: int, size: int, root: int, axis: str, pack):
         """Panel ``p`` of an operand on this rank: the one ``kept`` from an earlier iteration
@@ -558,17 +608,47 @@ class CollectiveExecutor(DistributedExecutor):
             off += k * ncol
 
 
-def _add_partials(cc, C, scale, send, expect) -> float:
-    """Send partial output blocks to their owners (``send[d]``: flat arrays for rank d) and
-    add what arrives (``expect[s]``: the keys rank s sends here, in order) into ``C``;
-    returns the seconds spent adding."""
-    counts = [sum(C.blocks[k].size for k in keys) for keys in expect]
+def _sinks(C, okey, me: int) -> list:
+    """Where output block ``okey`` of ``C`` (a stored key) is kept: [(rank, first element,
+    elements, its flat view here or None)]; one entry for a whole block, one per piece for
+    a block stored in pieces (``GlobalArray.piece_runs``)."""
+    ga = C.dist.ga
+    if ga.pieces > 1:
+        runs = ga.piece_runs(okey)[2]
+        local = ga.local_run() if any(r == me for r, *_ in runs) else None
+        return [(r, start, n, local[off:off + n] if r == me else None) for r, off, start, n in runs]
+    owner = ga.owner(okey)
+    return [(owner, 0, int(np.prod(ga.block_shape(okey))), C.blocks[okey].reshape(-1) if owner == me else None)]
+
+
+def deliver(C, okey, res, scale: float, send: list, me: int) -> None:
+    """A (partial) result ``res`` of output block ``okey``, computed here: ``scale * res``
+    added to what this rank keeps of the block, the rest queued for its keepers
+    (``send[d]``, unscaled: ``_add_partials`` scales on arrival), cut at piece boundaries."""
+    flat = np.ascontiguousarray(res).reshape(-1)
+    for rank, start, n, view in _sinks(C, okey, me):
+        if view is not None:
+            view += scale * flat[start:start + n] if scale != 1.0 else flat[start:start + n]
+        else:
+            send[rank].append(flat[start:start + n])
+
+
+def expect_from(C, okey, src: int, expect: list, me: int) -> None:
+    """What this rank keeps of output block ``okey``, to receive from ``src`` (``deliver``
+    there), appended to ``expect[src]`` as flat views."""
+    expect[src] += [view for rank, _, _, view in _sinks(C, okey, me) if view is not None]
+
+
+def _add_partials(cc, scale, send, expect) -> float:
+    """Send partial output blocks (or their pieces) to their keepers (``send[d]``: flat
+    arrays for rank d, ``deliver``) and add what arrives (``expect[s]``: flat views of the
+    output, in rank s's order, ``expect_from``); returns the seconds spent adding."""
+    counts = [sum(view.size for view in views) for views in expect]
     recv = cc.alltoallv([np.concatenate(s) if s else np.zeros(0) for s in send], counts)
     c0 = time.perf_counter()
-    for src, keys in enumerate(expect):
+    for src, views in enumerate(expect):
         pos, buf = 0, recv[src]
-        for okey in keys:
-            view = C.blocks[okey]
-            view += scale * buf[pos:pos + view.size].reshape(view.shape)
+        for view in views:
+            view += scale * buf[pos:pos + view.size]
             pos += view.size
     return time.perf_counter() - c0

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from tessera.profile.terms import CommAccount
-from tessera.backends.distributed import TensorStore
+from tessera.backends.distributed import TensorStore, onesided_fetch
 from tessera.backends.local import threads_per_rank
 from tessera.backends.registry import ENV_BLAS_THREADS, env_number
 from tessera.errors import ShapeError
@@ -51,7 +51,7 @@ class DistributedExecutor(ABC):
     def __init__(self, world=None, fetcher=None):
         from tessera.runtime import World
         self.world = world or World.get()
-        self.store = TensorStore(self.world, fetcher) if fetcher else TensorStore(self.world, pieces=True)
+        self.store = TensorStore(self.world, fetcher or onesided_fetch)
         self.account = CommAccount(self.world)
         # one rank per core: BLAS single-threaded unless asked (threaded BLAS on small block
         # GEMMs next to other busy ranks costs more than it gains)
@@ -186,9 +186,7 @@ class DistributedExecutor(ABC):
         out = step.out.tensor
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
         if self.rank_local(step):
-            t0, run = time.perf_counter(), a.dist.local_run()
-            out.dist.local_run()[:] += step.scale * (run if d is None else run / d.dist.local_run())
-            self.compute_seconds += time.perf_counter() - t0
+            self.add_local(step)
             return
         srcs = {okey: src for okey in out.owned_keys() if (src := add_source(step, okey))[0] is not None}
         req = [(a, s[0]) for s in srcs.values()]
@@ -203,6 +201,13 @@ class DistributedExecutor(ABC):
             made.append((okey, blk))
         self.compute_seconds += time.perf_counter() - t0
         self._add_into(out, made, step.scale)
+
+    def add_local(self, step) -> None:
+        """A ``rank_local`` add: out += scale * A (/ D) on the pieces this rank holds."""
+        a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
+        t0, run = time.perf_counter(), a.dist.local_run()
+        step.out.tensor.dist.local_run()[:] += step.scale * (run if d is None else run / d.dist.local_run())
+        self.compute_seconds += time.perf_counter() - t0
 
     def hadamard_step(self, step) -> None:
         out = step.out.tensor

@@ -14,12 +14,12 @@ the same map without communication:
   but where a class has too few blocks for the ranks each block is stored in pieces over
   several ranks (``runtime.placement.PiecedPlacement``); no rank then holds a whole
   block (``tensor.blocks`` is empty; ``DistributedExecutor`` computes a block on its home
-  rank and accumulates its pieces; elementwise work of tensors of one structure and
+  rank and accumulates its pieces, ``mpi-collective`` sends them to their owners in its
+  all-to-all; elementwise work of tensors of one structure and
   placement is rank-local on ``DistHandle.local_run``: ``BlockTensor``'s whole-tensor
-  operations, ``DistributedExecutor.rank_local`` steps) and every read is a get. Only a
-  store made with ``pieces=True`` (the one-sided executor) cuts blocks; another stores
-  whole blocks (``balanced``). ``TESSERA_PIECES=N`` (tests) cuts every block of a
-  ``pieces`` tensor into at least N pieces;
+  operations, ``DistributedExecutor.rank_local`` steps) and every read gathers its
+  pieces (one-sided gets, or an all-to-all on ``mpi-collective``). ``TESSERA_PIECES=N``
+  (tests) cuts every block of a ``pieces`` tensor into at least N pieces;
 - ``("rows", owners)``: a tensor that follows another's ownership row by row.
 
 Collective lifetime. Creating a GlobalArray is collective; tensors are created in the
@@ -130,12 +130,11 @@ def onesided_fetch(handle: DistHandle, keys) -> dict:
 class TensorStore:
     """The storage callable for ``use_storage`` plus the pool of global arrays."""
 
-    def __init__(self, world: World | None = None, fetcher=onesided_fetch, pieces: bool = False):
+    def __init__(self, world: World | None = None, fetcher=onesided_fetch):
         self.world = world or World.get()
         self.fetcher = fetcher
-        # whether ``pieces`` tensors may be cut (the executor serves blocks in pieces), and
-        # into at least how many pieces
-        self.least_pieces = env_number(ENV_PIECES, 1, integer=True) if pieces else None
+        # into at least how many pieces the blocks of a ``pieces`` tensor are cut
+        self.least_pieces = env_number(ENV_PIECES, 1, integer=True)
         self._free: dict = {}          # structure key -> [GlobalArray], agreed free, by eid
         self._pending: list = []       # (structure key, GlobalArray) released here
         self._placements: dict = {}    # structure key -> where its blocks live (runtime.placement)
@@ -148,8 +147,6 @@ class TensorStore:
             raise RuntimeLayerError(
                 f"tensor {tensor.name!r} created after its distributed context was closed; "
                 "create tensors inside the context (with Context(...)) that runs them.")
-        if placement == "pieces" and self.least_pieces is None:
-            placement = "balanced"           # this executor reads whole blocks only
         # the symmetry of a canonical tensor decides which blocks it stores, so its placement
         skey = (tensor.spaces, tensor.irrep, placement, tensor.canonical,
                 tuple(tensor.symmetry) if tensor.canonical else ())
@@ -183,7 +180,7 @@ class TensorStore:
         if where is None:
             group = symmetry_group(tensor.symmetry, tensor.ndim) if tensor.canonical else ()
             where = self._placements[skey] = block_placement(tensor.spaces, tensor.irrep, group,
-                                                             self.world.size, placement, self.least_pieces or 1)
+                                                             self.world.size, placement, self.least_pieces)
         ga = GlobalArray(tiling, placement=where, name=tensor.name or "tensor", world=self.world,
                          aliases=tensor.aliases)
         self.by_eid[ga.eid] = ga

@@ -10,7 +10,7 @@ returns, per rank:
   structure of the T2-sized intermediates, ``chem.ccsd.CCSDStructure.stored``) and in
   total, ``max_bytes``, ``mean_bytes`` and ``max_over_mean``, as ``mpi-onesided`` stores
   them (an integral class or T2 of too few blocks for the ranks in pieces,
-  ``runtime.distribution.piece_deal``; ``mpi-collective`` keeps whole blocks); with (T) its rows and
+  ``runtime.distribution.piece_deal``; ``mpi-collective`` the same); with (T) its rows and
   kernel buffers (``chem.memory.triples_parts``, the one formula of (T) memory);
 - ``triples`` (with (T)): its tasks in all and per rank, the bytes of rows they read
   (in all and per rank, the mean; what the tasks request, before any row cache) and the

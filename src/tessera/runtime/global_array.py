@@ -290,6 +290,30 @@ class GlobalArray:
     def local_keys(self) -> list:
         return list(self._local_keys)
 
+    def piece_runs(self, key, part=None) -> tuple:
+        """(stored key, axis order or None, runs) of a block stored in pieces (an alias:
+        through its stored block, which ``transpose(order)`` makes it): ``runs`` =
+        [(owner, offset in its memory, first element in the stored block, elements)] of the
+        pieces that hold ``part`` (``tasks.part_slice``'s cuts of the alias's axes; the flat
+        range from its first to its last element) or of the whole block; for exchanges that
+        move pieces by message (``mpi-collective``)."""
+        key, order = self.aliases.get(key, (key, None))
+        shape = self._slot(key)[3]
+        lo, hi = 0, int(np.prod(shape, dtype=np.int64))
+        if part:
+            first, last = [0] * len(shape), [n - 1 for n in shape]
+            for n in range(0, len(part), 3):
+                axis, a, b = part[n:n + 3]
+                axis = order[axis] if order is not None else axis
+                first[axis], last[axis] = a, b - 1
+            lo, hi = int(np.ravel_multi_index(first, shape)), int(np.ravel_multi_index(last, shape)) + 1
+        runs = []
+        for owner, off, start, count in self._place.pieces_of(key):
+            s, e = max(start, lo), min(start + count, hi)
+            if s < e:
+                runs.append((owner, off + s - start, s, e - s))
+        return key, order, runs
+
     def block_shape(self, key) -> tuple:
         if key in self.aliases:
             canon, perm = self.aliases[key]
