@@ -192,7 +192,7 @@ def test_cached_batches_of_the_dominant_steps_at_1024_ranks():
 
 @pytest.mark.parametrize("n, nranks, tiles", [(8, 256, (24, 12)), (16, 256, (48, 24))])
 def test_collective_tiles_keep_every_grid_line_busy(n, nranks, tiles):
-    """mpi-collective's tiles (``balance.run_tiles`` with ``pieces=False``) are judged by
+    """mpi-collective's tiles (``balance.run_tiles`` with ``grid=True``) are judged by
     its grid, not by tasks per rank: the largest balanced tiles at which every dominant
     step, on the grid the executor runs it on, has output work on every grid row and
     column (from ``summa_layout``, the executor's layout). (H2O)8 and (H2O)16 cc-pVDZ on
@@ -201,7 +201,7 @@ def test_collective_tiles_keep_every_grid_line_busy(n, nranks, tiles):
     from tessera.backends.balance import TASKS_PER_RANK, dominant_steps, run_tiles
     from tessera.plan.blocktasks import task_count
     structure = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True)
-    tile, occ_tile, worst, _ = run_tiles(structure, nranks, 8 * 2**30, pieces=False)
+    tile, occ_tile, worst, _ = run_tiles(structure, nranks, 8 * 2**30, grid=True)
     assert (tile, occ_tile) == tiles and worst <= 1.5
     steps = dominant_steps(structure(tile, occ_tile).plans)
     assert min(task_count(s) for s in steps) < TASKS_PER_RANK * nranks

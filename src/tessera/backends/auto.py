@@ -416,7 +416,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
         if note := forced_tile_warning(structure.stored, tile, None, nranks):
             log.warning(note)
     elif nranks > 1:
-        *balanced, worst, binds = run_tiles(structure, nranks, budget)
+        *balanced, worst, binds = run_tiles(structure, nranks, budget, grid=backend == "mpi-collective")
         balanced = tuple(balanced) if worst <= BALANCE else None
     occs = [half_occ] + ([balanced[1]] if balanced and binds is None else [])
     pairs = [(t, t) for t in tiles] if tile or nranks == 1 else \

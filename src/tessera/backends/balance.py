@@ -34,7 +34,7 @@ least TASKS_PER_RANK block tasks per rank, as the planner runs them (output bloc
 ``plan.blocktasks.task_count``), so that no rank idles in them: (H2O)8 cc-pVDZ on 1024
 ranks takes 12/12, not 48/48 (4 tasks of its o^3v step for 1024 ranks). Where no such tiles reach the
 target, the ones with the most tasks (the finest the floor allows; ``granularity`` says
-whether a run's tiles reach it). ``mpi-collective`` (``pieces=False``) is not dealt by a
+whether a run's tiles reach it). ``mpi-collective`` (``grid=True``) is not dealt by a
 task counter: its grid deals output row tuples over grid rows and column tuples over
 grid columns, so tasks per rank say neither whether a grid line idles nor how even the
 work is (at 2+ tasks per rank its busiest rank still does up to 1.9x the mean, (H2O)16
@@ -151,16 +151,16 @@ def dominant_steps(plans) -> list:
     return [s for s in steps if s.flops >= DOMINANT * steps[0].flops] if steps else []
 
 
-def granularity(plans, nranks: int, pieces: bool = True) -> dict:
+def granularity(plans, nranks: int, grid: bool = False) -> dict:
     """{target, tasks_per_rank, met}: the fewest block tasks per rank of a dominant step
-    of ``plans`` on ``nranks`` ranks against TASKS_PER_RANK. With ``pieces=False``
+    of ``plans`` on ``nranks`` ranks against TASKS_PER_RANK. With ``grid=True``
     (mpi-collective, whose grid, not a task counter, deals the work) also ``idle_lines``
     and ``busiest_over_mean`` (``grid_lines``), and ``met`` when no grid line idles."""
     from tessera.plan.blocktasks import task_count
     steps = dominant_steps(plans)
     fewest = min((task_count(s) for s in steps), default=0) / nranks
     out = {"target": TASKS_PER_RANK, "tasks_per_rank": fewest, "met": fewest >= TASKS_PER_RANK}
-    if pieces:
+    if not grid:
         return out
     idle, busiest = grid_lines(steps, nranks)
     return {**out, "idle_lines": idle, "busiest_over_mean": busiest, "met": idle == 0}
@@ -183,11 +183,12 @@ def grid_lines(steps, nranks: int) -> tuple:
     return idle, busiest
 
 
-def granular_tiles(structure, nranks: int, min_occ: int) -> tuple | None:
+def granular_tiles(structure, nranks: int, min_occ: int, grid: bool = False) -> tuple | None:
     """(tile, occ_tile, worst max/mean) by the rule of the module docstring: among tiles
     of at least MIN_OCC_TILE and occupied tiles of at least ``min_occ`` that balance every
     class, the largest whose dominant steps have TASKS_PER_RANK tasks per rank, else the
-    ones with the most; None when no such tiles balance every class."""
+    ones with the most (``grid``: mpi-collective's, judged by ``grid_lines``); None when no
+    such tiles balance every class."""
     memo: dict = {}
     pairs = [(tile, occ_tile) for tile in TILES if tile >= max(min_occ, MIN_OCC_TILE)
              for occ_tile in OCC_TILES if min_occ <= occ_tile <= tile]
@@ -200,26 +201,27 @@ def granular_tiles(structure, nranks: int, min_occ: int) -> tuple | None:
         worst = worst_class(structure.stored, tile, occ_tile, nranks, memo, stop=BALANCE)[1]
         if worst > BALANCE:
             continue
-        g = granularity(structure(tile, occ_tile).plans, nranks, pieces)
+        g = granularity(structure(tile, occ_tile).plans, nranks, grid)
         if g["met"]:
             return tile, occ_tile, worst
-        rank = (-g["tasks_per_rank"],) if pieces else (g["idle_lines"], g["busiest_over_mean"])
+        rank = (g["idle_lines"], g["busiest_over_mean"]) if grid else (-g["tasks_per_rank"],)
         if best is None or rank < best[0]:
             best = (rank, tile, occ_tile, worst)
     return best and best[1:]
 
 
-def run_tiles(structure, nranks: int, budget: float | None) -> tuple:
+def run_tiles(structure, nranks: int, budget: float | None, grid: bool = False) -> tuple:
     """(tile, occ_tile, worst, binds) of a run on ``nranks`` ranks (module docstring):
     ``binds`` is what ``binding`` then judges the run's candidates by, None (every class)
     when tiles with occupied tiles of at least min(MIN_OCC_TILE, active occupied) balance
-    every class (then the tiles are ``granular_tiles``'), else ``budget``; then the tiles
+    every class (then the tiles are ``granular_tiles``', by the grid rule with ``grid``:
+    mpi-collective), else ``budget``; then the tiles
     are the least unbalanced of those, where the classes that matter are balanced, else
     the largest at which they are."""
     if budget is None or nranks == 1:
         return (*balanced_tiles(structure.stored, nranks, budget), budget)
     floor = min(MIN_OCC_TILE, structure.nocc)
-    if found := granular_tiles(structure, nranks, floor):
+    if found := granular_tiles(structure, nranks, floor, grid):
         return (*found, None)
     *tiles, worst = balanced_tiles(structure.stored, nranks, min_occ=floor, min_tile=MIN_OCC_TILE)
     worst = worst_class(structure.stored, *tiles, nranks, budget=budget)[1]
