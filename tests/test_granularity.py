@@ -215,7 +215,7 @@ def test_collective_tiles_keep_every_grid_line_busy(n, nranks, tiles):
 def test_decide_unchanged_by_its_caches(case):
     """``auto.decide`` for (H2O)n cc-pVDZ on P ranks (C1 structure, fixed rate and budget)
     gives the decision and every candidate's estimates, as JSON, that it gave before its
-    repeated work was cached (tests/data/decide_water.json, made at commit 44b0b83): the
+    repeated work was cached (tests/data/decide_water.json: its ``made_by`` says how): the
     plans kept per tiling, block sizes kept with the task arrays, deals kept per sizes,
     the stationary modes' distinct pairs by sort."""
     import json
