@@ -101,12 +101,14 @@ double tessera_t3_energy_dense(long nv, const double *A, const double *B, const 
 
 /* out [nv, nv] = the packed pairs (t, u) of irrep h (row of (x t|y u), pairs by irrep of t,
  * then t, then u: offset poff[8 h + g_t]) at (vstart[g_t] + t, vstart[g_u] + u), zero
- * elsewhere; row NULL: all zero. */
+ * elsewhere; row NULL: all zero.  zero = 0: out already holds a row of irrep h (its zeros
+ * are in place, only the pairs are written). */
 static void dense_pairs(long nv, const int64_t *vstart, const int64_t *n, const int64_t *poff,
-                        long h, const double *row, double *out)
+                        long h, const double *row, double *out, int zero)
 {
-    for (long x = 0; x < nv * nv; x++)
-        out[x] = 0.0;
+    if (zero)
+        for (long x = 0; x < nv * nv; x++)
+            out[x] = 0.0;
     if (!row)
         return;
     for (long gt = 0; gt < 8; gt++) {
@@ -179,7 +181,7 @@ double tessera_t3_energy_packed(long norb, const int32_t *orbits, long nv,
 {
     const double *rows[3] = {Pjk, Pik, Pij};
     for (int l = 0; l < 3; l++)
-        dense_pairs(nv, vstart, n, poff, h[l], rows[l], scratch + l * nv * nv);
+        dense_pairs(nv, vstart, n, poff, h[l], rows[l], scratch + l * nv * nv, 1);
     return sweep_packed(norb, orbits, nv, A, Bs, C, NULL, NULL, ev, eijk, t1i, t1j, t1k,
                         scratch, scratch + nv * nv, scratch + 2 * nv * nv);
 }
@@ -344,9 +346,10 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
     const long slot_b = i == j ? 0 : 1;          /* on a diagonal b is a's, c is b's */
     const int64_t *vstart = tab + T_VSTART, *poff = tab + T_POFF;
     double *Djk = scratch, *Dik = scratch + nv * nv, *Dij = scratch + 2 * nv * nv;
-    /* (ia|jb) is the same for every k of the batch: made dense once */
+    /* (ia|jb) is the same for every k of the batch: made dense once; the ks are of one
+     * irrep, so the pair irreps of (jb|kc) and (ia|kc) are too: their zeros are written once */
     dense_pairs(nv, vstart, n, poff, h3[2],
-                npair[h3[2]] ? PTR(P_OVOV, i, irr[j]) + rel[j] * npair[h3[2]] : NULL, Dij);
+                npair[h3[2]] ? PTR(P_OVOV, i, irr[j]) + rel[j] * npair[h3[2]] : NULL, Dij, 1);
     double energy = 0.0;
     for (long q = 0; q < nk; q++) {
         const long k = k0 + q, slots[3] = {0, slot_b, j == k ? slot_b : 2};
@@ -359,7 +362,7 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
         for (int l = 0; l < 2; l++) {
             const long x = pair_of[l][0], y = pair_of[l][1];
             dense_pairs(nv, vstart, n, poff, h3[l],
-                        npair[h3[l]] ? PTR(P_OVOV, x, irr[y]) + rel[y] * npair[h3[l]] : NULL, D[l]);
+                        npair[h3[l]] ? PTR(P_OVOV, x, irr[y]) + rel[y] * npair[h3[l]] : NULL, D[l], q == 0);
         }
         energy += sweep_packed(norb, orbits, nv, B, B, B, &d[0][0], virr, ev, eo[i] + eo[j] + eo[k],
                                t1 + i * nv, t1 + j * nv, t1 + k * nv, Djk, Dik, Dij);
