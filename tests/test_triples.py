@@ -3,7 +3,7 @@
 References are computed in the test with PySCF 2.x: RHF (conv_tol 1e-11), CCSD
 (conv_tol 1e-10; water with and without one frozen core orbital, N2 with, H2O2
 without), ``mycc.ccsd_t()``. Tessera gets PySCF's t1/t2 and its own MO integrals. Both
-executors, two MO tile sizes, two occupied tilings, point-group symmetry on (C2v, D2h)
+executors, two MO tile sizes, two occupied tilings, point-group symmetry on (C2v, D2h, Cs, C2h)
 and off (C1). A brute-force einsum of the same formula checks the kernel exactly
 (PySCF's (T) differs from it by ~1e-11: it uses the Fock diagonal of its own integrals).
 """
@@ -23,11 +23,14 @@ from tessera.errors import BuildError, InputError, ShapeError
 from tessera.tensor.block_tensor import BlockTensor
 
 WATER = "O 0 0 0.11779; H 0 0.755453 -0.471161; H 0 -0.755453 -0.471161"
-SYSTEMS = {   # name: (atoms, basis, symmetry, frozen cores); water C2v, N2 D2h, H2O2 C1
+SYSTEMS = {   # name: (atoms, basis, symmetry, frozen cores); water C2v, N2 D2h, H2O2 C1,
+             # HNO Cs, trans-diazene C2h
     "water": (WATER, "cc-pvdz", True, (0, 1)),
     "n2": ("N 0 0 0; N 0 0 1.0977", "6-31g", "D2h", (1,)),
     "h2o2": ("O 0 0 0; O 1.452 0 0; H -0.16757049 0 0.95033948; H 1.64638374 -0.89780731 -0.32677514",
              "6-31g", False, (0,)),
+    "hno": ("N 0 0 0; O 1.21 0 0; H -0.33 1.02 0", "6-31g", True, (0,)),
+    "diazene": ("N 0 0.6235 0; N 0 -0.6235 0; H 0.95 0.98 0; H -0.95 -0.98 0", "6-31g", True, (0, 2)),
 }
 
 
@@ -62,10 +65,10 @@ def _inputs(ref, t1, t2, nfz, tile):
 
 
 @pytest.mark.parametrize("backend", ["serial", "threads"])
-@pytest.mark.parametrize("name", ["water", "n2", "h2o2"])
+@pytest.mark.parametrize("name", ["water", "n2", "h2o2", "hno", "diazene"])
 def test_triples_match_pyscf(systems, name, backend):
     ref, runs = systems[name]
-    assert ref.point_group == {"water": "C2v", "n2": "D2h", "h2o2": "C1"}[name]
+    assert ref.point_group == {"water": "C2v", "n2": "D2h", "h2o2": "C1", "hno": "Cs", "diazene": "C2h"}[name]
     for nfz, (t1, t2, e_ref) in runs.items():
         for tile, occ_tile in ((32, None), (3, 1)):       # MO tiles; occupied tiles of the tasks
             ints, bt1, bt2 = _inputs(ref, t1, t2, nfz, tile)

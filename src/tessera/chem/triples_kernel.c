@@ -201,12 +201,14 @@ double tessera_t3_energy_dense(long nv, const double *A, const double *B, const 
 
 /* out [nv, nv] = the packed pairs (t, u) of irrep h (row of (x t|y u), pairs by irrep of t,
  * then t, then u: offset poff[8 h + g_t]) at (vstart[g_t] + t, vstart[g_u] + u), zero
- * elsewhere; row NULL: all zero. */
+ * elsewhere; row NULL: all zero.  zero = 0: out already holds a row of irrep h (its zeros
+ * are in place, only the pairs are written). */
 static void dense_pairs(long nv, const int64_t *vstart, const int64_t *n, const int64_t *poff,
-                        long h, const double *row, double *out)
+                        long h, const double *row, double *out, int zero)
 {
-    for (long x = 0; x < nv * nv; x++)
-        out[x] = 0.0;
+    if (zero)
+        for (long x = 0; x < nv * nv; x++)
+            out[x] = 0.0;
     if (!row)
         return;
     for (long gt = 0; gt < 8; gt++) {
@@ -226,20 +228,15 @@ static void dense_pairs(long nv, const int64_t *vstart, const int64_t *n, const 
  * [3 nv nv] from the irrep tables vstart[8], n[8], poff[8][8]. */
 /* The packed sweep; d (NULL: none): per layout (a, b, c) and irrep g_s of the single
  * index, [3][8] shifts added to the orbit table's positions (A, Bs, C then point into the
- * batch layout of tessera_t3_batch_packed; virr: the irrep of each virtual). */
+ * batch layout of tessera_t3_batch_packed; virr: the irrep of each virtual); Djk, Dik,
+ * Dij: the rows (jb|kc), (ia|kc), (ia|jb) made dense [nv, nv] by dense_pairs. */
 static inline double sweep_packed(long norb, const int32_t *orbits, long nv,
                                   const double *A, const double *Bs, const double *C,
                                   const int64_t *d, const int32_t *virr,
                                   const double *ev, double eijk,
                                   const double *t1i, const double *t1j, const double *t1k,
-                                  const double *Pjk, const double *Pik, const double *Pij,
-                                  const int64_t *h, const int64_t *vstart, const int64_t *n,
-                                  const int64_t *poff, double *scratch)
+                                  const double *Djk, const double *Dik, const double *Dij)
 {
-    const double *rows[3] = {Pjk, Pik, Pij};
-    for (int l = 0; l < 3; l++)
-        dense_pairs(nv, vstart, n, poff, h[l], rows[l], scratch + l * nv * nv);
-    const double *Djk = scratch, *Dik = scratch + nv * nv, *Dij = scratch + 2 * nv * nv;
     double energy = 0.0, w[6], z[6];
     for (long q = 0; q < norb; q++) {
         const int32_t *o = orbits + 21 * q;
@@ -282,8 +279,11 @@ double tessera_t3_energy_packed(long norb, const int32_t *orbits, long nv,
                                 const int64_t *h, const int64_t *vstart, const int64_t *n,
                                 const int64_t *poff, double *scratch)
 {
+    const double *rows[3] = {Pjk, Pik, Pij};
+    for (int l = 0; l < 3; l++)
+        dense_pairs(nv, vstart, n, poff, h[l], rows[l], scratch + l * nv * nv, 1);
     return sweep_packed(norb, orbits, nv, A, Bs, C, NULL, NULL, ev, eijk, t1i, t1j, t1k,
-                        Pjk, Pik, Pij, h, vstart, n, poff, scratch);
+                        scratch, scratch + nv * nv, scratch + 2 * nv * nv);
 }
 
 /* The version of this source's functions and argument lists: chem/native.py refuses a
@@ -444,6 +444,12 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
         for (long x = 0; x < n[g]; x++)
             virr[tab[T_VSTART + g] + x] = (int32_t) g;
     const long slot_b = i == j ? 0 : 1;          /* on a diagonal b is a's, c is b's */
+    const int64_t *vstart = tab + T_VSTART, *poff = tab + T_POFF;
+    double *Djk = scratch, *Dik = scratch + nv * nv, *Dij = scratch + 2 * nv * nv;
+    /* (ia|jb) is the same for every k of the batch: made dense once; the ks are of one
+     * irrep, so the pair irreps of (jb|kc) and (ia|kc) are too: their zeros are written once */
+    dense_pairs(nv, vstart, n, poff, h3[2],
+                npair[h3[2]] ? PTR(P_OVOV, i, irr[j]) + rel[j] * npair[h3[2]] : NULL, Dij, 1);
     double energy = 0.0;
     for (long q = 0; q < nk; q++) {
         const long k = k0 + q, slots[3] = {0, slot_b, j == k ? slot_b : 2};
@@ -451,15 +457,15 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
         for (int l = 0; l < 3; l++)
             for (long g = 0; g < 8; g++)
                 d[l][g] = (nslot * nk - 1) * foff[g] + (slots[l] * nk + q) * n[g] * npair[G ^ g];
-        const long pair_of[3][2] = {{j, k}, {i, k}, {i, j}};
-        const double *P[3];
-        for (int l = 0; l < 3; l++) {
+        const long pair_of[2][2] = {{j, k}, {i, k}};           /* (jb|kc), (ia|kc) */
+        double *D[2] = {Djk, Dik};
+        for (int l = 0; l < 2; l++) {
             const long x = pair_of[l][0], y = pair_of[l][1];
-            P[l] = npair[h3[l]] ? PTR(P_OVOV, x, irr[y]) + rel[y] * npair[h3[l]] : NULL;
+            dense_pairs(nv, vstart, n, poff, h3[l],
+                        npair[h3[l]] ? PTR(P_OVOV, x, irr[y]) + rel[y] * npair[h3[l]] : NULL, D[l], q == 0);
         }
         energy += sweep_packed(norb, orbits, nv, B, B, B, &d[0][0], virr, ev, eo[i] + eo[j] + eo[k],
-                               t1 + i * nv, t1 + j * nv, t1 + k * nv, P[0], P[1], P[2], h3,
-                               tab + T_VSTART, n, tab + T_POFF, scratch);
+                               t1 + i * nv, t1 + j * nv, t1 + k * nv, Djk, Dik, Dij);
     }
     return energy;
 #undef IRR
