@@ -268,8 +268,9 @@ def test_cost_model_never_leaves_a_four_index_tensor_whole_on_a_rank():
     512 KiB: every tile >= 10 makes the occupied space one tile (oooo one block). Both MPI
     executors store such a block in pieces over the ranks, so the decision may keep the
     whole occupied space as one tile, but no stored class may sit whole on one rank: the
-    chosen candidates' busiest rank holds less than a whole tensor, and every class at the
-    chosen tiles is held by both ranks (``balance.loads``, as a run places it)."""
+    chosen candidates' busiest rank holds less than a whole tensor (the decision's check),
+    and every class at the chosen tiles is held by both ranks (``balance.loads``, as a run
+    places it: this part fails only if a class stops being cut in pieces)."""
     from tessera.backends.balance import loads
     orbsym = np.zeros(40, dtype=int)
     structure = CCSDStructure(orbsym, 10, 0)

@@ -94,6 +94,8 @@ def test_symmetric_incore_build_over_ranks_equals_pyscf(nranks):
         no_room = build["no_room"]
         np.testing.assert_allclose(no_room["g"], vj - 0.5 * vk, rtol=0, atol=1e-10)
         assert no_room["integral_pairs_kept"] == 0 and no_room["incore_bytes"] == 0
+        # said once, never silent: the recomputed pairs named in one warning line
+        assert len(no_room["warned"]) == 1 and "computed again in every Fock build" in no_room["warned"][0]
     if nranks > 1:              # one process contracts it with all its integrals
         assert build["refused"]["type"] == "SymmetryError"
 

@@ -169,7 +169,8 @@ def granularity(plans, nranks: int, grid: bool = False) -> dict:
 def grid_lines(steps, nranks: int) -> tuple:
     """(grid rows and columns that idle, the busiest rank's flops over the mean) summed and
     at most over contraction ``steps`` on mpi-collective's grid of ``nranks`` ranks, each on
-    the pr x pc grid the executor runs it on (``summa_layout.choose_grid``, one layer):
+    the pr x pc grid SUMMA runs it on (``summa_layout.choose_grid``, one layer; 2.5d runs
+    a grid of nranks/layers per layer, which this does not judge):
     output row tuples are dealt over grid rows, column tuples over grid columns, so a
     step with fewer of them than grid lines idles ranks however many tasks it has."""
     from tessera.backends.summa_layout import choose_grid, grid_score

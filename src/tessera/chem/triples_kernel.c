@@ -117,7 +117,7 @@ static double tile_energy(long nv, long ta, long na, long tb, long nb, long tc, 
     double energy = 0.0;
     for (long a = ta; a < ta + na; a++)
     for (long b = tb; b < lmin(tb + nb, a + 1); b++) {
-        const long row = (a - ta) * DTILE * DTILE + (b - tb) * DTILE - tc;
+        const long row = (a - ta) * DTILE * DTILE + (b - tb) * DTILE;   /* c at [c - tc] */
         const double *L0 = L + row, *L1 = L0 + DT3, *L2 = L1 + DT3, *L3 = L2 + DT3,
                      *L4 = L3 + DT3, *L5 = L4 + DT3;
         const double eab = eijk - ev[a] - ev[b], tia = t1i[a], tib = t1i[b], tja = t1j[a],
@@ -134,7 +134,8 @@ static double tile_energy(long nv, long ta, long na, long tb, long nb, long tc, 
         double row_sum = 0.0, diag = 0.0;
 #define ORBIT(c, OUT)                                                                          \
         {                                                                                      \
-            const double w0 = L0[c], w1 = L1[c], w2 = L2[c], w3 = L3[c], w4 = L4[c], w5 = L5[c]; \
+            const long lc = (c) - tc;                                                          \
+            const double w0 = L0[lc], w1 = L1[lc], w2 = L2[lc], w3 = L3[lc], w4 = L4[lc], w5 = L5[lc]; \
             const double z0 = w0 + tia * pjk_b[c] + tjb * pik_a[c] + t1k[c] * pij_ab;          \
             const double z1 = w1 + tia * tjk_b[c] + t1j[c] * pik_ab + tkb * pij_a[c];  \
             const double z2 = w2 + tib * pjk_a[c] + tja * pik_b[c] + t1k[c] * pij_ba;          \

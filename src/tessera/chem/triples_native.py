@@ -33,6 +33,9 @@ def _library() -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 7
     lib.tessera_t3_dense_scratch.restype = ctypes.c_long
     lib.tessera_t3_dense_scratch.argtypes = [ctypes.c_long]
+    if lib.tessera_t3_dense_scratch(7) != dense_scratch_size(7):
+        raise BuildError("the compiled (T) kernel's dense scratch differs from triples_native's "
+                         "(DENSE_TILE): rebuild it with `make`")
     fn = lib.tessera_t3_energy_packed
     fn.restype = ctypes.c_double
     fn.argtypes = [ctypes.c_long, _ptr, ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 11
@@ -77,10 +80,15 @@ def _addr(a: np.ndarray, size: int, dtype=np.float64) -> int:
     return a.ctypes.data
 
 
+DENSE_TILE = 16     # DTILE of triples_kernel.c: virtuals per edge of the dense sweep's local tiles
+
+
 def dense_scratch_size(nv: int) -> int:
-    """Doubles of the scratch ``energy_dense`` needs for ``nv`` virtuals (its local tiles
-    and transposed pair matrices)."""
-    return int(_library().tessera_t3_dense_scratch(nv))
+    """Doubles of the scratch ``energy_dense`` needs for ``nv`` virtuals (its six local
+    tiles and three transposed pair matrices; C's ``tessera_t3_dense_scratch``, checked
+    when the kernel loads): known without the compiled kernel, so plans and memory
+    estimates need no build."""
+    return 6 * DENSE_TILE ** 3 + 3 * nv * nv
 
 
 def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij, scratch) -> float:

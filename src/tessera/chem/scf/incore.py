@@ -21,6 +21,7 @@ a rank keeps no more than its memory budget leaves room for.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -34,6 +35,8 @@ from tessera.chem.scf.integrals import (PAIR_TASKS_PER_WORKER, ShellPairQuartets
                                         _all_pair_costs, _shell_operations, pair_ranges,
                                         s8_bytes, s8_integrals)  # noqa: F401  (s8_bytes: this module's API)
 from tessera.errors import SymmetryError
+
+_log = logging.getLogger(__name__)
 
 
 def s8_fits(nao: int, budget: float) -> bool:
@@ -116,6 +119,12 @@ class IncoreFock:
         self.integral_deal = {"integral_tasks": len(parts), "integral_pairs_kept": kept[1],
                               "integral_pairs_recomputed": sum(e - s for s, e, eri, _ in parts if eri is None),
                               "integral_tasks_stolen": getattr(deal, "stolen", 0)}
+        if recomputed := self.integral_deal["integral_pairs_recomputed"]:
+            # the budget passed ``fits`` (the rank's share) yet a range beyond the room it
+            # leaves, less the largest range, is not kept: said, never silent
+            _log.warning("rank %d: %d shell pairs of its share did not fit the memory budget beside the "
+                         "kept ones; they are computed again in every Fock build",
+                         self.ranks.rank if self.ranks is not None else 0, recomputed)
 
     def build(self, dm: np.ndarray) -> np.ndarray:
         t0, c0 = time.perf_counter(), time.process_time()
