@@ -202,6 +202,10 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
     s["held"] = dict(getattr(run, "held", {}))
     s["held_bytes"] = sum(s["held"].values())
     s["dressing_bytes"] = getattr(run, "dressing", 0)
+    if sum(gathered.values()) > CACHE_BYTES:
+        # the gathered cache cannot keep every constant: the dressing's M+- may keep their
+        # own blocks (``Context.store_constants_gathered`` finds no kept matrix), held beside
+        s["held_bytes"] += s["dressing_bytes"]
     s["pooled_bytes"] = sum(pooled.values())
     return s
 
