@@ -13,7 +13,7 @@ from pyscf.scf import _vhf, hf, hf_symm
 from tessera.chem.scf.blocking import default_block_nbf, make_blocks
 from tessera.chem.diis import DIIS
 from tessera.chem.scf.incore import s8_bytes
-from tessera.chem.scf.integrals import (BlockERI, _shell_operations, s8_integrals, s8_shares,
+from tessera.chem.scf.integrals import (BlockERI, shell_operations, s8_integrals, s8_shares,
                                        s8_ranges, schwarz_bounds)
 from tessera.chem.scf.kernel import assemble, contract_block
 from tessera.chem.scf.symmetry import symmetry_basis
@@ -89,7 +89,7 @@ def test_s8_integrals_from_symmetry_unique_quartets_equal_libcint(xyz, basis, gr
     """The 8-fold integrals written from one shell quartet per point-group orbit (s8fill.c)
     equal libcint's for every quartet, signs of the images included."""
     mol = molecule(xyz, basis, symmetry=group or False)
-    assert len(_shell_operations(mol)) == nops
+    assert len(shell_operations(mol)) == nops
     got, skeleton = s8_integrals(mol, threads)
     ref = mol.intor("int2e", aosym="s8")
     assert got.shape == ref.shape
@@ -144,13 +144,13 @@ def test_parts_of_shell_pairs_computed_in_any_order_give_pyscf_jk(xyz, basis, sy
     (``ShellPairQuartets.part``), computed in another order than the ranges' (a stealing
     rank takes ranges from the back), half of them on one rank, half on another; their J and K
     (``Skeleton.parts_jk``) summed with the others' equal PySCF's (1e-11)."""
-    from tessera.chem.scf.integrals import (ShellPairQuartets, Skeleton, _all_pair_costs,
+    from tessera.chem.scf.integrals import (ShellPairQuartets, Skeleton, all_pair_costs,
                                            pair_ranges)
     mol = molecule(xyz, basis, symmetry=symmetry)
-    ops = _shell_operations(mol) or [(np.arange(mol.nbas), np.arange(mol.nao), np.ones(mol.nao))]
+    ops = shell_operations(mol) or [(np.arange(mol.nbas), np.arange(mol.nao), np.ones(mol.nao))]
     quartets = ShellPairQuartets(mol, ops)
     skeleton = Skeleton(ops, quartets.eri.ao_loc, mol.nao, None, (0, quartets.npairs))
-    cost = _all_pair_costs(mol, quartets.shell_map)
+    cost = all_pair_costs(mol, quartets.shell_map)
     ranges, _ = pair_ranges(cost, 7)
     assert len(ranges) > 3
     rng = np.random.default_rng(3)
@@ -187,7 +187,7 @@ def test_s8_ranges_split_the_shell_pairs_and_count_their_representatives():
     to a lower packed index); one rank: the whole array; C1 over several ranks: the
     identity's representatives, every canonical quartet (ij|kl), kl <= ij, once."""
     mol = molecule("benzene.xyz", "sto-3g", symmetry=True)
-    ops = _shell_operations(mol)
+    ops = shell_operations(mol)
     size = np.diff(mol.ao_loc_nr())
     nsp = mol.nbas * (mol.nbas + 1) // 2
 

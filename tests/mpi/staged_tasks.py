@@ -1,9 +1,9 @@
 """A staged task set (``TaskSet.stages``) under `mpiexec -n K`, for tests/test_schedule.py.
 
 A vector A over 12 orbitals in 6 tiles of 2 (A[n] = n + 1), distributed. Task i (of 4)
-runs in 3 stages; stage s reads block (i + s) % 6 of A, and its ``need`` is asked twice
-(as an executor that asks again would). The work of part s returns 10**s times the sum
-of the block it got, so a part that reads another stage's block gives another number.
+runs in 3 stages; stage s reads block (i + s) % 6 of A. The work of part s returns 10**s
+times the sum of the block it got, so a part that reads another stage's block gives another
+number.
 Run on mpi-onesided (nxtval) and mpi-collective; rank 0 prints each executor's results
 and the (task, stage) pairs every rank's work saw, in order.
 """
@@ -30,10 +30,6 @@ for backend, variant in (("mpi-onesided", "original"), ("mpi-collective", "summa
         seen = []
 
         def need(i, s):
-            need_once(i, s)
-            return need_once(i, s)
-
-        def need_once(i, s):
             return [(A, ((i + s) % len(space.tiles),))]
 
         def work(i, blocks, s):

@@ -83,7 +83,7 @@ class Context:
         self._cache: OrderedDict = OrderedDict()     # (uid, version, layout ids) -> matrices
         self._permuted_flats: dict = {}     # constants' flat vectors in another order (_permuted)
         self._in_place: dict = {}   # constants' left operands read from their blocks (_gathered)
-        self._constants = weakref.WeakValueDictionary()    # uid -> constant gathered here
+        self._constants = weakref.WeakValueDictionary()    # uid -> constant with a gathered matrix kept
         # regions run here: time, flops (a run's contexts may share one recorder)
         self.profile = recorder if recorder is not None else Recorder()
         self._tokens: list = []
@@ -304,7 +304,6 @@ class Context:
         if not t.constant:
             return self._batch_gathered(ref, perm, layouts)
         key = (t.version,) + _gather_key(t, perm, layouts)
-        self._constants[t.uid] = t
         if left:        # by layout, with the version: a stale entry holds no old blocks
             version, mats = self._in_place.get(key[1:], (None, None))
             if version != t.version:
@@ -326,6 +325,7 @@ class Context:
         size = sum(m.nbytes for m in mats.values())
         if size <= self.cache_bytes:
             self._cache[key] = mats
+            self._constants[t.uid] = t      # for store_constants_gathered
             while self._cache and self._kept_bytes() > self.cache_bytes:
                 self._cache.popitem(last=False)
         return mats

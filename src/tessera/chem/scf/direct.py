@@ -8,7 +8,7 @@ and the same contraction as ``tessera_s8_jk``; nothing is kept); the sum over th
 ranks (one allreduce of G, nao^2) is symmetrised over the group's operations afterwards
 (the skeleton Fock matrix of M. Dupuis and H. F. King, Int. J. Quantum Chem. 11, 613
 (1977)). The tasks are contiguous ranges of shell pairs ij of near-equal cost (the
-integrals of their representatives, ``integrals._all_pair_costs``) run as a ``TaskSet`` on
+integrals of their representatives, ``integrals.all_pair_costs``) run as a ``TaskSet`` on
 the context: dealt by the SCF's schedule under ``mpi-onesided`` (static ranges, NXTVAL, or
 those ranges with stealing), static rounds under ``mpi-collective``, every task here on
 one process; inside a task the rank's threads claim its shell pairs from a shared counter.
@@ -36,8 +36,8 @@ from tessera.backends.context import thread_limit
 from tessera.backends.registry import check_schedule
 from tessera.backends.tasks import TaskSet
 from tessera.chem.scf.fock import Incremental, SCREENING, REBUILD_EVERY, shell_maxima
-from tessera.chem.scf.integrals import (PAIR_TASKS_PER_WORKER, BlockERI, Skeleton, _all_pair_costs,
-                                        _on_threads, _s8_library, _shell_operations, pair_ranges,
+from tessera.chem.scf.integrals import (PAIR_TASKS_PER_WORKER, BlockERI, Skeleton, all_pair_costs,
+                                        on_threads, s8_library, shell_operations, pair_ranges,
                                         schwarz_bounds)
 from tessera.chem.scf.tasks import count_skipped_shell_quartets
 from tessera.errors import SymmetryError
@@ -65,11 +65,11 @@ class DirectFock:
         self.qshell = np.ascontiguousarray(schwarz_bounds(self.eri, mol))
         nbas, nao = mol.nbas, mol.nao
         identity = (np.arange(nbas), np.arange(nao), np.ones(nao))
-        ops = _shell_operations(mol) or [identity]
+        ops = shell_operations(mol) or [identity]
         self.skeleton = Skeleton(ops, self.eri.ao_loc, nao, None, (0, nbas * (nbas + 1) // 2))
         self.shell_map = np.ascontiguousarray([s for s, _, _ in ops], dtype=np.int32)
         size = self.ranks.size
-        cost = _all_pair_costs(mol, self.shell_map, self.ranks if size > 1 else None)
+        cost = all_pair_costs(mol, self.shell_map, self.ranks if size > 1 else None)
         workers = getattr(context.executor, "workers", 1)          # a threads executor's
         self.ranges, self.costs = pair_ranges(cost, PAIR_TASKS_PER_WORKER * size * workers * self.threads)
         self.quartet_counts = count_skipped_shell_quartets(self.qshell, self.threshold)
@@ -92,7 +92,7 @@ class DirectFock:
         nops = len(self.shell_map) if sym else 1
         dsh = self.shell_density(dm)
         nao, e, ptr = self.skeleton.nao, self.eri, ctypes.c_void_p
-        direct_jk = _s8_library().tessera_s8_direct_jk
+        direct_jk = s8_library().tessera_s8_direct_jk
         spare, made = queue.SimpleQueue(), []      # each concurrent caller's vj, vk, counts
         busy, lock = {"wall": 0.0, "cpu": 0.0, "tasks": 0}, threading.Lock()
 
@@ -122,7 +122,7 @@ class DirectFock:
         def work(t, _blocks):
             start, end = self.ranges[t]
             wall, cpu = time.perf_counter(), clock()
-            if any(_on_threads(lambda counter: one(counter, end), self.threads, start)):
+            if any(on_threads(lambda counter: one(counter, end), self.threads, start)):
                 raise SymmetryError("s8fill: more than 64 point-group operations")
             with lock:              # a threads executor's workers run tasks at once
                 busy["wall"] += time.perf_counter() - wall

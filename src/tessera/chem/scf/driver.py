@@ -40,7 +40,7 @@ from tessera.backends.local import available_cores, threads_per_rank
 from tessera.chem.scf.direct import DirectFock
 from tessera.chem.scf.fock import MODES, REBUILD_EVERY, SCREENING, FockBuilder
 from tessera.chem.scf.incore import IncoreFock, fits
-from tessera.chem.scf.integrals import _fill, _shell_operations, s8_shares
+from tessera.chem.scf.integrals import compiled_fill, shell_operations, s8_shares
 from tessera.chem.scf.stats import summarize
 from tessera.chem.scf.symmetry import symmetry_basis
 from tessera.errors import ConvergenceError, InputError
@@ -134,7 +134,7 @@ def make_builder(mol, context, *, mode: str, budget: tuple, **options):
                 f"{per_rank / 2**20:.4g} MiB less what the process holds); use mode='direct'"
                 f"{', more ranks' if where else ''} or a larger budget (--max-memory)")
         chosen(fit, f"8-fold, {threads} threads" if ranks.size == 1 else
-               f"8-fold {'skeleton ' if _shell_operations(mol) else ''}over {ranks.size} ranks "
+               f"8-fold {'skeleton ' if shell_operations(mol) else ''}over {ranks.size} ranks "
                f"(their shares of the shell pairs counted), schedule={options['schedule']}, "
                f"{threads} threads each")
         if fit[0]:
@@ -143,13 +143,13 @@ def make_builder(mol, context, *, mode: str, budget: tuple, **options):
     # in a threads context the executor's workers share the cores of the rank
     workers = 1 if context.distributed else getattr(context.executor, "workers", 1)
     threads = max(1, threads // workers)
-    if mode != "direct" or _fill() is None:
+    if mode != "direct" or compiled_fill() is None:
         # several ranks without point-group operations: screened blocks per rank if they fit
         builder = FockBuilder(mol, context, mode=mode, budget_bytes=per_rank,
                               threads=threads, **options)
         if builder.fit is not None:
             chosen(builder.fit, f"screened blocks over {ranks.size} ranks")
-        if builder.mode == "incore" or _fill() is None:
+        if builder.mode == "incore" or compiled_fill() is None:
             return builder
         builder.free()
     options.pop("block_nbf", None)          # no shell blocks: ranges of shell pairs

@@ -32,7 +32,7 @@ from tessera.backends.registry import check_schedule
 from tessera.backends.tasks import TaskSet
 from tessera.chem.reference import KeptIntegrals
 from tessera.chem.scf.integrals import (PAIR_TASKS_PER_WORKER, ShellPairQuartets, Skeleton,
-                                        _all_pair_costs, _shell_operations, pair_ranges,
+                                        all_pair_costs, shell_operations, pair_ranges,
                                         s8_bytes, s8_integrals)  # noqa: F401  (s8_bytes: this module's API)
 from tessera.errors import SymmetryError
 
@@ -91,10 +91,10 @@ class IncoreFock:
         """This rank's share of the representatives, computed as a task set (class docstring)."""
         from tessera.chem.memory import resident_peak
         nbas, nao = mol.nbas, mol.nao
-        ops = _shell_operations(mol) or [(np.arange(nbas), np.arange(nao), np.ones(nao))]
+        ops = shell_operations(mol) or [(np.arange(nbas), np.arange(nao), np.ones(nao))]
         self.quartets = ShellPairQuartets(mol, ops)
         self.skeleton = Skeleton(ops, self.quartets.eri.ao_loc, nao, None, (0, self.quartets.npairs))
-        self.cost = _all_pair_costs(mol, self.quartets.shell_map, self.ranks)
+        self.cost = all_pair_costs(mol, self.quartets.shell_map, self.ranks)
         ranges, costs = pair_ranges(self.cost, PAIR_TASKS_PER_WORKER * self.ranks.size)   # as s8_ranges
         self.row_off = np.zeros(self.quartets.npairs + 1, dtype=np.int64)
         need = [8 * int(self.cost[s:e].sum()) + (e * (e + 1) - s * (s + 1)) // 2 for s, e in ranges]

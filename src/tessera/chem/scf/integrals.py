@@ -73,7 +73,7 @@ class BlockERI:
         """One thread's scratch of the C fill and direct build (``s8fill.c``): a shell
         quartet of the largest shell and libcint's cache, sized once (PySCF's
         ``GTOmax_cache_size``); without it libcint allocates a cache in every call."""
-        quartet = _s8_library().tessera_s8_quartet_doubles(self._nbas, self.ao_loc.ctypes.data_as(ctypes.c_void_p))
+        quartet = s8_library().tessera_s8_quartet_doubles(self._nbas, self.ao_loc.ctypes.data_as(ctypes.c_void_p))
         return np.empty(quartet + self._cache_doubles)
 
     def _fill_call(self, sym: str, shls: tuple, shape: tuple) -> np.ndarray:
@@ -146,7 +146,7 @@ def s8_integrals(mol, threads: int = 1):
     builds J and K from those quartets alone; without point-group operations that map
     shells onto shells with signed AOs, PySCF's own s8 fill and None. (Over several ranks
     each keeps the representatives of the shell pairs it computed: ``ShellPairQuartets``.)"""
-    ops = _shell_operations(mol) if _fill() is not None else []
+    ops = shell_operations(mol) if compiled_fill() is not None else []
     if not ops:
         with with_omp_threads(max(1, int(threads))):
             return mol.intor("int2e", aosym="s8"), None
@@ -160,7 +160,7 @@ def s8_integrals(mol, threads: int = 1):
 
 class ShellPairQuartets:
     """The representative quartets (ij|kl), kl <= ij, one per orbit of the operations
-    ``ops`` (``_shell_operations``, the identity alone without a group), of ranges of shell
+    ``ops`` (``shell_operations``, the identity alone without a group), of ranges of shell
     pairs ij: ``fill`` writes them packed (every image, one process) or, with ``row_off``,
     compact (``part``: libcint's blocks one after the other, no images; what a rank of
     several keeps, ``incore.IncoreFock``)."""
@@ -174,7 +174,7 @@ class ShellPairQuartets:
 
     def part(self, start: int, end: int, cost: np.ndarray, row_off: np.ndarray, threads: int) -> tuple:
         """(eri, orbit) of the shell pairs [start, end), compact: ``row_off[ij]`` (set here
-        for these pairs alone, from ``cost``, ``_all_pair_costs``) where pair ij's
+        for these pairs alone, from ``cost``, ``all_pair_costs``) where pair ij's
         representatives start in eri."""
         offsets = np.concatenate(([0], np.cumsum(cost[start:end])))
         row_off[start:end] = offsets[:-1]
@@ -192,20 +192,20 @@ class ShellPairQuartets:
 
         def work(counter):
             scratch = e.scratch()           # this thread's, for the whole call
-            return _fill()(ctypes.cast(e._intor, ptr), e._cintopt, e._atm.ctypes.data_as(ptr), e._natm,
+            return compiled_fill()(ctypes.cast(e._intor, ptr), e._cintopt, e._atm.ctypes.data_as(ptr), e._natm,
                            e._bas.ctypes.data_as(ptr), e._nbas, e._env.ctypes.data_as(ptr),
                            e.ao_loc.ctypes.data_as(ptr), self.nao, len(self.ops),
                            self.shell_map.ctypes.data_as(ptr), self.ao_map.ctypes.data_as(ptr),
                            self.ao_sign.ctypes.data_as(ptr), counter, end, offsets,
                            out.ctypes.data_as(ptr), orbit.ctypes.data_as(ptr), start * (start + 1) // 2,
                            scratch.ctypes.data_as(ptr))
-        if any(_on_threads(work, threads, start)):
+        if any(on_threads(work, threads, start)):
             raise SymmetryError("s8fill: more than 64 point-group operations")
 
 
 def pair_ranges(cost: np.ndarray, ntasks: int) -> tuple:
     """(ranges, costs): at most ``ntasks`` contiguous ranges [start, end) of shell pairs of
-    near-equal ``cost`` (``_all_pair_costs``; the engine's contiguous partition), those
+    near-equal ``cost`` (``all_pair_costs``; the engine's contiguous partition), those
     without representatives dropped, and each range's cost plus ``PAIR_TASK_OVERHEAD``: the
     tasks of the direct build and of the in-memory build over ranks."""
     ntasks = max(1, min(len(cost), int(ntasks)))
@@ -220,13 +220,13 @@ def s8_ranges(mol, nranks: int, ranks=None, ops=None) -> np.ndarray:
     them statically), the integrals of their representative quartets (``_pair_costs``)
     and the bytes of their orbit sizes (one rank: every pair, the whole 8-fold array and
     no orbit bytes). ``ranks``: the costs are counted in parts, one per rank, and
-    gathered; ``ops``: ``_shell_operations(mol)`` (the identity alone when empty)."""
+    gathered; ``ops``: ``shell_operations(mol)`` (the identity alone when empty)."""
     nsp = mol.nbas * (mol.nbas + 1) // 2
     if nranks == 1:
         return np.array([[0, nsp, s8_bytes(mol.nao) // 8, 0]], dtype=np.int64)
-    ops = (ops or _shell_operations(mol)) or [(np.arange(mol.nbas),)]
+    ops = (ops or shell_operations(mol)) or [(np.arange(mol.nbas),)]
     shell_map = np.ascontiguousarray([op[0] for op in ops], dtype=np.int32)
-    cost = _all_pair_costs(mol, shell_map, ranks)
+    cost = all_pair_costs(mol, shell_map, ranks)
     ranges, costs = pair_ranges(cost, PAIR_TASKS_PER_WORKER * nranks)
     out = np.zeros((nranks, 4), dtype=np.int64)
     for rank, queue in enumerate(partition(costs, nranks, "contiguous")):
@@ -240,7 +240,7 @@ def s8_ranges(mol, nranks: int, ranks=None, ops=None) -> np.ndarray:
 _PAIR_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # mol -> {key: costs}
 
 
-def _all_pair_costs(mol, shell_map: np.ndarray, ranks=None) -> np.ndarray:
+def all_pair_costs(mol, shell_map: np.ndarray, ranks=None) -> np.ndarray:
     """``_pair_costs`` of every shell pair of ``mol``, with ``ranks`` counted in parts, one
     per rank, and gathered. Kept per molecule, basis, operations and rank count, so that the
     builder's choice, its ranges and each rank's offsets count them once; counted over
@@ -264,7 +264,7 @@ def _pair_costs(mol, shell_map: np.ndarray, start: int, end: int) -> np.ndarray:
     loc = np.ascontiguousarray(mol.ao_loc_nr(), dtype=np.int32)
     cost = np.empty(end - start)
     ptr = ctypes.c_void_p
-    _s8_library().tessera_s8_cost(mol.nbas, loc.ctypes.data_as(ptr), len(shell_map),
+    s8_library().tessera_s8_cost(mol.nbas, loc.ctypes.data_as(ptr), len(shell_map),
                                   shell_map.ctypes.data_as(ptr), start, end,
                                   cost.ctypes.data_as(ptr))
     return cost.astype(np.int64)
@@ -276,9 +276,9 @@ def s8_shares(mol, nranks: int, ranks=None) -> np.ndarray | None:
     ``ranks`` count in parts; the identity alone without point-group operations; one rank:
     the whole array), counted without computing an integral; None over several ranks
     without the compiled fill."""
-    if nranks > 1 and _fill() is None:
+    if nranks > 1 and compiled_fill() is None:
         return None
-    ops = _shell_operations(mol) if nranks > 1 else None
+    ops = shell_operations(mol) if nranks > 1 else None
     _, _, kept, orbits = s8_ranges(mol, nranks, ranks, ops).T
     return 8 * kept + orbits      # and the orbit sizes of their quartets, a byte each
 
@@ -311,7 +311,7 @@ class Skeleton:
         None) or compact; over ranks each rank's part of J and K, to be summed."""
         nao, ptr = self.nao, ctypes.c_void_p
         dm = np.ascontiguousarray(dm, dtype=np.float64)
-        jk = _s8_library().tessera_s8_jk
+        jk = s8_library().tessera_s8_jk
         offsets = None if row_off is None else row_off.ctypes.data_as(ptr)
         counters = np.array([p[0] for p in parts], dtype=np.int64)    # the threads claim pairs from each
         out = []
@@ -323,7 +323,7 @@ class Skeleton:
                 jk(len(self.ao_loc) - 1, self.ao_loc.ctypes.data_as(ptr), nao, orbit.ctypes.data_as(ptr),
                    eri.ctypes.data_as(ptr), offsets, dm.ctypes.data_as(ptr), ptr(counters.ctypes.data + 8 * n),
                    end, vj.ctypes.data_as(ptr), vk.ctypes.data_as(ptr), start * (start + 1) // 2)
-        _on_threads(work, threads)
+        on_threads(work, threads)
         vj, vk = (sum(p[n] for p in out) for n in (0, 1))
         return self.symmetrize(vj + vj.T), self.symmetrize(vk + vk.T)
 
@@ -341,7 +341,7 @@ class Skeleton:
         return out / len(self.ops)
 
 
-def _on_threads(work, threads: int, start: int = 0) -> list:
+def on_threads(work, threads: int, start: int = 0) -> list:
     """``work(counter)`` on ``threads`` threads at once (ctypes calls release the GIL),
     sharing the counter from which they claim shell pairs, from ``start`` on; their results."""
     counter = np.full(1, start, dtype=np.int64)
@@ -353,7 +353,7 @@ def _on_threads(work, threads: int, start: int = 0) -> list:
         return list(pool.map(lambda _: work(arg), range(n)))
 
 
-def _shell_operations(mol) -> list:
+def shell_operations(mol) -> list:
     """[(shell map, AO map, AO signs)] of the point group's operations, the identity
     first, when they map every shell onto a shell AO by AO (D2h and its subgroups in
     PySCF's orientation); [] without symmetry or when one does not."""
@@ -375,18 +375,18 @@ def _shell_operations(mol) -> list:
 
 
 @cache
-def _fill():
+def compiled_fill():
     """The compiled fill, or None (logged once) when it is not built: the SCF then
     computes every quartet (one process) or keeps screened blocks (several ranks)."""
     try:
-        return _s8_library().tessera_s8_fill
+        return s8_library().tessera_s8_fill
     except BuildError as exc:
         log.warning("%s; the SCF computes every shell quartet instead", exc)
         return None
 
 
 @cache
-def _s8_library() -> ctypes.CDLL:
+def s8_library() -> ctypes.CDLL:
     lib = load(_S8_MODULE, _S8_ABI, "the compiled integral fill")
     lib.tessera_s8_fill.restype = ctypes.c_int
     i64 = ctypes.c_int64
