@@ -482,3 +482,23 @@ def test_scale_put_on_the_smallest_matrix_equal_einsum(backend, monkeypatch):
         _close(F.to_dense(), -0.5 * np.einsum("ikab,jkab->ij", t, t))
         _close(Q.to_dense(), -2.0 * np.einsum("iabc,jc->iabj", w, s))
         assert {"B", "A", "C"} <= set(picked), picked
+
+
+def test_add_product_accumulates_in_place_for_every_operand_order():
+    """``blockops.add_product``: out += a @ b for a and b in C order, Fortran order and
+    strided views, into a C-ordered row slice of a larger matrix (written in place, the
+    rows around it untouched) and into a transposed view (numpy's path); equal to numpy."""
+    rng = np.random.default_rng(3)
+    forms = {"C": lambda x: x, "F": np.asfortranarray, "view": lambda x: np.repeat(x, 2, axis=1)[:, ::2]}
+    for fa, make_a in forms.items():
+        for fb, make_b in forms.items():
+            a, b = make_a(rng.random((30, 7))), make_b(rng.random((7, 11)))
+            big = rng.random((40, 11))
+            want = big.copy()
+            want[5:35] += a @ b
+            blockops.add_product(big[5:35], a, b)
+            _close(big, want)
+            out = rng.random((11, 30)).T            # not C-ordered
+            want = out + a @ b
+            blockops.add_product(out, a, b)
+            _close(out, want)
