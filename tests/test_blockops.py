@@ -444,3 +444,61 @@ def test_numpy_arrays_on_base_pages_once_memory_is_kept():
     switch(True)                       # as numpy starts where the kernel offers huge pages
     heap._no_huge_pages()
     assert switch(False) is False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scale_put_on_the_smallest_matrix_equal_einsum(backend, monkeypatch):
+    """A scaled product is scaled on the smallest of A, B and A @ B (``blockops._scaled``):
+    B (a t1-like right operand), A (a t1-like left one), the product (a contraction over
+    many indices), and A read in place (never copied: B or the product scaled); on the
+    flat and per-block output paths, over row tasks, adding into a filled target; each
+    equals numpy.einsum."""
+    monkeypatch.setattr(blockops, "_TASK_FLOPS", 1e3)
+    o, v, rng = _spaces(41)
+    G = BlockTensor.random((o, v, o, o), 0, rng=rng, name="G")
+    W = BlockTensor.random((o, v, v, v), 0, rng=rng, name="W", fill=0.7).freeze()
+    T = BlockTensor.random((o, o, v, v), 0, rng=rng, name="T")
+    t1 = BlockTensor.random((o, v), 0, rng=rng, name="t1")
+    picked = []
+    scaled = blockops._scaled
+    monkeypatch.setattr(blockops, "_scaled", lambda a, b, s: picked.append(
+        (lambda r: "B" if r[1] is not b else "A" if r[0] is not a else "C" if r[2] != 1.0 else "-")(scaled(a, b, s)))
+        or scaled(a, b, s))
+    for flat in (True, False):
+        monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 1 << 30 if flat else 0)
+        picked.clear()
+        Z = BlockTensor.random((o, o, v, v), 0, rng=rng, name="Z")
+        z0 = Z.to_dense()
+        A, F, Q = BlockTensor((v, o, v, v), 0, name="A"), BlockTensor((o, o), 0, name="F"), \
+            BlockTensor((o, v, v, o), 0, name="Q")
+        with ts.Context(backend), ts.equations():
+            Z["ijab"] += -1.0 * G["iajk"] * t1["kb"]         # B smallest: t1
+            A["bkca"] = 2.0 * t1["jb"] * T["jkca"]           # A smallest: t1 on the left
+            F["ij"] = -0.5 * T["ikab"] * T["jkab"]           # product smallest: o x o
+            Q["iabj"] = -2.0 * W["iabc"] * t1["jc"]          # W read in place: t1 scaled
+        g, t, s, w = G.to_dense(), T.to_dense(), t1.to_dense(), W.to_dense()
+        _close(Z.to_dense(), z0 - np.einsum("iajk,kb->ijab", g, s))
+        _close(A.to_dense(), 2.0 * np.einsum("jb,jkca->bkca", s, t))
+        _close(F.to_dense(), -0.5 * np.einsum("ikab,jkab->ij", t, t))
+        _close(Q.to_dense(), -2.0 * np.einsum("iabc,jc->iabj", w, s))
+        assert {"B", "A", "C"} <= set(picked), picked
+
+
+def test_add_product_accumulates_in_place_for_every_operand_order():
+    """``blockops.add_product``: out += a @ b for a and b in C order, Fortran order and
+    strided views, into a C-ordered row slice of a larger matrix (written in place, the
+    rows around it untouched) and into a transposed view (numpy's path); equal to numpy."""
+    rng = np.random.default_rng(3)
+    forms = {"C": lambda x: x, "F": np.asfortranarray, "view": lambda x: np.repeat(x, 2, axis=1)[:, ::2]}
+    for fa, make_a in forms.items():
+        for fb, make_b in forms.items():
+            a, b = make_a(rng.random((30, 7))), make_b(rng.random((7, 11)))
+            big = rng.random((40, 11))
+            want = big.copy()
+            want[5:35] += a @ b
+            blockops.add_product(big[5:35], a, b)
+            _close(big, want)
+            out = rng.random((11, 30)).T            # not C-ordered
+            want = out + a @ b
+            blockops.add_product(out, a, b)
+            _close(out, want)

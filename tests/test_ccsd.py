@@ -105,7 +105,7 @@ def test_not_converged_reports_last_state(systems):
 
 
 def test_residual_frees_intermediates_before_its_second_group(monkeypatch):
-    """The residual's intermediates read only by its first group of updates (tauh, th,
+    """The residual's intermediates read only by its first group of updates (th,
     taup, taupp, X0, X) are no longer referenced when the second group runs (the ladder
     is one of its updates), and after the first residual of a local CCSD the ladder
     dressing's M+- (gathered in one layout) keep their blocks as views of the kept
@@ -129,7 +129,7 @@ def test_residual_frees_intermediates_before_its_second_group(monkeypatch):
 
     def checking_ladder(*args):
         if "X" in made:         # in a residual (not the plan of the ladder before the iterations)
-            checked.append({n: made[n]() is None for n in ("tauh", "th", "taup", "taupp", "X0", "X")})
+            checked.append({n: made[n]() is None for n in ("th", "taup", "taupp", "X0", "X")})
         return ladder(*args)
 
     monkeypatch.setattr(eq, "new", recording_new)

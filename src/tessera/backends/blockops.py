@@ -13,6 +13,7 @@ from bisect import bisect_right
 from functools import partial
 
 import numpy as np
+from scipy.linalg.blas import dgemm
 
 from tessera.backends.sectors import add_map, gather_index, gather_map, scatter_map
 from tessera.errors import SymmetryError
@@ -92,16 +93,33 @@ class InPlaceMatrix:
         return self.matmul_into(bmat, np.empty((self.shape[0], bmat.shape[1])))
 
     def matmul_into(self, bmat: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """out = self @ bmat: the first block of a row range writes its rows, the others add."""
+        """out = self @ bmat: the first block of a row range writes its rows, the others add
+        (``add_product``)."""
         written = np.zeros(self.shape[0], bool)
         for a, b, i0, i1, view in self.entries:
             if written[a]:
-                out[a:b] += view @ bmat[i0:i1]
+                add_product(out[a:b], view, bmat[i0:i1])
             else:
                 np.matmul(view, bmat[i0:i1], out=out[a:b])
                 written[a:b] = True
         out[~written] = 0.0
         return out
+
+
+def add_product(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """out += a @ b in one BLAS call (dgemm with beta = 1 on out's transpose, which is in
+    Fortran order when ``out`` is in C order; a and b in either order are passed with a
+    transpose flag, not copied): no product array and no pass adding it. An in-place
+    operand's blocks are summed so (ovvv's on glycine cc-pVDZ: k = 25 per block, three
+    blocks per row range): its five ovvv products with t1 and u, 122 -> 116 ms of CPU per
+    iteration on serial against numpy's temporary and ``+=`` (alternate iterations of one
+    run, under load). ``out`` in another order: numpy's ``+=``."""
+    if not out.flags.c_contiguous:
+        out += a @ b
+        return
+    x, trans_x = (b.T, 0) if b.flags.c_contiguous else (b, 1)
+    y, trans_y = (a.T, 0) if a.flags.c_contiguous else (a, 1)
+    dgemm(1.0, x, y, beta=1.0, c=out.T, trans_a=trans_x, trans_b=trans_y, overwrite_c=1)
 
 
 def in_place_matrices(ref, perm, layouts: dict) -> dict | None:
@@ -168,7 +186,7 @@ def _take(vector, index, out, start, stop) -> None:
 
 
 def gemm_into_tasks(step, amats: dict, bmats: dict, products: np.ndarray, workers: int = 1) -> list:
-    """Tasks computing every sector's A_g @ B_g into ``products`` (rows x cols each, end
+    """Tasks computing every sector's scale * A_g @ B_g into ``products`` (rows x cols each, end
     to end in sector order; split by rows as ``gemm_scatter_tasks``), for ``flat_add_tasks``;
     largest first, so that the pool, taking them in order, does not end on a large one
     while the other workers wait (the tasks of a benzene D2h step differ up to 20-fold)."""
@@ -176,7 +194,7 @@ def gemm_into_tasks(step, amats: dict, bmats: dict, products: np.ndarray, worker
     for sec in step.sectors:
         cmat = products[start:start + sec.rows.total * sec.cols.total].reshape(sec.rows.total, sec.cols.total)
         start += cmat.size
-        tasks += _gemm_tasks(sec, amats, bmats, cmat, workers)
+        tasks += _gemm_tasks(sec, amats, bmats, cmat, workers, step.scale)
     if workers > 1:
         tasks.sort(key=lambda t: -t.args[0].shape[0] * t.args[0].shape[1] * t.args[1].shape[1])
     return tasks
@@ -192,12 +210,30 @@ def _gemm_tasks(sec, amats: dict, bmats: dict, cmat: np.ndarray, workers: int, s
 
 
 def _gemm_one(amat, bmat, cmat, scale: float) -> None:
+    amat, bmat, scale = _scaled(amat, bmat, scale)
     if isinstance(amat, InPlaceMatrix):
         amat.matmul_into(bmat, cmat)
     else:
         np.matmul(amat, bmat, out=cmat)
     if scale != 1.0:
         cmat *= scale
+
+
+def _scaled(amat, bmat, scale: float) -> tuple:
+    """(A', B', s') with s' A' @ B' = scale A @ B: the scale put on the smallest of A, B
+    and their product (s' = 1 unless it is the product), so that a product with t1 or a
+    one-body operand (CCSD's -Wt1_ovoo[iajk] t1[kb]: 1500 elements of B against 2.25 M of
+    product on glycine) takes no scaling pass over its product. CCSD's scales (+-1,
+    +-1/2, +-2) are exact in binary: the result is bitwise the scaled product's."""
+    if scale == 1.0:
+        return amat, bmat, scale
+    (m, k), n = amat.shape, bmat.shape[1]
+    a = m * k if not isinstance(amat, InPlaceMatrix) else m * n + 1     # read in place: never copied
+    if k * n < min(a, m * n):
+        return amat, bmat * scale, 1.0
+    if a < m * n:
+        return amat * scale, bmat, 1.0
+    return amat, bmat, scale
 
 
 def _parts(sec, workers: int) -> int:
@@ -342,6 +378,7 @@ def _scatter_rows(out, transpose, axis: int, cmat, pieces) -> None:
 
 
 def _gemm_scatter_one(out, scale, transpose, amat, bmat, entries) -> None:
+    amat, bmat, scale = _scaled(amat, bmat, scale)
     _scatter_one(out, scale, transpose, amat @ bmat, entries)
 
 

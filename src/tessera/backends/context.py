@@ -266,7 +266,7 @@ class Context:
                 products = np.empty(total + 1)
                 products[total] = 0.0           # what an output block that no sector makes receives
                 run(blockops.gemm_into_tasks(step, amats, bmats, products, self.executor.workers))
-                run(blockops.flat_add_tasks(step.out.tensor, products, index, step.scale, self.executor.workers))
+                run(blockops.flat_add_tasks(step.out.tensor, products, index, 1.0, self.executor.workers))
             else:
                 for tasks in blockops.gemm_scatter_tasks(step, amats, bmats, self.executor.workers):
                     run(tasks)

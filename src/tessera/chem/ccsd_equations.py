@@ -23,7 +23,7 @@ Scuseria, Janssen, Schaefer 1988), its t1 dressing applied to the packed tau+- (
 no v^4 operand per iteration). Per iteration about o^2 v^4 / 2 + 9 o^3 v^3 + 2 o^4 v^2
 flops in C1 (o^2 v^4 + 10 o^3 v^3 + 2 o^4 v^2 on the MPI backends, which run the ladder
 on the pairs i <= j only and its dressing as (ovvv tau) t1 on every i, j, once, added with
-its mirror image): glycine cc-pVDZ (o = 20, v = 75) 4.16e10 flops on the local backends,
+its mirror image): glycine cc-pVDZ (o = 20, v = 75) 4.15e10 flops on the local backends,
 1.03x the minimal count o^2 v^4 + 8 o^3 v^3 + o^4 v^2 (``ccsd.minimal_flops``).
 Letters: i j k l occupied, a b c d virtual. Each term carries its cost.
 """
@@ -98,7 +98,7 @@ def residual(ints, t1, t2, tau=None, fixed=None):
     the caller has them already."""
     I = ints  # noqa: E741  (integral classes: I.ovov[iajb] = (ia|jb), ...)
     tau = make_tau(ints, t1, t2) if tau is None else tau
-    u, tauh, th = new(I, "oovv", "u"), new(I, "oovv", "tauh"), new(I, "oovv", "th")
+    u, th = new(I, "oovv", "u"), new(I, "oovv", "th")
     taup, taupp = new(I, "oovv", "taup"), new(I, "ovov", "taupp")
     Fov, fvv, foo = new(I, "ov", "Fov"), new(I, "vv", "fvv"), new(I, "oo", "foo")
     ftv, fto = new(I, "vv", "ftv"), new(I, "oo", "fto")
@@ -110,12 +110,13 @@ def residual(ints, t1, t2, tau=None, fixed=None):
     r1, r2, Z = new(I, "ov", "R1"), new(I, "oovv", "R2"), new(I, "oovv", "Z", symmetry=())
 
     with ts.equations():
-        # combined amplitudes (o2v2 each)
+        # combined amplitudes (o2v2 each), made from u where they hold it: PySCF's
+        # 2 tau~ - tau~[ijba] (tau~ = t2 + t1 t1 / 2) and 2 t2[jkbc] - t2[kjbc] - 2 t1 t1
+        # (t2[kjbc] = t2[jkcb]), each one pass over the amplitudes fewer
         u["ijab"] = 2.0 * t2["ijab"] - t2["ijba"]
-        tauh["ijab"] = t2["ijab"] + 0.5 * t1["ia"] * t1["jb"]
-        th["ijab"] = 2.0 * tauh["ijab"] - tauh["ijba"]
+        th["ijab"] = u["ijab"] + t1["ia"] * t1["jb"] - 0.5 * t1["ib"] * t1["ja"]
         taup["jkca"] = 0.5 * t2["jkca"] + t1["jc"] * t1["ka"]
-        taupp["kcjb"] = 2.0 * t2["jkbc"] - t2["kjbc"] - 2.0 * t1["kb"] * t1["jc"]
+        taupp["kcjb"] = u["jkbc"] - 2.0 * t1["kb"] * t1["jc"]
 
         # one-body intermediates (PySCF fov, fvv, foo; ft_ab, ft_ij)
         Fov["kc"] += 2.0 * I.ovov["kcld"] * t1["ld"] - I.ovov["kdlc"] * t1["ld"]          # o2v2
@@ -138,7 +139,7 @@ def residual(ints, t1, t2, tau=None, fixed=None):
         Y["jaib"] += t2["jkca"] * X["ckib"]                                               # o3v3
     # read by the updates above only: freed before the residuals' updates (three of them
     # ov x ov, 18 MB each on glycine cc-pVDZ), not held to the end of the iteration
-    del tauh, th, taup, taupp, X0, X
+    del th, taup, taupp, X0, X
 
     with ts.equations():
         r1["ia"] += (-I.oovv["jiab"] * t1["jb"] + 2.0 * I.ovov["iajb"] * t1["jb"]
