@@ -8,7 +8,7 @@ import pytest
 
 import tessera as ts
 from tessera import BlockTensor, IndexSpace
-from tessera.backends import blockops, sectors
+from tessera.backends import blockops, context, sectors
 
 BACKENDS = ["serial", "threads"]
 T2_SYM = (ts.PermutationalSymmetry((1, 0, 3, 2)),)
@@ -120,8 +120,10 @@ def test_gathered_operand_reused_only_while_unchanged(backend, monkeypatch):
 def test_constant_gather_served_by_its_transpose_or_symmetric_twin(backend, monkeypatch):
     """A constant tensor's gathered matrices are reused for a gather that equals one of
     them transposed, or equals it through the tensor's declared symmetry (ovvv[kbca] =
-    ovvv[kbac]): four contractions of a frozen ovvv-like tensor gather it once (two are read in place), and
-    every result equals numpy.einsum (random irreps, so several sectors per GEMM)."""
+    ovvv[kbac]): four contractions of a frozen ovvv-like tensor gather it twice, and
+    every result equals numpy.einsum (random irreps, so several sectors per GEMM). Left
+    operands are gathered here as in products of many columns (no reads from blocks)."""
+    monkeypatch.setattr(context, "BLOCK_READ_COLUMNS", 0)
     o, v, rng = _spaces(13)
     w = BlockTensor.random((o, v, v, v), 0, rng=rng).to_dense()
     w = w + w.transpose(0, 1, 3, 2)                                  # (kc|ab) = (kc|ba)
@@ -145,19 +147,20 @@ def test_constant_gather_served_by_its_transpose_or_symmetric_twin(backend, monk
     _close(P.to_dense(), np.einsum("jcba,ijbc->ia", w, u))
     _close(S.to_dense(), np.einsum("kcdb,ijcd->ijkb", w, u))
     _close(F.to_dense(), np.einsum("kbca,kc->ab", w, s))
-    # W[iabc] (rows iab) and W[jcba] (rows a) are read in place; W[kcdb] is gathered and
-    # cached, and F's gather is its twin
-    assert gathered.count("W") == 1 and len(ctx._cache) == 1
-    assert sum(m is not None for _, m in ctx._in_place.values()) == 2
+    # W[iabc] and W[kcdb] are gathered and cached; P's and F's gathers are their twins
+    assert gathered.count("W") == 2 and len(ctx._cache) == 2
+    assert not ctx._block_read
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_constant_left_operand_read_in_place_equal_einsum(backend, monkeypatch):
     """A frozen left operand whose summed axes are a leading or trailing run of its blocks
-    is read from its blocks in place (``blockops.InPlaceMatrix``: no gather, nothing
+    is read from its blocks in place (``blockops.BlockMatrix``: no gather, nothing
     cached), split by rows over tasks and with blocks missing (sparse: zero rows), on the
     per-block and the flat output paths; results equal numpy.einsum. A non-run order
-    (summed axes in the middle) and a right operand are gathered as before."""
+    (summed axes in the middle) is read from its blocks too, each block copied as the
+    product reads it (``blockops.CopiedBlock``: nothing gathered or kept); a right operand
+    is gathered as before."""
     monkeypatch.setattr(blockops, "_TASK_FLOPS", 1e3)
     o, v, rng = _spaces(29)
     W = BlockTensor.random((o, v, v, v), 0, rng=rng, name="W", fill=0.7).freeze()
@@ -176,7 +179,7 @@ def test_constant_left_operand_read_in_place_equal_einsum(backend, monkeypatch):
             Q["iabj"] = W["iabc"] * t1["jc"]            # trailing run c
             F["ab"] = 2.0 * W["kcab"] * t1["kc"]        # leading run kc
             P["ia"] = W["jcba"] * U["ijbc"]             # leading run jcb
-            S["ib"] = W["iacb"] * X["ca"]               # summed axes in the middle: gathered
+            S["ib"] = W["iacb"] * X["ca"]               # summed axes in the middle: blocks copied
             Y["ab"] = t1["kc"] * W["kcab"]              # W on the right: gathered
         w, s, u, x = W.to_dense(), t1.to_dense(), U.to_dense(), X.to_dense()
         _close(Q.to_dense(), np.einsum("iabc,jc->iabj", w, s))
@@ -184,8 +187,10 @@ def test_constant_left_operand_read_in_place_equal_einsum(backend, monkeypatch):
         _close(P.to_dense(), np.einsum("jcba,ijbc->ia", w, u))
         _close(S.to_dense(), np.einsum("iacb,ca->ib", w, x))
         _close(Y.to_dense(), np.einsum("kc,kcab->ab", s, w))
-        assert sum(m is not None for _, m in ctx._in_place.values()) == 3
-    assert gathered.count("W") == 4                     # two per context: S and Y
+        assert len(ctx._block_read) == 4
+        assert any(isinstance(e[4], blockops.CopiedBlock) for m in ctx._block_read.values()
+                   for mat in m[1].values() for e in mat.entries)
+    assert gathered.count("W") == 2                     # one per context: Y
     with ts.Context(backend) as ctx:
         for _ in range(2):
             with ts.equations():
@@ -193,7 +198,7 @@ def test_constant_left_operand_read_in_place_equal_einsum(backend, monkeypatch):
             _close(Q.to_dense(), np.einsum("iabc,jc->iabj", W.to_dense(), s))
             key = next(iter(W.blocks))
             W.store_block(key, W.blocks[key] + 1.0)    # a new version: read anew, the stale entry replaced
-        assert len(ctx._in_place) == 1
+        assert len(ctx._block_read) == 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

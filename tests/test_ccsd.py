@@ -104,14 +104,16 @@ def test_not_converged_reports_last_state(systems):
     assert np.isfinite(info.value.result.e_corr)
 
 
-def test_residual_frees_intermediates_before_its_second_group(monkeypatch):
-    """The residual's intermediates read only by its first group of updates (th,
-    taup, taupp, X0, X) are no longer referenced when the second group runs (the ladder
-    is one of its updates), and after the first residual of a local CCSD the ladder
+def test_residual_frees_intermediates_before_the_ladder(monkeypatch):
+    """The residual's intermediates (th, taup, taupp, X0, X, u, the Wt1s, W2, Y, Z)
+    are no longer referenced when its last group runs (the ladder is one of its updates);
+    ovvv, read by products of few columns only, is never gathered (read from its blocks:
+    no copy kept beside them); after the first residual of a local CCSD the ladder
     dressing's M+- (gathered in one layout) keep their blocks as views of the kept
     matrices; the energy still equals PySCF's."""
     import weakref
 
+    from tessera.backends import blockops
     from tessera.chem import ccsd_equations as eq
     from tessera.tensor.pairs import kept_plus_minus_last
     mol = Molecule.from_xyz(EXAMPLES + "water.xyz", basis="cc-pvdz").to_pyscf()
@@ -129,11 +131,15 @@ def test_residual_frees_intermediates_before_its_second_group(monkeypatch):
 
     def checking_ladder(*args):
         if "X" in made:         # in a residual (not the plan of the ladder before the iterations)
-            checked.append({n: made[n]() is None for n in ("th", "taup", "taupp", "X0", "X")})
+            checked.append({n: made[n]() is None for n in ("th", "taup", "taupp", "X0", "X", "u",
+                                                           "Wt1_ovov", "Wt1_ovoo", "W2", "Y", "Z")})
         return ladder(*args)
 
     monkeypatch.setattr(eq, "new", recording_new)
     monkeypatch.setattr(eq, "ladder", checking_ladder)
+    gathered, gather_tasks = [], blockops.gather_tasks
+    monkeypatch.setattr(blockops, "gather_tasks", lambda ref, *args: gathered.append(ref.tensor.name)
+                        or gather_tasks(ref, *args))
     ctx = Context("serial")
     shared = []
     store = ctx.store_constants_gathered
@@ -148,4 +154,5 @@ def test_residual_frees_intermediates_before_its_second_group(monkeypatch):
     result = CCSD(conv=1e-10).kernel(ints, ctx)
     assert checked and all(all(freed.values()) for freed in checked), checked
     assert shared == [True, True]
+    assert "ovvv" not in gathered and "ovvv+" in gathered
     assert abs(result.e_corr - mycc.e_corr) < 1e-7

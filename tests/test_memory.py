@@ -82,10 +82,10 @@ def test_refused_before_the_scf(monkeypatch, capsys):
     # process raise; a fresh CLI process starts near 150 MiB, as here
     monkeypatch.setattr(memory_module, "resident_peak", lambda: 150 << 20)
     code = main(["run", str(REPO / "examples" / "water_trimer.xyz"), "--basis", "cc-pvdz", "--method", "ccsd",
-                 "--max-memory", "400M"])
+                 "--max-memory", "300M"])
     out, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
-    assert "more than --max-memory 400 MiB" in err and "would fit: mpiexec -n" in err
+    assert "more than --max-memory 300 MiB" in err and "would fit: mpiexec -n" in err
     # more ranks on one node share its memory: the hint says how many fit per node
     assert "per rank" in err and ("on this node" in err or "per node" in err)
     assert "Memory per rank (estimate" in out and "RHF" not in out
@@ -98,7 +98,7 @@ def test_more_ranks_hint_counts_a_node(monkeypatch, capsys):
     monkeypatch.setattr(memory, "available_memory", lambda: 500 * 2**20)
     monkeypatch.setattr(memory, "resident_peak", lambda: 100 * 2**20)      # a fixed baseline
     code = main(["run", str(REPO / "examples" / "water_trimer.xyz"), "--basis", "cc-pvdz", "--method", "ccsd",
-                 "--max-memory", "400M", "-q"])
+                 "--max-memory", "300M", "-q"])
     err = capsys.readouterr().err
     import re                  # how many ranks depends on the measured baseline of this process
     assert code == 2 and re.search(r"would fit: mpiexec -n (\d+) on \1 nodes, at most 1 per node", err), err

@@ -65,7 +65,7 @@ import time
 import numpy as np
 
 from tessera.backends.balance import BALANCE, binding, class_balance, forced_tile_warning, run_tiles
-from tessera.backends.context import CACHE_BYTES, gather_twins, thread_limit
+from tessera.backends.context import BLOCK_READ_COLUMNS, CACHE_BYTES, gather_twins, thread_limit
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
@@ -142,8 +142,11 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
                 s["other_bytes"] += 8 * step.out.tensor.dense_elements
                 continue
             s["contract_steps"] += 1
+            # a constant left operand of few columns is read from its blocks, not gathered
+            # (``Context._gathered``)
+            from_blocks = all(sec.cols.total <= BLOCK_READ_COLUMNS for sec in step.sectors)
             for ref, side in zip(step.inputs, "ab"):
-                if ref.tensor.constant:
+                if ref.tensor.constant and not (side == "a" and from_blocks):
                     dims = [(sec.rows.total, sec.inner.total) if side == "a" else (sec.inner.total, sec.cols.total)
                             for sec in step.sectors]
                     rows = step.sectors[0].rows if side == "a" else step.sectors[0].inner

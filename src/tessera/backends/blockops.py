@@ -70,22 +70,24 @@ def blocks_into_gathered(t, perm, sectors: tuple, mats: dict) -> None:
                 blocks[key] = mats[g][rsl, csl].reshape(bshape).transpose(back)
 
 
-class InPlaceMatrix:
-    """A sector's left GEMM operand read from its tensor's blocks in place: each block,
-    transposed by the gather's permutation and reshaped to (rows, inner), is a view
-    (the summed axes are a leading or trailing run of the stored block: BLAS reads it
-    with a transpose flag), so nothing is copied or kept. ``entries``: (first row, end
-    row, first inner, end inner, view) of its blocks; ``self[r0:r1]`` its rows r0:r1;
-    ``self @ B`` the product, a GEMM per block summed over the inner tuples."""
+class BlockMatrix:
+    """A sector's left GEMM operand read from its tensor's blocks, never gathered into a
+    matrix of its own: each block, transposed by the gather's permutation and reshaped
+    to (rows, inner), is a view where the summed axes are a leading or trailing run of
+    the stored block (BLAS reads it with a transpose flag), else a ``CopiedBlock``
+    copied when a product reads it (a transient of one block), so nothing is kept beside
+    the blocks. ``entries``: (first row, end row, first inner, end inner, view) of its
+    blocks; ``self[r0:r1]`` its rows r0:r1; ``self @ B`` the product, a GEMM per block
+    summed over the inner tuples."""
 
     nbytes = 0          # views only: nothing of its own
 
     def __init__(self, shape: tuple, entries: list):
         self.shape, self.entries = shape, entries
 
-    def __getitem__(self, rows: slice) -> "InPlaceMatrix":
+    def __getitem__(self, rows: slice) -> "BlockMatrix":
         r0, r1, _ = rows.indices(self.shape[0])
-        return InPlaceMatrix((r1 - r0, self.shape[1]), [
+        return BlockMatrix((r1 - r0, self.shape[1]), [
             (max(a, r0) - r0, min(b, r1) - r0, i0, i1, v[max(a, r0) - a:min(b, r1) - a])
             for a, b, i0, i1, v in self.entries if a < r1 and b > r0])
 
@@ -97,10 +99,11 @@ class InPlaceMatrix:
         (``add_product``)."""
         written = np.zeros(self.shape[0], bool)
         for a, b, i0, i1, view in self.entries:
+            amat = view.matrix() if isinstance(view, CopiedBlock) else view
             if written[a]:
-                add_product(out[a:b], view, bmat[i0:i1])
+                add_product(out[a:b], amat, bmat[i0:i1])
             else:
-                np.matmul(view, bmat[i0:i1], out=out[a:b])
+                np.matmul(amat, bmat[i0:i1], out=out[a:b])
                 written[a:b] = True
         out[~written] = 0.0
         return out
@@ -122,10 +125,28 @@ def add_product(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     dgemm(1.0, x, y, beta=1.0, c=out.T, trans_a=trans_x, trans_b=trans_y, overwrite_c=1)
 
 
-def in_place_matrices(ref, perm, layouts: dict) -> dict | None:
-    """``{g: InPlaceMatrix}`` of ``ref``'s sector matrices (``gather_tasks``' layouts) when
-    every stored block of every sector transposes and reshapes to its place without a
-    copy; else None."""
+class CopiedBlock:
+    """Rows ``lo:hi`` of a block's (rows, inner) matrix where its transpose does not
+    reshape without a copy: ``matrix()`` copies the block when a product reads it."""
+
+    __slots__ = ("block", "perm", "shape", "lo", "hi")
+
+    def __init__(self, block: np.ndarray, perm: tuple, shape: tuple, lo: int = 0, hi: int | None = None):
+        self.block, self.perm, self.shape = block, perm, shape
+        self.lo, self.hi = lo, shape[0] if hi is None else hi
+
+    def __getitem__(self, rows: slice) -> "CopiedBlock":
+        r0, r1, _ = rows.indices(self.hi - self.lo)
+        return CopiedBlock(self.block, self.perm, self.shape, self.lo + r0, self.lo + r1)
+
+    def matrix(self) -> np.ndarray:
+        return self.block.transpose(self.perm).reshape(self.shape)[self.lo:self.hi]
+
+
+def block_matrices(ref, perm, layouts: dict) -> dict:
+    """``{g: BlockMatrix}`` of ``ref``'s sector matrices (``gather_tasks``' layouts): each
+    stored block a view where its transpose reshapes to its place without a copy, else
+    a ``CopiedBlock``."""
     blocks = ref.tensor.blocks
     out = {}
     for g, (rows, cols) in layouts.items():
@@ -134,11 +155,12 @@ def in_place_matrices(ref, perm, layouts: dict) -> dict | None:
             blk = blocks.get(key)
             if blk is None:
                 continue
-            view = blk.transpose(perm).reshape(rsl.stop - rsl.start, csl.stop - csl.start)
+            shape = (rsl.stop - rsl.start, csl.stop - csl.start)
+            view = blk.transpose(perm).reshape(shape)
             if not np.may_share_memory(view, blk):
-                return None
+                view = CopiedBlock(blk, perm, shape)
             entries.append((rsl.start, rsl.stop, csl.start, csl.stop, view))
-        out[g] = InPlaceMatrix((rows.total, cols.total), entries)
+        out[g] = BlockMatrix((rows.total, cols.total), entries)
     return out
 
 
@@ -211,7 +233,7 @@ def _gemm_tasks(sec, amats: dict, bmats: dict, cmat: np.ndarray, workers: int, s
 
 def _gemm_one(amat, bmat, cmat, scale: float) -> None:
     amat, bmat, scale = _scaled(amat, bmat, scale)
-    if isinstance(amat, InPlaceMatrix):
+    if isinstance(amat, BlockMatrix):
         amat.matmul_into(bmat, cmat)
     else:
         np.matmul(amat, bmat, out=cmat)
@@ -228,7 +250,7 @@ def _scaled(amat, bmat, scale: float) -> tuple:
     if scale == 1.0:
         return amat, bmat, scale
     (m, k), n = amat.shape, bmat.shape[1]
-    a = m * k if not isinstance(amat, InPlaceMatrix) else m * n + 1     # read in place: never copied
+    a = m * k if not isinstance(amat, BlockMatrix) else m * n + 1     # read from its blocks: never scaled
     if k * n < min(a, m * n):
         return amat, bmat * scale, 1.0
     if a < m * n:
@@ -319,7 +341,7 @@ def gemm_scatter_tasks(step, amats: dict, bmats: dict, workers: int = 1) -> tupl
         if sec.inner.total == 1:        # an outer product (t1 x t1): each block made where it is added
             entries = scatter_map(sec.rows, sec.cols, cperm, aliases, 0, len(sec.rows.tuples))
             amat = amats[sec.irrep]
-            if isinstance(amat, InPlaceMatrix):       # its one column
+            if isinstance(amat, BlockMatrix):       # its one column
                 amat = amat @ np.ones((1, 1))
             amat, bmat = amat[:, 0] * step.scale, bmats[sec.irrep][0]
             first += [partial(_outer_one, step.out.tensor, transpose, amat, bmat, entries[i::workers])

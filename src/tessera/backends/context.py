@@ -38,12 +38,12 @@ from tessera.profile.records import Recorder
 from tessera.tensor.block_tensor import reset_storage, symmetry_group, use_storage
 
 CACHE_BYTES = 2 << 30      # gathered matrices of constant tensors a context keeps, at most
-# a constant's left operand is read in place (``_gathered``) in a product of at most this
-# many columns: a GEMM bound by reading A once (t1 and one-body products: o columns or one),
-# where the blocks' smaller GEMMs cost what one GEMM on a gathered copy does; wider ones
-# run near BLAS peak, where per-block GEMMs and their sums were slower (the ladder's V+-
-# of glycine cc-pVDZ: 0.061 -> 0.065 s of CPU per GEMM)
-IN_PLACE_COLUMNS = 64
+# a constant's left operand is read from its blocks (``_gathered``) in a product of at most
+# this many columns: a GEMM bound by reading A once (t1 and one-body products: o columns or
+# one), where the blocks' smaller GEMMs cost what one GEMM on a gathered copy does; wider
+# ones run near BLAS peak, where per-block GEMMs and their sums were slower (the ladder's
+# V+- of glycine cc-pVDZ: 0.061 -> 0.065 s of CPU per GEMM)
+BLOCK_READ_COLUMNS = 64
 
 _current: contextvars.ContextVar = contextvars.ContextVar("tessera_context", default=None)
 _default = None
@@ -82,7 +82,7 @@ class Context:
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict = OrderedDict()     # (uid, version, layout ids) -> matrices
         self._permuted_flats: dict = {}     # constants' flat vectors in another order (_permuted)
-        self._in_place: dict = {}   # constants' left operands read from their blocks (_gathered)
+        self._block_read: dict = {}   # constants' left operands read from their blocks (_gathered)
         self._constants = weakref.WeakValueDictionary()    # uid -> constant with a gathered matrix kept
         # regions run here: time, flops (a run's contexts may share one recorder)
         self.profile = recorder if recorder is not None else Recorder()
@@ -112,7 +112,7 @@ class Context:
         self.executor.close()
         self._cache.clear()
         self._permuted_flats.clear()
-        self._in_place.clear()
+        self._block_read.clear()
         give_back_freed_memory()
 
     def _blas_limit(self):
@@ -126,21 +126,21 @@ class Context:
         (``heap.give_back_freed_memory``)."""
         self._cache.clear()
         self._permuted_flats.clear()
-        self._in_place.clear()
+        self._block_read.clear()
         give_back_freed_memory()
 
     def store_constants_gathered(self) -> None:
         """Each constant that the plans run so far gathered in one layout only, and never read
-        in place, keeps its blocks as views of those kept matrices: its own block arrays
+        from its blocks (``_gathered``), keeps its blocks as views of those kept matrices: its own block arrays
         are freed, not held beside a copy of the same numbers (``blockops.blocks_into_gathered``).
         A driver calls it once its plans have all run (after a CCSD's first residual)."""
         entries: dict = {}
         for key, mats in self._cache.items():
             entries.setdefault(key[1], []).append((key, mats))
-        in_place = {key[0] for key, (_, mats) in self._in_place.items() if mats is not None}
+        read_from_blocks = {key[0] for key in self._block_read}
         for uid, kept in entries.items():
             t = self._constants.get(uid)
-            if t is None or len(kept) != 1 or uid in in_place or not _plain_blocks(t):
+            if t is None or len(kept) != 1 or uid in read_from_blocks or not _plain_blocks(t):
                 continue
             (version, _, perm, sectors), mats = kept[0]
             if version == t.version:
@@ -259,7 +259,7 @@ class Context:
             run(blockops.hadamard_tasks(step))
         elif step.kind == "contract":
             (a, aperm, alayouts), b = _operands(step)
-            left = all(s.cols.total <= IN_PLACE_COLUMNS for s in step.sectors)
+            left = all(s.cols.total <= BLOCK_READ_COLUMNS for s in step.sectors)
             amats, bmats = self._gathered(a, aperm, alayouts, left), self._gathered(*b)
             if small_blocks(step.out.tensor):       # products end to end, then one add into the output
                 index, total = scatter_index(step.out.tensor, step.perms["c"], step.sectors)
@@ -296,23 +296,23 @@ class Context:
 
     def _gathered(self, ref, perm, layouts, left: bool = False) -> dict:
         """The sector matrices of an operand. A constant's ``left`` operand (A of A @ B,
-        in a product of few columns: ``IN_PLACE_COLUMNS``) whose blocks all reshape to
-        their places without a copy is read from its blocks in place
-        (``blockops.InPlaceMatrix``): no gathered copy made or kept (CCSD's ovvv and ovov
-        in the t1 and one-body products)."""
+        in a product of few columns: ``BLOCK_READ_COLUMNS``) is read from its blocks
+        (``blockops.BlockMatrix``): in place where a block reshapes to its place without a
+        copy, else each block copied as the product reads it; no gathered copy made or
+        kept (CCSD's ovvv, ovov, oovv and ovoo in the t1 and one-body products: glycine
+        cc-pVDZ kept two gathered copies of ovvv beside its blocks, 128 MiB)."""
         t = ref.tensor
         if not t.constant:
             return self._batch_gathered(ref, perm, layouts)
         key = (t.version,) + _gather_key(t, perm, layouts)
         if left:        # by layout, with the version: a stale entry holds no old blocks
-            version, mats = self._in_place.get(key[1:], (None, None))
+            version, mats = self._block_read.get(key[1:], (None, None))
             if version != t.version:
-                mats = blockops.in_place_matrices(ref, perm, layouts)
+                mats = blockops.block_matrices(ref, perm, layouts)
                 if version is None:     # the views keep the blocks alive: not beyond the tensor
-                    weakref.finalize(t, self._in_place.pop, key[1:], None)
-                self._in_place[key[1:]] = (t.version, mats)
-            if mats is not None:
-                return mats
+                    weakref.finalize(t, self._block_read.pop, key[1:], None)
+                self._block_read[key[1:]] = (t.version, mats)
+            return mats
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)

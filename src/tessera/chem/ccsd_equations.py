@@ -109,14 +109,13 @@ def residual(ints, t1, t2, tau=None, fixed=None):
     W2, Y = new(I, "voov", "W2"), new(I, "ovov", "Y")
     r1, r2, Z = new(I, "ov", "R1"), new(I, "oovv", "R2"), new(I, "oovv", "Z", symmetry=())
 
+    # in groups, each intermediate freed after the last group that reads it, so that
+    # fewer are held at once (glycine cc-pVDZ: ov x ov arrays of 17 MiB each)
     with ts.equations():
-        # combined amplitudes (o2v2 each), made from u where they hold it: PySCF's
-        # 2 tau~ - tau~[ijba] (tau~ = t2 + t1 t1 / 2) and 2 t2[jkbc] - t2[kjbc] - 2 t1 t1
-        # (t2[kjbc] = t2[jkcb]), each one pass over the amplitudes fewer
+        # combined amplitudes (o2v2 each), th made from u: PySCF's 2 tau~ - tau~[ijba]
+        # (tau~ = t2 + t1 t1 / 2), one pass over the amplitudes fewer
         u["ijab"] = 2.0 * t2["ijab"] - t2["ijba"]
         th["ijab"] = u["ijab"] + t1["ia"] * t1["jb"] - 0.5 * t1["ib"] * t1["ja"]
-        taup["jkca"] = 0.5 * t2["jkca"] + t1["jc"] * t1["ka"]
-        taupp["kcjb"] = u["jkbc"] - 2.0 * t1["kb"] * t1["jc"]
 
         # one-body intermediates (PySCF fov, fvv, foo; ft_ab, ft_ij)
         Fov["kc"] += 2.0 * I.ovov["kcld"] * t1["ld"] - I.ovov["kdlc"] * t1["ld"]          # o2v2
@@ -126,34 +125,42 @@ def residual(ints, t1, t2, tau=None, fixed=None):
                       + I.ovov["iakb"] * th["jkab"])                                      # o3v2
         ftv["ab"] += fvv["ab"] - 0.5 * t1["ia"] * Fov["ib"]
         fto["ij"] += foo["ij"] + 0.5 * t1["ja"] * Fov["ia"]
+    del th
 
-        # two-body intermediates
-        Woooo["ijkl"] += (I.oooo["ikjl"] + I.ovoo["kalj"] * t1["ia"] + I.ovoo["laki"] * t1["ja"]  # o4v
-                          + I.ovov["kalb"] * tau["ijab"])                                 # o4v2 / 2
+    # two-body intermediates
+    with ts.equations():
+        taup["jkca"] = 0.5 * t2["jkca"] + t1["jc"] * t1["ka"]                            # o2v2
         X0["bija"] += -I.ovvv["icba"] * t1["jc"] + I.ovoo["kbij"] * t1["ka"] - I.oovv["ijba"]  # o2v3
         X["bija"] += X0["bija"] + I.ovov["kbic"] * taup["jkca"]                          # o3v3
+    del taup
+    with ts.equations():
+        taupp["kcjb"] = u["jkbc"] - 2.0 * t1["kb"] * t1["jc"]    # 2 t2[jkbc] - t2[kjbc] - 2 t1 t1
         Wt1_ovov["iajb"] += I.ovvv["iabc"] * t1["jc"] - I.ovoo["iajk"] * t1["kb"]        # o2v3
-        Wt1_ovoo["iajk"] += I.oovv["kjac"] * t1["ic"] + I.ovov["iakc"] * t1["jc"]        # o3v2
         W2["aijb"] += (Wt1_ovov["iajb"] + 0.5 * X0["aijb"] + I.ovov["iajb"]
                        + 0.5 * VO["aikc"] * taupp["kcjb"])                                # o3v3
+    del taupp, X0
+    with ts.equations():
+        Wt1_ovoo["iajk"] += I.oovv["kjac"] * t1["ic"] + I.ovov["iakc"] * t1["jc"]        # o3v2
         Y["jaib"] += t2["jkca"] * X["ckib"]                                               # o3v3
-    # read by the updates above only: freed before the residuals' updates (three of them
-    # ov x ov, 18 MB each on glycine cc-pVDZ), not held to the end of the iteration
-    del th, taup, taupp, X0, X
+    del X
 
     with ts.equations():
         r1["ia"] += (-I.oovv["jiab"] * t1["jb"] + 2.0 * I.ovov["iajb"] * t1["jb"]
                      + I.ovvv["jcba"] * u["ijbc"]                                         # o2v3
                      + Fov["jb"] * u["ijab"] - I.ovoo["jbki"] * u["kjab"]                 # o3v2
                      + fvv["ab"] * t1["ib"] - foo["ji"] * t1["ja"])
-
-        # symmetric in (ia)<->(jb): straight to R2, computed on the pairs i <= j (planner)
-        ladder(I, r2, tau, t1)                                                            # o2v4 / 4 + o3v3
-        r2["ijab"] += Woooo["ijkl"] * tau["klab"]                                         # o4v2 / 2
         Z["ijab"] += (Wt1_ovov["iajb"] + 0.5 * I.ovov["iajb"]
                       - Wt1_ovoo["iajk"] * t1["kb"]                                       # o3v2
                       + Y["jaib"] + 0.5 * Y["iajb"]
                       + u["kica"] * W2["ckjb"]                                            # o3v3
                       + t2["ijac"] * ftv["bc"] - fto["ki"] * t2["kjab"])                  # o2v3, o3v2
         r2["ijab"] += Z["ijab"] + Z["jiba"]
+    del u, Wt1_ovov, Wt1_ovoo, W2, Y, Z
+
+    with ts.equations():
+        # symmetric in (ia)<->(jb): straight to R2, computed on the pairs i <= j (planner)
+        Woooo["ijkl"] += (I.oooo["ikjl"] + I.ovoo["kalj"] * t1["ia"] + I.ovoo["laki"] * t1["ja"]  # o4v
+                          + I.ovov["kalb"] * tau["ijab"])                                 # o4v2 / 2
+        ladder(I, r2, tau, t1)                                                            # o2v4 / 4 + o3v3
+        r2["ijab"] += Woooo["ijkl"] * tau["klab"]                                         # o4v2 / 2
     return r1, r2
