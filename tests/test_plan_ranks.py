@@ -676,3 +676,29 @@ def test_few_ranks_keep_their_tiles_where_they_have_the_tasks():
     tile, occ_tile, _, binds = run_tiles(structure, 2, 8 * 2**30)
     assert (tile, occ_tile, binds) == (48, 48, None)
     assert run_tiles(structure, 4, 8 * 2**30)[:2] == (48, 32) and _fewest_tasks(structure, 48, 32, 4) == 8.0
+
+
+def test_collective_is_planned_and_run_at_its_grid_tiles():
+    """mpi-collective's tiles are judged by its grid (``run_tiles(grid=True)``) wherever it
+    is shown or chosen: (H2O)8 cc-pVDZ on 256 ranks of one node, where the task rule gives
+    16/12 and the grid rule 24/12. ``plan --ranks`` shows the one-sided rows at 16/12 and
+    the mpi-collective rows at 24/12; ``auto.decide`` choosing mpi-collective runs at
+    24/12 (it ran at the task rule's 16/12 before), and weighs for mpi-collective exactly
+    the candidates ``--backend mpi-collective`` weighs."""
+    from tessera.backends.auto import decide
+    from tessera.backends.balance import run_tiles
+    from tessera.cli.plan_ranks import simulate
+    n, nranks = 8, 256
+    structure = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, 0, distributed=True)
+    sim = simulate(np.zeros(24 * n, dtype=int), 5 * n, 0, "ccsd", nranks, nranks, 8 * 2**30 * nranks,
+                   Machine.calibrated())
+    budget = sim["memory_budget_per_rank"]
+    task_rule, grid_rule = (run_tiles(structure, nranks, budget, grid=g)[:2] for g in (False, True))
+    assert (task_rule, grid_rule) == ((16, 12), (24, 12))
+    rows = {(e["backend"], e["variant"]): (e["tile"], e["occ_tile"]) for e in sim["executors"]}
+    assert all(rows[k] == (grid_rule if k[0] == "mpi-collective" else task_rule) for k in rows), rows
+    assert (sim["tile"], sim["occ_tile"]) == task_rule and sim["collective_granularity"]["idle_lines"] == 0
+    auto = decide(structure, nranks, rate=10e9, budget=budget, ranks_per_node=nranks)
+    assert auto["backend"] == "mpi-collective" and (auto["tile"], auto["occ_tile"]) == rows[("mpi-collective", auto["variant"])]
+    only = decide(structure, nranks, backend="mpi-collective", rate=10e9, budget=budget, ranks_per_node=nranks)
+    assert [c for c in auto["candidates"] if c["backend"] == "mpi-collective"] == only["candidates"]

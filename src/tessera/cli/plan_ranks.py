@@ -34,7 +34,10 @@ Without ``--tile`` the tiles are the candidate a run's cost model always conside
 with tiles and occupied tiles no thinner than ``MIN_OCC_TILE``, at which every stored
 class is spread with max/mean <= 1.5 and every dominant step has at least
 ``TASKS_PER_RANK`` block tasks per rank (else the finest such tiles; the ``Granularity:``
-line says which); where no such tiles balance every class, only the classes that matter for the
+line says which); the mpi-collective rows (each executor row carries its ``tile`` and
+``occ_tile``) are at that executor's own candidate, by its grid rule (``grid=True``: no
+dominant step leaves a grid line idle; ``collective_granularity``), as ``auto.decide``
+considers mpi-collective; where no such tiles balance every class, only the classes that matter for the
 memory budget (more than 1/32 of it on one rank) are balanced, said in a warning line.
 With a --tile that leaves a class above 1.5, one warning line names it. Distributed (T) takes its occupied
 task tile (and, by virtual tile, its windows) from the bytes one task may hold
@@ -83,8 +86,10 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     structure = CCSDStructure(orbsym, nocc, nfrozen, distributed=True)
     warning, given, binds = None, tile is not None, None
+    grid_tiles = None                  # mpi-collective's, by its grid rule (run_tiles grid=True)
     if not given:
         tile, occ_tile, worst, binds = run_tiles(structure, nranks, budget)
+        grid_tiles = tuple(run_tiles(structure, nranks, budget, grid=True)[:2])
         if binds is not None and nranks > 1:
             warning = (f"no tiles of {MIN_OCC_TILE} or more spread every class with max/mean <= {BALANCE} over "
                        f"{nranks} ranks (too few blocks); these balance only the classes that hold more than "
@@ -93,6 +98,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     else:
         warning = forced_tile_warning(structure.stored, tile, occ_tile, nranks)
     occ_tile = occ_tile or tile
+    grid_tiles = grid_tiles or (tile, occ_tile)
     run = structure(tile, occ_tile)
     # on several nodes a run has one ghost per node (progress auto): the executors' work,
     # bytes and time are those of the workers
@@ -100,6 +106,9 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     ghosts = 1 if nranks > rpn > 1 else 0
     workers = nranks - ghosts * -(-nranks // rpn)
     stats = structure_stats(lambda *_: run, tile, occ_tile, workers)
+    counts = {"mpi-onesided": ((tile, occ_tile), stats),
+              "mpi-collective": (grid_tiles, stats if grid_tiles == (tile, occ_tile) else
+                                 structure_stats(lambda *_: structure(*grid_tiles), *grid_tiles, workers))}
     memory = class_balance(structure.stored(tile, occ_tile), nranks)
     granular = {**granularity(run.plans, workers), "rule": "given" if given else "memory" if binds is not None and nranks > 1 else "tasks",
                 "every_class": all(m["max_over_mean"] <= BALANCE for m in memory.values())}
@@ -114,10 +123,11 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     costs = machine.on(workers, rpn - ghosts)
     executors = []
     for backend, variants in (("mpi-onesided", ONESIDED_VARIANTS), ("mpi-collective", COLLECTIVE_VARIANTS)):
+        (t, ot), s = counts[backend]
         for variant in variants:
-            e = estimate(stats, workers, backend, variant, machine.gemm_flops_per_second, costs)
-            parts = memory_parts(stats, workers, backend, variant)
-            executors.append({"backend": backend, "variant": variant,
+            e = estimate(s, workers, backend, variant, machine.gemm_flops_per_second, costs)
+            parts = memory_parts(s, workers, backend, variant)
+            executors.append({"backend": backend, "variant": variant, "tile": t, "occ_tile": ot,
                               "bytes_per_rank": int(e["bytes_per_rank"]), "gets": e["gets"], "accs": e["accs"],
                               "collectives": e["collectives"], "seconds_per_iteration": e["seconds"],
                               "compute_seconds": e["compute"], "memory_per_rank": int(sum(parts.values())),
@@ -127,7 +137,9 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     return {"ranks": nranks, "ranks_per_node": ranks_per_node, "nodes": -(-nranks // rpn), "workers": workers,
             "ghosts_per_node": ghosts,
             "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile, "tile_warning": warning,
-            "tile_given": given, "granularity": granular, "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
+            "tile_given": given, "granularity": granular,
+            "collective_granularity": granularity(structure(*grid_tiles).plans, workers, grid=True),
+            "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
             "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
             "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, workers),
             "executors": executors,
@@ -139,6 +151,15 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
 
 def _size(n: float) -> str:
     return f"{n / 2**30:8.2f} GiB" if n >= 2**30 else f"{n / 2**20:8.1f} MiB"
+
+
+def _collective_line(sim: dict) -> str:
+    """What mpi-collective's grid rule makes of its tiles (the tiles of its rows below)."""
+    e = next(e for e in sim["executors"] if e["backend"] == "mpi-collective")
+    g = sim["collective_granularity"]
+    tiles = f"{e['tile']}" if e["occ_tile"] == e["tile"] else f"{e['tile']}/{e['occ_tile']}"
+    return (f"mpi-collective (its rows below) at tiles {tiles}, judged by its grid: {g['idle_lines']} idle grid "
+            f"line(s) in the dominant steps, busiest rank {g['busiest_over_mean']:.2f}x the mean flops")
 
 
 def render(sim: dict) -> str:
@@ -155,6 +176,7 @@ def render(sim: dict) -> str:
                                                               "tasks": f"the finest tiles a run cuts, tiles of {MIN_OCC_TILE} or more",
                                                               "memory": "tiles chosen to balance memory"}[g["rule"]] + ")")
              + ("" if g["every_class"] else "; not every class within max/mean 1.5"),
+             _collective_line(sim),
              "Memory per rank by tensor class (blocks placed as a run places them):",
              f"  {'class':8s} {'max':>12s} {'mean':>12s} {'max/mean':>9s}"]
     for name, m in sim["memory_per_rank"].items():
@@ -186,10 +208,12 @@ def render(sim: dict) -> str:
     lines.append(f"Per CCSD iteration and rank (calibrated: {m['gemm_flops_per_second'] / 1e9:.1f} GFLOP/s per "
                  f"rank, {m['task_seconds'] * 1e6:.0f} us per block product, measured {m['measured']}; network "
                  f"{m['network_bandwidth'] / 1e9:g} GB/s per node, {m['network_latency'] * 1e6:g} us):")
-    lines.append(f"  {'backend':15s} {'variant':9s} {'MiB moved':>10s} {'memory':>12s} {'est. s':>9s} {'compute s':>9s}")
+    lines.append(f"  {'backend':15s} {'variant':9s} {'tile':>5s} {'MiB moved':>10s} {'memory':>12s} {'est. s':>9s} "
+                 f"{'compute s':>9s}")
     for e in sim["executors"]:
         fits = "" if e["fits_memory"] else " !"
-        lines.append(f"  {e['backend']:15s} {e['variant']:9s} {e['bytes_per_rank'] / 2**20:10.1f} "
+        tiles = f"{e['tile']}" if e["occ_tile"] == e["tile"] else f"{e['tile']}/{e['occ_tile']}"
+        lines.append(f"  {e['backend']:15s} {e['variant']:9s} {tiles:>5s} {e['bytes_per_rank'] / 2**20:10.1f} "
                      f"{_size(e['memory_per_rank']):>12s} {e['seconds_per_iteration']:9.3f} "
                      f"{e['compute_seconds']:9.3f}{fits}")
     if any(not e["fits_memory"] for e in sim["executors"]):
