@@ -44,9 +44,10 @@ lies whole on one rank: every class where occupied tiles no thinner than
 busiest rank holds more than 1/32 of the budget, ``balance.binding``); the tiles of
 ``backends.balance.run_tiles`` (the largest at which every binding class is balanced
 and, where every class is, the dominant steps have 2 block tasks per rank; for
-mpi-collective, whichever --backend, no idle grid line: ``grid=True``) are always a
-candidate of that executor, so mpi-collective weighs under ``auto`` the candidates it
-weighs alone and runs at the tiles ``tessera plan --ranks`` shows for it. A forced --tile is evaluated alone (no tile search) and gets one
+mpi-collective, whichever --backend, no idle grid line (or layer) on its grid of c
+layers: ``layers``, 1 for summa) are always a candidate of that executor and variant,
+so mpi-collective weighs under ``auto`` the candidates it weighs alone and runs at the
+tiles ``tessera plan --ranks`` shows for it. A forced --tile is evaluated alone (no tile search) and gets one
 warning line when it leaves any stored class above 1.5 (as ``tessera plan --ranks``). The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
 shared-memory figures measured on the development machine (docs/distributed.md);
@@ -66,7 +67,8 @@ import time
 
 import numpy as np
 
-from tessera.backends.balance import BALANCE, binding, class_balance, forced_tile_warning, run_tiles
+from tessera.backends.balance import (BALANCE, binding, class_balance, collective_layers, forced_tile_warning,
+                                     run_tiles)
 from tessera.backends.context import CACHE_BYTES, gather_twins, thread_limit
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
@@ -236,7 +238,7 @@ def _pieces(cache: dict, t, nranks: int) -> int:
 
 def grid_of(nranks: int, variant: str) -> tuple:
     """(pr, pc, layers) of ``mpi-collective`` with this variant on P ranks."""
-    return grid_3d(nranks, default_layers(nranks) if variant == "2.5d" else 1)
+    return grid_3d(nranks, collective_layers(variant, nranks))
 
 
 def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
@@ -410,26 +412,30 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
     half_occ = max(1, -(-structure.nocc // 2))
     # the classes whose balance binds (``backends.balance.run_tiles``: every class where
     # occupied tiles of MIN_OCC_TILE or more balance them all, else those that matter for
-    # memory); the tiles of each executor's rule (mpi-collective's judged by its grid) are
-    # always a candidate of that executor, and with every class binding each tile is tried
+    # memory); the tiles of each rule (mpi-collective's judged by its grid) are always a
+    # candidate of the executors and variants it judges, and with every class binding each tile is tried
     # with that occupied tile too; a forced --tile that leaves any stored class above
     # BALANCE gets a warning (forced tiles are evaluated alone: no tile search; every class
     # judged, as ``tessera plan --ranks`` judges a forced --tile)
-    executors = list(dict.fromkeys(b for b, _ in combos))
+    # the combos by their rule: the one-sided ones by tasks per rank (None), mpi-collective's
+    # by its grid of c layers (summa 1, 2.5d c)
+    groups: dict = {}
+    for b, var in combos:
+        groups.setdefault(None if b == "mpi-onesided" else collective_layers(var, nranks), []).append((b, var))
     rules, binds = {}, budget
     if nranks > 1 and tile:
         binds = None
         if note := forced_tile_warning(structure.stored, tile, None, nranks):
             log.warning(note)
     elif nranks > 1:
-        for b in executors:
-            *rule, worst, binds = run_tiles(structure, nranks, budget, grid=b == "mpi-collective")
+        for layers in groups:
+            *rule, worst, binds = run_tiles(structure, nranks, budget, layers)
             if worst <= BALANCE:
-                rules[b] = tuple(rule)
+                rules[layers] = tuple(rule)
     counted: dict = {}            # tiling -> structure_stats (each tiling counted once)
     candidates = []
-    for b in executors:
-        rule = rules.get(b)
+    for layers, members in groups.items():
+        rule = rules.get(layers)
         occs = [half_occ] + ([rule[1]] if rule and binds is None else [])
         pairs = [(t, t) for t in tiles] if tile or nranks == 1 else \
             [p for t in tiles for p in dict.fromkeys([(t, t)] + [(t, min(t, o)) for o in occs])]
@@ -443,7 +449,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
             if key not in counted:
                 counted[key] = structure_stats(structure, t, ot, nranks, binds)
             s = counted[key]
-            for var in [var for b_, var in combos if b_ == b]:
+            for b, var in members:
                 e = estimate(s, nranks, b, var, rate, costs)
                 candidates.append({"backend": b, "variant": var, "tile": t, "occ_tile": ot,
                                    "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
