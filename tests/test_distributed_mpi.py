@@ -210,3 +210,40 @@ def test_cli_auto_plan_only_and_bad_options():
                                         "mpi-onesided", "--variant", "sideways"], timeout=TIMEOUT)
     assert bad.returncode == 2
     assert bad.stderr.count("error: ") == 1 and "sideways" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_auto_weighs_collective_at_the_tiles_plan_shows(tmp_path):
+    """A 2-rank ``tessera run --backend auto`` (H2O2 6-31G, C1: the task rule gives 48/48,
+    summa's grid rule 12/12, 2.5d's its own on 2 layers): the run's JSON tiles are its decision's, its
+    mpi-collective candidates are exactly those ``--backend mpi-collective`` weighs
+    (``auto.decide`` here with the run's rate and budget), among them each mpi-collective
+    row of ``tessera plan --ranks 2``, and the plan's one-sided rows are at the task rule's tiles."""
+    from tessera.backends.auto import decide
+    from tessera.backends.balance import run_tiles
+    from tessera.chem.ccsd import CCSDStructure
+    from tessera.cli.main import main
+    out, plan = tmp_path / "r.json", tmp_path / "p.json"
+    run = run_mpi_raw(TESSERA, 2, args=["run", "examples/h2o2_distorted.xyz", "--basis", "6-31g", "--method", "ccsd",
+                                        "--json", str(out)], timeout=TIMEOUT)
+    assert run.returncode == 0, run.describe()
+    data = json.loads(out.read_text())
+    d = data["auto"]
+    assert (data["backend"], data["tile"], data["occ_tile"]) == (d["backend"], d["tile"], d["occ_tile"])
+    structure = CCSDStructure([0] * data["nao"], data["nocc"], 0, distributed=True)
+    assert (run_tiles(structure, 2, d["memory_budget_per_rank"])[:2],
+            run_tiles(structure, 2, d["memory_budget_per_rank"], 1)[:2]) == ((48, 48), (12, 12))
+    only = decide(structure, 2, backend="mpi-collective", rate=d["gemm_rate"], budget=d["memory_budget_per_rank"],
+                  ranks_per_node=2)
+    weighed = [c for c in d["candidates"] if c["backend"] == "mpi-collective"]
+    assert weighed == only["candidates"]
+    assert main(["plan", "examples/h2o2_distorted.xyz", "--basis", "6-31g", "--ranks", "2", "--json", str(plan)]) == 0
+    rows = json.loads(plan.read_text())["executors"]
+    for e in rows:
+        if e["backend"] == "mpi-collective":
+            assert any((c["variant"], c["tile"], c["occ_tile"]) == (e["variant"], e["tile"], e["occ_tile"])
+                       for c in weighed), e
+        else:
+            assert (e["tile"], e["occ_tile"]) == (48, 48), e
+    layered = run_tiles(structure, 2, d["memory_budget_per_rank"], 2)[:2]         # 2.5d: 2 layers of 1 x 1
+    assert {(e["variant"], e["tile"], e["occ_tile"]) for e in rows if e["backend"] == "mpi-collective"} == {
+        ("summa", 12, 12), ("2.5d", *layered)}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tessera import BlockTensor, IndexSpace
-from tessera.backends import auto
+from tessera.backends import auto, balance
 from tessera.backends.collective import _decode, _encode
 from tessera.backends.summa_layout import choose_grid, grid_score, summa_layout
 from tessera.backends.context import PlanningContext
@@ -192,7 +192,7 @@ def test_cached_batches_of_the_dominant_steps_at_1024_ranks():
 
 @pytest.mark.parametrize("n, nranks, tiles", [(8, 256, (24, 12)), (16, 256, (48, 24))])
 def test_collective_tiles_keep_every_grid_line_busy(n, nranks, tiles):
-    """mpi-collective's tiles (``balance.run_tiles`` with ``grid=True``) are judged by
+    """mpi-collective's tiles (``balance.run_tiles`` with ``layers=1``, summa) are judged by
     its grid, not by tasks per rank: the largest balanced tiles at which every dominant
     step, on the grid the executor runs it on, has output work on every grid row and
     column (from ``summa_layout``, the executor's layout). (H2O)8 and (H2O)16 cc-pVDZ on
@@ -201,7 +201,7 @@ def test_collective_tiles_keep_every_grid_line_busy(n, nranks, tiles):
     from tessera.backends.balance import TASKS_PER_RANK, dominant_steps, run_tiles
     from tessera.plan.blocktasks import task_count
     structure = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True)
-    tile, occ_tile, worst, _ = run_tiles(structure, nranks, 8 * 2**30, grid=True)
+    tile, occ_tile, worst, _ = run_tiles(structure, nranks, 8 * 2**30, 1)
     assert (tile, occ_tile) == tiles and worst <= 1.5
     steps = dominant_steps(structure(tile, occ_tile).plans)
     assert min(task_count(s) for s in steps) < TASKS_PER_RANK * nranks
@@ -209,6 +209,45 @@ def test_collective_tiles_keep_every_grid_line_busy(n, nranks, tiles):
         sig = tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in s.sectors)
         pr, pc = choose_grid(sig, s.perms["a"], s.perms["b"], nranks, 1)
         assert busy_lines(s, pr, pc) == (pr, pc), (s, pr, pc)
+
+
+def layout_judgement(step, nranks, layers):
+    """(idle grid rows + columns + layers, busiest rank's flops over the mean) of ``step``
+    on the pr x pc x layers grid the executor runs it on, counted from ``summa_layout``'s
+    own assignment (output rectangles, panels per layer, layers with inner work)."""
+    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    pa, pb = step.perms["a"], step.perms["b"]
+    pr, pc = choose_grid(sig, pa, pb, nranks // layers, layers)
+    lay = summa_layout(sig, pa, pb, pr, pc, layers)
+    rows, cols = busy_lines(step, pr, pc, layers)
+    idle = (pr - rows) + (pc - cols)
+    if layers > 1:
+        idle += sum(not any(lay["active"][n][l_] for n in range(len(sig))) for l_ in range(layers))
+    flops = max(sum(2 * lay["row_total"][n][g] * lay["col_total"][n][h] * sum(lay["panel_inner"][n][l_])
+                    for n in range(len(sig)))
+                for l_ in range(layers) for g in range(pr) for h in range(pc))
+    return idle, flops * nranks / step.flops
+
+
+@pytest.mark.parametrize("occ_tiles, vir_tiles, nranks, layers", [(2, 3, 8, 2), (1, 2, 27, 3), (3, 5, 64, 4), (1, 1, 27, 3)])
+def test_grid_lines_judge_the_layered_grid_from_its_layout(occ_tiles, vir_tiles, nranks, layers):
+    """``balance.grid_lines`` with c layers (mpi-collective 2.5d) counts the idle grid rows,
+    columns and layers and the busiest rank of the layout the executor runs
+    (``summa_layout`` on ``choose_grid``'s per-layer grid): the ladder on small grids
+    (one inner tuple of 2 x 2 orbitals on 3 layers: cut into 2 parts, one layer idle, 5
+    idle lines and layers in all), and the dominant
+    steps of (H2O)8 cc-pVDZ on 256 ranks in 8 layers at 48/32, where summa's one-layer
+    grid idles 97 lines and the layered grid none."""
+    step = ladder_step(occ_tiles, vir_tiles)
+    assert balance.grid_lines([step], nranks, layers) == pytest.approx(layout_judgement(step, nranks, layers))
+    if (occ_tiles, vir_tiles) == (1, 1):
+        assert balance.grid_lines([step], nranks, layers)[0] == 5
+    if (occ_tiles, vir_tiles, nranks) == (2, 3, 8):
+        structure = CCSDStructure(np.zeros(192, dtype=int), 40, distributed=True)
+        steps = balance.dominant_steps(structure(48, 32).plans)
+        judged = [layout_judgement(s, 256, 8) for s in steps]
+        assert balance.grid_lines(steps, 256, 8) == pytest.approx((sum(i for i, _ in judged), max(b for _, b in judged)))
+        assert balance.grid_lines(steps, 256, 8)[0] == 0 and balance.grid_lines(steps, 256, 1)[0] == 97
 
 
 @pytest.mark.parametrize("case", ["4:64", "8:256"])

@@ -11,7 +11,9 @@ pieced output: sums, the denominator division, hadamard products, contractions) 
 numpy on the one-sided variants original, cached and owner and on mpi-collective summa
 and 2.5d; CCSD(T) of water STO-3G (mpi-onesided cached and original, mpi-collective summa
 and 2.5d) and 6-31G (the one-sided ones) with every integral class and T2 in pieces
-equal to PySCF's to 1e-7 Eh.
+equal to PySCF's to 1e-7 Eh; parts of pieced blocks cut on other axes than the first
+moved by mpi-collective's all-to-all: exactly the part's elements that the receiver does
+not hold (from the pieces each rank holds).
 """
 
 from pathlib import Path
@@ -33,12 +35,22 @@ def pyscf_water():
             for basis in ("sto-3g", "6-31g")}
 
 
+def check_part_bytes(p):
+    """Parts moved by mpi-collective's all-to-all: the values, and exactly the bytes of the
+    parts' elements outside the receivers' own pieces (not the runs from a part's first to
+    its last element: 7272 bytes instead of 3840 at 2 ranks before)."""
+    assert p["pieced"] and p["aliases"] > 0 and p["err"] == 0.0, p
+    assert p["moved"] == p["expected"] > 0, p
+    assert p["moved"] < p["whole_blocks"] / 2, p
+
+
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_pieces_at_two_ranks(pyscf_water, nodes):
     env = {"TESSERA_PIECES": "3"}
     if nodes == 2:
         env.update({"TESSERA_EMULATE_NODES": "2", "MPIR_CVAR_NOLOCAL": "1", "TESSERA_PROGRESS": "none"})
     out = run_mpi(SCRIPT, 2, env=env, timeout=TIMEOUT)
+    check_part_bytes(out["part_bytes"])
     a = out["access"]
     assert a["pieced"] and a["pieces_per_block"] == 3 and a["blocks_here"] == 0
     assert a["held"] == pytest.approx(1.0)              # every element stored once, over the ranks
@@ -73,6 +85,7 @@ def test_collective_pieces_at_three_and_four_ranks(nranks, nodes):
     if nodes == 2:
         env.update({"TESSERA_EMULATE_NODES": "2", "MPIR_CVAR_NOLOCAL": "1", "TESSERA_PROGRESS": "none"})
     out = run_mpi(SCRIPT, nranks, args=["--collective"], env=env, timeout=TIMEOUT)
+    check_part_bytes(out["part_bytes"])
     for mode, ops in out["operations"].items():
         assert ops.pop("pieced") == 1.0, mode
         assert all(e < 1e-10 for e in ops.values()), (mode, ops)

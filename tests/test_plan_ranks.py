@@ -676,3 +676,33 @@ def test_few_ranks_keep_their_tiles_where_they_have_the_tasks():
     tile, occ_tile, _, binds = run_tiles(structure, 2, 8 * 2**30)
     assert (tile, occ_tile, binds) == (48, 48, None)
     assert run_tiles(structure, 4, 8 * 2**30)[:2] == (48, 32) and _fewest_tasks(structure, 48, 32, 4) == 8.0
+
+
+def test_collective_is_planned_and_run_at_its_grid_tiles():
+    """mpi-collective's tiles are judged by its grid (``run_tiles(layers=c)``: summa's one
+    layer, 2.5d's c) wherever it is shown or chosen: (H2O)8 cc-pVDZ on 128 ranks of one
+    node, where the task rule gives 24/12 and summa's grid rule 48/12. ``plan --ranks``
+    shows the one-sided rows at 24/12 and each mpi-collective row at its variant's grid
+    tiles; ``auto.decide`` chooses mpi-collective summa there and runs at 48/12, the row's
+    tiles (before, it weighed mpi-collective at the task rule's tiles), and weighs for
+    mpi-collective exactly the candidates ``--backend mpi-collective`` weighs."""
+    from tessera.backends.auto import decide
+    from tessera.backends.balance import collective_layers, run_tiles
+    from tessera.cli.plan_ranks import simulate
+    n, nranks = 8, 128
+    structure = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, 0, distributed=True)
+    sim = simulate(np.zeros(24 * n, dtype=int), 5 * n, 0, "ccsd", nranks, nranks, 8 * 2**30 * nranks,
+                   Machine.calibrated())
+    budget = sim["memory_budget_per_rank"]
+    rule = {v: run_tiles(structure, nranks, budget, collective_layers(v, nranks))[:2] for v in ("summa", "2.5d")}
+    rule["tasks"] = run_tiles(structure, nranks, budget)[:2]
+    assert (rule["tasks"], rule["summa"]) == ((24, 12), (48, 12))
+    rows = {(e["backend"], e["variant"]): (e["tile"], e["occ_tile"]) for e in sim["executors"]}
+    assert all(t == rule[v if b == "mpi-collective" else "tasks"] for (b, v), t in rows.items()), rows
+    assert (sim["tile"], sim["occ_tile"]) == rule["tasks"]
+    assert sim["collective_granularity"]["summa"]["idle_lines"] == 0
+    auto = decide(structure, nranks, rate=10e9, budget=budget, ranks_per_node=nranks)
+    assert (auto["backend"], auto["variant"], auto["tile"], auto["occ_tile"]) == ("mpi-collective", "summa", 48, 12)
+    assert (auto["tile"], auto["occ_tile"]) == rows[("mpi-collective", "summa")]
+    only = decide(structure, nranks, backend="mpi-collective", rate=10e9, budget=budget, ranks_per_node=nranks)
+    assert [c for c in auto["candidates"] if c["backend"] == "mpi-collective"] == only["candidates"]

@@ -17,7 +17,11 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
 3. CCSD(T) of water (C2v, tile 2) converged with the integral classes and T2 in pieces
    on mpi-onesided (cached, original), STO-3G and 6-31G, and on mpi-collective (summa,
    2.5d), STO-3G.
-4. With ``--collective`` (3 and 4 ranks): ``collective`` below.
+4. Parts of pieced blocks cut on other axes than the first (2.5D layer parts, (T)
+   windows) moved by mpi-collective's ``exchange``: the values against numpy, and the
+   bytes each rank receives (the runtime's alltoallv counter) against the part's elements
+   that the rank does not hold itself (from its own pieces, ``local_pieces``).
+5. With ``--collective`` (3 and 4 ranks): ``collective`` below (and 4).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -32,7 +36,9 @@ import numpy as np
 
 import tessera as ts
 from tessera import BlockTensor, IndexSpace
+from tessera.backends.collective import exchange
 from tessera.backends.context import Context
+from tessera.backends.tasks import part_slice
 from tessera.chem.ccsd import CCSD
 from tessera.chem.ccsd_equations import T2_SYMMETRY
 from tessera.chem.integrals import transform
@@ -219,11 +225,53 @@ def energies(world, basis: str, runs, xyz: str = "water.xyz") -> dict:
     return out
 
 
+def part_bytes(world) -> dict:
+    """Section 4: parts cut along the third, the last and two axes (one of them the first) of
+    every block of a pair-symmetric pieced oovv tensor, of its canonical blocks and of their
+    aliases, each sent to one rank by ``exchange``: max error against numpy; bytes received
+    over all ranks, as counted by the runtime and as derived from the pieces each rank
+    holds (a part's elements outside the receiver's own pieces, 8 bytes each); and the
+    bytes of the whole blocks the parts are cut from."""
+    rng = np.random.default_rng(7)
+    o = IndexSpace.from_irreps("o", np.zeros(6, int), 3)
+    v = IndexSpace.from_irreps("v", np.zeros(8, int), 4)
+    oovv = (o, o, v, v)
+    x = rng.standard_normal(tuple(s.dim for s in oovv))
+    td = x + x.transpose(1, 0, 3, 2)
+    with Context("mpi-collective") as ctx:
+        T = filled(td, oovv, "T", pair=True)
+        ga, me = T.dist.ga, world.rank
+        held = {}                       # key -> this rank's elements of the stored block
+        for key, start, count in ga.local_pieces():
+            held.setdefault(key, np.zeros(ga.block_shape(key), bool)).reshape(-1)[start:start + count] = True
+        cuts = ((2, 1, 3), (3, 0, 2), (0, 1, 2, 3, 1, 4))
+        keys = sorted(T.allowed_keys())
+        items = [(ga, k, n % world.size, cuts[n % len(cuts)]) for n, k in enumerate(keys)]
+        snap = world.comm_log.snapshot()
+        got = exchange(ctx.executor.cc, items)
+        moved = int(world.comm_log.row(world.size, ("alltoallv",), since=snap).sum())
+        err, expect, whole = 0.0, 0, 0
+        for _, key, dest, part in items:
+            if dest != me:
+                continue
+            canon, perm = ga.aliases.get(key, (key, None))
+            mine = held.get(canon, np.zeros(ga.block_shape(canon), bool))
+            mine = (mine if perm is None else mine.transpose(perm))[part_slice(4, part)]
+            expect += 8 * int(mine.size - mine.sum())
+            whole += 8 * int(np.prod(ga.block_shape(key)))
+            ref = td[np.ix_(*(s.orbitals[s.slice(t)] for s, t in zip(oovv, key)))][part_slice(4, part)]
+            err = max(err, float(np.abs(got[(ga.eid, key, part)] - ref).max()))
+        total = world.allreduce(np.array([moved, expect, whole]), "sum")
+        return {"err": world.allreduce(err, "max"), "aliases": len(ga.aliases), "pieced": bool(T.pieced),
+                "moved": int(total[0]), "expected": int(total[1]), "whole_blocks": int(total[2])}
+
+
 def collective(world) -> dict:
     """Section 4 (``--collective``): the operations on mpi-collective with each operand kept
     stationary (a, b, c) and the grid only (never), and CCSD(T) of water (C2v) and H2O2
     (C1), STO-3G, on mpi-collective summa and 2.5d and on serial (every rank alone)."""
-    return {"operations": {f"mpi-collective/{s}": operations(world, "mpi-collective", "summa", stationary=s)
+    return {"part_bytes": part_bytes(world),
+            "operations": {f"mpi-collective/{s}": operations(world, "mpi-collective", "summa", stationary=s)
                            for s in ("a", "b", "c", "never")},
             "energies": {xyz: energies(world, "sto-3g", COLLECTIVE + (("serial", None),), xyz)
                          for xyz in ("water.xyz", "h2o2_distorted.xyz")}}
@@ -236,7 +284,7 @@ def main() -> int:
         if world.rank == 0:
             print(json.dumps(result), flush=True)
         return 0
-    result = {"ranks": world.size, "access": access(world),
+    result = {"ranks": world.size, "access": access(world), "part_bytes": part_bytes(world),
               "operations": {f"{b}/{v}": operations(world, b, v) for b, v in OPERATIONS},
               "energies": energies(world, "sto-3g", ONESIDED + COLLECTIVE),
               "energies_631g": energies(world, "6-31g", ONESIDED)}

@@ -43,8 +43,11 @@ lies whole on one rank: every class where occupied tiles no thinner than
 ``balance.MIN_OCC_TILE`` balance them all, else those that matter for memory (their
 busiest rank holds more than 1/32 of the budget, ``balance.binding``); the tiles of
 ``backends.balance.run_tiles`` (the largest at which every binding class is balanced
-and, where every class is, the dominant steps have 2 block tasks per rank; with
---backend mpi-collective, no idle grid line) are always a candidate. A forced --tile is evaluated alone (no tile search) and gets one
+and, where every class is, the dominant steps have 2 block tasks per rank; for
+mpi-collective, whichever --backend, no idle grid line (or layer) on its grid of c
+layers: ``layers``, 1 for summa) are always a candidate of that executor and variant,
+so mpi-collective weighs under ``auto`` the candidates it weighs alone and runs at the
+tiles ``tessera plan --ranks`` shows for it. A forced --tile is evaluated alone (no tile search) and gets one
 warning line when it leaves any stored class above 1.5 (as ``tessera plan --ranks``). The
 gemm rate is measured once (one mid-size DGEMM); the other constants are typical
 shared-memory figures measured on the development machine (docs/distributed.md);
@@ -64,7 +67,8 @@ import time
 
 import numpy as np
 
-from tessera.backends.balance import BALANCE, binding, class_balance, forced_tile_warning, run_tiles
+from tessera.backends.balance import (BALANCE, binding, class_balance, collective_layers, forced_tile_warning,
+                                      run_tiles)
 from tessera.backends.context import BLOCK_READ_COLUMNS, CACHE_BYTES, gather_twins, thread_limit
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
@@ -237,7 +241,7 @@ def _pieces(cache: dict, t, nranks: int) -> int:
 
 def grid_of(nranks: int, variant: str) -> tuple:
     """(pr, pc, layers) of ``mpi-collective`` with this variant on P ranks."""
-    return grid_3d(nranks, default_layers(nranks) if variant == "2.5d" else 1)
+    return grid_3d(nranks, collective_layers(variant, nranks))
 
 
 def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
@@ -406,48 +410,59 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
         combos = [("mpi-onesided", v) for v in ONESIDED_VARIANTS] + collective
     budget = budget or memory_budget(nranks)[0]
     costs = run_costs(nranks, ranks_per_node)
-    candidates = []
-    seen_tiles = set()
     # with several ranks each tile is also tried with the occupied space cut in two or
     # more tiles: a single occupied tile leaves oooo whole on one rank
     half_occ = max(1, -(-structure.nocc // 2))
     # the classes whose balance binds (``backends.balance.run_tiles``: every class where
     # occupied tiles of MIN_OCC_TILE or more balance them all, else those that matter for
-    # memory); the tiles at which they are balanced are always a candidate, and with every
-    # class binding each tile is tried with that occupied tile too; a forced --tile that
-    # leaves any stored class above BALANCE gets a warning (forced tiles are evaluated alone:
-    # no tile search; every class judged, as ``tessera plan --ranks`` judges a forced --tile)
-    balanced, binds = None, budget
+    # memory); the tiles of each rule (mpi-collective's judged by its grid) are always a
+    # candidate of the executors and variants it judges, and with every class binding each tile is tried
+    # with that occupied tile too; a forced --tile that leaves any stored class above
+    # BALANCE gets a warning (forced tiles are evaluated alone: no tile search; every class
+    # judged, as ``tessera plan --ranks`` judges a forced --tile)
+    # the combos by their rule: the one-sided ones by tasks per rank (None), mpi-collective's
+    # by its grid of c layers (summa 1, 2.5d c)
+    groups: dict = {}
+    for b, var in combos:
+        groups.setdefault(None if b == "mpi-onesided" else collective_layers(var, nranks), []).append((b, var))
+    rules, binds = {}, budget
     if nranks > 1 and tile:
         binds = None
         if note := forced_tile_warning(structure.stored, tile, None, nranks):
             log.warning(note)
     elif nranks > 1:
-        *balanced, worst, binds = run_tiles(structure, nranks, budget, grid=backend == "mpi-collective")
-        balanced = tuple(balanced) if worst <= BALANCE else None
-    occs = [half_occ] + ([balanced[1]] if balanced and binds is None else [])
-    pairs = [(t, t) for t in tiles] if tile or nranks == 1 else \
-        [p for t in tiles for p in dict.fromkeys([(t, t)] + [(t, min(t, o)) for o in occs])]
-    pairs = [balanced] + pairs if balanced else pairs
-    for t, ot in pairs:
-        tiling = structure(t, ot).tiles
-        key = (tuple(tiling["o"]), tuple(tiling["v"]))
-        if key in seen_tiles:          # a larger tile that changes nothing
-            continue
-        seen_tiles.add(key)
-        s = structure_stats(structure, t, ot, nranks, binds)
-        too_fine = s["products"] > max(MAX_PRODUCTS, PRODUCTS_PER_RANK * nranks) and not tile
-        for b, var in combos:
-            e = estimate(s, nranks, b, var, rate, costs)
-            candidates.append({"backend": b, "variant": var, "tile": t, "occ_tile": ot,
-                               "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
-                               "class_max_over_mean": round(s["class_max_over_mean"], 3),
-                               "max_tensor_share": round(s["max_tensor_share"], 3),
-                               "flops": s["flops"], "block_products": s["products"],
-                               "fits_memory": e["memory_per_rank"] <= budget,
-                               **{k: (round(x, 6) if isinstance(x, float) else x) for k, x in e.items()}})
-        if too_fine and (t, ot) != balanced:
-            break
+        for layers in groups:
+            *rule, worst, binds = run_tiles(structure, nranks, budget, layers)
+            if worst <= BALANCE:
+                rules[layers] = tuple(rule)
+    counted: dict = {}            # tiling -> structure_stats (each tiling counted once)
+    candidates = []
+    for layers, members in groups.items():
+        rule = rules.get(layers)
+        occs = [half_occ] + ([rule[1]] if rule and binds is None else [])
+        pairs = [(t, t) for t in tiles] if tile or nranks == 1 else \
+            [p for t in tiles for p in dict.fromkeys([(t, t)] + [(t, min(t, o)) for o in occs])]
+        seen_tiles = set()
+        for t, ot in [rule] + pairs if rule else pairs:
+            tiling = structure(t, ot).tiles
+            key = (tuple(tiling["o"]), tuple(tiling["v"]))
+            if key in seen_tiles:          # a larger tile that changes nothing
+                continue
+            seen_tiles.add(key)
+            if key not in counted:
+                counted[key] = structure_stats(structure, t, ot, nranks, binds)
+            s = counted[key]
+            for b, var in members:
+                e = estimate(s, nranks, b, var, rate, costs)
+                candidates.append({"backend": b, "variant": var, "tile": t, "occ_tile": ot,
+                                   "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
+                                   "class_max_over_mean": round(s["class_max_over_mean"], 3),
+                                   "max_tensor_share": round(s["max_tensor_share"], 3),
+                                   "flops": s["flops"], "block_products": s["products"],
+                                   "fits_memory": e["memory_per_rank"] <= budget,
+                                   **{k: (round(x, 6) if isinstance(x, float) else x) for k, x in e.items()}})
+            if s["products"] > max(MAX_PRODUCTS, PRODUCTS_PER_RANK * nranks) and not tile and (t, ot) != rule:
+                break                      # too fine
     # a candidate must spread the tensors evenly, with no four-index tensor whole on one
     # rank (unless the tile was given), and fit in memory per rank (unless the variant was
     # given): 2.5d's c-times larger output rectangle is the reason it may not

@@ -34,12 +34,13 @@ least TASKS_PER_RANK block tasks per rank, as the planner runs them (output bloc
 ``plan.blocktasks.task_count``), so that no rank idles in them: (H2O)8 cc-pVDZ on 1024
 ranks takes 12/12, not 48/48 (4 tasks of its o^3v step for 1024 ranks). Where no such tiles reach the
 target, the ones with the most tasks (the finest the floor allows; ``granularity`` says
-whether a run's tiles reach it). ``mpi-collective`` (``grid=True``) is not dealt by a
-task counter: its grid deals output row tuples over grid rows and column tuples over
-grid columns, so tasks per rank say neither whether a grid line idles nor how even the
+whether a run's tiles reach it). ``mpi-collective`` (``layers``: its c layers, 1 for
+summa, ``collective_layers``) is not dealt by a task counter: its grid deals output row
+tuples over grid rows, column tuples over grid columns and (2.5d) inner tuples over the
+layers, so tasks per rank say neither whether a grid line idles nor how even the
 work is (at 2+ tasks per rank its busiest rank still does up to 1.9x the mean, (H2O)16
 on 1024 ranks). Its tiles are the largest at which no dominant step leaves a grid line
-idle on the grid the executor runs it on (``grid_lines``), else the fewest idle lines,
+(or layer) idle on the grid the executor runs it on (``grid_lines``), else the fewest idle lines,
 then the most even: (H2O)8 and (H2O)16 cc-pVDZ on 256 ranks take 24/12 and 48/24 (1.75
 tasks per rank, every line busy; the task rule took 16/12 and 48/16). Tiles that change nothing (the same tiling as larger
 ones) are not tried twice.
@@ -151,44 +152,46 @@ def dominant_steps(plans) -> list:
     return [s for s in steps if s.flops >= DOMINANT * steps[0].flops] if steps else []
 
 
-def granularity(plans, nranks: int, grid: bool = False) -> dict:
+def granularity(plans, nranks: int, layers: int | None = None) -> dict:
     """{target, tasks_per_rank, met}: the fewest block tasks per rank of a dominant step
-    of ``plans`` on ``nranks`` ranks against TASKS_PER_RANK. With ``grid=True``
-    (mpi-collective, whose grid, not a task counter, deals the work) also ``idle_lines``
-    and ``busiest_over_mean`` (``grid_lines``), and ``met`` when no grid line idles."""
+    of ``plans`` on ``nranks`` ranks against TASKS_PER_RANK. With ``layers`` (c: the grid
+    rule of mpi-collective, whose pr x pc x c grid, not a task counter, deals the work;
+    1 for summa) also ``idle_lines`` and ``busiest_over_mean`` (``grid_lines``), and
+    ``met`` when no grid line idles."""
     from tessera.plan.blocktasks import task_count
     steps = dominant_steps(plans)
     fewest = min((task_count(s) for s in steps), default=0) / nranks
     out = {"target": TASKS_PER_RANK, "tasks_per_rank": fewest, "met": fewest >= TASKS_PER_RANK}
-    if not grid:
+    if layers is None:
         return out
-    idle, busiest = grid_lines(steps, nranks)
+    idle, busiest = grid_lines(steps, nranks, layers)
     return {**out, "idle_lines": idle, "busiest_over_mean": busiest, "met": idle == 0}
 
 
-def grid_lines(steps, nranks: int) -> tuple:
-    """(grid rows and columns that idle, the busiest rank's flops over the mean) summed and
-    at most over contraction ``steps`` on mpi-collective's grid of ``nranks`` ranks, each on
-    the pr x pc grid SUMMA runs it on (``summa_layout.choose_grid``, one layer; 2.5d runs
-    a grid of nranks/layers per layer, which this does not judge):
-    output row tuples are dealt over grid rows, column tuples over grid columns, so a
-    step with fewer of them than grid lines idles ranks however many tasks it has."""
+def grid_lines(steps, nranks: int, layers: int = 1) -> tuple:
+    """(grid rows, columns and layers that idle, the busiest rank's flops over the mean)
+    summed and at most over contraction ``steps`` on mpi-collective's grid of ``nranks``
+    ranks in ``layers`` layers (summa: 1; 2.5d: c), each on the pr x pc grid per layer the
+    executor runs it on (``summa_layout.choose_grid``; ``grid_score`` counts the deal of
+    ``summa_layout``): output row tuples are dealt over grid rows, column tuples over grid
+    columns and inner tuples (or parts of them) over the layers, so a step with fewer of
+    them than grid lines idles ranks however many tasks it has."""
     from tessera.backends.summa_layout import choose_grid, grid_score
     idle, busiest = 0, 1.0
     for s in steps:
         sig = tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in s.sectors)
-        grid = choose_grid(sig, s.perms["a"], s.perms["b"], nranks, 1)
-        sc = grid_score(sig, s.perms["a"], s.perms["b"], *grid, 1)
+        grid = choose_grid(sig, s.perms["a"], s.perms["b"], nranks // layers, layers)
+        sc = grid_score(sig, s.perms["a"], s.perms["b"], *grid, layers)
         idle += sc["idle"]
         busiest = max(busiest, sc["flops"] * nranks / s.flops if s.flops else 1.0)
     return idle, busiest
 
 
-def granular_tiles(structure, nranks: int, min_occ: int, grid: bool = False) -> tuple | None:
+def granular_tiles(structure, nranks: int, min_occ: int, layers: int | None = None) -> tuple | None:
     """(tile, occ_tile, worst max/mean) by the rule of the module docstring: among tiles
     of at least MIN_OCC_TILE and occupied tiles of at least ``min_occ`` that balance every
     class, the largest whose dominant steps have TASKS_PER_RANK tasks per rank, else the
-    ones with the most (``grid``: mpi-collective's, judged by ``grid_lines``); None when no
+    ones with the most (``layers``: mpi-collective's on c layers, judged by ``grid_lines``); None when no
     such tiles balance every class."""
     memo: dict = {}
     pairs = [(tile, occ_tile) for tile in TILES if tile >= max(min_occ, MIN_OCC_TILE)
@@ -202,33 +205,40 @@ def granular_tiles(structure, nranks: int, min_occ: int, grid: bool = False) -> 
         worst = worst_class(structure.stored, tile, occ_tile, nranks, memo, stop=BALANCE)[1]
         if worst > BALANCE:
             continue
-        g = granularity(structure(tile, occ_tile).plans, nranks, grid)
+        g = granularity(structure(tile, occ_tile).plans, nranks, layers)
         if g["met"]:
             return tile, occ_tile, worst
-        rank = (g["idle_lines"], g["busiest_over_mean"]) if grid else (-g["tasks_per_rank"],)
+        rank = (g["idle_lines"], g["busiest_over_mean"]) if layers else (-g["tasks_per_rank"],)
         if best is None or rank < best[0]:
             best = (rank, tile, occ_tile, worst)
     return best and best[1:]
 
 
-def run_tiles(structure, nranks: int, budget: float | None, grid: bool = False) -> tuple:
+def run_tiles(structure, nranks: int, budget: float | None, layers: int | None = None) -> tuple:
     """(tile, occ_tile, worst, binds) of a run on ``nranks`` ranks (module docstring):
     ``binds`` is what ``binding`` then judges the run's candidates by, None (every class)
     when tiles with occupied tiles of at least min(MIN_OCC_TILE, active occupied) balance
-    every class (then the tiles are ``granular_tiles``', by the grid rule with ``grid``:
-    mpi-collective), else ``budget``; then the tiles
+    every class (then the tiles are ``granular_tiles``', by the grid rule with ``layers``:
+    mpi-collective on c layers, ``collective_layers``), else ``budget``; then the tiles
     are the least unbalanced of those, where the classes that matter are balanced, else
     the largest at which they are."""
     if budget is None or nranks == 1:
         return (*balanced_tiles(structure.stored, nranks, budget), budget)
     floor = min(MIN_OCC_TILE, structure.nocc)
-    if found := granular_tiles(structure, nranks, floor, grid):
+    if found := granular_tiles(structure, nranks, floor, layers):
         return (*found, None)
     *tiles, worst = balanced_tiles(structure.stored, nranks, min_occ=floor, min_tile=MIN_OCC_TILE)
     worst = worst_class(structure.stored, *tiles, nranks, budget=budget)[1]
     if worst <= BALANCE:
         return (*tiles, worst, budget)
     return (*balanced_tiles(structure.stored, nranks, budget), budget)
+
+
+def collective_layers(variant: str, nranks: int) -> int:
+    """The layers of mpi-collective's grid that its grid rule judges: 1 for summa, the
+    executor's default for 2.5d (``runtime.distribution.default_layers``)."""
+    from tessera.runtime.distribution import default_layers
+    return default_layers(nranks) if variant == "2.5d" else 1
 
 
 def forced_tile_warning(stored, tile: int, occ_tile: int | None, nranks: int,

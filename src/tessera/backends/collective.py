@@ -56,6 +56,7 @@ from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
 from tessera.plan.blocktasks import add_source, contraction_tasks, hadamard_outputs, source_block, task_arrays
 from tessera.runtime.distribution import default_layers, grid_shape
+from tessera.runtime.global_array import run_index
 
 log = logging.getLogger("tessera.backends")
 
@@ -126,11 +127,11 @@ def exchange(cc: CollectiveComm, items) -> dict:
     key, destination, part) for rows lo..hi of one axis (``part = (axis, lo, hi)``; several
     axes: ``tasks.part_slice``), the same list on every rank (deterministic). Returns {(array id, key): block} (with
     ``part`` appended to the key when given) of the items destined here (owned blocks as
-    views). A block stored in pieces is gathered at its destination: each rank holding a
-    piece of it (of the part's flat range) sends that run (``_pieced_item``)."""
+    views). A block (part) stored in pieces is gathered at its destination: each rank
+    holding a piece of it sends the part's elements in that piece (``_pieced_item``)."""
     me, size = cc.rank, cc.size
     send = [[] for _ in range(size)]
-    expect = [[] for _ in range(size)]     # (tag, shape): a view of the buffer; (None, run): copied into run
+    expect = [[] for _ in range(size)]     # (tag, shape): a view of the buffer; (None, (part, index, n)): into part[index]
     out: dict = {}
     gathered: list = []
     seen = set()
@@ -153,43 +154,43 @@ def exchange(cc: CollectiveComm, items) -> dict:
         elif dest == me:
             lo, hi = part_range(ga, key, part)
             expect[src].append((tag, tuple(b - a for a, b in zip(lo, hi))))
-    counts = [sum(int(np.prod(shape)) if tag is not None else shape.size for tag, shape in lst) for lst in expect]
+    counts = [sum(int(np.prod(shape)) if tag is not None else shape[2] for tag, shape in lst) for lst in expect]
     recv = cc.alltoallv([np.concatenate(s) if s else np.zeros(0) for s in send], counts)
     for src, lst in enumerate(expect):
         pos, buf = 0, recv[src]
         for tag, shape in lst:
-            if tag is None:              # a run of a gathered block
-                shape[:] = buf[pos:pos + shape.size]
-                pos += shape.size
+            if tag is None:              # runs of a gathered part
+                flat, index, n = shape
+                flat[index] = buf[pos:pos + n]
+                pos += n
                 continue
             n = int(np.prod(shape))
             out[tag] = buf[pos:pos + n].reshape(shape)
             pos += n
-    for tag, flat, shape, order, part in gathered:
-        blk = flat.reshape(shape) if order is None else flat.reshape(shape).transpose(order)
-        out[tag] = blk if part is None else blk[part_slice(blk.ndim, part)]
+    for tag, blk, order in gathered:
+        out[tag] = blk if order is None else blk.transpose(order)
     return out
 
 
 def _pieced_item(ga, key, part, tag, dest, me, send, expect, gathered) -> None:
     """``exchange`` of one item of an array stored in pieces: this rank sends its runs of
-    the block (``GlobalArray.piece_runs``) to ``dest``; at ``dest`` the stored block is
+    the block or part (``GlobalArray.piece_runs``: a contiguous row of the part per run, so
+    only the part's elements move) to ``dest``; at ``dest`` the part (stored axis order) is
     assembled from them (its own runs copied) and, after the all-to-all, transposed to an
-    alias's axes and cut to the part (``gathered``)."""
-    canon, order, runs = ga.piece_runs(key, part)
+    alias's axes (``gathered``)."""
+    runs = ga.piece_runs(key, part)
+    mine = runs.owner == me
     if dest != me:
-        if any(owner == me for owner, *_ in runs):
-            local = ga.local_run()
-            send[dest] += [local[off:off + n] for owner, off, _, n in runs if owner == me]
+        if mine.any():
+            send[dest].append(ga.local_run()[run_index(runs.offset[mine], runs.count[mine])])
         return
-    shape = ga.block_shape(canon)
-    flat = np.empty(int(np.prod(shape, dtype=np.int64)))
-    for owner, off, start, n in runs:
-        if owner == me:
-            flat[start:start + n] = ga.local_run()[off:off + n]
-        else:
-            expect[owner].append((None, flat[start:start + n]))
-    gathered.append((tag, flat, shape, order, part))
+    flat = np.empty(int(np.prod(runs.shape, dtype=np.int64)))
+    if mine.any():
+        flat[run_index(runs.pos[mine], runs.count[mine])] = ga.local_run()[run_index(runs.offset[mine], runs.count[mine])]
+    for owner in np.unique(runs.owner[~mine]).tolist():
+        sel = runs.owner == owner
+        expect[owner].append((None, (flat, run_index(runs.pos[sel], runs.count[sel]), int(runs.count[sel].sum()))))
+    gathered.append((tag, flat.reshape(runs.shape), runs.order))
 
 
 def _owned_view(ga, key, part):
@@ -242,7 +243,7 @@ def request_exchange(cc: CollectiveComm, arrays: dict, requests) -> dict:
         part = rest[0] if rest else None
         items.append((ga, key, me, *rest))
         # a block stored in pieces: asked of every rank holding a piece of the part
-        owners = {r for r, *_ in ga.piece_runs(key, part)[2]} if ga.pieces > 1 else {ga.owner(key)}
+        owners = set(ga.piece_runs(key, part).owner.tolist()) if ga.pieces > 1 else {ga.owner(key)}
         for owner in sorted(owners - {me}):
             ask[owner] += _encode(eid, key, part)
     if size > 1:
@@ -614,9 +615,10 @@ def _sinks(C, okey, me: int) -> list:
     a block stored in pieces (``GlobalArray.piece_runs``)."""
     ga = C.dist.ga
     if ga.pieces > 1:
-        runs = ga.piece_runs(okey)[2]
-        local = ga.local_run() if any(r == me for r, *_ in runs) else None
-        return [(r, start, n, local[off:off + n] if r == me else None) for r, off, start, n in runs]
+        runs = ga.piece_runs(okey)
+        local = ga.local_run() if (runs.owner == me).any() else None
+        return [(r, start, n, local[off:off + n] if r == me else None)
+                for r, off, start, n in zip(*(c.tolist() for c in (runs.owner, runs.offset, runs.pos, runs.count)))]
     owner = ga.owner(okey)
     return [(owner, 0, int(np.prod(ga.block_shape(okey))), C.blocks[okey].reshape(-1) if owner == me else None)]
 

@@ -179,7 +179,8 @@ def grid_shapes(nranks: int) -> list:
 
 def grid_score(sig, pa, pb, pr: int, pc: int, layers: int = 1, a: bool = True, b: bool = True) -> dict:
     """How a contraction fares on a pr x pc x layers grid (structure only): ``idle``, the
-    grid rows and columns with no output rows or columns in any sector; ``flops`` and
+    grid rows and columns with no output rows or columns in any sector and, with layers,
+    the layers with no inner tuple (part) in any sector; ``flops`` and
     ``recv_bytes``, the most any rank computes and receives in panels (of A and B, or
     only of those with ``a`` / ``b`` true: an operand whose panels are kept moves once);
     ``cost``, flops + FLOPS_PER_BYTE * bytes of the busiest rank."""
@@ -193,7 +194,7 @@ def grid_score(sig, pa, pb, pr: int, pc: int, layers: int = 1, a: bool = True, b
     # panels from the other pc - 1 columns (A) and pr - 1 rows (B), on average
     recv = 8 * (a * (pc - 1) / pc * np.einsum("ng,nl->lg", rows, inner)[:, :, None]
                 + b * (pr - 1) / pr * np.einsum("nh,nl->lh", cols, inner)[:, None, :])
-    idle = int((rows.sum(0) == 0).sum() + (cols.sum(0) == 0).sum())
+    idle = int((rows.sum(0) == 0).sum() + (cols.sum(0) == 0).sum()) + (int((inner.sum(0) == 0).sum()) if layers > 1 else 0)
     return {"idle": idle, "flops": float(flops.max(initial=0)), "recv_bytes": float(recv.max(initial=0)),
             "cost": float((flops + FLOPS_PER_BYTE * recv).max(initial=0))}
 

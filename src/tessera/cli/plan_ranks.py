@@ -34,7 +34,10 @@ Without ``--tile`` the tiles are the candidate a run's cost model always conside
 with tiles and occupied tiles no thinner than ``MIN_OCC_TILE``, at which every stored
 class is spread with max/mean <= 1.5 and every dominant step has at least
 ``TASKS_PER_RANK`` block tasks per rank (else the finest such tiles; the ``Granularity:``
-line says which); where no such tiles balance every class, only the classes that matter for the
+line says which); the mpi-collective rows (each executor row carries its ``tile`` and
+``occ_tile``) are at that variant's own candidate, by its grid rule (``layers``: no
+dominant step leaves a grid line or layer idle on summa's grid or 2.5d's layered one;
+``collective_granularity`` per variant), as ``auto.decide`` considers mpi-collective; where no such tiles balance every class, only the classes that matter for the
 memory budget (more than 1/32 of it on one rank) are balanced, said in a warning line.
 With a --tile that leaves a class above 1.5, one warning line names it. Distributed (T) takes its occupied
 task tile (and, by virtual tile, its windows) from the bytes one task may hold
@@ -76,15 +79,18 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     from tessera.backends.auto import (COLLECTIVE_VARIANTS, ONESIDED_VARIANTS, estimate,
                                        memory_parts, structure_stats)
     from tessera.chem.ccsd import CCSDStructure
-    from tessera.backends.balance import (BALANCE, MIN_OCC_TILE, class_balance, forced_tile_warning, granularity,
-                                          run_tiles)
+    from tessera.backends.balance import (BALANCE, MIN_OCC_TILE, class_balance, collective_layers,
+                                          forced_tile_warning, granularity, run_tiles)
     from tessera.chem.memory import triples_parts
     from tessera.backends.budget import memory_budget
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     structure = CCSDStructure(orbsym, nocc, nfrozen, distributed=True)
     warning, given, binds = None, tile is not None, None
+    layers = {v: collective_layers(v, nranks) for v in COLLECTIVE_VARIANTS}
+    grid_tiles = {}                    # layers -> mpi-collective's tiles by its grid rule
     if not given:
         tile, occ_tile, worst, binds = run_tiles(structure, nranks, budget)
+        grid_tiles = {c: tuple(run_tiles(structure, nranks, budget, c)[:2]) for c in set(layers.values())}
         if binds is not None and nranks > 1:
             warning = (f"no tiles of {MIN_OCC_TILE} or more spread every class with max/mean <= {BALANCE} over "
                        f"{nranks} ranks (too few blocks); these balance only the classes that hold more than "
@@ -100,6 +106,13 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     ghosts = 1 if nranks > rpn > 1 else 0
     workers = nranks - ghosts * -(-nranks // rpn)
     stats = structure_stats(lambda *_: run, tile, occ_tile, workers)
+    counted = {(tile, occ_tile): stats}
+
+    def counts(tiles):
+        """structure_stats at ``tiles`` (once per tiles)."""
+        if tiles not in counted:
+            counted[tiles] = structure_stats(lambda *_: structure(*tiles), *tiles, workers)
+        return tiles, counted[tiles]
     memory = class_balance(structure.stored(tile, occ_tile), nranks)
     granular = {**granularity(run.plans, workers), "rule": "given" if given else "memory" if binds is not None and nranks > 1 else "tasks",
                 "every_class": all(m["max_over_mean"] <= BALANCE for m in memory.values())}
@@ -115,9 +128,11 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     executors = []
     for backend, variants in (("mpi-onesided", ONESIDED_VARIANTS), ("mpi-collective", COLLECTIVE_VARIANTS)):
         for variant in variants:
-            e = estimate(stats, workers, backend, variant, machine.gemm_flops_per_second, costs)
-            parts = memory_parts(stats, workers, backend, variant)
-            executors.append({"backend": backend, "variant": variant,
+            (t, ot), s = counts((tile, occ_tile) if backend == "mpi-onesided" else
+                                grid_tiles.get(layers[variant], (tile, occ_tile)))
+            e = estimate(s, workers, backend, variant, machine.gemm_flops_per_second, costs)
+            parts = memory_parts(s, workers, backend, variant)
+            executors.append({"backend": backend, "variant": variant, "tile": t, "occ_tile": ot,
                               "bytes_per_rank": int(e["bytes_per_rank"]), "gets": e["gets"], "accs": e["accs"],
                               "collectives": e["collectives"], "seconds_per_iteration": e["seconds"],
                               "compute_seconds": e["compute"], "memory_per_rank": int(sum(parts.values())),
@@ -127,7 +142,10 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     return {"ranks": nranks, "ranks_per_node": ranks_per_node, "nodes": -(-nranks // rpn), "workers": workers,
             "ghosts_per_node": ghosts,
             "memory_budget_per_rank": int(budget), "tile": tile, "occ_tile": occ_tile, "tile_warning": warning,
-            "tile_given": given, "granularity": granular, "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
+            "tile_given": given, "granularity": granular,
+            "collective_granularity": {v: granularity(structure(*grid_tiles.get(c, (tile, occ_tile))).plans, workers, c)
+                                       for v, c in layers.items()},
+            "tiles": run.tiles, "nocc": int(run.o.dim), "nvir": int(run.v.dim),
             "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
             "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, workers),
             "executors": executors,
@@ -139,6 +157,17 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
 
 def _size(n: float) -> str:
     return f"{n / 2**30:8.2f} GiB" if n >= 2**30 else f"{n / 2**20:8.1f} MiB"
+
+
+def _collective_lines(sim: dict) -> list:
+    """What mpi-collective's grid rule makes of its tiles, per variant (the tiles of its rows below)."""
+    out = []
+    for e in [e for e in sim["executors"] if e["backend"] == "mpi-collective"]:
+        g = sim["collective_granularity"][e["variant"]]
+        tiles = f"{e['tile']}" if e["occ_tile"] == e["tile"] else f"{e['tile']}/{e['occ_tile']}"
+        out.append(f"mpi-collective {e['variant']} at tiles {tiles}, judged by its grid: {g['idle_lines']} idle grid "
+                   f"line(s) or layer(s) in the dominant steps, busiest rank {g['busiest_over_mean']:.2f}x the mean flops")
+    return out
 
 
 def render(sim: dict) -> str:
@@ -155,6 +184,7 @@ def render(sim: dict) -> str:
                                                               "tasks": f"the finest tiles a run cuts, tiles of {MIN_OCC_TILE} or more",
                                                               "memory": "tiles chosen to balance memory"}[g["rule"]] + ")")
              + ("" if g["every_class"] else "; not every class within max/mean 1.5"),
+             *_collective_lines(sim),
              "Memory per rank by tensor class (blocks placed as a run places them):",
              f"  {'class':8s} {'max':>12s} {'mean':>12s} {'max/mean':>9s}"]
     for name, m in sim["memory_per_rank"].items():
@@ -186,10 +216,12 @@ def render(sim: dict) -> str:
     lines.append(f"Per CCSD iteration and rank (calibrated: {m['gemm_flops_per_second'] / 1e9:.1f} GFLOP/s per "
                  f"rank, {m['task_seconds'] * 1e6:.0f} us per block product, measured {m['measured']}; network "
                  f"{m['network_bandwidth'] / 1e9:g} GB/s per node, {m['network_latency'] * 1e6:g} us):")
-    lines.append(f"  {'backend':15s} {'variant':9s} {'MiB moved':>10s} {'memory':>12s} {'est. s':>9s} {'compute s':>9s}")
+    lines.append(f"  {'backend':15s} {'variant':9s} {'tile':>5s} {'MiB moved':>10s} {'memory':>12s} {'est. s':>9s} "
+                 f"{'compute s':>9s}")
     for e in sim["executors"]:
         fits = "" if e["fits_memory"] else " !"
-        lines.append(f"  {e['backend']:15s} {e['variant']:9s} {e['bytes_per_rank'] / 2**20:10.1f} "
+        tiles = f"{e['tile']}" if e["occ_tile"] == e["tile"] else f"{e['tile']}/{e['occ_tile']}"
+        lines.append(f"  {e['backend']:15s} {e['variant']:9s} {tiles:>5s} {e['bytes_per_rank'] / 2**20:10.1f} "
                      f"{_size(e['memory_per_rank']):>12s} {e['seconds_per_iteration']:9.3f} "
                      f"{e['compute_seconds']:9.3f}{fits}")
     if any(not e["fits_memory"] for e in sim["executors"]):

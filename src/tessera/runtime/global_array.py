@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 from time import perf_counter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -101,6 +102,29 @@ class Handle:
             self._done = True
             self._keep = None
         return self._result if self._perm is None else self._result.transpose(self._perm)
+
+
+class PieceRuns(NamedTuple):
+    """``GlobalArray.piece_runs``: the stored key, the axis order (None, or the alias's
+    ``transpose`` of the stored block), the part's shape in the stored axes, and per run
+    (arrays, in the part's element order, C order of the stored axes): the rank holding
+    it, its offset in that rank's memory, its first element in the part, its elements."""
+    key: tuple
+    order: tuple | None
+    shape: tuple
+    owner: np.ndarray
+    offset: np.ndarray
+    pos: np.ndarray
+    count: np.ndarray
+
+
+def run_index(starts, counts):
+    """An index of a flat array selecting the runs ``starts[i]``.. ``+ counts[i]`` one after
+    the other: a slice for one run, else an integer array."""
+    if len(starts) == 1:
+        return slice(int(starts[0]), int(starts[0] + counts[0]))
+    ends = np.cumsum(counts)
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(starts - ends + counts, counts)
 
 
 class _Slots(dict):
@@ -290,29 +314,40 @@ class GlobalArray:
     def local_keys(self) -> list:
         return list(self._local_keys)
 
-    def piece_runs(self, key, part=None) -> tuple:
-        """(stored key, axis order or None, runs) of a block stored in pieces (an alias:
-        through its stored block, which ``transpose(order)`` makes it): ``runs`` =
-        [(owner, offset in its memory, first element in the stored block, elements)] of the
-        pieces that hold ``part`` (``tasks.part_slice``'s cuts of the alias's axes; the flat
-        range from its first to its last element) or of the whole block; for exchanges that
-        move pieces by message (``mpi-collective``)."""
+    def piece_runs(self, key, part=None) -> "PieceRuns":
+        """Where the elements of a block stored in pieces, or of ``part`` of it, lie: one run
+        per contiguous row of the part within a piece (``PieceRuns``), for exchanges that
+        move pieces by message (``mpi-collective``). ``part``: ``tasks.part_slice``'s cuts
+        of the key's axes (an alias: through its stored block, which ``transpose(order)``
+        makes it). The part's rows run along the axes after its last cut one (whole axes),
+        so a part cut on the last axis has one row per element of the others."""
         key, order = self.aliases.get(key, (key, None))
         shape = self._slot(key)[3]
-        lo, hi = 0, int(np.prod(shape, dtype=np.int64))
-        if part:
-            first, last = [0] * len(shape), [n - 1 for n in shape]
-            for n in range(0, len(part), 3):
-                axis, a, b = part[n:n + 3]
-                axis = order[axis] if order is not None else axis
-                first[axis], last[axis] = a, b - 1
-            lo, hi = int(np.ravel_multi_index(first, shape)), int(np.ravel_multi_index(last, shape)) + 1
-        runs = []
+        lo, hi = [0] * len(shape), list(shape)
+        for n in range(0, len(part or ()), 3):
+            axis, a, b = part[n:n + 3]
+            axis = order[axis] if order is not None else axis
+            lo[axis], hi[axis] = a, b
+        box = tuple(b - a for a, b in zip(lo, hi))
+        strides = np.cumprod((1,) + tuple(shape[:0:-1]), dtype=np.int64)[::-1]
+        cut = [ax for ax in range(len(shape)) if box[ax] != shape[ax]]
+        last = cut[-1] if cut else 0
+        row = int(box[last] * strides[last])                      # elements per row of the part
+        first = np.array([lo[last] * strides[last]], dtype=np.int64)
+        for ax in range(last - 1, -1, -1):                        # rows in C order of the stored axes
+            first = ((np.arange(lo[ax], hi[ax], dtype=np.int64) * strides[ax])[:, None] + first).reshape(-1)
+        at = np.arange(len(first), dtype=np.int64) * row           # each row's place in the part
+        cols: list = [[], [], [], []]
         for owner, off, start, count in self._place.pieces_of(key):
-            s, e = max(start, lo), min(start + count, hi)
-            if s < e:
-                runs.append((owner, off + s - start, s, e - s))
-        return key, order, runs
+            s, e = np.maximum(first, start), np.minimum(first + row, start + count)
+            hit = s < e
+            s = s[hit]
+            for col, val in zip(cols, (np.full(len(s), owner), off + s - start, at[hit] + s - first[hit],
+                                       e[hit] - s)):
+                col.append(val)
+        owner, offset, pos, count = (np.concatenate(c).astype(np.int64) for c in cols)
+        ordered = np.argsort(pos, kind="stable")
+        return PieceRuns(key, order, box, owner[ordered], offset[ordered], pos[ordered], count[ordered])
 
     def block_shape(self, key) -> tuple:
         if key in self.aliases:
