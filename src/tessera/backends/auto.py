@@ -32,8 +32,9 @@ on one process, the ladder's V+-) spread over the ranks; and the working set of 
 for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the homes
 of the inputs and one panel each; for ``cached`` its block cache; on one process the
 step's temporary matrices plus the gathered matrices of constant tensors the context
-caches; distributed, every intermediate of the iteration, which keeps its global array
-in the storage's pool until the context closes: measured), compared with the run's
+caches; and every intermediate of the iteration: distributed, each keeps its global array
+in the storage's pool until the context closes; on one process the heap keeps what they
+freed for the next iteration (``backends.heap``): measured), compared with the run's
 memory budget per rank (``backends.budget``: --max-memory, else
 TESSERA_MEMORY_PER_RANK_MB, else the memory available now shared by the ranks).
 Candidates that do not fit are dropped (unless --variant names them), so
@@ -298,12 +299,11 @@ def _collective_traffic(s: dict, nranks: int, variant: str) -> dict:
 def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None) -> dict:
     """Bytes per rank of one CCSD iteration on ``backend`` (one of the local executors, or
     an MPI one with its ``variant``), by part: ``stored`` (T2 + integrals of the fullest
-    rank, a ``pieces`` class of too few blocks in pieces), ``held`` (the structure's other bytes and, distributed, every intermediate of
-    the iteration, each of which keeps its global array, spread over the ranks), ``working`` (the executor's working set; see
+    rank, a ``pieces`` class of too few blocks in pieces), ``held`` (the structure's other bytes and every intermediate of
+    the iteration, spread over the ranks: distributed, each keeps its global array in the storage's pool; on one process
+    the heap keeps what they freed for the next iteration, ``backends.heap``), ``working`` (the executor's working set; see
     the module docstring)."""
-    held = s["held_bytes"] / nranks
-    if backend in ("mpi-onesided", "mpi-collective"):
-        held += s["pooled_bytes"] / nranks
+    held = (s["held_bytes"] + s["pooled_bytes"]) / nranks
     if backend == "mpi-collective":
         working = collective_traffic(s, nranks, variant)["working_bytes"]
     elif backend == "mpi-onesided":
@@ -413,15 +413,14 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
     # with several ranks each tile is also tried with the occupied space cut in two or
     # more tiles: a single occupied tile leaves oooo whole on one rank
     half_occ = max(1, -(-structure.nocc // 2))
-    # the classes whose balance binds (``backends.balance.run_tiles``: every class where
-    # occupied tiles of MIN_OCC_TILE or more balance them all, else those that matter for
-    # memory); the tiles of each rule (mpi-collective's judged by its grid) are always a
-    # candidate of the executors and variants it judges, and with every class binding each tile is tried
-    # with that occupied tile too; a forced --tile that leaves any stored class above
-    # BALANCE gets a warning (forced tiles are evaluated alone: no tile search; every class
-    # judged, as ``tessera plan --ranks`` judges a forced --tile)
-    # the combos by their rule: the one-sided ones by tasks per rank (None), mpi-collective's
-    # by its grid of c layers (summa 1, 2.5d c)
+    # the combos grouped by their tile rule (``backends.balance.run_tiles``): the one-sided
+    # ones by tasks per rank (None), mpi-collective's by its grid of c layers (summa 1, 2.5d
+    # c). A rule's tiles are always a candidate of its group; the classes whose balance
+    # binds (every class where occupied tiles of MIN_OCC_TILE or more balance them all,
+    # else those that matter for memory) do not depend on the rule, so one ``binds`` serves
+    # every group, and with every class binding each tile is tried with the rule's occupied
+    # tile too. A forced --tile that leaves any stored class above BALANCE gets a warning
+    # (forced tiles are evaluated alone, every class judged, as ``tessera plan --ranks`` does)
     groups: dict = {}
     for b, var in combos:
         groups.setdefault(None if b == "mpi-onesided" else collective_layers(var, nranks), []).append((b, var))

@@ -80,7 +80,7 @@ class BlockMatrix:
     blocks; ``self[r0:r1]`` its rows r0:r1; ``self @ B`` the product, a GEMM per block
     summed over the inner tuples."""
 
-    nbytes = 0          # views only: nothing of its own
+    nbytes = 0          # views, or block copies made as a product reads them: nothing kept
 
     def __init__(self, shape: tuple, entries: list):
         self.shape, self.entries = shape, entries
@@ -109,15 +109,21 @@ class BlockMatrix:
         return out
 
 
+def _blas_ready(m: np.ndarray) -> bool:
+    """Whether SciPy's BLAS wrappers take ``m`` without a copy (C or Fortran order)."""
+    return m.flags.c_contiguous or m.flags.f_contiguous
+
+
 def add_product(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     """out += a @ b in one BLAS call (dgemm with beta = 1 on out's transpose, which is in
     Fortran order when ``out`` is in C order; a and b in either order are passed with a
-    transpose flag, not copied): no product array and no pass adding it. An in-place
+    transpose flag, not copied; a strided view, as a row range of a block in Fortran
+    order, goes to numpy's matmul, which reads it in place): no product array and no pass adding it. An in-place
     operand's blocks are summed so (ovvv's on glycine cc-pVDZ: k = 25 per block, three
     blocks per row range): its five ovvv products with t1 and u, 122 -> 116 ms of CPU per
     iteration on serial against numpy's temporary and ``+=`` (alternate iterations of one
     run, under load). ``out`` in another order: numpy's ``+=``."""
-    if not out.flags.c_contiguous:
+    if not (out.flags.c_contiguous and _blas_ready(a) and _blas_ready(b)):
         out += a @ b
         return
     x, trans_x = (b.T, 0) if b.flags.c_contiguous else (b, 1)

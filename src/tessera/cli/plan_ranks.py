@@ -86,11 +86,16 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     structure = CCSDStructure(orbsym, nocc, nfrozen, distributed=True)
     warning, given, binds = None, tile is not None, None
-    layers = {v: collective_layers(v, nranks) for v in COLLECTIVE_VARIANTS}
+    # on several nodes a run has one ghost per node (progress auto): the executors' work,
+    # bytes and time are those of the workers, and mpi-collective's grid is theirs
+    rpn = min(ranks_per_node, nranks)
+    ghosts = 1 if nranks > rpn > 1 else 0
+    workers = nranks - ghosts * -(-nranks // rpn)
+    layers = {v: collective_layers(v, workers) for v in COLLECTIVE_VARIANTS}
     grid_tiles = {}                    # layers -> mpi-collective's tiles by its grid rule
     if not given:
         tile, occ_tile, worst, binds = run_tiles(structure, nranks, budget)
-        grid_tiles = {c: tuple(run_tiles(structure, nranks, budget, c)[:2]) for c in set(layers.values())}
+        grid_tiles = {c: tuple(run_tiles(structure, workers, budget, c)[:2]) for c in set(layers.values())}
         if binds is not None and nranks > 1:
             warning = (f"no tiles of {MIN_OCC_TILE} or more spread every class with max/mean <= {BALANCE} over "
                        f"{nranks} ranks (too few blocks); these balance only the classes that hold more than "
@@ -100,11 +105,6 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
         warning = forced_tile_warning(structure.stored, tile, occ_tile, nranks)
     occ_tile = occ_tile or tile
     run = structure(tile, occ_tile)
-    # on several nodes a run has one ghost per node (progress auto): the executors' work,
-    # bytes and time are those of the workers
-    rpn = min(ranks_per_node, nranks)
-    ghosts = 1 if nranks > rpn > 1 else 0
-    workers = nranks - ghosts * -(-nranks // rpn)
     stats = structure_stats(lambda *_: run, tile, occ_tile, workers)
     counted = {(tile, occ_tile): stats}
 
