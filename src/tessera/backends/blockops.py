@@ -13,7 +13,6 @@ from bisect import bisect_right
 from functools import partial
 
 import numpy as np
-from scipy.linalg.blas import dgemm
 
 from tessera.backends.sectors import add_map, gather_index, gather_map, scatter_map
 from tessera.errors import SymmetryError
@@ -126,6 +125,9 @@ def add_product(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     if not (out.flags.c_contiguous and _blas_ready(a) and _blas_ready(b)):
         out += a @ b
         return
+    # imported at first use: ``import tessera`` loads no SciPy, so that a program can defer
+    # what SciPy imports and a run never uses (``cli.deferred``)
+    from scipy.linalg.blas import dgemm
     x, trans_x = (b.T, 0) if b.flags.c_contiguous else (b, 1)
     y, trans_y = (a.T, 0) if a.flags.c_contiguous else (a, 1)
     dgemm(1.0, x, y, beta=1.0, c=out.T, trans_a=trans_x, trans_b=trans_y, overwrite_c=1)
