@@ -21,7 +21,7 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    windows) moved by mpi-collective's ``exchange``: the values against numpy, and the
    bytes each rank receives (the runtime's alltoallv counter) against the part's elements
    that the rank does not hold itself (from its own pieces, ``local_pieces``).
-5. With ``--collective`` (3 and 4 ranks): ``collective`` below (and 4).
+5. With ``--collective`` (4 ranks as 2 emulated nodes): ``collective`` below (and 4).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
