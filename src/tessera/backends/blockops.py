@@ -116,12 +116,13 @@ def _blas_ready(m: np.ndarray) -> bool:
 def add_product(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     """out += a @ b in one BLAS call (dgemm with beta = 1 on out's transpose, which is in
     Fortran order when ``out`` is in C order; a and b in either order are passed with a
-    transpose flag, not copied; a strided view, as a row range of a block in Fortran
-    order, goes to numpy's matmul, which reads it in place): no product array and no pass adding it. An in-place
-    operand's blocks are summed so (ovvv's on glycine cc-pVDZ: k = 25 per block, three
-    blocks per row range): its five ovvv products with t1 and u, 122 -> 116 ms of CPU per
-    iteration on serial against numpy's temporary and ``+=`` (alternate iterations of one
-    run, under load). ``out`` in another order: numpy's ``+=``."""
+    transpose flag, not copied): no product array and no pass adding it. The blocks of an
+    operand read from its blocks are summed so (ovvv's on glycine cc-pVDZ: k = 25 per
+    block, three blocks per row range): its five ovvv products with t1 and u, 122 -> 116
+    ms of CPU per iteration on serial against numpy's temporary and ``+=`` (alternate
+    iterations of one run, under load). ``out`` in another order, or a strided operand
+    (a row range of a block in Fortran order, which SciPy's wrapper would copy): numpy's
+    ``+=``, whose matmul reads it in place."""
     if not (out.flags.c_contiguous and _blas_ready(a) and _blas_ready(b)):
         out += a @ b
         return
