@@ -149,7 +149,15 @@ class CopiedBlock:
         return CopiedBlock(self.block, self.perm, self.shape, self.lo + r0, self.lo + r1)
 
     def matrix(self) -> np.ndarray:
-        return self.block.transpose(self.perm).reshape(self.shape)[self.lo:self.hi]
+        """Its rows, copying only the slab of the block's first (transposed) axis that holds
+        them, not the whole block for every row range a task reads."""
+        t = self.block.transpose(self.perm)
+        rows = self.shape[0]
+        if not t.shape[0] or rows < t.shape[0] or rows % t.shape[0]:     # axis 0 not a row axis
+            return t.reshape(self.shape)[self.lo:self.hi]
+        m = rows // t.shape[0]              # rows per index of axis 0
+        a, b = self.lo // m, -(-self.hi // m)
+        return t[a:b].reshape(-1, self.shape[1])[self.lo - a * m:self.hi - a * m]
 
 
 def block_matrices(ref, perm, layouts: dict) -> dict:
