@@ -247,7 +247,8 @@ def test_ccsd_estimate_holds_the_ladder_plus_minus(tmp_path):
     spread = structure_stats(CCSDStructure(orbsym, nocc, 0, True), data["tile"], data["occ_tile"], 2,
                              block_tasks=False)
     assert "ladder V+-" not in spread["held"]
-    # the phases that hold vvvv (the transform, the ladder's set-up) or V+- ((T)) count them
+    # the phases that hold vvvv (the transform, the ladder's set-up) or V+- count them; the
+    # job frees V+- when CCSD ends, so (T) holds neither
     phases = data["memory"]["estimate"]["parts"]
     assert phases["ladder"]["ladder V+-"] == local["held"]["ladder V+-"]
     # the dressing's M+- are held as their gathered matrices from the first residual on

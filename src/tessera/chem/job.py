@@ -33,7 +33,7 @@ from tessera.chem.triples import triples_correction
 from tessera.chem.triples_native import require as require_triples_kernel
 from tessera.errors import ConvergenceError, InputError
 from tessera.profile.records import Recorder, memory_table, slowest
-from tessera.tensor.pairs import FreedBlocks, kept_plus_minus
+from tessera.tensor.pairs import FreedBlocks, free_plus_minus, kept_plus_minus
 
 METHODS = ("hf", "ccsd", "ccsd(t)")
 SCF_CODES = ("pyscf", "tessera")
@@ -267,6 +267,10 @@ class Job:
         if plus_minus:
             data["storage"]["classes"]["vvvv_plus_minus"] = {
                 "stored": sum(t.stored_elements for t in plus_minus), "dense": ints.tensors["vvvv"].dense_elements}
+        # V+- (61 MiB of triangles on glycine cc-pVDZ) are read by no later phase: freed, and
+        # the heap's free memory handed back, before (T) takes its own
+        free_plus_minus(ints.tensors["vvvv"])
+        ctx.drop_gathered()
         minimal = minimal_flops(ints.o, ints.v)
         data["flops"] = {"ccsd_per_iteration": cc.flops_per_iteration, "ccsd_minimal_per_iteration": minimal,
                          "ccsd_over_minimal": cc.flops_per_iteration / minimal if minimal else None}

@@ -22,7 +22,8 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
              the 8-fold AO integrals and the MO integrals
   ladder     a local run, before its first CCSD iteration: the integrals with vvvv and
              the ladder's V+- made from it (``chem.ccsd._ladder_form``), which then frees vvvv;
-             the transform holds vvvv too, the iterations and (T) hold V+- instead
+             the transform holds vvvv too, the iterations hold V+- instead (the job frees
+             them when CCSD ends: (T) reads no vvvv)
   ccsd       one iteration as ``backends.auto.memory_parts`` counts it (the one estimator
              of the cost model): T2 + integrals of the fullest rank, the amplitude copies
              and the DIIS history (the structure's ``held``), the executor's working set
@@ -226,8 +227,8 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     executors = _executors(shape)
     ccsd = max((executor_parts(b, v) for b, v in executors), key=lambda m: sum(m.values()))
     o, v = make_spaces(shape.orbsym, shape.nocc, shape.nfrozen, shape.tile, shape.occ_tile)
-    # a local run holds the ladder's V+- from CCSD on (kept on vvvv's tensor, for (T) and
-    # any later CCSD on the integrals) and frees vvvv once they are made (chem.ccsd._ladder_form):
+    # a local run holds the ladder's V+- through CCSD (kept on vvvv's tensor; the job frees
+    # them before (T)) and frees vvvv once they are made (chem.ccsd._ladder_form):
     # the iterations' ``stored`` has no vvvv, the transform and the start of CCSD hold it
     ladder = s["held"].get("ladder V+-", 0)
     stored = with_vvvv = ccsd["stored"]
@@ -275,8 +276,6 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     if shape.method == "ccsd(t)":
         parts["(t)"] = {"integrals": stored, **triples_parts(o, v, P, T, resident=not shape.distributed,
                                                               memory_bytes=shape.budget, ranks_per_node=shape.node_ranks)}
-        if ladder:
-            parts["(t)"]["ladder V+-"] = ladder
     if shape.distributed:
         # this rank's windows in CCSD: T2 + integrals, amplitude copies, intermediates
         # (all but the DIIS history), pooled until the context closes after (T)

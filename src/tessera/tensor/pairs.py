@@ -261,6 +261,13 @@ def kept_plus_minus(g) -> tuple:
     return next(iter(made.values()), ())
 
 
+def free_plus_minus(g) -> None:
+    """Drop the (V+, V-) kept on ``g`` (a job whose CCSD is done: (T) reads no vvvv). A
+    later ``plus_minus`` of a ``g`` freed by ``free_for_ladder`` is then an error naming
+    ``g``, as reading its blocks is."""
+    g.__dict__.pop("_plus_minus", None)
+
+
 def free_for_ladder(g) -> bool:
     """Free the blocks of the frozen local tensor ``g`` once ``plus_minus`` has made its
     V+- (they stay kept on ``g``, where the planner finds them): a local CCSD reads vvvv
