@@ -356,6 +356,40 @@ def test_ladder_in_plus_minus_form(backend, seed, flat, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(2))
+def test_one_plan_packs_an_unchanged_amplitude_once(backend, seed):
+    """Terms of one plan that pack the same tensor (CCSD's tau, for Woooo and the ladder)
+    read one pack of it and its +- halves; after an update writes the tensor, the next
+    term packs it anew. Every result equals numpy.einsum."""
+    o, v, rng = spaces(700 + seed, nirrep=[1, 2][seed], tile=2 + seed)
+    sym = (ts.PermutationalSymmetry((1, 0, 3, 2)),)
+    W_d = _eightfold(v, rng)
+    W = BlockTensor.from_dense(W_d, (v,) * 4, 0, name="vvvv", symmetry=VVVV_SYMMETRY, canonical=True).freeze()
+    tau, tau_d = _pair_symmetric(o, v, rng, 0, canonical=True)
+    R, S, Q = (BlockTensor((o, o, v, v), 0, name=n, symmetry=sym, canonical=True) for n in "RSQ")
+
+    def updates():
+        with ts.equations():
+            R["ijab"] = 0.7 * W["acbd"] * tau["ijcd"]
+            S["ijab"] = -0.3 * W["acbd"] * tau["ijcd"]         # tau's packs of the term above
+            tau["ijab"] += 0.5 * R["ijab"]
+            Q["ijab"] = 1.1 * W["acbd"] * tau["ijcd"]          # tau changed: packed anew
+    with ts.Context(backend):
+        updates()
+    ladder = np.einsum("acbd,ijcd->ijab", W_d, tau_d)
+    after = tau_d + 0.35 * ladder
+    for got, ref in ((R, 0.7 * ladder), (S, -0.3 * ladder), (tau, after),
+                     (Q, 1.1 * np.einsum("acbd,ijcd->ijab", W_d, after))):
+        np.testing.assert_allclose(got.to_dense(), ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    ctx = PlanningContext()
+    with ctx:
+        updates()
+    full = ["pack", "plus_pack", "plus_unpack", "minus_pack", "minus_unpack", "unpack"]
+    assert [st.pairs for st in ctx.plans[0].steps if st.pairs] == \
+        full + ["plus_unpack", "minus_unpack", "unpack"] + full
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("flat", [True, False], ids=["flat", "per-block"])
 def test_t1_dressed_ladder(backend, seed, flat, monkeypatch):

@@ -112,11 +112,48 @@ class Plan:
 
 def plan_updates(updates: list) -> Plan:
     steps, labels, choices = [], [], []
-    for up in updates:
-        label = up.describe()
-        labels.append(label)
-        steps.extend(_plan_update(up, label, choices))
+    packs: dict = {}
+    token = _PACKS.set(packs)
+    try:
+        for up in updates:
+            label = up.describe()
+            labels.append(label)
+            steps.extend(_plan_update(up, label, choices))
+            # a tensor this update wrote is packed anew by the terms after it
+            for key in [k for k, (source, _) in packs.items() if source is up.target.tensor]:
+                del packs[key]
+    finally:
+        _PACKS.reset(token)
     return Plan(steps, labels, choices)
+
+
+# the pair packs made so far by the plan being made (``plan_updates``): (source tensor's id,
+# kind, pair space) -> (source, packed tensor)
+_PACKS: contextvars.ContextVar = contextvars.ContextVar("tessera_packs", default=None)
+
+
+def _pack_of(source: BlockTensor, kind: str, space, make) -> tuple:
+    """(the tensor that packs ``source`` by ``kind`` into ``space``'s pairs, whether a term
+    before it in this plan made it): a local plan packs an unchanged tensor once for all
+    its terms (CCSD's tau: its pairs i <= j and their +/- halves over a <= b, once for
+    Woooo's ovov tau and the ladder, not twice: glycine cc-pVDZ, three o^2 v^2 / 2 passes
+    fewer per iteration). ``make()`` makes the empty packed tensor."""
+    packs = _PACKS.get()
+    if packs is None or source.dist is not None or plans_distributed():
+        return make(), False
+    key = (id(source), kind, space)
+    if key in packs:
+        return packs[key][1], True
+    packed = make()
+    packs[key] = (source, packed)       # the source held: its id names no other tensor meanwhile
+    return packed, False
+
+
+def _drop_pack(packed: BlockTensor) -> None:
+    """Forget ``packed`` (of ``_pack_of``) where no step is planned to make it."""
+    packs = _PACKS.get() or {}
+    for key in [k for k, (_, p) in packs.items() if p is packed]:
+        del packs[key]
 
 
 # ------------------------------------------------------------------------- updates
@@ -334,8 +371,9 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str, dressing=None) 
             pairs = pair_space(t.spaces[0])
             used = F.indices + G.indices + out.indices + "".join(r.indices for r in (dressing.factors if dressing else ()))
             p = next(ch for ch in "PQXYZpqxyz" if ch not in used)
-            packed = Ref(BlockTensor((pairs,) + F.tensor.spaces[2:], F.tensor.irrep, name="pairs"),
-                         p + F.indices[2:])
+            packed_t, shared = _pack_of(F.tensor, "pack", pairs, lambda: BlockTensor(
+                (pairs,) + F.tensor.spaces[2:], F.tensor.irrep, name="pairs"))
+            packed = Ref(packed_t, p + F.indices[2:])
             result = Ref(BlockTensor((pairs,) + t.spaces[2:], t.irrep, name="pairs"), p + out.indices[2:])
             # a G that changes (tau of R2 += Woooo tau) is gathered anew at every run of a
             # local plan: as the second factor its letters stay in its own order (kl, ab), a
@@ -344,8 +382,10 @@ def _symmetric_half(factors, out: Ref, scale: float, label: str, dressing=None) 
             pair = (packed, G) if local and not G.tensor.constant else (G, packed)
             pm = _plus_minus_steps(G, packed, result, scale, label, dressing)
             if dressing is not None and not pm:
+                _drop_pack(packed_t)        # planned otherwise: nothing made it
                 return []
-            steps = [_pair_map(F, packed, "pack", label), *(pm or [_pair_step(*pair, result, scale, label)])]
+            steps = [] if shared else [_pair_map(F, packed, "pack", label)]
+            steps += pm or [_pair_step(*pair, result, scale, label)]
             if t.dist is None:      # local: one pass adds the pairs and their mirror images to the target
                 return steps + [Step("add", out, (result,), 1.0, None, label, pairs="unpack",
                                      perms={"a": tuple(range(result.tensor.ndim)), "sym": sym})]
@@ -427,10 +467,12 @@ def _plus_minus_steps(G: Ref, X: Ref, R: Ref, scale: float, label: str, dressing
     x_rows = R.tensor.spaces[0].dim < vp.spaces[0].dim
     steps, made = [], []
     for v, sign in ((vp, "plus"), (vm, "minus")):
-        packed = Ref(BlockTensor((X.tensor.spaces[0], vp.spaces[1]), X.tensor.irrep, name=f"x{sign}"), p + C)
+        packed_t, shared = _pack_of(X.tensor, f"{sign}_pack", vp.spaces[1], lambda: BlockTensor(
+            (X.tensor.spaces[0], vp.spaces[1]), X.tensor.irrep, name=f"x{sign}"))
+        packed = Ref(packed_t, p + C)
         product = Ref(BlockTensor((R.tensor.spaces[0], vp.spaces[0]), R.tensor.irrep, name=f"r{sign}"), p + A)
         pair = (packed, Ref(v, A + C)) if x_rows else (Ref(v, A + C), packed)
-        steps += [_pair_map(X, packed, f"{sign}_pack", label),
+        steps += ([] if shared else [_pair_map(X, packed, f"{sign}_pack", label)]) + [
                   _pair_step(*pair, product, scale, label),
                   _pair_map(product, R, f"{sign}_unpack", label)]
         if dress is not None:
