@@ -131,7 +131,7 @@ def test_residual_frees_intermediates_before_the_ladder(monkeypatch):
 
     def checking_ladder(*args):
         if "X" in made:         # in a residual (not the plan of the ladder before the iterations)
-            checked.append({n: made[n]() is None for n in ("th", "taup", "taupp", "X0", "X", "u",
+            checked.append({n: made[n]() is None for n in ("taup", "taupp", "X0", "X", "u",
                                                            "Wt1_ovov", "Wt1_ovoo", "W2", "Y", "Z")})
         return ladder(*args)
 

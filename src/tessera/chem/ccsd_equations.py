@@ -98,7 +98,7 @@ def residual(ints, t1, t2, tau=None, fixed=None):
     the caller has them already."""
     I = ints  # noqa: E741  (integral classes: I.ovov[iajb] = (ia|jb), ...)
     tau = make_tau(ints, t1, t2) if tau is None else tau
-    u, th = new(I, "oovv", "u"), new(I, "oovv", "th")
+    u = new(I, "oovv", "u")
     taup, taupp = new(I, "oovv", "taup"), new(I, "ovov", "taupp")
     Fov, fvv, foo = new(I, "ov", "Fov"), new(I, "vv", "fvv"), new(I, "oo", "foo")
     ftv, fto = new(I, "vv", "ftv"), new(I, "oo", "fto")
@@ -112,20 +112,21 @@ def residual(ints, t1, t2, tau=None, fixed=None):
     # in groups, each intermediate freed after the last group that reads it, so that
     # fewer are held at once (glycine cc-pVDZ: ov x ov arrays of 17 MiB each)
     with ts.equations():
-        # combined amplitudes (o2v2 each), th made from u: PySCF's 2 tau~ - tau~[ijba]
-        # (tau~ = t2 + t1 t1 / 2), one pass over the amplitudes fewer
-        u["ijab"] = 2.0 * t2["ijab"] - t2["ijba"]
-        th["ijab"] = u["ijab"] + t1["ia"] * t1["jb"] - 0.5 * t1["ib"] * t1["ja"]
+        u["ijab"] = 2.0 * t2["ijab"] - t2["ijba"]                       # combined amplitudes, o2v2
 
-        # one-body intermediates (PySCF fov, fvv, foo; ft_ab, ft_ij)
+        # one-body intermediates (PySCF fov, fvv, foo; ft_ab, ft_ij). PySCF contracts
+        # theta = 2 tau~ - tau~[ijba] (tau~ = t2 + t1 t1 / 2) = u + t_ia t_jb - t_ib t_ja / 2
+        # with (ia|jb) in fvv and foo; its t1 t1 part sums to t1 times Fov (Fov_kc =
+        # 2 (kc|ld) t_ld - (kd|lc) t_ld): sum_jic (t_jc t_ia - t_ja t_ic / 2) (jc|ib) =
+        # sum_i t_ia Fov_ib / 2, so u is contracted instead and no theta is made (three
+        # o2v2 passes fewer)
         Fov["kc"] += 2.0 * I.ovov["kcld"] * t1["ld"] - I.ovov["kdlc"] * t1["ld"]          # o2v2
         fvv["ab"] += (2.0 * I.ovvv["kcab"] * t1["kc"] - I.ovvv["kbca"] * t1["kc"]          # ov3
-                      - th["jica"] * I.ovov["jcib"])                                      # o2v3
+                      - u["jica"] * I.ovov["jcib"] - 0.5 * t1["ia"] * Fov["ib"])          # o2v3
         foo["ij"] += (2.0 * I.ovoo["kcji"] * t1["kc"] - I.ovoo["icjk"] * t1["kc"]          # o3v
-                      + I.ovov["iakb"] * th["jkab"])                                      # o3v2
+                      + I.ovov["iakb"] * u["jkab"] + 0.5 * t1["ja"] * Fov["ia"])          # o3v2
         ftv["ab"] += fvv["ab"] - 0.5 * t1["ia"] * Fov["ib"]
         fto["ij"] += foo["ij"] + 0.5 * t1["ja"] * Fov["ia"]
-    del th
 
     # two-body intermediates
     with ts.equations():
