@@ -150,12 +150,14 @@ def residual(ints, t1, t2, tau=None, fixed=None):
                      + I.ovvv["jcba"] * u["ijbc"]                                         # o2v3
                      + Fov["jb"] * u["ijab"] - I.ovoo["jbki"] * u["kjab"]                 # o3v2
                      + fvv["ab"] * t1["ib"] - foo["ji"] * t1["ja"])
-        Z["ijab"] += (Wt1_ovov["iajb"] + 0.5 * I.ovov["iajb"]
+        Z["ijab"] += (Wt1_ovov["iajb"]
                       - Wt1_ovoo["iajk"] * t1["kb"]                                       # o3v2
                       + Y["jaib"] + 0.5 * Y["iajb"]
                       + u["kica"] * W2["ckjb"]                                            # o3v3
                       + t2["ijac"] * ftv["bc"] - fto["ki"] * t2["kjab"])                  # o2v3, o3v2
-        r2["ijab"] += Z["ijab"] + Z["jiba"]
+        # (ia|jb), symmetric, straight to R2's canonical half (not its half to Z, then Z
+        # and Z[jiba] to R2: one pass over half of R2 for three over Z)
+        r2["ijab"] += I.ovov["iajb"] + Z["ijab"] + Z["jiba"]
     del u, Wt1_ovov, Wt1_ovoo, W2, Y, Z
 
     with ts.equations():
