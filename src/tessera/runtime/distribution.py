@@ -427,15 +427,26 @@ class PieceDeal:
         """[(owner, offset in its memory, first element in the block, elements), ...] of the
         block at position ``g``, in element order."""
         c = int(self._class(g))
-        s, n, first, _ = self._class_ints[c]
-        P, b = self.nranks, g - int(self.first_block[c])
-        out = []
-        for j in range(n):
-            x = b * n + j
-            owner = (first + x + self.shift) % P
-            start, end = j * s // n, (j + 1) * s // n
-            out.append((owner, self._before(owner, c) + self._elements(c, x % P, x // P), start, end - start))
-        return out
+        n, first = self._class_ints[c][1:3]
+        b = g - int(self.first_block[c])
+        return [self._piece(c, b, j, (first + b * n + j + self.shift) % self.nranks) for j in range(n)]
+
+    def pieces_held(self, g: int, rank: int) -> list:
+        """The entries of ``pieces(g)`` that ``rank`` holds, from its own piece numbers (j,
+        j + P, ... of the block: at most one where a block has at most P pieces), without
+        making the others: O(classes)."""
+        c = int(self._class(g))
+        n, first = self._class_ints[c][1:3]
+        b = g - int(self.first_block[c])
+        return [self._piece(c, b, j, rank) for j in range((rank - self.shift - first - b * n) % self.nranks, n,
+                                                          self.nranks)]
+
+    def _piece(self, c: int, b: int, j: int, owner: int) -> tuple:
+        """``pieces``' entry of piece ``j`` of block ``b`` of class ``c``, held by ``owner``."""
+        s, n = self._class_ints[c][:2]
+        x, P = b * n + j, self.nranks
+        start, end = j * s // n, (j + 1) * s // n
+        return (owner, self._before(owner, c) + self._elements(c, x % P, x // P), start, end - start)
 
     def rank_pieces(self, rank: int) -> tuple:
         """(positions, first elements, elements) of ``rank``'s pieces in memory order."""

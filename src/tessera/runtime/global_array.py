@@ -47,7 +47,7 @@ from tessera.runtime._mpi import load_mpi, mpi_datatype
 from tessera.runtime.distribution import assign_owners
 from tessera.runtime.exposure import Exposure
 from tessera.runtime.layout import BlockLayout
-from tessera.runtime.placement import TablePlacement
+from tessera.runtime.placement import TablePlacement, part_runs
 
 log = logging.getLogger("tessera.runtime")
 
@@ -315,40 +315,23 @@ class GlobalArray:
     def local_keys(self) -> list:
         return list(self._local_keys)
 
-    def piece_runs(self, key, part=None) -> "PieceRuns":
+    def piece_runs(self, key, part=None, rank: int | None = None) -> "PieceRuns":
         """Where the elements of a block stored in pieces, or of ``part`` of it, lie: one run
-        per contiguous row of the part within a piece (``PieceRuns``), for exchanges that
-        move pieces by message (``mpi-collective``) and for patches (``_piece_patch``). ``part``: ``tasks.part_slice``'s cuts
-        of the key's axes (an alias: through its stored block, which ``transpose(order)``
-        makes it). The part's rows run along the axes after its last cut one (whole axes),
-        so a part cut on the last axis has one row per element of the others."""
+        per contiguous row of the part within a piece (``PieceRuns``; ``placement.part_runs``),
+        for exchanges that move pieces by message (``mpi-collective``) and for patches
+        (``_piece_patch``). ``part``: ``tasks.part_slice``'s cuts of the key's axes (an alias:
+        through its stored block, which ``transpose(order)`` makes it). ``rank``: only the
+        runs that rank holds, found from its own pieces alone (a sender's share: its work
+        does not grow with the block's pieces)."""
         key, order = self.aliases.get(key, (key, None))
-        shape = self._slot(key)[3]
+        shape = self.layout.block_shape(key)
         lo, hi = [0] * len(shape), list(shape)
         for n in range(0, len(part or ()), 3):
             axis, a, b = part[n:n + 3]
             axis = order[axis] if order is not None else axis
             lo[axis], hi[axis] = a, b
-        box = tuple(b - a for a, b in zip(lo, hi))
-        strides = np.cumprod((1,) + tuple(shape[:0:-1]), dtype=np.int64)[::-1]
-        cut = [ax for ax in range(len(shape)) if box[ax] != shape[ax]]
-        last = cut[-1] if cut else 0
-        row = int(box[last] * strides[last])                      # elements per row of the part
-        first = np.array([lo[last] * strides[last]], dtype=np.int64)
-        for ax in range(last - 1, -1, -1):                        # rows in C order of the stored axes
-            first = ((np.arange(lo[ax], hi[ax], dtype=np.int64) * strides[ax])[:, None] + first).reshape(-1)
-        at = np.arange(len(first), dtype=np.int64) * row           # each row's place in the part
-        cols: list = [[], [], [], []]
-        for owner, off, start, count in self._place.pieces_of(key):
-            s, e = np.maximum(first, start), np.minimum(first + row, start + count)
-            hit = s < e
-            s = s[hit]
-            for col, val in zip(cols, (np.full(len(s), owner), off + s - start, at[hit] + s - first[hit],
-                                       e[hit] - s)):
-                col.append(val)
-        owner, offset, pos, count = (np.concatenate(c).astype(np.int64) for c in cols)
-        ordered = np.argsort(pos, kind="stable")
-        return PieceRuns(key, order, box, owner[ordered], offset[ordered], pos[ordered], count[ordered])
+        pieces = self._place.pieces_of(key) if rank is None else self._place.pieces_held(key, rank)
+        return PieceRuns(key, order, tuple(b - a for a, b in zip(lo, hi)), *part_runs(pieces, shape, lo, hi))
 
     def block_shape(self, key) -> tuple:
         if key in self.aliases:
