@@ -14,7 +14,8 @@ and 2.5d) and 6-31G (the one-sided ones) with every integral class and T2 in pie
 equal to PySCF's to 1e-7 Eh; parts of pieced blocks cut on other axes than the first
 moved by mpi-collective's all-to-all: exactly the part's elements that the receiver does
 not hold (from the pieces each rank holds); the same parts fetched by mpi-onesided's gets:
-exactly the part's elements, per target.
+exactly the part's elements, per target; the bytes of mpi-collective's steps on pieces
+equal to the cost model's.
 """
 
 from pathlib import Path
@@ -107,3 +108,21 @@ def test_collective_pieces_at_four_ranks_on_two_nodes():
             assert e[run]["pieced"] == CLASSES + ["t2"], (xyz, run)
             assert abs(e[run]["e_ccsd"] - serial["e_ccsd"]) < 1e-10 and abs(e[run]["e_t"] - serial["e_t"]) < 1e-10, (xyz, run)
             assert e[run]["e_ccsd"] == pytest.approx(e_ccsd, abs=1e-7) and e[run]["e_t"] == pytest.approx(e_t, abs=1e-7), (xyz, run)
+
+
+def test_collective_bytes_on_pieces_are_the_models():
+    """2 ranks as 2 emulated nodes, every block of a pieces tensor in 2 pieces: for steps of
+    mpi-collective that read or write tensors in pieces (a contraction with each operand
+    stationary, an outer product of one tensor with itself, a sum with a transposed input,
+    a Hadamard product), the bytes each rank's all-to-all counter records equal the cost
+    model's (``auto.step_recv``: the pieces a rank lacks, partial outputs cut at pieces).
+    Before, the model counted a stationary pieced operand as moving nothing and the
+    pieces of an output as not sent (the contraction with A or C stationary: 0 / 104 bytes
+    on ranks 0 / 1 against 2464 / 2568 moved; with B: 2816 / 2816 against 3512 / 2800)."""
+    env = {"TESSERA_PIECES": "2", "TESSERA_EMULATE_NODES": "2", "MPIR_CVAR_NOLOCAL": "1",
+           "TESSERA_PROGRESS": "none"}
+    out = run_mpi(SCRIPT, 2, args=["--model"], env=env, timeout=TIMEOUT)["model_bytes"]
+    assert {k for run in out.values() for k in run["kinds"]} == {"contract", "add", "hadamard"}
+    for name, run in out.items():
+        assert run["pieced"] and sum(run["counted"]) > 0, (name, run)
+        assert run["counted"] == run["model"], (name, run)

@@ -25,6 +25,8 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    a piece): the values against numpy, and the bytes each rank's get counter records per
    target against the part's elements that target holds (from every rank's pieces).
 6. With ``--collective`` (4 ranks as 2 emulated nodes): ``collective`` below (and 4).
+7. With ``--model``: ``model_bytes`` below (the bytes of collective steps on pieces against
+   the cost model's).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -233,6 +235,16 @@ def energies(world, basis: str, runs, xyz: str = "water.xyz") -> dict:
     return out
 
 
+def pair_amplitudes() -> tuple:
+    """(spaces, dense values) of ``part_bytes``' pair-symmetric oovv tensor (C1, tiles 3 and 4)."""
+    rng = np.random.default_rng(7)
+    o = IndexSpace.from_irreps("o", np.zeros(6, int), 3)
+    v = IndexSpace.from_irreps("v", np.zeros(8, int), 4)
+    oovv = (o, o, v, v)
+    x = rng.standard_normal(tuple(s.dim for s in oovv))
+    return oovv, x + x.transpose(1, 0, 3, 2)
+
+
 def part_bytes(world) -> dict:
     """Section 4: parts cut along the third, the last and two axes (one of them the first) of
     every block of a pair-symmetric pieced oovv tensor, of its canonical blocks and of their
@@ -240,12 +252,7 @@ def part_bytes(world) -> dict:
     over all ranks, as counted by the runtime and as derived from the pieces each rank
     holds (a part's elements outside the receiver's own pieces, 8 bytes each); and the
     bytes of the whole blocks the parts are cut from."""
-    rng = np.random.default_rng(7)
-    o = IndexSpace.from_irreps("o", np.zeros(6, int), 3)
-    v = IndexSpace.from_irreps("v", np.zeros(8, int), 4)
-    oovv = (o, o, v, v)
-    x = rng.standard_normal(tuple(s.dim for s in oovv))
-    td = x + x.transpose(1, 0, 3, 2)
+    oovv, td = pair_amplitudes()
     with Context("mpi-collective") as ctx:
         T = filled(td, oovv, "T", pair=True)
         ga, me = T.dist.ga, world.rank
@@ -280,12 +287,7 @@ def onesided_part_bytes(world) -> dict:
     and summed over the ranks, as the runtime counts them and as derived from the pieces
     every rank holds (a part's elements held by each target, its own included, 8 bytes
     each); and the bytes of the whole blocks the parts are cut from."""
-    rng = np.random.default_rng(7)
-    o = IndexSpace.from_irreps("o", np.zeros(6, int), 3)
-    v = IndexSpace.from_irreps("v", np.zeros(8, int), 4)
-    oovv = (o, o, v, v)
-    x = rng.standard_normal(tuple(s.dim for s in oovv))
-    td = x + x.transpose(1, 0, 3, 2)
+    oovv, td = pair_amplitudes()
     with Context("mpi-onesided", variant="original") as ctx:
         T = filled(td, oovv, "T", pair=True)
         ga, me = T.dist.ga, world.rank
@@ -313,6 +315,67 @@ def onesided_part_bytes(world) -> dict:
                 "whole_blocks": int(world.allreduce(whole, "sum"))}
 
 
+def model_bytes(world) -> dict:
+    """Section 7 (``--model``): steps of mpi-collective on tensors in pieces, each run alone:
+    a contraction with each operand stationary (a: pieced T, b: whole M, c: the pieced
+    output), an outer product of one tensor with itself (its blocks move once for both
+    operands), a sum with a transposed input and a Hadamard product writing a pieced output.
+    Per step and rank the bytes the runtime's all-to-all counter records, and the model's
+    (``auto.step_recv`` of the same equations planned on structure alone, with the run's
+    TESSERA_PIECES)."""
+    from tessera.backends.auto import step_recv
+    from tessera.backends.context import PlanningContext
+    from tessera.backends.registry import ENV_PIECES, env_number
+    rng = np.random.default_rng(5)
+    o = IndexSpace.from_irreps("o", rng.integers(0, 2, 5), 2)
+    v = IndexSpace.from_irreps("v", rng.integers(0, 2, 7), 3)
+    oovv = (o, o, v, v)
+    dense = {"T": masked(rng.standard_normal((o.dim, o.dim, v.dim, v.dim)), oovv, 0),
+             "M": masked(rng.standard_normal((v.dim, v.dim)), (v, v), 0),
+             "X": masked(rng.standard_normal((o.dim, v.dim)), (o, v), 0)}
+    dense["T"] = dense["T"] + dense["T"].transpose(1, 0, 3, 2)
+
+    def contract(t):
+        t["Z"]["ijab"] = t["T"]["ijcb"] * t["M"]["ca"]
+
+    def add(t):
+        t["C"]["ijab"] = 2.0 * t["T"]["ijab"] - t["T"]["ijba"]
+
+    def outer(t):
+        t["C"]["ijab"] = t["X"]["ia"] * t["X"]["jb"]
+
+    def hadamard(t):
+        t["Z"]["ijab"] = t["T"]["ijab"] * t["T"]["jiab"]
+
+    def tensors(fill):
+        made = {"T": (oovv, "pieces", True), "M": ((v, v), "balanced", False), "X": ((o, v), "balanced", False)}
+        out = {n: (filled(dense[n], sp, n, pl, pair) if fill else
+                   BlockTensor(sp, 0, name=n, placement=pl, symmetry=T2_SYMMETRY if pair else (), canonical=pair))
+               for n, (sp, pl, pair) in made.items()}
+        out["Z"] = BlockTensor(oovv, 0, name="Z", placement="pieces")
+        out["C"] = BlockTensor(oovv, 0, name="C", placement="pieces", symmetry=T2_SYMMETRY, canonical=True)
+        return out
+    runs = [("contract/" + m, contract, m) for m in ("a", "b", "c")] + \
+        [("outer/c", outer, "c"), ("add", add, "c"), ("hadamard", hadamard, "c")]
+    out = {}
+    for name, eq, mode in runs:
+        with PlanningContext() as plan:
+            with ts.equations():
+                eq(tensors(False))
+        with Context("mpi-collective", variant="summa", stationary=mode):
+            t = tensors(True)
+            snap = world.comm_log.snapshot()
+            with ts.equations():
+                eq(t)
+            counted = int(world.comm_log.row(world.size, ("alltoallv",), since=snap).sum())
+            pieced = all(t[n].pieced for n in ("T", "Z", "C"))
+        model = sum(step_recv(step, world.size, mode, env_number(ENV_PIECES, 1, integer=True))
+                    for p in plan.plans for step in p.steps)
+        out[name] = {"counted": world.allgather(counted), "model": [float(x) for x in model], "pieced": pieced,
+                     "kinds": sorted({step.kind for p in plan.plans for step in p.steps} - {"zero"})}
+    return out
+
+
 def collective(world) -> dict:
     """Section 4 (``--collective``): the operations on mpi-collective with each operand kept
     stationary (a, b, c) and the grid only (never), and CCSD(T) of water (C2v) and H2O2
@@ -326,6 +389,11 @@ def collective(world) -> dict:
 
 def main() -> int:
     world = World.get()
+    if "--model" in sys.argv:
+        result = {"ranks": world.size, "model_bytes": model_bytes(world)}
+        if world.rank == 0:
+            print(json.dumps(result), flush=True)
+        return 0
     if "--collective" in sys.argv:
         result = {"ranks": world.size, **collective(world)}
         if world.rank == 0:

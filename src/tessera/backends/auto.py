@@ -17,13 +17,16 @@ estimates, per rank:
 
 with the gets, accumulates and bytes the loop order implies (one per piece of a block
 stored in pieces: T2 and the integral classes where they have too few blocks for the
-ranks, ``runtime.distribution.piece_count``; ``original``: both inputs
+ranks, ``runtime.distribution.piece_count``, at least TESSERA_PIECES as a run cuts them;
+``original``: both inputs
 of every product, one accumulate per output block; ``inverted``: the reused operand
 once, the other per product, one accumulate per product; ``cached``: every distinct
 remote block once per rank, a frozen operand's once per run; ``mpi-collective``: per
 contraction as the executor runs it (``collective_traffic``: its grid shape and SUMMA on
-it, or an operand stationary, ``backends.stationary``; frozen operands moved once), the
-busiest rank's bytes; variant ``2.5d`` on a pr x pc x c grid: panels broadcast within a
+it, or an operand stationary, ``backends.stationary``; frozen operands moved once; blocks
+in pieces as they move), the busiest rank's bytes, and per sum or Hadamard product the
+busiest rank's bytes as the executor moves them (``owner_step_recv``; ``step_recv`` gives
+any step's bytes per rank); variant ``2.5d`` on a pr x pc x c grid: panels broadcast within a
 layer's smaller grid, c partial outputs to the owners). The constants are per node, with
 the network between nodes when the ranks span several (``run_costs``). Each candidate also gets a memory estimate per rank
 (``memory_parts``: T2 + integrals of the fullest rank; what the driver holds beside
@@ -73,10 +76,11 @@ from tessera.backends.balance import (BALANCE, binding, class_balance, collectiv
 from tessera.backends.context import BLOCK_READ_COLUMNS, CACHE_BYTES, gather_twins, thread_limit
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
-from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
+from tessera.backends.registry import ENV_PIECES, VARIANTS, backend_of_variant, check_options, env_number
 from tessera.errors import InputError
-from tessera.plan.blocktasks import block_sizes, task_arrays
-from tessera.runtime.distribution import block_owners, default_layers, grid_3d, makespan, piece_count
+from tessera.backends.stationary import held
+from tessera.plan.blocktasks import add_source, block_sizes, hadamard_outputs, task_arrays
+from tessera.runtime.distribution import block_owners, default_layers, grid_3d, makespan, piece_count, piece_table
 from tessera.runtime.distribution import block_sizes as tensor_block_sizes
 from tessera.tensor.block_tensor import allowed_elements
 
@@ -114,13 +118,13 @@ def gemm_rate() -> float:
 
 
 def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: float | None = None,
-                    block_tasks: bool = True) -> dict:
+                    block_tasks: bool = True, least_pieces: int = 1) -> dict:
     """Counts of one iteration with these tile sizes, from ``structure(tile, occ_tile)``:
     its ``plans`` (structure only, no data) and the ``tensors`` a run stores; the class
     balance and largest share of one tensor over the classes that bind under ``budget``
     (``balance.binding``: all without one). ``block_tasks=False``: only what
     ``memory_parts`` needs for a local executor (no block tasks: their flops, bytes and
-    the distributed working sets are left out)."""
+    the distributed working sets are left out). ``least_pieces``: the run's TESSERA_PIECES."""
     run = structure(tile, occ_tile)
     s = {"flops": 0, "products": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
          "distinct_bytes": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
@@ -129,8 +133,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
          "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0,
          # one-sided operations on mpi-onesided, one per piece of a block stored in pieces
          "get_ops": 0, "acc_ops": 0, "inv_get_ops": 0, "product_acc_ops": 0, "distinct_ops": 0,
-         "pieced_acc_ops": 0}
-    owners: dict = {}            # id(tensor) -> owner function on nranks ranks
+         "pieced_acc_ops": 0, "collective_other_bytes": 0.0}
+    owners = {"least": least_pieces}     # id(tensor) -> owner function, pieces, on nranks ranks
     gathered: dict = {}          # (tensor, perm, sectors) -> bytes of a constant operand's matrices
     pooled: dict = {}            # intermediate (not stored, not constant) -> its bytes
     for plan in run.plans:
@@ -145,6 +149,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             if step.kind != "contract":
                 s["other_steps"] += 1
                 s["other_bytes"] += 8 * step.out.tensor.dense_elements
+                if block_tasks and nranks > 1:
+                    s["collective_other_bytes"] += float(owner_step_recv(step, nranks, owners).max())
                 continue
             s["contract_steps"] += 1
             # a constant left operand of few columns is read from its blocks, not gathered
@@ -190,7 +196,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             s["collective_steps"].append({
                 "bytes": (bytes_a, bytes_b, out_bytes), "tasks": ta, "perms": (step.perms["a"], step.perms["b"]),
                 "sig": tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in step.sectors),
-                "owners": tuple(_owner(owners, r.tensor, nranks) for r in (*step.inputs, step.out)),
+                **dict(zip(("owners", "pieces"), _operands(owners, step, ta, nranks))),
+                "shared": step.inputs[0].tensor is step.inputs[1].tensor,
                 "moved_once": tuple(x for x, r in zip("ab", step.inputs) if r.tensor.constant), "stationary": {}})
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
@@ -219,10 +226,16 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
 
 
 def _owner(owners: dict, t, nranks: int):
-    """The owner function of tensor ``t``'s blocks (aliases: their canonical block's) on
-    ``nranks`` ranks, as a run places them (made once per tensor)."""
+    """The owner function of tensor ``t``'s blocks (aliases: their canonical block's; a
+    block in pieces: its home, its first piece's owner) on ``nranks`` ranks, as a run places
+    them (made once per tensor; ``owners["least"]``: the run's least pieces per block)."""
     if id(t) not in owners:
-        where = block_owners(t.spaces, t.irrep, t.stored_keys(), nranks, t.placement)
+        table = _piece_table(owners, t, nranks)
+        if table is None:
+            where = block_owners(t.spaces, t.irrep, t.stored_keys(), nranks,
+                                 "balanced" if t.placement == "pieces" else t.placement)
+        else:
+            where = dict(zip(table[0], table[3][table[1]].tolist()))
         alias = t.aliases
         owners[id(t)] = (t, lambda key: where[key] if key in where else where[alias[key][0]])
     return owners[id(t)][1]
@@ -230,14 +243,125 @@ def _owner(owners: dict, t, nranks: int):
 
 def _pieces(cache: dict, t, nranks: int) -> int:
     """One-sided operations per block of ``t`` as mpi-onesided stores it on ``nranks`` ranks:
-    its pieces per block where it is placed in pieces (``runtime.distribution.piece_count``,
-    the default cut), else 1 (made once per tensor)."""
+    its pieces per block where it is placed in pieces (``runtime.distribution.piece_count``;
+    at least ``cache["least"]``), else 1 (made once per tensor)."""
     if t.placement != "pieces" or nranks == 1:
         return 1
     if ("pieces", id(t)) not in cache:
         sizes = tensor_block_sizes(t.spaces, t.stored_keys())
-        cache[("pieces", id(t))] = (t, piece_count(int(sizes.max(initial=0)), int(sizes.sum()), nranks))
+        cache[("pieces", id(t))] = (t, piece_count(int(sizes.max(initial=0)), int(sizes.sum()), nranks,
+                                                   cache.get("least", 1)))
     return cache[("pieces", id(t))][1]
+
+
+def _piece_table(cache: dict, t, nranks: int):
+    """None where ``t``'s blocks are whole on ``nranks`` ranks; else (stored keys, where each
+    one's pieces start in the rows, where they end, the rows' ranks, their elements), the
+    rows of ``runtime.distribution.piece_table`` (made once per tensor)."""
+    if _pieces(cache, t, nranks) == 1:
+        return None
+    if ("table", id(t)) not in cache:
+        keys = t.stored_keys()
+        index, rank, count = piece_table(t.spaces, t.irrep, keys, nranks, cache.get("least", 1))
+        start = np.searchsorted(index, np.arange(len(keys) + 1))
+        cache[("table", id(t))] = (t, ({k: i for i, k in enumerate(keys)}, start[:-1], start[1:], rank, count))
+    return cache[("table", id(t))][1]
+
+
+def _piece_rows(cache: dict, t, nranks: int, keys):
+    """(index into ``keys``, rank, elements) of every piece of ``t``'s blocks ``keys`` (an
+    alias: its stored block's), as ``stationary`` takes them; None for whole blocks."""
+    table = _piece_table(cache, t, nranks)
+    if table is None:
+        return None
+    where, start, end, rank, count = table
+    rows = np.array([where[k] if k in where else where[t.aliases[k][0]] for k in keys], dtype=np.int64)
+    n = end[rows] - start[rows]
+    sel = np.repeat(start[rows] - np.cumsum(n) + n, n) + np.arange(int(n.sum()), dtype=np.int64)
+    return np.repeat(np.arange(len(keys), dtype=np.int64), n), rank[sel], count[sel]
+
+
+def _operands(cache: dict, step, ta, nranks: int) -> tuple:
+    """(owner functions, ``_piece_rows``) of a contraction's A, B and output, as
+    ``backends.stationary`` takes them."""
+    refs = (*step.inputs, step.out)
+    return (tuple(_owner(cache, r.tensor, nranks) for r in refs),
+            tuple(_piece_rows(cache, r.tensor, nranks, keys) for r, keys in zip(refs, (ta.a_keys, ta.b_keys, ta.out))))
+
+
+def step_recv(step, nranks: int, mode: str = "c", least_pieces: int = 1) -> np.ndarray:
+    """Bytes each rank receives by all-to-all in ``step`` on ``mpi-collective``, as the model
+    counts them (``least_pieces``: a run's TESSERA_PIECES): a contraction with operand
+    ``mode`` stationary (``backends.stationary``), a sum or Hadamard product by
+    ``owner_step_recv``."""
+    from tessera.backends import stationary
+    cache = {"least": least_pieces}
+    if step.kind != "contract":
+        return owner_step_recv(step, nranks, cache)
+    ta = task_arrays(step)
+    owners, pieces = _operands(cache, step, ta, nranks)
+    plan = stationary.stationary_scores(ta, owners, nranks, modes=(mode,), where=False, pieces=pieces,
+                                        shared=step.inputs[0].tensor is step.inputs[1].tensor)[1][mode]
+    return sum(plan["recv"].values())
+
+
+def _same_pieces(a, b) -> bool:
+    """Whether tensors ``a`` and ``b`` are stored alike (one structure and placement: a run
+    gives them one placement object)."""
+    return (a.placement == b.placement and a.irrep == b.irrep and a.canonical == b.canonical
+            and tuple(a.symmetry) == tuple(b.symmetry) and a.spaces == b.spaces)
+
+
+def owner_step_recv(step, nranks: int, cache: dict) -> np.ndarray:
+    """Bytes each rank receives in an ``add`` or ``hadamard`` step on ``mpi-collective``
+    (``add_step``, ``hadamard_step``): the input blocks an output block reads go to its home
+    (of a block in pieces, the elements the home lacks), and an output in pieces is cut at
+    its pieces and each sent from the home to its owner; an ``add`` between tensors in the
+    same pieces, read in the same order, moves nothing (``rank_local``). ``cache``:
+    ``structure_stats``' owners (made once per tensor)."""
+    out = step.out.tensor
+    recv = np.zeros(nranks)
+    # (a local plan's pair maps, ``unpack`` and the ladder's +- form, never run distributed)
+    if step.kind not in ("add", "hadamard") or step.pairs not in (None, "pack", "unpack_half"):
+        return recv
+    same = tuple(range(out.ndim))
+    if (step.kind == "add" and out.placement == "pieces" and _pieces(cache, out, nranks) > 1 and not step.pairs
+            and tuple(step.perms["a"]) == same and _same_pieces(out, step.inputs[0].tensor)
+            and (step.divisor is None or (tuple(step.perms["d"]) == same
+                                          and _same_pieces(out, step.divisor.tensor)))):
+        return recv
+    home = _owner(cache, out, nranks)
+    reads, outs = [], []            # (tensor, key, home); (output key, home)
+    if step.kind == "add":
+        ins = (step.inputs[0].tensor,) + ((step.divisor.tensor,) if step.divisor is not None else ())
+        for okey in out.stored_keys():
+            src = add_source(step, okey)
+            if src[0] is not None:
+                outs.append((okey, home(okey)))
+                reads += [(t, k, outs[-1][1]) for t, k in zip(ins, src)]
+    else:
+        a, b = (r.tensor for r in step.inputs)
+        for okey, plist in hadamard_outputs(step).items():
+            if not plist:
+                continue
+            outs.append((okey, home(okey)))
+            reads += [(t, k, outs[-1][1]) for ka, kb in plist for t, k in ((a, ka), (b, kb))]
+    for t in {id(t): t for t, _, _ in reads}.values():
+        pairs = sorted({(k, r) for u, k, r in reads if u is t})       # ``exchange``: each (block, rank) once
+        keys, at = [k for k, _ in pairs], np.array([r for _, r in pairs], dtype=np.int64)
+        size = tensor_block_sizes(t.spaces, [t.aliases[k][0] if k in t.aliases else k for k in keys])
+        rows = _piece_rows(cache, t, nranks, keys)
+        if rows is None:
+            lacks = size * (np.array([_owner(cache, t, nranks)(k) for k in keys], dtype=np.int64) != at)
+        else:
+            lacks = size - held(rows, np.arange(len(keys)), at, nranks)
+        recv += np.bincount(at, weights=8.0 * lacks, minlength=nranks)
+    rows = _piece_rows(cache, out, nranks, [k for k, _ in outs])
+    if rows is not None:            # the home's result to the other pieces' owners
+        index, rank, count = rows
+        away = rank != np.array([r for _, r in outs], dtype=np.int64)[index]
+        recv += np.bincount(rank[away], weights=8.0 * count[away], minlength=nranks)
+    return recv
 
 
 def grid_of(nranks: int, variant: str) -> tuple:
@@ -276,7 +400,8 @@ def _collective_traffic(s: dict, nranks: int, variant: str) -> dict:
         if nranks > 1:      # the stationary modes' scores do not depend on the grid: once per rank count
             if nranks not in st["stationary"]:
                 st["stationary"][nranks] = stationary.stationary_scores(st["tasks"], st["owners"], nranks,
-                                                                        st["moved_once"], where=False)
+                                                                        st["moved_once"], where=False,
+                                                                        pieces=st["pieces"], shared=st["shared"])
             mode, scores, _ = stationary.choose(st["tasks"], st["sig"], pa, pb, (gr, gc, c), st["owners"], nranks,
                                                 st["moved_once"], stationary=st["stationary"][nranks])
         else:
@@ -349,7 +474,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         tr = collective_traffic(s, P, variant)
         pr, pc, c = tr["grid"]
         coll = s["contract_steps"] * (2 + 2 * max(pr, pc)) + s["other_steps"]
-        moved = tr["bytes_per_rank"] + other_bytes
+        moved = tr["bytes_per_rank"] + s["collective_other_bytes"]
         seconds = compute + overhead + coll * T_COLL + moved / BANDWIDTH
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
                 "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes_per_rank"], "layers": c,
@@ -408,6 +533,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
         combos = [("mpi-onesided", variant)] if variant else [("mpi-onesided", v) for v in ONESIDED_VARIANTS]
     else:
         combos = [("mpi-onesided", v) for v in ONESIDED_VARIANTS] + collective
+    least = env_number(ENV_PIECES, 1, integer=True)     # a test's forced pieces, as the run stores them
     budget = budget or memory_budget(nranks)[0]
     costs = run_costs(nranks, ranks_per_node)
     # with several ranks each tile is also tried with the occupied space cut in two or
@@ -449,7 +575,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
                 continue
             seen_tiles.add(key)
             if key not in counted:
-                counted[key] = structure_stats(structure, t, ot, nranks, binds)
+                counted[key] = structure_stats(structure, t, ot, nranks, binds, least_pieces=least)
             s = counted[key]
             for b, var in members:
                 e = estimate(s, nranks, b, var, rate, costs)

@@ -333,6 +333,12 @@ class GlobalArray:
         pieces = self._place.pieces_of(key) if rank is None else self._place.pieces_held(key, rank)
         return PieceRuns(key, order, tuple(b - a for a, b in zip(lo, hi)), *part_runs(pieces, shape, lo, hi))
 
+    def piece_table(self, keys) -> tuple:
+        """(index into ``keys``, rank, elements) of every piece of the blocks ``keys`` (an
+        alias: its stored block's, which holds the same elements) of an array stored in
+        pieces, vectorised (for cost models: ``backends.stationary``)."""
+        return self._place.piece_table([self.aliases.get(k, (k,))[0] for k in keys])
+
     def block_shape(self, key) -> tuple:
         if key in self.aliases:
             canon, perm = self.aliases[key]

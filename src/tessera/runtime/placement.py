@@ -374,6 +374,11 @@ class PiecedPlacement:
         O(size classes), whatever the pieces per block)."""
         return self.deal.pieces_held(self._position(key), rank)
 
+    def piece_table(self, keys) -> tuple:
+        """``distribution.PieceDeal.table`` of stored ``keys``: (index into ``keys``, owner,
+        elements) of every piece (vectorised)."""
+        return self.deal.table(self.base.positions(keys))
+
     def _position(self, key) -> int:
         g = self._positions.get(key)
         if g is None:
