@@ -115,7 +115,7 @@ def test_collective_bytes_on_pieces_are_the_models():
     mpi-collective that read or write tensors in pieces (a contraction with each operand
     stationary, an outer product of one tensor with itself, a sum with a transposed input,
     a Hadamard product), the bytes each rank's all-to-all counter records equal the cost
-    model's (``auto.step_recv``: the pieces a rank lacks, partial outputs cut at pieces).
+    model's (``step_bytes.step_recv``: the pieces a rank lacks, partial outputs cut at pieces).
     Before, the model counted a stationary pieced operand as moving nothing and the
     pieces of an output as not sent (the contraction with A or C stationary: 0 / 104 bytes
     on ranks 0 / 1 against 2464 / 2568 moved; with B: 2816 / 2816 against 3512 / 2800)."""

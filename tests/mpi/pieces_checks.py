@@ -321,9 +321,9 @@ def model_bytes(world) -> dict:
     output), an outer product of one tensor with itself (its blocks move once for both
     operands), a sum with a transposed input and a Hadamard product writing a pieced output.
     Per step and rank the bytes the runtime's all-to-all counter records, and the model's
-    (``auto.step_recv`` of the same equations planned on structure alone, with the run's
+    (``step_bytes.step_recv`` of the same equations planned on structure alone, with the run's
     TESSERA_PIECES)."""
-    from tessera.backends.auto import step_recv
+    from tessera.backends.step_bytes import step_recv
     from tessera.backends.context import PlanningContext
     from tessera.backends.registry import ENV_PIECES, env_number
     rng = np.random.default_rng(5)
