@@ -136,7 +136,8 @@ def test_pieces_cover_every_element_once(orbsym, nranks, least):
     positions: distribution.PieceDeal) against the rule dealt out piece by piece
     (``dealt_pieces``): every block's pieces (owner, offset, elements), every rank's
     pieces in memory order, its home keys and element count; a block's pieces cover it
-    once, a rank's pieces lie one after the other; a block's home is block_owner_array's
+    once, a rank's pieces lie one after the other (``pieces_held``: those of one rank,
+    several where ``least`` exceeds the ranks); a block's home is block_owner_array's
     (unforced); classes with few blocks for the ranks are cut (``least`` forces it, as
     TESSERA_PIECES does for tests), and then every class is spread with max/mean <= 1.5
     unless forced (also as ``backends.balance.loads`` counts it for plans)."""
@@ -161,9 +162,12 @@ def test_pieces_cover_every_element_once(orbsym, nranks, least):
             home = block_owner_array(t.spaces, t.irrep, keys, nranks, "pieces")
             assert home.tolist() == [ref[k][0][0] for k in keys], name
         memory = {r: [] for r in range(nranks)}
+        sample = set(keys[::max(1, len(keys) // 40)])
         for key in keys:
             pieces = pl.pieces_of(key)
             assert pieces == ref[key] and pl.locate(key) == pieces[0][:2], (name, key)
+            for r in ({p[0] for p in pieces} | {0, nranks - 1}) if key in sample else ():   # a rank's own, alone
+                assert pl.pieces_held(key, r) == [p for p in pieces if p[0] == r], (name, key, r)
             at = 0
             for owner, offset, start, count in pieces:
                 assert start == at and count > 0
@@ -202,3 +206,72 @@ def test_pieces_at_many_ranks_keep_no_table():
         (hit,) = [p for p in pl.pieces_of(key) if p[2] == start]
         assert hit[0] == 5 and hit[3] == count
     assert all(pl.locate(k)[0] == 5 for k in pl.home_keys(5))
+
+
+def element_runs(pieces, shape, lo, hi):
+    """The reference for ``part_runs``: per element of the box [lo, hi) (C order), the rank
+    holding it and its offset there (-1 where none of ``pieces`` holds it)."""
+    flat = np.arange(int(np.prod(shape))).reshape(shape)[tuple(slice(a, b) for a, b in zip(lo, hi))].reshape(-1)
+    owner, offset = np.full(len(flat), -1), np.full(len(flat), -1)
+    for r, off, start, count in pieces:
+        held = (flat >= start) & (flat < start + count)
+        owner[held], offset[held] = r, off + flat[held] - start
+    return owner, offset
+
+
+def runs_by_element(runs, n):
+    """``part_runs``' runs written out per element of the box (as ``element_runs``)."""
+    owner, offset = np.full(n, -1), np.full(n, -1)
+    for r, off, pos, count in zip(*runs):
+        assert count > 0 and (owner[pos:pos + count] == -1).all()     # runs do not overlap
+        owner[pos:pos + count], offset[pos:pos + count] = r, off + np.arange(count)
+    return owner, offset
+
+
+def test_part_runs_against_elements():
+    """``placement.part_runs`` (rows a piece meets counted, not searched) against the box
+    written out element by element, for random shapes of 1-4 axes, random cuts of the
+    block into pieces, random boxes and a random subset of the pieces (a rank's own);
+    runs in the box's element order."""
+    from tessera.runtime.placement import part_runs
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        shape = tuple(int(x) for x in rng.integers(1, 6, rng.integers(1, 5)))
+        size = int(np.prod(shape))
+        k = int(rng.integers(1, min(size, 7) + 1))
+        bounds = [0, *sorted(rng.choice(np.arange(1, size), k - 1, replace=False).tolist()), size]
+        pieces = [(int(rng.integers(0, 3)), int(rng.integers(0, 99)), a, b - a) for a, b in zip(bounds, bounds[1:])]
+        lo = [int(rng.integers(0, s)) for s in shape]
+        hi = [int(rng.integers(a + 1, s + 1)) for a, s in zip(lo, shape)]
+        some = [p for p in pieces if rng.random() < 0.6]
+        runs = part_runs(some, shape, lo, hi)
+        n = int(np.prod([b - a for a, b in zip(lo, hi)]))
+        for got, want in zip(runs_by_element(runs, n), element_runs(some, shape, lo, hi)):
+            assert (got == want).all(), (shape, lo, hi, some)
+        assert (np.diff(runs[2]) > 0).all()
+
+
+@pytest.mark.parametrize("nranks", [256, 1024])
+def test_piece_runs_of_one_rank_at_scale(nranks):
+    """A planned layout of (H2O)4 cc-pVDZ (C1, 20 occupied, 76 virtual, tile 16) on 256 and
+    1024 ranks, T2 in pieces: a rank's runs of a part (``pieces_held``: its own pieces
+    only, by arithmetic) are exactly the runs of all the pieces (``pieces_of``) that it
+    holds, for parts cut as exchanges cut them (2.5D's layer halves of the first axis,
+    (T)'s windows on the last axes); a rank holding none of a block gets none."""
+    from tessera.runtime.placement import PiecedPlacement, part_runs
+    t = structures([0] * 96, 20, 16, 16)["t2"]
+    pl = placement_of(t, nranks, "pieces")
+    assert isinstance(pl, PiecedPlacement) and pl.k > 1
+    rng = np.random.default_rng(nranks)
+    keys = t.stored_keys()
+    for key in [keys[i] for i in rng.choice(len(keys), 6, replace=False)]:
+        shape = t.block_shape(key)
+        for lo, hi in (((0,) * 4, shape), ((0, 0, 0, 0), (shape[0] // 2 + 1, *shape[1:])),
+                       ((0, 0, 1, 2), (*shape[:2], shape[2] - 1, shape[3] - 3)), ((1, 0, 0, 5), (2, *shape[1:3], 9))):
+            every = part_runs(pl.pieces_of(key), shape, lo, hi)
+            held = set(every[0].tolist())
+            for r in sorted(held) + rng.choice(nranks, 8).tolist():
+                mine = part_runs(pl.pieces_held(key, r), shape, lo, hi)
+                sel = every[0] == r
+                assert all((a == b[sel]).all() for a, b in zip(mine, every)), (key, r, lo, hi)
+                assert len(mine[0]) == 0 or r in held

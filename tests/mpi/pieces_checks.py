@@ -3,9 +3,9 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
 
 1. A ``pieces`` tensor on mpi-onesided through every access path, against numpy: put_block
    from rank 0, accumulate_block from every rank, get_block, to_dense (fetch_many), the
-   global array's iget / get_patch / acc_patch across blocks and pieces, a contraction
-   that reads it (ts.einsum) and a dot with it first; a partial put_patch and a local
-   view are refused (one-line errors, reported as their messages).
+   global array's iget / get_patch / acc_patch across blocks and pieces, a put_patch of
+   part of a block, a contraction that reads it (ts.einsum) and a dot with it first; a
+   local view is refused (a one-line error, reported as its message).
 2. The operations CCSD performs on amplitudes, on pieced tensors (a pair-symmetric oovv
    tensor stored as canonical blocks, as T2) against numpy, for the one-sided variants
    original, cached and owner and for mpi-collective summa and 2.5d (pieces gathered
@@ -21,7 +21,12 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    windows) moved by mpi-collective's ``exchange``: the values against numpy, and the
    bytes each rank receives (the runtime's alltoallv counter) against the part's elements
    that the rank does not hold itself (from its own pieces, ``local_pieces``).
-5. With ``--collective`` (4 ranks as 2 emulated nodes): ``collective`` below (and 4).
+5. The same parts fetched by mpi-onesided (``fetch_blocks``: one get per run of the part in
+   a piece): the values against numpy, and the bytes each rank's get counter records per
+   target against the part's elements that target holds (from every rank's pieces).
+6. With ``--collective`` (4 ranks as 2 emulated nodes): ``collective`` below (and 4).
+7. With ``--model``: ``model_bytes`` below (the bytes of collective steps on pieces against
+   the cost model's).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -124,8 +129,13 @@ def access(world) -> dict:
         w = BlockTensor.random((o, v, v), 1, rng=rng, name="w")
         out["dot_error"] = abs(ts.dot(t["iab"], w["iba"]) - float(np.einsum("iab,iba->", t.to_dense(), w.to_dense())))
         ga.sync()
-        out["partial_put"] = refused(lambda: ga.put_patch(*inner, part))
         out["local_view"] = refused(lambda: ga.local_view(first))
+        if world.rank == 0:             # a put of part of a block writes only the part's elements
+            ga.put_patch(*inner, 2.0 * part)
+        ga.sync()
+        whole[tuple(slice(x, y) for x, y in zip(*inner))] = 2.0 * part
+        put_err = float(np.abs(ga.get_patch((0, 0, 0), ga.shape) - np.where(allowed, whole, 0.0)).max())
+        out["partial_put_error"] = world.allreduce(put_err, "max")
         out["like"] = t.like().dist.pieced
     return out
 
@@ -225,6 +235,16 @@ def energies(world, basis: str, runs, xyz: str = "water.xyz") -> dict:
     return out
 
 
+def pair_amplitudes() -> tuple:
+    """(spaces, dense values) of ``part_bytes``' pair-symmetric oovv tensor (C1, tiles 3 and 4)."""
+    rng = np.random.default_rng(7)
+    o = IndexSpace.from_irreps("o", np.zeros(6, int), 3)
+    v = IndexSpace.from_irreps("v", np.zeros(8, int), 4)
+    oovv = (o, o, v, v)
+    x = rng.standard_normal(tuple(s.dim for s in oovv))
+    return oovv, x + x.transpose(1, 0, 3, 2)
+
+
 def part_bytes(world) -> dict:
     """Section 4: parts cut along the third, the last and two axes (one of them the first) of
     every block of a pair-symmetric pieced oovv tensor, of its canonical blocks and of their
@@ -232,12 +252,7 @@ def part_bytes(world) -> dict:
     over all ranks, as counted by the runtime and as derived from the pieces each rank
     holds (a part's elements outside the receiver's own pieces, 8 bytes each); and the
     bytes of the whole blocks the parts are cut from."""
-    rng = np.random.default_rng(7)
-    o = IndexSpace.from_irreps("o", np.zeros(6, int), 3)
-    v = IndexSpace.from_irreps("v", np.zeros(8, int), 4)
-    oovv = (o, o, v, v)
-    x = rng.standard_normal(tuple(s.dim for s in oovv))
-    td = x + x.transpose(1, 0, 3, 2)
+    oovv, td = pair_amplitudes()
     with Context("mpi-collective") as ctx:
         T = filled(td, oovv, "T", pair=True)
         ga, me = T.dist.ga, world.rank
@@ -266,6 +281,101 @@ def part_bytes(world) -> dict:
                 "moved": int(total[0]), "expected": int(total[1]), "whole_blocks": int(total[2])}
 
 
+def onesided_part_bytes(world) -> dict:
+    """Section 5: the parts of ``part_bytes`` fetched by mpi-onesided, each by the rank
+    ``part_bytes`` sends it to: max error against numpy; the bytes of the gets, per target
+    and summed over the ranks, as the runtime counts them and as derived from the pieces
+    every rank holds (a part's elements held by each target, its own included, 8 bytes
+    each); and the bytes of the whole blocks the parts are cut from."""
+    oovv, td = pair_amplitudes()
+    with Context("mpi-onesided", variant="original") as ctx:
+        T = filled(td, oovv, "T", pair=True)
+        ga, me = T.dist.ga, world.rank
+        holder = {}                     # key -> the rank holding each element of the stored block
+        for rank, pieces in enumerate(world.allgather(ga.local_pieces())):
+            for key, start, count in pieces:
+                holder.setdefault(key, np.full(ga.block_shape(key), -1)).reshape(-1)[start:start + count] = rank
+        cuts = ((2, 1, 3), (3, 0, 2), (0, 1, 2, 3, 1, 4))
+        mine = [(k, cuts[n % len(cuts)]) for n, k in enumerate(sorted(T.allowed_keys())) if n % world.size == me]
+        snap = world.comm_log.snapshot()
+        got = ctx.executor.fetch_blocks([(T, k, part) for k, part in mine])
+        moved = world.comm_log.row(world.size, ("get",), since=snap)
+        err, expect, whole = 0.0, np.zeros(world.size, dtype=np.int64), 0
+        for key, part in mine:
+            canon, perm = ga.aliases.get(key, (key, None))
+            held = (holder[canon] if perm is None else holder[canon].transpose(perm))[part_slice(4, part)]
+            expect += 8 * np.bincount(held.reshape(-1), minlength=world.size)
+            whole += 8 * int(np.prod(ga.block_shape(key)))
+            ref = td[np.ix_(*(s.orbitals[s.slice(t)] for s, t in zip(oovv, key)))][part_slice(4, part)]
+            err = max(err, float(np.abs(got[(T.uid, key, part)] - ref).max()))
+        return {"err": world.allreduce(err, "max"), "aliases": len(ga.aliases), "pieced": bool(T.pieced),
+                "per_target_equal": bool(world.allreduce(int((moved == expect).all()), "min")),
+                "moved": int(world.allreduce(int(moved.sum()), "sum")),
+                "expected": int(world.allreduce(int(expect.sum()), "sum")),
+                "whole_blocks": int(world.allreduce(whole, "sum"))}
+
+
+def model_bytes(world) -> dict:
+    """Section 7 (``--model``): steps of mpi-collective on tensors in pieces, each run alone:
+    a contraction with each operand stationary (a: pieced T, b: whole M, c: the pieced
+    output), an outer product of one tensor with itself (its blocks move once for both
+    operands), a sum with a transposed input and a Hadamard product writing a pieced output.
+    Per step and rank the bytes the runtime's all-to-all counter records, and the model's
+    (``step_bytes.step_recv`` of the same equations planned on structure alone, with the run's
+    TESSERA_PIECES)."""
+    from tessera.backends.step_bytes import step_recv
+    from tessera.backends.context import PlanningContext
+    from tessera.backends.registry import ENV_PIECES, env_number
+    rng = np.random.default_rng(5)
+    o = IndexSpace.from_irreps("o", rng.integers(0, 2, 5), 2)
+    v = IndexSpace.from_irreps("v", rng.integers(0, 2, 7), 3)
+    oovv = (o, o, v, v)
+    dense = {"T": masked(rng.standard_normal((o.dim, o.dim, v.dim, v.dim)), oovv, 0),
+             "M": masked(rng.standard_normal((v.dim, v.dim)), (v, v), 0),
+             "X": masked(rng.standard_normal((o.dim, v.dim)), (o, v), 0)}
+    dense["T"] = dense["T"] + dense["T"].transpose(1, 0, 3, 2)
+
+    def contract(t):
+        t["Z"]["ijab"] = t["T"]["ijcb"] * t["M"]["ca"]
+
+    def add(t):
+        t["C"]["ijab"] = 2.0 * t["T"]["ijab"] - t["T"]["ijba"]
+
+    def outer(t):
+        t["C"]["ijab"] = t["X"]["ia"] * t["X"]["jb"]
+
+    def hadamard(t):
+        t["Z"]["ijab"] = t["T"]["ijab"] * t["T"]["jiab"]
+
+    def tensors(fill):
+        made = {"T": (oovv, "pieces", True), "M": ((v, v), "balanced", False), "X": ((o, v), "balanced", False)}
+        out = {n: (filled(dense[n], sp, n, pl, pair) if fill else
+                   BlockTensor(sp, 0, name=n, placement=pl, symmetry=T2_SYMMETRY if pair else (), canonical=pair))
+               for n, (sp, pl, pair) in made.items()}
+        out["Z"] = BlockTensor(oovv, 0, name="Z", placement="pieces")
+        out["C"] = BlockTensor(oovv, 0, name="C", placement="pieces", symmetry=T2_SYMMETRY, canonical=True)
+        return out
+    runs = [("contract/" + m, contract, m) for m in ("a", "b", "c")] + \
+        [("outer/c", outer, "c"), ("add", add, "c"), ("hadamard", hadamard, "c")]
+    out = {}
+    for name, eq, mode in runs:
+        with PlanningContext() as plan:
+            with ts.equations():
+                eq(tensors(False))
+        with Context("mpi-collective", variant="summa", stationary=mode):
+            t = tensors(True)
+            snap = world.comm_log.snapshot()
+            with ts.equations():
+                eq(t)
+            counted = int(world.comm_log.row(world.size, ("alltoallv",), since=snap).sum())
+            pieced = all(t[n].pieced for n in ("T", "Z", "C"))
+        model = sum(step_recv(step, world.size, mode, env_number(ENV_PIECES, 1, integer=True))
+                    for p in plan.plans for step in p.steps)
+        out[name] = {"counted": world.allgather(counted), "model": [float(x) for x in model], "pieced": pieced,
+                     "kinds": sorted({step.kind for p in plan.plans for step in p.steps} - {"zero"})}
+    return out
+
+
 def collective(world) -> dict:
     """Section 4 (``--collective``): the operations on mpi-collective with each operand kept
     stationary (a, b, c) and the grid only (never), and CCSD(T) of water (C2v) and H2O2
@@ -279,12 +389,18 @@ def collective(world) -> dict:
 
 def main() -> int:
     world = World.get()
+    if "--model" in sys.argv:
+        result = {"ranks": world.size, "model_bytes": model_bytes(world)}
+        if world.rank == 0:
+            print(json.dumps(result), flush=True)
+        return 0
     if "--collective" in sys.argv:
         result = {"ranks": world.size, **collective(world)}
         if world.rank == 0:
             print(json.dumps(result), flush=True)
         return 0
     result = {"ranks": world.size, "access": access(world), "part_bytes": part_bytes(world),
+              "onesided_part_bytes": onesided_part_bytes(world),
               "operations": {f"{b}/{v}": operations(world, b, v) for b, v in OPERATIONS},
               "energies": energies(world, "sto-3g", ONESIDED + COLLECTIVE),
               "energies_631g": energies(world, "6-31g", ONESIDED)}

@@ -17,13 +17,16 @@ estimates, per rank:
 
 with the gets, accumulates and bytes the loop order implies (one per piece of a block
 stored in pieces: T2 and the integral classes where they have too few blocks for the
-ranks, ``runtime.distribution.piece_count``; ``original``: both inputs
+ranks, ``runtime.distribution.piece_count``, at least TESSERA_PIECES as a run cuts them;
+``original``: both inputs
 of every product, one accumulate per output block; ``inverted``: the reused operand
 once, the other per product, one accumulate per product; ``cached``: every distinct
 remote block once per rank, a frozen operand's once per run; ``mpi-collective``: per
 contraction as the executor runs it (``collective_traffic``: its grid shape and SUMMA on
-it, or an operand stationary, ``backends.stationary``; frozen operands moved once), the
-busiest rank's bytes; variant ``2.5d`` on a pr x pc x c grid: panels broadcast within a
+it, or an operand stationary, ``backends.stationary``; frozen operands moved once; blocks
+in pieces as they move), the busiest rank's bytes, and per sum or Hadamard product the
+busiest rank's bytes as the executor moves them (``backends.step_bytes``, which gives
+any step's bytes per rank); variant ``2.5d`` on a pr x pc x c grid: panels broadcast within a
 layer's smaller grid, c partial outputs to the owners). The constants are per node, with
 the network between nodes when the ranks span several (``run_costs``). Each candidate also gets a memory estimate per rank
 (``memory_parts``: T2 + integrals of the fullest rank; what the driver holds beside
@@ -73,11 +76,11 @@ from tessera.backends.balance import (BALANCE, binding, class_balance, collectiv
 from tessera.backends.context import BLOCK_READ_COLUMNS, CACHE_BYTES, gather_twins, thread_limit
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
-from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
+from tessera.backends.registry import ENV_PIECES, VARIANTS, backend_of_variant, check_options, env_number
 from tessera.errors import InputError
+from tessera.backends.step_bytes import operands, owner_step_recv, pieces_per_block
 from tessera.plan.blocktasks import block_sizes, task_arrays
-from tessera.runtime.distribution import block_owners, default_layers, grid_3d, makespan, piece_count
-from tessera.runtime.distribution import block_sizes as tensor_block_sizes
+from tessera.runtime.distribution import default_layers, grid_3d, makespan
 from tessera.tensor.block_tensor import allowed_elements
 
 log = logging.getLogger(__name__)
@@ -114,13 +117,13 @@ def gemm_rate() -> float:
 
 
 def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: float | None = None,
-                    block_tasks: bool = True) -> dict:
+                    block_tasks: bool = True, least_pieces: int = 1) -> dict:
     """Counts of one iteration with these tile sizes, from ``structure(tile, occ_tile)``:
     its ``plans`` (structure only, no data) and the ``tensors`` a run stores; the class
     balance and largest share of one tensor over the classes that bind under ``budget``
     (``balance.binding``: all without one). ``block_tasks=False``: only what
     ``memory_parts`` needs for a local executor (no block tasks: their flops, bytes and
-    the distributed working sets are left out)."""
+    the distributed working sets are left out). ``least_pieces``: the run's TESSERA_PIECES."""
     run = structure(tile, occ_tile)
     s = {"flops": 0, "products": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
          "distinct_bytes": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
@@ -129,8 +132,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
          "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0,
          # one-sided operations on mpi-onesided, one per piece of a block stored in pieces
          "get_ops": 0, "acc_ops": 0, "inv_get_ops": 0, "product_acc_ops": 0, "distinct_ops": 0,
-         "pieced_acc_ops": 0}
-    owners: dict = {}            # id(tensor) -> owner function on nranks ranks
+         "pieced_acc_ops": 0, "collective_other_bytes": 0.0}
+    owners = {"least": least_pieces}     # id(tensor) -> owner function, pieces, on nranks ranks
     gathered: dict = {}          # (tensor, perm, sectors) -> bytes of a constant operand's matrices
     pooled: dict = {}            # intermediate (not stored, not constant) -> its bytes
     for plan in run.plans:
@@ -145,6 +148,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             if step.kind != "contract":
                 s["other_steps"] += 1
                 s["other_bytes"] += 8 * step.out.tensor.dense_elements
+                if block_tasks and nranks > 1:
+                    s["collective_other_bytes"] += float(owner_step_recv(step, nranks, owners).max())
                 continue
             s["contract_steps"] += 1
             # a constant left operand of few columns is read from its blocks, not gathered
@@ -179,7 +184,7 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             s["frozen_distinct_bytes"] += frozen_a * bytes_a + frozen_b * bytes_b
             s["max_step_distinct_bytes"] = max(s["max_step_distinct_bytes"], bytes_a + bytes_b)
             reuse_a = bytes_a >= bytes_b
-            ka, kb, kc = (_pieces(owners, r.tensor, nranks) for r in (*step.inputs, step.out))
+            ka, kb, kc = (pieces_per_block(owners, r.tensor, nranks) for r in (*step.inputs, step.out))
             s["get_ops"] += len(ta.k) * (ka + kb)
             s["acc_ops"] += len(ta.out) * kc
             s["pieced_acc_ops"] += len(ta.out) * kc * (kc > 1)
@@ -190,7 +195,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             s["collective_steps"].append({
                 "bytes": (bytes_a, bytes_b, out_bytes), "tasks": ta, "perms": (step.perms["a"], step.perms["b"]),
                 "sig": tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in step.sectors),
-                "owners": tuple(_owner(owners, r.tensor, nranks) for r in (*step.inputs, step.out)),
+                **dict(zip(("owners", "pieces"), operands(owners, step, ta, nranks))),
+                "shared": step.inputs[0].tensor is step.inputs[1].tensor,
                 "moved_once": tuple(x for x, r in zip("ab", step.inputs) if r.tensor.constant), "stationary": {}})
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
@@ -216,28 +222,6 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
         s["held_bytes"] += s["dressing_bytes"]
     s["pooled_bytes"] = sum(pooled.values())
     return s
-
-
-def _owner(owners: dict, t, nranks: int):
-    """The owner function of tensor ``t``'s blocks (aliases: their canonical block's) on
-    ``nranks`` ranks, as a run places them (made once per tensor)."""
-    if id(t) not in owners:
-        where = block_owners(t.spaces, t.irrep, t.stored_keys(), nranks, t.placement)
-        alias = t.aliases
-        owners[id(t)] = (t, lambda key: where[key] if key in where else where[alias[key][0]])
-    return owners[id(t)][1]
-
-
-def _pieces(cache: dict, t, nranks: int) -> int:
-    """One-sided operations per block of ``t`` as mpi-onesided stores it on ``nranks`` ranks:
-    its pieces per block where it is placed in pieces (``runtime.distribution.piece_count``,
-    the default cut), else 1 (made once per tensor)."""
-    if t.placement != "pieces" or nranks == 1:
-        return 1
-    if ("pieces", id(t)) not in cache:
-        sizes = tensor_block_sizes(t.spaces, t.stored_keys())
-        cache[("pieces", id(t))] = (t, piece_count(int(sizes.max(initial=0)), int(sizes.sum()), nranks))
-    return cache[("pieces", id(t))][1]
 
 
 def grid_of(nranks: int, variant: str) -> tuple:
@@ -276,7 +260,8 @@ def _collective_traffic(s: dict, nranks: int, variant: str) -> dict:
         if nranks > 1:      # the stationary modes' scores do not depend on the grid: once per rank count
             if nranks not in st["stationary"]:
                 st["stationary"][nranks] = stationary.stationary_scores(st["tasks"], st["owners"], nranks,
-                                                                        st["moved_once"], where=False)
+                                                                        st["moved_once"], where=False,
+                                                                        pieces=st["pieces"], shared=st["shared"])
             mode, scores, _ = stationary.choose(st["tasks"], st["sig"], pa, pb, (gr, gc, c), st["owners"], nranks,
                                                 st["moved_once"], stationary=st["stationary"][nranks])
         else:
@@ -349,7 +334,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         tr = collective_traffic(s, P, variant)
         pr, pc, c = tr["grid"]
         coll = s["contract_steps"] * (2 + 2 * max(pr, pc)) + s["other_steps"]
-        moved = tr["bytes_per_rank"] + other_bytes
+        moved = tr["bytes_per_rank"] + s["collective_other_bytes"]
         seconds = compute + overhead + coll * T_COLL + moved / BANDWIDTH
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
                 "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes_per_rank"], "layers": c,
@@ -408,6 +393,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
         combos = [("mpi-onesided", variant)] if variant else [("mpi-onesided", v) for v in ONESIDED_VARIANTS]
     else:
         combos = [("mpi-onesided", v) for v in ONESIDED_VARIANTS] + collective
+    least = env_number(ENV_PIECES, 1, integer=True)     # a test's forced pieces, as the run stores them
     budget = budget or memory_budget(nranks)[0]
     costs = run_costs(nranks, ranks_per_node)
     # with several ranks each tile is also tried with the occupied space cut in two or
@@ -449,7 +435,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
                 continue
             seen_tiles.add(key)
             if key not in counted:
-                counted[key] = structure_stats(structure, t, ot, nranks, binds)
+                counted[key] = structure_stats(structure, t, ot, nranks, binds, least_pieces=least)
             s = counted[key]
             for b, var in members:
                 e = estimate(s, nranks, b, var, rate, costs)

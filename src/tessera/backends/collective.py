@@ -177,8 +177,8 @@ def _pieced_item(ga, key, part, tag, dest, me, send, expect, gathered) -> None:
     the block or part (``GlobalArray.piece_runs``: a contiguous row of the part per run, so
     only the part's elements move) to ``dest``; at ``dest`` the part (stored axis order) is
     assembled from them (its own runs copied) and, after the all-to-all, transposed to an
-    alias's axes (``gathered``)."""
-    runs = ga.piece_runs(key, part)
+    alias's axes (``gathered``). A rank other than ``dest`` finds only its own runs."""
+    runs = ga.piece_runs(key, part, None if dest == me else me)
     mine = runs.owner == me
     if dest != me:
         if mine.any():
@@ -450,9 +450,12 @@ class CollectiveExecutor(DistributedExecutor):
         else:
             owners = (A.dist.owner, B.dist.owner, C.dist.owner)
             modes = stationary.MODES if self.stationary == "auto" else (self.stationary,)
-            mode, _, plans = stationary.choose(task_arrays(step), sig, step.perms["a"], step.perms["b"],
-                                               (*grid, self.cc.layers), owners, self.cc.size, [x for x, t in (("a", A), ("b", B)) if t.constant],
-                                               modes)
+            ta = task_arrays(step)
+            pieces = tuple(t.dist.ga.piece_table(keys) if t.pieced else None
+                           for t, keys in zip((A, B, C), (ta.a_keys, ta.b_keys, ta.out)))
+            mode, _, plans = stationary.choose(ta, sig, step.perms["a"], step.perms["b"], (*grid, self.cc.layers),
+                                               owners, self.cc.size, [x for x, t in (("a", A), ("b", B)) if t.constant],
+                                               modes, pieces=pieces, shared=A is B)
             if self.stationary != "auto":
                 mode = self.stationary
             self._modes[key] = (mode, None if mode == "summa" else plans[mode]["where"])
@@ -609,13 +612,13 @@ class CollectiveExecutor(DistributedExecutor):
             off += k * ncol
 
 
-def _sinks(C, okey, me: int) -> list:
+def _sinks(C, okey, me: int, held: bool = False) -> list:
     """Where output block ``okey`` of ``C`` (a stored key) is kept: [(rank, first element,
     elements, its flat view here or None)]; one entry for a whole block, one per piece for
-    a block stored in pieces (``GlobalArray.piece_runs``)."""
+    a block stored in pieces (``GlobalArray.piece_runs``; ``held``: only this rank's)."""
     ga = C.dist.ga
     if ga.pieces > 1:
-        runs = ga.piece_runs(okey)
+        runs = ga.piece_runs(okey, rank=me if held else None)
         local = ga.local_run() if (runs.owner == me).any() else None
         return [(r, start, n, local[off:off + n] if r == me else None)
                 for r, off, start, n in zip(*(c.tolist() for c in (runs.owner, runs.offset, runs.pos, runs.count)))]
@@ -638,7 +641,7 @@ def deliver(C, okey, res, scale: float, send: list, me: int) -> None:
 def expect_from(C, okey, src: int, expect: list, me: int) -> None:
     """What this rank keeps of output block ``okey``, to receive from ``src`` (``deliver``
     there), appended to ``expect[src]`` as flat views."""
-    expect[src] += [view for rank, _, _, view in _sinks(C, okey, me) if view is not None]
+    expect[src] += [view for rank, _, _, view in _sinks(C, okey, me, held=True) if view is not None]
 
 
 def _add_partials(cc, scale, send, expect) -> float:

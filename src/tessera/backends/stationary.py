@@ -14,7 +14,9 @@ each block product on the rank that owns that operand's block:
 
 ``stationary_scores`` plans each mode: it gives the rank of each (output task, product) and, per rank, the
 flops, the bytes of blocks received per operand (distinct remote blocks) and of partial
-outputs received; ``score`` the busiest rank's cost as ``summa_layout.grid_score`` counts
+outputs received, as ``exchange`` and ``deliver`` move them for an operand stored in pieces
+too (``pieces``: a block's elements the rank lacks come from their holders, the stationary
+operand's to its block's home; a partial output goes in pieces to their owners); ``score`` the busiest rank's cost as ``summa_layout.grid_score`` counts
 it (flops + FLOPS_PER_BYTE x bytes received), where an operand marked ``moved_once`` (a
 frozen operand the executor keeps: the integrals) costs nothing after its first
 iteration. ``choose`` compares SUMMA on the contraction's grid with the three modes,
@@ -38,28 +40,59 @@ def owner_arrays(ta, owners: tuple) -> tuple:
                  for owner, keys in zip(owners, (ta.a_keys, ta.b_keys, ta.out)))
 
 
-def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True) -> dict:
+def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(None, None, None),
+          shared: bool = False) -> dict:
     """``where[t][q]``: the rank of product q of task t; per rank ``flops``, ``recv``
     ({"a", "b": bytes of distinct remote input blocks, "c": bytes of partial outputs});
-    ``ta``: the step's ``plan.blocktasks.TaskArrays``, ``own``: ``owner_arrays``."""
+    ``ta``: the step's ``plan.blocktasks.TaskArrays``, ``own``: ``owner_arrays`` (a block
+    stored in pieces: its home); ``pieces``: per operand None (whole blocks) or its blocks'
+    pieces, (index into ``ta``'s A keys, B keys or outputs, rank, elements); ``shared``: A
+    and B are one tensor (a block both read moves to a rank once)."""
     if mode not in MODES:
         raise ValueError(f"unknown stationary operand {mode!r}; expected one of {MODES}")
     own_a, own_b, dest = own
     ranks = (own_a[ta.a] if mode == "a" else own_b[ta.b] if mode == "b" else dest[ta.task])
     flops = np.bincount(ranks, weights=2.0 * ta.m[ta.task] * ta.k * ta.n[ta.task], minlength=nranks)
-    recv = {}
-    for x, ids, own_x, size in zip("ab", (ta.a, ta.b), (own_a, own_b), block_sizes(ta)):
-        ids, at = _pairs(ids, ranks, nranks, stays=mode == x)             # each (block, rank) once
-        away = own_x[ids] != at
-        recv[x] = np.bincount(at[away], weights=8.0 * size[ids[away]], minlength=nranks)
-    t, at = _pairs(ta.task, ranks, nranks, stays=mode == "c")              # each (task, rank) once
-    t = t[at != dest[t]]
-    recv["c"] = np.bincount(dest[t], weights=8.0 * ta.m[t] * ta.n[t], minlength=nranks)
+    recv, moved = {}, {}
+    for x, ids, own_x, size, table in zip("ab", (ta.a, ta.b), (own_a, own_b), block_sizes(ta), pieces):
+        # each (block, rank) once; a block in pieces moves to its home when stationary too
+        ids, at = _pairs(ids, ranks, nranks, stays=mode == x and table is None)
+        lacks = (own_x[ids] != at) * size[ids] if table is None else size[ids] - held(table, ids, at, nranks)
+        moved[x] = (ids, at, lacks)
+    if shared:                  # B's blocks that A's already bring
+        index = {k: i for i, k in enumerate(ta.a_keys)}
+        ids, at, lacks = moved["b"]
+        as_a = np.array([index.get(k, -1) for k in ta.b_keys], dtype=np.int64)[ids]
+        keep = ~((as_a >= 0) & np.isin(as_a * nranks + at, moved["a"][0] * nranks + moved["a"][1]))
+        moved["b"] = (ids[keep], at[keep], lacks[keep])
+    for x, (ids, at, lacks) in moved.items():
+        recv[x] = np.bincount(at, weights=8.0 * lacks, minlength=nranks)
+    t, at = _pairs(ta.task, ranks, nranks, stays=mode == "c" and pieces[2] is None)   # each (task, rank) once
+    if pieces[2] is None:
+        t = t[at != dest[t]]
+        recv["c"] = np.bincount(dest[t], weights=8.0 * ta.m[t] * ta.n[t], minlength=nranks)
+    else:       # each piece from every rank with products of its block, but its owner
+        index, rank, count = pieces[2]
+        senders = np.bincount(t, minlength=len(ta.out))[index] - held((t, at, np.ones(len(t))), index, rank, nranks)
+        recv["c"] = np.bincount(rank, weights=8.0 * count * senders, minlength=nranks)
     out = {"flops": flops, "recv": recv}
     if where:
         flat = ranks.tolist()
         out["where"] = [flat[s:e] for s, e in zip(ta.start[:-1].tolist(), ta.start[1:].tolist())]
     return out
+
+
+def held(table, ids, at, nranks: int) -> np.ndarray:
+    """Elements of block ``ids[i]`` that rank ``at[i]`` holds, from ``table`` (index, rank,
+    elements) of its pieces."""
+    index, rank, count = table
+    codes, where = np.unique(index * nranks + rank, return_inverse=True)
+    elements = np.bincount(where.reshape(-1), weights=count, minlength=len(codes))
+    ask = ids * nranks + at
+    if not len(codes):
+        return np.zeros(len(ask))
+    pos = np.minimum(np.searchsorted(codes, ask), len(codes) - 1)
+    return np.where(codes[pos] == ask, elements[pos], 0)
 
 
 def _pairs(ids, ranks, nranks: int, stays: bool) -> tuple:
@@ -74,11 +107,13 @@ def _pairs(ids, ranks, nranks: int, stays: bool) -> tuple:
     return pairs // nranks, pairs % nranks
 
 
-def stationary_scores(ta, owners: tuple, nranks: int, moved_once=(), modes=MODES, where: bool = True) -> tuple:
+def stationary_scores(ta, owners: tuple, nranks: int, moved_once=(), modes=MODES, where: bool = True,
+                      pieces=(None, None, None), shared: bool = False) -> tuple:
     """({mode: score}, {mode: plan}) of the stationary ``modes`` (``owners``: functions of A,
-    B, C; ``where=False``: plans without ``where``, for a cost model). Independent of the grid."""
+    B, C; ``where=False``: plans without ``where``, for a cost model; ``pieces``, ``shared``:
+    ``_plan``'s). Independent of the grid."""
     own = owner_arrays(ta, owners)
-    plans = {mode: _plan(ta, mode, own, nranks, where) for mode in modes}
+    plans = {mode: _plan(ta, mode, own, nranks, where, pieces, shared) for mode in modes}
     return {mode: score(p, moved_once) for mode, p in plans.items()}, plans
 
 
@@ -105,18 +140,20 @@ def summa_score(sig, pa, pb, pr: int, pc: int, layers: int, in_bytes: dict, out_
 
 
 def choose(ta, sig, pa, pb, grid: tuple, owners: tuple, nranks: int, moved_once=(), modes=MODES,
-           stationary: tuple | None = None) -> tuple:
+           stationary: tuple | None = None, pieces=(None, None, None), shared: bool = False) -> tuple:
     """(mode, scores, plans): ``"summa"`` or the stationary operand (of ``modes``) of least
     cost for the busiest rank (``grid``: SUMMA's pr, pc, layers; ``owners``: owner
     functions of A, B, C); a tie keeps SUMMA. ``scores`` maps each mode to its ``score``,
     ``plans`` each stationary mode to its ``plan``; ``stationary``: ``stationary_scores``
-    of these tasks and owners, when the caller has them (they do not depend on the grid)."""
+    of these tasks and owners, when the caller has them (they do not depend on the grid);
+    ``pieces``, ``shared``: ``_plan``'s."""
     pr, pc, layers = grid
     size_a, size_b = block_sizes(ta)
     in_bytes = {"a": 8.0 * float(size_a.sum()), "b": 8.0 * float(size_b.sum())}
     out_bytes = 8.0 * float(ta.m @ ta.n)
     scores = {"summa": summa_score(sig, pa, pb, pr, pc, layers, in_bytes, out_bytes, nranks, moved_once)}
-    kept, plans = stationary or stationary_scores(ta, owners, nranks, moved_once, modes)
+    kept, plans = stationary or stationary_scores(ta, owners, nranks, moved_once, modes, pieces=pieces,
+                                                  shared=shared)
     if set(kept) != set(modes):
         raise ValueError(f"stationary scores of modes {sorted(kept)}, asked for {sorted(modes)}")
     scores.update(kept)

@@ -270,6 +270,14 @@ def block_sizes(spaces, keys) -> np.ndarray:
     return out
 
 
+def piece_table(spaces, irrep, keys, nranks: int, least: int = 1) -> tuple:
+    """``PieceDeal.table`` of the blocks ``keys`` (every stored key, as ``block_owner_array``
+    takes them) of a ``pieces`` placement: (index into ``keys``, owner, elements) per piece."""
+    positions = np.empty(len(keys), dtype=np.int64)          # the balanced order of blocks
+    positions[np.argsort(-block_sizes(spaces, keys), kind="stable")] = np.arange(len(keys))
+    return piece_deal(spaces, irrep, keys, nranks, least).table(positions)
+
+
 def block_owner_array(spaces, irrep, keys, nranks: int, placement="balanced") -> np.ndarray:
     """Owner rank of each block ``keys[n]`` of a block tensor's structure (its index spaces'
     tiles and its irrep), the same on every rank without communication:
@@ -427,15 +435,26 @@ class PieceDeal:
         """[(owner, offset in its memory, first element in the block, elements), ...] of the
         block at position ``g``, in element order."""
         c = int(self._class(g))
-        s, n, first, _ = self._class_ints[c]
-        P, b = self.nranks, g - int(self.first_block[c])
-        out = []
-        for j in range(n):
-            x = b * n + j
-            owner = (first + x + self.shift) % P
-            start, end = j * s // n, (j + 1) * s // n
-            out.append((owner, self._before(owner, c) + self._elements(c, x % P, x // P), start, end - start))
-        return out
+        n, first = self._class_ints[c][1:3]
+        b = g - int(self.first_block[c])
+        return [self._piece(c, b, j, (first + b * n + j + self.shift) % self.nranks) for j in range(n)]
+
+    def pieces_held(self, g: int, rank: int) -> list:
+        """The entries of ``pieces(g)`` that ``rank`` holds, from its own piece numbers (j,
+        j + P, ... of the block: at most one where a block has at most P pieces), without
+        making the others: O(classes)."""
+        c = int(self._class(g))
+        n, first = self._class_ints[c][1:3]
+        b = g - int(self.first_block[c])
+        return [self._piece(c, b, j, rank) for j in range((rank - self.shift - first - b * n) % self.nranks, n,
+                                                          self.nranks)]
+
+    def _piece(self, c: int, b: int, j: int, owner: int) -> tuple:
+        """``pieces``' entry of piece ``j`` of block ``b`` of class ``c``, held by ``owner``."""
+        s, n = self._class_ints[c][:2]
+        x, P = b * n + j, self.nranks
+        start, end = j * s // n, (j + 1) * s // n
+        return (owner, self._before(owner, c) + self._elements(c, x % P, x // P), start, end - start)
 
     def rank_pieces(self, rank: int) -> tuple:
         """(positions, first elements, elements) of ``rank``'s pieces in memory order."""
@@ -465,6 +484,19 @@ class PieceDeal:
             out.append(self.first_block[c] + np.arange(b0, self.counts[c], step, dtype=np.int64))
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
+    def table(self, positions) -> tuple:
+        """(index into ``positions``, owner, elements) of every piece of the blocks at
+        ``positions``, blocks in order and a block's pieces in element order (vectorised:
+        O(pieces) NumPy work, for plans and cost models)."""
+        g = np.asarray(positions, dtype=np.int64)
+        c = self._class(g)
+        n = self.n[c]
+        index = np.repeat(np.arange(len(g), dtype=np.int64), n)
+        j = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+        c, n = c[index], n[index]
+        owner = (self.first_piece[c] + (g[index] - self.first_block[c]) * n + j + self.shift) % self.nranks
+        return index, owner, (j + 1) * self.sizes[c] // n - j * self.sizes[c] // n
+
     def loads(self) -> np.ndarray:
         """Elements on every rank at once (for plans: O(pieces) NumPy work)."""
         out = np.zeros(self.nranks, dtype=np.int64)
@@ -477,7 +509,8 @@ class PieceDeal:
 
 
 def piece_deal(spaces, irrep, keys, nranks: int, least: int = 1) -> PieceDeal:
-    """The ``pieces`` placement (``PieceDeal``) of the blocks ``keys`` of a structure."""
+    """The ``pieces`` placement (``PieceDeal``) of the blocks ``keys`` (every stored key) of
+    a structure; ``least``: pieces per block at least (TESSERA_PIECES)."""
     sizes = block_sizes(spaces, keys)
     classes, counts = np.unique(sizes, return_counts=True)
     return PieceDeal(classes[::-1], counts[::-1], nranks, structure_signature(spaces, irrep) % nranks, least)

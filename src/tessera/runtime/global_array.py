@@ -8,8 +8,9 @@ exposure.py for where that memory lives in each progress mode). With ``placement
 are computed from the key, a rank's blocks lie in the placement's order, and no rank
 lists every block: a rank keeps slots for its own blocks and those it touches. With a
 ``pieces`` placement (``placement.PiecedPlacement``) a block may be stored in pieces,
-contiguous runs of its elements on several ranks: get/put/acc of such a block (and of a
-patch in it) are one operation per piece; no rank holds it whole (no local view), and its
+contiguous runs of its elements on several ranks: get/put/acc of such a block are one
+operation per piece, of a patch in it one per contiguous row of the patch in a piece (only
+the patch's elements move); no rank holds it whole (no local view), and its
 owner is its home, the owner of its first piece.
 
 Semantics
@@ -46,7 +47,7 @@ from tessera.runtime._mpi import load_mpi, mpi_datatype
 from tessera.runtime.distribution import assign_owners
 from tessera.runtime.exposure import Exposure
 from tessera.runtime.layout import BlockLayout
-from tessera.runtime.placement import TablePlacement
+from tessera.runtime.placement import TablePlacement, part_runs
 
 log = logging.getLogger("tessera.runtime")
 
@@ -314,40 +315,29 @@ class GlobalArray:
     def local_keys(self) -> list:
         return list(self._local_keys)
 
-    def piece_runs(self, key, part=None) -> "PieceRuns":
+    def piece_runs(self, key, part=None, rank: int | None = None) -> "PieceRuns":
         """Where the elements of a block stored in pieces, or of ``part`` of it, lie: one run
-        per contiguous row of the part within a piece (``PieceRuns``), for exchanges that
-        move pieces by message (``mpi-collective``). ``part``: ``tasks.part_slice``'s cuts
-        of the key's axes (an alias: through its stored block, which ``transpose(order)``
-        makes it). The part's rows run along the axes after its last cut one (whole axes),
-        so a part cut on the last axis has one row per element of the others."""
+        per contiguous row of the part within a piece (``PieceRuns``; ``placement.part_runs``),
+        for exchanges that move pieces by message (``mpi-collective``) and for patches
+        (``_piece_patch``). ``part``: ``tasks.part_slice``'s cuts of the key's axes (an alias:
+        through its stored block, which ``transpose(order)`` makes it). ``rank``: only the
+        runs that rank holds, found from its own pieces alone (a sender's share: its work
+        does not grow with the block's pieces)."""
         key, order = self.aliases.get(key, (key, None))
-        shape = self._slot(key)[3]
+        shape = self.layout.block_shape(key)
         lo, hi = [0] * len(shape), list(shape)
         for n in range(0, len(part or ()), 3):
             axis, a, b = part[n:n + 3]
             axis = order[axis] if order is not None else axis
             lo[axis], hi[axis] = a, b
-        box = tuple(b - a for a, b in zip(lo, hi))
-        strides = np.cumprod((1,) + tuple(shape[:0:-1]), dtype=np.int64)[::-1]
-        cut = [ax for ax in range(len(shape)) if box[ax] != shape[ax]]
-        last = cut[-1] if cut else 0
-        row = int(box[last] * strides[last])                      # elements per row of the part
-        first = np.array([lo[last] * strides[last]], dtype=np.int64)
-        for ax in range(last - 1, -1, -1):                        # rows in C order of the stored axes
-            first = ((np.arange(lo[ax], hi[ax], dtype=np.int64) * strides[ax])[:, None] + first).reshape(-1)
-        at = np.arange(len(first), dtype=np.int64) * row           # each row's place in the part
-        cols: list = [[], [], [], []]
-        for owner, off, start, count in self._place.pieces_of(key):
-            s, e = np.maximum(first, start), np.minimum(first + row, start + count)
-            hit = s < e
-            s = s[hit]
-            for col, val in zip(cols, (np.full(len(s), owner), off + s - start, at[hit] + s - first[hit],
-                                       e[hit] - s)):
-                col.append(val)
-        owner, offset, pos, count = (np.concatenate(c).astype(np.int64) for c in cols)
-        ordered = np.argsort(pos, kind="stable")
-        return PieceRuns(key, order, box, owner[ordered], offset[ordered], pos[ordered], count[ordered])
+        pieces = self._place.pieces_of(key) if rank is None else self._place.pieces_held(key, rank)
+        return PieceRuns(key, order, tuple(b - a for a, b in zip(lo, hi)), *part_runs(pieces, shape, lo, hi))
+
+    def piece_table(self, keys) -> tuple:
+        """(index into ``keys``, rank, elements) of every piece of the blocks ``keys`` (an
+        alias: its stored block's, which holds the same elements) of an array stored in
+        pieces, vectorised (for cost models: ``backends.stationary``)."""
+        return self._place.piece_table([self.aliases.get(k, (k,))[0] for k in keys])
 
     def block_shape(self, key) -> tuple:
         if key in self.aliases:
@@ -550,12 +540,12 @@ class GlobalArray:
                 )
             buf = self._as_block(a, pshape, f"{op}_patch", scale)
         win, mt, types, isz = self._win, self._mpitype, self._types, self.itemsize
-        targets, parts = [], []
+        targets, parts, boxes = [], [], []
         local_done = False
         for p in pieces:
             owner, target, tspec, bshape, count, _, block = self._slots[p.key]
-            if tspec is None:       # a block stored in pieces: whole-block operations
-                self._piece_patch(op, p, buf)
+            if tspec is None:       # a block stored in pieces: one operation per run of the box
+                local_done = self._piece_patch(op, p, buf, targets, parts, boxes) or local_done
                 continue
             parts.append((owner, p.size * isz))
             if block is not None and op != "acc":
@@ -586,6 +576,13 @@ class GlobalArray:
                 targets.append(target)
         if local_done and op == "put":
             self._exp.sync_memory()
+        if boxes:                   # boxes of pieced blocks assembled beside buf: complete them now
+            for t in targets:
+                self._flush(t)
+            targets = []
+            for psl, box in boxes:
+                if psl is not None:
+                    buf[psl] = box
         result = buf if op == "get" else None
         if blocking:
             for t in targets:
@@ -597,26 +594,47 @@ class GlobalArray:
         self._log.add_split(op, parts, perf_counter() - t0)
         return h
 
-    def _piece_patch(self, op: str, p, buf) -> None:
-        """The box ``p`` of ``_patch``'s ``buf`` in a block stored in pieces, through whole
-        blocks (complete on return): get the block and cut the box out; accumulate the box
-        inside a block of zeros; a put only of the whole block (a partial one would race
-        with writes to the rest)."""
-        bsl = tuple(slice(s, s + n) for s, n in zip(p.block_start, p.shape))
-        psl = tuple(slice(s, s + n) for s, n in zip(p.patch_start, p.shape))
-        shape = self._slots[p.key][3]
-        if op == "get":
-            buf[psl] = self._pieced("get", p.key, None, 1.0, True)[bsl]
-        elif op == "acc":
-            full = np.zeros(shape, self.dtype)
-            full[bsl] = buf[psl]
-            self._pieced("acc", p.key, full, 1.0, True)
-        elif p.shape != shape:
-            raise RuntimeLayerError(
-                f"put_patch on global array {self.name!r} covers part of block {p.key}, which is "
-                "stored in pieces on several ranks; expected patches that cover its blocks whole.")
+    def _piece_patch(self, op: str, p, buf, targets: list, parts: list, boxes: list) -> bool:
+        """The box ``p`` of ``_patch``'s ``buf`` in a block stored in pieces: one operation
+        per run of the box in a piece (``piece_runs``: a contiguous row of the box each), so
+        only the box's elements move; mapped runs are copied (but acc, as for whole blocks).
+        The runs go straight to or from ``buf`` when the box is the whole patch, else through
+        a box of their own, listed in ``boxes`` (``_patch`` completes it and, for a get,
+        copies it into ``buf``). Appends the targets and (owner, bytes) of its operations;
+        returns whether it copied mapped memory."""
+        runs = self.piece_runs(p.key, tuple(x for ax, (a, n) in enumerate(zip(p.block_start, p.shape))
+                                            for x in (ax, a, a + n)))
+        if p.shape == buf.shape:
+            box = buf
         else:
-            self._pieced("put", p.key, buf[psl], 1.0, True)
+            psl = tuple(slice(a, a + n) for a, n in zip(p.patch_start, p.shape))
+            box = np.empty(p.shape, self.dtype) if op == "get" else np.ascontiguousarray(buf[psl])
+            boxes.append((psl if op == "get" else None, box))
+        flat, mt, isz, exp = box.reshape(-1), self._mpitype, self.itemsize, self._exp
+        mapped = False
+        for owner, off, pos, n in zip(*(c.tolist() for c in (runs.owner, runs.offset, runs.pos, runs.count))):
+            seg = flat[pos:pos + n]
+            parts.append((owner, n * isz))
+            view = self._mapped.get(owner)
+            if view is not None and op != "acc":
+                if not mapped:
+                    exp.sync_memory()
+                    mapped = True
+                if op == "get":
+                    seg[:] = view[off:off + n]
+                else:
+                    view[off:off + n] = seg
+                continue
+            target, disp = exp.targets[owner], (exp.base[owner] + off, n, mt)
+            if op == "get":
+                self._win.Get([seg, n, mt], target, disp)
+            elif op == "put":
+                self._win.Put([seg, n, mt], target, disp)
+            else:
+                self._win.Accumulate([seg, n, mt], target, disp, self._SUM)
+            if target not in targets:
+                targets.append(target)
+        return mapped
 
     # -- owner-local work and collectives ---------------------------------------------
     def local_view(self, key) -> np.ndarray:

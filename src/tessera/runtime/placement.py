@@ -352,6 +352,7 @@ class PiecedPlacement:
         self.base, self.deal = base, deal
         self.nblocks, self.k = base.nblocks, deal.k
         self._pieces: dict = {}        # key -> pieces_of(key)
+        self._positions: dict = {}     # key -> its position (the keys a rank touches)
         self._own: dict = {}           # rank -> (local_pieces, home_keys)
 
     def stored(self, key) -> bool:
@@ -365,11 +366,27 @@ class PiecedPlacement:
         the pieces of a stored key, in element order; KeyError for another key."""
         hit = self._pieces.get(key)
         if hit is None:
+            hit = self._pieces[key] = self.deal.pieces(self._position(key))
+        return hit
+
+    def pieces_held(self, key, rank: int) -> list:
+        """The entries of ``pieces_of(key)`` that ``rank`` holds, made alone (arithmetic:
+        O(size classes), whatever the pieces per block)."""
+        return self.deal.pieces_held(self._position(key), rank)
+
+    def piece_table(self, keys) -> tuple:
+        """``distribution.PieceDeal.table`` of stored ``keys``: (index into ``keys``, owner,
+        elements) of every piece (vectorised)."""
+        return self.deal.table(self.base.positions(keys))
+
+    def _position(self, key) -> int:
+        g = self._positions.get(key)
+        if g is None:
             g = int(self.base.positions(key)[0]) if len(key) == self.base.ndim else -1
             if g < 0:
                 raise KeyError(key)
-            hit = self._pieces[key] = self.deal.pieces(g)
-        return hit
+            self._positions[key] = g
+        return g
 
     def locate(self, key) -> tuple:
         """(home: the owner of the block's first piece, its offset there)."""
@@ -416,3 +433,53 @@ def block_placement(spaces, irrep: int, group, nranks: int, placement="balanced"
         if deal.k > 1:
             return PiecedPlacement(base, deal)
     return base
+
+
+def _rows_before(x, lo, hi, strides, last: int) -> np.ndarray:
+    """How many rows of the box [lo, hi) of a C-order block (``strides``: elements per step
+    of each axis; a row: the box's elements along the axes from ``last`` on, ``last`` its
+    last cut axis) start before element ``x`` (an array): digit by digit over the axes
+    before ``last``, O(axes), without listing the rows."""
+    rem = np.asarray(x, dtype=np.int64) - lo[last] * strides[last]
+    count = np.zeros(rem.shape, dtype=np.int64)
+    alive = np.ones(rem.shape, dtype=bool)          # the row's leading digits equal x's so far
+    below = 1
+    for ax in range(last - 1, -1, -1):
+        below *= hi[ax] - lo[ax]
+    for ax in range(last):
+        below //= hi[ax] - lo[ax]
+        q = rem // strides[ax]
+        count += np.where(alive, np.clip(q - lo[ax], 0, hi[ax] - lo[ax]) * below, 0)
+        alive &= (lo[ax] <= q) & (q < hi[ax])
+        rem = rem - q * strides[ax]
+    return count + (alive & (rem > 0))
+
+
+def part_runs(pieces, shape, lo, hi) -> tuple:
+    """Where the box [lo, hi) of a block of ``shape`` (C order) lies in ``pieces``
+    ([(owner, offset in its memory, first element in the block, elements)]: contiguous runs
+    of the block's elements, all of them or some): one run per contiguous row of the box
+    within a piece, as arrays in the box's element order: owner, offset, first element in
+    the box, elements. The rows a piece meets are counted (``_rows_before``), not searched:
+    O(pieces x axes + runs) work, nothing for the rows of pieces not given."""
+    if not pieces:
+        return (np.zeros(0, dtype=np.int64),) * 4
+    strides = np.cumprod((1,) + tuple(shape[:0:-1]), dtype=np.int64)[::-1].tolist()
+    box = [b - a for a, b in zip(lo, hi)]
+    cut = [ax for ax in range(len(shape)) if box[ax] != shape[ax]]
+    last = cut[-1] if cut else 0
+    row = box[last] * strides[last]                          # elements per row of the box
+    owner, offset, start, count = (np.array([p[n] for p in pieces], dtype=np.int64).reshape(-1) for n in range(4))
+    end = start + count
+    i0 = _rows_before(start - row + 1, lo, hi, strides, last)   # the first row ending after the piece starts
+    i1 = _rows_before(end, lo, hi, strides, last)               # the rows starting before it ends
+    n = np.maximum(i1 - i0, 0)
+    which = np.repeat(np.arange(len(n)), n)                   # a run per (piece, row)
+    rows = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n) + i0[which]
+    first = np.full(len(rows), lo[last] * strides[last], dtype=np.int64)
+    for ax, digit in zip(range(last), np.unravel_index(rows, box[:last]) if last else ()):
+        first += (lo[ax] + digit) * strides[ax]
+    s, e = np.maximum(first, start[which]), np.minimum(first + row, end[which])
+    pos = rows * row + s - first
+    order = np.argsort(pos, kind="stable")
+    return owner[which][order], (offset[which] + s - start[which])[order], pos[order], (e - s)[order]
