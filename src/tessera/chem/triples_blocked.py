@@ -13,8 +13,11 @@ M = n_T n_U (the pair), N = len(ks) n_S or n_S, K = the contracted virtuals or o
 one irrep.  The pair (T, U) of a right operand is copied out of its packed row (pairs
 swapped where the term needs it) into a scratch [K, n_T n_U], so the kernel reads the same
 :class:`~tessera.chem.triples.RowSlab` s as the whole-space kernel but never their swapped
-copies.  Energy of one block triple: sum over its blocks of R (W + V), R = r3(W / D) =
-3Y + Yc - 2Zs, V's three rank-one parts as contractions of R with (ov|ov) pairs and t1.
+copies.  W of an ordered block (the three layouts' outputs summed, two of them
+transposed) and the energy of a block triple, sum W r3(W + V) / D orbit by orbit (each
+orbit's six permutations read once from the ordered blocks' W, V from (ov|ov) pairs and
+t1 over the kernel's frame of virtuals), are compiled (``triples_kernel.c``:
+``tessera_t3_block_w``, ``tessera_t3_block_energy``).
 
 Buffers per thread (:func:`blocked_pool_sizes`): at most 19 batch n^3 + K n^2 +
 batch n K, n the largest block, K the largest irrep (virtual or occupied).
@@ -30,6 +33,7 @@ import numpy as np
 from scipy.linalg.blas import dgemm
 
 from tessera.chem.triples import NIRREP, TripleKernel, VirtualLayout
+from tessera.chem.triples_native import block_energy, block_w
 
 DEFAULT_KERNEL_MB = 256       # per thread: above it (T) runs blocked in the virtual index
 
@@ -84,7 +88,7 @@ class BlockedTripleKernel(TripleKernel):
     visited by block triples; ``pool`` from ``new_pool(lay, vblock, batch)``; ``triples``:
     the ordered block triples to visit (default: all of G's, in blocks of ``vblock``)."""
 
-    def __init__(self, inp, G: int, pool: list, batch: int, vblock: int, triples=None):
+    def __init__(self, inp, G: int, pool: list, batch: int, vblock: int, triples=None, frame=None):
         self.inp, self.G, self.batch = inp, G, batch
         lay = inp.lay
         self.irr, self.rel = inp.irrep, inp.rel
@@ -98,6 +102,8 @@ class BlockedTripleKernel(TripleKernel):
             [sorted(set(permutations((blocks[a], blocks[b], blocks[c]))))
              for a in range(len(blocks)) for b in range(a + 1) for c in range(b + 1)
              if blocks[a][0] ^ blocks[b][0] ^ blocks[c][0] == G]
+        # the virtuals V and the energies index: (irrep, first position, size) runs
+        self.frame = frame if frame is not None else [(g, 0, n) for g, n in enumerate(self.nv) if n]
         self.flops = 0
 
     @staticmethod
@@ -106,17 +112,17 @@ class BlockedTripleKernel(TripleKernel):
 
     def energy(self, i: int, j: int, ks: range) -> float:
         """sum over k in ks of sum_abc W r3(W + V) / D, block triple by block triple."""
-        return sum(self._triple_energy(i, j, ks, order) for order in self.triples)
-
-    def _triple_energy(self, i, j, ks, order) -> float:
-        return self._order_energy(i, j, ks, order, self._order_w(i, j, ks, order))
+        frame = self._frame_v(i, j, ks)
+        return sum(self._order_energy(order, self._order_w(i, j, ks, order), frame) for order in self.triples)
 
     def _view(self, b: int, n: int, shape) -> np.ndarray:
-        """Buffer n (0: W, 1: Sb / Y, 2: Sa / Yc) of ordered block b, [shape]."""
+        """Buffer n (0: W, 1: Sb, 2: Sa) of ordered block b, [shape]."""
         return self.wbuf[(3 * b + n) * shape[0] * self.slot:][:prod(shape)].reshape(shape)
 
-    def _order_w(self, i, j, ks, order) -> dict:
-        """W of each ordered block of one block triple (views of buffer 0)."""
+    def _order_w(self, i, j, ks, order, out: dict | None = None, add: bool = False) -> dict:
+        """W of each ordered block of one block triple: into ``out`` (ordered block -> its
+        [nk, n_X, n_Y, n_Z], added to it when ``add``), else views of buffer 0; the sums of
+        the layouts' GEMM outputs in C (``triples_native.block_w``)."""
         nk, view = len(ks), self._view
         W, Sa, Sb = {}, {}, {}
         for b, (X, Yb, Z) in enumerate(order):        # layouts a and b of every ordered block
@@ -128,41 +134,56 @@ class BlockedTripleKernel(TripleKernel):
                 self._accumulate(Sb[X, Yb, Z].reshape(nk, ny, nz * nx), ks, j, None, i, Yb, Z, X)
         for b, (X, Yb, Z) in enumerate(order):        # W[abc] = Sa[a, (b c)] + Sb[b, (c a)] + Sc[c, (a b)]
             nx, ny, nz = X[2], Yb[2], Z[2]
-            W[X, Yb, Z] = w = view(b, 0, (nk, nx, ny, nz))
+            W[X, Yb, Z] = w = view(b, 0, (nk, nx, ny, nz)) if out is None else out[X, Yb, Z]
             sb = (Sa[Yb, X, Z].transpose(0, 1, 3, 2) if i == j else Sb[X, Yb, Z])
-            np.add(Sa[X, Yb, Z], sb.transpose(0, 3, 1, 2), out=w)
             if ks[0] == j:                            # Sc[XYZ] = Sb[XZY] with the pair swapped
                 sc = (Sa[Z, X, Yb].transpose(0, 1, 3, 2) if i == j else Sb[X, Z, Yb]).transpose(0, 1, 3, 2)
             else:
                 sc = self.sbuf[:nk * nx * ny * nz].reshape(nk, nz, nx, ny)
                 self._accumulate(sc.reshape(nk, nz, nx * ny), ks, None, i, j, Z, X, Yb)
-            w += sc.transpose(0, 2, 3, 1)
+            block_w(w, (Sa[X, Yb, Z], sb.transpose(0, 3, 1, 2), sc.transpose(0, 2, 3, 1)), add)
         return W
 
-    def _order_energy(self, i, j, ks, order, W: dict) -> float:
-        """sum over the ordered blocks of R (W + V) / D, from their W."""
-        nk, eo, view = len(ks), self.inp.eo, self._view
-        shapes = {key: (nk, key[0][2], key[1][2], key[2][2]) for key in order}
-        Y, U = {}, {}
-        for b, key in enumerate(order):
-            Y[key], U[key] = y, _ = view(b, 1, shapes[key]), view(b, 2, shapes[key])
-            y[...] = (eo[i] + eo[j] + eo[ks[0]:ks[-1] + 1])[:, None, None, None]
-            for axis, blk in enumerate(key):
-                e = self.ev[self.vr[blk[0]][0] + blk[1]:][:blk[2]]
-                y -= e.reshape((1,) * (axis + 1) + (-1,) + (1,) * (2 - axis))
-            np.divide(W[key], y, out=y)                                  # Y = W / D
-        for (X, Yb, Z), u in U.items():                                  # Yc = Y + Y[bca] + Y[cab]
-            np.add(Y[X, Yb, Z], Y[Yb, Z, X].transpose(0, 3, 1, 2), out=u)
-            u += Y[Z, X, Yb].transpose(0, 2, 3, 1)
-        energy = 0.0
-        for (X, Yb, Z), r in Y.items():                                  # R = 3Y + Yc - 2 Yc[acb]
-            r *= 3.0
-            r += U[X, Yb, Z]
-            zs = U[X, Z, Yb].transpose(0, 1, 3, 2)
-            r -= zs
-            r -= zs
-            energy += float(np.vdot(r, W[X, Yb, Z])) + self._v_dot(r, i, j, ks, X, Yb, Z)
-        return energy
+    def _frame_v(self, i, j, ks) -> tuple:
+        """(frame positions of each frame run's first orbital, ev, e_ijk per k, t1i, t1j,
+        t1k, Pjk, Pik, Pij) of batch (i, j, ks) over the virtuals of ``frame`` (each irrep
+        whole; windowed kernels: the window's tiles), P.. pairs of (ov|ov): (jb|kc), (ia|kc)
+        per k, (ia|jb), zero where symmetry forbids."""
+        frame = self.frame
+        at, f = {}, 0
+        for F in frame:
+            at[F], f = f, f + F[2]
+        idx = np.concatenate([np.arange(self.vr[g][0] + r, self.vr[g][0] + r + n) for g, r, n in frame])
+        t1, g, rel, nk = self.inp.t1, self.irr, self.rel, len(ks)
+        krows, jrow = slice(rel[ks[0]], rel[ks[0]] + nk), slice(rel[j], rel[j] + 1)
+        P = np.zeros((2 * nk + 1, f, f))
+        for FP in frame:
+            for FQ in frame:
+                cut = (slice(None), slice(at[FP], at[FP] + FP[2]), slice(at[FQ], at[FQ] + FQ[2]))
+                for dest, (x, gy, rows) in ((P[:nk], (j, g[ks[0]], krows)), (P[nk:2 * nk], (i, g[ks[0]], krows)),
+                                            (P[2 * nk:], (i, g[j], jrow))):
+                    p = self._pairs(x, gy, rows, FP, FQ)
+                    if p is not None:
+                        dest[cut] = p
+        eijk = self.inp.eo[i] + self.inp.eo[j] + self.inp.eo[ks[0]:ks[-1] + 1]
+        return (at, np.ascontiguousarray(self.ev[idx]), np.ascontiguousarray(eijk), t1[i, idx].copy(),
+                t1[j, idx].copy(), np.ascontiguousarray(t1[ks[0]:ks[-1] + 1][:, idx]), P[:nk], P[nk:2 * nk], P[2 * nk])
+
+    def _frame_at(self, at: dict, block) -> int:
+        """Frame position of a kernel block's first orbital."""
+        for F, f in at.items():
+            if F[0] == block[0] and F[1] <= block[1] < F[1] + F[2]:
+                return f + block[1] - F[1]
+        raise IndexError(f"virtual block {block} outside the kernel's frame")
+
+    def _order_energy(self, order, W: dict, frame) -> float:
+        """sum over the orbits of one block triple of W r3(W + V) / D, from W of its ordered
+        blocks (``triples_native.block_energy``)."""
+        at, *rest = frame
+        blocks = sorted(set(order[0]))
+        ids = [[blocks.index(b) for b in key] for key in order]
+        return block_energy(sorted(ids[0]), [b[2] for b in blocks], [self._frame_at(at, b) for b in blocks],
+                            ids, [W[key] for key in order], *rest)
 
     def _pairs(self, x, gy, rows: slice, P, Q) -> np.ndarray | None:
         """(x p|y q) for y at ``rows`` of the (ov|ov) row of x, p in block P, q in block Q:
@@ -174,21 +195,6 @@ class BlockedTripleKernel(TripleKernel):
         p0, nq = self.poff[h][P[0]], self.nv[Q[0]]
         seg = row[:, p0:p0 + self.nv[P[0]] * nq].reshape(-1, self.nv[P[0]], nq)
         return seg[:, P[1]:P[1] + P[2], Q[1]:Q[1] + Q[2]]
-
-    def _v_dot(self, r, i, j, ks, X, Yb, Z) -> float:
-        """sum R V, V = t1[ia] (jb|kc) + t1[jb] (ia|kc) + t1[kc] (ia|jb); t1 is zero
-        unless the virtual's irrep is its orbital's."""
-        t1, g, rel, vr = self.inp.t1, self.irr, self.rel, self.vr
-        krows = slice(rel[ks[0]], rel[ks[0]] + len(ks))
-        t1s = (lambda x, B: t1[x, vr[B[0]][0] + B[1]:][..., :B[2]])
-        total = 0.0
-        if X[0] == g[i] and (p := self._pairs(j, g[ks[0]], krows, Yb, Z)) is not None:
-            total += float(np.einsum("kxyz,kyz->x", r, p) @ t1s(i, X))
-        if Yb[0] == g[j] and (p := self._pairs(i, g[ks[0]], krows, X, Z)) is not None:
-            total += float(np.einsum("kxyz,kxz->y", r, p) @ t1s(j, Yb))
-        if Z[0] == g[ks[0]] and (p := self._pairs(i, g[j], slice(rel[j], rel[j] + 1), X, Yb)) is not None:
-            total += float(np.vdot(np.einsum("kxyz,xy->kz", r, p[0]), t1s(slice(ks[0], ks[-1] + 1), Z)))
-        return total
 
     def _right(self, table, x, gc: int, nc: int, T, U, swapped: bool) -> np.ndarray:
         """[n_c, n_T n_U] contiguous: the pairs (t in T, u in U) of table[x][gc] ([nc, pairs],

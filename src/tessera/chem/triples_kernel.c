@@ -31,6 +31,7 @@
 
 static inline long lmin(long x, long y) { return x < y ? x : y; }
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -291,7 +292,106 @@ double tessera_t3_energy_packed(long norb, const int32_t *orbits, long nv,
    library built from another (raise it with any change of an exported signature). */
 int tessera_abi_version(void)
 {
-    return 3;
+    return 5;
+}
+
+/* ------------------------------------------------------------------ the blocked kernel's sweep
+ *
+ * tessera.chem.triples_blocked visits the virtual triples of a batch (i, j, k in ks) by
+ * block triples: the ordered blocks (X, Y, Z) of one unordered triple of virtual blocks,
+ * W of each [nk, n_X, n_Y, n_Z] (C order).
+ *
+ * tessera_t3_block_w: W of one ordered block from the GEMM outputs of the three
+ * single-index layouts, W[k, a, b, c] = Sa[k, a, b, c] + Sb[k, b, c, a] + Sc[k, c, a, b];
+ * each term given as its address and its element strides in the order (k, a, b, c)
+ * (terms[3][5]: address, s_k, s_a, s_b, s_c; address 0: no term); add: W += instead of =.
+ */
+void tessera_t3_block_w(long nk, long nx, long ny, long nz, const int64_t *terms, double *W, int add)
+{
+    const double *p[3];
+    int64_t st[3][4];
+    int nt = 0;
+    for (int t = 0; t < 3; t++)
+        if (terms[5 * t]) {
+            p[nt] = (const double *) (intptr_t) terms[5 * t];
+            for (int d = 0; d < 4; d++)
+                st[nt][d] = terms[5 * t + 1 + d];
+            nt++;
+        }
+    for (long k = 0; k < nk; k++)
+        for (long a = 0; a < nx; a++)
+            for (long b = 0; b < ny; b++) {
+                double *w = W + ((k * nx + a) * ny + b) * nz;
+                if (!add)
+                    for (long c = 0; c < nz; c++)
+                        w[c] = 0.0;
+                for (int t = 0; t < nt; t++) {
+                    const double *s = p[t] + k * st[t][0] + a * st[t][1] + b * st[t][2];
+                    const int64_t sc = st[t][3];
+                    for (long c = 0; c < nz; c++)
+                        w[c] += s[c * sc];
+                }
+            }
+}
+
+/* tessera_t3_block_energy: sum_k sum_abc W r3(W + V) / D over one unordered block triple,
+ * orbit by orbit as the sweeps above (each orbit's six permutations read once).  The
+ * triple's distinct blocks (nb <= 3) have sizes size[nb] and positions off[nb] in a
+ * *frame* of nf virtuals (the window's, or all); tri[3]: the triple's block ids, equal
+ * ids adjacent; its ordered blocks: ids[norder][3] and W[norder] (addresses).  In frame
+ * positions: ev[nf], t1i[nf], t1j[nf], t1k[nk][nf], Pjk, Pik [nk][nf][nf] ((jb|kc),
+ * (ia|kc)), Pij [nf][nf] ((ia|jb)); eijk[nk] = e_i + e_j + e_k.  Orbit representatives:
+ * a in block tri[0], b in tri[1], c in tri[2], b <= a where the first two blocks are one,
+ * c <= b where the last two are; an orbit with two equal orbitals counts half, with three
+ * none. */
+double tessera_t3_block_energy(long nk, long nb, const int64_t *size, const int64_t *off, const int64_t *tri,
+                               long norder, const int64_t *ids, const int64_t *W, long nf,
+                               const double *ev, const double *eijk, const double *t1i, const double *t1j,
+                               const double *t1k, const double *Pjk, const double *Pik, const double *Pij)
+{
+    long which[3][3][3];
+    for (int x = 0; x < 27; x++)
+        (&which[0][0][0])[x] = -1;
+    for (long o = 0; o < norder; o++)
+        which[ids[3 * o]][ids[3 * o + 1]][ids[3 * o + 2]] = o;
+    const long A = tri[0], B = tri[1], C = tri[2];
+    /* permutation p (abc acb bac bca cab cba) of (a, b, c): the positions of a, b, c */
+    static const int pos[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {2, 0, 1}, {1, 2, 0}, {2, 1, 0}};
+    const long blk[3] = {A, B, C};
+    const double *base[6];
+    long sa[6], sb[6], sc[6];
+    for (int p = 0; p < 6; p++) {
+        long at[3];                       /* the block at each position of the permutation */
+        for (int r = 0; r < 3; r++)
+            at[pos[p][r]] = blk[r];
+        const long o = at[0] < nb && at[1] < nb && at[2] < nb ? which[at[0]][at[1]][at[2]] : -1;
+        if (o < 0)
+            return NAN;                   /* an ordered block missing: NaN, never a wrong energy */
+        const long stride[3] = {size[at[1]] * size[at[2]], size[at[2]], 1};
+        base[p] = (const double *) (intptr_t) W[o];
+        sa[p] = stride[pos[p][0]], sb[p] = stride[pos[p][1]], sc[p] = stride[pos[p][2]];
+    }
+    const long na = size[A], nbb = size[B], nc = size[C];
+    const int eq_ab = A == B, eq_bc = B == C;
+    const long vol = size[A] * size[B] * size[C];
+    double energy = 0.0, w[6], z[6];
+    for (long k = 0; k < nk; k++) {
+        const double *tk = t1k + k * nf, *Djk = Pjk + k * nf * nf, *Dik = Pik + k * nf * nf;
+        for (long a = 0; a < na; a++)
+            for (long b = 0; b < (eq_ab ? a + 1 : nbb); b++)
+                for (long c = 0; c < (eq_bc ? b + 1 : nc); c++) {
+                    const int half = (eq_ab && a == b) + (eq_bc && b == c);
+                    if (half == 2)
+                        continue;
+                    for (int p = 0; p < 6; p++)
+                        w[p] = base[p][k * vol + a * sa[p] + b * sb[p] + c * sc[p]];
+                    const long fa = off[A] + a, fb = off[B] + b, fc = off[C] + c;
+                    add_v(nf, fa, fb, fc, t1i, t1j, tk, Djk, Dik, Pij, w, z);
+                    const double e = orbit_energy(w, z) / (eijk[k] - ev[fa] - ev[fb] - ev[fc]);
+                    energy += half ? 0.5 * e : e;
+                }
+    }
+    return energy;
 }
 
 /* ------------------------------------------------------------------ one batch, GEMMs in C

@@ -18,10 +18,11 @@ import numpy as np
 from tessera.chem.native import load
 from tessera.errors import BuildError, ShapeError
 
-__all__ = ["require", "dense_scratch_size", "energy_dense", "energy_packed", "batch_packed"]
+__all__ = ["require", "dense_scratch_size", "energy_dense", "energy_packed", "batch_packed", "block_w",
+           "block_energy"]
 
 _MODULE = "tessera.chem._triples_kernel"
-_ABI = 3            # tessera_abi_version() of triples_kernel.c whose argument lists these are
+_ABI = 5            # tessera_abi_version() of triples_kernel.c whose argument lists these are
 _ptr = ctypes.c_void_p
 
 
@@ -42,6 +43,11 @@ def _library() -> ctypes.CDLL:
     fn = lib.tessera_t3_batch_packed
     fn.restype = ctypes.c_double
     fn.argtypes = [ctypes.c_long] * 6 + [_ptr] * 6 + [ctypes.c_long] * 2 + [_ptr] * 5
+    lib.tessera_t3_block_w.restype = None
+    lib.tessera_t3_block_w.argtypes = [ctypes.c_long] * 4 + [_ptr, _ptr, ctypes.c_int]
+    fn = lib.tessera_t3_block_energy
+    fn.restype = ctypes.c_double
+    fn.argtypes = [ctypes.c_long, ctypes.c_long, _ptr, _ptr, _ptr, ctypes.c_long, _ptr, _ptr, ctypes.c_long] + [_ptr] * 8
     lib.tessera_t3_set_dgemm.argtypes = [_ptr]
     lib.tessera_t3_set_dgemm(_scipy_dgemm())
     return lib
@@ -135,3 +141,32 @@ def batch_packed(G: int, i: int, j: int, k0: int, nk: int, inp, orbits, ev, B, l
         _addr(B[:3 * nk * ntrip], 3 * nk * ntrip), lbuf.ctypes.data,
         _addr(scratch[:3 * nv * nv], 3 * nv * nv), ctypes.byref(flops))
     return energy, flops.value
+
+
+def block_w(out: np.ndarray, terms, add: bool) -> None:
+    """W of one ordered block of the blocked kernel, ``out`` [nk, n_X, n_Y, n_Z] (C order):
+    = (or += when ``add``) the sum of ``terms``, float64 arrays of out's shape in any
+    strides (views: Sa, and Sb, Sc transposed to index order k, a, b, c), read in place."""
+    desc = np.zeros((3, 5), dtype=np.int64)
+    for t, term in enumerate(terms):
+        if term.shape != out.shape or term.dtype != np.float64:
+            raise ShapeError(f"(T) W term {term.dtype} {term.shape}, expected float64 {out.shape}")
+        desc[t] = (term.ctypes.data, *(s // 8 for s in term.strides))
+    _library().tessera_t3_block_w(*out.shape, desc.ctypes.data, _addr(out, out.size), int(add))
+
+
+def block_energy(tri, sizes, offsets, ids, W: list, ev, eijk, t1i, t1j, t1k, Pjk, Pik, Pij) -> float:
+    """sum_k sum_abc W r3(W + V) / D over one unordered block triple (``tri``: its block ids,
+    equal ids adjacent; ``sizes``, ``offsets``: of its distinct blocks in a frame of nf
+    virtuals), from W of its ordered blocks (``ids`` [norder, 3], ``W`` contiguous [nk, n_X,
+    n_Y, n_Z] each); in frame positions ev, t1i, t1j [nf], t1k [nk, nf], Pjk, Pik [nk, nf,
+    nf] ((jb|kc), (ia|kc)), Pij [nf, nf] ((ia|jb)); eijk [nk]: e_i + e_j + e_k."""
+    nk, nf = eijk.size, ev.size
+    sizes, offsets = np.asarray(sizes, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+    tri, ids = np.asarray(tri, dtype=np.int64), np.ascontiguousarray(ids, dtype=np.int64)
+    vol = [int(np.prod(sizes[row])) for row in ids]
+    ptrs = np.array([_addr(w, nk * n) for w, n in zip(W, vol)], dtype=np.int64)
+    return _library().tessera_t3_block_energy(
+        nk, sizes.size, sizes.ctypes.data, offsets.ctypes.data, tri.ctypes.data, len(ids), ids.ctypes.data,
+        ptrs.ctypes.data, nf, _addr(ev, nf), _addr(eijk, nk), _addr(t1i, nf), _addr(t1j, nf),
+        _addr(t1k, nk * nf), _addr(Pjk, nk * nf * nf), _addr(Pik, nk * nf * nf), _addr(Pij, nf * nf))

@@ -168,25 +168,25 @@ class StreamTripleKernel(BlockedTripleKernel):
 
     def __init__(self, inp, G: int, pool: list, batch: int, vblock: int, win, window, tables: StreamTables,
                  acc: dict):
-        super().__init__(inp, G, pool, batch, vblock, triples=win.block_triples(G, window))
+        super().__init__(inp, G, pool, batch, vblock, triples=win.block_triples(G, window),
+                         frame=win.frame(window))
         self.win, self.tab, self.acc = win, tables, acc
         self.adding = True
 
     def energy(self, i: int, j: int, ks: range) -> float:
-        total = 0.0
+        if not self.adding:
+            frame = self._frame_v(i, j, ks)
+            return sum(self._order_energy(order, self.acc.pop((i, j, ks[0], n)), frame)
+                       for n, order in enumerate(self.triples))
         for n, order in enumerate(self.triples):
             key = (i, j, ks[0], n)
-            if not self.adding:
-                total += self._order_energy(i, j, ks, order, self.acc.pop(key))
-                continue
-            W = self._order_w(i, j, ks, order)
             held = self.acc.get(key)
-            if held is None:
-                self.acc[key] = {b: w.copy() for b, w in W.items()}
+            if held is None:                          # W at the first stage, then added to
+                held = self.acc[key] = {b: np.empty((len(ks), b[0][2], b[1][2], b[2][2])) for b in order}
+                self._order_w(i, j, ks, order, held)
             else:
-                for b, w in W.items():
-                    held[b] += w
-        return total
+                self._order_w(i, j, ks, order, held, add=True)
+        return 0.0
 
     def _tile(self, block) -> tuple:
         """(window tile, offset inside it) of a kernel block."""

@@ -141,6 +141,11 @@ class Windows:
                         out.append(sorted(set(permutations((bl[a], bl[b], bl[c])))))
         return out
 
+    def frame(self, window) -> list:
+        """The window's tiles (irrep, first position, size), the virtuals its kernel's V and
+        energies index (``BlockedTripleKernel``'s frame)."""
+        return [self.vtiles[t] for t in sorted(set(window))]
+
     def requests(self, n: int, window) -> dict:
         """{source: [(key, part, pieces)]} a task reads for the rows of occupied tensor tile
         ``n``: per block, one request per choice of the window's pieces on its windowed
@@ -424,7 +429,8 @@ class WindowTripleKernel(BlockedTripleKernel):
     :class:`WindowTables` (``inp.ov1`` and ``inp.ovov`` are the tables themselves)."""
 
     def __init__(self, inp, G: int, pool: list, batch: int, vblock: int, win: Windows, window, tables):
-        super().__init__(inp, G, pool, batch, vblock, triples=win.block_triples(G, window))
+        super().__init__(inp, G, pool, batch, vblock, triples=win.block_triples(G, window),
+                         frame=win.frame(window))
         self.win, self.tab = win, tables
 
     def _right(self, table, x, gc, nc, T, U, swapped) -> np.ndarray:
