@@ -36,3 +36,22 @@ def test_ccsd_t_water(pyscf_water, scf_code, frozen_core):
     assert d["flops"]["triples"] == d["flops"]["triples_minimal"] and d["flops"]["triples_over_minimal"] == 1.0
     assert d["flops"]["triples_gflops_per_second"] > 0
     assert [row["iter"] for row in d["iterations"]] == list(range(1, len(d["iterations"]) + 1))
+
+
+def test_ladder_freed_before_triples(monkeypatch):
+    """A run frees the ladder's V+- when CCSD ends: (T) reads no vvvv, and the memory
+    estimate counts no V+- in its (T) phase (chem/memory.py)."""
+    import gc
+
+    import tessera.chem.job as job
+    from tessera.tensor.block_tensor import BlockTensor
+    alive, real = [], job.triples_correction
+
+    def spy(*args, **kwargs):
+        gc.collect()
+        alive.append(sorted(t.name for t in gc.get_objects() if isinstance(t, BlockTensor) and t.name in ("vvvv+", "vvvv-")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(job, "triples_correction", spy)
+    Job(RunOptions("examples/water.xyz", basis="sto-3g", method="ccsd(t)", tile=4)).kernel()
+    assert alive == [[]]

@@ -351,7 +351,8 @@ def test_kernel_buffers_follow_the_budget(systems):
     job, nbytes = allocated(run_all=True, kernel_mb=budget)
     assert 1 <= job.vblock < v and nbytes == job.pool_bytes <= budget * 2 ** 20
     n, k = job.vblock, max(v, no)                                   # C1: blocks of vblock orbitals
-    assert nbytes <= 8 * (19 * job.batch * n ** 3 + k * n * n + job.batch * n * k)
+    # and the batch's (ov|ov) pairs over the frame (every virtual here)
+    assert nbytes <= 8 * (19 * job.batch * n ** 3 + k * n * n + job.batch * n * k + (2 * job.batch + 1) * v * v)
     sizes = [allocated(vblock=b)[1] for b in (2, 4, 8)]                # same k batch
     assert sizes[0] < sizes[1] < sizes[2]
     res = triples_correction(ints, bt1, bt2, context=Context("serial"), kernel_mb=budget)

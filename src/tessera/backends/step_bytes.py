@@ -76,7 +76,7 @@ def piece_rows(cache: dict, t, nranks: int, keys):
 
 
 def operands(cache: dict, step, ta, nranks: int) -> tuple:
-    """(owner functions, ``_piece_rows``) of a contraction's A, B and output, as
+    """(owner functions, ``piece_rows``) of a contraction's A, B and output, as
     ``backends.stationary`` takes them."""
     refs = (*step.inputs, step.out)
     return (tuple(owner_function(cache, r.tensor, nranks) for r in refs),
@@ -98,7 +98,7 @@ def step_recv(step, nranks: int, mode: str = "c", least_pieces: int = 1) -> np.n
     return sum(plan["recv"].values())
 
 
-def _samepieces_per_block(a, b) -> bool:
+def _same_pieces(a, b) -> bool:
     """Whether tensors ``a`` and ``b`` are stored alike (one structure and placement: a run
     gives them one placement object)."""
     return (a.placement == b.placement and a.irrep == b.irrep and a.canonical == b.canonical
@@ -119,9 +119,9 @@ def owner_step_recv(step, nranks: int, cache: dict) -> np.ndarray:
         return recv
     same = tuple(range(out.ndim))
     if (step.kind == "add" and out.placement == "pieces" and pieces_per_block(cache, out, nranks) > 1 and not step.pairs
-            and tuple(step.perms["a"]) == same and _samepieces_per_block(out, step.inputs[0].tensor)
+            and tuple(step.perms["a"]) == same and _same_pieces(out, step.inputs[0].tensor)
             and (step.divisor is None or (tuple(step.perms["d"]) == same
-                                          and _samepieces_per_block(out, step.divisor.tensor)))):
+                                          and _same_pieces(out, step.divisor.tensor)))):
         return recv
     home = owner_function(cache, out, nranks)
     reads, outs = [], []            # (tensor, key, home); (output key, home)

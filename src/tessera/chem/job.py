@@ -267,6 +267,7 @@ class Job:
         if plus_minus:
             data["storage"]["classes"]["vvvv_plus_minus"] = {
                 "stored": sum(t.stored_elements for t in plus_minus), "dense": ints.tensors["vvvv"].dense_elements}
+        del plus_minus
         # V+- (61 MiB of triangles on glycine cc-pVDZ) are read by no later phase: freed, and
         # the heap's free memory handed back, before (T) takes its own
         free_plus_minus(ints.tensors["vvvv"])

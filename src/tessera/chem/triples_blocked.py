@@ -20,7 +20,8 @@ t1 over the kernel's frame of virtuals), are compiled (``triples_kernel.c``:
 ``tessera_t3_block_w``, ``tessera_t3_block_energy``).
 
 Buffers per thread (:func:`blocked_pool_sizes`): at most 19 batch n^3 + K n^2 +
-batch n K, n the largest block, K the largest irrep (virtual or occupied).
+batch n K + (2 batch + 1) f^2, n the largest block, K the largest irrep (virtual or
+occupied), f the virtuals of the frame (all of them, or a window's three tiles).
 :func:`choose_vblock` picks the block from a byte budget.
 """
 
@@ -34,6 +35,7 @@ from scipy.linalg.blas import dgemm
 
 from tessera.chem.triples import NIRREP, TripleKernel, VirtualLayout
 from tessera.chem.triples_native import block_energy, block_w
+from tessera.errors import TesseraError
 
 DEFAULT_KERNEL_MB = 256       # per thread: above it (T) runs blocked in the virtual index
 
@@ -47,19 +49,23 @@ def virtual_blocks(lay: VirtualLayout, vblock: int) -> list:
     return out
 
 
-def blocked_pool_sizes(lay: VirtualLayout, vblock: int, batch: int, blocks=None, k: int | None = None) -> list:
-    """Elements of one thread's buffers: W, Y and Yc of the ordered blocks of one block
+def blocked_pool_sizes(lay: VirtualLayout, vblock: int, batch: int, blocks=None, k: int | None = None,
+                       frame: int | None = None) -> list:
+    """Elements of one thread's buffers: W, Sb and Sa of the ordered blocks of one block
     triple (six, three or one, as the number of blocks allows), one layout's scratch, the
-    right operand (pair copied out) and the stacked left operands; ``blocks``: the blocks
-    a triple is drawn from when not ``virtual_blocks(lay, vblock)`` (windows:
+    right operand (pair copied out), the stacked left operands, and a batch's (ov|ov)
+    pairs over the frame (``_frame_v``: 2 batch + 1 frame x frame matrices); ``blocks``:
+    the blocks a triple is drawn from when not ``virtual_blocks(lay, vblock)`` (windows:
     ``Windows.blocks``, none larger than those, whose size is the kernel's slot); ``k``:
-    the widest contracted index (default: the largest irrep, virtual or occupied)."""
+    the widest contracted index (default: the largest irrep, virtual or occupied);
+    ``frame``: the most virtuals a frame spans (default: all, ``Windows.frame_width``)."""
     full = virtual_blocks(lay, vblock)
     n = max((s for _, _, s in full), default=1)
     count = len(full if blocks is None else blocks)
     orders = 6 if count >= 3 else 2 * count - 1
     k = max(int(lay.n.max()), int(lay.no.max()), 1) if k is None else max(k, 1)
-    return [3 * orders * batch * n ** 3, batch * n ** 3, k * n * n, batch * n * k]
+    f = int(lay.n.sum()) if frame is None else frame
+    return [3 * orders * batch * n ** 3, batch * n ** 3, k * n * n, batch * n * k, (2 * batch + 1) * f * f]
 
 
 def choose_vblock(lay: VirtualLayout, occ_tile: int, budget_bytes: float) -> tuple:
@@ -95,7 +101,7 @@ class BlockedTripleKernel(TripleKernel):
         self.poff, self.vooff = lay.poff.tolist(), lay.vooff.tolist()
         self.nv, self.no, self.vr = lay.n.tolist(), lay.no.tolist(), lay.vr.tolist()
         self.ev = lay.ev
-        self.wbuf, self.sbuf, self.rbuf, self.lbuf = pool
+        self.wbuf, self.sbuf, self.rbuf, self.lbuf, self.vbuf = pool
         blocks = virtual_blocks(lay, vblock)
         self.slot = max(s for _, _, s in blocks) ** 3
         self.triples = triples if triples is not None else \
@@ -107,8 +113,9 @@ class BlockedTripleKernel(TripleKernel):
         self.flops = 0
 
     @staticmethod
-    def new_pool(lay: VirtualLayout, vblock: int, batch: int, blocks=None, k: int | None = None) -> list:
-        return [np.empty(max(n, 1)) for n in blocked_pool_sizes(lay, vblock, batch, blocks, k)]
+    def new_pool(lay: VirtualLayout, vblock: int, batch: int, blocks=None, k: int | None = None,
+                 frame: int | None = None) -> list:
+        return [np.empty(max(n, 1)) for n in blocked_pool_sizes(lay, vblock, batch, blocks, k, frame)]
 
     def energy(self, i: int, j: int, ks: range) -> float:
         """sum over k in ks of sum_abc W r3(W + V) / D, block triple by block triple."""
@@ -156,7 +163,8 @@ class BlockedTripleKernel(TripleKernel):
         idx = np.concatenate([np.arange(self.vr[g][0] + r, self.vr[g][0] + r + n) for g, r, n in frame])
         t1, g, rel, nk = self.inp.t1, self.irr, self.rel, len(ks)
         krows, jrow = slice(rel[ks[0]], rel[ks[0]] + nk), slice(rel[j], rel[j] + 1)
-        P = np.zeros((2 * nk + 1, f, f))
+        P = self.vbuf[:(2 * nk + 1) * f * f].reshape(2 * nk + 1, f, f)
+        P[:] = 0.0
         for FP in frame:
             for FQ in frame:
                 cut = (slice(None), slice(at[FP], at[FP] + FP[2]), slice(at[FQ], at[FQ] + FQ[2]))
@@ -174,7 +182,7 @@ class BlockedTripleKernel(TripleKernel):
         for F, f in at.items():
             if F[0] == block[0] and F[1] <= block[1] < F[1] + F[2]:
                 return f + block[1] - F[1]
-        raise IndexError(f"virtual block {block} outside the kernel's frame")
+        raise TesseraError(f"(T) virtual block {block} outside the kernel's frame")
 
     def _order_energy(self, order, W: dict, frame) -> float:
         """sum over the orbits of one block triple of W r3(W + V) / D, from W of its ordered

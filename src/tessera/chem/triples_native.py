@@ -16,7 +16,7 @@ from functools import cache
 import numpy as np
 
 from tessera.chem.native import load
-from tessera.errors import BuildError, ShapeError
+from tessera.errors import BuildError, ShapeError, TesseraError
 
 __all__ = ["require", "dense_scratch_size", "energy_dense", "energy_packed", "batch_packed", "block_w",
            "block_energy"]
@@ -166,7 +166,10 @@ def block_energy(tri, sizes, offsets, ids, W: list, ev, eijk, t1i, t1j, t1k, Pjk
     tri, ids = np.asarray(tri, dtype=np.int64), np.ascontiguousarray(ids, dtype=np.int64)
     vol = [int(np.prod(sizes[row])) for row in ids]
     ptrs = np.array([_addr(w, nk * n) for w, n in zip(W, vol)], dtype=np.int64)
-    return _library().tessera_t3_block_energy(
+    e = _library().tessera_t3_block_energy(
         nk, sizes.size, sizes.ctypes.data, offsets.ctypes.data, tri.ctypes.data, len(ids), ids.ctypes.data,
         ptrs.ctypes.data, nf, _addr(ev, nf), _addr(eijk, nk), _addr(t1i, nf), _addr(t1j, nf),
         _addr(t1k, nk * nf), _addr(Pjk, nk * nf * nf), _addr(Pik, nk * nf * nf), _addr(Pij, nf * nf))
+    if e != e:          # the kernel's NaN: an ordering of the triple was not given
+        raise TesseraError(f"(T) block triple {tri.tolist()}: W of an ordering of its blocks is missing")
+    return e

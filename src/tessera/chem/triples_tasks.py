@@ -107,12 +107,12 @@ def kernel_plan(lay: VirtualLayout, o, v, occ_tile, resident: bool, vblock=None,
     return int(occ_tile), vblock, batch, pool_bytes(lay, vblock, batch)
 
 
-def pool_bytes(lay: VirtualLayout, vblock, batch: int, blocks=None, k: int | None = None) -> int:
+def pool_bytes(lay: VirtualLayout, vblock, batch: int, win=None, k: int | None = None) -> int:
     """Bytes of one thread's kernel buffers (whole-space kernel when ``vblock`` is None;
-    ``blocks``: the windows' kernel blocks, ``Windows.blocks``; ``k``: the widest
+    ``win``: the tasks' ``Windows`` (their kernel blocks and frames); ``k``: the widest
     contracted chunk, streamed tasks)."""
     sizes = (TripleKernel.pool_sizes(lay, batch) if vblock is None
-             else blocked_pool_sizes(lay, vblock, batch, blocks, k))
+             else blocked_pool_sizes(lay, vblock, batch, win and win.blocks, k, win and win.frame_width))
     return 8 * sum(max(n, 1) for n in sizes)
 
 
@@ -426,7 +426,7 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
         batch = kernel_plan(lay, o, v, occ_tile, False, vblock, kernel_mb)[2]
         most = stream_bytes(o.dim, v.dim, occ_tile, width, -(-int(lay.n.max()) // chunks),
                             -(-int(lay.no.max()) // chunks))
-        kernel = pool_bytes(lay, vblock, batch, win.blocks, Chunks(lay, chunks).widest)
+        kernel = pool_bytes(lay, vblock, batch, win, Chunks(lay, chunks).widest)
     elif vblock is None:                    # whole rows per task tile
         occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, budget, nranks)
         batch = min(kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)[2], occ_tile)
@@ -441,7 +441,7 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
                                nranks, ranks_per_node)
         read = sum(window_reads(win, tiles, triples, tasks, weights, nranks))
         batch = kernel_plan(lay, o, v, occ_tile, False, vblock, kernel_mb)[2]
-        kernel = pool_bytes(lay, vblock, batch, win.blocks)
+        kernel = pool_bytes(lay, vblock, batch, win)
     return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
             "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
             "vblock": vblock or 0, "chunks": chunks, "kernel_bytes": int(kernel), "budget_bytes": int(budget),
@@ -531,7 +531,7 @@ class TriplesTasks:
             occ, self.windows, _ = window_plan(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
                                                budget, nranks, occ_tile)
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
-            self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows.blocks)
+            self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows)
         # windowed tasks in stages, the contracted f and m in chunks (chem.triples_stream);
         # chunks 1 (given or chosen): one stage, f and m whole
         if chunks and chunks > 1 and self.windows is None:
@@ -543,7 +543,7 @@ class TriplesTasks:
         self.stage_requests: dict = {}                   # streamed: (task, stage) -> its requests (need)
         self.acc: dict = {}                              # streamed: task -> W of its block triples
         if self.stream is not None:
-            self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows.blocks, self.stream.widest)
+            self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows, self.stream.widest)
         elif not resident and occ_tile is None and self.windows is None:
             self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, budget, nranks)
             self.batch = min(self.batch, self.occ_tile)
@@ -780,7 +780,8 @@ class TriplesTasks:
             self.local.pool = (TripleKernel.new_pool(self.lay, self.batch) if self.vblock is None
                                else BlockedTripleKernel.new_pool(self.lay, self.vblock, self.batch,
                                                                  self.windows and self.windows.blocks,
-                                                                 self.stream and self.stream.widest))
+                                                                 self.stream and self.stream.widest,
+                                                                 self.windows and self.windows.frame_width))
         return self.local.pool
 
     def _drop_kept(self, tag) -> None:

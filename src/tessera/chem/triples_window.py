@@ -107,6 +107,8 @@ class Windows:
             for k in range(0, size, vblock):
                 self.blocks.append((g, r + k, min(vblock, size - k)))
                 self.block_tile.append(n)
+        # the most virtuals one window's frame spans (its three widest tiles)
+        self.frame_width = sum(sorted(t[2] for t in self.vtiles)[-3:])
         self.tile_at = {(b[0], b[1]): (self.block_tile[i], b[1] - self.vtiles[self.block_tile[i]][1])
                         for i, b in enumerate(self.blocks)}
         nt = len(self.vtiles)

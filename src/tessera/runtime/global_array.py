@@ -596,12 +596,14 @@ class GlobalArray:
 
     def _piece_patch(self, op: str, p, buf, targets: list, parts: list, boxes: list) -> bool:
         """The box ``p`` of ``_patch``'s ``buf`` in a block stored in pieces: one operation
-        per run of the box in a piece (``piece_runs``: a contiguous row of the box each), so
-        only the box's elements move; mapped runs are copied (but acc, as for whole blocks).
-        The runs go straight to or from ``buf`` when the box is the whole patch, else through
-        a box of their own, listed in ``boxes`` (``_patch`` completes it and, for a get,
-        copies it into ``buf``). Appends the targets and (owner, bytes) of its operations;
-        returns whether it copied mapped memory."""
+        per owner, over the runs of the box in its pieces (``piece_runs``: a contiguous row
+        of the box each; indexed datatypes on both sides where there are several), so only
+        the box's elements move, in as many operations as whole pieces would take; mapped
+        runs are copied (but acc, as for whole blocks). The runs go straight to or from
+        ``buf`` when the box is the whole patch, else through a box of their own, listed in
+        ``boxes`` (``_patch`` completes it and, for a get, copies it into ``buf``). Appends
+        the targets and (owner, bytes) of its operations; returns whether it copied mapped
+        memory."""
         runs = self.piece_runs(p.key, tuple(x for ax, (a, n) in enumerate(zip(p.block_start, p.shape))
                                             for x in (ax, a, a + n)))
         if p.shape == buf.shape:
@@ -611,27 +613,37 @@ class GlobalArray:
             box = np.empty(p.shape, self.dtype) if op == "get" else np.ascontiguousarray(buf[psl])
             boxes.append((psl if op == "get" else None, box))
         flat, mt, isz, exp = box.reshape(-1), self._mpitype, self.itemsize, self._exp
-        mapped = False
+        mapped, remote = False, {}
         for owner, off, pos, n in zip(*(c.tolist() for c in (runs.owner, runs.offset, runs.pos, runs.count))):
-            seg = flat[pos:pos + n]
-            parts.append((owner, n * isz))
             view = self._mapped.get(owner)
-            if view is not None and op != "acc":
-                if not mapped:
-                    exp.sync_memory()
-                    mapped = True
-                if op == "get":
-                    seg[:] = view[off:off + n]
-                else:
-                    view[off:off + n] = seg
+            if view is None or op == "acc":
+                remote.setdefault(owner, []).append((off, pos, n))
                 continue
-            target, disp = exp.targets[owner], (exp.base[owner] + off, n, mt)
+            parts.append((owner, n * isz))
+            if not mapped:
+                exp.sync_memory()
+                mapped = True
             if op == "get":
-                self._win.Get([seg, n, mt], target, disp)
-            elif op == "put":
-                self._win.Put([seg, n, mt], target, disp)
+                flat[pos:pos + n] = view[off:off + n]
             else:
-                self._win.Accumulate([seg, n, mt], target, disp, self._SUM)
+                view[off:off + n] = flat[pos:pos + n]
+        call = {"get": self._win.Get, "put": self._win.Put}.get(op)
+        for owner, owned in remote.items():
+            target, base = exp.targets[owner], exp.base[owner]
+            offs, poss, ns = (list(c) for c in zip(*owned))
+            if len(ns) == 1:
+                types = ()
+                origin, disp = [flat[poss[0]:poss[0] + ns[0]], ns[0], mt], (base + offs[0], ns[0], mt)
+            else:
+                types = (mt.Create_indexed(ns, poss).Commit(), mt.Create_indexed(ns, offs).Commit())
+                origin, disp = [flat, 1, types[0]], (base, 1, types[1])
+            if call is not None:
+                call(origin, target, disp)
+            else:
+                self._win.Accumulate(origin, target, disp, self._SUM)
+            for t in types:         # freed once started: MPI completes the operation with them
+                t.Free()
+            parts.append((owner, sum(ns) * isz))
             if target not in targets:
                 targets.append(target)
         return mapped
