@@ -30,7 +30,7 @@ any step's bytes per rank); variant ``2.5d`` on a pr x pc x c grid: panels broad
 layer's smaller grid, c partial outputs to the owners). The constants are per node, with
 the network between nodes when the ranks span several (``run_costs``). Each candidate also gets a memory estimate per rank
 (``memory_parts``: T2 + integrals of the fullest rank; what the driver holds beside
-them, the structure's ``held`` bytes (for CCSD the amplitude copies, the DIIS history and,
+them, the structure's ``held`` bytes (for CCSD the amplitude copies and,
 on one process, the ladder's V+-) spread over the ranks; and the working set of the largest contraction step:
 for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the homes
 of the inputs and one panel each; for ``cached`` its block cache; on one process the
