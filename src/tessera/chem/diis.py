@@ -18,7 +18,9 @@ The stored pairs live in memory (``MemoryHistory``) or, with ``on_disk``, in a t
 file (``FileHistory``), as PySCF's ``lib.diis`` keeps CCSD's: the history is then no part
 of the process's resident memory (glycine cc-pVDZ CCSD: 7 pairs of 11.4 MiB vectors, 160
 MiB), and each update reads it once for the inner products and once for the linear
-combinations, CHUNK elements at a time into one buffer that stays in cache.
+combinations, CHUNK elements at a time into one buffer that stays in cache. That costs
+the copies out of the page cache: an update of 7 pairs of 1.5 M elements 46-51 ms of CPU
+in memory, 70-75 ms from the file (measured under load 10).
 """
 
 from __future__ import annotations
