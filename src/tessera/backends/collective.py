@@ -56,7 +56,7 @@ from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
 from tessera.plan.blocktasks import add_source, contraction_tasks, hadamard_outputs, source_block, task_arrays
 from tessera.runtime.distribution import default_layers, grid_shape
-from tessera.runtime.global_array import run_index
+from tessera.runtime.placement import run_index
 
 log = logging.getLogger("tessera.backends")
 
