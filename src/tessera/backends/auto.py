@@ -84,7 +84,7 @@ from tessera.backends.budget import memory_budget
 from tessera.backends import registry
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
-from tessera.backends.step_bytes import onesided_step_bytes, operands, owner_step_recv, pieces_per_block
+from tessera.backends.step_bytes import moved_bytes, operands, owner_step_moves, pieces_per_block
 from tessera.plan.blocktasks import block_sizes, task_arrays
 from tessera.runtime.distribution import default_layers, grid_3d, makespan
 from tessera.tensor.block_tensor import allowed_elements
@@ -158,9 +158,10 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             if step.kind != "contract":
                 s["other_steps"] += 1
                 if block_tasks and nranks > 1:
-                    s["collective_other_bytes"] += float(owner_step_recv(step, nranks, owners).max())
-                    s["onesided_other_bytes"] += float(onesided_step_bytes(step, nranks, owners).max())
-                    s["owner_other_bytes"] += float(onesided_step_bytes(step, nranks, owners, False).max())
+                    moves = owner_step_moves(step, nranks, owners)
+                    for key, executor in (("collective_other_bytes", "mpi-collective"),
+                                          ("onesided_other_bytes", "mpi-onesided"), ("owner_other_bytes", "owner")):
+                        s[key] += float(moved_bytes(moves, nranks, executor).max())
                 continue
             s["contract_steps"] += 1
             # a constant left operand of few columns is read from its blocks, not gathered

@@ -8,7 +8,7 @@ rank receives in a step (``step_recv``): a contraction with an operand stationar
 (``backends.stationary``), a sum or Hadamard product as ``CollectiveExecutor.add_step``
 and ``hadamard_step`` move it (``owner_step_recv``); on ``mpi-onesided``, the bytes each
 rank's gets, accumulates and puts move in a sum or Hadamard product
-(``onesided_step_bytes``). Both from ``owner_step_moves``.
+(``onesided_step_bytes``). Both from ``owner_step_moves`` (``moved_bytes``).
 """
 
 from __future__ import annotations
@@ -121,20 +121,29 @@ def _same_pieces(a, b) -> bool:
 def owner_step_recv(step, nranks: int, cache: dict) -> np.ndarray:
     """Bytes each rank receives in an ``add`` or ``hadamard`` step on ``mpi-collective``
     (``add_step``, ``hadamard_step``): ``owner_step_moves``' inputs at the homes, and the
-    output pieces at their owners."""
-    reads, (home, owner, nbytes) = owner_step_moves(step, nranks, cache)
-    return reads + np.bincount(owner, weights=nbytes, minlength=nranks)
+    output pieces at their owners (``moved_bytes``)."""
+    return moved_bytes(owner_step_moves(step, nranks, cache), nranks, "mpi-collective")
 
 
 def onesided_step_bytes(step, nranks: int, cache: dict, accumulates: bool = True) -> np.ndarray:
     """Bytes each rank moves to or from other ranks in an ``add`` or ``hadamard`` step on
-    ``mpi-onesided``, as its counters record them (gets: received, accumulates and puts:
-    sent; ``DistributedExecutor.add_step``, ``hadamard_step``, ``_add_into``): the home of
-    each output block gets the input elements it lacks (``owner_step_moves``) and sends
-    the output's pieces held elsewhere, by one accumulate each (``accumulates``), or, in
-    the ``owner`` variant, by a get and a put each."""
-    reads, (home, owner, nbytes) = owner_step_moves(step, nranks, cache)
-    return reads + (1 if accumulates else 2) * np.bincount(home, weights=nbytes, minlength=nranks)
+    ``mpi-onesided`` (``accumulates`` False: variant ``owner``), as its counters record
+    them (``moved_bytes``)."""
+    return moved_bytes(owner_step_moves(step, nranks, cache), nranks,
+                       "mpi-onesided" if accumulates else "owner")
+
+
+def moved_bytes(moves: tuple, nranks: int, executor: str) -> np.ndarray:
+    """Per rank, the bytes of ``owner_step_moves`` as ``executor`` moves and counts them:
+    ``mpi-collective`` what each rank receives (inputs at the homes, output pieces at their
+    owners); ``mpi-onesided`` (``DistributedExecutor.add_step``, ``hadamard_step``,
+    ``_add_into``) what its gets receive and its accumulates send (the home gets the inputs
+    it lacks and accumulates each output piece held elsewhere), ``owner`` the same with a
+    get and a put per such piece."""
+    reads, (home, owner, nbytes) = moves
+    if executor == "mpi-collective":
+        return reads + np.bincount(owner, weights=nbytes, minlength=nranks)
+    return reads + (2 if executor == "owner" else 1) * np.bincount(home, weights=nbytes, minlength=nranks)
 
 
 def owner_step_moves(step, nranks: int, cache: dict) -> tuple:
