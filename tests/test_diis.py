@@ -6,11 +6,15 @@ must reproduce it (Ziolkowski et al., J. Chem. Phys. 128, 204105 (2008)), where 
 DIIS of three pairs falls behind.
 """
 
-import numpy as np
+import os
 
+import numpy as np
+import pytest
 import scipy.sparse
 
+import tessera.chem.diis as diis_module
 from tessera.chem.diis import CHUNK, DIIS, FileHistory
+from tessera.errors import TesseraError
 
 
 def _iterate(diis, A, b, steps):
@@ -58,10 +62,11 @@ def test_crop_gram_is_that_of_its_errors():
     assert len(d) == 4
 
 
-def test_history_in_a_file_gives_the_same_iterates(tmp_path):
+def test_history_in_a_file_gives_the_same_iterates(tmp_path, monkeypatch):
     """A history in a temporary file (CCSD's) gives the in-memory history's iterates and
-    Gram matrix, over vectors longer than one chunk, with the oldest pairs dropped, and
-    leaves no file behind once closed."""
+    Gram matrix, over vectors longer than one chunk (and, in the file, longer than one
+    read or write), with the oldest pairs dropped, and closes its files."""
+    monkeypatch.setattr(diis_module, "IO_ELEMENTS", CHUNK // 3)     # reads and writes in pieces
     A, b = _sparse_problem(3 * CHUNK + 5)
     w = np.random.default_rng(2).integers(1, 3, len(b)).astype(float)
     memory, disk = DIIS(4, crop=True, weight=w), DIIS(4, crop=True, weight=w, on_disk=True, directory=tmp_path)
@@ -73,5 +78,15 @@ def test_history_in_a_file_gives_the_same_iterates(tmp_path):
     E = np.array(list(disk.errors))
     np.testing.assert_allclose(disk.gram, E @ (w * E).T, rtol=1e-10)
     assert len(disk) == 4 and isinstance(disk.vectors, FileHistory)
+    files = [disk.vectors._file.fileno(), disk.errors._file.fileno()]
     disk.close()
-    assert list(tmp_path.iterdir()) == []
+    for fd in files:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def test_history_folder_that_cannot_hold_it_is_one_line(tmp_path):
+    """A folder the history's file cannot be made in is a one-line error naming it, at once."""
+    missing = tmp_path / "missing"
+    with pytest.raises(TesseraError, match=f"DIIS history: cannot make its temporary file in {missing}"):
+        DIIS(4, on_disk=True, directory=missing)

@@ -53,6 +53,7 @@ from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples import triples_correction
 from tessera.errors import TesseraError
 from tessera.runtime import World
+from tessera.runtime.distribution import default_layers
 from tessera.tensor.block_tensor import allowed_keys
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -390,7 +391,7 @@ def model_bytes(world) -> dict:
     for name, eq, variant, mode in collective:
         got, pieced = counted(eq, ("alltoallv", "bcast_row", "bcast_col"), "mpi-collective", variant, stationary=mode)
         steps = planned(eq)
-        layers = 1 if variant == "summa" else world.size
+        layers = 1 if variant == "summa" else default_layers(world.size)
         model = sum(step_recv(s, world.size, "summa" if mode == "never" else mode, layers=layers) for s in steps)
         out["collective"][name] = {"counted": world.allgather(got), "model": [float(x) for x in model],
                                    "pieced": pieced, "kinds": sorted({s.kind for s in steps} - {"zero"})}

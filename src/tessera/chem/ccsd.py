@@ -114,13 +114,13 @@ class CCSD:
         with ctx:
             ctx.drop_gathered()         # what the phase before kept (the transform's working memory)
             try:
-                with contextlib.ExitStack() as history_file:     # the DIIS history's file, removed
-                    return self._iterate(ints, ctx, history_file)
+                with contextlib.ExitStack() as cleanup:     # removes the DIIS history's file
+                    return self._iterate(ints, ctx, cleanup)
             finally:            # the integrals' gathered matrices: no use after CCSD ((T) has its own)
                 ctx.drop_gathered()
                 free_plus_minus_last(ints.ovvv)      # the ladder dressing's M+- (local runs)
 
-    def _iterate(self, ints, ctx, history_file) -> CCSDResult:
+    def _iterate(self, ints, ctx, cleanup) -> CCSDResult:
         D1 = denominator(ints.spaces("ov"), (ints.eo, ints.ev), (1, -1), "D1")
         D2 = denominator(ints.spaces("oovv"), (ints.eo, ints.eo, ints.ev, ints.ev), (1, 1, -1, -1), "D2",
                          eq.T2_SYMMETRY, eq.amplitude_placement("oovv"))
@@ -140,7 +140,8 @@ class CCSD:
         # t2 (and its distributed storage) alive for the whole run
         diis = DIIS(self.diis_space, reduce=t2.dist.allreduce if t2.dist is not None else None, weight=weight,
                     crop=True, on_disk=True)
-        history_file.callback(diis.close)
+        cleanup.callback(diis.close)
+        log.debug("CCSD DIIS history in a temporary file in %s", diis.vectors.directory)
         history, flops, first = [], 0, 1
         chk = self.checkpoint
         layout = _layout(t1, t2, keys) if chk is not None else None
@@ -151,6 +152,7 @@ class CCSD:
             diis.restore(resumed.diis_vectors, resumed.diis_errors, resumed.diis_gram)
             history, e_old, first = resumed.history, resumed.e_corr, resumed.iteration + 1
             log.info("CCSD resumed after iteration %d, E=%.12f", resumed.iteration, e_old)
+            del resumed             # its DIIS pairs are in the history's file now
         converged, vec = False, None
         for it in range(first, self.max_iter + 1):
             t0, f0 = time.perf_counter(), ctx.flops
@@ -230,7 +232,9 @@ class IterationStructure:
     ``tensors``: what a run stores (T2 and the integral classes, empty, with their
     placement); ``tiles``: tile sizes per space; ``held``: bytes the driver holds beside
     them (amplitude copies, a local run's ladder V+-, which replace vvvv among the stored
-    tensors; not the DIIS history, which is in a file), spread over the ranks like T2; ``dressing``: bytes of
+    tensors, counted whole: once gathered, their off-diagonal blocks are views of the
+    gathered squares the working set counts too, an upper bound by about 2/3 of V+-; not
+    the DIIS history, which is in a file), spread over the ranks like T2; ``dressing``: bytes of
     the M+- of a local run's t1 dressing of the ladder, made in its first iteration and
     from its first residual on held as their gathered matrices only
     (``Context.store_constants_gathered``), which the executor's working set counts."""

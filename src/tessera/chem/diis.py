@@ -25,6 +25,7 @@ in memory, 70-75 ms from the file (measured under load 10).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
@@ -32,8 +33,12 @@ import numpy as np
 from scipy.linalg.blas import daxpy
 
 from tessera.backends.context import one_blas_thread
+from tessera.errors import TesseraError
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 15         # elements of a vector a pass reads at a time (256 KiB: in L2 beside its output)
+IO_ELEMENTS = 1 << 27   # elements one read or write of a history file moves at most (1 GiB)
 
 
 class MemoryHistory(list):
@@ -47,11 +52,19 @@ class MemoryHistory(list):
 class FileHistory:
     """Stored vectors (errors) of one shape in an unnamed temporary file in ``directory``
     (the system's temporary folder when None), one slot per entry, oldest first: a list
-    of arrays to read (``h[i]`` reads a copy) and ``chunk`` to read part of one."""
+    of arrays to read (``h[i]`` reads a copy) and ``chunk`` to read part of one. The file
+    is opened at once; a folder that cannot hold it, a full disk or a failed read or
+    write is a one-line ``TesseraError``."""
 
     def __init__(self, directory: str | None = None):
-        self.directory = directory
-        self._file = None
+        self.directory = str(directory or tempfile.gettempdir())
+        asked = os.environ.get("TMPDIR")
+        if directory is None and asked and os.path.realpath(asked) != os.path.realpath(self.directory):
+            log.warning("TMPDIR=%s cannot be used: the DIIS history goes to %s", asked, self.directory)
+        try:
+            self._file = tempfile.TemporaryFile(dir=self.directory)
+        except OSError as exc:
+            raise self._error("cannot make", exc) from None
         self._slots: list = []      # file slot of each entry, oldest first
         self._shape: tuple = ()
         self._size = 0
@@ -67,13 +80,9 @@ class FileHistory:
     def __iter__(self):
         return (self[i] for i in range(len(self)))
 
-    def __setitem__(self, i: int, vector) -> None:
-        self._write(self._slots[i], vector)
-
     def append(self, vector) -> None:
         vector = np.asarray(vector, dtype=np.float64)
-        if self._file is None:
-            self._file = tempfile.TemporaryFile(dir=self.directory)
+        if not self._slots and not self._size:
             self._shape, self._size = vector.shape, vector.size
         slot = min(set(range(len(self._slots) + 1)) - set(self._slots))
         self._write(slot, vector)
@@ -85,15 +94,33 @@ class FileHistory:
     def chunk(self, i: int, start: int, buf: np.ndarray) -> np.ndarray:
         """Elements ``start`` to ``start + buf.size`` of entry ``i``, read into ``buf``."""
         offset = 8 * (self._slots[i] * self._size + start)
-        if os.preadv(self._file.fileno(), [buf], offset) != buf.nbytes:
-            raise OSError(f"DIIS history file {self._file.name}: short read")
+        for lo in range(0, buf.size, IO_ELEMENTS):      # one call moves at most ~2 GiB on Linux
+            part = buf[lo:lo + IO_ELEMENTS]
+            try:
+                done = os.preadv(self._file.fileno(), [part], offset + 8 * lo)
+            except OSError as exc:
+                raise self._error("cannot read", exc) from None
+            if done != part.nbytes:
+                raise self._error("cannot read", f"{done} of {part.nbytes} bytes read")
         return buf
 
     def _write(self, slot: int, vector) -> None:
         data = np.ascontiguousarray(vector, dtype=np.float64).reshape(-1)
         if data.size != self._size:
             raise ValueError(f"DIIS history holds vectors of {self._size} elements, got {data.size}")
-        os.pwrite(self._file.fileno(), data, 8 * slot * self._size)
+        for lo in range(0, data.size, IO_ELEMENTS):
+            part = data[lo:lo + IO_ELEMENTS]
+            try:
+                done = os.pwrite(self._file.fileno(), part, 8 * (slot * self._size + lo))
+            except OSError as exc:
+                raise self._error("cannot write", exc) from None
+            if done != part.nbytes:
+                raise self._error("cannot write", f"{done} of {part.nbytes} bytes written (disk full?)")
+
+    def _error(self, what: str, why) -> TesseraError:
+        why = why.strerror or str(why) if isinstance(why, OSError) else why
+        return TesseraError(f"DIIS history: {what} its temporary file in {self.directory} ({why}); "
+                            "set TMPDIR to a folder with room for it")
 
     def close(self) -> None:
         if self._file is not None:
@@ -224,19 +251,17 @@ def _combine(c, history, newest: np.ndarray) -> np.ndarray:
     stored = range(len(history) - k, len(history))
     out = np.empty(newest.size)
     buf = np.empty(min(CHUNK, newest.size))
-    blas = newest.size < 2**31     # BLAS takes 32-bit lengths
     for start in range(0, newest.size, CHUNK):
         part = out[start:start + CHUNK]
         np.multiply(history.chunk(stored[0], start, buf[:part.size]), c[0], out=part)
         for ci, i in zip(c[1:], stored[1:]):
-            _axpy(ci, history.chunk(i, start, buf[:part.size]), part, blas)
-        _axpy(c[-1], newest[start:start + part.size], part, blas)
+            _axpy(ci, history.chunk(i, start, buf[:part.size]), part)
+        _axpy(c[-1], newest[start:start + part.size], part)
     return out.reshape(shape)
 
 
-def _axpy(a: float, x: np.ndarray, y: np.ndarray, blas: bool) -> None:
-    """y += a x in place (BLAS daxpy updates a contiguous float64 ``y`` in place)."""
-    if blas and y.size:
+def _axpy(a: float, x: np.ndarray, y: np.ndarray) -> None:
+    """y += a x in place (BLAS daxpy updates a contiguous float64 ``y`` of at most CHUNK
+    elements in place)."""
+    if y.size:
         daxpy(x, y, a=a)
-    else:
-        y += a * x
