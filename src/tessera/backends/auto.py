@@ -168,7 +168,7 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             # (``Context._gathered``)
             from_blocks = all(sec.cols.total <= BLOCK_READ_COLUMNS for sec in step.sectors)
             for ref, side in zip(step.inputs, "ab"):
-                if ref.tensor.constant and not (side == "a" and from_blocks):
+                if ref.tensor.constant and step.sectors and not (side == "a" and from_blocks):
                     dims = [(sec.rows.total, sec.inner.total) if side == "a" else (sec.inner.total, sec.cols.total)
                             for sec in step.sectors]
                     rows = step.sectors[0].rows if side == "a" else step.sectors[0].inner

@@ -259,6 +259,8 @@ class Context:
                 run(blockops.add_tasks(step, self.executor.workers))
         elif step.kind == "hadamard":
             run(blockops.hadamard_tasks(step))
+        elif step.kind == "contract" and not step.sectors:
+            pass                # no symmetry-allowed block product: the output receives nothing
         elif step.kind == "contract":
             (a, aperm, alayouts), b = _operands(step)
             left = all(s.cols.total <= BLOCK_READ_COLUMNS for s in step.sectors)
