@@ -61,7 +61,7 @@ def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(No
     recv, moved = {}, {}
     for x, ids, own_x, size, table in zip("ab", (ta.a, ta.b), (own_a, own_b), block_sizes(ta), pieces):
         # each (block, rank) once; a block in pieces moves to its home when stationary too
-        ids, at = _pairs(ids, ranks, nranks, stays=mode == x and table is None)
+        ids, at = distinct_pairs(ids, ranks, nranks, stays=mode == x and table is None)
         lacks = (own_x[ids] != at) * size[ids] if table is None else size[ids] - held(table, ids, at, nranks)
         moved[x] = (ids, at, lacks)
     if shared:                  # B's blocks that A's already bring
@@ -72,7 +72,7 @@ def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(No
         moved["b"] = (ids[keep], at[keep], lacks[keep])
     for x, (ids, at, lacks) in moved.items():
         recv[x] = np.bincount(at, weights=8.0 * lacks, minlength=nranks)
-    t, at = _pairs(ta.task, ranks, nranks, stays=mode == "c" and pieces[2] is None)   # each (task, rank) once
+    t, at = distinct_pairs(ta.task, ranks, nranks, stays=mode == "c" and pieces[2] is None)   # each (task, rank) once
     if pieces[2] is None:
         t = t[at != dest[t]]
         recv["c"] = np.bincount(dest[t], weights=8.0 * ta.m[t] * ta.n[t], minlength=nranks)
@@ -100,7 +100,7 @@ def held(table, ids, at, nranks: int) -> np.ndarray:
     return np.where(codes[pos] == ask, elements[pos], 0)
 
 
-def _pairs(ids, ranks, nranks: int, stays: bool) -> tuple:
+def distinct_pairs(ids, ranks, nranks: int, stays: bool = False) -> tuple:
     """(ids, ranks) of the distinct (id, rank) pairs, by id then rank; none when ``stays``
     (the operand that stays: every product runs where its block lives, nothing moves)."""
     if stays:
