@@ -15,8 +15,10 @@ equal to PySCF's to 1e-7 Eh; parts of pieced blocks cut on other axes than the f
 moved by mpi-collective's all-to-all: exactly the part's elements that the receiver does
 not hold (from the pieces each rank holds); the same parts fetched by mpi-onesided's gets:
 exactly the part's elements, per target; the bytes of mpi-collective's steps on pieces
-(stationary and on the grid) and of mpi-onesided's sums equal to the cost model's, and
-each rank's bytes of the stored classes under TESSERA_PIECES equal to the model's.
+(stationary and on the grid), of mpi-onesided's sums and owner contractions, and of a
+frozen operand's later runs on mpi-collective (kept, or past the frozen cache) equal to
+the cost model's, and each rank's bytes of the stored classes under TESSERA_PIECES equal
+to the model's.
 """
 
 from pathlib import Path

@@ -25,9 +25,11 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    a piece): the values against numpy, and the bytes each rank's get counter records per
    target against the part's elements that target holds (from every rank's pieces).
 6. With ``--collective`` (4 ranks as 2 emulated nodes): ``collective`` below (and 4).
-7. With ``--model``: ``model_bytes`` below (the bytes of collective steps and one-sided
-   sums on pieces against the cost model's) and ``held_bytes`` (each rank's bytes of the
-   stored classes under TESSERA_PIECES against the model's).
+7. With ``--model``: ``model_bytes`` below (the bytes of collective steps, one-sided
+   sums and owner contractions on pieces against the cost model's), ``frozen_bytes`` (a
+   frozen operand's second run on mpi-collective at two frozen-cache bounds against the
+   model's) and ``held_bytes`` (each rank's bytes of the stored classes under
+   TESSERA_PIECES against the model's).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -330,7 +332,8 @@ def model_bytes(world) -> dict:
     alone, with the run's TESSERA_PIECES). On mpi-onesided (``onesided``; variants original
     and owner): the sums, a division and the Hadamard product, the bytes each rank's get,
     accumulate and put counters record with other ranks, and the model's
-    (``step_bytes.onesided_step_bytes``)."""
+    (``step_bytes.onesided_step_bytes``); variant owner's contraction and outer product,
+    its get and put counters against ``step_bytes.onesided_owner_counts``."""
     from tessera.backends.context import PlanningContext
     from tessera.backends.step_bytes import onesided_step_bytes, step_recv
     rng = np.random.default_rng(5)

@@ -339,7 +339,6 @@ def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES) ->
     in order), the second's misses. Sums and Hadamard products reading a frozen tensor
     also use the cache: not played (the model counts their reads every iteration)."""
     from tessera.backends.distributed import FrozenCache
-    from tessera.backends.stationary import owner_arrays
     from tessera.backends.summa_layout import summa_layout
     entries = []
     for n, (st, grid, mode, _) in enumerate(chosen):
@@ -349,14 +348,8 @@ def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES) ->
                 key = (x, st["sig"], *st["perms"], *grid)
                 need = summa_layout(st["sig"], *st["perms"], *grid)[f"{x}_strip_bytes"]
             else:
-                ta = st["tasks"]
-                own = owner_arrays(ta, st["operands"].owners)
-                at = (own[0][ta.a] if mode == "a" else own[1][ta.b] if mode == "b" else own[2][ta.task])
-                ids, size = (ta.a, ta.a_size) if x == "a" else (ta.b, ta.b_size)
-                pieced = st["operands"].pieces["ab".index(x)] is not None
-                lacks = size[ids] * (True if pieced else own["ab".index(x)][ids] != at)
-                key = ("in", n, x)
-                need = int(8 * np.bincount(at, weights=lacks, minlength=nranks).max(initial=0))
+                key = ("in", st["sig"], *st["perms"], st["perm_c"], mode, x)     # its items
+                need = int(st["stationary"][nranks][1][mode]["asked"][x].max(initial=0))
             entries.append((n, x, t, key, need))
     cache, resent = FrozenCache(limit), set()
     for iteration in (1, 2):

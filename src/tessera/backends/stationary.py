@@ -48,7 +48,9 @@ def owner_arrays(ta, owners: tuple) -> tuple:
 def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(None, None, None),
           shared: bool = False) -> dict:
     """``where[t][q]``: the rank of product q of task t; per rank ``flops``, ``recv``
-    ({"a", "b": bytes of distinct remote input blocks, "c": bytes of partial outputs});
+    ({"a", "b": bytes of distinct remote input blocks, "c": bytes of partial outputs}),
+    ``asked`` ({"a", "b": bytes of the input blocks its products read that it does not own,
+    a block once per product; a block in pieces whole});
     ``ta``: the step's ``plan.blocktasks.TaskArrays``, ``own``: ``owner_arrays`` (a block
     stored in pieces: its home); ``pieces``: per operand None (whole blocks) or its blocks'
     pieces, (index into ``ta``'s A keys, B keys or outputs, rank, elements); ``shared``: A
@@ -58,8 +60,12 @@ def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(No
     own_a, own_b, dest = own
     ranks = (own_a[ta.a] if mode == "a" else own_b[ta.b] if mode == "b" else dest[ta.task])
     flops = np.bincount(ranks, weights=2.0 * ta.m[ta.task] * ta.k * ta.n[ta.task], minlength=nranks)
-    recv, moved = {}, {}
+    recv, moved, asked = {}, {}, {}
     for x, ids, own_x, size, table in zip("ab", (ta.a, ta.b), (own_a, own_b), block_sizes(ta), pieces):
+        # what ``CollectiveExecutor._exchange`` sizes a frozen operand's entry by: a block
+        # (a pieced one whole) per product that reads it, where its rank does not own it
+        asked[x] = np.bincount(ranks, weights=8.0 * size[ids] * (True if table is not None else own_x[ids] != ranks),
+                               minlength=nranks)
         # each (block, rank) once; a block in pieces moves to its home when stationary too
         ids, at = distinct_pairs(ids, ranks, nranks, stays=mode == x and table is None)
         lacks = (own_x[ids] != at) * size[ids] if table is None else size[ids] - held(table, ids, at, nranks)
@@ -80,7 +86,7 @@ def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(No
         index, rank, count = pieces[2]
         senders = np.bincount(t, minlength=len(ta.out))[index] - held((t, at, np.ones(len(t))), index, rank, nranks)
         recv["c"] = np.bincount(rank, weights=8.0 * count * senders, minlength=nranks)
-    out = {"flops": flops, "recv": recv}
+    out = {"flops": flops, "recv": recv, "asked": asked}
     if where:
         flat = ranks.tolist()
         out["where"] = [flat[s:e] for s, e in zip(ta.start[:-1].tolist(), ta.start[1:].tolist())]
