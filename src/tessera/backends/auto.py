@@ -151,11 +151,10 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
          "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0,
          # one-sided operations on mpi-onesided, one per piece of a block stored in pieces
          "get_ops": 0, "acc_ops": 0, "inv_get_ops": 0, "product_acc_ops": 0, "distinct_ops": 0,
-         "pieced_acc_ops": 0,
          # sums and Hadamard products: per step the busiest rank's bytes, summed
          "collective_other_bytes": 0.0, "onesided_other_bytes": 0.0, "owner_other_bytes": 0.0}
     owners = {"least": least_pieces}     # id(tensor) -> owner function, pieces, on nranks ranks
-    if owner and block_tasks and nranks > 1:
+    if owner and block_tasks:
         s["owner"] = {**dict.fromkeys(("flops", "gets", "bytes", "thawed_gets", "thawed_bytes", "all_gets",
                                        "all_frozen_gets"), 0.0), "frozen_per_rank": np.zeros(nranks)}
     gathered: dict = {}          # (tensor, perm, sectors) -> bytes of a constant operand's matrices
@@ -222,7 +221,6 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             ka, kb, kc = (pieces_per_block(owners, r.tensor, nranks) for r in (*step.inputs, step.out))
             s["get_ops"] += len(ta.k) * (ka + kb)
             s["acc_ops"] += len(ta.out) * kc
-            s["pieced_acc_ops"] += len(ta.out) * kc * (kc > 1)
             s["product_acc_ops"] += len(ta.k) * kc
             s["inv_get_ops"] += len(ta.a_keys) * ka + len(ta.k) * kb if reuse_a else len(ta.b_keys) * kb + len(ta.k) * ka
             s["distinct_ops"] += len(ta.a_keys) * ka + len(ta.b_keys) * kb
@@ -422,10 +420,12 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
     # sums and Hadamard products: the busiest rank's gets and accumulates (or, owner, gets
     # and puts) of each step (``step_bytes.onesided_step_bytes``)
     other_bytes = s["owner_other_bytes" if variant == "owner" else "onesided_other_bytes"]
-    if variant == "owner" and "owner" in s:
+    if variant == "owner":
         # a static deal by ownership: the busiest rank of each contraction step, its frozen
         # blocks fetched in the first iteration only while every rank's fit its frozen cache
         # (``structure_stats``, ``step_bytes.onesided_owner_counts``); no accumulate
+        if "owner" not in s:
+            raise ValueError("estimate of variant owner needs structure_stats(..., owner=True)")
         ow = s["owner"]
         kept = float(ow["frozen_per_rank"].max(initial=0)) <= FROZEN_CACHE_BYTES
         gets, nbytes = (ow["thawed_gets"], ow["thawed_bytes"]) if kept else (ow["gets"], ow["bytes"])
@@ -445,17 +445,15 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         accs = s["product_acc_ops"]
         moved = s["inv_bytes"] * remote + s["out_bytes"] * remote * 2
     else:
-        # each rank fetches every distinct block it needs once: at most all of them, but
-        # a frozen operand's only in the first iteration while its share fits the frozen
-        # cache (``frozen_share``); ``owner`` adds its results in place (no accumulate; an
-        # output stored in pieces by a get and a put per piece, the put costed as an accumulate)
-        owner = variant == "owner"
-        gets = (P * min(s["distinct_ops"], s["get_ops"] / P) + owner * s["pieced_acc_ops"]) * remote
-        accs = s["pieced_acc_ops"] if owner else s["acc_ops"]
+        # cached: each rank fetches every distinct block it needs once: at most all of them,
+        # but a frozen operand's only in the first iteration while its share fits the frozen
+        # cache (``frozen_share``)
+        gets = P * min(s["distinct_ops"], s["get_ops"] / P) * remote
+        accs = s["acc_ops"]
         kept = frozen_share(s, P) <= FROZEN_CACHE_BYTES
         moved = P * min(s["distinct_bytes"] - kept * s["frozen_distinct_bytes"],
                         (s["a_bytes"] + s["b_bytes"] - kept * s["frozen_ab_bytes"]) / P) * remote \
-            + (0 if variant == "owner" else s["out_bytes"] * remote)
+            + s["out_bytes"] * remote
     seconds = (compute + overhead + (gets * T_GET + accs * T_ACC) / P
                + (moved / P + other_bytes) / BANDWIDTH + s["contract_steps"] * 4 * T_COLL)
     return {"seconds": seconds, "compute": compute, "gets": gets, "accs": accs,
