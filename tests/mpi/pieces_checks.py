@@ -25,9 +25,11 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    a piece): the values against numpy, and the bytes each rank's get counter records per
    target against the part's elements that target holds (from every rank's pieces).
 6. With ``--collective`` (4 ranks as 2 emulated nodes): ``collective`` below (and 4).
-7. With ``--model``: ``model_bytes`` below (the bytes of collective steps and one-sided
-   sums on pieces against the cost model's) and ``held_bytes`` (each rank's bytes of the
-   stored classes under TESSERA_PIECES against the model's).
+7. With ``--model``: ``model_bytes`` below (the bytes of collective steps, one-sided
+   sums and owner contractions on pieces against the cost model's), ``frozen_bytes`` (a
+   frozen operand's second run on mpi-collective at two frozen-cache bounds against the
+   model's) and ``held_bytes`` (each rank's bytes of the stored classes under
+   TESSERA_PIECES against the model's).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -37,6 +39,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -329,7 +332,8 @@ def model_bytes(world) -> dict:
     alone, with the run's TESSERA_PIECES). On mpi-onesided (``onesided``; variants original
     and owner): the sums, a division and the Hadamard product, the bytes each rank's get,
     accumulate and put counters record with other ranks, and the model's
-    (``step_bytes.onesided_step_bytes``)."""
+    (``step_bytes.onesided_step_bytes``); variant owner's contraction and outer product,
+    its get and put counters against ``step_bytes.onesided_owner_counts``."""
     from tessera.backends.context import PlanningContext
     from tessera.backends.step_bytes import onesided_step_bytes, step_recv
     rng = np.random.default_rng(5)
@@ -367,10 +371,10 @@ def model_bytes(world) -> dict:
         out["C"] = BlockTensor(oovv, 0, name="C", placement="pieces", symmetry=T2_SYMMETRY, canonical=True)
         return out
 
-    def planned(eq):
+    def planned(eq, make=tensors):
         with PlanningContext() as plan:
             with ts.equations():
-                eq(tensors(False))
+                eq(make(False))
         return [step for p in plan.plans for step in p.steps]
 
     def counted(eq, ops, backend, variant, **options):
@@ -387,7 +391,7 @@ def model_bytes(world) -> dict:
         [("contract/summa", contract, "summa", "never"), ("contract/2.5d", contract, "2.5d", "never"),
          ("outer/c", outer, "summa", "c"), ("outer/summa", outer, "summa", "never"),
          ("add", add, "summa", "c"), ("hadamard", hadamard, "summa", "c")]
-    out = {"collective": {}, "onesided": {}}
+    out = {"collective": {}, "onesided": {}, "onesided_owner": {}}
     for name, eq, variant, mode in collective:
         got, pieced = counted(eq, ("alltoallv", "bcast_row", "bcast_col"), "mpi-collective", variant, stationary=mode)
         steps = planned(eq)
@@ -403,7 +407,61 @@ def model_bytes(world) -> dict:
             model = sum(onesided_step_bytes(s, world.size, cache, variant != "owner") for s in planned(eq))
             out["onesided"][f"{name}/{variant}"] = {"counted": world.allgather(got),
                                                     "model": [float(x) for x in model], "pieced": pieced}
+    # mpi-onesided's contractions under variant owner (a static deal by ownership): each
+    # rank's gets and puts as its deal places the tasks (``step_bytes.onesided_owner_counts``),
+    # against the mean rank the model counted before (``auto.estimate``: each rank's distinct
+    # blocks, or its even share of every product's, whichever is less, spread evenly)
+    from tessera.backends.step_bytes import onesided_owner_counts
+    from tessera.plan.blocktasks import block_sizes, task_arrays
+    for name, eq in (("contract", contract), ("outer", outer)):
+        got, pieced = counted(eq, ("get", "put", "acc"), "mpi-onesided", "owner")
+        cache = {"least": least_pieces()}
+        steps = [s for s in planned(eq) if s.kind == "contract"]
+        model = sum(onesided_owner_counts(s, world.size, cache)["bytes"] for s in steps)
+        mean = 0.0
+        for s in steps:
+            ta = task_arrays(s)
+            distinct = 8 * sum(int(x.sum()) for x in block_sizes(ta))
+            every = 8 * int((ta.m[ta.task] * ta.k).sum() + (ta.k * ta.n[ta.task]).sum())
+            mean += min(distinct, every / world.size) * (world.size - 1) / world.size
+        out["onesided_owner"][name] = {"counted": world.allgather(got), "pieced": pieced,
+                                       "model": [float(x) for x in model], "mean_rank": mean}
+    out["frozen"] = frozen_bytes(world, tensors, contract, planned)
     out["held"] = held_bytes(world)
+    return out
+
+
+def frozen_bytes(world, tensors, contract, planned) -> dict:
+    """mpi-collective (summa, modes by cost) with M frozen: per rank the bytes the
+    all-to-all and broadcast counters record in a second run of the contraction (what
+    every later iteration moves), with the executor's frozen cache at its default bound
+    and at 0 MiB (``collective.DEFAULT_CACHE_MB`` set to 0 for the run: nothing is kept),
+    and the model's busiest rank (``auto.collective_traffic`` at the same bound)."""
+    from tessera.backends import collective as collective_module
+    from tessera.backends.auto import collective_traffic, structure_stats
+
+    def frozen(fill):
+        t = tensors(fill)
+        t["M"].freeze()
+        return t
+    run = SimpleNamespace(plans=None, tensors=[], tiles={})
+    out = {}
+    for limit_mb in (collective_module.DEFAULT_CACHE_MB, 0):
+        saved, collective_module.DEFAULT_CACHE_MB = collective_module.DEFAULT_CACHE_MB, limit_mb
+        try:
+            with Context("mpi-collective", variant="summa"):
+                t = frozen(True)
+                for _ in range(2):
+                    snap = world.comm_log.snapshot()
+                    with ts.equations():
+                        contract(t)
+                row = world.comm_log.row(world.size, ("alltoallv", "bcast_row", "bcast_col"), since=snap)
+        finally:
+            collective_module.DEFAULT_CACHE_MB = saved
+        run.plans = [SimpleNamespace(steps=planned(contract, frozen))]
+        s = structure_stats(lambda *_: run, 0, 0, world.size)
+        out[str(limit_mb)] = {"counted": world.allgather(int(row.sum() - row[world.rank])),
+                              "model": collective_traffic(s, world.size, "summa", limit_mb << 20)["bytes_per_rank"]}
     return out
 
 
