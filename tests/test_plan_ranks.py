@@ -6,6 +6,7 @@ the placement every rank of a run computes (``runtime.distribution``) is evaluat
 for 64, 256 and 1024 ranks.
 """
 
+import functools
 import json
 import math
 
@@ -383,6 +384,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
             keys[n].setdefault(k[0], []).append(k)
     orange, vrange = irrep_ranges(o, "o"), irrep_ranges(v, "v")
 
+    @functools.cache
     def by_hand(occ_tile, vblock, cache_mb):         # (tasks, bytes read, windows)
         win = Windows(o, v, vrange, orange, keys, tensors, vblock,
                       window_width(o, v, occ_tile, cache_mb * 2**20))
@@ -397,7 +399,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
                         shape = list(tensors[name].block_shape(k))
                         for a in range(0, len(part), 3):        # a patch: its cut axes
                             shape[part[a]] = part[a + 2] - part[a + 1]
-                        total += 8 * int(np.prod(shape[1:]))
+                        total += 8 * math.prod(shape[1:])
                 per_row[n, w] = total
             return per_row[n, w]
         read = tasks = 0
@@ -407,11 +409,13 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
                 read += sum((tiles[x][1] - tiles[x][0]) * row(tiles[x][3], w) for x in set(t))
         return tasks, read, win
 
+    requests_of = {}            # (occ_tile, windows) -> kept_by_hand's requests, shared by its calls
+
     def kept_by_hand(occ_tile, win, P, rpn=None):     # bytes read, a rank keeping its previous task's rows
         tiles, triples, G = task_tiles(o, occ_tile)
         tasks = window_tasks(triples, G, win)
         assert sorted(tasks) == sorted((t, w) for t, g in enumerate(G) for w in win.windows(g))
-        requested = {}                                 # (task tile, window) -> {request: bytes}
+        requested = requests_of.setdefault((occ_tile, id(win)), {})     # (task tile, window) -> {request: bytes}
 
         def asks(x, w):
             if (x, w) not in requested:
@@ -421,7 +425,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
                         shape = list(tensors[name].block_shape(k))
                         for a in range(0, len(part), 3):
                             shape[part[a]] = part[a + 2] - part[a + 1]
-                        now[name, k, tiles[x][:2], part] = 8 * (tiles[x][1] - tiles[x][0]) * int(np.prod(shape[1:]))
+                        now[name, k, tiles[x][:2], part] = 8 * (tiles[x][1] - tiles[x][0]) * math.prod(shape[1:])
             return requested[x, w]
         def reads(queue):                             # per task, its rank keeping the previous one's rows
             out, prev = [], set()
@@ -442,14 +446,18 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
         return sum(sum(reads(queue)) for queue in partition(weights, P, "contiguous"))
 
     top = max(tl.size for tl in o.tiles)
+    choices = {t for t in OCC_TILE_CHOICES if t < top} | {top}     # the task tiles a plan may take
     cut = False
     for cache_mb in (1, 64):
         counts = {P: plan_counts(tensors, P, cache_mb=cache_mb, kernel_mb=0.01) for P in (4, 64, 256)}
         vblock = counts[64]["vblock"]
         assert vblock                              # the blocked kernel: windowed tasks
-        tried = {t: by_hand(t, vblock, cache_mb) for t in sorted({t for t in OCC_TILE_CHOICES if t < top} | {top})}
+
+        def tried(t):                              # a tile's counts by hand, made when first asked
+            return by_hand(t, vblock, cache_mb)
         for P, c in counts.items():
-            tasks, read, win = tried[c["occ_tile"]]
+            assert c["occ_tile"] in choices, (cache_mb, P, c["occ_tile"])
+            tasks, read, win = tried(c["occ_tile"])
             assert c["tasks"] == tasks, (cache_mb, P)
             assert c["read_bytes"] == kept_by_hand(c["occ_tile"], win, P) < read, (cache_mb, P)
             width = window_width(o, v, c["occ_tile"], cache_mb * 2**20)
@@ -460,17 +468,18 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
             if cache_mb == 64:
                 assert len(win.vtiles) < len(v.tiles)          # a larger budget joins tiles
             if c["occ_tile"] > 1:          # a larger tile is taken only when it reads less
-                assert read < tried[1][1] and tasks >= TASKS_PER_RANK * P and win.narrowest_cut >= MIN_WINDOW
+                assert read < tried(1)[1] and tasks >= TASKS_PER_RANK * P and win.narrowest_cut >= MIN_WINDOW
         # on nodes of 16 ranks the deal weighs reads at the network's bandwidth, as a run does
         nodes = plan_counts(tensors, 64, cache_mb=cache_mb, kernel_mb=0.01, ranks_per_node=16)
-        win = tried[nodes["occ_tile"]][2]
+        assert nodes["occ_tile"] in choices
+        win = tried(nodes["occ_tile"])[2]
         assert nodes["read_bytes"] == kept_by_hand(nodes["occ_tile"], win, 64, 16) \
             != kept_by_hand(nodes["occ_tile"], win, 64)
         assert counts[256]["read_bytes_per_rank"] < counts[64]["read_bytes_per_rank"]
         assert counts[256]["tasks_per_rank"] < counts[64]["tasks_per_rank"]
     assert cut                  # the small budget cut tiles
     # few ranks and room for it: larger task tiles, fewer bytes read than one-orbital tiles
-    assert counts[4]["occ_tile"] > 1 and counts[4]["read_bytes"] < tried[1][1]
+    assert counts[4]["occ_tile"] > 1 and counts[4]["read_bytes"] < tried(1)[1]
 
 
 def _triples_run_plan(nocc: int, nvir: int, nranks: int, memory_bytes):
