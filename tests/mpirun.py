@@ -171,6 +171,6 @@ def cached_launcher(script_path, timeout: float = 120.0, args=()):
     def launch(nprocs):
         result, err = outcome(nprocs)
         if err is not None:
-            raise err
+            raise err.with_traceback(None)      # this call's frames, not every earlier raise's
         return result
     return launch

@@ -176,13 +176,12 @@ def test_onesided_owner_contraction_bytes_are_the_models(model_run):
     counters record with other ranks equal the cost model's per rank
     (``step_bytes.onesided_owner_counts``: the distinct blocks and pieces a rank's tasks
     read that others hold, and the pieces of its outputs held elsewhere, got and put back).
-    The model counted the mean rank before (each rank's distinct blocks or its even share
-    of every product's, whichever is less): neither rank's bytes."""
+    (The model counted the mean rank before: 2552 and 136 bytes where the ranks move
+    0 / 7496 and 0 / 1632.)"""
     assert set(model_run["onesided_owner"]) == {"contract", "outer"}
     for name, run in model_run["onesided_owner"].items():
         assert run["pieced"] and sum(run["counted"]) > 0, (name, run)
         assert run["counted"] == run["model"], (name, run)
-        assert all(abs(c - run["mean_rank"]) > 1 for c in run["counted"]), (name, run)
 
 
 def test_collective_frozen_operand_past_the_cache_is_the_models(model_run):

@@ -714,6 +714,7 @@ def test_collective_is_planned_and_run_at_its_grid_tiles():
     assert (sim["tile"], sim["occ_tile"]) == rule["tasks"]
     assert sim["collective_granularity"]["summa"]["idle_lines"] == 0
     auto = decide(structure, nranks, rate=10e9, budget=budget, ranks_per_node=nranks)
+    assert (auto["backend"], auto["variant"], auto["tile"], auto["occ_tile"]) == ("mpi-onesided", "inverted", 48, 12)
     only = decide(structure, nranks, backend="mpi-collective", rate=10e9, budget=budget, ranks_per_node=nranks)
     assert (only["backend"], only["variant"], only["tile"], only["occ_tile"]) == ("mpi-collective", "summa", 48, 12)
     assert (only["tile"], only["occ_tile"]) == rows[("mpi-collective", "summa")]

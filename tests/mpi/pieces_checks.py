@@ -417,24 +417,15 @@ def model_bytes(world) -> dict:
             out["onesided"][f"{name}/{variant}"] = {"counted": world.allgather(got),
                                                     "model": [float(x) for x in model], "pieced": pieced}
     # mpi-onesided's contractions under variant owner (a static deal by ownership): each
-    # rank's gets and puts as its deal places the tasks (``step_bytes.onesided_owner_counts``),
-    # against the mean rank the model counted before (``auto.estimate``: each rank's distinct
-    # blocks, or its even share of every product's, whichever is less, spread evenly)
+    # rank's gets and puts as its deal places the tasks (``step_bytes.onesided_owner_counts``)
     from tessera.backends.step_bytes import onesided_owner_counts
-    from tessera.plan.blocktasks import block_sizes, task_arrays
     for name, eq in (("contract", contract), ("outer", outer)):
         got, pieced = counted(eq, ("get", "put", "acc"), "mpi-onesided", "owner")
         cache = {"least": least_pieces()}
         steps = [s for s in planned(eq) if s.kind == "contract"]
         model = sum(onesided_owner_counts(s, world.size, cache)["bytes"] for s in steps)
-        mean = 0.0
-        for s in steps:
-            ta = task_arrays(s)
-            distinct = 8 * sum(int(x.sum()) for x in block_sizes(ta))
-            every = 8 * int((ta.m[ta.task] * ta.k).sum() + (ta.k * ta.n[ta.task]).sum())
-            mean += min(distinct, every / world.size) * (world.size - 1) / world.size
         out["onesided_owner"][name] = {"counted": world.allgather(got), "pieced": pieced,
-                                       "model": [float(x) for x in model], "mean_rank": mean}
+                                       "model": [float(x) for x in model]}
     out["frozen"] = frozen_bytes(world, tensors, contract, planned)
     out["held"] = held_bytes(world)
     return out

@@ -271,7 +271,8 @@ def collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int = F
     contractions run on the grid; ``modes``: contractions per mode; ``working_bytes`` per
     rank (largest step: on the grid twice the output rectangle, c times SUMMA's, for the
     GEMMs and the send buffers, the homes twice and one A and one B panel; stationary, the
-    blocks received and the partial outputs). A frozen operand moves once while the
+    blocks received, frozen ones included as the first iteration receives them, and the
+    partial outputs; plus what the frozen cache keeps). A frozen operand moves once while the
     executor's frozen cache (``frozen_bytes``) keeps what it sent, else every iteration
     (``frozen_resent``). Kept in ``s`` per (ranks, variant, frozen_bytes): estimate and
     memory_parts both ask."""
@@ -301,7 +302,7 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
         else:
             mode, scores = "summa", None
         chosen.append((st, grid, mode, scores))
-    resent = frozen_resent(chosen, nranks, frozen_bytes) if nranks > 1 else set()
+    resent, kept_bytes = frozen_resent(chosen, nranks, frozen_bytes) if nranks > 1 else (set(), 0)
     moved = bcast = work = 0.0
     modes: dict = {}
     for n, (st, (gr, gc, _), mode, scores) in enumerate(chosen):
@@ -321,9 +322,11 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
                        + a / (gr * c * max(gr, gc)) + b / (gc * c * max(gr, gc)))
         else:
             moved += scores[mode]["recv_bytes"]
-            work = max(work, 2 * scores[mode]["recv_bytes"] + out / nranks)
+            # the first iteration receives the frozen operands too
+            first = stationary.score(st["stationary"][nranks][1][mode])["recv_bytes"] if nranks > 1 else 0.0
+            work = max(work, 2 * first + out / nranks)
     return {"grid": (pr, pc, c), "bytes_per_rank": moved, "bcast_bytes_per_rank": bcast,
-            "working_bytes": work, "modes": modes}
+            "working_bytes": work + kept_bytes, "modes": modes}
 
 
 def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES) -> set:
@@ -334,8 +337,9 @@ def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES) ->
     stationary the blocks received, the bytes the rank receiving the most of them gets,
     a block once per product that reads it, ``CollectiveExecutor._exchange``) when it fits;
     played over two iterations of ``chosen`` ((step, grid, mode, scores) per contraction
-    in order), the second's misses. Sums and Hadamard products reading a frozen tensor
-    also use the cache: not played (the model counts their reads every iteration)."""
+    in order), the second's misses; and the bytes the cache then holds (a rank's working
+    memory). Sums and Hadamard products reading a frozen tensor also use the cache: not
+    played (the model counts their reads every iteration)."""
     from tessera.backends.distributed import FrozenCache
     from tessera.backends.summa_layout import summa_layout
     entries = []
@@ -356,7 +360,7 @@ def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES) ->
                 if iteration == 2:
                     resent.add((n, x))
                 cache.put(t, key, True, need)
-    return resent
+    return resent, cache.bytes
 
 
 def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None) -> dict:
@@ -370,8 +374,11 @@ def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None)
     if backend == "mpi-collective":
         working = collective_traffic(s, nranks, variant)["working_bytes"]
     elif backend == "mpi-onesided":
+        # owner: the frozen bytes of the rank that fetches the most (its static deal), as estimate
+        frozen = float(s["owner"]["frozen_per_rank"].max(initial=0)) if variant == "owner" and "owner" in s \
+            else frozen_share(s, nranks)
         working = min(FROZEN_CACHE_BYTES, s["max_step_distinct_bytes"]) + \
-            min(FROZEN_CACHE_BYTES, frozen_share(s, nranks)) if variant in ("cached", "owner") else 0
+            min(FROZEN_CACHE_BYTES, frozen) if variant in ("cached", "owner") else 0
     else:
         working = s["temporary_bytes"] + s["gathered_bytes"]
     return {"stored": s["memory_per_rank_max"], "held": held, "working": working}
@@ -425,7 +432,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         # blocks fetched in the first iteration only while every rank's fit its frozen cache
         # (``structure_stats``, ``step_bytes.onesided_owner_counts``); no accumulate
         if "owner" not in s:
-            raise ValueError("estimate of variant owner needs structure_stats(..., owner=True)")
+            raise ValueError("estimate of variant owner needs structure_stats(..., owner=True, block_tasks=True)")
         ow = s["owner"]
         kept = float(ow["frozen_per_rank"].max(initial=0)) <= FROZEN_CACHE_BYTES
         gets, nbytes = (ow["thawed_gets"], ow["thawed_bytes"]) if kept else (ow["gets"], ow["bytes"])

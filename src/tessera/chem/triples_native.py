@@ -89,7 +89,7 @@ def _addr(a: np.ndarray, size: int, dtype=np.float64) -> int:
     return a.ctypes.data
 
 
-DENSE_TILE = 16     # DTILE of triples_kernel.c: virtuals per edge of the sweeps' local tiles
+DENSE_TILE = 16     # DTILE of triples_kernel.c: virtuals per edge of the sweeps' tiles
 
 
 def dense_scratch_size(nv: int) -> int:
