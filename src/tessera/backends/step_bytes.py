@@ -201,7 +201,6 @@ def owner_step_moves(step, nranks: int, cache: dict) -> tuple:
     return recv, (homes[away], rank[away], 8.0 * count[away])
 
 
-
 def onesided_owner_counts(step, nranks: int, cache: dict) -> dict:
     """Per rank, what ``mpi-onesided``'s variant ``owner`` does in contraction ``step``
     (``OneSidedExecutor._owner_loop``): every output block's tasks run on its home (a static
