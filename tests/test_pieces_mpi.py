@@ -168,7 +168,6 @@ def test_held_bytes_under_forced_pieces_are_the_models(model_run):
     assert held["stored_max"]["counted"] == held["stored_max"]["model"] != held["stored_max"]["whole_cut"], held
 
 
-
 def test_onesided_owner_contraction_bytes_are_the_models(model_run):
     """mpi-onesided's contractions on variant owner (owner computes: every output block's
     tasks on its home, a static deal by ownership; a contraction with a pieced A and
