@@ -1,5 +1,5 @@
-"""What the benchmarks share: a DGEMM peak measured in the same run, timing, the machine's
-load, and plain-text tables.
+"""What the benchmarks share: the BLAS kernels every process uses, a DGEMM peak measured in
+the same run, timing, the machine's load, and plain-text tables.
 
     sys.path.insert(0, str(Path(__file__).resolve().parent)); from common import dgemm_peak, table
 
@@ -13,7 +13,32 @@ import resource
 import subprocess
 import time
 
-import numpy as np
+
+def blas_coretype() -> str | None:
+    """Set ``OPENBLAS_CORETYPE`` (unless already set) for this process and every process a
+    benchmark starts, from the CPU's own flags: SkylakeX with AVX-512, Haswell with AVX2.
+
+    OpenBLAS picks its kernels by CPU model; a build older than the CPU does not know the
+    model and falls back to generic SSE3 ("Prescott") kernels. On an Emerald Rapids machine
+    (family 6, model 207) PySCF's bundled OpenBLAS 0.3.3 and Debian's 0.3.21 (NWChem, Psi4)
+    both did, running their DGEMMs ~2x slower, while numpy's newer OpenBLAS knew the CPU.
+    A comparison gives every code the kernels its CPU supports. Returns the value in force."""
+    if "OPENBLAS_CORETYPE" not in os.environ:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+        except OSError:
+            flags = []
+        if {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"} <= set(flags):
+            os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+        elif {"avx2", "fma"} <= set(flags):
+            os.environ["OPENBLAS_CORETYPE"] = "Haswell"
+    return os.environ.get("OPENBLAS_CORETYPE") or None
+
+
+blas_coretype()  # before numpy (and any BLAS) loads in a script that imports this first
+
+import numpy as np  # noqa: E402
 
 
 def cpu_seconds() -> float:
@@ -40,6 +65,15 @@ def dgemm_peak(n: int = 3000, threads: int | None = None, repeat: int = 3) -> tu
     with threadpool_limits(limits=threads, user_api="blas"):
         runs = [timed(lambda: dgemm(1.0, a, a, beta=0.0, c=c, overwrite_c=1))[1:] for _ in range(repeat)]
     return 2.0 * n ** 3 / min(t for t, _ in runs) / 1e9, 2.0 * n ** 3 / min(c for _, c in runs) / 1e9
+
+
+def blas_kernels() -> str:
+    """One line: the ``OPENBLAS_CORETYPE`` in force and the kernels each OpenBLAS loaded in
+    this process uses (threadpoolctl's ``architecture``)."""
+    from threadpoolctl import threadpool_info
+    libs = ", ".join(f"{os.path.basename(t['filepath'])} {t.get('architecture')}"
+                     for t in threadpool_info() if t.get("internal_api") == "openblas")
+    return f"BLAS kernels: OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} ({libs})"
 
 
 def uptime() -> str:

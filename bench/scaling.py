@@ -25,6 +25,7 @@ peers: CCSD(T) of Tessera at 2 ranks (auto), NWChem's TCE at 2 ranks (``mpirun -
       .venv/bin/python bench/scaling.py peers --molecules tetramer_c1
   (water tetramer, examples/water_tetramer_c1.xyz: C1, 96 cc-pVDZ functions).
 
+Every process runs with the BLAS kernels its CPU supports (`common.blas_coretype`).
 Never an assertion on time: numbers go to bench/results/scaling.json and to tables on
 stdout. Timings on a shared 2-core machine are noisy: see the recorded load average.
 """
@@ -42,8 +43,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench" / "nwchem"))
+from common import blas_kernels, dgemm_peak, table, uptime  # noqa: E402  (first: BLAS kernels)
 import nwchem_tce  # noqa: E402
-from common import dgemm_peak, table, uptime  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RESULTS = REPO / "bench" / "results" / "scaling.json"
@@ -240,7 +241,8 @@ def peers(args) -> dict:
                 f"{code} {r[-1]['total']:.1f} s" for code, r in runs.items() if r), flush=True)
         best = {code: _best(r) for code, r in runs.items() if r}
         row = {"molecule": xyz, "basis": args.basis, "repeat": args.repeat, "dgemm_peak_gflops_per_s": peak,
-               "uptime_before": before, "uptime_after": uptime(), "best": best, "runs": runs}
+               "uptime_before": before, "uptime_after": uptime(),
+               "blas_kernels": blas_kernels(), "best": best, "runs": runs}
         rows[name] = row
         print(peers_text(name, row))
     return {"rows": rows, "nwchem_missing": why}
@@ -264,7 +266,8 @@ def peers_text(name: str, row: dict) -> str:
     lines = [f"\n{row['molecule']} {row['basis']} CCSD(T): best of {row['repeat']} alternating repetitions "
              f"(Tessera {t['backend']} {t.get('variant') or ''} tile {t['tile']}"
              + (f"; NWChem tile_dim {best['nwchem'].get('tile_dim')}" if "nwchem" in best else "") + ")",
-             f"uptime before: {row['uptime_before']}", f"uptime after:  {row['uptime_after']}"]
+             f"uptime before: {row['uptime_before']}", f"uptime after:  {row['uptime_after']}",
+             f"{row.get('blas_kernels', 'BLAS kernels: not recorded')}"]
     phases = [dict(phase=k, **{c: best[c][k] for c in codes}) for k in (*PHASES, "total")]
     for r in phases:
         for c in codes[1:]:

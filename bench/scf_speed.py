@@ -21,6 +21,7 @@ Measured in one run, on the same machine (never a timed assertion):
 
 Whole processes also report user and system CPU seconds and minor page faults (a machine
 whose first touch of memory is slow shows it in the last two, not in user seconds).
+Every process runs with the BLAS kernels its CPU supports (``common.blas_coretype``).
 Writes bench/results/scf_speed-<time>.json and prints a table with the load average.
 """
 
@@ -41,6 +42,7 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from common import blas_kernels  # noqa: E402  (first: it sets the BLAS kernels of every process)
 import hf  # noqa: E402  (the molecules, the MPI worker and its launcher)
 
 from tessera.backends.local import available_cores  # noqa: E402
@@ -269,7 +271,9 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"scf_speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(res, indent=1, default=float))
+    res["openblas_coretype"] = os.environ.get("OPENBLAS_CORETYPE")
     print("\n".join(lines))
+    print(blas_kernels())
     print(f"load average start {res['loadavg_start'][0]:.1f}, end {res['loadavg_end'][0]:.1f} "
           f"on {res['cpus']} CPUs (wall times: best of two alternating runs)")
     print(f"written: {path.relative_to(ROOT)}")

@@ -16,6 +16,8 @@ Tessera/PySCF ratio, the machine's load, the flops Tessera executed per CCSD ite
 against the minimal count and GFLOP/s against a DGEMM peak measured in the same run, and
 the peak resident memory, user and system CPU seconds and minor page faults of each
 process (a machine whose first touch of memory is slow shows it in the last two); writes bench/results/vs_pyscf.json. No assertions.
+Every process runs with the BLAS kernels its CPU supports (``common.blas_coretype``: an
+OpenBLAS older than the CPU, as PySCF bundles, otherwise falls back to generic kernels).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from common import blas_kernels, dgemm_peak  # first: it sets the BLAS kernels of every process
+
 from pyscf import cc, scf
 from threadpoolctl import threadpool_info
 
@@ -38,8 +42,6 @@ from tessera.chem.job import frozen_core_orbitals
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples import triples_correction
-
-from common import dgemm_peak
 
 
 def run_pyscf(mol, nfz, conv, triples):
@@ -135,7 +137,7 @@ def main(argv=None):
         return 0
     triples = not args.no_triples
     peak = dgemm_peak()[0]
-    print(f"DGEMM peak (order 3000, all BLAS threads): {peak:.1f} GFLOP/s")
+    print(f"DGEMM peak (order 3000, all BLAS threads): {peak:.1f} GFLOP/s\n{blas_kernels()}")
     rows = []
     for path in args.molecules:
         mol = Molecule.from_xyz(path, basis=args.basis).to_pyscf()
@@ -186,7 +188,8 @@ def main(argv=None):
               f"{s['integrals_stored'] / s['integrals_dense']:.3f}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"cores": os.cpu_count(), "blas": threadpool_info(), "dgemm_peak_gflops_per_s": peak,
+        json.dump({"cores": os.cpu_count(), "blas": threadpool_info(),
+                   "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"), "dgemm_peak_gflops_per_s": peak,
                    "rows": rows}, f, indent=1, default=float)
     print(f"\nwrote {args.out}")
     return 0
