@@ -35,7 +35,7 @@ import numpy as np
 
 from tessera.backends.summa_layout import FLOPS_PER_BYTE, grid_deal, inner_units, least_idle_shapes
 from tessera.plan.blocktasks import block_sizes, invert_key
-from tessera.runtime.placement import part_runs
+from tessera.runtime.placement import box_elements_before
 
 MODES = ("a", "b", "c")
 
@@ -215,7 +215,8 @@ def grid_items(sig, perms: tuple, layers: int, ops: Operands) -> dict:
 class _Lacks:
     """The distinct (key, part) a tensor's home items name, and the elements of each that
     a rank does not hold: all of a block it does not own; of a block in pieces, the part's
-    elements outside the rank's pieces (``placement.part_runs`` on the alias's stored block)."""
+    elements outside the rank's pieces (``placement.box_elements_before`` on the alias's
+    stored block, per piece)."""
 
     def __init__(self, t, owner, pieces_of):
         self.t, self.owner, self.pieces_of = t, owner, pieces_of
@@ -253,10 +254,10 @@ class _Lacks:
                 lo[axis], hi[axis] = part[n + 1], part[n + 2]
             _, rank, count = self.table
             r, c = rank[self.first[i]:self.first[i + 1]], count[self.first[i]:self.first[i + 1]]
-            owners, _, _, runs = part_runs(list(zip(r.tolist(), [0] * len(r), (np.cumsum(c) - c).tolist(),
-                                                    c.tolist())), shape, lo, hi)
-            holders, at = np.unique(owners, return_inverse=True)
-            self.runs[i] = (holders, np.bincount(at.reshape(-1), weights=runs, minlength=len(holders)))
+            end = np.cumsum(c)
+            inside = box_elements_before(end, shape, lo, hi) - box_elements_before(end - c, shape, lo, hi)
+            holders, at = np.unique(r, return_inverse=True)
+            self.runs[i] = (holders, np.bincount(at.reshape(-1), weights=inside, minlength=len(holders)))
         return self.runs[i]
 
     def lacked(self, ident, size, dest, nranks: int) -> np.ndarray:
