@@ -51,18 +51,18 @@ def test_patches_along_two_axes_of_alias_blocks(nranks):
 @pytest.mark.parametrize("nranks", (2, 3, 4))
 def test_frozen_operands_move_once(nranks):
     """R = W * tau three times on the grid: a frozen operand's panels are kept after the first run, so
-    the second and third runs move less, the same amount, and the savings of freezing W
-    and tau add up; likewise for the inputs of a permuted addition and a Hadamard product;
-    the result is numpy's every time."""
+    the second and third runs move the same amount, less than the first and than a run with
+    nothing frozen, and least with both frozen (the grid shape is chosen with the frozen
+    operands counted as moved once, so it may differ from the unfrozen run's); likewise for
+    the inputs of a permuted addition and a Hadamard product; the result is numpy's every time."""
     out = launch(nranks)["frozen"]
     first = out["none"]["moved"][0]
     assert first > 0
     assert out["none"]["moved"] == [first] * 3
     for case in ("W", "tau", "both"):
         moved = out[case]["moved"]
-        assert moved[0] == first and moved[1] == moved[2] < first, (case, moved)
-    saved_w, saved_tau = first - out["W"]["moved"][1], first - out["tau"]["moved"][1]
-    assert out["both"]["moved"][1] == first - saved_w - saved_tau
+        assert moved[1] == moved[2] < min(moved[0], first), (case, moved)
+    assert out["both"]["moved"][1] <= min(out["W"]["moved"][1], out["tau"]["moved"][1]), out
     # products on the output's owners (stationary c): the W blocks a rank receives are kept
     plain, kept = out["stationary_c_none"]["moved"], out["stationary_c_W"]["moved"]
     assert plain == [plain[0]] * 3 and kept[0] == plain[0] > 0 and kept[1] == kept[2] < kept[0]

@@ -322,7 +322,9 @@ def test_block_offsets_and_layout_order():
 
 def test_frozen_cache_keeps_only_frozen_tensors_within_its_bound():
     """What an executor keeps across iterations (mpi-onesided's fetched integral blocks,
-    mpi-collective's panels): frozen tensors only, keyed by version, least recent out."""
+    mpi-collective's panels): frozen tensors only, within its bound, what it holds kept
+    when full; a put of a new version drops the old one's entries, ``release`` those of a
+    released array."""
     from tessera.backends.distributed import FrozenCache
     o, v = spaces(3)
     ints, amps = BlockTensor((o, v), 0).freeze(), BlockTensor((o, v), 0)
@@ -330,11 +332,33 @@ def test_frozen_cache_keeps_only_frozen_tensors_within_its_bound():
     assert not cache.put(amps, ("k",), "t", 8) and cache.get(amps, ("k",)) is None
     assert not cache.put(ints, ("big",), "x", 101) and cache.get(ints, ("big",)) is None
     assert cache.put(ints, ("a",), "A", 60) and cache.put(ints, ("b",), "B", 30)
-    assert cache.get(ints, ("a",)) == "A"              # a is now the most recent
-    assert cache.put(ints, ("c",), "C", 40)            # 130 > 100: b (least recent) goes
-    assert cache.get(ints, ("b",)) is None and cache.get(ints, ("a",)) == "A" and cache.bytes == 100
-    ints.version += 1                                   # a new version is a new tensor
+    assert not cache.put(ints, ("c",), "C", 40)         # 130 > 100: a and b stay, c is refused
+    assert cache.get(ints, ("a",)) == "A" and cache.get(ints, ("b",)) == "B" and cache.bytes == 90
+    assert cache.put(ints, ("d",), "D", 10) and cache.bytes == 100       # what still fits
+    ints.version += 1                                   # a new version is a new tensor ...
     assert cache.get(ints, ("a",)) is None
+    assert cache.put(ints, ("c",), "C", 40) and cache.bytes == 40        # ... whose put drops the old
+    other = SimpleNamespace(uid=-1, version=0, constant=True, dist=SimpleNamespace(ga=SimpleNamespace(eid=7)))
+    assert cache.put(other, ("e",), "E", 50) and cache.bytes == 90
+    cache.release({7})                                  # its array released on every rank
+    assert cache.get(other, ("e",)) is None and cache.bytes == 40
+
+
+def test_frozen_cache_keeps_a_fixed_subset_of_a_cyclic_scan():
+    """Entries of 40 bytes read in the same order three times (a CCSD iteration's frozen
+    operands) through a 100-byte cache: least recently used out, iterations 2 and 3 missed
+    all 6 (each entry evicted before its next read); kept when full, 2 of the 3 stay and
+    only the third misses, 2 of 6."""
+    from tessera.backends.distributed import FrozenCache
+    o, v = spaces(3)
+    ints = BlockTensor((o, v), 0).freeze()
+    cache, misses = FrozenCache(100), 0
+    for iteration in range(3):
+        for key in ("x", "y", "z"):
+            if cache.get(ints, (key,)) is None:
+                misses += iteration > 0
+                cache.put(ints, (key,), key, 40)
+    assert misses == 2 and cache.bytes == 80
 
 
 def test_task_arrays_are_the_block_tasks():
@@ -392,8 +416,8 @@ def test_stationary_plans_run_every_product_once_where_they_say(nranks):
             assert not p["recv"]["a"].any()
         assert stationary.score(p, ("a", "b"))["recv_bytes"] == max(parts)
     ops = stationary.Operands((A, B, step.out.tensor), owners, (None, None, None))
-    mode, scores, _ = stationary.choose(task_arrays(step), tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors),
-                                        (step.perms["a"], step.perms["b"], step.perms["c"]), (1, nranks, 1), ops, nranks)
+    mode, _, scores, _ = stationary.choose(task_arrays(step), tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors),
+                                           (step.perms["a"], step.perms["b"], step.perms["c"]), 1, ops, nranks)
     assert scores[mode]["cost"] == min(sc["cost"] for sc in scores.values())
     if nranks == 1:
         assert mode == "summa"          # nothing moves: a tie keeps the grid

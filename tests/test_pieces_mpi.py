@@ -194,3 +194,30 @@ def test_collective_frozen_operand_past_the_cache_is_the_models(model_run):
     for run in (kept, bound0):
         assert max(run["counted"]) == run["model"] > 0, model_run["frozen"]
     assert bound0["model"] > kept["model"], model_run["frozen"]
+
+
+def test_collective_frozen_cache_keeps_part_of_a_cyclic_scan(model_run):
+    """Three contractions, each with its own frozen operand, run in the same order three
+    times (as CCSD's iterations) with the frozen cache bounded below what the three keep:
+    the cache keeps what it holds when full, so the third run moves the operand that did
+    not fit and no other: per contraction the busiest rank's bytes, summed, equal the
+    model's (``auto.frozen_resent`` plays the same cache), less than least recently used
+    out moves (it evicted each entry before its next read: nothing kept, as the model at a
+    0-byte bound) and more than with every operand kept."""
+    c = model_run["cyclic"]
+    assert 0 < c["limit"] < c["frozen_total"], c
+    assert c["counted"] == c["model"], c
+    assert c["model_unbounded"] < c["counted"] < c["lru"] == c["model_nothing_kept"], c
+
+
+def test_collective_grid_is_the_one_whose_counted_bytes_are_least(model_run):
+    """W[ijkl] = T[ijcd] T[klcd] (T pieced, A and B one tensor) on the grid at 2 ranks: the
+    executor runs it on the grid shape the model chooses (``stationary.summa_grid``: the
+    least cost of the busiest rank as ``summa_recv`` counts it, the count that weighs the
+    stationary modes too), and each rank's counted bytes are the model's there; the older
+    even count (``summa_layout.grid_score``, which the executor's grid followed) took the
+    other shape, where the busiest rank receives more (5536 bytes against 4992 here)."""
+    g = model_run["grid"]
+    assert g["executor_grids"] == [g["model_grid"]] and g["model_grid"] != g["old_grid"], g
+    assert g["counted"] == g["model"], g
+    assert max(g["model_old"]) > max(g["model"]), g

@@ -275,3 +275,20 @@ def test_piece_runs_of_one_rank_at_scale(nranks):
                 sel = every[0] == r
                 assert all((a == b[sel]).all() for a, b in zip(mine, every)), (key, r, lo, hi)
                 assert len(mine[0]) == 0 or r in held
+
+
+def test_box_elements_before_counts_the_box_by_hand():
+    """``placement.box_elements_before``: the elements of a box of a C-order block that lie
+    before each flat position, against a mask of the box counted by numpy (random shapes,
+    boxes and positions, the block's end included)."""
+    from tessera.runtime.placement import box_elements_before
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        shape = tuple(int(n) for n in rng.integers(1, 5, rng.integers(1, 5)))
+        lo = [int(rng.integers(0, n)) for n in shape]
+        hi = [int(rng.integers(a + 1, n + 1)) for a, n in zip(lo, shape)]
+        mask = np.zeros(shape, dtype=bool)
+        mask[tuple(slice(a, b) for a, b in zip(lo, hi))] = True
+        before = np.concatenate([[0], np.cumsum(mask.reshape(-1))])
+        x = np.arange(mask.size + 1)
+        assert box_elements_before(x, shape, lo, hi).tolist() == before.tolist(), (shape, lo, hi)

@@ -47,6 +47,7 @@ import tessera as ts
 from tessera import BlockTensor, IndexSpace
 from tessera.backends.collective import exchange
 from tessera.backends.context import Context
+from tessera.backends.distributed import FrozenCache
 from tessera.backends.tasks import part_slice
 from tessera.chem.ccsd import CCSD
 from tessera.chem.ccsd_equations import T2_SYMMETRY
@@ -427,6 +428,25 @@ def model_bytes(world) -> dict:
         out["onesided_owner"][name] = {"counted": world.allgather(got), "pieced": pieced,
                                        "model": [float(x) for x in model]}
     out["frozen"] = frozen_bytes(world, tensors, contract, planned)
+
+    def cycled(fill):
+        """T, three frozen matrices M0..M2 and an output for each (``cyclic_frozen_bytes``)."""
+        t = tensors(fill)
+        for n in range(3):
+            t[f"M{n}"] = (filled((n + 1.0) * dense["M"], (v, v), f"M{n}", "balanced") if fill else
+                          BlockTensor((v, v), 0, name=f"M{n}", placement="balanced")).freeze()
+            t[f"Z{n}"] = BlockTensor(oovv, 0, name=f"Z{n}", placement="pieces")
+        return t
+    out["cyclic"] = cyclic_frozen_bytes(world, cycled, planned)
+
+    def with_w(fill):
+        t = tensors(fill)
+        t["W"] = BlockTensor((o, o, o, o), 0, name="W")
+        return t
+
+    def pair_products(t):
+        t["W"]["ijkl"] = t["T"]["ijcd"] * t["T"]["klcd"]
+    out["grid"] = grid_choice(world, with_w, pair_products, planned)
     out["held"] = held_bytes(world)
     return out
 
@@ -435,10 +455,10 @@ def frozen_bytes(world, tensors, contract, planned) -> dict:
     """mpi-collective (summa, modes by cost) with M frozen: per rank the bytes the
     all-to-all and broadcast counters record in a second run of the contraction (what
     every later iteration moves), with the executor's frozen cache at its default bound
-    and at 0 MiB (``collective.DEFAULT_CACHE_MB`` set to 0 for the run: nothing is kept),
-    and the model's busiest rank (``auto.collective_traffic`` at the same bound)."""
-    from tessera.backends import collective as collective_module
+    and at 0 MiB (nothing is kept), and the model's busiest rank
+    (``auto.collective_traffic`` at the same bound)."""
     from tessera.backends.auto import collective_traffic, structure_stats
+    from tessera.backends.dist_base import DEFAULT_CACHE_MB
 
     def frozen(fill):
         t = tensors(fill)
@@ -446,23 +466,113 @@ def frozen_bytes(world, tensors, contract, planned) -> dict:
         return t
     run = SimpleNamespace(plans=None, tensors=[], tiles={})
     out = {}
-    for limit_mb in (collective_module.DEFAULT_CACHE_MB, 0):
-        saved, collective_module.DEFAULT_CACHE_MB = collective_module.DEFAULT_CACHE_MB, limit_mb
-        try:
-            with Context("mpi-collective", variant="summa"):
-                t = frozen(True)
-                for _ in range(2):
-                    snap = world.comm_log.snapshot()
-                    with ts.equations():
-                        contract(t)
-                row = world.comm_log.row(world.size, ("alltoallv", "bcast_row", "bcast_col"), since=snap)
-        finally:
-            collective_module.DEFAULT_CACHE_MB = saved
+    for limit_mb in (DEFAULT_CACHE_MB, 0):
+        with Context("mpi-collective", variant="summa") as ctx:
+            ctx.executor.frozen.limit = limit_mb << 20
+            t = frozen(True)
+            for _ in range(2):
+                snap = world.comm_log.snapshot()
+                with ts.equations():
+                    contract(t)
+            row = world.comm_log.row(world.size, ("alltoallv", "bcast_row", "bcast_col"), since=snap)
         run.plans = [SimpleNamespace(steps=planned(contract, frozen))]
         s = structure_stats(lambda *_: run, 0, 0, world.size)
         out[str(limit_mb)] = {"counted": world.allgather(int(row.sum() - row[world.rank])),
                               "model": collective_traffic(s, world.size, "summa", limit_mb << 20)["bytes_per_rank"]}
     return out
+
+
+def grid_choice(world, make, eq, planned) -> dict:
+    """mpi-collective (summa, on the grid only) running ``eq``: the grid shape the executor
+    ran it on, the bytes each rank's all-to-all and broadcast counters record received;
+    the model's grid (``stationary.summa_grid``: the least cost of the busiest rank as
+    ``summa_recv`` counts it) and its bytes per rank there, and the grid of the older even
+    count (``summa_layout.choose_grid``) and the bytes per rank ``summa_recv`` counts there."""
+    from tessera.backends import stationary
+    from tessera.backends.registry import least_pieces
+    from tessera.backends.step_bytes import operands
+    from tessera.backends.summa_layout import choose_grid
+    with Context("mpi-collective", variant="summa", stationary="never") as ctx:
+        t = make(True)
+        snap = world.comm_log.snapshot()
+        with ts.equations():
+            eq(t)
+        row = world.comm_log.row(world.size, ("alltoallv", "bcast_row", "bcast_col"), since=snap)
+        grids = sorted({tuple(grid) for _, grid, _ in ctx.executor._modes.values()})
+    step = next(s for s in planned(eq, make) if s.kind == "contract")
+    sig = tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in step.sectors)
+    perms = (step.perms["a"], step.perms["b"], step.perms["c"])
+    ops = operands({"least": least_pieces()}, step, world.size)
+    grid, _ = stationary.summa_grid(sig, perms, 1, ops, world.size)
+    old = (*choose_grid(sig, perms[0], perms[1], world.size, 1), 1)
+
+    def received(g):
+        recv = stationary.summa_recv(sig, perms, g, ops, world.size)
+        return (recv["a"] + recv["b"] + recv["panels"] + recv["c"]).tolist()
+    return {"executor_grids": [list(g) for g in grids], "model_grid": list(grid), "old_grid": list(old),
+            "counted": world.allgather(int(row.sum() - row[world.rank])), "model": received(grid),
+            "model_old": received(old)}
+
+
+class LeastRecentOut(FrozenCache):
+    """The frozen cache's policy before: least recently used out (for comparison)."""
+
+    def get(self, t, key):
+        hit = super().get(t, key)
+        if hit is not None:                 # now the most recent
+            k = (t.uid, t.version, *key)
+            self._d[k] = self._d.pop(k)
+        return hit
+
+    def put(self, t, key, value, nbytes):
+        while t.constant and self.bytes + nbytes > self.limit and self._d:
+            self.bytes -= self._d.pop(next(iter(self._d)))[1]
+        return super().put(t, key, value, nbytes)
+
+
+def cyclic_frozen_bytes(world, cycled, planned) -> dict:
+    """mpi-collective (summa, modes by cost) running Z_n = T * M_n for three frozen M_n, in
+    that order, three times (CCSD's iterations read their frozen operands so), with the
+    frozen cache bounded below what the three keep (5/6 of it: the first run's entries at
+    the default bound): per contraction of the third run the most bytes a rank's all-to-all
+    and broadcast counters record, summed, with the cache keeping what it holds when full
+    and with least recently used out; the model's busiest rank per contraction, summed
+    (``auto.collective_traffic`` at the bound), and the bound."""
+    from tessera.backends.auto import collective_traffic, structure_stats
+
+    def contraction(t, n):
+        t[f"Z{n}"]["ijab"] = t["T"]["ijcb"] * t[f"M{n}"]["ca"]
+
+    def third_run(limit, cache=FrozenCache):
+        """(per contraction, the bytes this rank received in the third run; what its frozen
+        cache held after the first run)."""
+        with Context("mpi-collective", variant="summa") as ctx:
+            if limit is not None:
+                ctx.executor.frozen = cache(limit)
+            t = cycled(True)
+            for run in range(3):
+                got = []
+                for n in range(3):
+                    snap = world.comm_log.snapshot()
+                    with ts.equations():
+                        contraction(t, n)
+                    row = world.comm_log.row(world.size, ("alltoallv", "bcast_row", "bcast_col"), since=snap)
+                    got.append(int(row.sum() - row[world.rank]))
+                if run == 0:
+                    held = ctx.executor.frozen.bytes
+            return got, held
+    _, total = third_run(None)
+    limit = total * 5 // 6
+    kept, _ = third_run(limit)
+    lru, _ = third_run(limit, LeastRecentOut)
+    run = SimpleNamespace(plans=[SimpleNamespace(steps=planned(lambda t: [contraction(t, n) for n in range(3)], cycled))],
+                          tensors=[], tiles={})
+    s = structure_stats(lambda *_: run, 0, 0, world.size)
+    busiest = [np.max(np.array(world.allgather(x)), axis=0) for x in (kept, lru)]
+    return {"limit": limit, "frozen_total": total, "counted": int(sum(busiest[0])), "lru": int(sum(busiest[1])),
+            "model": collective_traffic(s, world.size, "summa", limit)["bytes_per_rank"],
+            "model_unbounded": collective_traffic(s, world.size, "summa", total)["bytes_per_rank"],
+            "model_nothing_kept": collective_traffic(s, world.size, "summa", 0)["bytes_per_rank"]}
 
 
 def held_bytes(world) -> dict:

@@ -90,7 +90,8 @@ from tessera.backends.budget import memory_budget
 from tessera.backends import registry
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
-from tessera.backends.step_bytes import moved_bytes, onesided_owner_counts, operands, owner_step_moves, pieces_per_block
+from tessera.backends.step_bytes import (frozen_reads, moved_bytes, onesided_owner_counts, operands, owner_step_moves,
+                                        pieces_per_block)
 from tessera.plan.blocktasks import block_sizes, task_arrays
 from tessera.runtime.distribution import default_layers, grid_3d, makespan
 from tessera.tensor.block_tensor import allowed_elements
@@ -145,7 +146,7 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
     least_pieces = registry.least_pieces() if least_pieces is None else least_pieces
     run = structure(tile, occ_tile)
     s = {"flops": 0, "products": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
-         "distinct_bytes": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
+         "distinct_bytes": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0, "frozen_reads": [],
          "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0,
          "collective_steps": [], "max_step_distinct_bytes": 0, "temporary_bytes": 0,
          "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0,
@@ -171,6 +172,9 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             if step.kind != "contract":
                 s["other_steps"] += 1
                 if block_tasks and nranks > 1:
+                    # (before the contraction of this index: the order the frozen cache sees)
+                    s["frozen_reads"] += [(len(s["collective_steps"]), *entry)
+                                          for entry in frozen_reads(step, nranks, owners)]
                     moves = owner_step_moves(step, nranks, owners)
                     for key, executor in (("collective_other_bytes", "mpi-collective"),
                                           ("onesided_other_bytes", "mpi-onesided"), ("owner_other_bytes", "owner")):
@@ -263,8 +267,8 @@ def grid_of(nranks: int, variant: str) -> tuple:
 
 def collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int = FROZEN_CACHE_BYTES) -> dict:
     """What ``mpi-collective`` moves and holds per CCSD iteration on a pr x pc x c grid,
-    contraction by contraction as the executor runs it: the grid shape of the contraction
-    (``summa_layout.choose_grid``) and SUMMA on it, or an operand kept stationary
+    contraction by contraction as the executor runs it: SUMMA on the contraction's grid
+    shape (``stationary.summa_grid``), or an operand kept stationary
     (``backends.stationary.choose``, owner maps as a run places the blocks; frozen operands
     moved once where the executor keeps them). ``bytes_per_rank``: per contraction the bytes
     the busiest rank receives, summed; ``bcast_bytes_per_rank``: of which panels of the
@@ -284,35 +288,35 @@ def collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int = F
 
 def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -> dict:
     from tessera.backends import stationary
-    from tessera.backends.summa_layout import choose_grid
     pr, pc, c = grid_of(nranks, variant)
-    chosen = []                 # (step, grid, mode, scores), as the executor chooses
+    chosen = []                 # (step, grid, mode, scores, grid_items), as the executor chooses
     for st in s["collective_steps"]:
         pa, pb = st["perms"]
-        grid = (*choose_grid(st["sig"], pa, pb, nranks // c, c), c)
         if nranks > 1:      # the stationary modes' scores do not depend on the grid: once per rank count
             if nranks not in st["stationary"]:
                 ops = st["operands"]
                 st["stationary"][nranks] = stationary.stationary_scores(
                     st["tasks"], ops.owners, nranks, st["moved_once"], where=False, pieces=ops.tables(st["tasks"]),
                     shared=ops.tensors[0] is ops.tensors[1])
-            mode, scores, _ = stationary.choose(st["tasks"], st["sig"], (pa, pb, st["perm_c"]), grid,
-                                                st["operands"], nranks, st["moved_once"],
-                                                stationary=st["stationary"][nranks])
+            items = stationary.grid_items(st["sig"], (pa, pb, st["perm_c"]), c, st["operands"])
+            mode, grid, scores, _ = stationary.choose(st["tasks"], st["sig"], (pa, pb, st["perm_c"]), c,
+                                                      st["operands"], nranks, st["moved_once"],
+                                                      stationary=st["stationary"][nranks], items=items)
         else:
-            mode, scores = "summa", None
-        chosen.append((st, grid, mode, scores))
-    resent, kept_bytes = frozen_resent(chosen, nranks, frozen_bytes) if nranks > 1 else (set(), 0)
+            mode, grid, scores, items = "summa", (1, 1, c), None, None
+        # the grid's items kept only where a frozen operand resent is counted again on the grid
+        chosen.append((st, grid, mode, scores, items if mode == "summa" and st["moved_once"] else None))
+    resent, kept_bytes = frozen_resent(chosen, nranks, frozen_bytes, s["frozen_reads"]) if nranks > 1 else (set(), 0)
     moved = bcast = work = 0.0
     modes: dict = {}
-    for n, (st, (gr, gc, _), mode, scores) in enumerate(chosen):
+    for n, (st, (gr, gc, _), mode, scores, items) in enumerate(chosen):
         a, b, out = st["bytes"]
         modes[mode] = modes.get(mode, 0) + 1
         kept = tuple(x for x in st["moved_once"] if (n, x) not in resent)
         if kept != st["moved_once"]:       # a frozen operand the executor sends again every iteration
             pa, pb = st["perms"]
             scores = {mode: stationary.summa_score(st["sig"], (pa, pb, st["perm_c"]), (gr, gc, c), st["operands"],
-                                                   nranks, kept) if mode == "summa" else
+                                                   nranks, kept, items) if mode == "summa" else
                       stationary.score(st["stationary"][nranks][1][mode], kept)}
         if mode == "summa":
             if nranks > 1:
@@ -329,21 +333,23 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
             "working_bytes": work + kept_bytes, "modes": modes}
 
 
-def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES) -> set:
+def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES, others=()) -> tuple:
     """(contraction, operand) of the frozen operands mpi-collective sends again in every
-    iteration: its ``FrozenCache`` of ``limit`` bytes, least recently used out, keeps what
-    a contraction's frozen operand sent (on the grid its panels, under the grid shape's
-    layout key, the bytes the fullest strip holds, ``summa_layout``'s ``a_strip_bytes``;
-    stationary the blocks received, the bytes the rank receiving the most of them gets,
-    a block once per product that reads it, ``CollectiveExecutor._exchange``) when it fits;
-    played over two iterations of ``chosen`` ((step, grid, mode, scores) per contraction
-    in order), the second's misses; and the bytes the cache then holds (a rank's working
-    memory). Sums and Hadamard products reading a frozen tensor also use the cache: not
-    played (the model counts their reads every iteration)."""
+    iteration, and the bytes its frozen cache then holds (a rank's working memory): its
+    ``FrozenCache`` of ``limit`` bytes, played over two iterations (the second's misses),
+    keeps what a contraction's frozen operand sent (on the grid its panels, under the grid
+    shape's layout key, the bytes the fullest strip holds, ``summa_layout``'s
+    ``a_strip_bytes``; stationary the blocks received, the bytes the rank receiving the
+    most of them gets, a block once per product that reads it,
+    ``CollectiveExecutor._exchange``) when it fits beside what it holds. ``chosen``: (step,
+    grid, mode, ...) per contraction in order; ``others``: the frozen inputs of sums and
+    Hadamard products, (index of the contraction they precede, tensor, key, bytes),
+    ``step_bytes.frozen_reads``: they take the cache's room in their turn (the model counts
+    their reads every iteration)."""
     from tessera.backends.distributed import FrozenCache
     from tessera.backends.summa_layout import summa_layout
     entries = []
-    for n, (st, grid, mode, _) in enumerate(chosen):
+    for n, (st, grid, mode, *_) in enumerate(chosen):
         for x in st["moved_once"]:
             t = st["operands"].tensors["ab".index(x)]
             if mode == "summa":
@@ -353,11 +359,14 @@ def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES) ->
                 key = ("in", st["sig"], *st["perms"], st["perm_c"], mode, x)     # its items
                 need = int(st["stationary"][nranks][1][mode]["asked"][x].max(initial=0))
             entries.append((n, x, t, key, need))
+    # a sum's entries before the contraction they precede (a stable sort keeps each list's order)
+    entries = sorted([(n, None, t, key, need) for n, t, key, need in others] + entries,
+                     key=lambda e: (e[0], e[1] is not None))
     cache, resent = FrozenCache(limit), set()
     for iteration in (1, 2):
         for n, x, t, key, need in entries:
             if cache.get(t, key) is None:
-                if iteration == 2:
+                if iteration == 2 and x is not None:
                     resent.add((n, x))
                 cache.put(t, key, True, need)
     return resent, cache.bytes

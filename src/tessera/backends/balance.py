@@ -173,8 +173,9 @@ def granularity(plans, nranks: int, layers: int | None = None) -> dict:
 def grid_lines(steps, nranks: int, layers: int = 1) -> tuple:
     """(grid rows, columns and layers that idle, the busiest rank's flops over the mean)
     summed and at most over contraction ``steps`` on mpi-collective's grid of ``nranks``
-    ranks in ``layers`` layers (summa: 1; 2.5d: c), each on the pr x pc grid per layer the
-    executor runs it on (``summa_layout.choose_grid``; ``grid_score`` counts the deal of
+    ranks in ``layers`` layers (summa: 1; 2.5d: c), each on the pr x pc grid per layer of
+    ``summa_layout.choose_grid`` (the executor runs one of its idle count,
+    ``summa_layout.least_idle_shapes``; ``grid_score`` counts the deal of
     ``summa_layout``): output row tuples are dealt over grid rows, column tuples over grid
     columns and inner tuples (or parts of them) over the layers, so a step with fewer of
     them than grid lines idles ranks however many tasks it has."""

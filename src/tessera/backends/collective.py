@@ -46,12 +46,11 @@ import logging
 import time
 import numpy as np
 
-from tessera.backends.dist_base import DEFAULT_CACHE_MB, DistributedExecutor, part_range
-from tessera.backends.distributed import FrozenCache
+from tessera.backends.dist_base import DistributedExecutor, part_range
 from tessera.backends import stationary
 from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Share
-from tessera.backends.summa_layout import choose_grid, summa_layout
+from tessera.backends.summa_layout import summa_layout
 from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
 from tessera.plan.blocktasks import add_source, contraction_tasks, hadamard_outputs, source_block, task_arrays
@@ -280,16 +279,15 @@ class CollectiveExecutor(DistributedExecutor):
             raise InputError(f"mpi-collective: stationary={stationary!r}; expected one of {', '.join(STATIONARY)} "
                              "(auto: per contraction, by cost; never: always the grid)")
         self.stationary = stationary
-        self._modes: dict = {}        # contraction -> (mode, where each product runs)
+        self._modes: dict = {}        # contraction -> (mode, SUMMA's grid, where each product runs)
         self.cc = CollectiveComm(self.world, layers)
-        self.frozen = FrozenCache(DEFAULT_CACHE_MB << 20)    # what frozen operands sent, see _kept
         if self.variant == "2.5d" and layers == 1:
             log.info("mpi-collective 2.5d on %d rank(s): one layer (no replication; the same steps as summa)",
                      size)
 
     def describe(self) -> dict:
         modes: dict = {}
-        for mode, _ in self._modes.values():
+        for mode, *_ in self._modes.values():
             modes[mode] = modes.get(mode, 0) + 1
         return {**super().describe(), "variant": self.variant, "grid": list(self.cc.default),
                 "layers": self.cc.layers, "stationary": self.stationary, "contraction_modes": modes}
@@ -297,7 +295,6 @@ class CollectiveExecutor(DistributedExecutor):
     def close(self) -> None:
         if not self.closed:
             self.cc.free()
-            self.frozen.clear()
             self._modes.clear()
         super().close()
 
@@ -435,28 +432,35 @@ class CollectiveExecutor(DistributedExecutor):
             self.compute_seconds += _add_partials(self.cc, step.scale, send, expect)
 
     # ---------------------------------------------------------------- SUMMA / 2.5D
-    def _mode(self, step, sig, grid) -> tuple:
-        """(mode, where): ``"summa"`` (the grid; where None) or the operand kept stationary
-        (``backends.stationary``, chosen per contraction by cost from structure and owner
-        maps, the same on every rank; frozen operands count as moved once) with the rank
-        of every block product."""
+    def _mode(self, step, sig) -> tuple:
+        """(mode, grid, where): the pr x pc x layers grid SUMMA runs the contraction on
+        (``stationary.summa_grid``: of the shapes with the fewest idle lines, the least cost
+        of the busiest rank as counted rank by rank) and ``"summa"`` or the operand kept
+        stationary (``backends.stationary``, by the same count), with the rank of every
+        block product; from structure and owner maps, the same on every rank, decided once
+        per contraction; frozen operands count as moved once."""
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
-        key = (sig, step.perms["a"], step.perms["b"], step.perms["c"], grid, self.stationary,
-               A.dist.ga.eid, B.dist.ga.eid, C.dist.ga.eid, A.constant, B.constant)
+        perms = (step.perms["a"], step.perms["b"], step.perms["c"])
+        key = (sig, perms, self.stationary, A.dist.ga.eid, B.dist.ga.eid, C.dist.ga.eid, A.constant, B.constant)
         if key in self._modes:
             return self._modes[key]
-        if self.stationary == "never" or self.cc.size == 1:
-            self._modes[key] = ("summa", None)
-        else:
-            ops = stationary.Operands((A, B, C), (A.dist.owner, B.dist.owner, C.dist.owner),
-                                      tuple(t.dist.ga.piece_table if t.pieced else None for t in (A, B, C)))
-            modes = stationary.MODES if self.stationary == "auto" else (self.stationary,)
-            mode, _, plans = stationary.choose(task_arrays(step), sig, (step.perms["a"], step.perms["b"], step.perms["c"]),
-                                               (*grid, self.cc.layers), ops, self.cc.size,
-                                               [x for x, t in (("a", A), ("b", B)) if t.constant], modes)
-            if self.stationary != "auto":
-                mode = self.stationary
-            self._modes[key] = (mode, None if mode == "summa" else plans[mode]["where"])
+        layers = self.cc.layers
+        if self.cc.size == 1:
+            self._modes[key] = ("summa", (1, 1, layers), None)
+            return self._modes[key]
+        ops = stationary.Operands((A, B, C), (A.dist.owner, B.dist.owner, C.dist.owner),
+                                  tuple(t.dist.ga.piece_table if t.pieced else None for t in (A, B, C)))
+        moved_once = [x for x, t in (("a", A), ("b", B)) if t.constant]
+        if self.stationary == "never":
+            self._modes[key] = ("summa", stationary.summa_grid(sig, perms, layers, ops, self.cc.size, moved_once)[0],
+                                None)
+            return self._modes[key]
+        modes = stationary.MODES if self.stationary == "auto" else (self.stationary,)
+        mode, grid, _, plans = stationary.choose(task_arrays(step), sig, perms, layers, ops, self.cc.size,
+                                                 moved_once, modes)
+        if self.stationary != "auto":
+            mode = self.stationary
+        self._modes[key] = (mode, grid, None if mode == "summa" else plans[mode]["where"])
         return self._modes[key]
 
     def _stationary_step(self, step, where) -> None:
@@ -498,12 +502,11 @@ class CollectiveExecutor(DistributedExecutor):
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
         pa, pb, pc_ = step.perms["a"], step.perms["b"], step.perms["c"]
         sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-        grid = choose_grid(sig, pa, pb, cc.size // cc.layers, cc.layers)
-        mode, where = self._mode(step, sig, grid)
+        mode, (pr, pc, _), where = self._mode(step, sig)
         if mode != "summa":
             self._stationary_step(step, where)
             return
-        cc.use(*grid)
+        cc.use(pr, pc)
         lay = summa_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers)
         me_row, me_col, me_layer = cc.my_row, cc.my_col, cc.my_layer
         layout_key = (sig, pa, pb, cc.pr, cc.pc, cc.layers)

@@ -122,13 +122,21 @@ class Context:
 
     def drop_gathered(self) -> None:
         """Free the gathered matrices of constant tensors kept for later steps (a driver
-        whose equations are done: its next phase does not contract those tensors), and
+        whose equations are done: its next phase does not contract those tensors) and what
+        a distributed executor kept of them (``drop_frozen``), and
         give the memory the heap kept for the phase's working arrays back to the kernel
         (``heap.give_back_freed_memory``)."""
         self._cache.clear()
         self._permuted_flats.clear()
         self._block_read.clear()
+        self.drop_frozen()
         give_back_freed_memory()
+
+    def drop_frozen(self) -> None:
+        """Forget what a distributed executor kept of frozen operands (``FrozenCache``): what
+        steps that do not recur (a driver's set-up, its last phase) kept would pin it."""
+        if self.distributed:
+            self.executor.drop_frozen()
 
     def store_constants_gathered(self) -> None:
         """Each constant that the plans run so far gathered in one layout only, and never read

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from tessera.profile.terms import CommAccount
-from tessera.backends.distributed import TensorStore, onesided_fetch
+from tessera.backends.distributed import FrozenCache, TensorStore, onesided_fetch
 from tessera.backends.local import threads_per_rank
 from tessera.backends.registry import ENV_BLAS_THREADS, env_number
 from tessera.errors import ShapeError
@@ -48,10 +48,13 @@ class DistributedExecutor(ABC):
     name = "mpi"
     accumulates = True       # whether writes into another rank's memory may be accumulates
 
-    def __init__(self, world=None, fetcher=None):
+    def __init__(self, world=None, fetcher=None, frozen_bytes: int = DEFAULT_CACHE_MB << 20):
         from tessera.runtime import World
         self.world = world or World.get()
-        self.store = TensorStore(self.world, fetcher or onesided_fetch)
+        # what the executor keeps of frozen operands across steps and iterations
+        self.frozen = FrozenCache(frozen_bytes)
+        self.store = TensorStore(self.world, fetcher or onesided_fetch,
+                                 on_release=lambda eids: self.frozen.release(eids))
         self.account = CommAccount(self.world)
         # one rank per core: BLAS single-threaded unless asked (threaded BLAS on small block
         # GEMMs next to other busy ranks costs more than it gains)
@@ -75,7 +78,13 @@ class DistributedExecutor(ABC):
 
     def close(self) -> None:
         self.store.close()
+        self.frozen.clear()
         self.closed = True
+
+    def drop_frozen(self) -> None:
+        """Forget what was kept of frozen operands (a driver's phase is done; every rank
+        calls it at the same point)."""
+        self.frozen.clear()
 
     # ---------------------------------------------------------------- plans
     def execute_plan(self, plan, context) -> None:

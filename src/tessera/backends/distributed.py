@@ -130,9 +130,10 @@ def onesided_fetch(handle: DistHandle, keys) -> dict:
 class TensorStore:
     """The storage callable for ``use_storage`` plus the pool of global arrays."""
 
-    def __init__(self, world: World | None = None, fetcher=onesided_fetch):
+    def __init__(self, world: World | None = None, fetcher=onesided_fetch, on_release=lambda eids: None):
         self.world = world or World.get()
         self.fetcher = fetcher
+        self.on_release = on_release   # called with the ids of arrays released everywhere
         # into at least how many pieces the blocks of a ``pieces`` tensor are cut
         self.least_pieces = least_pieces()
         self._free: dict = {}          # structure key -> [GlobalArray], agreed free, by eid
@@ -169,6 +170,7 @@ class TensorStore:
         """Collective: free one tensor's array at once (every rank frees the same tensor
         at the same point)."""
         handle.release.detach()
+        self.on_release({handle.ga.eid})
         self.by_eid.pop(handle.ga.eid, None)
         handle.ga.free()
 
@@ -188,7 +190,8 @@ class TensorStore:
 
     # -- collective points ----------------------------------------------------------------
     def collect(self) -> None:
-        """Collective: make the arrays that every rank has released reusable."""
+        """Collective: make the arrays that every rank has released reusable (and tell
+        ``on_release`` their ids, the same on every rank)."""
         pending = list(self._pending)   # tensors freed meanwhile append; they wait for the next call
         mine = sorted(ga.eid for _, ga in pending)
         if self.world.size > 1:
@@ -198,6 +201,7 @@ class TensorStore:
             common = set(mine)
         if not common:
             return
+        self.on_release(common)
         for skey, ga in pending:
             if ga.eid in common:
                 self._free.setdefault(skey, []).append(ga)
@@ -254,39 +258,58 @@ class FrozenCache:
     """What an executor derived from frozen tensors (``BlockTensor.freeze``: the integrals,
     which never change between iterations), kept across steps and iterations: fetched
     blocks (``mpi-onesided``), received panels and blocks (``mpi-collective``). Keyed by the
-    tensor's uid and version and the caller's key; bounded by ``limit`` bytes, least
-    recently used first out. A non-frozen tensor is never kept."""
+    tensor's uid and version and the caller's key; bounded by ``limit`` bytes. Once full it
+    keeps what it holds and refuses what does not fit: CCSD reads its frozen operands in
+    the same order every iteration, a cyclic scan on which least-recently-used eviction
+    keeps nothing until it is read again, while a fixed subset hits on every later pass.
+    Nothing stale pins memory: a put drops the entries of the tensor's other versions,
+    ``release`` those of arrays the ranks released (``TensorStore.collect``), ``clear``
+    all (a driver's phase end, ``Context.drop_frozen``). A non-frozen tensor is never
+    kept. Decisions follow from the calls alone (never from timing or memory), so ranks
+    that make the same calls keep the same entries."""
 
     def __init__(self, limit_bytes: int):
         self.limit = int(limit_bytes)
         self.bytes = 0
-        self._d: OrderedDict = OrderedDict()     # key -> (value, bytes)
+        self._d: dict = {}            # (uid, version, *key) -> (value, bytes)
+        self._tensors: dict = {}      # uid -> (version, array id or None) of what is kept
 
     def get(self, t, key):
         """What was kept for ``key`` of tensor ``t``, or None."""
         if not t.constant:
             return None
         hit = self._d.get((t.uid, t.version, *key))
-        if hit is None:
-            return None
-        self._d.move_to_end((t.uid, t.version, *key))
-        return hit[0]
+        return None if hit is None else hit[0]
 
     def put(self, t, key, value, nbytes: int) -> bool:
-        """Keep ``value`` (``nbytes``) for ``key`` of ``t`` if ``t`` is frozen and it fits the
-        bound (older entries out); True when kept. Deterministic in its arguments, so
-        ranks that pass the same sizes keep the same entries."""
-        if not t.constant or nbytes > self.limit:
+        """Keep ``value`` (``nbytes``) for ``key`` of ``t`` if ``t`` is frozen and it fits
+        beside what is kept; True when kept."""
+        if not t.constant:
             return False
+        kept = self._tensors.get(t.uid)
+        if kept is not None and kept[0] != t.version:
+            self._drop(t.uid)
         k = (t.uid, t.version, *key)
         if k in self._d:
             return True
-        while self.bytes + nbytes > self.limit:
-            self.bytes -= self._d.popitem(last=False)[1][1]
+        if self.bytes + nbytes > self.limit:
+            return False
         self._d[k] = (value, int(nbytes))
         self.bytes += int(nbytes)
+        self._tensors[t.uid] = (t.version, t.dist.ga.eid if t.dist is not None else None)
         return True
+
+    def release(self, eids) -> None:
+        """Drop the entries of the tensors whose arrays ``eids`` were released."""
+        for uid in [u for u, (_, eid) in self._tensors.items() if eid is not None and eid in eids]:
+            self._drop(uid)
+
+    def _drop(self, uid) -> None:
+        for k in [k for k in self._d if k[0] == uid]:
+            self.bytes -= self._d.pop(k)[1]
+        del self._tensors[uid]
 
     def clear(self) -> None:
         self._d.clear()
+        self._tensors.clear()
         self.bytes = 0

@@ -29,8 +29,8 @@ Loop orders (how blocks travel), as in TCE:
   not fit is cut into runs of products, each accumulating its part), and there are at
   least ``BATCHES_PER_RANK`` batches per rank where the tasks allow (``cached_batches``).
   Remote blocks of a frozen operand (the integrals) go to the executor's ``FrozenCache``
-  instead, kept across steps and iterations (bounded, least recently used out): a rank
-  fetches such a block once per run while it stays there.
+  instead, kept across steps and iterations (bounded; once full it keeps what it holds):
+  a rank fetches such a block once per run while it stays there.
 - ``owner`` (owner computes, for networks where remote accumulates are slow): each output
   block is computed by the rank that owns it, in ``cached``'s batches and through its
   cache, and added in place: gets only, no accumulate leaves a rank (into an output
@@ -52,7 +52,7 @@ import time
 import numpy as np
 
 from tessera.backends.dist_base import DEFAULT_CACHE_MB, DistributedExecutor, part_range
-from tessera.backends.distributed import BlockCache, FrozenCache
+from tessera.backends.distributed import BlockCache
 from tessera.backends.registry import DEFAULT_SCHEDULE, DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Scheduler
 from tessera.backends.tasks import part_slice
@@ -64,7 +64,8 @@ class OneSidedExecutor(DistributedExecutor):
 
     def __init__(self, variant: str = DEFAULT_VARIANT["mpi-onesided"], schedule: str = DEFAULT_SCHEDULE,
                  cache_mb: int = DEFAULT_CACHE_MB, world=None):
-        super().__init__(world)
+        # cached/owner: remote blocks of frozen operands (integrals) kept across iterations
+        super().__init__(world, frozen_bytes=int(cache_mb) << 20)
         check_options(self.name, variant, schedule, ranks=max(2, self.world.size))
         self.variant, self.schedule = variant, schedule
         self.cache_bytes = int(cache_mb) << 20
@@ -72,8 +73,6 @@ class OneSidedExecutor(DistributedExecutor):
         self._schedulers = {schedule: self.scheduler}   # schedule name -> Scheduler
         self.deal_stats = None        # DealStats of the last task set's deal on this rank
         self._kept: dict = {}         # (what, id(tasks or groups of a step)) -> (them, what of them)
-        # cached/owner: remote blocks of frozen operands (integrals) kept across iterations
-        self.frozen = FrozenCache(self.cache_bytes)
 
     def describe(self) -> dict:
         return {**super().describe(), "variant": self.variant, "schedule": self.schedule}
@@ -96,7 +95,6 @@ class OneSidedExecutor(DistributedExecutor):
         if not self.closed:
             for s in self._schedulers.values():
                 s.free()
-            self.frozen.clear()
         super().close()
 
     def _once(self, what, units, make):

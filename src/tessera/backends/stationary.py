@@ -21,7 +21,8 @@ it (flops + FLOPS_PER_BYTE x bytes received), where an operand marked ``moved_on
 frozen operand the executor keeps: the integrals) costs nothing after its first
 iteration. ``summa_recv`` counts SUMMA (2.5D) on the contraction's grid in the same
 terms, rank by rank, as the executor moves it (inputs to their homes, panels, outputs to
-their owners); ``choose`` compares it with the three modes, per contraction. Pure
+their owners), ``summa_grid`` the grid shape of least such cost; ``choose`` compares SUMMA
+on that grid with the three modes, per contraction. Pure
 functions of the block tasks and the operands' owner maps and pieces (``Operands``), the
 same on every rank; no MPI (tests and the cost model run them for simulated rank counts).
 """
@@ -32,9 +33,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tessera.backends.summa_layout import FLOPS_PER_BYTE, summa_layout
-from tessera.plan.blocktasks import block_sizes
-from tessera.runtime.placement import part_runs
+from tessera.backends.summa_layout import FLOPS_PER_BYTE, grid_deal, inner_units, least_idle_shapes
+from tessera.plan.blocktasks import block_sizes, invert_key
+from tessera.runtime.placement import box_elements_before
 
 MODES = ("a", "b", "c")
 
@@ -153,39 +154,124 @@ class Operands(NamedTuple):
         return tuple(None if f is None else f(keys) for f, keys in zip(self.pieces, (ta.a_keys, ta.b_keys, ta.out)))
 
 
-def _lacked(t, owner, pieces_of, items, size, nranks: int) -> np.ndarray:
-    """Bytes each rank receives of ``items`` ((key, part, destination rank), each once) of
-    tensor ``t``, of ``size`` elements each: a block (part) the destination does not own
-    whole, less, for a block in pieces, the part's elements in the destination's own pieces
-    (``placement.part_runs`` on the alias's stored block)."""
-    if not items:
-        return np.zeros(nranks)
-    keys, dest = [k for k, _, _ in items], np.array([d for _, _, d in items], dtype=np.int64)
-    size = np.asarray(size, dtype=float)
-    table = None if pieces_of is None else pieces_of(keys)
-    if table is None:
-        lacks = size * (np.array([owner(k) for k in keys], dtype=np.int64) != dest)
-        return np.bincount(dest, weights=8.0 * lacks, minlength=nranks)
-    whole = np.array([part is None for _, part, _ in items])
-    lacks = size - held(table, np.arange(len(keys)), dest, nranks) * whole
-    index, rank, count = table
-    first = np.searchsorted(index, np.arange(len(keys) + 1))
-    for i in np.flatnonzero(~whole).tolist():
-        key, part, _ = items[i]
-        stored, perm = t.aliases[key] if key in t.aliases else (key, None)
-        shape = t.block_shape(stored)
-        lo, hi = [0] * len(shape), list(shape)
-        for n in range(0, len(part), 3):
-            axis = part[n] if perm is None else perm[part[n]]
-            lo[axis], hi[axis] = part[n + 1], part[n + 2]
-        r, c = rank[first[i]:first[i + 1]], count[first[i]:first[i + 1]]
-        owners, _, _, runs = part_runs(list(zip(r.tolist(), [0] * len(r), (np.cumsum(c) - c).tolist(), c.tolist())),
-                                       shape, lo, hi)
-        lacks[i] -= float(runs[owners == dest[i]].sum())
-    return np.bincount(dest, weights=8.0 * lacks, minlength=nranks)
+def grid_items(sig, perms: tuple, layers: int, ops: Operands) -> dict:
+    """What ``summa_recv`` counts of a contraction on any pr x pc grid of ``layers`` layers,
+    listed once (the grid shapes ``summa_grid`` weighs share it): per operand ``a``, ``b``
+    its home items, one per (row or column tuple, inner unit) of each sector, as arrays
+    (``line``: the tuple, ``unit``: the unit, ``ident``: the distinct (key, part) of its
+    tensor, ``size``: elements) and per distinct (key, part) of each tensor what a rank
+    lacks of it (``_Lacks``); ``c``: the output blocks (canonical ones) as arrays (``sector``,
+    ``row``, ``col``: their tuples, ``size``) and their owners or pieces."""
+    pa, pb, perm_c = perms
+    (A, B, C), owners, pieces = ops
+    lacks: dict = {}                 # id(tensor) -> _Lacks (A and B of one tensor: one)
+    out = {}
+    for x, t, owner, pieces_of in (("a", A, owners[0], pieces[0]), ("b", B, owners[1], pieces[1])):
+        slot = lacks.setdefault(id(t), _Lacks(t, owner, pieces_of))
+        line, unit, ident, size = [], [], [], []
+        loff = uoff = 0
+        for _, rows, inner, cols in sig:
+            units, usize = inner_units(inner, layers)
+            outer = rows if x == "a" else cols
+            for r, rk in enumerate(outer.tuples):
+                for u, (q, part) in enumerate(units):
+                    if x == "a":
+                        key = invert_key(rk + inner.tuples[q], pa)
+                        part = part and (pa[len(rk)], *part)        # cut on A's first inner axis
+                    else:
+                        key = invert_key(inner.tuples[q] + rk, pb)
+                        part = part and (pb[0], *part)              # B's
+                    line.append(loff + r)
+                    unit.append(uoff + u)
+                    ident.append(slot.ident(key, part))
+                    size.append(outer.sizes[r] * usize[u])
+            loff += len(outer.tuples)
+            uoff += len(units)
+        out[x] = {"line": np.array(line, dtype=np.int64), "unit": np.array(unit, dtype=np.int64),
+                  "ident": np.array(ident, dtype=np.int64), "size": np.array(size, dtype=float), "lacks": slot}
+    for slot in lacks.values():
+        slot.done()
+    outs, sector, row, col, size = [], [], [], [], []
+    roff = coff = 0
+    for n, (_, rows, _, cols) in enumerate(sig):
+        for r, rk in enumerate(rows.tuples):
+            for c, ck in enumerate(cols.tuples):
+                okey = tuple((rk + ck)[q] for q in perm_c)
+                if okey not in C.aliases:
+                    outs.append(okey)
+                    sector.append(n)
+                    row.append(roff + r)
+                    col.append(coff + c)
+                    size.append(rows.sizes[r] * cols.sizes[c])
+        roff += len(rows.tuples)
+        coff += len(cols.tuples)
+    table = None if pieces[2] is None or not outs else pieces[2](outs)
+    out["c"] = {"sector": np.array(sector, dtype=np.int64), "row": np.array(row, dtype=np.int64),
+                "col": np.array(col, dtype=np.int64), "size": np.array(size, dtype=float), "table": table,
+                "owner": None if table is not None else np.array([owners[2](k) for k in outs], dtype=np.int64)}
+    return out
 
 
-def summa_recv(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved_once=()) -> dict:
+class _Lacks:
+    """The distinct (key, part) a tensor's home items name, and the elements of each that
+    a rank does not hold: all of a block it does not own; of a block in pieces, the part's
+    elements outside the rank's pieces (``placement.box_elements_before`` on the alias's
+    stored block, per piece)."""
+
+    def __init__(self, t, owner, pieces_of):
+        self.t, self.owner, self.pieces_of = t, owner, pieces_of
+        self.index: dict = {}
+        self.items: list = []
+
+    def ident(self, key, part) -> int:
+        n = self.index.get((key, part))
+        if n is None:
+            n = self.index[(key, part)] = len(self.items)
+            self.items.append((key, part))
+        return n
+
+    def done(self) -> None:
+        """Owners, or pieces, of every item (once)."""
+        keys = [k for k, _ in self.items]
+        del self.index
+        self.table = None if self.pieces_of is None or not keys else self.pieces_of(keys)
+        if self.table is None:
+            self.owners = np.array([self.owner(k) for k in keys], dtype=np.int64)
+            return
+        self.whole = np.array([part is None for _, part in self.items], dtype=bool)
+        self.first = np.searchsorted(self.table[0], np.arange(len(keys) + 1))
+        self.runs: dict = {}         # item -> (ranks, elements) holding its part, made when asked
+
+    def _runs(self, i: int) -> tuple:
+        if i not in self.runs:
+            key, part = self.items[i]
+            t = self.t
+            stored, perm = t.aliases[key] if key in t.aliases else (key, None)
+            shape = t.block_shape(stored)
+            lo, hi = [0] * len(shape), list(shape)
+            for n in range(0, len(part), 3):
+                axis = part[n] if perm is None else perm[part[n]]
+                lo[axis], hi[axis] = part[n + 1], part[n + 2]
+            _, rank, count = self.table
+            r, c = rank[self.first[i]:self.first[i + 1]], count[self.first[i]:self.first[i + 1]]
+            end = np.cumsum(c)
+            inside = box_elements_before(end, shape, lo, hi) - box_elements_before(end - c, shape, lo, hi)
+            holders, at = np.unique(r, return_inverse=True)
+            self.runs[i] = (holders, np.bincount(at.reshape(-1), weights=inside, minlength=len(holders)))
+        return self.runs[i]
+
+    def lacked(self, ident, size, dest, nranks: int) -> np.ndarray:
+        """Elements of items ``ident`` (of ``size`` elements) that ranks ``dest`` lack."""
+        if self.table is None:
+            return size * (self.owners[ident] != dest)
+        lacks = size - held(self.table, ident, dest, nranks) * self.whole[ident]
+        for i in np.flatnonzero(~self.whole[ident]).tolist():
+            holders, elements = self._runs(int(ident[i]))
+            lacks[i] -= float(elements[holders == dest[i]].sum())
+        return lacks
+
+
+def summa_recv(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved_once=(), items=None) -> dict:
     """Bytes each rank receives when the contraction runs on the pr x pc x layers grid, as
     ``CollectiveExecutor.contract_step`` moves them (``summa_layout``), per rank: ``a``,
     ``b``: the blocks (parts) to their homes by the all-to-all (each (block part, rank)
@@ -194,95 +280,108 @@ def summa_recv(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved
     (every member but the root receives one; a grid line of one rank, none); ``c``: the
     output rectangles' blocks (canonical ones) to their owners, cut at their pieces (a
     rank keeps what it holds). An operand in ``moved_once`` (frozen: the executor keeps its
-    panels) moves nothing; ``flops``: each rank's GEMM flops."""
-    pa, pb, perm_c = perms
+    panels) moves nothing; ``flops``: each rank's GEMM flops. From the deal as arrays
+    (``summa_layout.grid_deal``) and ``items`` (``grid_items`` of the contraction on
+    ``layers`` layers, listed here when not given): numpy work per item, no Python loop
+    over blocks for the shape."""
+    pa, pb, _ = perms
     pr, pc, layers = grid
-    lay = summa_layout(sig, pa, pb, pr, pc, layers)
-    (A, B, C), owners, pieces = ops
+    items = items or grid_items(sig, perms, layers, ops)
+    deal = grid_deal(sig, pa, pb, pr, pc, layers)
     recv = {}
-    seen = set()                     # ``exchange``: each (array, key, part, rank) once
-    for x, t, owner, pieces_of in (("a", A, owners[0], pieces[0]), ("b", B, owners[1], pieces[1])):
-        items, size = [], []
-        if x not in moved_once:
-            for (key, part, hl, hr, hc), n in zip(lay[f"{x}_homes"], lay[f"{x}_home_sizes"]):
-                tag = (id(t), key, part, (hl * pr + hr) * pc + hc)
-                if tag not in seen:
-                    seen.add(tag)
-                    items.append(tag[1:])
-                    size.append(n)
-        recv[x] = _lacked(t, owner, pieces_of, items, size, nranks)
+    seen: dict = {}                  # id(_Lacks) -> codes (item, rank) already moved (``exchange``)
+    for x in "ab":
+        it = items[x]
+        if x in moved_once:
+            recv[x] = np.zeros(nranks)
+            continue
+        layer, panel = deal["unit_layer"][it["unit"]], deal["unit_panel"][it["unit"]]
+        if x == "a":
+            dest = (layer * pr + deal["row_line"][it["line"]]) * pc + panel % pc
+        else:
+            dest = (layer * pr + panel % pr) * pc + deal["col_line"][it["line"]]
+        codes = it["ident"] * nranks + dest
+        codes, first = np.unique(codes, return_index=True)
+        before = seen.get(id(it["lacks"]))
+        keep = first if before is None else first[~np.isin(codes, before)]
+        seen[id(it["lacks"])] = codes if before is None else np.union1d(before, codes)
+        lacks = it["lacks"].lacked(it["ident"][keep], it["size"][keep], dest[keep], nranks)
+        recv[x] = np.bincount(dest[keep], weights=8.0 * lacks, minlength=nranks)
     panels = np.zeros((layers, pr, pc))
-    npanel = lay["npanel"]
+    npanel = max(pr, pc)
+    rows, cols, inner = deal["row_total"], deal["col_total"], deal["panel_inner"]
     if "a" not in moved_once and pc > 1:
-        a = 8.0 * np.array(lay["a_panel_size"], dtype=float).reshape(layers, npanel, pr)
+        a = 8.0 * np.einsum("ng,nlp->lpg", rows, inner)
         panels += a.sum(1)[:, :, None]
         for p in range(npanel):
             panels[:, :, p % pc] -= a[:, p, :]
     if "b" not in moved_once and pr > 1:
-        b = 8.0 * np.array(lay["b_panel_size"], dtype=float).reshape(layers, npanel, pc)
+        b = 8.0 * np.einsum("nh,nlp->lph", cols, inner)
         panels += b.sum(1)[:, None, :]
         for p in range(npanel):
             panels[:, p % pr, :] -= b[:, p, :]
     recv["panels"] = panels.reshape(-1)
-    # the output blocks of each grid position's rectangle (the same in every layer) and
-    # the layers that send them
-    outs, src, size, sends = [], [], [], []
-    for n, (_, rows, _, cols) in enumerate(sig):
-        on = [hl for hl in range(layers) if lay["active"][n][hl]]
-        for hr in range(pr):
-            for hc in range(pc):
-                for r, c, _, _ in lay["out"][n][hr][hc] if on else ():
-                    okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in perm_c)
-                    if okey not in C.aliases:
-                        outs.append(okey)
-                        src.append(hr * pc + hc)
-                        size.append(rows.sizes[r] * cols.sizes[c])
-                        sends.append(on)
+    # the output blocks of each grid position's rectangle (the same in every layer), from
+    # each layer with inner work in their sector
+    it = items["c"]
+    src = deal["row_line"][it["row"]] * pc + deal["col_line"][it["col"]]
+    active = inner.sum(2) > 0
     recv["c"] = np.zeros(nranks)
-    src = np.array(src, dtype=np.int64)
-    table = None if pieces[2] is None or not outs else pieces[2](outs)
-    if table is None:
-        dest = np.array([owners[2](k) for k in outs], dtype=np.int64)
-        size = np.array(size, dtype=float)
-    else:
-        index, rank, count = table
     for hl in range(layers):
-        sent = np.array([hl in on for on in sends], dtype=bool)
+        sent = active[it["sector"], hl]
         at = src + hl * pr * pc
-        if table is None:
-            recv["c"] += np.bincount(dest, weights=8.0 * size * (sent & (dest != at)), minlength=nranks)
+        if it["table"] is None:
+            dest = it["owner"]
+            recv["c"] += np.bincount(dest, weights=8.0 * it["size"] * (sent & (dest != at)), minlength=nranks)
         else:
+            index, rank, count = it["table"]
             away = sent[index] & (rank != at[index])
             recv["c"] += np.bincount(rank[away], weights=8.0 * count[away], minlength=nranks)
-    inner = np.array(lay["panel_inner"], dtype=float).reshape(len(sig), layers, npanel).sum(2)
-    recv["flops"] = 2 * np.einsum("ng,nh,nl->lgh", np.array(lay["row_total"], dtype=float).reshape(len(sig), pr),
-                                  np.array(lay["col_total"], dtype=float).reshape(len(sig), pc), inner).reshape(-1)
+    recv["flops"] = 2 * np.einsum("ng,nh,nl->lgh", rows, cols, inner.sum(2)).reshape(-1)
     return recv
 
 
-def summa_score(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved_once=()) -> dict:
+def summa_score(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved_once=(), items=None) -> dict:
     """SUMMA's busiest rank on its grid in ``score``'s terms, from what each rank receives
-    (``summa_recv``); also ``panel_bytes``, the most one rank receives in panels."""
-    recv = summa_recv(sig, perms, grid, ops, nranks, moved_once)
+    (``summa_recv``; ``items``: its ``grid_items``, when the caller has them); also
+    ``panel_bytes``, the most one rank receives in panels."""
+    recv = summa_recv(sig, perms, grid, ops, nranks, moved_once, items)
     total = recv["a"] + recv["b"] + recv["panels"] + recv["c"]
     return {"flops": float(recv["flops"].max(initial=0)), "recv_bytes": float(total.max(initial=0)),
             "cost": float((recv["flops"] + FLOPS_PER_BYTE * total).max(initial=0)),
             "panel_bytes": float(recv["panels"].max(initial=0))}
 
 
-def choose(ta, sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved_once=(), modes=MODES,
-           stationary: tuple | None = None) -> tuple:
-    """(mode, scores, plans): ``"summa"`` or the stationary operand (of ``modes``) of least
-    cost for the busiest rank (``perms``: the step's axis orders of A, B and C; ``grid``:
-    SUMMA's pr, pc, layers; ``ops``: the operands as stored); a tie keeps SUMMA. ``scores``
-    maps each mode to its ``score`` (SUMMA's: ``summa_score``), ``plans`` each stationary
-    mode to its ``plan``; ``stationary``: ``stationary_scores`` of these tasks and owners,
-    when the caller has them (they do not depend on the grid)."""
-    scores = {"summa": summa_score(sig, perms, grid, ops, nranks, moved_once)}
+def summa_grid(sig, perms: tuple, layers: int, ops: Operands, nranks: int, moved_once=(), items=None) -> tuple:
+    """((pr, pc, layers), its ``summa_score``) of the grid SUMMA runs a contraction on: of the
+    shapes with the fewest idle grid lines (``summa_layout.least_idle_shapes``), the least
+    cost of the busiest rank as each rank receives (``summa_score``: the count ``choose``
+    weighs against the stationary modes), then the most square (``items``: ``grid_items``,
+    listed once for every shape when not given)."""
+    best = None
+    items = items or grid_items(sig, perms, layers, ops)
+    for pr, pc in least_idle_shapes(sig, perms[0], perms[1], nranks // layers, layers):
+        sc = summa_score(sig, perms, (pr, pc, layers), ops, nranks, moved_once, items)
+        if best is None or sc["cost"] < best[1]["cost"]:
+            best = ((pr, pc, layers), sc)
+    return best
+
+
+def choose(ta, sig, perms: tuple, layers: int, ops: Operands, nranks: int, moved_once=(), modes=MODES,
+           stationary: tuple | None = None, items=None) -> tuple:
+    """(mode, grid, scores, plans): ``"summa"`` on its grid (``summa_grid``) or the stationary
+    operand (of ``modes``) of least cost for the busiest rank (``perms``: the step's axis
+    orders of A, B and C; ``layers``: SUMMA's layers; ``ops``: the operands as stored); a tie
+    keeps SUMMA. ``grid``: SUMMA's (pr, pc, layers) whatever the mode; ``scores`` maps each
+    mode to its ``score`` (SUMMA's: ``summa_score``), ``plans`` each stationary mode to its
+    ``plan``; ``stationary``: ``stationary_scores`` of these tasks and owners, and ``items``:
+    ``grid_items``, when the caller has them (they do not depend on the grid)."""
+    grid, summa = summa_grid(sig, perms, layers, ops, nranks, moved_once, items)
+    scores = {"summa": summa}
     kept, plans = stationary or stationary_scores(ta, ops.owners, nranks, moved_once, modes, pieces=ops.tables(ta),
                                                   shared=ops.tensors[0] is ops.tensors[1])
     if set(kept) != set(modes):
         raise ValueError(f"stationary scores of modes {sorted(kept)}, asked for {sorted(modes)}")
     scores.update(kept)
     best = min(scores, key=lambda m: (scores[m]["cost"], m != "summa"))
-    return best, scores, plans
+    return best, grid, scores, plans

@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from tessera.backends import registry, stationary
-from tessera.backends.summa_layout import choose_grid
 from tessera.plan.blocktasks import add_source, hadamard_outputs, task_arrays
 from tessera.runtime.distribution import block_owners, piece_count, piece_table
 from tessera.runtime.distribution import block_sizes as tensor_block_sizes
@@ -92,7 +91,7 @@ def step_recv(step, nranks: int, mode: str = "c", least_pieces: int | None = Non
     """Bytes each rank receives by collectives in ``step`` on ``mpi-collective``, as the
     model counts them (``least_pieces``: pieces per block at least, None: the run's,
     ``registry.least_pieces``): a contraction on the grid of ``layers`` layers (``mode``
-    ``"summa"``: ``stationary.summa_recv``, the grid ``summa_layout.choose_grid``'s) or with
+    ``"summa"``: ``stationary.summa_recv``, on ``stationary.summa_grid``'s grid) or with
     operand ``mode`` stationary (``backends.stationary``), a sum or Hadamard product by
     ``owner_step_recv``."""
     cache = {"least": registry.least_pieces() if least_pieces is None else least_pieces}
@@ -103,7 +102,7 @@ def step_recv(step, nranks: int, mode: str = "c", least_pieces: int | None = Non
     if mode == "summa":
         sig = tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in step.sectors)
         perms = (step.perms["a"], step.perms["b"], step.perms["c"])
-        grid = (*choose_grid(sig, perms[0], perms[1], nranks // layers, layers), layers)
+        grid, _ = stationary.summa_grid(sig, perms, layers, ops, nranks)
         recv = stationary.summa_recv(sig, perms, grid, ops, nranks)
         return recv["a"] + recv["b"] + recv["panels"] + recv["c"]
     plan = stationary.stationary_scores(ta, ops.owners, nranks, modes=(mode,), where=False, pieces=ops.tables(ta),
@@ -157,31 +156,9 @@ def owner_step_moves(step, nranks: int, cache: dict) -> tuple:
     out = step.out.tensor
     recv = np.zeros(nranks)
     none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
-    # (a local plan's pair maps, ``unpack`` and the ladder's +- form, never run distributed)
-    if step.kind not in ("add", "hadamard") or step.pairs not in (None, "pack", "unpack_half"):
+    reads, outs = owner_step_reads(step, nranks, cache)
+    if not outs:
         return recv, none
-    same = tuple(range(out.ndim))
-    if (step.kind == "add" and out.placement == "pieces" and pieces_per_block(cache, out, nranks) > 1 and not step.pairs
-            and tuple(step.perms["a"]) == same and _same_pieces(out, step.inputs[0].tensor)
-            and (step.divisor is None or (tuple(step.perms["d"]) == same
-                                          and _same_pieces(out, step.divisor.tensor)))):
-        return recv, none
-    home = owner_function(cache, out, nranks)
-    reads, outs = [], []            # (tensor, key, home); (output key, home)
-    if step.kind == "add":
-        ins = (step.inputs[0].tensor,) + ((step.divisor.tensor,) if step.divisor is not None else ())
-        for okey in out.stored_keys():
-            src = add_source(step, okey)
-            if src[0] is not None:
-                outs.append((okey, home(okey)))
-                reads += [(t, k, outs[-1][1]) for t, k in zip(ins, src)]
-    else:
-        a, b = (r.tensor for r in step.inputs)
-        for okey, plist in hadamard_outputs(step).items():
-            if not plist:
-                continue
-            outs.append((okey, home(okey)))
-            reads += [(t, k, outs[-1][1]) for ka, kb in plist for t, k in ((a, ka), (b, kb))]
     for t in {id(t): t for t, _, _ in reads}.values():
         pairs = sorted({(k, r) for u, k, r in reads if u is t})       # ``exchange``: each (block, rank) once
         keys, at = [k for k, _ in pairs], np.array([r for _, r in pairs], dtype=np.int64)
@@ -199,6 +176,64 @@ def owner_step_moves(step, nranks: int, cache: dict) -> tuple:
     homes = np.array([r for _, r in outs], dtype=np.int64)[index]
     away = rank != homes
     return recv, (homes[away], rank[away], 8.0 * count[away])
+
+
+def owner_step_reads(step, nranks: int, cache: dict) -> tuple:
+    """The blocks an ``add`` or ``hadamard`` step reads at the homes of its output blocks,
+    as the executors list them: ([(tensor, key, home)], [(output key, home)]), both empty
+    for a step that moves nothing (an ``add`` between tensors in the same pieces, read in
+    the same order: ``rank_local``)."""
+    out = step.out.tensor
+    # (a local plan's pair maps, ``unpack`` and the ladder's +- form, never run distributed)
+    if step.kind not in ("add", "hadamard") or step.pairs not in (None, "pack", "unpack_half"):
+        return [], []
+    same = tuple(range(out.ndim))
+    if (step.kind == "add" and out.placement == "pieces" and pieces_per_block(cache, out, nranks) > 1 and not step.pairs
+            and tuple(step.perms["a"]) == same and _same_pieces(out, step.inputs[0].tensor)
+            and (step.divisor is None or (tuple(step.perms["d"]) == same
+                                          and _same_pieces(out, step.divisor.tensor)))):
+        return [], []
+    home = owner_function(cache, out, nranks)
+    reads, outs = [], []            # (tensor, key, home); (output key, home)
+    if step.kind == "add":
+        ins = (step.inputs[0].tensor,) + ((step.divisor.tensor,) if step.divisor is not None else ())
+        for okey in out.stored_keys():
+            src = add_source(step, okey)
+            if src[0] is not None:
+                outs.append((okey, home(okey)))
+                reads += [(t, k, outs[-1][1]) for t, k in zip(ins, src)]
+    else:
+        a, b = (r.tensor for r in step.inputs)
+        for okey, plist in hadamard_outputs(step).items():
+            if not plist:
+                continue
+            outs.append((okey, home(okey)))
+            reads += [(t, k, outs[-1][1]) for ka, kb in plist for t, k in ((a, ka), (b, kb))]
+    return reads, outs
+
+
+def frozen_reads(step, nranks: int, cache: dict) -> list:
+    """[(tensor, key, bytes)] of the frozen inputs of an ``add`` or ``hadamard`` step on
+    ``mpi-collective``, in the order its ``_exchange`` offers them to its ``FrozenCache``:
+    the key, its items ((block, home) per read, as the executor keys them) and the bytes
+    the entry takes, the most one rank receives of them, a block (a block in pieces
+    whole) per read at a home that does not own it whole."""
+    reads, _ = owner_step_reads(step, nranks, cache)
+    parts = 2 if step.kind == "hadamard" or step.divisor is not None else 1
+    out = []
+    for n in range(parts):                  # the reads alternate between the step's inputs
+        part = reads[n::parts]
+        if not part or not part[0][0].constant:
+            continue
+        t = part[0][0]
+        size = tensor_block_sizes(t.spaces, [t.aliases[k][0] if k in t.aliases else k for _, k, _ in part])
+        at = np.array([r for _, _, r in part], dtype=np.int64)
+        if pieces_per_block(cache, t, nranks) == 1:
+            owner = owner_function(cache, t, nranks)
+            size = size * (np.array([owner(k) for _, k, _ in part], dtype=np.int64) != at)
+        out.append((t, ("in", tuple((k, r) for _, k, r in part)),
+                    float(np.bincount(at, weights=8.0 * size, minlength=nranks).max(initial=0))))
+    return out
 
 
 def onesided_owner_counts(step, nranks: int, cache: dict) -> dict:

@@ -2,8 +2,10 @@
 
 ``summa_layout``: the SUMMA / 2.5D layout of one contraction step on a pr x pc x c grid
 (which grid row, column, layer and panel every block (part) lives in, panel sizes, output
-rectangles); ``choose_grid``: the pr x pc shape a contraction runs on (no idle grid line
-where the tuples allow it, then the least cost of the busiest rank, ``grid_score``).
+rectangles); ``least_idle_shapes``: the pr x pc shapes with the fewest idle grid lines,
+among which the executor runs a contraction on the one of least counted cost
+(``stationary.summa_grid``); ``choose_grid``: the one the tile rule judges (structure
+alone, ``grid_score``).
 Pure functions of the step's sectors and permutations, the same on every rank; no MPI
 (tests run them for simulated rank counts). The executor is ``backends.collective``.
 """
@@ -81,10 +83,40 @@ def _deal(n, rows, inner, cols, pa, pb, pr: int, pc: int, layers: int) -> tuple:
     shift = _shift(n, rows, inner, cols, pa, pb)
     grow = _rotated(_lpt(rows.sizes, pr), pr, shift)
     gcol = _rotated(_lpt(cols.sizes, pc), pc, shift // pr)
-    units = _inner_units(inner, layers)
-    usize = [inner.sizes[q] if part is None else inner.sizes[q] // inner.shapes[q][0] * (part[1] - part[0])
-             for q, part in units]
+    units, usize = inner_units(inner, layers)
     return grow, gcol, units, usize, _deal_layers(usize, layers, max(pr, pc), shift // (pr * pc))
+
+
+def inner_units(inner, layers: int) -> tuple:
+    """(``_inner_units``, the elements of each unit)."""
+    units = _inner_units(inner, layers)
+    return units, [inner.sizes[q] if part is None else inner.sizes[q] // inner.shapes[q][0] * (part[1] - part[0])
+                   for q, part in units]
+
+
+def grid_deal(sig, pa, pb, pr: int, pc: int, layers: int) -> dict:
+    """``summa_layout``'s deal of a contraction on the pr x pc x layers grid as arrays over
+    the sectors' tuples in order (no list of blocks): ``row_line`` (grid row of each row
+    tuple), ``col_line`` (grid column of each column tuple), ``unit_layer`` and
+    ``unit_panel`` (of each inner unit, ``inner_units``); per sector ``row_total`` (n, pr),
+    ``col_total`` (n, pc) and ``panel_inner`` (n, layers, panels)."""
+    npanel = max(pr, pc)
+    out = {"row_line": [], "col_line": [], "unit_layer": [], "unit_panel": [],
+           "row_total": np.zeros((len(sig), pr)), "col_total": np.zeros((len(sig), pc)),
+           "panel_inner": np.zeros((len(sig), layers, npanel))}
+    for n, (_, rows, inner, cols) in enumerate(sig):
+        grow, gcol, _, usize, place = _deal(n, rows, inner, cols, pa, pb, pr, pc, layers)
+        out["row_line"] += grow
+        out["col_line"] += gcol
+        for (l_, p), size in zip(place, usize):
+            out["unit_layer"].append(l_)
+            out["unit_panel"].append(p)
+            out["panel_inner"][n, l_, p] += size
+        out["row_total"][n] = _offsets(grow, rows.sizes, pr)[1]
+        out["col_total"][n] = _offsets(gcol, cols.sizes, pc)[1]
+    for k in ("row_line", "col_line", "unit_layer", "unit_panel"):
+        out[k] = np.array(out[k], dtype=np.int64)
+    return out
 
 
 def _offsets(bins, sizes, nbins: int) -> tuple:
@@ -203,15 +235,30 @@ def grid_score(sig, pa, pb, pr: int, pc: int, layers: int = 1, a: bool = True, b
 
 
 @lru_cache(maxsize=2048)
+def least_idle_shapes(sig, pa, pb, nranks: int, layers: int = 1) -> tuple:
+    """The (pr, pc) with pr * pc = ``nranks`` (per layer) on which a contraction idles the
+    fewest grid rows, columns and layers (``grid_score``'s ``idle``: none where the sectors
+    have as many row and column tuples as some grid has lines), most square first: the
+    grids ``stationary.summa_grid`` counts."""
+    if not sig:
+        return (grid_shape(nranks),)
+    idle = {(pr, pc): grid_score(sig, pa, pb, pr, pc, layers)["idle"] for pr, pc in grid_shapes(nranks)}
+    fewest = min(idle.values())
+    return tuple(sorted((g for g, n in idle.items() if n == fewest), key=lambda g: abs(g[0] - g[1])))
+
+
+@lru_cache(maxsize=2048)
 def choose_grid(sig, pa, pb, nranks: int, layers: int = 1) -> tuple:
-    """(pr, pc) of the grid of ``nranks`` ranks (per layer) a contraction runs on: the fewest
-    idle grid lines (none where the sectors have as many row and column tuples as some
-    grid has lines), then the least cost of the busiest rank (``grid_score``), then the
-    most square. E.g. 9 (i, j) row tuples on 1024 ranks: 8 x 128, not 32 x 32 (23 idle rows)."""
+    """(pr, pc) of the grid of ``nranks`` ranks (per layer) by which the tile rule judges a
+    contraction (``balance.grid_lines``, structure alone): of ``least_idle_shapes``, the
+    least cost of the busiest rank by ``grid_score``'s even count, then the most square.
+    E.g. 9 (i, j) row tuples on 1024 ranks: 8 x 128, not 32 x 32 (23 idle rows). The
+    executor runs, of the same shapes, the one whose busiest rank receives least as
+    counted rank by rank (``stationary.summa_grid``)."""
     if not sig:
         return grid_shape(nranks)
     best = None
-    for pr, pc in grid_shapes(nranks):
+    for pr, pc in least_idle_shapes(sig, pa, pb, nranks, layers):
         sc = grid_score(sig, pa, pb, pr, pc, layers)
         rank = (sc["idle"], sc["cost"], abs(pr - pc))
         if best is None or rank < best[0]:

@@ -143,6 +143,9 @@ class CCSD:
         cleanup.callback(diis.close)
         log.debug("CCSD DIIS history in a temporary file in %s", diis.vectors.directory)
         history, flops, first = [], 0, 1
+        # the MP2 guess and the fixed intermediates run once: what they kept of the
+        # integrals would pin the frozen cache that the iterations' steps need
+        ctx.drop_frozen()
         chk = self.checkpoint
         layout = _layout(t1, t2, keys) if chk is not None else None
         resumed = chk.resume(layout) if chk is not None else None

@@ -490,6 +490,25 @@ def part_runs(pieces, shape, lo, hi) -> tuple:
     return owner[which][order], (offset[which] + s - start[which])[order], pos[order], (e - s)[order]
 
 
+def box_elements_before(x, shape, lo, hi) -> np.ndarray:
+    """How many elements of the box [lo, hi) of a block of ``shape`` (C order) lie before
+    flat element ``x`` (an array): per axis, the box's elements that agree with x's digits
+    on the axes before it and fall below its digit there. O(axes) per x, no runs listed
+    (the elements of a box in a piece [s, e) are f(e) - f(s))."""
+    x = np.asarray(x, dtype=np.int64)
+    size = int(np.prod(shape, dtype=np.int64))
+    digits = np.unravel_index(np.minimum(x, max(size - 1, 0)), shape) if size else [x] * len(shape)
+    width = [b - a for a, b in zip(lo, hi)]
+    out = np.zeros(x.shape, dtype=np.int64)
+    inside = np.ones(x.shape, dtype=bool)           # x's digits so far lie in the box
+    for ax in range(len(shape)):
+        after = int(np.prod(width[ax + 1:], dtype=np.int64))
+        out += inside * np.clip(digits[ax] - lo[ax], 0, width[ax]) * after
+        inside &= (digits[ax] >= lo[ax]) & (digits[ax] < hi[ax])
+    # the last element itself when x is past the end: every box element lies before it
+    return np.where(x >= size, int(np.prod(width, dtype=np.int64)), out)
+
+
 class PieceRuns(NamedTuple):
     """``GlobalArray.piece_runs``: the stored key, the axis order (None, or the alias's
     ``transpose`` of the stored block), the part's shape in the stored axes, and per run
