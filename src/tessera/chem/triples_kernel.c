@@ -227,8 +227,8 @@ double tessera_t3_energy_dense(long nv, const double *A, const double *B, const 
  *
  * For irreps (g_x, g_y, g_z) each term is a dense [n_x, n_y, n_z] array with strides
  * (npair, n of the last, 1) in its own index order.  W is formed once per triple, block by
- * ordered irrep triple, in layout a's packed order (form_w: A and Bs summed along their
- * common contiguous index z, C added along its contiguous y): each element of the three
+ * ordered irrep triple, in layout a's packed order (form_w: one pass along z, A and Bs
+ * contiguous, C strided within its [n_z, n_y] block of x): each element of the three
  * layouts read once, W written once.  The sweep then visits virtual tiles that never
  * cross an irrep (each irrep's orbitals in runs of DTILE at most, in position order):
  * every tile triple ta >= tb >= tc whose irreps multiply to G reads W at the six
@@ -290,16 +290,11 @@ static void form_w(long G, const int64_t *tab, const double *const base[3][8], d
                          *C = base[2][gz] + poff[8 * hz + gx];
             for (long x = 0; x < nx; x++) {
                 double *restrict wx = w + x * px;
-                const double *ax = A + x * px;
-                for (long y = 0; y < ny; y++) {           /* A[x; y, z] + Bs[y; x, z], z contiguous */
-                    const double *by = Bs + y * py + x * nz;
+                const double *ax = A + x * px, *cx = C + x * ny;
+                for (long y = 0; y < ny; y++) {           /* C's [n_z, n_y] block of x stays in L1 */
+                    const double *by = Bs + y * py + x * nz, *cy = cx + y;
                     for (long z = 0; z < nz; z++)
-                        wx[y * nz + z] = ax[y * nz + z] + by[z];
-                }
-                for (long z = 0; z < nz; z++) {           /* + C[z; x, y], y contiguous */
-                    const double *cz = C + z * pz + x * ny;
-                    for (long y = 0; y < ny; y++)
-                        wx[y * nz + z] += cz[y];
+                        wx[y * nz + z] = ax[y * nz + z] + by[z] + cy[z * pz];
                 }
             }
         }
