@@ -410,7 +410,8 @@ def test_streamed_stages_are_passed_not_counted(systems):
 
 @pytest.mark.parametrize("nv", [1, 2, 15, 17, 33])
 def test_dense_sweep_equals_the_formula_on_edge_tiles(nv):
-    """The compiled one-irrep sweep (tiles of 16 virtuals gathered locally) against numpy on
+    """The compiled one-irrep sweep (W formed once, four of its permutations gathered into
+    tiles of 16 virtuals, two read in place) against numpy on
     random operands whose sizes leave partial and diagonal tiles: sum_abc W r3(W + V) / D,
     W = A + B[bac] + C[cab], V = t1i (x) Pjk + ... (``triples_native.energy_dense``)."""
     from tessera.chem.triples_native import dense_scratch_size, energy_dense

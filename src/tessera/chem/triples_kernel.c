@@ -61,13 +61,17 @@ static inline void add_v(long nv, long a, long b, long c, const double *t1i, con
 
 /* ------------------------------------------------------------------ one virtual irrep
  *
- * The dense sweep visits tile triples (ta >= tb >= tc, DTILE orbitals per tile).  For each
- * it first gathers the eighteen sub-blocks (A, B, C at the six permutations) into six local
- * tiles L[p][a][b][c] = W at permutation p of (a, b, c), each source row read along its
- * contiguous index (the strided reads of a per-orbit sweep were cache-latency bound at
- * v = 75: 50 ns per orbit against 21 ns in cache); then the orbit energies, c innermost on
- * contiguous local rows and on transposed copies of the (x t|y u) matrices, vectorise.
- * Scratch (tessera_t3_dense_scratch): the six tiles and the three transposes. */
+ * The dense sweep first forms W = A + B[bac] + C[cab] once per triple, slab a by slab a
+ * (A and B read along c, C along b: each element of the three layouts read once, W written
+ * once), then visits tile triples (ta >= tb >= tc, DTILE orbitals per tile): W at abc and
+ * bac is read in place (c contiguous), at acb, bca, cab and cba gathered along its
+ * contiguous index into four local tiles L[a][b][c] (plain copies); then the orbit
+ * energies run c innermost on contiguous rows and on transposed copies of the (x t|y u)
+ * matrices.  (Gathering the eighteen sub-blocks of A, B and C at the six permutations,
+ * twelve of them added into the tiles, took 20% more instructions and 26% more L1 misses
+ * per triple at v = 75 (callgrind); strided reads of a per-orbit sweep were cache-latency
+ * bound: 50 ns per orbit against 21 ns in cache.)
+ * Scratch (tessera_t3_dense_scratch): the four tiles, the three transposes and W. */
 #ifndef DTILE
 #define DTILE 16
 #endif
@@ -75,23 +79,20 @@ static inline void add_v(long nv, long a, long b, long c, const double *t1i, con
 
 long tessera_t3_dense_scratch(long nv)
 {
-    return 6 * DT3 + 3 * nv * nv;
+    return 4 * DT3 + 3 * nv * nv + nv * nv * nv;
 }
 
-/* dst[x][y][z] (=, or += when add) src[x sx + y sy + z sz], x < nx, y < ny, z < nz, dst
- * DTILE^3 row-major; the loop whose source stride is 1 innermost. */
+/* dst[x][y][z] = src[x sx + y sy + z sz], x < nx, y < ny, z < nz, dst DTILE^3 row-major;
+ * the loop whose source stride is 1 innermost. */
 static void gather(double *restrict dst, const double *restrict src, long sx, long sy, long sz,
-                   long nx, long ny, long nz, int add)
+                   long nx, long ny, long nz)
 {
 #define GATHER(O, NO, M, NM, I, NI, DO, DM, DI, SO, SM)                                    \
     for (long O = 0; O < NO; O++)                                                        \
         for (long M = 0; M < NM; M++) {                                                  \
             double *d = dst + O * DO + M * DM;                                           \
             const double *s = src + O * SO + M * SM;                                     \
-            if (add)                                                                     \
-                for (long I = 0; I < NI; I++) d[I * DI] += s[I];                         \
-            else                                                                         \
-                for (long I = 0; I < NI; I++) d[I * DI] = s[I];                          \
+            for (long I = 0; I < NI; I++) d[I * DI] = s[I];                              \
         }
     const long dx = DTILE * DTILE, dy = DTILE, dz = 1;
     if (sz == 1) {
@@ -171,40 +172,44 @@ double tessera_t3_energy_dense(long nv, const double *A, const double *B, const 
                                double *scratch)
 {
     const long n2 = nv * nv;
-    double *L = scratch, *T = scratch + 6 * DT3;
+    double *L = scratch, *T = scratch + 4 * DT3, *W = T + 3 * n2;
     const double *P[3] = {Pjk, Pik, Pij};
     for (int l = 0; l < 3; l++)
         for (long x = 0; x < nv; x++)
             for (long y = 0; y < nv; y++)
                 T[l * n2 + y * nv + x] = P[l][x * nv + y];
-    /* the reads of W at permutation p (abc acb bac bca cab cba) of (a, b, c): array X in
-     * {A, B, C} at the index order given by the positions of a, b, c */
-    static const int order[6][3][3] = {
-        {{0, 1, 2}, {1, 0, 2}, {1, 2, 0}},      /* A[abc] B[bac] C[cab] */
-        {{0, 2, 1}, {1, 2, 0}, {1, 0, 2}},      /* A[acb] B[cab] C[bac] */
-        {{1, 0, 2}, {0, 1, 2}, {2, 1, 0}},      /* A[bac] B[abc] C[cba] */
-        {{2, 0, 1}, {2, 1, 0}, {0, 1, 2}},      /* A[bca] B[cba] C[abc] */
-        {{1, 2, 0}, {0, 2, 1}, {2, 0, 1}},      /* A[cab] B[acb] C[bca] */
-        {{2, 1, 0}, {2, 0, 1}, {0, 2, 1}},      /* A[cba] B[bca] C[acb] */
-    };                                          /* position of a, of b, of c */
-    const long stride[3] = {n2, nv, 1};
-    const double *X[3] = {A, B, C};
-    /* the local tiles L[p][a][b][c] */
-    const double *const Lp[6] = {L, L + DT3, L + 2 * DT3, L + 3 * DT3, L + 4 * DT3, L + 5 * DT3};
-    static const long tile_sa[6] = {DTILE * DTILE, DTILE * DTILE, DTILE * DTILE, DTILE * DTILE, DTILE * DTILE,
-                               DTILE * DTILE},
-                      tile_sb[6] = {DTILE, DTILE, DTILE, DTILE, DTILE, DTILE}, tile_sc[6] = {1, 1, 1, 1, 1, 1};
+    /* W[abc] = A[abc] + B[bac] + C[cab], slab a by slab a (A and B along c, C along b) */
+    for (long a = 0; a < nv; a++) {
+        double *restrict wa = W + a * n2;
+        for (long b = 0; b < nv; b++) {
+            const double *x = A + a * n2 + b * nv, *y = B + b * n2 + a * nv;
+            for (long c = 0; c < nv; c++)
+                wa[b * nv + c] = x[c] + y[c];
+        }
+        for (long c = 0; c < nv; c++) {
+            const double *z = C + c * n2 + a * nv;
+            for (long b = 0; b < nv; b++)
+                wa[b * nv + c] += z[b];
+        }
+    }
+    /* W at permutation p (abc acb bac bca cab cba): abc and bac read in place (c
+     * contiguous), the other four gathered into local tiles [a][b][c] */
+    static const long sc[6] = {1, 1, 1, 1, 1, 1};
+    const long sa[6] = {n2, DTILE * DTILE, nv, DTILE * DTILE, DTILE * DTILE, DTILE * DTILE},
+               sb[6] = {nv, DTILE, n2, DTILE, DTILE, DTILE};
+    /* the strides of a, b, c in W of the gathered permutations acb, bca, cab, cba */
+    const long gs[4][3] = {{n2, 1, nv}, {1, n2, nv}, {nv, 1, n2}, {1, nv, n2}};
     double energy = 0.0;
     for (long ta = 0; ta < nv; ta += DTILE)
     for (long tb = 0; tb <= ta; tb += DTILE)
     for (long tc = 0; tc <= tb; tc += DTILE) {
         const long na = lmin(DTILE, nv - ta), nb = lmin(DTILE, nv - tb), nc = lmin(DTILE, nv - tc);
-        for (int p = 0; p < 6; p++)
-            for (int x = 0; x < 3; x++) {
-                const long sa = stride[order[p][x][0]], sb = stride[order[p][x][1]], sc = stride[order[p][x][2]];
-                gather(L + p * DT3, X[x] + ta * sa + tb * sb + tc * sc, sa, sb, sc, na, nb, nc, x > 0);
-            }
-        energy += tile_energy(nv, ta, na, tb, nb, tc, nc, Lp, tile_sa, tile_sb, tile_sc, ev, eijk, t1i, t1j, t1k,
+        for (int q = 0; q < 4; q++)
+            gather(L + q * DT3, W + ta * gs[q][0] + tb * gs[q][1] + tc * gs[q][2], gs[q][0], gs[q][1], gs[q][2],
+                   na, nb, nc);
+        const double *const Lp[6] = {W + ta * n2 + tb * nv + tc, L, W + tb * n2 + ta * nv + tc, L + DT3,
+                                     L + 2 * DT3, L + 3 * DT3};
+        energy += tile_energy(nv, ta, na, tb, nb, tc, nc, Lp, sa, sb, sc, ev, eijk, t1i, t1j, t1k,
                               Pjk, Pik, Pij, T, T + n2, T + 2 * n2);
     }
     return energy;
@@ -222,8 +227,8 @@ double tessera_t3_energy_dense(long nv, const double *A, const double *B, const 
  *
  * For irreps (g_x, g_y, g_z) each term is a dense [n_x, n_y, n_z] array with strides
  * (npair, n of the last, 1) in its own index order.  W is formed once per triple, block by
- * ordered irrep triple, in layout a's packed order (form_w: A and Bs summed along their
- * common contiguous index z, C added along its contiguous y): each element of the three
+ * ordered irrep triple, in layout a's packed order (form_w: one pass along z, A and Bs
+ * contiguous, C strided within its [n_z, n_y] block of x): each element of the three
  * layouts read once, W written once.  The sweep then visits virtual tiles that never
  * cross an irrep (each irrep's orbitals in runs of DTILE at most, in position order):
  * every tile triple ta >= tb >= tc whose irreps multiply to G reads W at the six
@@ -285,16 +290,11 @@ static void form_w(long G, const int64_t *tab, const double *const base[3][8], d
                          *C = base[2][gz] + poff[8 * hz + gx];
             for (long x = 0; x < nx; x++) {
                 double *restrict wx = w + x * px;
-                const double *ax = A + x * px;
-                for (long y = 0; y < ny; y++) {           /* A[x; y, z] + Bs[y; x, z], z contiguous */
-                    const double *by = Bs + y * py + x * nz;
+                const double *ax = A + x * px, *cx = C + x * ny;
+                for (long y = 0; y < ny; y++) {           /* C's [n_z, n_y] block of x stays in L1 */
+                    const double *by = Bs + y * py + x * nz, *cy = cx + y;
                     for (long z = 0; z < nz; z++)
-                        wx[y * nz + z] = ax[y * nz + z] + by[z];
-                }
-                for (long z = 0; z < nz; z++) {           /* + C[z; x, y], y contiguous */
-                    const double *cz = C + z * pz + x * ny;
-                    for (long y = 0; y < ny; y++)
-                        wx[y * nz + z] += cz[y];
+                        wx[y * nz + z] = ax[y * nz + z] + by[z] + cy[z * pz];
                 }
             }
         }

@@ -93,11 +93,11 @@ DENSE_TILE = 16     # DTILE of triples_kernel.c: virtuals per edge of the sweeps
 
 
 def dense_scratch_size(nv: int) -> int:
-    """Doubles of the scratch ``energy_dense`` needs for ``nv`` virtuals (its six local
-    tiles and three transposed pair matrices; C's ``tessera_t3_dense_scratch``, checked
+    """Doubles of the scratch ``energy_dense`` needs for ``nv`` virtuals (its four local
+    tiles, three transposed pair matrices and W of the triple; C's ``tessera_t3_dense_scratch``, checked
     when the kernel loads): known without the compiled kernel, so plans and memory
     estimates need no build."""
-    return 6 * DENSE_TILE ** 3 + 3 * nv * nv
+    return 4 * DENSE_TILE ** 3 + 3 * nv * nv + nv ** 3
 
 
 def packed_scratch_size(nv: int, ntrip: int) -> int:
