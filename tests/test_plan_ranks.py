@@ -373,6 +373,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
     from tessera.backends.schedule import partition
     from tessera.chem.triples_tasks import (MIN_WINDOW, OCC_TILE_CHOICES, TASKS_PER_RANK, minimal_flops,
                                             plan_counts, task_costs, task_tiles, window_tasks)
+    from tessera.chem.triples_stream import Chunks, stream_requests
     from tessera.chem.triples_window import Windows, window_width
     orbsym, nocc = orbitals(load(water_cluster(2), basis="cc-pvdz", charge=0), True)
     tensors = CCSDStructure(orbsym, nocc, 0).stored(8, 4)
@@ -383,58 +384,49 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
             keys[n].setdefault(k[0], []).append(k)
     orange, vrange = irrep_ranges(o, "o"), irrep_ranges(v, "v")
 
+    lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
+    one_chunk = Chunks(lay, 1)
+
+    asked = {}
+
+    def asks(win, X, w):                              # {request: bytes} of a task (one stage)
+        if (id(win), tuple(X), w) in asked:
+            return asked[id(win), tuple(X), w]
+        out = asked[id(win), tuple(X), w] = {}
+        for name, k, part, _, _ in stream_requests(win, one_chunk, X, w, 0):
+            shape = list(tensors[name].block_shape(k))
+            for a in range(0, len(part), 3):          # a patch: its cut axes
+                shape[part[a]] = part[a + 2] - part[a + 1]
+            out[name, k, part] = 8 * int(np.prod(shape))
+        return out
+
     def by_hand(occ_tile, vblock, cache_mb):         # (tasks, bytes read, windows)
         win = Windows(o, v, vrange, orange, keys, tensors, vblock,
                       window_width(o, v, occ_tile, cache_mb * 2**20))
         tiles, triples, G = task_tiles(o, occ_tile)
-        per_row = {}                                   # (tensor tile, window) -> bytes of one row
-
-        def row(n, w):
-            if (n, w) not in per_row:
-                total = 0
-                for name, reqs in win.requests(n, w).items():
-                    for k, part, _ in reqs:
-                        shape = list(tensors[name].block_shape(k))
-                        for a in range(0, len(part), 3):        # a patch: its cut axes
-                            shape[part[a]] = part[a + 2] - part[a + 1]
-                        total += 8 * int(np.prod(shape[1:]))
-                per_row[n, w] = total
-            return per_row[n, w]
         read = tasks = 0
         for t, g in zip(triples, G):
             for w in win.windows(g):
                 tasks += 1
-                read += sum((tiles[x][1] - tiles[x][0]) * row(tiles[x][3], w) for x in set(t))
+                read += sum(asks(win, [tiles[x] for x in sorted(set(t))], w).values())
         return tasks, read, win
 
     def kept_by_hand(occ_tile, win, P, rpn=None):     # bytes read, a rank keeping its previous task's rows
         tiles, triples, G = task_tiles(o, occ_tile)
         tasks = window_tasks(triples, G, win)
         assert sorted(tasks) == sorted((t, w) for t, g in enumerate(G) for w in win.windows(g))
-        requested = {}                                 # (task tile, window) -> {request: bytes}
 
-        def asks(x, w):
-            if (x, w) not in requested:
-                now = requested[x, w] = {}
-                for name, reqs in win.requests(tiles[x][3], w).items():
-                    for k, part, _ in reqs:
-                        shape = list(tensors[name].block_shape(k))
-                        for a in range(0, len(part), 3):
-                            shape[part[a]] = part[a + 2] - part[a + 1]
-                        now[name, k, tiles[x][:2], part] = 8 * (tiles[x][1] - tiles[x][0]) * int(np.prod(shape[1:]))
-            return requested[x, w]
         def reads(queue):                             # per task, its rank keeping the previous one's rows
             out, prev = [], set()
             for i in queue:
                 t, w = tasks[i]
-                now = {tag: b for x in set(triples[t]) for tag, b in asks(x, w).items()}
+                now = asks(win, [tiles[x] for x in sorted(set(triples[t]))], w)
                 out.append(sum(b for tag, b in now.items() if tag not in prev))
                 prev = set(now)
             return out
         # the deal's weights: seconds of flops (the least flops of (T) spread over the
         # tasks by cost) and of the bytes a task reads after the one before it
         costs = task_costs(tiles, triples, tasks, None, win.vtiles)
-        lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
         machine = Machine.calibrated()
         rate, bandwidth = machine.gemm_flops_per_second, machine.on(P, rpn or P)["bandwidth"]
         per_cost = minimal_flops(lay, o.irreps.tolist()) / sum(costs)

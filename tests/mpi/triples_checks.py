@@ -38,7 +38,7 @@ from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples import triples_correction
-from tessera.chem.triples_window import WindowTripleKernel
+from tessera.chem.triples_stream import StreamTripleKernel
 from tessera.errors import ConvergenceError
 from tessera.runtime import World
 
@@ -122,7 +122,7 @@ def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0, chunks
             t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2",
                                         symmetry=T2_SYMMETRY, canonical=True)
             snap = world.comm_log.snapshot()
-            kernel, own = WindowTripleKernel.tile_energy, "tile_energy" in WindowTripleKernel.__dict__
+            kernel, own = StreamTripleKernel.tile_energy, "tile_energy" in StreamTripleKernel.__dict__
             slowed = slow and world.size > 1 and world.rank == world.size - 1
             if slowed:                  # a task takes 5 times its kernel's wall time, at least ``slow``
                 def tile_energy(self, *a):
@@ -130,15 +130,15 @@ def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0, chunks
                     out = kernel(self, *a)
                     time.sleep(max(slow, 4 * (time.perf_counter() - t0)))
                     return out
-                WindowTripleKernel.tile_energy = tile_energy
+                StreamTripleKernel.tile_energy = tile_energy
             try:
                 res = triples_correction(ints, t1, t2, context=ctx, occ_tile=occ_tile, vblock=7, cache_mb=cache_mb,
                                          chunks=chunks)
             finally:
                 if slowed and own:
-                    WindowTripleKernel.tile_energy = kernel
+                    StreamTripleKernel.tile_energy = kernel
                 elif slowed:
-                    del WindowTripleKernel.tile_energy
+                    del StreamTripleKernel.tile_energy
             gets = sum(r.nbytes for r in world.comm_log.records(since=snap) if r.op == "get")
             tiles = {"o": [t.size for t in ints.o.tiles], "v": [t.size for t in ints.v.tiles]}
     finally:

@@ -66,8 +66,8 @@ from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
 from tessera.chem.triples_stream import Chunks, StreamTables, StreamTripleKernel, stream_requests
-from tessera.chem.triples_window import (Windows, WindowTables, WindowTripleKernel, bytes_per_row,
-                                         deal_weights, task_bytes, window_reads, window_tiles, window_width)
+from tessera.chem.triples_window import (Windows, bytes_per_row, deal_weights, task_bytes,
+                                         window_reads, window_tiles, window_width)
 from tessera.errors import InputError
 from tessera.tensor.block_tensor import allowed_elements
 
@@ -141,13 +141,19 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
     rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
     if cache_mb is not None:
         return cache_mb * 2**20
-    base = DEFAULT_CACHE_MB * 2**20
-    cap = base if memory_bytes is None else max(base, WINDOW_SHARE * memory_bytes)
+    cap = task_cap(memory_bytes)
     share = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES) / nranks
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
     floor = task_floor(o, v, nranks, ranks_per_node)
     streamed = stream_floor(o, v, nranks, ranks_per_node) if STREAM_BELOW * share < floor else None
     return min(cap, max(floor if streamed is None else min(floor, streamed[2]), share))
+
+
+def task_cap(memory_bytes: float | None) -> float:
+    """The most one distributed (T) task may hold: WINDOW_SHARE of the rank's memory budget
+    ``memory_bytes``, at least DEFAULT_CACHE_MB."""
+    base = DEFAULT_CACHE_MB * 2**20
+    return base if memory_bytes is None else max(base, WINDOW_SHARE * memory_bytes)
 
 
 def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
@@ -156,13 +162,11 @@ def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
     at which the kernel's GEMMs keep their speed (MIN_WINDOW), the rows a task reads take
     no more than READ_SHARE of its compute time at the calibrated GEMM rate and the
     bandwidth of ``nranks`` ranks, ``ranks_per_node`` (default: all) to a node
-    (``Machine.on``, as ``deal_weights``), and the tasks (one per occupied orbital triple
-    and window, C1 count) are at most MAX_TASKS.  Rows are read once per task tile that
-    changes, so a task of windows ``wd`` orbitals wide computes 3 wd^2 / (3 wd + o) flops
-    per byte it reads (C1: 72 wd^3 (v + o) flops per orbital triple, 8 (9 wd^2 v + 3 o wd v
-    + 9 o wd^2 + 3 o^2 wd) bytes per row): narrower windows hold less and read more per
-    flop.  Set by o, v, the tiles and the machine, not by the rank count alone; where
-    reads are dear (between nodes) it reaches the cap of ``window_budget``."""
+    (``Machine.on``, as ``deal_weights``; reads per flop: ``read_density``), and the tasks
+    (one per occupied orbital triple and window, C1 count) are at most MAX_TASKS:
+    narrower windows hold less and read more per flop.  Set by o, v, the tiles and the
+    machine, not by the rank count alone; where reads are dear (between nodes) it reaches
+    the cap of ``window_budget``."""
     nocc, nvir = o.dim, v.dim
     machine = Machine.calibrated()
     bandwidth = machine.on(nranks, ranks_per_node or nranks)["bandwidth"]
@@ -173,11 +177,23 @@ def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
 
     def fits(width):
         n = len(window_tiles(v, irel, width)[0])
-        return 3 * width * width >= balance * (3 * width + nocc) and triples * n * (n + 1) * (n + 2) // 6 <= MAX_TASKS
+        return read_density(nocc, nvir, 1, width) >= balance and triples * n * (n + 1) * (n + 2) // 6 <= MAX_TASKS
     width = min(MIN_WINDOW, nvir)
     while width < nvir and not fits(width):
         width += 1
     return task_bytes(nocc, nvir, 1, width)
+
+
+def read_density(nocc: int, nvir: int, occ_tile: int, width: int) -> float:
+    """Flops per byte read of unstreamed windowed tasks of task tile r = ``occ_tile`` and
+    window tiles ``width`` wide (C1, ``task_floor``): consecutive tasks share two of three
+    task tiles, so a task reads one tile's rows (w^2 v + o w^2 doubles each) and five r x r
+    pairs of rows (w v + w o + w^2 each) for 72 r^3 wd^3 (v + o) flops, w = 3 wd (at most
+    v): about r^2 wd flops per byte (before, when every task read t2 and (ov|oo) rows of
+    every occupied y: 3 wd^2 / (3 wd + o) at r = 1)."""
+    r, wd, w = occ_tile, width, min(3 * width, nvir)
+    return 72 * r ** 3 * wd ** 3 * (nvir + nocc) / (8 * (r * (w * w * nvir + nocc * w * w)
+                                                         + 5 * r * r * w * (nvir + nocc + w)))
 
 
 def stream_bytes(nocc: int, nvir: int, occ_tile: int, width: int, cv: int, co: int) -> float:
@@ -238,22 +254,29 @@ def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_
 
 
 def window_counts(win: Windows, tiles, triples, G) -> tuple:
-    """(tasks, bytes of rows they request, the most one task holds: rows and tables) of
-    windowed tasks over task tiles ``tiles`` (``task_tiles``), from per-tile totals."""
-    rows = [t[1] - t[0] for t in tiles]
-    sums = {}                          # (tensor tile, G) -> (sum, max) over windows, per row
-    ntasks = read = most = 0
+    """(tasks, bytes of rows they request, the most one task holds: rows and tables, as
+    many bytes again) of windowed tasks over task tiles ``tiles`` (``task_tiles``), from
+    per-tile totals (``Windows.window_totals``), once per irrep and distinct set of (tensor
+    tile, rows) of a triple's task tiles."""
+    kinds: dict = {}                   # (G, ((tensor tile, rows, whole) of each distinct task tile)) -> triples
     for t, g in zip(triples, G):
-        per_tile = []
-        for x in set(t):
-            n = tiles[x][3]
-            if (n, g) not in sums:
-                counts = [win.row_bytes(n, w) for w in win.windows(g)]
-                sums[n, g] = (sum(r for r, _ in counts), max((r + h for r, h in counts), default=0))
-            per_tile.append((rows[x], *sums[n, g]))
-        ntasks += len(win.windows(g))
-        read += sum(r * total for r, total, _ in per_tile)
-        most = max(most, sum(r * top for r, _, top in per_tile))
+        kind = (g, tuple(sorted((tiles[x][3], tiles[x][1] - tiles[x][0], tiles[x][4] is None) for x in set(t))))
+        kinds[kind] = kinds.get(kind, 0) + 1
+    ntasks = read = most = 0
+    totals: dict = {}                  # (G, tensor tile) -> window_totals over G's windows
+    for (g, kind), count in kinds.items():
+        windows = win.windows(g)
+        if not windows:
+            continue
+        per = np.zeros(len(windows))
+        for n, rows, _ in kind:
+            if (g, n) not in totals:
+                totals[g, n] = win.window_totals(n, windows)
+            single, pair, whole = totals[g, n]
+            per += rows * (single + sum(r * (whole if w else pair)[:, m] for m, r, w in kind))
+        ntasks += count * len(windows)
+        read += count * int(per.sum())
+        most = max(most, 2 * int(per.max()))
     return ntasks, read, most
 
 
@@ -364,9 +387,34 @@ def row_counts(o, keys: dict, shapes: dict, occ_tile: int) -> tuple:
 def row_plan(o, keys: dict, shapes: dict, budget: float, nranks: int) -> tuple:
     """(occ_tile, None, (tasks, read, most)) of (T) by whole rows (``occ_tile_plan``); a task
     tile is at most an eighth of the occupied space, so a task's rows stay a small part of
-    every tensor (module docstring)."""
+    every tensor (module docstring).  ``budget``: ``row_limit``."""
     return occ_tile_plan(o, budget, nranks, lambda c: (None, row_counts(o, keys, shapes, c)),
                          cap=max(1, o.dim // 8))
+
+
+def rows_vblock(lay: VirtualLayout, o, v, keys: dict, shapes: dict, budget: float, kernel_mb=None):
+    """None (distributed (T) by whole rows, the whole-space kernel) while one task of
+    one-orbital task tiles by whole rows (``row_counts``) fits ``budget``: whole rows hold
+    v^3 per row whatever the budget; else windowed tasks, the kernel blocked in the virtual
+    index at the widest window tile a one-orbital task of that budget has
+    (``window_width``), no wider than the blocked kernel's buffers at batch 1 allow
+    (``kernel_mb``, default DEFAULT_KERNEL_MB)."""
+    if row_counts(o, keys, shapes, 1)[2] <= budget:
+        return None
+    vblock = window_width(o, v, 1, budget)
+    limit = (DEFAULT_KERNEL_MB if kernel_mb is None else kernel_mb) * 2**20
+    while vblock > 1 and 8 * sum(blocked_pool_sizes(lay, vblock, 1, range(3))) > limit:   # 3+ window blocks
+        vblock -= 1
+    return vblock
+
+
+def row_limit(budget: float, cache_mb: float | None, memory_bytes: float | None) -> float:
+    """The most one task by whole rows may hold: ``cache_mb`` when given (``budget``), else
+    ``task_cap``: whole rows are taken only where the whole-space kernel's v^3 buffers fit
+    and one one-orbital task fits the budget (``rows_vblock``); their larger task tiles read
+    less and run faster (water tetramer cc-pVDZ (T), 2 ranks: task tile 2, 220 tasks,
+    against 1 and 1540 within the ranks' share), and the row cache keeps to the budget."""
+    return budget if cache_mb is not None else task_cap(memory_bytes)
 
 
 def keys_by_tile(tensors: dict) -> dict:
@@ -415,6 +463,7 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
     _, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
     keys = keys_by_tile(tensors)
     budget = window_budget(cache_mb, memory_bytes, tensors, nranks, ranks_per_node)
+    vblock = vblock or rows_vblock(lay, o, v, keys, tensors, budget, kernel_mb)
     streamed = stream_plan(lay, o, v, budget, nranks, ranks_per_node)
     chunks = 1
     if streamed is not None:              # streamed windowed tasks: each reads its rows again
@@ -428,7 +477,8 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
                             -(-int(lay.no.max()) // chunks))
         kernel = pool_bytes(lay, vblock, batch, win, Chunks(lay, chunks).widest)
     elif vblock is None:                    # whole rows per task tile
-        occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, budget, nranks)
+        occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, row_limit(budget, cache_mb, memory_bytes),
+                                                     nranks)
         batch = min(kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)[2], occ_tile)
         kernel = pool_bytes(lay, None, batch)
     else:
@@ -521,6 +571,8 @@ class TriplesTasks:
         # (whole rows: the task tile from the same budget, the kernel's batch no larger)
         self.windows = None
         budget = None if resident else window_budget(cache_mb, memory_bytes, self.tensors, nranks, ranks_per_node)
+        if not resident and self.vblock is None:    # whole rows only while one task of them fits
+            self.vblock = rows_vblock(lay, o, v, self.keys, self.tensors, budget, kernel_mb)
         streamed = None if resident or chunks else stream_plan(lay, o, v, budget, nranks, ranks_per_node, occ_tile)
         if streamed is not None:         # the budget's streamed tasks (stream_plan)
             occ, width, chunks = streamed
@@ -539,13 +591,14 @@ class TriplesTasks:
                              "kernel blocked in the virtual index; " + (
                                  "these tensors are local: drop chunks" if resident else
                                  "the whole-space kernel fits here: give vblock too, or drop chunks"))
-        self.stream = Chunks(lay, chunks) if chunks and chunks > 1 else None
+        self.stream = Chunks(lay, chunks or 1) if self.windows is not None else None
         self.stage_requests: dict = {}                   # streamed: (task, stage) -> its requests (need)
         self.acc: dict = {}                              # streamed: task -> W of its block triples
         if self.stream is not None:
             self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows, self.stream.widest)
         elif not resident and occ_tile is None and self.windows is None:
-            self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, budget, nranks)
+            self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, row_limit(budget, cache_mb, memory_bytes),
+                                           nranks)
             self.batch = min(self.batch, self.occ_tile)
             self.pool_bytes = pool_bytes(lay, None, self.batch)
         if cache_mb is None and budget is not None:      # the row cache (whole rows): within the budget
@@ -643,18 +696,6 @@ class TriplesTasks:
         wanted = sorted(set(self.triples[t]))
         if self.stream is not None:
             return self._stream_need(task, stage, wanted, window)
-        if window is not None:
-            out = []
-            for x in wanted:
-                n, rows = self.tiles[x][3], self.tiles[x][4] or ()
-                for name, reqs in self.windows.requests(n, window).items():
-                    t_ = self.tensors[name]
-                    out += [(t_, key, rows + part) if rows or part else (t_, key) for key, part, _ in reqs]
-            tags = {request_tag(r) for r in out}
-            with self.lock:
-                for tag in [tag for tag in self.kept if tag not in tags]:
-                    self._drop_kept(tag)
-            return [r for r in out if request_tag(r) not in self.kept]
         with self.lock:
             new = [x for x in wanted if x not in self.cache]
             room = {s: 2 * sum(self.tile_bytes[x][s] for x in new) + self.scratch_bytes[s] for s in SOURCES}
@@ -756,8 +797,6 @@ class TriplesTasks:
         wanted = sorted({a, b, c})
         if self.stream is not None:
             return self._stream_work(task, stage, wanted, blocks)
-        if window is not None:
-            return self._window_work(task, wanted, blocks)
         if self.resident:
             slabs, transient = self._resident_slabs(wanted), []
         else:
@@ -803,41 +842,6 @@ class TriplesTasks:
             self.kept[tag] = (arr, name, copy)
             return arr, nbytes
 
-    def _window_work(self, task: int, wanted: list, blocks: dict) -> float:
-        """A windowed task: its rows (kept from the previous task or fetched) into
-        WindowTables, the kernel on the window's block triples; the tables are dropped
-        after, the rows kept for the next task (the ledger holds fetched copies and tables)."""
-        t, window = self.tasks[task]
-        tables = WindowTables(self.windows, self.lay, self.irrep, self.o, self.v)
-        read, copies = 0, dict.fromkeys(SOURCES, 0)
-        for x in wanted:
-            s0, _, _, n, rows = self.tiles[x]
-            for name, reqs in self.windows.requests(n, window).items():
-                tensor = self.tensors[name]
-                for key, part, pieces in reqs:
-                    part = (rows or ()) + part
-                    tag = request_tag((tensor, key, part or None))
-                    arr, got = self._keep(tag, name, key, blocks)
-                    read += got
-                    copies[name] += got if key not in tensor.blocks else 0
-                    tables.add(name, key, arr, s0, pieces)
-        blocks.clear()
-        counted = dict(tables.nbytes)          # zero tables the kernel asks for come on top
-        with self.lock:
-            self.read[task] = read
-            self.held.add({s: copies[s] + counted[s] for s in SOURCES})
-        inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, **tables.tables())
-        kern = WindowTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows,
-                                  window, tables)
-        I, J, K = (self.tiles[x][:2] for x in self.triples[t])
-        energy = kern.tile_energy(I, J, K)
-        with self.lock:
-            self.flops += kern.flops
-            self.held.add({k: n - counted[k] for k, n in tables.nbytes.items()})
-            self.held.add(tables.nbytes, -1)
-        return energy
-
-
     # ------------------------------------------------------------------ streamed (chunks)
     def _stream_need(self, task: int, stage: int, wanted: list, window) -> list:
         """The requests of stage ``stage`` of the task (``triples_stream.stream_requests``;
@@ -856,17 +860,19 @@ class TriplesTasks:
         return [r for tag, r in out.items() if tag not in self.kept]
 
     def _stream_work(self, task: int, stage: int, wanted: list, blocks: dict) -> float:
-        """Stage ``stage`` of a streamed task: its rows (the requests its need listed) into
-        StreamTables, the chunk's W0 terms added to the task's W (``acc[task]``, made at
-        stage 0, dropped after the last); at the last stage the energy. Held: the stage's
-        fetched copies and tables, and W."""
+        """Stage ``stage`` of a windowed task: its rows (the requests its need listed) into
+        StreamTables; streamed (C > 1), the chunk's W0 terms added to the task's W
+        (``acc[task]``, made at stage 0, dropped after the last) and at the last stage the
+        energy; one stage, W and the energy at once. Held: the stage's fetched copies and
+        tables, and W."""
         t, window = self.tasks[task]
+        streamed = self.stream.count > 1
         with self.lock:
             reqs = self.stage_requests.pop((task, stage))
-            if stage == 0:                        # a task run again starts a new W
+            if streamed and stage == 0:           # a task run again starts a new W
                 self.held.add({"W": _acc_bytes(self.acc.pop(task, {}))}, -1)
                 self.acc[task] = {}
-            acc = self.acc[task]
+            acc = self.acc[task] if streamed else None
         ytiles = {self.tiles[x][0]: (self.tiles[x][1] - self.tiles[x][0], self.tiles[x][2]) for x in wanted}
         tables = StreamTables(self.windows, self.irrep, self.stream, stage, ytiles)
         read, copies = 0, dict.fromkeys(SOURCES, 0)
@@ -878,27 +884,31 @@ class TriplesTasks:
             copies[name] += got if key not in tensor.blocks else 0
             tables.add(kind, arr, place)
         blocks.clear()
-        before = _acc_bytes(acc)
-        self.read[task] = self.read.get(task, 0) + read
         counted = dict(tables.nbytes)          # zero tables the kernel asks for come on top
-        self.held.add({s: copies[s] + counted[s] for s in SOURCES})
+        with self.lock:
+            self.read[task] = self.read.get(task, 0) + read
+            self.held.add({s: copies[s] + counted[s] for s in SOURCES})
         inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, ov1=None, ov2=None, t2r=None, t2s=None,
                            ooL=None, ovov=None)
         kern = StreamTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows, window,
                                   tables, acc)
         I, J, K = (self.tiles[x][:2] for x in self.triples[t])
-        kern.tile_energy(I, J, K)
-        held = _acc_bytes(acc)
-        self.held.add({"W": held - before})
-        energy = 0.0
-        if stage == self.stream.count - 1:           # W complete: the energy, then W dropped
-            kern.adding = False
-            energy = kern.tile_energy(I, J, K)
-            self.held.add({"W": held}, -1)
-            del self.acc[task]
-        self.flops += kern.flops
-        self.held.add({k: n - counted[k] for k, n in tables.nbytes.items()})
-        self.held.add(tables.nbytes, -1)
+        before = _acc_bytes(acc) if streamed else 0
+        energy = kern.tile_energy(I, J, K)
+        if streamed:
+            held = _acc_bytes(acc)
+            with self.lock:
+                self.held.add({"W": held - before})
+            if stage == self.stream.count - 1:       # W complete: the energy, then W dropped
+                kern.adding = False
+                energy = kern.tile_energy(I, J, K)
+                with self.lock:
+                    self.held.add({"W": held}, -1)
+                    del self.acc[task]
+        with self.lock:
+            self.flops += kern.flops
+            self.held.add({k: n - counted[k] for k, n in tables.nbytes.items()})
+            self.held.add(tables.nbytes, -1)
         return energy
 
 
