@@ -391,8 +391,9 @@ def test_stationary_plans_run_every_product_once_where_they_say(nranks):
         if mode == "a":
             assert not p["recv"]["a"].any()
         assert stationary.score(p, ("a", "b"))["recv_bytes"] == max(parts)
+    ops = stationary.Operands((A, B, step.out.tensor), owners, (None, None, None))
     mode, scores, _ = stationary.choose(task_arrays(step), tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors),
-                                        step.perms["a"], step.perms["b"], (1, nranks, 1), owners, nranks)
+                                        (step.perms["a"], step.perms["b"], step.perms["c"]), (1, nranks, 1), ops, nranks)
     assert scores[mode]["cost"] == min(sc["cost"] for sc in scores.values())
     if nranks == 1:
         assert mode == "summa"          # nothing moves: a tie keeps the grid

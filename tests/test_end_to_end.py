@@ -55,3 +55,19 @@ def test_ladder_freed_before_triples(monkeypatch):
     monkeypatch.setattr(job, "triples_correction", spy)
     Job(RunOptions("examples/water.xyz", basis="sto-3g", method="ccsd(t)", tile=4)).kernel()
     assert alive == [[]]
+
+
+@pytest.mark.parametrize("atoms", ["H 0 0 0; H 0 0 0.74", "He 0 0 0"])
+def test_ccsd_t_with_products_no_symmetry_allows(atoms):
+    """H2 and He in STO-3G (D2h): one occupied orbital and one virtual of another irrep, or
+    no virtual at all, so some of CCSD's contractions have no symmetry-allowed block
+    product (they failed during setup and in the executor); energies equal PySCF's (He:
+    no excitation, so no correlation)."""
+    from pyscf import gto
+    mol = gto.M(atom=atoms, basis="sto-3g", verbose=0)
+    mf = rhf(mol)
+    e_hf, e_cc, e_t = ccsd_t_energies(mf) if mol.nao > mol.nelectron // 2 else (mf.e_tot, 0.0, 0.0)
+    xyz = f"{mol.natm}\n\n" + "\n".join(f"{a.split()[0]} {' '.join(a.split()[1:])}" for a in atoms.split(";"))
+    e = Job(RunOptions(xyz, basis="sto-3g", method="ccsd(t)", conv=1e-10, checkpoint=None)).kernel().data["energies"]
+    assert abs(e["hf"] - e_hf) < 1e-9
+    assert abs(e["ccsd_correlation"] - e_cc) < 1e-7 and abs(e["t_correction"] - e_t) < 1e-7

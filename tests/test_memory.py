@@ -95,7 +95,7 @@ def test_more_ranks_hint_counts_a_node(monkeypatch, capsys):
     """More ranks on one node share its memory: with room for one rank per node, the hint
     asks for as many nodes as ranks."""
     import tessera.chem.memory as memory
-    monkeypatch.setattr(memory, "available_memory", lambda: 500 * 2**20)
+    monkeypatch.setattr(memory, "available_memory", lambda: 400 * 2**20)
     monkeypatch.setattr(memory, "resident_peak", lambda: 100 * 2**20)      # a fixed baseline
     code = main(["run", str(REPO / "examples" / "water_trimer.xyz"), "--basis", "cc-pvdz", "--method", "ccsd",
                  "--max-memory", "300M", "-q"])

@@ -15,7 +15,8 @@ equal to PySCF's to 1e-7 Eh; parts of pieced blocks cut on other axes than the f
 moved by mpi-collective's all-to-all: exactly the part's elements that the receiver does
 not hold (from the pieces each rank holds); the same parts fetched by mpi-onesided's gets:
 exactly the part's elements, per target; the bytes of mpi-collective's steps on pieces
-equal to the cost model's.
+(stationary and on the grid) and of mpi-onesided's sums equal to the cost model's, and
+each rank's bytes of the stored classes under TESSERA_PIECES equal to the model's.
 """
 
 from pathlib import Path
@@ -110,19 +111,56 @@ def test_collective_pieces_at_four_ranks_on_two_nodes():
             assert e[run]["e_ccsd"] == pytest.approx(e_ccsd, abs=1e-7) and e[run]["e_t"] == pytest.approx(e_t, abs=1e-7), (xyz, run)
 
 
-def test_collective_bytes_on_pieces_are_the_models():
-    """2 ranks as 2 emulated nodes, every block of a pieces tensor in 2 pieces: for steps of
-    mpi-collective that read or write tensors in pieces (a contraction with each operand
-    stationary, an outer product of one tensor with itself, a sum with a transposed input,
-    a Hadamard product), the bytes each rank's all-to-all counter records equal the cost
-    model's (``step_bytes.step_recv``: the pieces a rank lacks, partial outputs cut at pieces).
-    Before, the model counted a stationary pieced operand as moving nothing and the
-    pieces of an output as not sent (the contraction with A or C stationary: 0 / 104 bytes
-    on ranks 0 / 1 against 2464 / 2568 moved; with B: 2816 / 2816 against 3512 / 2800)."""
+@pytest.fixture(scope="module")
+def model_run():
+    """``--model`` at 2 ranks as 2 emulated nodes with nothing shared, every block of a
+    pieces tensor in 2 pieces (one run for the tests below)."""
     env = {"TESSERA_PIECES": "2", "TESSERA_EMULATE_NODES": "2", "MPIR_CVAR_NOLOCAL": "1",
            "TESSERA_PROGRESS": "none"}
-    out = run_mpi(SCRIPT, 2, args=["--model"], env=env, timeout=TIMEOUT)["model_bytes"]
+    return run_mpi(SCRIPT, 2, args=["--model"], env=env, timeout=TIMEOUT)["model_bytes"]
+
+
+def test_collective_bytes_on_pieces_are_the_models(model_run):
+    """For steps of mpi-collective that read or write tensors in pieces (a contraction with
+    each operand stationary and on the grid, summa and 2.5d; an outer product of one tensor
+    with itself, stationary and on the grid; a sum with a transposed input; a Hadamard
+    product), the bytes each rank's all-to-all and broadcast counters record received equal
+    the cost model's (``step_bytes.step_recv``: the pieces a rank lacks, partial outputs cut
+    at pieces; on the grid ``stationary.summa_recv``: parts to their homes, panels, output
+    pieces). Before, the model counted a stationary pieced operand as moving nothing and the
+    pieces of an output as not sent (the contraction with A or C stationary: 0 / 104 bytes
+    on ranks 0 / 1 against 2464 / 2568 moved; with B: 2816 / 2816 against 3512 / 2800), and
+    SUMMA's redistribution as an even share of every input and output, its panels as the
+    average member's (its busiest rank: 2602 bytes on summa's 2 x 1 grid against 2624
+    received, 3728 against 3888 on 2.5d's 1 x 1 x 2, 510 against 640 for the outer product)."""
+    out = model_run["collective"]
     assert {k for run in out.values() for k in run["kinds"]} == {"contract", "add", "hadamard"}
     for name, run in out.items():
         assert run["pieced"] and sum(run["counted"]) > 0, (name, run)
         assert run["counted"] == run["model"], (name, run)
+
+
+def test_onesided_sum_bytes_on_pieces_are_the_models(model_run):
+    """mpi-onesided's sums, division and Hadamard product into a pieced output, variants
+    original (accumulates) and owner (a get and a put per piece): the bytes each rank's
+    get, accumulate and put counters record with other ranks equal the cost model's
+    (``step_bytes.onesided_step_bytes``), where the model counted one dense output per
+    step, zero steps included, as an even share over the ranks (here 2450 bytes per rank
+    per step: the sum's three steps 7350 on each rank against 0 / 3152 moved)."""
+    for name, run in model_run["onesided"].items():
+        assert run["pieced"] and sum(run["counted"]) > 0, (name, run)
+        assert run["counted"] == run["model"], (name, run)
+
+
+def test_held_bytes_under_forced_pieces_are_the_models(model_run):
+    """The classes a CCSD run stores, each block cut in 2 pieces by TESSERA_PIECES: each
+    rank's bytes of every class equal ``balance.loads`` and the fullest rank's T2 and
+    integrals the memory estimate's stored bytes (``auto.structure_stats``); with the
+    placement's own cut (whole blocks at 2 ranks here), as both ignored TESSERA_PIECES
+    before, neither does."""
+    held = model_run["held"]
+    assert held["names"] == ["oooo", "oovv", "ovoo", "ovov", "ovvv", "t2", "vvvv"]
+    for name, c in held["classes"].items():
+        assert c["counted"] == c["model"], (name, c)
+    assert any(c["counted"] != c["whole_cut"] for c in held["classes"].values())
+    assert held["stored_max"]["counted"] == held["stored_max"]["model"] != held["stored_max"]["whole_cut"], held

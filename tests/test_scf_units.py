@@ -295,11 +295,12 @@ def test_diis_extrapolates_linear_error_exactly():
 def test_diis_combination_of_empty_and_full_vectors():
     """The extrapolated vector sum_i c_i v_i (BLAS axpy), also of empty vectors: a rank
     that owns no amplitude blocks combines nothing (BLAS refuses empty vectors)."""
-    from tessera.chem.diis import _combine
+    from tessera.chem.diis import MemoryHistory, _combine
     rng = np.random.default_rng(3)
-    c, vs = rng.standard_normal(3), [rng.standard_normal((5, 7)) for _ in range(3)]
-    np.testing.assert_allclose(_combine(c, vs), sum(ci * v for ci, v in zip(c, vs)), atol=1e-14)
-    assert _combine(c, [np.zeros(0)] * 3).shape == (0,)
+    c, vs = rng.standard_normal(3), [rng.standard_normal((5, 7)) for _ in range(4)]
+    np.testing.assert_allclose(_combine(c, MemoryHistory(vs[:3]), vs[3]),
+                               sum(ci * v for ci, v in zip(c, vs[1:])), atol=1e-14)
+    assert _combine(c, MemoryHistory([np.zeros(0)] * 2), np.zeros(0)).shape == (0,)
 
 
 def test_symmetry_labels_equal_pyscf():

@@ -319,7 +319,7 @@ def test_ladder_in_plus_minus_form(backend, seed, flat, monkeypatch):
     else:
         W, W_d = _pair_symmetric(o, v, rng, 0, "acbd", (2, 3, 0, 1))
     W.freeze()
-    with ts.Context(backend):
+    with ts.Context(backend) as run_ctx:
         tau, tau_d = _pair_symmetric(o, v, rng, g, canonical=True)
         R = BlockTensor((o, o, v, v), g, name="R", symmetry=sym, canonical=True)
         with ts.equations():
@@ -353,6 +353,15 @@ def test_ladder_in_plus_minus_form(backend, seed, flat, monkeypatch):
         sizes = [n * (n + 1) // 2 if k[0] == k[1] else n * vp.spaces[1].tiles[k[1]].size
                  for k in vp.stored_keys() if k in vp.blocks for n in [vp.spaces[0].tiles[k[0]].size]]
         assert vp.stored_elements == sum(sizes) < 0.5 * vp.dense_elements + npv.sum()
+        # where the run gathered V+- into the squares of its one product (V+- its right
+        # operand), their off-diagonal blocks are views of those (their own arrays freed),
+        # the diagonal ones stay triangles; read from their blocks, all stay
+        for t in (vp, vm):
+            squares = [m for key, mats in run_ctx._cache.items() if key[1] == t.uid for m in mats.values()]
+            held = dict(dict.items(t.blocks))
+            assert all(any(np.shares_memory(b, m) for m in squares) == bool(squares)
+                       for k, b in held.items() if k[0] != k[1])
+            assert all(b.ndim == 1 and b.flags.owndata for k, b in held.items() if k[0] == k[1])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

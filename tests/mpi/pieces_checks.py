@@ -25,8 +25,9 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    a piece): the values against numpy, and the bytes each rank's get counter records per
    target against the part's elements that target holds (from every rank's pieces).
 6. With ``--collective`` (4 ranks as 2 emulated nodes): ``collective`` below (and 4).
-7. With ``--model``: ``model_bytes`` below (the bytes of collective steps on pieces against
-   the cost model's).
+7. With ``--model``: ``model_bytes`` below (the bytes of collective steps and one-sided
+   sums on pieces against the cost model's) and ``held_bytes`` (each rank's bytes of the
+   stored classes under TESSERA_PIECES against the model's).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -52,6 +53,7 @@ from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples import triples_correction
 from tessera.errors import TesseraError
 from tessera.runtime import World
+from tessera.runtime.distribution import default_layers
 from tessera.tensor.block_tensor import allowed_keys
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -316,16 +318,20 @@ def onesided_part_bytes(world) -> dict:
 
 
 def model_bytes(world) -> dict:
-    """Section 7 (``--model``): steps of mpi-collective on tensors in pieces, each run alone:
-    a contraction with each operand stationary (a: pieced T, b: whole M, c: the pieced
-    output), an outer product of one tensor with itself (its blocks move once for both
-    operands), a sum with a transposed input and a Hadamard product writing a pieced output.
-    Per step and rank the bytes the runtime's all-to-all counter records, and the model's
-    (``step_bytes.step_recv`` of the same equations planned on structure alone, with the run's
-    TESSERA_PIECES)."""
-    from tessera.backends.step_bytes import step_recv
+    """Section 7 (``--model``): steps on tensors in pieces, each run alone. On
+    mpi-collective (``collective``): a contraction with each operand stationary (a: pieced
+    T, b: whole M, c: the pieced output) and on the grid (summa, and 2.5d on its layers:
+    parts of pieced blocks to their homes, panels broadcast, outputs cut at pieces), an
+    outer product of one tensor with itself (its blocks move once for both operands), a
+    sum with a transposed input and a Hadamard product writing a pieced output: per step
+    and rank the bytes the runtime's all-to-all and broadcast counters record received, and
+    the model's (``step_bytes.step_recv`` of the same equations planned on structure
+    alone, with the run's TESSERA_PIECES). On mpi-onesided (``onesided``; variants original
+    and owner): the sums, a division and the Hadamard product, the bytes each rank's get,
+    accumulate and put counters record with other ranks, and the model's
+    (``step_bytes.onesided_step_bytes``)."""
     from tessera.backends.context import PlanningContext
-    from tessera.backends.registry import ENV_PIECES, env_number
+    from tessera.backends.step_bytes import onesided_step_bytes, step_recv
     rng = np.random.default_rng(5)
     o = IndexSpace.from_irreps("o", rng.integers(0, 2, 5), 2)
     v = IndexSpace.from_irreps("v", rng.integers(0, 2, 7), 3)
@@ -334,12 +340,16 @@ def model_bytes(world) -> dict:
              "M": masked(rng.standard_normal((v.dim, v.dim)), (v, v), 0),
              "X": masked(rng.standard_normal((o.dim, v.dim)), (o, v), 0)}
     dense["T"] = dense["T"] + dense["T"].transpose(1, 0, 3, 2)
+    dense["D"] = 3.0 + np.abs(dense["T"])
 
     def contract(t):
         t["Z"]["ijab"] = t["T"]["ijcb"] * t["M"]["ca"]
 
     def add(t):
         t["C"]["ijab"] = 2.0 * t["T"]["ijab"] - t["T"]["ijba"]
+
+    def divide(t):
+        t["Z"]["ijab"] = t["T"]["ijba"] / t["D"]["ijab"]
 
     def outer(t):
         t["C"]["ijab"] = t["X"]["ia"] * t["X"]["jb"]
@@ -348,31 +358,78 @@ def model_bytes(world) -> dict:
         t["Z"]["ijab"] = t["T"]["ijab"] * t["T"]["jiab"]
 
     def tensors(fill):
-        made = {"T": (oovv, "pieces", True), "M": ((v, v), "balanced", False), "X": ((o, v), "balanced", False)}
+        made = {"T": (oovv, "pieces", True), "M": ((v, v), "balanced", False), "X": ((o, v), "balanced", False),
+                "D": (oovv, "balanced", True)}
         out = {n: (filled(dense[n], sp, n, pl, pair) if fill else
                    BlockTensor(sp, 0, name=n, placement=pl, symmetry=T2_SYMMETRY if pair else (), canonical=pair))
                for n, (sp, pl, pair) in made.items()}
         out["Z"] = BlockTensor(oovv, 0, name="Z", placement="pieces")
         out["C"] = BlockTensor(oovv, 0, name="C", placement="pieces", symmetry=T2_SYMMETRY, canonical=True)
         return out
-    runs = [("contract/" + m, contract, m) for m in ("a", "b", "c")] + \
-        [("outer/c", outer, "c"), ("add", add, "c"), ("hadamard", hadamard, "c")]
-    out = {}
-    for name, eq, mode in runs:
+
+    def planned(eq):
         with PlanningContext() as plan:
             with ts.equations():
                 eq(tensors(False))
-        with Context("mpi-collective", variant="summa", stationary=mode):
+        return [step for p in plan.plans for step in p.steps]
+
+    def counted(eq, ops, backend, variant, **options):
+        """(bytes this rank's counters ``ops`` record with other ranks in ``eq``, whether
+        T, Z and C are in pieces)."""
+        with Context(backend, variant=variant, **options):
             t = tensors(True)
             snap = world.comm_log.snapshot()
             with ts.equations():
                 eq(t)
-            counted = int(world.comm_log.row(world.size, ("alltoallv",), since=snap).sum())
-            pieced = all(t[n].pieced for n in ("T", "Z", "C"))
-        model = sum(step_recv(step, world.size, mode, env_number(ENV_PIECES, 1, integer=True))
-                    for p in plan.plans for step in p.steps)
-        out[name] = {"counted": world.allgather(counted), "model": [float(x) for x in model], "pieced": pieced,
-                     "kinds": sorted({step.kind for p in plan.plans for step in p.steps} - {"zero"})}
+            row = world.comm_log.row(world.size, ops, since=snap)
+            return int(row.sum() - row[world.rank]), all(t[n].pieced for n in ("T", "Z", "C"))
+    collective = [("contract/" + m, contract, "summa", m) for m in ("a", "b", "c")] + \
+        [("contract/summa", contract, "summa", "never"), ("contract/2.5d", contract, "2.5d", "never"),
+         ("outer/c", outer, "summa", "c"), ("outer/summa", outer, "summa", "never"),
+         ("add", add, "summa", "c"), ("hadamard", hadamard, "summa", "c")]
+    out = {"collective": {}, "onesided": {}}
+    for name, eq, variant, mode in collective:
+        got, pieced = counted(eq, ("alltoallv", "bcast_row", "bcast_col"), "mpi-collective", variant, stationary=mode)
+        steps = planned(eq)
+        layers = 1 if variant == "summa" else default_layers(world.size)
+        model = sum(step_recv(s, world.size, "summa" if mode == "never" else mode, layers=layers) for s in steps)
+        out["collective"][name] = {"counted": world.allgather(got), "model": [float(x) for x in model],
+                                   "pieced": pieced, "kinds": sorted({s.kind for s in steps} - {"zero"})}
+    from tessera.backends.registry import least_pieces
+    for name, eq in (("add", add), ("divide", divide), ("hadamard", hadamard)):
+        for variant in ("original", "owner"):
+            got, pieced = counted(eq, ("get", "acc", "put"), "mpi-onesided", variant)
+            cache = {"least": least_pieces()}
+            model = sum(onesided_step_bytes(s, world.size, cache, variant != "owner") for s in planned(eq))
+            out["onesided"][f"{name}/{variant}"] = {"counted": world.allgather(got),
+                                                    "model": [float(x) for x in model], "pieced": pieced}
+    out["held"] = held_bytes(world)
+    return out
+
+
+def held_bytes(world) -> dict:
+    """The classes a CCSD run stores (``CCSDStructure.stored``: the integral classes, T2
+    and its kin, C1, 5 occupied and 7 virtual orbitals, tile 3) made on mpi-onesided under
+    the run's TESSERA_PIECES: each rank's bytes of each (``local_nbytes``), the cost
+    model's per rank (``balance.loads``) and the memory estimate's stored bytes of the
+    fullest rank (``auto.structure_stats``: T2 and the integrals) against the ranks'."""
+    from tessera.backends.auto import structure_stats
+    from tessera.backends.balance import loads
+    from tessera.chem.ccsd import CCSDStructure
+    structure = CCSDStructure(np.zeros(12, int), 5, distributed=True)
+    out = {"classes": {}}
+    with Context("mpi-onesided"):
+        stored = structure.stored(3, 3)
+        for name, t in stored.items():
+            out["classes"][name] = {"counted": world.allgather(t.local_nbytes),
+                                    "model": loads(t, world.size).tolist(),
+                                    "whole_cut": loads(t, world.size, least=1).tolist()}
+        run = structure(3, 3)
+        mine = sum(stored[n].local_nbytes for n in [*(t.name for t in run.tensors)])
+    out["stored_max"] = {"counted": max(world.allgather(mine)),
+                         "model": structure_stats(structure, 3, 3, world.size)["memory_per_rank_max"],
+                         "whole_cut": structure_stats(structure, 3, 3, world.size, least_pieces=1)["memory_per_rank_max"]}
+    out["names"] = sorted(t.name for t in run.tensors)
     return out
 
 

@@ -24,13 +24,18 @@ once, the other per product, one accumulate per product; ``cached``: every disti
 remote block once per rank, a frozen operand's once per run; ``mpi-collective``: per
 contraction as the executor runs it (``collective_traffic``: its grid shape and SUMMA on
 it, or an operand stationary, ``backends.stationary``; frozen operands moved once; blocks
-in pieces as they move), the busiest rank's bytes, and per sum or Hadamard product the
-busiest rank's bytes as the executor moves them (``backends.step_bytes``, which gives
-any step's bytes per rank); variant ``2.5d`` on a pr x pc x c grid: panels broadcast within a
-layer's smaller grid, c partial outputs to the owners). The constants are per node, with
+in pieces as they move; on the grid rank by rank, ``stationary.summa_recv``), the busiest
+rank's bytes, and per sum or Hadamard product the busiest rank's bytes as the executor
+moves them (``backends.step_bytes``, which gives any step's bytes per rank: what a rank
+receives on mpi-collective, what its gets and accumulates, or gets and puts under
+``owner``, move on mpi-onesided); variant ``2.5d`` on a pr x pc x c grid: panels broadcast
+within a layer's smaller grid, c partial outputs to the owners). Exact where the
+executor's moves follow from structure (every mpi-collective step, mpi-onesided's sums
+and Hadamard products); mpi-onesided's contractions count the mean rank (the schedule
+decides who runs a task). The constants are per node, with
 the network between nodes when the ranks span several (``run_costs``). Each candidate also gets a memory estimate per rank
 (``memory_parts``: T2 + integrals of the fullest rank; what the driver holds beside
-them, the structure's ``held`` bytes (for CCSD the amplitude copies, the DIIS history and,
+them, the structure's ``held`` bytes (for CCSD the amplitude copies and,
 on one process, the ladder's V+-) spread over the ranks; and the working set of the largest contraction step:
 for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the homes
 of the inputs and one panel each; for ``cached`` its block cache; on one process the
@@ -76,9 +81,10 @@ from tessera.backends.balance import (BALANCE, binding, class_balance, collectiv
 from tessera.backends.context import BLOCK_READ_COLUMNS, CACHE_BYTES, gather_twins, thread_limit
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
-from tessera.backends.registry import ENV_PIECES, VARIANTS, backend_of_variant, check_options, env_number
+from tessera.backends import registry
+from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
-from tessera.backends.step_bytes import operands, owner_step_recv, pieces_per_block
+from tessera.backends.step_bytes import moved_bytes, operands, owner_step_moves, pieces_per_block
 from tessera.plan.blocktasks import block_sizes, task_arrays
 from tessera.runtime.distribution import default_layers, grid_3d, makespan
 from tessera.tensor.block_tensor import allowed_elements
@@ -117,22 +123,26 @@ def gemm_rate() -> float:
 
 
 def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: float | None = None,
-                    block_tasks: bool = True, least_pieces: int = 1) -> dict:
+                    block_tasks: bool = True, least_pieces: int | None = None) -> dict:
     """Counts of one iteration with these tile sizes, from ``structure(tile, occ_tile)``:
     its ``plans`` (structure only, no data) and the ``tensors`` a run stores; the class
     balance and largest share of one tensor over the classes that bind under ``budget``
     (``balance.binding``: all without one). ``block_tasks=False``: only what
     ``memory_parts`` needs for a local executor (no block tasks: their flops, bytes and
-    the distributed working sets are left out). ``least_pieces``: the run's TESSERA_PIECES."""
+    the distributed working sets are left out). ``least_pieces``: pieces per block at
+    least (None: the run's, ``registry.least_pieces``), in the bytes moved and stored."""
+    least_pieces = registry.least_pieces() if least_pieces is None else least_pieces
     run = structure(tile, occ_tile)
     s = {"flops": 0, "products": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
          "distinct_bytes": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0,
-         "other_bytes": 0, "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0,
+         "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0,
          "collective_steps": [], "max_step_distinct_bytes": 0, "temporary_bytes": 0,
          "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0,
          # one-sided operations on mpi-onesided, one per piece of a block stored in pieces
          "get_ops": 0, "acc_ops": 0, "inv_get_ops": 0, "product_acc_ops": 0, "distinct_ops": 0,
-         "pieced_acc_ops": 0, "collective_other_bytes": 0.0}
+         "pieced_acc_ops": 0,
+         # sums and Hadamard products: per step the busiest rank's bytes, summed
+         "collective_other_bytes": 0.0, "onesided_other_bytes": 0.0, "owner_other_bytes": 0.0}
     owners = {"least": least_pieces}     # id(tensor) -> owner function, pieces, on nranks ranks
     gathered: dict = {}          # (tensor, perm, sectors) -> bytes of a constant operand's matrices
     pooled: dict = {}            # intermediate (not stored, not constant) -> its bytes
@@ -147,16 +157,18 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
                     pooled[id(r.tensor)] = 8 * allowed_elements(r.tensor.spaces, r.tensor.irrep)
             if step.kind != "contract":
                 s["other_steps"] += 1
-                s["other_bytes"] += 8 * step.out.tensor.dense_elements
                 if block_tasks and nranks > 1:
-                    s["collective_other_bytes"] += float(owner_step_recv(step, nranks, owners).max())
+                    moves = owner_step_moves(step, nranks, owners)
+                    for key, executor in (("collective_other_bytes", "mpi-collective"),
+                                          ("onesided_other_bytes", "mpi-onesided"), ("owner_other_bytes", "owner")):
+                        s[key] += float(moved_bytes(moves, nranks, executor).max())
                 continue
             s["contract_steps"] += 1
             # a constant left operand of few columns is read from its blocks, not gathered
             # (``Context._gathered``)
             from_blocks = all(sec.cols.total <= BLOCK_READ_COLUMNS for sec in step.sectors)
             for ref, side in zip(step.inputs, "ab"):
-                if ref.tensor.constant and not (side == "a" and from_blocks):
+                if ref.tensor.constant and step.sectors and not (side == "a" and from_blocks):
                     dims = [(sec.rows.total, sec.inner.total) if side == "a" else (sec.inner.total, sec.cols.total)
                             for sec in step.sectors]
                     rows = step.sectors[0].rows if side == "a" else step.sectors[0].inner
@@ -195,15 +207,14 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             s["collective_steps"].append({
                 "bytes": (bytes_a, bytes_b, out_bytes), "tasks": ta, "perms": (step.perms["a"], step.perms["b"]),
                 "sig": tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in step.sectors),
-                **dict(zip(("owners", "pieces"), operands(owners, step, ta, nranks))),
-                "shared": step.inputs[0].tensor is step.inputs[1].tensor,
+                "operands": operands(owners, step, nranks), "perm_c": step.perms["c"],
                 "moved_once": tuple(x for x, r in zip("ab", step.inputs) if r.tensor.constant), "stationary": {}})
             for sec in step.sectors:
                 s["max_gemm"] = max(s["max_gemm"], sec.rows.total * sec.cols.total)
     # memory balance of the stored tensors (in total and of the worst binding class), and
     # the largest share of one binding tensor on one rank (as both MPI executors store them:
     # a ``pieces`` class of too few blocks in pieces)
-    per_class = class_balance({i: t for i, t in enumerate(run.tensors)}, nranks)
+    per_class = class_balance({i: t for i, t in enumerate(run.tensors)}, nranks, least_pieces)
     total = per_class.pop("total")
     bind = binding(per_class, budget)
     s["max_tensor_share"] = max((c["max_bytes"] / (c["mean_bytes"] * nranks) for c in bind.values()
@@ -249,7 +260,7 @@ def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
 
 def _collective_traffic(s: dict, nranks: int, variant: str) -> dict:
     from tessera.backends import stationary
-    from tessera.backends.summa_layout import choose_grid, grid_score
+    from tessera.backends.summa_layout import choose_grid
     pr, pc, c = grid_of(nranks, variant)
     moved = bcast = work = 0.0
     modes: dict = {}
@@ -259,19 +270,20 @@ def _collective_traffic(s: dict, nranks: int, variant: str) -> dict:
         gr, gc = choose_grid(st["sig"], pa, pb, nranks // c, c)
         if nranks > 1:      # the stationary modes' scores do not depend on the grid: once per rank count
             if nranks not in st["stationary"]:
-                st["stationary"][nranks] = stationary.stationary_scores(st["tasks"], st["owners"], nranks,
-                                                                        st["moved_once"], where=False,
-                                                                        pieces=st["pieces"], shared=st["shared"])
-            mode, scores, _ = stationary.choose(st["tasks"], st["sig"], pa, pb, (gr, gc, c), st["owners"], nranks,
-                                                st["moved_once"], stationary=st["stationary"][nranks])
+                ops = st["operands"]
+                st["stationary"][nranks] = stationary.stationary_scores(
+                    st["tasks"], ops.owners, nranks, st["moved_once"], where=False, pieces=ops.tables(st["tasks"]),
+                    shared=ops.tensors[0] is ops.tensors[1])
+            mode, scores, _ = stationary.choose(st["tasks"], st["sig"], (pa, pb, st["perm_c"]), (gr, gc, c),
+                                                st["operands"], nranks, st["moved_once"],
+                                                stationary=st["stationary"][nranks])
         else:
             mode, scores = "summa", None
         modes[mode] = modes.get(mode, 0) + 1
         if mode == "summa":
             if nranks > 1:
                 moved += scores["summa"]["recv_bytes"]
-                bcast += grid_score(st["sig"], pa, pb, gr, gc, c, a="a" not in st["moved_once"],
-                                    b="b" not in st["moved_once"])["recv_bytes"]
+                bcast += scores["summa"]["panel_bytes"]
             work = max(work, 2 * out * c / nranks + 2 * (a + b) / nranks
                        + a / (gr * c * max(gr, gc)) + b / (gc * c * max(gr, gc)))
         else:
@@ -328,7 +340,6 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
     remote = (P - 1) / P
     compute = s["makespan_flops"] / rate          # per step, the busiest rank's flops
     overhead = s["products"] / P * T_TASK + s["other_steps"] * 3 * T_COLL
-    other_bytes = s["other_bytes"] * remote / P
     memory = sum(memory_parts(s, P, backend, variant).values())
     if backend == "mpi-collective":
         tr = collective_traffic(s, P, variant)
@@ -339,7 +350,10 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
                 "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes_per_rank"], "layers": c,
                 "contraction_modes": tr["modes"], "memory_per_rank": memory}
-    # one get or accumulate per piece of a block stored in pieces (``structure_stats``)
+    # one get or accumulate per piece of a block stored in pieces (``structure_stats``);
+    # sums and Hadamard products: the busiest rank's gets and accumulates (or, owner, gets
+    # and puts) of each step (``step_bytes.onesided_step_bytes``)
+    other_bytes = s["owner_other_bytes" if variant == "owner" else "onesided_other_bytes"]
     if variant == "original":
         gets = s["get_ops"] * remote
         accs = s["acc_ops"]
@@ -393,7 +407,6 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
         combos = [("mpi-onesided", variant)] if variant else [("mpi-onesided", v) for v in ONESIDED_VARIANTS]
     else:
         combos = [("mpi-onesided", v) for v in ONESIDED_VARIANTS] + collective
-    least = env_number(ENV_PIECES, 1, integer=True)     # a test's forced pieces, as the run stores them
     budget = budget or memory_budget(nranks)[0]
     costs = run_costs(nranks, ranks_per_node)
     # with several ranks each tile is also tried with the occupied space cut in two or
@@ -435,7 +448,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
                 continue
             seen_tiles.add(key)
             if key not in counted:
-                counted[key] = structure_stats(structure, t, ot, nranks, binds, least_pieces=least)
+                counted[key] = structure_stats(structure, t, ot, nranks, binds)
             s = counted[key]
             for b, var in members:
                 e = estimate(s, nranks, b, var, rate, costs)

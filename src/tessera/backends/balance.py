@@ -65,14 +65,16 @@ TASKS_PER_RANK = 2         # block tasks per rank a run's tiles give each domina
 DOMINANT = 1 / 8           # ... a contraction with at least this share of the largest one's flops
 
 
-def loads(t, nranks: int) -> np.ndarray:
+def loads(t, nranks: int, least: int | None = None) -> np.ndarray:
     """Bytes of tensor ``t`` on each of ``nranks`` ranks, placed as a run places them: a
-    ``pieces`` tensor as ``runtime.distribution.piece_deal`` cuts it. The default cut:
-    TESSERA_PIECES, a test setting that forces more pieces, is not modelled."""
+    ``pieces`` tensor as ``runtime.distribution.piece_deal`` cuts it, at least ``least``
+    pieces per block (None: the run's, ``registry.least_pieces``, TESSERA_PIECES)."""
+    from tessera.backends.registry import least_pieces
     from tessera.runtime.distribution import block_owner_array, block_sizes, piece_deal
     keys = t.stored_keys()
     if t.placement == "pieces" and nranks > 1:
-        return 8.0 * piece_deal(t.spaces, t.irrep, keys, nranks).loads()
+        least = least_pieces() if least is None else least
+        return 8.0 * piece_deal(t.spaces, t.irrep, keys, nranks, least).loads()
     placement = "balanced" if t.placement == "pieces" else t.placement
     return np.bincount(block_owner_array(t.spaces, t.irrep, keys, nranks, placement),
                        weights=8.0 * block_sizes(t.spaces, keys), minlength=nranks)
@@ -85,12 +87,12 @@ def stats(load) -> dict:
             "max_over_mean": round(float(np.max(load)) / mean, 4) if mean else 1.0}
 
 
-def class_balance(tensors: dict, nranks: int) -> dict:
-    """{name: stats} of each tensor's blocks placed over ``nranks`` ranks (``loads``), and
-    ``total`` (the ranks' sums)."""
+def class_balance(tensors: dict, nranks: int, least: int | None = None) -> dict:
+    """{name: stats} of each tensor's blocks placed over ``nranks`` ranks (``loads``, at
+    least ``least`` pieces per block), and ``total`` (the ranks' sums)."""
     out, total = {}, np.zeros(nranks)
     for name, t in tensors.items():
-        load = loads(t, nranks)
+        load = loads(t, nranks, least)
         total += load
         out[name] = stats(load)
     out["total"] = stats(total)

@@ -60,13 +60,15 @@ def blocks_into_gathered(t, perm, sectors: tuple, mats: dict) -> None:
     """Make each block ``t`` holds a view of its place in the gathered matrices ``mats``
     (``gather_tasks`` of ``t`` by ``perm``, one matrix per ``(g, rows, cols)`` of
     ``sectors``), so that the blocks' own arrays are freed: a constant contracted in one
-    layout only is then stored once, as its matrices."""
+    layout only is then stored once, as its matrices. Blocks held as triangles
+    (``tensor.pairs.TriangleBlocks``, the ladder's V+-) keep their diagonal triangles."""
     back = tuple(np.argsort(perm))
     blocks = t.blocks
+    keep = getattr(blocks, "keep_view", blocks.__setitem__)
     for g, rows, cols in sectors:
         for key, rsl, csl, bshape in gather_map(rows, cols, perm):
             if key in blocks:
-                blocks[key] = mats[g][rsl, csl].reshape(bshape).transpose(back)
+                keep(key, mats[g][rsl, csl].reshape(bshape).transpose(back))
 
 
 class BlockMatrix:

@@ -56,7 +56,7 @@ from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
 from tessera.plan.blocktasks import add_source, contraction_tasks, hadamard_outputs, source_block, task_arrays
 from tessera.runtime.distribution import default_layers, grid_shape
-from tessera.runtime.global_array import run_index
+from tessera.runtime.placement import run_index
 
 log = logging.getLogger("tessera.backends")
 
@@ -448,14 +448,12 @@ class CollectiveExecutor(DistributedExecutor):
         if self.stationary == "never" or self.cc.size == 1:
             self._modes[key] = ("summa", None)
         else:
-            owners = (A.dist.owner, B.dist.owner, C.dist.owner)
+            ops = stationary.Operands((A, B, C), (A.dist.owner, B.dist.owner, C.dist.owner),
+                                      tuple(t.dist.ga.piece_table if t.pieced else None for t in (A, B, C)))
             modes = stationary.MODES if self.stationary == "auto" else (self.stationary,)
-            ta = task_arrays(step)
-            pieces = tuple(t.dist.ga.piece_table(keys) if t.pieced else None
-                           for t, keys in zip((A, B, C), (ta.a_keys, ta.b_keys, ta.out)))
-            mode, _, plans = stationary.choose(ta, sig, step.perms["a"], step.perms["b"], (*grid, self.cc.layers),
-                                               owners, self.cc.size, [x for x, t in (("a", A), ("b", B)) if t.constant],
-                                               modes, pieces=pieces, shared=A is B)
+            mode, _, plans = stationary.choose(task_arrays(step), sig, (step.perms["a"], step.perms["b"], step.perms["c"]),
+                                               (*grid, self.cc.layers), ops, self.cc.size,
+                                               [x for x, t in (("a", A), ("b", B)) if t.constant], modes)
             if self.stationary != "auto":
                 mode = self.stationary
             self._modes[key] = (mode, None if mode == "summa" else plans[mode]["where"])

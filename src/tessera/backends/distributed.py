@@ -44,7 +44,7 @@ import numpy as np
 from tessera.errors import RuntimeLayerError
 from tessera.runtime import GlobalArray, World
 from tessera.runtime.placement import block_placement
-from tessera.backends.registry import ENV_PIECES, env_number
+from tessera.backends.registry import least_pieces
 from tessera.tensor.block_tensor import symmetry_group
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class TensorStore:
         self.world = world or World.get()
         self.fetcher = fetcher
         # into at least how many pieces the blocks of a ``pieces`` tensor are cut
-        self.least_pieces = env_number(ENV_PIECES, 1, integer=True)
+        self.least_pieces = least_pieces()
         self._free: dict = {}          # structure key -> [GlobalArray], agreed free, by eid
         self._pending: list = []       # (structure key, GlobalArray) released here
         self._placements: dict = {}    # structure key -> where its blocks live (runtime.placement)

@@ -52,12 +52,19 @@ def env_number(name: str, default, *, integer: bool = False):
     return value
 
 
+def least_pieces() -> int:
+    """Into at least how many pieces a run cuts every block of a ``pieces`` tensor
+    (TESSERA_PIECES, a test setting; 1: the placement's own cut). The storage, the cost
+    model and the memory estimate all read it here."""
+    return env_number(ENV_PIECES, 1, integer=True)
+
+
 def check_environment() -> None:
     """Every TESSERA_* variable checked before any work (as options are), without
     starting MPI: the memory budget, BLAS threads per rank and the runtime's options."""
     env_memory()                                         # as --max-memory (backends.budget)
     env_number(ENV_BLAS_THREADS, 1, integer=True)
-    env_number(ENV_PIECES, 1, integer=True)
+    least_pieces()
     from tessera.backends.local import threads_per_rank
     threads_per_rank()                                   # OMP_NUM_THREADS
     from tessera.runtime.options import RuntimeOptions

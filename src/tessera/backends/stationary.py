@@ -19,17 +19,22 @@ too (``pieces``: a block's elements the rank lacks come from their holders, the 
 operand's to its block's home; a partial output goes in pieces to their owners); ``score`` the busiest rank's cost as ``summa_layout.grid_score`` counts
 it (flops + FLOPS_PER_BYTE x bytes received), where an operand marked ``moved_once`` (a
 frozen operand the executor keeps: the integrals) costs nothing after its first
-iteration. ``choose`` compares SUMMA on the contraction's grid with the three modes,
-per contraction. Pure functions of the block tasks and the owner maps, the same on
-every rank; no MPI (tests and the cost model run them for simulated rank counts).
+iteration. ``summa_recv`` counts SUMMA (2.5D) on the contraction's grid in the same
+terms, rank by rank, as the executor moves it (inputs to their homes, panels, outputs to
+their owners); ``choose`` compares it with the three modes, per contraction. Pure
+functions of the block tasks and the operands' owner maps and pieces (``Operands``), the
+same on every rank; no MPI (tests and the cost model run them for simulated rank counts).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from tessera.backends.summa_layout import FLOPS_PER_BYTE, grid_score
+from tessera.backends.summa_layout import FLOPS_PER_BYTE, summa_layout
 from tessera.plan.blocktasks import block_sizes
+from tessera.runtime.placement import part_runs
 
 MODES = ("a", "b", "c")
 
@@ -126,34 +131,150 @@ def score(p: dict, moved_once=()) -> dict:
             "cost": float(cost.max(initial=0))}
 
 
-def summa_score(sig, pa, pb, pr: int, pc: int, layers: int, in_bytes: dict, out_bytes: float, nranks: int,
-                moved_once=()) -> dict:
-    """SUMMA's busiest rank on its grid in the same terms: ``grid_score``'s panels (an
-    operand in ``moved_once`` kept: no panels) plus a rank's share of the redistribution
-    that leaves its owner, the inputs to their homes (``in_bytes``: {"a", "b": bytes})
-    and ``layers`` partial outputs of ``out_bytes`` to the owners."""
-    sc = grid_score(sig, pa, pb, pr, pc, layers, a=("a" not in moved_once), b=("b" not in moved_once))
-    share = (sum(v for x, v in in_bytes.items() if x not in moved_once) + layers * out_bytes) \
-        * (nranks - 1) / nranks ** 2                    # a rank's share, less what stays with it
-    recv = sc["recv_bytes"] + share
-    return {"flops": sc["flops"], "recv_bytes": recv, "cost": sc["cost"] + FLOPS_PER_BYTE * share}
+class Operands(NamedTuple):
+    """A contraction's A, B and output as a run stores them: the ``tensors``, their
+    ``owners`` (functions: key -> owner, of a block in pieces its home) and ``pieces``
+    (functions: keys -> (index into keys, rank, elements) of every piece of those blocks,
+    in element order, an alias as its stored block; None: whole blocks). The executor
+    gives its arrays' (``GlobalArray.piece_table``), the cost model the placement's
+    (``step_bytes.piece_rows``)."""
+    tensors: tuple
+    owners: tuple
+    pieces: tuple
+
+    def tables(self, ta) -> tuple:
+        """The ``pieces`` of ``ta``'s A keys, B keys and outputs (``_plan``'s ``pieces``)."""
+        return tuple(None if f is None else f(keys) for f, keys in zip(self.pieces, (ta.a_keys, ta.b_keys, ta.out)))
 
 
-def choose(ta, sig, pa, pb, grid: tuple, owners: tuple, nranks: int, moved_once=(), modes=MODES,
-           stationary: tuple | None = None, pieces=(None, None, None), shared: bool = False) -> tuple:
-    """(mode, scores, plans): ``"summa"`` or the stationary operand (of ``modes``) of least
-    cost for the busiest rank (``grid``: SUMMA's pr, pc, layers; ``owners``: owner
-    functions of A, B, C); a tie keeps SUMMA. ``scores`` maps each mode to its ``score``,
-    ``plans`` each stationary mode to its ``plan``; ``stationary``: ``stationary_scores``
-    of these tasks and owners, when the caller has them (they do not depend on the grid);
-    ``pieces``, ``shared``: ``_plan``'s."""
+def _lacked(t, owner, pieces_of, items, size, nranks: int) -> np.ndarray:
+    """Bytes each rank receives of ``items`` ((key, part, destination rank), each once) of
+    tensor ``t``, of ``size`` elements each: a block (part) the destination does not own
+    whole, less, for a block in pieces, the part's elements in the destination's own pieces
+    (``placement.part_runs`` on the alias's stored block)."""
+    if not items:
+        return np.zeros(nranks)
+    keys, dest = [k for k, _, _ in items], np.array([d for _, _, d in items], dtype=np.int64)
+    size = np.asarray(size, dtype=float)
+    table = None if pieces_of is None else pieces_of(keys)
+    if table is None:
+        lacks = size * (np.array([owner(k) for k in keys], dtype=np.int64) != dest)
+        return np.bincount(dest, weights=8.0 * lacks, minlength=nranks)
+    whole = np.array([part is None for _, part, _ in items])
+    lacks = size - held(table, np.arange(len(keys)), dest, nranks) * whole
+    index, rank, count = table
+    first = np.searchsorted(index, np.arange(len(keys) + 1))
+    for i in np.flatnonzero(~whole).tolist():
+        key, part, _ = items[i]
+        stored, perm = t.aliases[key] if key in t.aliases else (key, None)
+        shape = t.block_shape(stored)
+        lo, hi = [0] * len(shape), list(shape)
+        for n in range(0, len(part), 3):
+            axis = part[n] if perm is None else perm[part[n]]
+            lo[axis], hi[axis] = part[n + 1], part[n + 2]
+        r, c = rank[first[i]:first[i + 1]], count[first[i]:first[i + 1]]
+        owners, _, _, runs = part_runs(list(zip(r.tolist(), [0] * len(r), (np.cumsum(c) - c).tolist(), c.tolist())),
+                                       shape, lo, hi)
+        lacks[i] -= float(runs[owners == dest[i]].sum())
+    return np.bincount(dest, weights=8.0 * lacks, minlength=nranks)
+
+
+def summa_recv(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved_once=()) -> dict:
+    """Bytes each rank receives when the contraction runs on the pr x pc x layers grid, as
+    ``CollectiveExecutor.contract_step`` moves them (``summa_layout``), per rank: ``a``,
+    ``b``: the blocks (parts) to their homes by the all-to-all (each (block part, rank)
+    once, A and B of one tensor in one exchange; the elements the home does not hold);
+    ``panels``: the broadcasts, A panels along grid rows and B panels along grid columns
+    (every member but the root receives one; a grid line of one rank, none); ``c``: the
+    output rectangles' blocks (canonical ones) to their owners, cut at their pieces (a
+    rank keeps what it holds). An operand in ``moved_once`` (frozen: the executor keeps its
+    panels) moves nothing; ``flops``: each rank's GEMM flops."""
+    pa, pb, perm_c = perms
     pr, pc, layers = grid
-    size_a, size_b = block_sizes(ta)
-    in_bytes = {"a": 8.0 * float(size_a.sum()), "b": 8.0 * float(size_b.sum())}
-    out_bytes = 8.0 * float(ta.m @ ta.n)
-    scores = {"summa": summa_score(sig, pa, pb, pr, pc, layers, in_bytes, out_bytes, nranks, moved_once)}
-    kept, plans = stationary or stationary_scores(ta, owners, nranks, moved_once, modes, pieces=pieces,
-                                                  shared=shared)
+    lay = summa_layout(sig, pa, pb, pr, pc, layers)
+    (A, B, C), owners, pieces = ops
+    recv = {}
+    seen = set()                     # ``exchange``: each (array, key, part, rank) once
+    for x, t, owner, pieces_of in (("a", A, owners[0], pieces[0]), ("b", B, owners[1], pieces[1])):
+        items, size = [], []
+        if x not in moved_once:
+            for (key, part, hl, hr, hc), n in zip(lay[f"{x}_homes"], lay[f"{x}_home_sizes"]):
+                tag = (id(t), key, part, (hl * pr + hr) * pc + hc)
+                if tag not in seen:
+                    seen.add(tag)
+                    items.append(tag[1:])
+                    size.append(n)
+        recv[x] = _lacked(t, owner, pieces_of, items, size, nranks)
+    panels = np.zeros((layers, pr, pc))
+    npanel = lay["npanel"]
+    if "a" not in moved_once and pc > 1:
+        a = 8.0 * np.array(lay["a_panel_size"], dtype=float).reshape(layers, npanel, pr)
+        panels += a.sum(1)[:, :, None]
+        for p in range(npanel):
+            panels[:, :, p % pc] -= a[:, p, :]
+    if "b" not in moved_once and pr > 1:
+        b = 8.0 * np.array(lay["b_panel_size"], dtype=float).reshape(layers, npanel, pc)
+        panels += b.sum(1)[:, None, :]
+        for p in range(npanel):
+            panels[:, p % pr, :] -= b[:, p, :]
+    recv["panels"] = panels.reshape(-1)
+    # the output blocks of each grid position's rectangle (the same in every layer) and
+    # the layers that send them
+    outs, src, size, sends = [], [], [], []
+    for n, (_, rows, _, cols) in enumerate(sig):
+        on = [hl for hl in range(layers) if lay["active"][n][hl]]
+        for hr in range(pr):
+            for hc in range(pc):
+                for r, c, _, _ in lay["out"][n][hr][hc] if on else ():
+                    okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in perm_c)
+                    if okey not in C.aliases:
+                        outs.append(okey)
+                        src.append(hr * pc + hc)
+                        size.append(rows.sizes[r] * cols.sizes[c])
+                        sends.append(on)
+    recv["c"] = np.zeros(nranks)
+    src = np.array(src, dtype=np.int64)
+    table = None if pieces[2] is None or not outs else pieces[2](outs)
+    if table is None:
+        dest = np.array([owners[2](k) for k in outs], dtype=np.int64)
+        size = np.array(size, dtype=float)
+    else:
+        index, rank, count = table
+    for hl in range(layers):
+        sent = np.array([hl in on for on in sends], dtype=bool)
+        at = src + hl * pr * pc
+        if table is None:
+            recv["c"] += np.bincount(dest, weights=8.0 * size * (sent & (dest != at)), minlength=nranks)
+        else:
+            away = sent[index] & (rank != at[index])
+            recv["c"] += np.bincount(rank[away], weights=8.0 * count[away], minlength=nranks)
+    inner = np.array(lay["panel_inner"], dtype=float).reshape(len(sig), layers, npanel).sum(2)
+    recv["flops"] = 2 * np.einsum("ng,nh,nl->lgh", np.array(lay["row_total"], dtype=float).reshape(len(sig), pr),
+                                  np.array(lay["col_total"], dtype=float).reshape(len(sig), pc), inner).reshape(-1)
+    return recv
+
+
+def summa_score(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved_once=()) -> dict:
+    """SUMMA's busiest rank on its grid in ``score``'s terms, from what each rank receives
+    (``summa_recv``); also ``panel_bytes``, the most one rank receives in panels."""
+    recv = summa_recv(sig, perms, grid, ops, nranks, moved_once)
+    total = recv["a"] + recv["b"] + recv["panels"] + recv["c"]
+    return {"flops": float(recv["flops"].max(initial=0)), "recv_bytes": float(total.max(initial=0)),
+            "cost": float((recv["flops"] + FLOPS_PER_BYTE * total).max(initial=0)),
+            "panel_bytes": float(recv["panels"].max(initial=0))}
+
+
+def choose(ta, sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved_once=(), modes=MODES,
+           stationary: tuple | None = None) -> tuple:
+    """(mode, scores, plans): ``"summa"`` or the stationary operand (of ``modes``) of least
+    cost for the busiest rank (``perms``: the step's axis orders of A, B and C; ``grid``:
+    SUMMA's pr, pc, layers; ``ops``: the operands as stored); a tie keeps SUMMA. ``scores``
+    maps each mode to its ``score`` (SUMMA's: ``summa_score``), ``plans`` each stationary
+    mode to its ``plan``; ``stationary``: ``stationary_scores`` of these tasks and owners,
+    when the caller has them (they do not depend on the grid)."""
+    scores = {"summa": summa_score(sig, perms, grid, ops, nranks, moved_once)}
+    kept, plans = stationary or stationary_scores(ta, ops.owners, nranks, moved_once, modes, pieces=ops.tables(ta),
+                                                  shared=ops.tensors[0] is ops.tensors[1])
     if set(kept) != set(modes):
         raise ValueError(f"stationary scores of modes {sorted(kept)}, asked for {sorted(modes)}")
     scores.update(kept)

@@ -1,4 +1,4 @@
-"""What ``mpi-collective`` moves per step, from structure alone (for the cost model, ``auto``).
+"""What the MPI executors move per step, from structure alone (for the cost model, ``auto``).
 
 Where a run puts a tensor's blocks on P ranks (``owner_function``: a block's owner or, in
 pieces, its home; ``pieces_per_block``; ``piece_rows``: the rank and elements of every
@@ -6,14 +6,17 @@ piece, ``runtime.distribution.piece_table``), each made once per tensor in a cac
 (``cache["least"]``: the run's least pieces per block, TESSERA_PIECES), and the bytes each
 rank receives in a step (``step_recv``): a contraction with an operand stationary
 (``backends.stationary``), a sum or Hadamard product as ``CollectiveExecutor.add_step``
-and ``hadamard_step`` move it (``owner_step_recv``).
+and ``hadamard_step`` move it (``owner_step_recv``); on ``mpi-onesided``, the bytes each
+rank's gets, accumulates and puts move in a sum or Hadamard product
+(``onesided_step_bytes``). Both from ``owner_step_moves`` (``moved_bytes``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tessera.backends import stationary
+from tessera.backends import registry, stationary
+from tessera.backends.summa_layout import choose_grid
 from tessera.plan.blocktasks import add_source, hadamard_outputs, task_arrays
 from tessera.runtime.distribution import block_owners, piece_count, piece_table
 from tessera.runtime.distribution import block_sizes as tensor_block_sizes
@@ -75,25 +78,35 @@ def piece_rows(cache: dict, t, nranks: int, keys):
     return np.repeat(np.arange(len(keys), dtype=np.int64), n), rank[sel], count[sel]
 
 
-def operands(cache: dict, step, ta, nranks: int) -> tuple:
-    """(owner functions, ``piece_rows``) of a contraction's A, B and output, as
-    ``backends.stationary`` takes them."""
-    refs = (*step.inputs, step.out)
-    return (tuple(owner_function(cache, r.tensor, nranks) for r in refs),
-            tuple(piece_rows(cache, r.tensor, nranks, keys) for r, keys in zip(refs, (ta.a_keys, ta.b_keys, ta.out))))
+def operands(cache: dict, step, nranks: int) -> stationary.Operands:
+    """A contraction's A, B and output as a run stores them on ``nranks`` ranks
+    (``backends.stationary.Operands``: owner functions and ``piece_rows``)."""
+    tensors = tuple(r.tensor for r in (*step.inputs, step.out))
+    return stationary.Operands(
+        tensors, tuple(owner_function(cache, t, nranks) for t in tensors),
+        tuple(None if pieces_per_block(cache, t, nranks) == 1 else
+              (lambda keys, t=t: piece_rows(cache, t, nranks, keys)) for t in tensors))
 
 
-def step_recv(step, nranks: int, mode: str = "c", least_pieces: int = 1) -> np.ndarray:
-    """Bytes each rank receives by all-to-all in ``step`` on ``mpi-collective``, as the model
-    counts them (``least_pieces``: a run's TESSERA_PIECES): a contraction with operand
-    ``mode`` stationary (``backends.stationary``), a sum or Hadamard product by
+def step_recv(step, nranks: int, mode: str = "c", least_pieces: int | None = None, layers: int = 1) -> np.ndarray:
+    """Bytes each rank receives by collectives in ``step`` on ``mpi-collective``, as the
+    model counts them (``least_pieces``: pieces per block at least, None: the run's,
+    ``registry.least_pieces``): a contraction on the grid of ``layers`` layers (``mode``
+    ``"summa"``: ``stationary.summa_recv``, the grid ``summa_layout.choose_grid``'s) or with
+    operand ``mode`` stationary (``backends.stationary``), a sum or Hadamard product by
     ``owner_step_recv``."""
-    cache = {"least": least_pieces}
+    cache = {"least": registry.least_pieces() if least_pieces is None else least_pieces}
     if step.kind != "contract":
         return owner_step_recv(step, nranks, cache)
     ta = task_arrays(step)
-    owners, pieces = operands(cache, step, ta, nranks)
-    plan = stationary.stationary_scores(ta, owners, nranks, modes=(mode,), where=False, pieces=pieces,
+    ops = operands(cache, step, nranks)
+    if mode == "summa":
+        sig = tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in step.sectors)
+        perms = (step.perms["a"], step.perms["b"], step.perms["c"])
+        grid = (*choose_grid(sig, perms[0], perms[1], nranks // layers, layers), layers)
+        recv = stationary.summa_recv(sig, perms, grid, ops, nranks)
+        return recv["a"] + recv["b"] + recv["panels"] + recv["c"]
+    plan = stationary.stationary_scores(ta, ops.owners, nranks, modes=(mode,), where=False, pieces=ops.tables(ta),
                                         shared=step.inputs[0].tensor is step.inputs[1].tensor)[1][mode]
     return sum(plan["recv"].values())
 
@@ -107,22 +120,52 @@ def _same_pieces(a, b) -> bool:
 
 def owner_step_recv(step, nranks: int, cache: dict) -> np.ndarray:
     """Bytes each rank receives in an ``add`` or ``hadamard`` step on ``mpi-collective``
-    (``add_step``, ``hadamard_step``): the input blocks an output block reads go to its home
-    (of a block in pieces, the elements the home lacks), and an output in pieces is cut at
-    its pieces and each sent from the home to its owner; an ``add`` between tensors in the
-    same pieces, read in the same order, moves nothing (``rank_local``). ``cache``:
+    (``add_step``, ``hadamard_step``): ``owner_step_moves``' inputs at the homes, and the
+    output pieces at their owners (``moved_bytes``)."""
+    return moved_bytes(owner_step_moves(step, nranks, cache), nranks, "mpi-collective")
+
+
+def onesided_step_bytes(step, nranks: int, cache: dict, accumulates: bool = True) -> np.ndarray:
+    """Bytes each rank moves to or from other ranks in an ``add`` or ``hadamard`` step on
+    ``mpi-onesided`` (``accumulates`` False: variant ``owner``), as its counters record
+    them (``moved_bytes``)."""
+    return moved_bytes(owner_step_moves(step, nranks, cache), nranks,
+                       "mpi-onesided" if accumulates else "owner")
+
+
+def moved_bytes(moves: tuple, nranks: int, executor: str) -> np.ndarray:
+    """Per rank, the bytes of ``owner_step_moves`` as ``executor`` moves and counts them:
+    ``mpi-collective`` what each rank receives (inputs at the homes, output pieces at their
+    owners); ``mpi-onesided`` (``DistributedExecutor.add_step``, ``hadamard_step``,
+    ``_add_into``) what its gets receive and its accumulates send (the home gets the inputs
+    it lacks and accumulates each output piece held elsewhere), ``owner`` the same with a
+    get and a put per such piece."""
+    reads, (home, owner, nbytes) = moves
+    if executor == "mpi-collective":
+        return reads + np.bincount(owner, weights=nbytes, minlength=nranks)
+    return reads + (2 if executor == "owner" else 1) * np.bincount(home, weights=nbytes, minlength=nranks)
+
+
+def owner_step_moves(step, nranks: int, cache: dict) -> tuple:
+    """What an ``add`` or ``hadamard`` step moves on either MPI executor, which compute
+    each output block on its home: (bytes of input elements each rank, as the home of
+    output blocks, lacks and receives; (home, owner, bytes) arrays of the output pieces
+    a home sends to the other pieces' owners). An input block (or an alias of it) goes to
+    a home once (``exchange``, ``fetch_blocks``); an ``add`` between tensors in the same
+    pieces, read in the same order, moves nothing (``rank_local``). ``cache``:
     ``auto.structure_stats``' cache (made once per tensor)."""
     out = step.out.tensor
     recv = np.zeros(nranks)
+    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
     # (a local plan's pair maps, ``unpack`` and the ladder's +- form, never run distributed)
     if step.kind not in ("add", "hadamard") or step.pairs not in (None, "pack", "unpack_half"):
-        return recv
+        return recv, none
     same = tuple(range(out.ndim))
     if (step.kind == "add" and out.placement == "pieces" and pieces_per_block(cache, out, nranks) > 1 and not step.pairs
             and tuple(step.perms["a"]) == same and _same_pieces(out, step.inputs[0].tensor)
             and (step.divisor is None or (tuple(step.perms["d"]) == same
                                           and _same_pieces(out, step.divisor.tensor)))):
-        return recv
+        return recv, none
     home = owner_function(cache, out, nranks)
     reads, outs = [], []            # (tensor, key, home); (output key, home)
     if step.kind == "add":
@@ -150,8 +193,9 @@ def owner_step_recv(step, nranks: int, cache: dict) -> np.ndarray:
             lacks = size - stationary.held(rows, np.arange(len(keys)), at, nranks)
         recv += np.bincount(at, weights=8.0 * lacks, minlength=nranks)
     rows = piece_rows(cache, out, nranks, [k for k, _ in outs])
-    if rows is not None:            # the home's result to the other pieces' owners
-        index, rank, count = rows
-        away = rank != np.array([r for _, r in outs], dtype=np.int64)[index]
-        recv += np.bincount(rank[away], weights=8.0 * count[away], minlength=nranks)
-    return recv
+    if rows is None:
+        return recv, none
+    index, rank, count = rows           # the home's result to the other pieces' owners
+    homes = np.array([r for _, r in outs], dtype=np.int64)[index]
+    away = rank != homes
+    return recv, (homes[away], rank[away], 8.0 * count[away])

@@ -7,7 +7,10 @@ DIIS_SPACE pairs. At conv 1e-9 that took glycine cc-pVDZ 16 iterations (PySCF's 
 pairs: 18), benzene 12 (13), H2O2 14 (16), N2 12 (13), water 11 (11); measured
 against plain DIIS of 6, 8, 10, 12 pairs and CROP of 3-8. With distributed amplitudes each process
 keeps the part of the vector it stores; inner products are summed over processes, so
-every process gets the same DIIS coefficients. With a ``checkpoint``
+every process gets the same DIIS coefficients. The DIIS history is kept in a temporary
+file (``DIIS(on_disk=True)``, in the system's temporary folder, as PySCF keeps its CCSD
+DIIS history), not in memory: glycine cc-pVDZ, 7 pairs of 11.4 MiB, 160 MiB of the
+CCSD peak. With a ``checkpoint``
 (``chem.checkpoint``) the amplitudes and the DIIS state are saved after the first and the
 last iteration and, by its write policy, after iterations in between; a restart resumes
 from them.
@@ -15,6 +18,7 @@ from them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,7 +35,7 @@ from tessera.tensor.pairs import free_for_ladder, free_plus_minus_last, kept_plu
 log = logging.getLogger(__name__)
 
 DIIS_SPACE = 7
-# amplitude-sized arrays alive beside the DIIS history at the peak of an iteration: t2,
+# amplitude-sized arrays alive at the peak of an iteration: t2,
 # D2, tau, L (the energy's integrals), Wvoov, Wvovo, Z and R2 (then R2, the new t2 and the packed vectors)
 AMPLITUDE_COPIES = 8
 
@@ -110,12 +114,13 @@ class CCSD:
         with ctx:
             ctx.drop_gathered()         # what the phase before kept (the transform's working memory)
             try:
-                return self._iterate(ints, ctx)
+                with contextlib.ExitStack() as cleanup:     # removes the DIIS history's file
+                    return self._iterate(ints, ctx, cleanup)
             finally:            # the integrals' gathered matrices: no use after CCSD ((T) has its own)
                 ctx.drop_gathered()
                 free_plus_minus_last(ints.ovvv)      # the ladder dressing's M+- (local runs)
 
-    def _iterate(self, ints, ctx) -> CCSDResult:
+    def _iterate(self, ints, ctx, cleanup) -> CCSDResult:
         D1 = denominator(ints.spaces("ov"), (ints.eo, ints.ev), (1, -1), "D1")
         D2 = denominator(ints.spaces("oovv"), (ints.eo, ints.eo, ints.ev, ints.ev), (1, 1, -1, -1), "D2",
                          eq.T2_SYMMETRY, eq.amplitude_placement("oovv"))
@@ -134,7 +139,9 @@ class CCSD:
         # reduce through the handle, not a bound method of t2: that would keep the first
         # t2 (and its distributed storage) alive for the whole run
         diis = DIIS(self.diis_space, reduce=t2.dist.allreduce if t2.dist is not None else None, weight=weight,
-                    crop=True)
+                    crop=True, on_disk=True)
+        cleanup.callback(diis.close)
+        log.debug("CCSD DIIS history in a temporary file in %s", diis.vectors.directory)
         history, flops, first = [], 0, 1
         chk = self.checkpoint
         layout = _layout(t1, t2, keys) if chk is not None else None
@@ -142,9 +149,10 @@ class CCSD:
         if resumed is not None:
             _unpack(resumed.vector, t1, t2, keys)
             tau = eq.make_tau(ints, t1, t2)
-            diis.vectors, diis.errors, diis.gram = resumed.diis_vectors, resumed.diis_errors, resumed.diis_gram
+            diis.restore(resumed.diis_vectors, resumed.diis_errors, resumed.diis_gram)
             history, e_old, first = resumed.history, resumed.e_corr, resumed.iteration + 1
             log.info("CCSD resumed after iteration %d, E=%.12f", resumed.iteration, e_old)
+            del resumed             # its DIIS pairs are in the history's file now
         converged, vec = False, None
         for it in range(first, self.max_iter + 1):
             t0, f0 = time.perf_counter(), ctx.flops
@@ -223,8 +231,10 @@ class IterationStructure:
     and ``tessera plan``'s view of a run. ``plans``: the plans of one iteration;
     ``tensors``: what a run stores (T2 and the integral classes, empty, with their
     placement); ``tiles``: tile sizes per space; ``held``: bytes the driver holds beside
-    them (amplitude copies, the DIIS history, a local run's ladder V+-, which replace
-    vvvv among the stored tensors), spread over the ranks like T2; ``dressing``: bytes of
+    them (amplitude copies, a local run's ladder V+-, which replace vvvv among the stored
+    tensors, counted whole: once gathered, their off-diagonal blocks are views of the
+    gathered squares the working set counts too, an upper bound by about 2/3 of V+-; not
+    the DIIS history, which is in a file), spread over the ranks like T2; ``dressing``: bytes of
     the M+- of a local run's t1 dressing of the ladder, made in its first iteration and
     from its first residual on held as their gathered matrices only
     (``Context.store_constants_gathered``), which the executor's working set counts."""
@@ -284,7 +294,7 @@ class CCSDStructure:
             ctx.plans.clear()               # those are made once per CCSD, not per iteration
             eq.residual(ints, t1, t2, fixed=fixed)
         amplitudes = 8 * (t1.stored_elements + t2.stored_elements)
-        held = {"amplitudes": (AMPLITUDE_COPIES - 1) * amplitudes, "diis": 2 * DIIS_SPACE * amplitudes}
+        held = {"amplitudes": (AMPLITUDE_COPIES - 1) * amplitudes}       # the DIIS history is in a file
         plus_minus = kept_plus_minus(tensors["vvvv"])
         if plus_minus:          # a local run iterates with the ladder's V+- and vvvv freed (_ladder_form)
             held["ladder V+-"] = sum(8 * t.stored_elements for t in plus_minus)

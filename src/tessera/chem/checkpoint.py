@@ -281,18 +281,22 @@ class Checkpoint:
 def _write_blocks(f, layout, vector, diis) -> None:
     """One dataset per group and tensor: ``group/name`` holds the group's vectors (rows)
     restricted to the tensor's blocks, which lie side by side in ``layout`` order;
-    ``index/name`` holds per block its key, offset and size within a row."""
+    ``index/name`` holds per block its key, offset and size within a row. Each vector is
+    read once (a DIIS history in a file reads it from there) and cut into its tensors."""
     bounds = np.cumsum([0] + [int(np.prod(shape)) for _, _, shape in layout])
+    spans = {}                      # name -> (lo, hi) of its blocks within a row
     for name in dict.fromkeys(n for n, _, _ in layout):
         rows = [j for j, (n, _, _) in enumerate(layout) if n == name]
-        lo, hi = bounds[rows[0]], bounds[rows[-1] + 1]
+        lo, hi = spans[name] = bounds[rows[0]], bounds[rows[-1] + 1]
         f.create_dataset(f"index/{name}", data=np.array(
             [[*layout[j][1], bounds[j] - lo, bounds[j + 1] - bounds[j]] for j in rows], dtype=np.int64))
-        for group, vecs in (("amplitudes", [vector]), ("diis_vectors", diis.vectors),
-                            ("diis_errors", diis.errors)):
-            ds = f.create_dataset(f"{group}/{name}", shape=(len(vecs), hi - lo), dtype=np.float64)
-            for j, v in enumerate(vecs):
-                ds[j] = v[lo:hi]
+    for group, vecs in (("amplitudes", [vector]), ("diis_vectors", diis.vectors),
+                        ("diis_errors", diis.errors)):
+        datasets = {name: f.create_dataset(f"{group}/{name}", shape=(len(vecs), hi - lo), dtype=np.float64)
+                    for name, (lo, hi) in spans.items()}
+        for j, v in enumerate(vecs):
+            for name, (lo, hi) in spans.items():
+                datasets[name][j] = v[lo:hi]
 
 
 NDIM = {"t1": 2, "t2": 4}    # indices of each tensor: a longer key names a piece of a block

@@ -26,7 +26,7 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
              them when CCSD ends: (T) reads no vvvv)
   ccsd       one iteration as ``backends.auto.memory_parts`` counts it (the one estimator
              of the cost model): T2 + integrals of the fullest rank, the amplitude copies
-             and the DIIS history (the structure's ``held``), the executor's working set
+             (the structure's ``held``; the DIIS history is in a file), the executor's working set
              (its gathered matrices of the constants: a local run's ladder dressing M+-,
              gathered in one layout, are held as those alone, ``chem.ccsd.IterationStructure``)
   (t)        the integrals and T2 (CCSD frees its gathered matrices; under MPI also
@@ -48,7 +48,7 @@ rank, glycine 6-31G, 2 ranks; the collective executor moves blocks by collective
 private buffers and touches none). The part ``other ranks' windows`` counts them:
 (ranks on the node - 1) times a rank's own window bytes (the transform: the MO
 integrals; CCSD and (T): the integrals, T2, the amplitude copies and every
-intermediate; the DIIS history is private). They are in each rank's resident peak but in the node's memory once, so
+intermediate). They are in each rank's resident peak but in the node's memory once, so
 ``check`` compares a rank's *own* share (the peak less those pages) with the memory
 allowed per rank (``backends.budget``), and when it does not fit names what would: more
 ranks (and how many fit on a node of this one's available memory, so how many nodes),
@@ -217,12 +217,10 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     # the executor's share: on several ranks the most of the executors the run may use;
     # a one-sided executor on several ranks of a node also touches their windows
     others = shape.node_ranks - 1 if shape.distributed and shape.shared_windows else 0
-    diis = s["held"].get("diis", 0) / P        # private (packed vectors), not in a window
-
     def executor_parts(backend, variant):
         m = dict(memory_parts(s, P, backend, variant))
         if others and backend == "mpi-onesided":
-            m[SHARED] = others * (m["stored"] + m["held"] - diis)
+            m[SHARED] = others * (m["stored"] + m["held"])
         return m
     executors = _executors(shape)
     ccsd = max((executor_parts(b, v) for b, v in executors), key=lambda m: sum(m.values()))
@@ -278,8 +276,8 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
                                                               memory_bytes=shape.budget, ranks_per_node=shape.node_ranks)}
     if shape.distributed:
         # this rank's windows in CCSD: T2 + integrals, amplitude copies, intermediates
-        # (all but the DIIS history), pooled until the context closes after (T)
-        windows = stored + ccsd["held"] - diis
+        # pooled until the context closes after (T)
+        windows = stored + ccsd["held"]
         if "(t)" in parts:
             parts["(t)"]["ccsd arrays"] = windows - stored
         if others and any(b == "mpi-onesided" for b, _ in executors):

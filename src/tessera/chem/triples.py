@@ -19,9 +19,9 @@ g_a^g_b^g_c = g_i^g_j^g_k exist; they are stored packed, one block per irrep of 
 dense v^3 array.  The twelve W0 terms are sector GEMMs accumulated in place (beta = 1),
 four per choice of single index (a, b or c).  The compiled sweep (``triples_kernel.c``
 through ``chem.triples_native``) joins the three layouts into W, adds V and applies r3
-and the denominators in one pass over the orbits a >= b >= c: [v, v, v] arrays with one
-virtual irrep (C1), a table of each orbit's packed positions (``VirtualLayout.prepare``)
-with several.  With several irreps and the fused operands of resident slabs, one call
+and the denominators in one pass over the orbits a >= b >= c, tile triple by tile triple:
+[v, v, v] arrays with one virtual irrep (C1); with several, tiles within irreps, whose
+sub-blocks of the packed layouts are dense strided arrays (read through the irrep tables).  With several irreps and the fused operands of resident slabs, one call
 per batch (``triples_native.batch_packed``) runs its GEMMs and sweeps in C.
 
 Kernel API (fed by ``chem.triples_tasks``): :class:`VirtualLayout`
@@ -44,7 +44,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.linalg.blas import dgemm
 
-from tessera.chem.triples_native import batch_packed, dense_scratch_size, energy_dense, energy_packed, require
+from tessera.chem.triples_native import (batch_packed, dense_scratch_size, energy_dense, energy_packed,
+                                         packed_scratch_size, require)
 from tessera.errors import InputError, ShapeError
 
 __all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
@@ -107,7 +108,7 @@ class VirtualLayout:
     occupied m) of irrep h: by g_s, then s, then m; offset ``vooff[h, g_s]``, ``nvo[h]`` in
     all.  Virtual triples of irrep G: one block per irrep g_s of the single index,
     [n_s, pairs of G^g_s], at ``foff[G, g_s]``, ``ntrip[G]`` in all.  ``prepare(G)`` adds
-    the index maps and energies the kernel needs for G (``maps[G]``).
+    what the kernel needs for G (``maps[G]``).
     """
 
     def __init__(self, vrange: np.ndarray, irreps: np.ndarray, ev: np.ndarray, orange: np.ndarray):
@@ -125,9 +126,7 @@ class VirtualLayout:
         sizes = n[:, None] * (n + no)[xor]           # fused left rows (s, f or m) of irrep h: [g_s, h]
         self.nleft, self.loff = sizes.sum(axis=0), offsets(sizes)              # loff[h, g_s]
         self.c1 = not np.any(irreps) and not np.any(no[1:])      # every orbital of irrep 0
-        # the irrep tables of the compiled sweep (chem.triples_native): vstart, n, poff
-        self.native = tuple(np.ascontiguousarray(x, dtype=np.int64) for x in (vrange[:, 0], n, self.poff))
-        # and of its batch kernel (``triples_native.batch_packed``)
+        # the irrep tables of the compiled packed sweep and batch kernel (chem.triples_native)
         self.batch_table = np.concatenate([np.ravel(x).astype(np.int64) for x in (
             n, no, vrange[:, 0], self.npair, self.nleft, n + no, self.poff, self.loff, self.foff)])
 
@@ -148,65 +147,14 @@ class VirtualLayout:
                     src[:, a:a + nt * nu].reshape(rows, nt, nu).transpose(0, 2, 1)
 
     def prepare(self, G: int) -> None:
-        """What the kernel needs for G: its blocks and, packed (several irreps), the orbit
-        table of the compiled sweep (``orbits`` [orbits, 21] int32): per orbit a >= b >= c
-        (virtual positions, not all equal) the packed positions of its six permutations
-        (abc, acb, bac, bca, cab, cba) in layout a (single a, pair (b, c)), in layout b
-        pair-swapped and in layout c, where W = a + b[(b; c, a)] + c[(c; a, b)], then a, b, c.
-
-        Filled per sub-block (irreps g_s, g_t of single and first pair index), where the
-        packed position of (s, t, u) is a sum of one term per index, so every map is a
-        broadcast sum of three ranges (no per-element index arithmetic)."""
+        """What the kernel needs for G (``maps[G]``): its blocks and whether it is dense (one
+        virtual irrep: [v, v, v] arrays); the compiled packed sweep reads the layouts
+        through the irrep tables (``batch_table``) alone."""
         if G in self.maps:
             return
         blocks = self.blocks(G)
         dense = len(blocks) == 1 and len(set(self.irrep.tolist())) == 1
-        maps = dict(blocks=blocks, dense=bool(dense))     # published once filled (threads read it)
-        if dense:                  # one virtual irrep: the compiled sweep indexes [a, b, c]
-            self.maps[G] = maps
-            return
-        n, npair, foff, poff = self.n.tolist(), self.npair.tolist(), self.foff.tolist(), self.poff.tolist()
-        ar = [np.arange(m) for m in n]
-        size = int(self.ntrip[G])
-        if size >= 2**31:          # the table's int32 positions; a smaller kernel_mb blocks v
-            raise InputError(f"(T): {size} virtual triples of irrep {G} in one kernel block exceed the "
-                             "compiled sweep's 2^31 positions; give triples_correction a smaller kernel_mb")
-        rot, rot2, swap = (np.empty(size, dtype=np.intp) for _ in range(3))
-        vpos = np.empty((3, size), dtype=np.int32)        # virtual positions of (s, t, u)
-
-        def base(gx, gy):        # packed position of (x, y, z) = base + x npair + y n_z + z
-            return foff[G][gx] + poff[G ^ gx][gy]
-        for gs, off, ns, np_s in blocks:
-            h = G ^ gs
-            for gt in range(NIRREP):
-                gu = gt ^ h
-                nt, nu = n[gt], n[gu]
-                if not nt * nu:
-                    continue
-                q0 = poff[h][gt]
-
-                def sub(arr):                # the [s, t, u] sub-block of a flat array of G
-                    return arr[off:off + ns * np_s].reshape(ns, np_s)[:, q0:q0 + nt * nu].reshape(ns, nt, nu)
-                s, t, u = ar[gs][:, None, None], ar[gt][None, :, None], ar[gu][None, None, :]
-                sub(rot)[...] = base(gt, gu) + t * npair[G ^ gt] + u * ns + s          # (t; u, s)
-                sub(rot2)[...] = base(gu, gs) + u * npair[G ^ gu] + s * nt + t         # (u; s, t)
-                sub(swap)[...] = base(gs, gu) + s * np_s + u * nt + t                  # (s; u, t)
-                for row, g, x in zip(vpos, (gs, gt, gu), (s, t, u)):
-                    sub(row)[...] = int(self.vr[g, 0]) + x
-        sg, tg, ug = vpos
-        reps = np.flatnonzero((sg >= tg) & (tg >= ug) & (sg != ug))      # one position per orbit
-        a, b, c = (x[reps].astype(np.intp) for x in vpos)
-        rel = np.arange(len(self.irrep)) - self.vr[self.irrep, 0]
-        npair_a, foff_a, poff_a, n_a = self.npair, self.foff[G], self.poff, self.n
-
-        def pos(x, y, z):                                # packed position of (x; y, z), layout a
-            gx, gy, gz = self.irrep[x], self.irrep[y], self.irrep[z]
-            return (foff_a[gx] + rel[x] * npair_a[G ^ gx] + poff_a[G ^ gx, gy] + rel[y] * n_a[gz] + rel[z])
-        perms = np.stack([pos(a, b, c), pos(a, c, b), pos(b, a, c), pos(b, c, a), pos(c, a, b), pos(c, b, a)], 1)
-        # layout b is kept pair-swapped: its element for W[p] is at swap[rot[p]]
-        maps["orbits"] = np.ascontiguousarray(np.hstack(
-            [perms, swap[rot][perms], rot2[perms], a[:, None], b[:, None], c[:, None]]).astype(np.int32))
-        self.maps[G] = maps
+        self.maps[G] = dict(blocks=blocks, dense=bool(dense))
 
 
 # --------------------------------------------------------------------------- operands
@@ -421,8 +369,8 @@ class TripleKernel:
     over the batch (N = len(ks) n_s); the others are one GEMM per k.  ``pool``: the
     thread's buffers (``new_pool``), reused by its tasks; ``flops`` counts the GEMM flops.
     With one virtual irrep W of a batch is [k, a, b, c], relayouts are transposes and the
-    energy sweep runs per k; with several, each triple's three cyclic layouts are moved
-    out of the batch layout for its sweep (index maps).
+    energy sweep runs per k; with several, the compiled sweep of each k reads its three
+    cyclic layouts in the batch layout (fetched rows: moved out of it first).
     """
 
     def __init__(self, inp: KernelInputs, G: int, pool: list, batch: int = 1):
@@ -464,9 +412,9 @@ class TripleKernel:
         left = [max(batch * nv * (nv + no), 1)]          # stacked left operands (fused C1: v + o wide)
         if len(set(lay.irrep.tolist())) == 1:         # the batch's three layouts; the sweep's scratch
             return [batch * ntrip] * 3 + [dense_scratch_size(len(lay.irrep))] + left
-        # the batch's three layouts; 3 of one triple; 3 (x t|y u) rows made dense; left
-        # operands of two layouts stacked
-        return [3 * batch * ntrip] + [ntrip] * 3 + [3 * len(lay.irrep) ** 2] + [2 * left[0]]
+        # the batch's three layouts; 3 of one triple; the sweep's scratch; left operands of
+        # two layouts stacked
+        return [3 * batch * ntrip] + [ntrip] * 3 + [packed_scratch_size(len(lay.irrep))] + [2 * left[0]]
 
     @staticmethod
     def new_pool(lay: VirtualLayout, batch: int = 1) -> list:
@@ -689,14 +637,14 @@ class TripleKernel:
 
     def _energy_packed(self, i, j, ks) -> float:
         """Point-group symmetry: the three cyclic layouts of the batch, then per k (moved out
-        of the batch layout) the compiled sweep over the orbit table of G.
+        of the batch layout, fetched rows only) the compiled sweep.
 
         The batch holds, per single irrep g_s, slot 0: layout a (i; j, k), slot 1: layout b
         pair-swapped (j; i, k), slot 2: layout c (k; i, j), so the b and c terms whose right
         operand is i's are one GEMM (N doubled)."""
         nk, n, blocks = len(ks), int(self.inp.lay.ntrip[self.G]), self.maps["blocks"]
         if self.inp.native_rows is not None:     # fused operands: the whole batch in one call
-            e, flops = batch_packed(self.G, i, j, ks[0], nk, self.inp, self.maps["orbits"], self._ev,
+            e, flops = batch_packed(self.G, i, j, ks[0], nk, self.inp, self._ev,
                                     self.buf[0], self.lbuf, self.buf[4])
             self.flops += flops
             return e
@@ -716,16 +664,15 @@ class TripleKernel:
                 out[off:off + size] = B[c0:c0 + size]
             return out
         e, inp, g, r, lay = 0.0, self.inp, self.irr, self.rel, self.inp.lay
-        Pscratch = self.buf[4][:3 * self.nvir ** 2]
         for n_k, k in enumerate(ks):
             # on a diagonal layout b (pair-swapped) is a's (i == j) and c is b's (j == k)
             Sa = one(0, n_k, Sa_buf)
             bs = Sa if i == j else one(1, n_k, Sb_buf)
             Sc = bs if j == k else one(2, n_k, Sc_buf)
             pairs = [inp.ovov[x][g[y]][r[y]] for x, y in ((j, k), (i, k), (i, j))]   # (jb|kc), (ia|kc), (ia|jb)
-            e += energy_packed(self.maps["orbits"], Sa, bs, Sc, self._ev, inp.eo[i] + inp.eo[j] + inp.eo[k],
+            e += energy_packed(self.G, Sa, bs, Sc, self._ev, inp.eo[i] + inp.eo[j] + inp.eo[k],
                                inp.t1[i], inp.t1[j], inp.t1[k], pairs, (g[j] ^ g[k], g[i] ^ g[k], g[i] ^ g[j]),
-                               lay, Pscratch)
+                               lay, self.buf[4])
         return e
 
 

@@ -12,22 +12,18 @@
  *   E_ijk = sum_abc W r3(W + V) / D
  *
  * One pass: virtual triples are visited by orbits a >= b >= c, each orbit's six
- * permutations read once (one irrep: tile triple by tile triple, below).  With Z = W + V, S_e and S_o
+ * permutations read once, tile triple by tile triple (below).  With Z = W + V, S_e and S_o
  * the sums of Z over the even (abc, bca, cab) and odd (acb, bac, cba) permutations, r3(Z)
  * at an even permutation p is 3 Z_p + S_e - 2 S_o (odd: 3 Z_p + S_o - 2 S_e), so an orbit
  * gives (3 sum_p W_p Z_p + W_e (S_e - 2 S_o) + W_o (S_o - 2 S_e)) / D, halved when two
  * indices are equal (each element counted twice) and zero when all three are (r3 = 0).
  *
- * With point-group symmetry the three layouts are packed (blocks of allowed irreps) and
- * the orbits come as a table of their positions (tessera.chem.triples.VirtualLayout).
+ * With point-group symmetry the three layouts are packed (blocks of allowed irreps), whose
+ * irrep sub-blocks are dense strided arrays: the same tile sweep over tiles within irreps.
  *
  * Plain C on plain pointers (called through ctypes, which releases the GIL): one thread
  * per call; the threads backend runs one task per worker.
  */
-
-#ifndef PREFETCH
-#define PREFETCH 8            /* orbits ahead whose W elements the packed sweep prefetches */
-#endif
 
 static inline long lmin(long x, long y) { return x < y ? x : y; }
 
@@ -201,98 +197,134 @@ double tessera_t3_energy_dense(long nv, const double *A, const double *B, const 
     return energy;
 }
 
-/* out [nv, nv] = the packed pairs (t, u) of irrep h (row of (x t|y u), pairs by irrep of t,
- * then t, then u: offset poff[8 h + g_t]) at (vstart[g_t] + t, vstart[g_u] + u), zero
- * elsewhere; row NULL: all zero.  zero = 0: out already holds a row of irrep h (its zeros
- * are in place, only the pairs are written). */
-static void dense_pairs(long nv, const int64_t *vstart, const int64_t *n, const int64_t *poff,
-                        long h, const double *row, double *out, int zero)
+/* ------------------------------------------------------------------ point-group symmetry
+ *
+ * The packed layouts of one orbital triple of total irrep G (tessera.chem.triples.
+ * VirtualLayout): per irrep g_s of the single index a block [s, pairs of G^g_s] at
+ * base[g_s], the pairs (t, u) by g_t, then t, then u (offset poff[G^g_s][g_t]).  Layout a
+ * holds (a; b, c), layout b (b; a, c) (the batch's slot of its GEMMs with the pairs
+ * swapped), layout c (c; a, b):
+ *
+ *   W[xyz] = A[x; y, z] + Bs[y; x, z] + C[z; x, y].
+ *
+ * For irreps (g_x, g_y, g_z) each term is a dense [n_x, n_y, n_z] array with strides
+ * (npair, n of the last, 1) in its own index order, so the packed sweep is the dense one
+ * over virtual tiles that never cross an irrep (each irrep's orbitals in runs of DTILE at
+ * most, in position order): every tile triple ta >= tb >= tc whose irreps multiply to G
+ * gathers its eighteen sub-blocks into the six local tiles, then tile_energy.  No table
+ * of positions, no scattered reads.
+ *
+ * The irrep tables (int64, VirtualLayout.batch_table): n[8], no[8], vstart[8], npair[8],
+ * nleft[8], nfm[8], poff[8][8], loff[8][8], foff[8][8]. */
+enum { T_N = 0, T_NO = 8, T_VSTART = 16, T_NPAIR = 24, T_NLEFT = 32, T_NFM = 40,
+       T_POFF = 48, T_LOFF = 112, T_FOFF = 176 };
+
+/* Doubles of the packed sweep's scratch: the six local tiles, three (x t|y u) rows made
+ * dense [nv, nv] and their transposes. */
+long tessera_t3_packed_scratch(long nv)
 {
+    return 6 * DT3 + 6 * nv * nv;
+}
+
+/* out [nv, nv] = the packed pairs (t, u) of irrep h (a row of (x t|y u), pairs by irrep of
+ * t, then t, then u: offset poff[8 h + g_t]) at (vstart[g_t] + t, vstart[g_u] + u), zero
+ * elsewhere, and outT its transpose; row NULL: all zero.  zero = 0: both already hold a
+ * row of irrep h (their zeros are in place, only the pairs are written). */
+static void dense_pairs(long nv, const int64_t *tab, long h, const double *row, double *out,
+                        double *outT, int zero)
+{
+    const int64_t *n = tab + T_N, *vstart = tab + T_VSTART, *poff = tab + T_POFF;
     if (zero)
         for (long x = 0; x < nv * nv; x++)
-            out[x] = 0.0;
+            out[x] = outT[x] = 0.0;
     if (!row)
         return;
     for (long gt = 0; gt < 8; gt++) {
         const long gu = gt ^ h, nt = n[gt], nu = n[gu];
         const double *src = row + poff[8 * h + gt];
         for (long t = 0; t < nt; t++)
-            for (long u = 0; u < nu; u++)
-                out[(vstart[gt] + t) * nv + vstart[gu] + u] = src[t * nu + u];
+            for (long u = 0; u < nu; u++) {
+                const long x = vstart[gt] + t, y = vstart[gu] + u;
+                out[x * nv + y] = outT[y * nv + x] = src[t * nu + u];
+            }
     }
 }
 
-/* Point-group symmetry: A (layout a: single a, pair (b, c)), Bs (layout b, pairs swapped)
- * and C (layout c) packed; orbits[norb][21]: the six permutations' positions in A, then
- * in Bs, then in C (W at permutation p = A[.] + Bs[.] + C[.]), then a, b, c (positions in
- * the virtual space, a >= b >= c, not all equal).  Prow: the packed rows (jb|kc), (ia|kc),
- * (ia|jb) of pair irreps h[0..2] (NULL: zero by symmetry), made dense in scratch
- * [3 nv nv] from the irrep tables vstart[8], n[8], poff[8][8]. */
-/* The packed sweep; d (NULL: none): per layout (a, b, c) and irrep g_s of the single
- * index, [3][8] shifts added to the orbit table's positions (A, Bs, C then point into the
- * batch layout of tessera_t3_batch_packed; virr: the irrep of each virtual); Djk, Dik,
- * Dij: the rows (jb|kc), (ia|kc), (ia|jb) made dense [nv, nv] by dense_pairs. */
-static inline double sweep_packed(long norb, const int32_t *orbits, long nv,
-                                  const double *A, const double *Bs, const double *C,
-                                  const int64_t *d, const int32_t *virr,
-                                  const double *ev, double eijk,
-                                  const double *t1i, const double *t1j, const double *t1k,
-                                  const double *Djk, const double *Dik, const double *Dij)
+/* sum_abc W r3(W + V) / D of one triple from its packed layouts, base[l][g_s] the block of
+ * single irrep g_s of layout l (a, b pair-swapped, c); P[3] the rows (jb|kc), (ia|kc),
+ * (ia|jb) made dense [nv, nv] and T[3] their transposes (dense_pairs); L 6 DT3 doubles. */
+static double sweep_packed(long G, const int64_t *tab, const double *const base[3][8], long nv,
+                           const double *ev, double eijk,
+                           const double *t1i, const double *t1j, const double *t1k,
+                           const double *const P[3], const double *const T[3], double *L)
 {
-    double energy = 0.0, w[6], z[6];
-    for (long q = 0; q < norb; q++) {
-        const int32_t *o = orbits + 21 * q;
-        const long a = o[18], b = o[19], c = o[20];
-        if (d) {          /* the single index of W[xyz] is x in layout a, y in b, z in c */
-            const int64_t *da = d, *db = d + 8, *dc = d + 16;
-            if (q + PREFETCH < norb) {    /* the batch layout is read scattered: fetch ahead */
-                const int32_t *f = o + 21 * PREFETCH;
-                const int32_t fa = virr[f[18]], fb = virr[f[19]], fc = virr[f[20]];
-                const int32_t gl[3][6] = {{fa, fa, fb, fb, fc, fc}, {fb, fc, fa, fc, fa, fb},
-                                          {fc, fb, fc, fa, fb, fa}};
-                for (int p = 0; p < 6; p++) {
-                    __builtin_prefetch(A + f[p] + da[gl[0][p]]);
-                    __builtin_prefetch(Bs + f[6 + p] + db[gl[1][p]]);
-                    __builtin_prefetch(C + f[12 + p] + dc[gl[2][p]]);
-                }
+    const int64_t *n = tab + T_N, *vstart = tab + T_VSTART, *npair = tab + T_NPAIR, *poff = tab + T_POFF;
+    /* the virtual tiles: start, size and irrep, in position order */
+    long start[nv], size[nv], irr[nv], nt = 0;
+    for (long x = 0; x < nv;) {
+        long g = 0;
+        while (!(vstart[g] <= x && x < vstart[g] + n[g]))
+            g++;
+        for (const long end = vstart[g] + n[g]; x < end; x += size[nt++])
+            start[nt] = x, size[nt] = lmin(DTILE, end - x), irr[nt] = g;
+    }
+    /* permutation p (abc acb bac bca cab cba): which of a, b, c stands at each index of W */
+    static const int perm[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    /* layout l of W[xyz]: the indices of W that are its single, its pair's first and second */
+    static const int order[3][3] = {{0, 1, 2}, {1, 0, 2}, {2, 0, 1}};
+    double energy = 0.0;
+    for (long ta = 0; ta < nt; ta++)
+    for (long tb = 0; tb <= ta; tb++)
+    for (long tc = 0; tc <= tb; tc++) {
+        if ((irr[ta] ^ irr[tb] ^ irr[tc]) != G)
+            continue;
+        const long t[3] = {ta, tb, tc};
+        long g[3], rel[3];
+        for (int q = 0; q < 3; q++)
+            g[q] = irr[t[q]], rel[q] = start[t[q]] - vstart[g[q]];
+        for (int p = 0; p < 6; p++)
+            for (int l = 0; l < 3; l++) {
+                /* layout l: which of a, b, c is its single index, its pair's first and second */
+                const int s = perm[p][order[l][0]], m = perm[p][order[l][1]], u = perm[p][order[l][2]];
+                const long hs = G ^ g[s];
+                long st[3];
+                st[s] = npair[hs], st[m] = n[g[u]], st[u] = 1;
+                const double *src = base[l][g[s]] + rel[s] * st[s] + poff[8 * hs + g[m]] + rel[m] * st[m] + rel[u];
+                gather(L + p * DT3, src, st[0], st[1], st[2], size[ta], size[tb], size[tc], l > 0);
             }
-            const int32_t ga = virr[a], gb = virr[b], gc = virr[c];
-            w[0] = A[o[0] + da[ga]] + Bs[o[6] + db[gb]] + C[o[12] + dc[gc]];
-            w[1] = A[o[1] + da[ga]] + Bs[o[7] + db[gc]] + C[o[13] + dc[gb]];
-            w[2] = A[o[2] + da[gb]] + Bs[o[8] + db[ga]] + C[o[14] + dc[gc]];
-            w[3] = A[o[3] + da[gb]] + Bs[o[9] + db[gc]] + C[o[15] + dc[ga]];
-            w[4] = A[o[4] + da[gc]] + Bs[o[10] + db[ga]] + C[o[16] + dc[gb]];
-            w[5] = A[o[5] + da[gc]] + Bs[o[11] + db[gb]] + C[o[17] + dc[ga]];
-        } else
-            for (int p = 0; p < 6; p++)
-                w[p] = A[o[p]] + Bs[o[6 + p]] + C[o[12 + p]];
-        add_v(nv, a, b, c, t1i, t1j, t1k, Djk, Dik, Dij, w, z);
-        const double e = orbit_energy(w, z);
-        energy += (a == b || b == c ? 0.5 * e : e) / (eijk - ev[a] - ev[b] - ev[c]);
+        energy += tile_energy(nv, start[ta], size[ta], start[tb], size[tb], start[tc], size[tc], L, ev, eijk,
+                              t1i, t1j, t1k, P[0], P[1], P[2], T[0], T[1], T[2]);
     }
     return energy;
 }
 
-double tessera_t3_energy_packed(long norb, const int32_t *orbits, long nv,
+/* One triple, point-group symmetry: A, Bs, C its packed layouts a, b (pairs swapped) and c;
+ * rows: the packed (jb|kc), (ia|kc), (ia|jb) of pair irreps h[0..2] (NULL: zero by
+ * symmetry); scratch tessera_t3_packed_scratch(nv) doubles. */
+double tessera_t3_energy_packed(long G, const int64_t *tab, long nv,
                                 const double *A, const double *Bs, const double *C,
                                 const double *ev, double eijk,
                                 const double *t1i, const double *t1j, const double *t1k,
                                 const double *Pjk, const double *Pik, const double *Pij,
-                                const int64_t *h, const int64_t *vstart, const int64_t *n,
-                                const int64_t *poff, double *scratch)
+                                const int64_t *h, double *scratch)
 {
-    const double *rows[3] = {Pjk, Pik, Pij};
-    for (int l = 0; l < 3; l++)
-        dense_pairs(nv, vstart, n, poff, h[l], rows[l], scratch + l * nv * nv, 1);
-    return sweep_packed(norb, orbits, nv, A, Bs, C, NULL, NULL, ev, eijk, t1i, t1j, t1k,
-                        scratch, scratch + nv * nv, scratch + 2 * nv * nv);
+    const double *rows[3] = {Pjk, Pik, Pij}, *X[3] = {A, Bs, C};
+    const double *P[3], *T[3], *base[3][8];
+    for (int l = 0; l < 3; l++) {
+        double *p = scratch + 6 * DT3 + 2 * l * nv * nv;
+        dense_pairs(nv, tab, h[l], rows[l], p, p + nv * nv, 1);
+        P[l] = p, T[l] = p + nv * nv;
+        for (int g = 0; g < 8; g++)
+            base[l][g] = X[l] + tab[T_FOFF + 8 * G + g];
+    }
+    return sweep_packed(G, tab, (const double *const (*)[8]) base, nv, ev, eijk, t1i, t1j, t1k, P, T, scratch);
 }
 
 /* The version of this source's functions and argument lists: chem/native.py refuses a
    library built from another (raise it with any change of an exported signature). */
 int tessera_abi_version(void)
 {
-    return 5;
+    return 6;
 }
 
 /* ------------------------------------------------------------------ the blocked kernel's sweep
@@ -400,8 +432,8 @@ double tessera_t3_block_energy(long nk, long nb, const int64_t *size, const int6
  * k0 .. k0 + nk - 1) on the fused operands of RowSlab.add_swapped, with its GEMMs called
  * here (BLAS dgemm, Fortran convention, its address given once by tessera_t3_set_dgemm:
  * SciPy's cython_blas, so no link-time BLAS), then per k the packed sweep above, reading
- * the three layouts in the batch buffer in place (the orbit table's positions shifted per
- * layout and irrep of the single index: no copies out of it).
+ * the three layouts in the batch buffer in place (the base of each layout's single-irrep
+ * block of k: no copies out of it).
  *
  * The batch buffer B holds, per virtual block g_s of G (offset foff[G, g_s], n_s singles,
  * np pairs), three slots [k, s, pairs]: 0 layout a (i; j, k), 1 layout b pair-swapped
@@ -427,8 +459,6 @@ static dgemm_fn *dgemm_ptr;
 
 void tessera_t3_set_dgemm(void *fn) { dgemm_ptr = (dgemm_fn *) fn; }
 
-enum { T_N = 0, T_NO = 8, T_VSTART = 16, T_NPAIR = 24, T_NLEFT = 32, T_NFM = 40,
-       T_POFF = 48, T_LOFF = 112, T_FOFF = 176 };
 enum { P_LEFT = 0, P_RA = 1, P_RB = 2, P_OVOV = 3 };
 
 /* row-major C[n, m] = alpha L[n, k] R[k, m] + beta C (leading dimensions k, m, m) */
@@ -444,7 +474,6 @@ static void gemm_rm(long m, long n, long k, double alpha, const double *R, const
 double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long nocc,
                                const int64_t *tab, const int64_t *occ, const int64_t *ptr,
                                const double *t1, const double *eo, const double *ev, long nv,
-                               long norb, const int32_t *orbits,
                                double *B, double *lbuf, double *scratch, int64_t *flops)
 {
     const int64_t *n = tab + T_N, *npair = tab + T_NPAIR, *nleft = tab + T_NLEFT, *nfm = tab + T_NFM,
@@ -538,35 +567,33 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
                     c[e] = 0.0;
             }
     *flops += fl;
-    /* per k: the sweep, reading the three layouts in the batch layout */
+    /* per k: the sweep, reading the three layouts in the batch buffer in place */
     const int64_t h3[3] = {irr[j] ^ gk, irr[i] ^ gk, irr[i] ^ irr[j]};
-    int32_t virr[nv];
-    for (long g = 0; g < 8; g++)
-        for (long x = 0; x < n[g]; x++)
-            virr[tab[T_VSTART + g] + x] = (int32_t) g;
     const long slot_b = i == j ? 0 : 1;          /* on a diagonal b is a's, c is b's */
-    const int64_t *vstart = tab + T_VSTART, *poff = tab + T_POFF;
-    double *Djk = scratch, *Dik = scratch + nv * nv, *Dij = scratch + 2 * nv * nv;
+    const double *P[3], *T[3];                   /* (jb|kc), (ia|kc), (ia|jb) dense, transposed */
+    for (int l = 0; l < 3; l++) {
+        P[l] = scratch + 6 * DT3 + 2 * l * nv * nv;
+        T[l] = P[l] + nv * nv;
+    }
     /* (ia|jb) is the same for every k of the batch: made dense once; the ks are of one
      * irrep, so the pair irreps of (jb|kc) and (ia|kc) are too: their zeros are written once */
-    dense_pairs(nv, vstart, n, poff, h3[2],
-                npair[h3[2]] ? PTR(P_OVOV, i, irr[j]) + rel[j] * npair[h3[2]] : NULL, Dij, 1);
+    dense_pairs(nv, tab, h3[2], npair[h3[2]] ? PTR(P_OVOV, i, irr[j]) + rel[j] * npair[h3[2]] : NULL,
+                (double *) P[2], (double *) T[2], 1);
     double energy = 0.0;
     for (long q = 0; q < nk; q++) {
         const long k = k0 + q, slots[3] = {0, slot_b, j == k ? slot_b : 2};
-        int64_t d[3][8];
+        const double *base[3][8];
         for (int l = 0; l < 3; l++)
             for (long g = 0; g < 8; g++)
-                d[l][g] = (nslot * nk - 1) * foff[g] + (slots[l] * nk + q) * n[g] * npair[G ^ g];
+                base[l][g] = B + nslot * nk * foff[g] + (slots[l] * nk + q) * n[g] * npair[G ^ g];
         const long pair_of[2][2] = {{j, k}, {i, k}};           /* (jb|kc), (ia|kc) */
-        double *D[2] = {Djk, Dik};
         for (int l = 0; l < 2; l++) {
             const long x = pair_of[l][0], y = pair_of[l][1];
-            dense_pairs(nv, vstart, n, poff, h3[l],
-                        npair[h3[l]] ? PTR(P_OVOV, x, irr[y]) + rel[y] * npair[h3[l]] : NULL, D[l], q == 0);
+            dense_pairs(nv, tab, h3[l], npair[h3[l]] ? PTR(P_OVOV, x, irr[y]) + rel[y] * npair[h3[l]] : NULL,
+                        (double *) P[l], (double *) T[l], q == 0);
         }
-        energy += sweep_packed(norb, orbits, nv, B, B, B, &d[0][0], virr, ev, eo[i] + eo[j] + eo[k],
-                               t1 + i * nv, t1 + j * nv, t1 + k * nv, Djk, Dik, Dij);
+        energy += sweep_packed(G, tab, (const double *const (*)[8]) base, nv, ev, eo[i] + eo[j] + eo[k],
+                               t1 + i * nv, t1 + j * nv, t1 + k * nv, P, T, scratch);
     }
     return energy;
 #undef IRR

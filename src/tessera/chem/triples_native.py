@@ -18,11 +18,11 @@ import numpy as np
 from tessera.chem.native import load
 from tessera.errors import BuildError, ShapeError, TesseraError
 
-__all__ = ["require", "dense_scratch_size", "energy_dense", "energy_packed", "batch_packed", "block_w",
-           "block_energy"]
+__all__ = ["require", "dense_scratch_size", "packed_scratch_size", "energy_dense", "energy_packed",
+           "batch_packed", "block_w", "block_energy"]
 
 _MODULE = "tessera.chem._triples_kernel"
-_ABI = 5            # tessera_abi_version() of triples_kernel.c whose argument lists these are
+_ABI = 6            # tessera_abi_version() of triples_kernel.c whose argument lists these are
 _ptr = ctypes.c_void_p
 
 
@@ -34,15 +34,18 @@ def _library() -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 7
     lib.tessera_t3_dense_scratch.restype = ctypes.c_long
     lib.tessera_t3_dense_scratch.argtypes = [ctypes.c_long]
-    if lib.tessera_t3_dense_scratch(7) != dense_scratch_size(7):
-        raise BuildError("the compiled (T) kernel's dense scratch differs from triples_native's "
+    lib.tessera_t3_packed_scratch.restype = ctypes.c_long
+    lib.tessera_t3_packed_scratch.argtypes = [ctypes.c_long]
+    if (lib.tessera_t3_dense_scratch(7), lib.tessera_t3_packed_scratch(7)) != (dense_scratch_size(7),
+                                                                              packed_scratch_size(7)):
+        raise BuildError("the compiled (T) kernel's scratch differs from triples_native's "
                          "(DENSE_TILE): rebuild it with `make`")
     fn = lib.tessera_t3_energy_packed
     fn.restype = ctypes.c_double
-    fn.argtypes = [ctypes.c_long, _ptr, ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 11
+    fn.argtypes = [ctypes.c_long, _ptr, ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 8
     fn = lib.tessera_t3_batch_packed
     fn.restype = ctypes.c_double
-    fn.argtypes = [ctypes.c_long] * 6 + [_ptr] * 6 + [ctypes.c_long] * 2 + [_ptr] * 5
+    fn.argtypes = [ctypes.c_long] * 6 + [_ptr] * 6 + [ctypes.c_long] + [_ptr] * 4
     lib.tessera_t3_block_w.restype = None
     lib.tessera_t3_block_w.argtypes = [ctypes.c_long] * 4 + [_ptr, _ptr, ctypes.c_int]
     fn = lib.tessera_t3_block_energy
@@ -86,7 +89,7 @@ def _addr(a: np.ndarray, size: int, dtype=np.float64) -> int:
     return a.ctypes.data
 
 
-DENSE_TILE = 16     # DTILE of triples_kernel.c: virtuals per edge of the dense sweep's local tiles
+DENSE_TILE = 16     # DTILE of triples_kernel.c: virtuals per edge of the sweeps' local tiles
 
 
 def dense_scratch_size(nv: int) -> int:
@@ -95,6 +98,13 @@ def dense_scratch_size(nv: int) -> int:
     when the kernel loads): known without the compiled kernel, so plans and memory
     estimates need no build."""
     return 6 * DENSE_TILE ** 3 + 3 * nv * nv
+
+
+def packed_scratch_size(nv: int) -> int:
+    """Doubles of the scratch ``energy_packed`` and ``batch_packed`` need for ``nv``
+    virtuals: the six local tiles, three (x t|y u) rows made dense [v, v] and their
+    transposes (C's ``tessera_t3_packed_scratch``, checked when the kernel loads)."""
+    return 6 * DENSE_TILE ** 3 + 6 * nv * nv
 
 
 def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij, scratch) -> float:
@@ -110,36 +120,34 @@ def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij, scratch
         _addr(scratch[:ns], ns))
 
 
-def energy_packed(orbits, A, Bs, C, ev, eijk: float, t1i, t1j, t1k, rows, pair_irreps, lay, scratch) -> float:
+def energy_packed(G: int, A, Bs, C, ev, eijk: float, t1i, t1j, t1k, rows, pair_irreps, lay, scratch) -> float:
     """The same sum with point-group symmetry: A, Bs, C packed layouts a, b (pairs swapped)
-    and c of one triple (``VirtualLayout``: ``lay``), ``orbits`` the table of
-    ``VirtualLayout.prepare``; ``rows``: the packed (x t|y u) rows (jb|kc), (ia|kc), (ia|jb)
-    of pair irreps ``pair_irreps`` (empty: zero by symmetry); ``scratch`` 3 v^2 doubles."""
-    nv, n = ev.size, A.size
+    and c of one triple of irrep G (``VirtualLayout``: ``lay``); ``rows``: the packed
+    (x t|y u) rows (jb|kc), (ia|kc), (ia|jb) of pair irreps ``pair_irreps`` (empty: zero by
+    symmetry); ``scratch`` at least ``packed_scratch_size(v)`` doubles."""
+    nv, n, ns = ev.size, A.size, packed_scratch_size(ev.size)
     rows = [_addr(p, int(lay.npair[h])) if p.size else None for p, h in zip(rows, pair_irreps)]
     h = np.array(pair_irreps, dtype=np.int64)
     return _library().tessera_t3_energy_packed(
-        orbits.shape[0], _addr(orbits, orbits.size, np.int32), nv, _addr(A, n), _addr(Bs, n), _addr(C, n),
-        _addr(ev, nv), float(eijk), _addr(t1i, nv), _addr(t1j, nv), _addr(t1k, nv), *rows,
-        h.ctypes.data, *(t.ctypes.data for t in lay.native), _addr(scratch, 3 * nv * nv))
+        G, lay.batch_table.ctypes.data, nv, _addr(A, n), _addr(Bs, n), _addr(C, n), _addr(ev, nv), float(eijk),
+        _addr(t1i, nv), _addr(t1j, nv), _addr(t1k, nv), *rows, h.ctypes.data, _addr(scratch[:ns], ns))
 
 
-def batch_packed(G: int, i: int, j: int, k0: int, nk: int, inp, orbits, ev, B, lbuf, scratch) -> tuple:
+def batch_packed(G: int, i: int, j: int, k0: int, nk: int, inp, ev, B, lbuf, scratch) -> tuple:
     """(sum over k in k0..k0+nk-1 of the energy of energy_packed, GEMM flops) of one batch
     (i, j, ks) of ``TripleKernel`` on the fused operands (``inp.native_rows``): its GEMMs
     and the sweeps in one call, the sweeps reading the batch buffer ``B`` (3 nk ntrip) in
-    place; ``lbuf`` the stacked left operands, ``scratch`` 3 v^2 doubles."""
+    place; ``lbuf`` the stacked left operands, ``scratch`` ``packed_scratch_size(v)`` doubles."""
     lay, nocc, nv = inp.lay, len(inp.irrep), ev.size
-    ntrip = int(lay.ntrip[G])
+    ntrip, ns = int(lay.ntrip[G]), packed_scratch_size(nv)
     if not inp.native_rows[:, [i, j, *range(k0, k0 + nk)]].any(axis=(0, 2)).all():
         raise ShapeError(f"(T) batch ({i}, {j}, {k0}..{k0 + nk - 1}): an orbital outside the given row slabs")
     flops = ctypes.c_int64(0)
     energy = _library().tessera_t3_batch_packed(
         G, i, j, k0, nk, nocc, lay.batch_table.ctypes.data, _addr(inp.occ_table, 2 * nocc, np.int64),
         _addr(inp.native_rows, 4 * nocc * 8, np.int64), _addr(inp.t1, nocc * nv), _addr(inp.eo, nocc),
-        _addr(ev, nv), nv, orbits.shape[0], _addr(orbits, orbits.size, np.int32),
-        _addr(B[:3 * nk * ntrip], 3 * nk * ntrip), lbuf.ctypes.data,
-        _addr(scratch[:3 * nv * nv], 3 * nv * nv), ctypes.byref(flops))
+        _addr(ev, nv), nv, _addr(B[:3 * nk * ntrip], 3 * nk * ntrip), lbuf.ctypes.data,
+        _addr(scratch[:ns], ns), ctypes.byref(flops))
     return energy, flops.value
 
 

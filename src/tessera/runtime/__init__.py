@@ -10,8 +10,9 @@ See docs/runtime.md.
 from tessera.profile.commlog import CommLog, CommRecord, CommSummary, OpTotal
 from tessera.runtime.counter import TaskCounter
 from tessera.runtime.distribution import assign_owners
-from tessera.runtime.global_array import GlobalArray, Handle
+from tessera.runtime.global_array import GlobalArray
 from tessera.runtime.group import Group
+from tessera.runtime.handle import Handle
 from tessera.runtime.layout import BlockLayout, Piece
 from tessera.runtime.options import RuntimeOptions
 from tessera.runtime.world import World

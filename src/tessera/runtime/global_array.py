@@ -28,9 +28,9 @@ Semantics
   ranks with window 'allocate' and in ghost mode: MPI shared memory) are read and
   written by direct copies (get, put); acc always goes through MPI so that it stays
   atomic with every other rank's accumulates.
-- Patches: a rectangular global index range [lo, hi) that may span any number of
-  blocks and owners. get_patch returns zeros where blocks do not exist; put_patch and
-  acc_patch require every touched block to exist.
+- Patches (``runtime.patches``): a rectangular global index range [lo, hi) that may span
+  any number of blocks and owners. get_patch returns zeros where blocks do not exist;
+  put_patch and acc_patch require every touched block to exist.
 - Methods are not thread-safe; call them from one thread per rank.
 """
 
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 from time import perf_counter
-from typing import NamedTuple
 
 import numpy as np
 
@@ -46,86 +45,12 @@ from tessera.errors import RuntimeLayerError
 from tessera.runtime._mpi import load_mpi, mpi_datatype
 from tessera.runtime.distribution import assign_owners
 from tessera.runtime.exposure import Exposure
+from tessera.runtime.handle import Handle
 from tessera.runtime.layout import BlockLayout
-from tessera.runtime.placement import TablePlacement, part_runs
+from tessera.runtime.patches import PatchAccess
+from tessera.runtime.placement import PieceRuns, TablePlacement, part_runs
 
 log = logging.getLogger("tessera.runtime")
-
-
-class Handle:
-    """Completion handle of a non-blocking get or accumulate.
-
-    The operation is issued at once (MPI_Get / MPI_Accumulate inside the rank's
-    passive-target epoch); wait() flushes its target, unless a flush of that target
-    has already happened since the operation was issued (then it is complete), so
-    waiting on a batch of handles to one target costs one flush.
-    """
-
-    __slots__ = ("_ga", "_result", "_pending", "_op", "_parts", "_keep", "_done", "_perm")
-
-    def __init__(self, ga, op, result, pending, parts, keep=None, perm=None):
-        self._ga = ga
-        self._perm = perm        # a get of an alias block: the result is transposed
-        self._op = op
-        self._result = result
-        self._pending = pending  # ((target, flush epoch at issue), ...)
-        self._parts = parts
-        self._keep = keep
-        self._done = not pending
-
-    @property
-    def done(self) -> bool:
-        """True once the operation is complete (wait() returned, or nothing was pending)."""
-        return self._done
-
-    def wait(self):
-        """Complete the operation; returns the ndarray for gets, None for accumulates."""
-        if not self._done:
-            t0 = perf_counter()
-            ga = self._ga
-            if ga._win is None:
-                raise RuntimeLayerError(
-                    f"waiting on a {self._op} of global array {ga.name!r} after it was freed; "
-                    "wait on every handle before ga.free()."
-                )
-            epochs = ga._epochs
-            for target, epoch in self._pending:
-                if epochs[target] == epoch:
-                    ga._win.Flush(target)
-                    epochs[target] += 1
-            dt = perf_counter() - t0
-            if len(self._parts) == 1:
-                ga._log.add_time(self._op, self._parts[0][0], dt)
-            else:
-                total = sum(n for _, n in self._parts) or 1
-                for peer, n in self._parts:
-                    ga._log.add_time(self._op, peer, dt * n / total)
-            self._done = True
-            self._keep = None
-        return self._result if self._perm is None else self._result.transpose(self._perm)
-
-
-class PieceRuns(NamedTuple):
-    """``GlobalArray.piece_runs``: the stored key, the axis order (None, or the alias's
-    ``transpose`` of the stored block), the part's shape in the stored axes, and per run
-    (arrays, in the part's element order, C order of the stored axes): the rank holding
-    it, its offset in that rank's memory, its first element in the part, its elements."""
-    key: tuple
-    order: tuple | None
-    shape: tuple
-    owner: np.ndarray
-    offset: np.ndarray
-    pos: np.ndarray
-    count: np.ndarray
-
-
-def run_index(starts, counts):
-    """An index of a flat array selecting the runs ``starts[i]``.. ``+ counts[i]`` one after
-    the other: a slice for one run, else an integer array."""
-    if len(starts) == 1:
-        return slice(int(starts[0]), int(starts[0] + counts[0]))
-    ends = np.cumsum(counts)
-    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(starts - ends + counts, counts)
 
 
 class _Slots(dict):
@@ -141,8 +66,9 @@ class _Slots(dict):
         return slot
 
 
-class GlobalArray:
-    """Distributed blocks addressed by key or by global patch (see module docstring)."""
+class GlobalArray(PatchAccess):
+    """Distributed blocks addressed by key or by global patch (see module docstring; the
+    patch operations: ``runtime.patches``)."""
 
     def __init__(self, tiling, keys=None, distribution: str = "cyclic", costs=None,
                  owners=None, dtype="float64", name: str = "GA", world=None, aliases=None,
@@ -504,149 +430,6 @@ class GlobalArray:
                    keep=buf)
         self._log.add("acc", owner, nbytes, perf_counter() - t0)
         return h
-
-    # -- patches ----------------------------------------------------------------------
-    def get_patch(self, lo, hi) -> np.ndarray:
-        """A copy of the global index range [lo, hi) (zeros where blocks do not exist)."""
-        return self._patch("get", lo, hi, None, 1.0, blocking=True)
-
-    def iget_patch(self, lo, hi) -> Handle:
-        return self._patch("get", lo, hi, None, 1.0, blocking=False)
-
-    def put_patch(self, lo, hi, a) -> None:
-        self._patch("put", lo, hi, a, 1.0, blocking=True)
-
-    def acc_patch(self, lo, hi, a, scale=1.0) -> None:
-        self._patch("acc", lo, hi, a, scale, blocking=True)
-
-    def iacc_patch(self, lo, hi, a, scale=1.0) -> Handle:
-        return self._patch("acc", lo, hi, a, scale, blocking=False)
-
-    def _patch(self, op: str, lo, hi, a, scale, blocking: bool):
-        t0 = perf_counter()
-        if self._win is None:
-            self._check_live()
-        lo, hi = self.layout.check_patch(lo, hi)
-        pshape = tuple(b - a_ for a_, b in zip(lo, hi))
-        pieces, missing = self.layout.pieces(lo, hi)
-        if op == "get":
-            buf = np.zeros(pshape, self.dtype) if missing else np.empty(pshape, self.dtype)
-        else:
-            if missing:
-                raise RuntimeLayerError(
-                    f"{op}_patch [{lo}, {hi}) on global array {self.name!r} touches "
-                    f"{len(missing)} block(s) that do not exist, e.g. {missing[0]}; expected a "
-                    "patch covered by existing blocks. Split the patch or create those blocks."
-                )
-            buf = self._as_block(a, pshape, f"{op}_patch", scale)
-        win, mt, types, isz = self._win, self._mpitype, self._types, self.itemsize
-        targets, parts, boxes = [], [], []
-        local_done = False
-        for p in pieces:
-            owner, target, tspec, bshape, count, _, block = self._slots[p.key]
-            if tspec is None:       # a block stored in pieces: one operation per run of the box
-                local_done = self._piece_patch(op, p, buf, targets, parts, boxes) or local_done
-                continue
-            parts.append((owner, p.size * isz))
-            if block is not None and op != "acc":
-                if not local_done:
-                    self._exp.sync_memory()
-                    local_done = True
-                bsl = tuple(slice(s, s + n) for s, n in zip(p.block_start, p.shape))
-                psl = tuple(slice(s, s + n) for s, n in zip(p.patch_start, p.shape))
-                if op == "get":
-                    buf[psl] = block[bsl]
-                else:
-                    block[bsl] = buf[psl]
-                continue
-            # acc always goes through MPI (atomic with every other rank's accs)
-            if p.shape == pshape:
-                origin = [buf, p.size, mt]
-            else:
-                origin = [buf, 1, types.get(mt, pshape, p.shape, p.patch_start)]
-            if p.shape != bshape:
-                tspec = (tspec[0], 1, types.get(mt, bshape, p.shape, p.block_start))
-            if op == "get":
-                win.Get(origin, target, tspec)
-            elif op == "put":
-                win.Put(origin, target, tspec)
-            else:
-                win.Accumulate(origin, target, tspec, self._SUM)
-            if target not in targets:
-                targets.append(target)
-        if local_done and op == "put":
-            self._exp.sync_memory()
-        if boxes:                   # boxes of pieced blocks assembled beside buf: complete them now
-            for t in targets:
-                self._flush(t)
-            targets = []
-            for psl, box in boxes:
-                if psl is not None:
-                    buf[psl] = box
-        result = buf if op == "get" else None
-        if blocking:
-            for t in targets:
-                self._flush(t)
-            self._log.add_split(op, parts, perf_counter() - t0)
-            return result
-        h = Handle(self, op, result, tuple((t, self._epochs[t]) for t in targets), parts,
-                   keep=None if op == "get" else buf)
-        self._log.add_split(op, parts, perf_counter() - t0)
-        return h
-
-    def _piece_patch(self, op: str, p, buf, targets: list, parts: list, boxes: list) -> bool:
-        """The box ``p`` of ``_patch``'s ``buf`` in a block stored in pieces: one operation
-        per owner, over the runs of the box in its pieces (``piece_runs``: a contiguous row
-        of the box each; indexed datatypes on both sides where there are several), so only
-        the box's elements move, in as many operations as whole pieces would take; mapped
-        runs are copied (but acc, as for whole blocks). The runs go straight to or from
-        ``buf`` when the box is the whole patch, else through a box of their own, listed in
-        ``boxes`` (``_patch`` completes it and, for a get, copies it into ``buf``). Appends
-        the targets and (owner, bytes) of its operations; returns whether it copied mapped
-        memory."""
-        runs = self.piece_runs(p.key, tuple(x for ax, (a, n) in enumerate(zip(p.block_start, p.shape))
-                                            for x in (ax, a, a + n)))
-        if p.shape == buf.shape:
-            box = buf
-        else:
-            psl = tuple(slice(a, a + n) for a, n in zip(p.patch_start, p.shape))
-            box = np.empty(p.shape, self.dtype) if op == "get" else np.ascontiguousarray(buf[psl])
-            boxes.append((psl if op == "get" else None, box))
-        flat, mt, isz, exp = box.reshape(-1), self._mpitype, self.itemsize, self._exp
-        mapped, remote = False, {}
-        for owner, off, pos, n in zip(*(c.tolist() for c in (runs.owner, runs.offset, runs.pos, runs.count))):
-            view = self._mapped.get(owner)
-            if view is None or op == "acc":
-                remote.setdefault(owner, []).append((off, pos, n))
-                continue
-            parts.append((owner, n * isz))
-            if not mapped:
-                exp.sync_memory()
-                mapped = True
-            if op == "get":
-                flat[pos:pos + n] = view[off:off + n]
-            else:
-                view[off:off + n] = flat[pos:pos + n]
-        call = {"get": self._win.Get, "put": self._win.Put}.get(op)
-        for owner, owned in remote.items():
-            target, base = exp.targets[owner], exp.base[owner]
-            offs, poss, ns = (list(c) for c in zip(*owned))
-            if len(ns) == 1:
-                types = ()
-                origin, disp = [flat[poss[0]:poss[0] + ns[0]], ns[0], mt], (base + offs[0], ns[0], mt)
-            else:
-                types = (mt.Create_indexed(ns, poss).Commit(), mt.Create_indexed(ns, offs).Commit())
-                origin, disp = [flat, 1, types[0]], (base, 1, types[1])
-            if call is not None:
-                call(origin, target, disp)
-            else:
-                self._win.Accumulate(origin, target, disp, self._SUM)
-            for t in types:         # freed once started: MPI completes the operation with them
-                t.Free()
-            parts.append((owner, sum(ns) * isz))
-            if target not in targets:
-                targets.append(target)
-        return mapped
 
     # -- owner-local work and collectives ---------------------------------------------
     def local_view(self, key) -> np.ndarray:

@@ -30,10 +30,15 @@ explicit owners). ``PiecedPlacement`` is the ``pieces`` placement (blocks stored
 pieces over several ranks, ``distribution.PieceDeal``) where a structure has too few
 blocks for its ranks: the same half-grid tables plus O(size classes) integers; a
 block's pieces and a rank's own pieces are arithmetic on positions.
-``block_placement`` makes the one a tensor structure asks for.
+``block_placement`` makes the one a tensor structure asks for. ``part_runs`` says where
+a box of a block lies in its pieces (one run per contiguous row of the box in a piece;
+``PieceRuns``, as ``GlobalArray.piece_runs`` returns them), ``run_index`` selects runs of
+a flat array.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -483,3 +488,26 @@ def part_runs(pieces, shape, lo, hi) -> tuple:
     pos = rows * row + s - first
     order = np.argsort(pos, kind="stable")
     return owner[which][order], (offset[which] + s - start[which])[order], pos[order], (e - s)[order]
+
+
+class PieceRuns(NamedTuple):
+    """``GlobalArray.piece_runs``: the stored key, the axis order (None, or the alias's
+    ``transpose`` of the stored block), the part's shape in the stored axes, and per run
+    (arrays, in the part's element order, C order of the stored axes): the rank holding
+    it, its offset in that rank's memory, its first element in the part, its elements."""
+    key: tuple
+    order: tuple | None
+    shape: tuple
+    owner: np.ndarray
+    offset: np.ndarray
+    pos: np.ndarray
+    count: np.ndarray
+
+
+def run_index(starts, counts):
+    """An index of a flat array selecting the runs ``starts[i]``.. ``+ counts[i]`` one after
+    the other: a slice for one run, else an integer array."""
+    if len(starts) == 1:
+        return slice(int(starts[0]), int(starts[0] + counts[0]))
+    ends = np.cumsum(counts)
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(starts - ends + counts, counts)

@@ -236,6 +236,13 @@ class TriangleBlocks(dict):
     def __setitem__(self, key, value):
         raise SymmetryError("the ladder's V+- are frozen: their blocks cannot be replaced")
 
+    def keep_view(self, key, view: np.ndarray) -> None:
+        """Hold off-diagonal block ``key`` as ``view``, an array of the same values (its
+        place in an executor's gathered matrix, ``Context.store_constants_gathered``), its
+        own array freed; a diagonal block stays a triangle."""
+        if key[0] != key[1]:
+            dict.__setitem__(self, key, view)
+
 
 class SymmetricPairMatrix(BlockTensor):
     """A frozen matrix over (pairs, pairs) stored as canonical blocks (V[AB, CD] =
