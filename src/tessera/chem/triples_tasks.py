@@ -141,19 +141,13 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
     rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
     if cache_mb is not None:
         return cache_mb * 2**20
-    cap = task_cap(memory_bytes)
+    base = DEFAULT_CACHE_MB * 2**20
+    cap = base if memory_bytes is None else max(base, WINDOW_SHARE * memory_bytes)
     share = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES) / nranks
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
     floor = task_floor(o, v, nranks, ranks_per_node)
     streamed = stream_floor(o, v, nranks, ranks_per_node) if STREAM_BELOW * share < floor else None
     return min(cap, max(floor if streamed is None else min(floor, streamed[2]), share))
-
-
-def task_cap(memory_bytes: float | None) -> float:
-    """The most one distributed (T) task may hold: WINDOW_SHARE of the rank's memory budget
-    ``memory_bytes``, at least DEFAULT_CACHE_MB."""
-    base = DEFAULT_CACHE_MB * 2**20
-    return base if memory_bytes is None else max(base, WINDOW_SHARE * memory_bytes)
 
 
 def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
@@ -387,7 +381,7 @@ def row_counts(o, keys: dict, shapes: dict, occ_tile: int) -> tuple:
 def row_plan(o, keys: dict, shapes: dict, budget: float, nranks: int) -> tuple:
     """(occ_tile, None, (tasks, read, most)) of (T) by whole rows (``occ_tile_plan``); a task
     tile is at most an eighth of the occupied space, so a task's rows stay a small part of
-    every tensor (module docstring).  ``budget``: ``row_limit``."""
+    every tensor (module docstring); one task within ``budget`` (``window_budget``)."""
     return occ_tile_plan(o, budget, nranks, lambda c: (None, row_counts(o, keys, shapes, c)),
                          cap=max(1, o.dim // 8))
 
@@ -406,15 +400,6 @@ def rows_vblock(lay: VirtualLayout, o, v, keys: dict, shapes: dict, budget: floa
     while vblock > 1 and 8 * sum(blocked_pool_sizes(lay, vblock, 1, range(3))) > limit:   # 3+ window blocks
         vblock -= 1
     return vblock
-
-
-def row_limit(budget: float, cache_mb: float | None, memory_bytes: float | None) -> float:
-    """The most one task by whole rows may hold: ``cache_mb`` when given (``budget``), else
-    ``task_cap``: whole rows are taken only where the whole-space kernel's v^3 buffers fit
-    and one one-orbital task fits the budget (``rows_vblock``); their larger task tiles read
-    less and run faster (water tetramer cc-pVDZ (T), 2 ranks: task tile 2, 220 tasks,
-    against 1 and 1540 within the ranks' share), and the row cache keeps to the budget."""
-    return budget if cache_mb is not None else task_cap(memory_bytes)
 
 
 def keys_by_tile(tensors: dict) -> dict:
@@ -477,8 +462,7 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
                             -(-int(lay.no.max()) // chunks))
         kernel = pool_bytes(lay, vblock, batch, win, Chunks(lay, chunks).widest)
     elif vblock is None:                    # whole rows per task tile
-        occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, row_limit(budget, cache_mb, memory_bytes),
-                                                     nranks)
+        occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, budget, nranks)
         batch = min(kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)[2], occ_tile)
         kernel = pool_bytes(lay, None, batch)
     else:
@@ -597,8 +581,7 @@ class TriplesTasks:
         if self.stream is not None:
             self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows, self.stream.widest)
         elif not resident and occ_tile is None and self.windows is None:
-            self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, row_limit(budget, cache_mb, memory_bytes),
-                                           nranks)
+            self.occ_tile, _, _ = row_plan(o, self.keys, self.tensors, budget, nranks)
             self.batch = min(self.batch, self.occ_tile)
             self.pool_bytes = pool_bytes(lay, None, self.batch)
         if cache_mb is None and budget is not None:      # the row cache (whole rows): within the budget
