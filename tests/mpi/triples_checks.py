@@ -18,7 +18,7 @@ Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) opera
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
 the bytes moved by one-sided gets during (T). The windowed runs again with the contracted
 indices streamed in STREAM_CHUNKS chunks (``streamed``), and once more with no chunks given
-and a budget below every unstreamed task, STREAM_CACHE_MB, so the budget rule streams them
+and a budget under which unstreamed windows would be one orbital wide, STREAM_CACHE_MB, so the budget rule streams them
 (``budget_streamed``).
 tests/test_triples_mpi.py checks them.
 """
@@ -51,7 +51,7 @@ WINDOW_TILE = 4          # h2o2_c1 again, operands fetched by virtual tile (wind
 WINDOW_COMBOS = [("mpi-onesided", "cached"), ("mpi-collective", "summa")]    # patches by get, by exchange
 COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
           ("mpi-collective", "summa", None)]
-STREAM_CACHE_MB = 0.04    # window_run again, no chunks given: a budget (41.9 kB) below every unstreamed task
+STREAM_CACHE_MB = 0.04    # window_run again, no chunks given: a budget (41.9 kB) of unstreamed windows 1 orbital wide
 STREAM_CHUNKS = 3        # window_run again, the contracted f and m fetched in 3 chunks (chem.triples_stream)
 SLOW = 0.005             # the slow-rank run: the last rank sleeps at least this long (s) per windowed task
 RUNS = {"None": {}, "4": {"occ_tile": 4},               # default and given occ_tile

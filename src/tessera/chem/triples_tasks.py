@@ -158,7 +158,12 @@ def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
     bandwidth of ``nranks`` ranks, ``ranks_per_node`` (default: all) to a node
     (``Machine.on``, as ``deal_weights``; reads per flop: ``read_density``), and the tasks
     (one per occupied orbital triple and window, C1 count) are at most MAX_TASKS:
-    narrower windows hold less and read more per flop.  Set by o, v, the tiles and the
+    narrower windows hold less and read more per flop.  Where those windows span the whole
+    virtual space (3 widths >= v: a window cuts nothing), at least one task of one-orbital
+    whole rows (3 rows of v^3 + 2 o v^2 + o^2 v doubles, fetched and packed, C1): windowed
+    tasks would hold about as much and run the blocked kernel where the whole-space one
+    is faster (H2O2 6-31G, occ_tile 4, vblock 3, one rank: 840 windowed tasks 27.5 s,
+    whole rows 0.2 s).  Set by o, v, the tiles and the
     machine, not by the rank count alone; where reads are dear (between nodes) it reaches
     the cap of ``window_budget``."""
     nocc, nvir = o.dim, v.dim
@@ -175,7 +180,9 @@ def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
     width = min(MIN_WINDOW, nvir)
     while width < nvir and not fits(width):
         width += 1
-    return task_bytes(nocc, nvir, 1, width)
+    if 3 * width < nvir:
+        return task_bytes(nocc, nvir, 1, width)
+    return max(task_bytes(nocc, nvir, 1, width), 2 * 3 * 8 * (nvir ** 3 + 2 * nocc * nvir ** 2 + nocc ** 2 * nvir))
 
 
 def read_density(nocc: int, nvir: int, occ_tile: int, width: int) -> float:
@@ -228,17 +235,19 @@ def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_
     """(occ_tile, width, chunks) of streamed (T) tasks, or None (unstreamed): streamed when
     ``budget`` is below the unstreamed floor (``task_floor``) and a streamed task fits it
     in the fewest chunks (C > 1) whose ``stream_bytes`` fit: the task of ``stream_floor``
-    where it holds less than that floor; a budget given below even a one-orbital
-    unstreamed task of one-orbital windows, also a one-orbital task of the widest windows
-    (at most MIN_WINDOW) that fit, whatever its reads. A given ``occ_tile`` is the task
+    where it holds less than that floor; a budget under which one-orbital unstreamed tasks
+    would take windows narrower than MIN_WINDOW (``window_width``: small GEMMs, many
+    tasks), also one-orbital tasks of the widest windows (at most MIN_WINDOW, wider than
+    those) that fit, whatever their reads. A given ``occ_tile`` is the task
     tile of every candidate."""
     floor = task_floor(o, v, nranks, ranks_per_node)
     if budget >= floor:
         return None
     balanced = stream_floor(o, v, nranks, ranks_per_node)
     tried = [balanced[:2]] if balanced is not None and balanced[2] < floor else []
-    if budget < task_bytes(o.dim, v.dim, 1, 1):
-        tried += [(1, width) for width in range(min(MIN_WINDOW, v.dim), 0, -1)]
+    narrow = window_width(o, v, 1, budget)
+    if narrow < min(MIN_WINDOW, v.dim):
+        tried += [(1, width) for width in range(min(MIN_WINDOW, v.dim), narrow, -1)]
     nv, no = int(lay.n.max()), int(lay.no.max())
     for r, width in [(occ_tile or r, width) for r, width in tried]:
         for count in range(2, max(nv, no) + 1):
@@ -448,8 +457,9 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
     _, vblock, _, _ = kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)
     keys = keys_by_tile(tensors)
     budget = window_budget(cache_mb, memory_bytes, tensors, nranks, ranks_per_node)
-    vblock = vblock or rows_vblock(lay, o, v, keys, tensors, budget, kernel_mb)
     streamed = stream_plan(lay, o, v, budget, nranks, ranks_per_node)
+    if streamed is None:
+        vblock = vblock or rows_vblock(lay, o, v, keys, tensors, budget, kernel_mb)
     chunks = 1
     if streamed is not None:              # streamed windowed tasks: each reads its rows again
         occ_tile, width, chunks = streamed
@@ -555,9 +565,9 @@ class TriplesTasks:
         # (whole rows: the task tile from the same budget, the kernel's batch no larger)
         self.windows = None
         budget = None if resident else window_budget(cache_mb, memory_bytes, self.tensors, nranks, ranks_per_node)
-        if not resident and self.vblock is None:    # whole rows only while one task of them fits
-            self.vblock = rows_vblock(lay, o, v, self.keys, self.tensors, budget, kernel_mb)
         streamed = None if resident or chunks else stream_plan(lay, o, v, budget, nranks, ranks_per_node, occ_tile)
+        if not resident and streamed is None and self.vblock is None:   # whole rows only while one task fits
+            self.vblock = rows_vblock(lay, o, v, self.keys, self.tensors, budget, kernel_mb)
         if streamed is not None:         # the budget's streamed tasks (stream_plan)
             occ, width, chunks = streamed
             self.vblock = min(self.vblock or width, width, int(lay.n.max()))
