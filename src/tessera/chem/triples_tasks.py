@@ -159,11 +159,13 @@ def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
     (``Machine.on``, as ``deal_weights``; reads per flop: ``read_density``), and the tasks
     (one per occupied orbital triple and window, C1 count) are at most MAX_TASKS:
     narrower windows hold less and read more per flop.  Where those windows span the whole
-    virtual space (3 widths >= v: a window cuts nothing), at least one task of one-orbital
-    whole rows (3 rows of v^3 + 2 o v^2 + o^2 v doubles, fetched and packed, C1): windowed
-    tasks would hold about as much and run the blocked kernel where the whole-space one
-    is faster (H2O2 6-31G, occ_tile 4, vblock 3, one rank: 840 windowed tasks 27.5 s,
-    whole rows 0.2 s).  Set by o, v, the tiles and the
+    virtual space (3 widths >= v: a window cuts nothing) and whole rows' task tile is one
+    orbital (at most nocc // 8, ``row_plan``), at least one task of one-orbital whole rows
+    (3 rows of v^3 + 2 o v^2 + o^2 v doubles, fetched and packed, C1): windowed tasks
+    would be those tasks on the blocked kernel, slower (H2O2 6-31G, 2 ranks: 165 windowed
+    tasks 0.85 s user CPU, by whole rows 0.29 s); with more occupied orbitals windowed
+    tasks take larger task tiles and read less ((H2O)8 cc-pVDZ, 256 ranks on 64-rank
+    nodes: 1.75 against 5.43 GiB per rank).  Set by o, v, the tiles and the
     machine, not by the rank count alone; where reads are dear (between nodes) it reaches
     the cap of ``window_budget``."""
     nocc, nvir = o.dim, v.dim
@@ -180,7 +182,7 @@ def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
     width = min(MIN_WINDOW, nvir)
     while width < nvir and not fits(width):
         width += 1
-    if 3 * width < nvir:
+    if 3 * width < nvir or nocc // 8 > 1:
         return task_bytes(nocc, nvir, 1, width)
     return max(task_bytes(nocc, nvir, 1, width), 2 * 3 * 8 * (nvir ** 3 + 2 * nocc * nvir ** 2 + nocc ** 2 * nvir))
 
