@@ -238,18 +238,17 @@ def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_
     ``budget`` is below the unstreamed floor (``task_floor``) and a streamed task fits it
     in the fewest chunks (C > 1) whose ``stream_bytes`` fit: the task of ``stream_floor``
     where it holds less than that floor; a budget under which one-orbital unstreamed tasks
-    would take windows narrower than MIN_WINDOW (``window_width``: small GEMMs, many
-    tasks), also one-orbital tasks of the widest windows (at most MIN_WINDOW, wider than
-    those) that fit, whatever their reads. A given ``occ_tile`` is the task
+    would take windows one orbital wide (``window_width``: the most tasks, the smallest
+    GEMMs), also one-orbital tasks of the widest windows (at most MIN_WINDOW, at least 2)
+    that fit, whatever their reads. A given ``occ_tile`` is the task
     tile of every candidate."""
     floor = task_floor(o, v, nranks, ranks_per_node)
     if budget >= floor:
         return None
     balanced = stream_floor(o, v, nranks, ranks_per_node)
     tried = [balanced[:2]] if balanced is not None and balanced[2] < floor else []
-    narrow = window_width(o, v, 1, budget)
-    if narrow < min(MIN_WINDOW, v.dim):
-        tried += [(1, width) for width in range(min(MIN_WINDOW, v.dim), narrow, -1)]
+    if window_width(o, v, 1, budget) == 1 < v.dim:
+        tried += [(1, width) for width in range(min(MIN_WINDOW, v.dim), 1, -1)]
     nv, no = int(lay.n.max()), int(lay.no.max())
     for r, width in [(occ_tile or r, width) for r, width in tried]:
         for count in range(2, max(nv, no) + 1):
