@@ -159,8 +159,18 @@ def run_mpi(script_path, nprocs: int | None, args=(), timeout: float = 120.0,
 
 def cached_launcher(script_path, timeout: float = 120.0, args=()):
     """``launch(nprocs)``: one run of the script per rank count, shared by the tests of a
-    module (the result is reused, the script runs once)."""
+    module (the result is reused, the script runs once; a run that failed or timed out is
+    not run again: every later test of that rank count fails with its error at once)."""
     @functools.cache
+    def outcome(nprocs):
+        try:
+            return run_mpi(script_path, nprocs, args=args, timeout=timeout), None
+        except Exception as err:      # noqa: BLE001  (kept, raised again by every caller)
+            return None, err
+
     def launch(nprocs):
-        return run_mpi(script_path, nprocs, args=args, timeout=timeout)
+        result, err = outcome(nprocs)
+        if err is not None:
+            raise err.with_traceback(None)      # this call's frames, not every earlier raise's
+        return result
     return launch

@@ -306,7 +306,7 @@ def test_ladder_in_plus_minus_form(backend, seed, flat, monkeypatch):
     or block by block; with the 8-fold symmetry V+- are stored as canonical halves, with only
     (ac|bd) = (bd|ac) in full. Flops: 2 x 2 sum_g pairs_v(g)^2 pairs_o(g ^ irrep(tau))."""
     from tessera.backends import sectors
-    from tessera.plan.planner import distributed_plans
+    from tessera.plan.symmetric import distributed_plans
     from tessera.tensor.pairs import pair_space, plus_minus
     monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 1 << 30 if flat else 0)
     o, v, rng = spaces(300 + seed, nirrep=[1, 2, 4, 8][seed], tile=2 + seed % 2)
@@ -411,7 +411,7 @@ def test_t1_dressed_ladder(backend, seed, flat, monkeypatch):
     2 x 2 sum_g pairs_o(g ^ irrep(tau)) pairs_v(g) ov(g) flops, half of the 2 x 2 o^2 v^3 o
     of (H tau) t on every i, j (C1)."""
     from tessera.backends import sectors
-    from tessera.plan.planner import distributed_plans
+    from tessera.plan.symmetric import distributed_plans
     from tessera.tensor.pairs import pair_space
     monkeypatch.setattr(sectors, "FLAT_BLOCK_ELEMENTS", 1 << 30 if flat else 0)
     o, v, rng = spaces(500 + seed, nirrep=[1, 2, 4, 8][seed], tile=2 + seed % 2)

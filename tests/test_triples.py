@@ -436,8 +436,9 @@ def test_dense_sweep_equals_the_formula_on_edge_tiles(nv):
 
 @pytest.mark.parametrize("nv, nirrep", [(9, 4), (30, 8), (40, 2)])
 def test_packed_sweep_equals_the_formula(nv, nirrep):
-    """The compiled point-group sweep (tiles within irreps, each of the three packed layouts'
-    irrep sub-blocks gathered as a strided array) against numpy on random packed layouts:
+    """The compiled point-group sweep (W formed once from the three packed layouts, then read
+    in place at six permutations through the strides of its irrep blocks, tiles within
+    irreps) against numpy on random packed layouts:
     W[xyz] = A[x; y, z] + Bs[y; x, z] + C[z; x, y], V from the packed (x t|y u) rows; irreps
     in a shuffled order, of one orbital up to several tiles (``triples_native.energy_packed``)."""
     from tessera.chem.triples import NIRREP, VirtualLayout
@@ -482,6 +483,6 @@ def test_packed_sweep_equals_the_formula(nv, nirrep):
         eijk = -2.5
         d = eijk - ev[:, None, None] - ev[None, :, None] - ev[None, None, :]
         expected = float(np.sum(w * r3 / d))
-        scratch = np.full(packed_scratch_size(nv), np.nan)         # the sweep must not read it unset
+        scratch = np.full(packed_scratch_size(nv, A.size), np.nan)   # the sweep must not read it unset
         got = energy_packed(G, A, Bs, C, ev, eijk, t1i, t1j, t1k, rows, hs, lay, scratch)
         assert abs(got - expected) <= 1e-12 * max(1.0, abs(expected)), (G, got, expected)

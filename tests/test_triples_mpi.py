@@ -8,6 +8,8 @@ Checked: E(T) equal to 1e-9; for H2O2 with the default occ_tile, task tiles smal
 than the occupied space and, on every rank, the peak bytes held that come from each of
 ovvv, t2, (ov|ov) and (ov|oo) (fetched rows, packed rows, cache, scratch) below the
 bytes of that whole tensor; one-sided gets only from mpi-onesided and only with 2+ ranks.
+The slow-rank, streamed and budget-streamed runs are made only at the rank counts whose
+tests check them (triples_checks.SLOW_RANKS, STREAMED_RANKS, BUDGET_RANKS).
 (The sum over the four tensors is not below whole ovvv or whole t2 for molecules this
 small: the kernel needs the ovvv rows of three orbitals, 3 v^3, and t2 is o^2 v^2.)
 """
@@ -144,7 +146,7 @@ def _check_window_run(run, e_serial, nranks):
     assert all(0 < p <= bound for p in run["peak_operand_bytes"]), (run["peak_operand_bytes"], bound)
 
 
-@pytest.mark.parametrize("nranks", RANKS[1:])
+@pytest.mark.parametrize("nranks", triples_checks.SLOW_RANKS)
 def test_windowed_tasks_are_stolen_from_a_slow_rank(nranks):
     """The windowed run again on mpi-onesided, each task taking the last rank five times as
     long (it sleeps 4 times its kernel's wall time after it, 5 ms at least):
@@ -164,7 +166,7 @@ def test_windowed_tasks_are_stolen_from_a_slow_rank(nranks):
     assert sum(taken) > 0, run["runs"]
 
 
-@pytest.mark.parametrize("nranks", RANKS[:2])
+@pytest.mark.parametrize("nranks", triples_checks.STREAMED_RANKS)
 def test_streamed_tasks_hold_one_chunk_of_the_contracted_indices(nranks):
     """The windowed run again with the contracted f and m streamed in 3 chunks
     (``chem.triples_stream``: a task in 3 stages, each fetching chunk s of f and m, and y
@@ -236,14 +238,15 @@ def test_rows_travel_by_the_executors_means(nranks):
                     assert run["get_bytes"] > 0, (name, combo, ot)
 
 
-def test_the_budget_rule_streams_where_no_unstreamed_task_fits():
+@pytest.mark.parametrize("nranks", triples_checks.BUDGET_RANKS)
+def test_the_budget_rule_streams_where_no_unstreamed_task_fits(nranks):
     """H2O2 C1 (o = 9, v = 13) windowed on 2 ranks with no chunks given and a budget
     (``cache_mb`` 0.04, 41.9 kB) under which one-orbital unstreamed tasks would take windows
     one orbital wide (``window_width``, narrower than MIN_WINDOW): the budget rule
     (``stream_plan``) streams the tasks
     in C > 1 stages of one-orbital task tiles; E(T) the serial one's to 1e-9 and the
     unstreamed windowed run's to 1e-12, and a rank's peak below the unstreamed run's."""
-    mol = launch(2)["molecules"]["h2o2_c1"]
+    mol = launch(nranks)["molecules"]["h2o2_c1"]
     run, plain = mol["budget_streamed"], mol["windows"]["mpi-onesided"]
     assert run["stages"] > 1 and run["task_tile"] == 1 and plain["stages"] == 1, (run["stages"], run["task_tile"])
     assert abs(run["e_t"] - mol["e_serial"]["None"]) < E_TOL

@@ -25,9 +25,11 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    a piece): the values against numpy, and the bytes each rank's get counter records per
    target against the part's elements that target holds (from every rank's pieces).
 6. With ``--collective`` (4 ranks as 2 emulated nodes): ``collective`` below (and 4).
-7. With ``--model``: ``model_bytes`` below (the bytes of collective steps and one-sided
-   sums on pieces against the cost model's) and ``held_bytes`` (each rank's bytes of the
-   stored classes under TESSERA_PIECES against the model's).
+7. With ``--model``: ``model_bytes`` below (the bytes of collective steps, one-sided
+   sums and owner contractions on pieces against the cost model's), ``frozen_bytes`` (a
+   frozen operand's second run on mpi-collective at two frozen-cache bounds against the
+   model's) and ``held_bytes`` (each rank's bytes of the stored classes under
+   TESSERA_PIECES against the model's).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
 energies; tests/test_pieces_mpi.py compares them with numpy and PySCF.
@@ -37,6 +39,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -227,14 +230,23 @@ def energies(world, basis: str, runs, xyz: str = "water.xyz") -> dict:
     ref = replace(world.bcast(None if ref is None else replace(ref, mol=None), root=0), mol=mol)
     out = {"e_hf": ref.e_hf}
     for backend, variant in runs:
-        with Context(backend, variant=variant) as ctx:
-            ints = transform(ref, 0, 2)
-            cut = sorted(n for n, t in ints.tensors.items() if t.pieced)
-            cc = CCSD(conv=1e-10, max_iter=80).kernel(ints, ctx)
-            tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
-            cut += ["t2"] if cc.t2.pieced else []
-        out[f"{backend}/{variant}"] = {"e_ccsd": cc.e_corr, "e_t": tr.energy, "pieced": cut}
+        if backend == "serial":         # the same on every rank: rank 0 runs it, the others get it
+            out[f"{backend}/{variant}"] = world.bcast(ccsd_t(ref, backend, variant) if world.rank == 0 else None,
+                                                      root=0)
+        else:
+            out[f"{backend}/{variant}"] = ccsd_t(ref, backend, variant)
     return out
+
+
+def ccsd_t(ref, backend: str, variant) -> dict:
+    """CCSD (converged to 1e-10) and (T) on one backend, tile 2, and the tensors stored in pieces."""
+    with Context(backend, variant=variant) as ctx:
+        ints = transform(ref, 0, 2)
+        cut = sorted(n for n, t in ints.tensors.items() if t.pieced)
+        cc = CCSD(conv=1e-10, max_iter=80).kernel(ints, ctx)
+        tr = triples_correction(ints, cc.t1, cc.t2, context=ctx)
+        cut += ["t2"] if cc.t2.pieced else []
+    return {"e_ccsd": cc.e_corr, "e_t": tr.energy, "pieced": cut}
 
 
 def pair_amplitudes() -> tuple:
@@ -329,7 +341,8 @@ def model_bytes(world) -> dict:
     alone, with the run's TESSERA_PIECES). On mpi-onesided (``onesided``; variants original
     and owner): the sums, a division and the Hadamard product, the bytes each rank's get,
     accumulate and put counters record with other ranks, and the model's
-    (``step_bytes.onesided_step_bytes``)."""
+    (``step_bytes.onesided_step_bytes``); variant owner's contraction and outer product,
+    its get and put counters against ``step_bytes.onesided_owner_counts``."""
     from tessera.backends.context import PlanningContext
     from tessera.backends.step_bytes import onesided_step_bytes, step_recv
     rng = np.random.default_rng(5)
@@ -367,10 +380,10 @@ def model_bytes(world) -> dict:
         out["C"] = BlockTensor(oovv, 0, name="C", placement="pieces", symmetry=T2_SYMMETRY, canonical=True)
         return out
 
-    def planned(eq):
+    def planned(eq, make=tensors):
         with PlanningContext() as plan:
             with ts.equations():
-                eq(tensors(False))
+                eq(make(False))
         return [step for p in plan.plans for step in p.steps]
 
     def counted(eq, ops, backend, variant, **options):
@@ -387,7 +400,7 @@ def model_bytes(world) -> dict:
         [("contract/summa", contract, "summa", "never"), ("contract/2.5d", contract, "2.5d", "never"),
          ("outer/c", outer, "summa", "c"), ("outer/summa", outer, "summa", "never"),
          ("add", add, "summa", "c"), ("hadamard", hadamard, "summa", "c")]
-    out = {"collective": {}, "onesided": {}}
+    out = {"collective": {}, "onesided": {}, "onesided_owner": {}}
     for name, eq, variant, mode in collective:
         got, pieced = counted(eq, ("alltoallv", "bcast_row", "bcast_col"), "mpi-collective", variant, stationary=mode)
         steps = planned(eq)
@@ -403,7 +416,52 @@ def model_bytes(world) -> dict:
             model = sum(onesided_step_bytes(s, world.size, cache, variant != "owner") for s in planned(eq))
             out["onesided"][f"{name}/{variant}"] = {"counted": world.allgather(got),
                                                     "model": [float(x) for x in model], "pieced": pieced}
+    # mpi-onesided's contractions under variant owner (a static deal by ownership): each
+    # rank's gets and puts as its deal places the tasks (``step_bytes.onesided_owner_counts``)
+    from tessera.backends.step_bytes import onesided_owner_counts
+    for name, eq in (("contract", contract), ("outer", outer)):
+        got, pieced = counted(eq, ("get", "put", "acc"), "mpi-onesided", "owner")
+        cache = {"least": least_pieces()}
+        steps = [s for s in planned(eq) if s.kind == "contract"]
+        model = sum(onesided_owner_counts(s, world.size, cache)["bytes"] for s in steps)
+        out["onesided_owner"][name] = {"counted": world.allgather(got), "pieced": pieced,
+                                       "model": [float(x) for x in model]}
+    out["frozen"] = frozen_bytes(world, tensors, contract, planned)
     out["held"] = held_bytes(world)
+    return out
+
+
+def frozen_bytes(world, tensors, contract, planned) -> dict:
+    """mpi-collective (summa, modes by cost) with M frozen: per rank the bytes the
+    all-to-all and broadcast counters record in a second run of the contraction (what
+    every later iteration moves), with the executor's frozen cache at its default bound
+    and at 0 MiB (``collective.DEFAULT_CACHE_MB`` set to 0 for the run: nothing is kept),
+    and the model's busiest rank (``auto.collective_traffic`` at the same bound)."""
+    from tessera.backends import collective as collective_module
+    from tessera.backends.auto import collective_traffic, structure_stats
+
+    def frozen(fill):
+        t = tensors(fill)
+        t["M"].freeze()
+        return t
+    run = SimpleNamespace(plans=None, tensors=[], tiles={})
+    out = {}
+    for limit_mb in (collective_module.DEFAULT_CACHE_MB, 0):
+        saved, collective_module.DEFAULT_CACHE_MB = collective_module.DEFAULT_CACHE_MB, limit_mb
+        try:
+            with Context("mpi-collective", variant="summa"):
+                t = frozen(True)
+                for _ in range(2):
+                    snap = world.comm_log.snapshot()
+                    with ts.equations():
+                        contract(t)
+                row = world.comm_log.row(world.size, ("alltoallv", "bcast_row", "bcast_col"), since=snap)
+        finally:
+            collective_module.DEFAULT_CACHE_MB = saved
+        run.plans = [SimpleNamespace(steps=planned(contract, frozen))]
+        s = structure_stats(lambda *_: run, 0, 0, world.size)
+        out[str(limit_mb)] = {"counted": world.allgather(int(row.sum() - row[world.rank])),
+                              "model": collective_traffic(s, world.size, "summa", limit_mb << 20)["bytes_per_rank"]}
     return out
 
 
@@ -436,7 +494,7 @@ def held_bytes(world) -> dict:
 def collective(world) -> dict:
     """Section 4 (``--collective``): the operations on mpi-collective with each operand kept
     stationary (a, b, c) and the grid only (never), and CCSD(T) of water (C2v) and H2O2
-    (C1), STO-3G, on mpi-collective summa and 2.5d and on serial (every rank alone)."""
+    (C1), STO-3G, on mpi-collective summa and 2.5d and on serial (rank 0 alone, shared)."""
     return {"part_bytes": part_bytes(world),
             "operations": {f"mpi-collective/{s}": operations(world, "mpi-collective", "summa", stationary=s)
                            for s in ("a", "b", "c", "never")},

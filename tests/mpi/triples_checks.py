@@ -13,13 +13,15 @@ fetched by virtual tile, chem.triples_window); H2O2 also with tile 4, vblock 7 a
 narrower than a tile on mpi-onesided and mpi-collective (``window_run``: the rows each
 rank's windowed tasks read, the runs of tasks each ran), and once more on mpi-onesided
 with the last rank slowed down (each task takes it five times as long, SLOW seconds
-more at least) so that the others steal from it.
+more at least) so that the others steal from it (at SLOW_RANKS only).
 Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) operands per
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
 the bytes moved by one-sided gets during (T). The windowed runs again with the contracted
-indices streamed in STREAM_CHUNKS chunks (``streamed``), and once more with no chunks given
-and a budget under which unstreamed windows would be one orbital wide, STREAM_CACHE_MB, so the budget rule streams them
-(``budget_streamed``).
+indices streamed in STREAM_CHUNKS chunks (``streamed``, at STREAMED_RANKS), and once more with
+no chunks given and a budget under which unstreamed windows would be one orbital wide,
+STREAM_CACHE_MB, so the budget rule streams them (``budget_streamed``, at BUDGET_RANKS).
+Each of these three runs only at the rank counts whose test checks it
+(tests/test_triples_mpi.py parametrizes by the same tuples).
 tests/test_triples_mpi.py checks them.
 """
 
@@ -54,6 +56,9 @@ COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "stea
 STREAM_CACHE_MB = 0.04    # window_run again, no chunks given: a budget (41.9 kB) of unstreamed windows 1 orbital wide
 STREAM_CHUNKS = 3        # window_run again, the contracted f and m fetched in 3 chunks (chem.triples_stream)
 SLOW = 0.005             # the slow-rank run: the last rank sleeps at least this long (s) per windowed task
+SLOW_RANKS = (2, 4)      # rank counts that run the slow-rank run (stealing needs 2+ ranks)
+STREAMED_RANKS = (1, 2)  # rank counts that run the streamed runs
+BUDGET_RANKS = (2,)      # rank counts that run the budget-streamed run (5775 one-orbital tasks x 7 stages)
 RUNS = {"None": {}, "4": {"occ_tile": 4},               # default and given occ_tile
         "4/vblock3": {"occ_tile": 4, "vblock": 3}}        # the kernel blocked in the virtual index too
 
@@ -166,11 +171,14 @@ def main():
                                                                  backend, variant, schedule)
         if name == "h2o2_c1":
             out[name]["windows"] = {b: window_run(world, ref, t1, t2, b, v) for b, v in WINDOW_COMBOS}
-            out[name]["slow_rank"] = window_run(world, ref, t1, t2, "mpi-onesided", "cached", slow=SLOW)
-            out[name]["streamed"] = {b: window_run(world, ref, t1, t2, b, v, chunks=STREAM_CHUNKS)
-                                     for b, v in WINDOW_COMBOS}
-            out[name]["budget_streamed"] = window_run(world, ref, t1, t2, "mpi-onesided", "cached",
-                                                      cache_mb=STREAM_CACHE_MB, occ_tile=None)
+            if world.size in SLOW_RANKS:
+                out[name]["slow_rank"] = window_run(world, ref, t1, t2, "mpi-onesided", "cached", slow=SLOW)
+            if world.size in STREAMED_RANKS:
+                out[name]["streamed"] = {b: window_run(world, ref, t1, t2, b, v, chunks=STREAM_CHUNKS)
+                                         for b, v in WINDOW_COMBOS}
+            if world.size in BUDGET_RANKS:
+                out[name]["budget_streamed"] = window_run(world, ref, t1, t2, "mpi-onesided", "cached",
+                                                          cache_mb=STREAM_CACHE_MB, occ_tile=None)
     if world.rank == 0:
         print(json.dumps({"nranks": world.size, "molecules": out,
                           "seconds": time.perf_counter() - t_start}), flush=True)

@@ -23,7 +23,8 @@ of every product, one accumulate per output block; ``inverted``: the reused oper
 once, the other per product, one accumulate per product; ``cached``: every distinct
 remote block once per rank, a frozen operand's once per run; ``mpi-collective``: per
 contraction as the executor runs it (``collective_traffic``: its grid shape and SUMMA on
-it, or an operand stationary, ``backends.stationary``; frozen operands moved once; blocks
+it, or an operand stationary, ``backends.stationary``; frozen operands moved once while the
+executor's frozen cache keeps them, ``frozen_resent``; blocks
 in pieces as they move; on the grid rank by rank, ``stationary.summa_recv``), the busiest
 rank's bytes, and per sum or Hadamard product the busiest rank's bytes as the executor
 moves them (``backends.step_bytes``, which gives any step's bytes per rank: what a rank
@@ -31,8 +32,13 @@ receives on mpi-collective, what its gets and accumulates, or gets and puts unde
 ``owner``, move on mpi-onesided); variant ``2.5d`` on a pr x pc x c grid: panels broadcast
 within a layer's smaller grid, c partial outputs to the owners). Exact where the
 executor's moves follow from structure (every mpi-collective step, mpi-onesided's sums
-and Hadamard products); mpi-onesided's contractions count the mean rank (the schedule
-decides who runs a task). The constants are per node, with
+and Hadamard products, and the contractions of variant ``owner``, a static deal by
+ownership: per step the busiest rank's flops, gets and bytes as its deal places the
+tasks, ``step_bytes.onesided_owner_counts``). The other loop orders' contractions are
+dealt while the step runs (schedules ``nxtval`` and ``steal``): the model counts the
+mean rank, i.e. assumes the step's gets, accumulates and bytes spread evenly over the
+ranks (``cached``: each rank's distinct blocks at most once) and its flops dealt largest
+first (``makespan``). The constants are per node, with
 the network between nodes when the ranks span several (``run_costs``). Each candidate also gets a memory estimate per rank
 (``memory_parts``: T2 + integrals of the fullest rank; what the driver holds beside
 them, the structure's ``held`` bytes (for CCSD the amplitude copies and,
@@ -84,7 +90,7 @@ from tessera.backends.budget import memory_budget
 from tessera.backends import registry
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
-from tessera.backends.step_bytes import moved_bytes, operands, owner_step_moves, pieces_per_block
+from tessera.backends.step_bytes import moved_bytes, onesided_owner_counts, operands, owner_step_moves, pieces_per_block
 from tessera.plan.blocktasks import block_sizes, task_arrays
 from tessera.runtime.distribution import default_layers, grid_3d, makespan
 from tessera.tensor.block_tensor import allowed_elements
@@ -123,14 +129,19 @@ def gemm_rate() -> float:
 
 
 def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: float | None = None,
-                    block_tasks: bool = True, least_pieces: int | None = None) -> dict:
+                    block_tasks: bool = True, least_pieces: int | None = None, owner: bool = False) -> dict:
     """Counts of one iteration with these tile sizes, from ``structure(tile, occ_tile)``:
     its ``plans`` (structure only, no data) and the ``tensors`` a run stores; the class
     balance and largest share of one tensor over the classes that bind under ``budget``
     (``balance.binding``: all without one). ``block_tasks=False``: only what
     ``memory_parts`` needs for a local executor (no block tasks: their flops, bytes and
     the distributed working sets are left out). ``least_pieces``: pieces per block at
-    least (None: the run's, ``registry.least_pieces``), in the bytes moved and stored."""
+    least (None: the run's, ``registry.least_pieces``), in the bytes moved and stored.
+    ``owner``: also ``s["owner"]``, what mpi-onesided's variant ``owner`` (a static deal by
+    ownership) does on each rank (``step_bytes.onesided_owner_counts``): per contraction
+    step the busiest rank's flops, and its gets and bytes with and without the frozen
+    operands', summed over the steps; each rank's frozen bytes summed over the steps
+    (``frozen_per_rank``) and the operations of all ranks (``all_gets``, ``all_frozen_gets``)."""
     least_pieces = registry.least_pieces() if least_pieces is None else least_pieces
     run = structure(tile, occ_tile)
     s = {"flops": 0, "products": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
@@ -140,10 +151,12 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
          "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0,
          # one-sided operations on mpi-onesided, one per piece of a block stored in pieces
          "get_ops": 0, "acc_ops": 0, "inv_get_ops": 0, "product_acc_ops": 0, "distinct_ops": 0,
-         "pieced_acc_ops": 0,
          # sums and Hadamard products: per step the busiest rank's bytes, summed
          "collective_other_bytes": 0.0, "onesided_other_bytes": 0.0, "owner_other_bytes": 0.0}
     owners = {"least": least_pieces}     # id(tensor) -> owner function, pieces, on nranks ranks
+    if owner and block_tasks:
+        s["owner"] = {**dict.fromkeys(("flops", "gets", "bytes", "thawed_gets", "thawed_bytes", "all_gets",
+                                       "all_frozen_gets"), 0.0), "frozen_per_rank": np.zeros(nranks)}
     gathered: dict = {}          # (tensor, perm, sectors) -> bytes of a constant operand's matrices
     pooled: dict = {}            # intermediate (not stored, not constant) -> its bytes
     for plan in run.plans:
@@ -164,6 +177,15 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
                         s[key] += float(moved_bytes(moves, nranks, executor).max())
                 continue
             s["contract_steps"] += 1
+            if "owner" in s:
+                counts, total = onesided_owner_counts(step, nranks, owners), s["owner"]
+                for k in ("flops", "gets", "bytes"):
+                    total[k] += float(counts[k].max(initial=0))
+                    if k != "flops":        # without the frozen operands' (kept from the first iteration)
+                        total["thawed_" + k] += float((counts[k] - counts["frozen_" + k]).max(initial=0))
+                total["frozen_per_rank"] += counts["frozen_bytes"]
+                total["all_gets"] += float(counts["gets"].sum())
+                total["all_frozen_gets"] += float(counts["frozen_gets"].sum())
             # a constant left operand of few columns is read from its blocks, not gathered
             # (``Context._gathered``)
             from_blocks = all(sec.cols.total <= BLOCK_READ_COLUMNS for sec in step.sectors)
@@ -199,7 +221,6 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             ka, kb, kc = (pieces_per_block(owners, r.tensor, nranks) for r in (*step.inputs, step.out))
             s["get_ops"] += len(ta.k) * (ka + kb)
             s["acc_ops"] += len(ta.out) * kc
-            s["pieced_acc_ops"] += len(ta.out) * kc * (kc > 1)
             s["product_acc_ops"] += len(ta.k) * kc
             s["inv_get_ops"] += len(ta.a_keys) * ka + len(ta.k) * kb if reuse_a else len(ta.b_keys) * kb + len(ta.k) * ka
             s["distinct_ops"] += len(ta.a_keys) * ka + len(ta.b_keys) * kb
@@ -240,46 +261,59 @@ def grid_of(nranks: int, variant: str) -> tuple:
     return grid_3d(nranks, collective_layers(variant, nranks))
 
 
-def collective_traffic(s: dict, nranks: int, variant: str) -> dict:
+def collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int = FROZEN_CACHE_BYTES) -> dict:
     """What ``mpi-collective`` moves and holds per CCSD iteration on a pr x pc x c grid,
     contraction by contraction as the executor runs it: the grid shape of the contraction
     (``summa_layout.choose_grid``) and SUMMA on it, or an operand kept stationary
     (``backends.stationary.choose``, owner maps as a run places the blocks; frozen operands
-    moved once, as the executor keeps them). ``bytes_per_rank``: per contraction the bytes
+    moved once where the executor keeps them). ``bytes_per_rank``: per contraction the bytes
     the busiest rank receives, summed; ``bcast_bytes_per_rank``: of which panels of the
     contractions run on the grid; ``modes``: contractions per mode; ``working_bytes`` per
     rank (largest step: on the grid twice the output rectangle, c times SUMMA's, for the
     GEMMs and the send buffers, the homes twice and one A and one B panel; stationary, the
-    blocks received and the partial outputs). Kept in ``s`` per (ranks, variant): estimate
-    and memory_parts both ask."""
+    blocks received, frozen ones included as the first iteration receives them, and the
+    partial outputs; plus what the frozen cache keeps). A frozen operand moves once while the
+    executor's frozen cache (``frozen_bytes``) keeps what it sent, else every iteration
+    (``frozen_resent``). Kept in ``s`` per (ranks, variant, frozen_bytes): estimate and
+    memory_parts both ask."""
     memo = s.setdefault("traffic", {})
-    if (nranks, variant) not in memo:
-        memo[nranks, variant] = _collective_traffic(s, nranks, variant)
-    return memo[nranks, variant]
+    if (nranks, variant, frozen_bytes) not in memo:
+        memo[nranks, variant, frozen_bytes] = _collective_traffic(s, nranks, variant, frozen_bytes)
+    return memo[nranks, variant, frozen_bytes]
 
 
-def _collective_traffic(s: dict, nranks: int, variant: str) -> dict:
+def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -> dict:
     from tessera.backends import stationary
     from tessera.backends.summa_layout import choose_grid
     pr, pc, c = grid_of(nranks, variant)
-    moved = bcast = work = 0.0
-    modes: dict = {}
+    chosen = []                 # (step, grid, mode, scores), as the executor chooses
     for st in s["collective_steps"]:
-        a, b, out = st["bytes"]
         pa, pb = st["perms"]
-        gr, gc = choose_grid(st["sig"], pa, pb, nranks // c, c)
+        grid = (*choose_grid(st["sig"], pa, pb, nranks // c, c), c)
         if nranks > 1:      # the stationary modes' scores do not depend on the grid: once per rank count
             if nranks not in st["stationary"]:
                 ops = st["operands"]
                 st["stationary"][nranks] = stationary.stationary_scores(
                     st["tasks"], ops.owners, nranks, st["moved_once"], where=False, pieces=ops.tables(st["tasks"]),
                     shared=ops.tensors[0] is ops.tensors[1])
-            mode, scores, _ = stationary.choose(st["tasks"], st["sig"], (pa, pb, st["perm_c"]), (gr, gc, c),
+            mode, scores, _ = stationary.choose(st["tasks"], st["sig"], (pa, pb, st["perm_c"]), grid,
                                                 st["operands"], nranks, st["moved_once"],
                                                 stationary=st["stationary"][nranks])
         else:
             mode, scores = "summa", None
+        chosen.append((st, grid, mode, scores))
+    resent, kept_bytes = frozen_resent(chosen, nranks, frozen_bytes) if nranks > 1 else (set(), 0)
+    moved = bcast = work = 0.0
+    modes: dict = {}
+    for n, (st, (gr, gc, _), mode, scores) in enumerate(chosen):
+        a, b, out = st["bytes"]
         modes[mode] = modes.get(mode, 0) + 1
+        kept = tuple(x for x in st["moved_once"] if (n, x) not in resent)
+        if kept != st["moved_once"]:       # a frozen operand the executor sends again every iteration
+            pa, pb = st["perms"]
+            scores = {mode: stationary.summa_score(st["sig"], (pa, pb, st["perm_c"]), (gr, gc, c), st["operands"],
+                                                   nranks, kept) if mode == "summa" else
+                      stationary.score(st["stationary"][nranks][1][mode], kept)}
         if mode == "summa":
             if nranks > 1:
                 moved += scores["summa"]["recv_bytes"]
@@ -288,9 +322,45 @@ def _collective_traffic(s: dict, nranks: int, variant: str) -> dict:
                        + a / (gr * c * max(gr, gc)) + b / (gc * c * max(gr, gc)))
         else:
             moved += scores[mode]["recv_bytes"]
-            work = max(work, 2 * scores[mode]["recv_bytes"] + out / nranks)
+            # the first iteration receives the frozen operands too
+            first = stationary.score(st["stationary"][nranks][1][mode])["recv_bytes"] if nranks > 1 else 0.0
+            work = max(work, 2 * first + out / nranks)
     return {"grid": (pr, pc, c), "bytes_per_rank": moved, "bcast_bytes_per_rank": bcast,
-            "working_bytes": work, "modes": modes}
+            "working_bytes": work + kept_bytes, "modes": modes}
+
+
+def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES) -> set:
+    """(contraction, operand) of the frozen operands mpi-collective sends again in every
+    iteration: its ``FrozenCache`` of ``limit`` bytes, least recently used out, keeps what
+    a contraction's frozen operand sent (on the grid its panels, under the grid shape's
+    layout key, the bytes the fullest strip holds, ``summa_layout``'s ``a_strip_bytes``;
+    stationary the blocks received, the bytes the rank receiving the most of them gets,
+    a block once per product that reads it, ``CollectiveExecutor._exchange``) when it fits;
+    played over two iterations of ``chosen`` ((step, grid, mode, scores) per contraction
+    in order), the second's misses; and the bytes the cache then holds (a rank's working
+    memory). Sums and Hadamard products reading a frozen tensor also use the cache: not
+    played (the model counts their reads every iteration)."""
+    from tessera.backends.distributed import FrozenCache
+    from tessera.backends.summa_layout import summa_layout
+    entries = []
+    for n, (st, grid, mode, _) in enumerate(chosen):
+        for x in st["moved_once"]:
+            t = st["operands"].tensors["ab".index(x)]
+            if mode == "summa":
+                key = (x, st["sig"], *st["perms"], *grid)
+                need = summa_layout(st["sig"], *st["perms"], *grid)[f"{x}_strip_bytes"]
+            else:
+                key = ("in", st["sig"], *st["perms"], st["perm_c"], mode, x)     # its items
+                need = int(st["stationary"][nranks][1][mode]["asked"][x].max(initial=0))
+            entries.append((n, x, t, key, need))
+    cache, resent = FrozenCache(limit), set()
+    for iteration in (1, 2):
+        for n, x, t, key, need in entries:
+            if cache.get(t, key) is None:
+                if iteration == 2:
+                    resent.add((n, x))
+                cache.put(t, key, True, need)
+    return resent, cache.bytes
 
 
 def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None) -> dict:
@@ -304,8 +374,11 @@ def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None)
     if backend == "mpi-collective":
         working = collective_traffic(s, nranks, variant)["working_bytes"]
     elif backend == "mpi-onesided":
+        # owner: the frozen bytes of the rank that fetches the most (its static deal), as estimate
+        frozen = float(s["owner"]["frozen_per_rank"].max(initial=0)) if variant == "owner" and "owner" in s \
+            else frozen_share(s, nranks)
         working = min(FROZEN_CACHE_BYTES, s["max_step_distinct_bytes"]) + \
-            min(FROZEN_CACHE_BYTES, frozen_share(s, nranks)) if variant in ("cached", "owner") else 0
+            min(FROZEN_CACHE_BYTES, frozen) if variant in ("cached", "owner") else 0
     else:
         working = s["temporary_bytes"] + s["gathered_bytes"]
     return {"stored": s["memory_per_rank_max"], "held": held, "working": working}
@@ -354,6 +427,22 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
     # sums and Hadamard products: the busiest rank's gets and accumulates (or, owner, gets
     # and puts) of each step (``step_bytes.onesided_step_bytes``)
     other_bytes = s["owner_other_bytes" if variant == "owner" else "onesided_other_bytes"]
+    if variant == "owner":
+        # a static deal by ownership: the busiest rank of each contraction step, its frozen
+        # blocks fetched in the first iteration only while every rank's fit its frozen cache
+        # (``structure_stats``, ``step_bytes.onesided_owner_counts``); no accumulate
+        if "owner" not in s:
+            raise ValueError("estimate of variant owner needs structure_stats(..., owner=True, block_tasks=True)")
+        ow = s["owner"]
+        kept = float(ow["frozen_per_rank"].max(initial=0)) <= FROZEN_CACHE_BYTES
+        gets, nbytes = (ow["thawed_gets"], ow["thawed_bytes"]) if kept else (ow["gets"], ow["bytes"])
+        compute = ow["flops"] / rate
+        seconds = (compute + overhead + gets * T_GET + (nbytes + other_bytes) / BANDWIDTH
+                   + s["contract_steps"] * 4 * T_COLL)
+        return {"seconds": seconds, "compute": compute, "gets": ow["all_gets"] - kept * ow["all_frozen_gets"],
+                "accs": 0, "collectives": s["contract_steps"] * 2 + s["other_steps"],
+                "bytes_per_rank": nbytes + other_bytes, "bcast_bytes_per_rank": 0.0, "layers": None,
+                "memory_per_rank": memory}
     if variant == "original":
         gets = s["get_ops"] * remote
         accs = s["acc_ops"]
@@ -363,17 +452,15 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         accs = s["product_acc_ops"]
         moved = s["inv_bytes"] * remote + s["out_bytes"] * remote * 2
     else:
-        # each rank fetches every distinct block it needs once: at most all of them, but
-        # a frozen operand's only in the first iteration while its share fits the frozen
-        # cache (``frozen_share``); ``owner`` adds its results in place (no accumulate; an
-        # output stored in pieces by a get and a put per piece, the put costed as an accumulate)
-        owner = variant == "owner"
-        gets = (P * min(s["distinct_ops"], s["get_ops"] / P) + owner * s["pieced_acc_ops"]) * remote
-        accs = s["pieced_acc_ops"] if owner else s["acc_ops"]
+        # cached: each rank fetches every distinct block it needs once: at most all of them,
+        # but a frozen operand's only in the first iteration while its share fits the frozen
+        # cache (``frozen_share``)
+        gets = P * min(s["distinct_ops"], s["get_ops"] / P) * remote
+        accs = s["acc_ops"]
         kept = frozen_share(s, P) <= FROZEN_CACHE_BYTES
         moved = P * min(s["distinct_bytes"] - kept * s["frozen_distinct_bytes"],
                         (s["a_bytes"] + s["b_bytes"] - kept * s["frozen_ab_bytes"]) / P) * remote \
-            + (0 if variant == "owner" else s["out_bytes"] * remote)
+            + s["out_bytes"] * remote
     seconds = (compute + overhead + (gets * T_GET + accs * T_ACC) / P
                + (moved / P + other_bytes) / BANDWIDTH + s["contract_steps"] * 4 * T_COLL)
     return {"seconds": seconds, "compute": compute, "gets": gets, "accs": accs,
@@ -448,7 +535,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
                 continue
             seen_tiles.add(key)
             if key not in counted:
-                counted[key] = structure_stats(structure, t, ot, nranks, binds)
+                counted[key] = structure_stats(structure, t, ot, nranks, binds, owner=any(v == "owner" for _, v in combos))
             s = counted[key]
             for b, var in members:
                 e = estimate(s, nranks, b, var, rate, costs)

@@ -48,7 +48,9 @@ def owner_arrays(ta, owners: tuple) -> tuple:
 def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(None, None, None),
           shared: bool = False) -> dict:
     """``where[t][q]``: the rank of product q of task t; per rank ``flops``, ``recv``
-    ({"a", "b": bytes of distinct remote input blocks, "c": bytes of partial outputs});
+    ({"a", "b": bytes of distinct remote input blocks, "c": bytes of partial outputs}),
+    ``asked`` ({"a", "b": bytes of the input blocks its products read that it does not own,
+    a block once per product; a block in pieces whole});
     ``ta``: the step's ``plan.blocktasks.TaskArrays``, ``own``: ``owner_arrays`` (a block
     stored in pieces: its home); ``pieces``: per operand None (whole blocks) or its blocks'
     pieces, (index into ``ta``'s A keys, B keys or outputs, rank, elements); ``shared``: A
@@ -58,10 +60,14 @@ def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(No
     own_a, own_b, dest = own
     ranks = (own_a[ta.a] if mode == "a" else own_b[ta.b] if mode == "b" else dest[ta.task])
     flops = np.bincount(ranks, weights=2.0 * ta.m[ta.task] * ta.k * ta.n[ta.task], minlength=nranks)
-    recv, moved = {}, {}
+    recv, moved, asked = {}, {}, {}
     for x, ids, own_x, size, table in zip("ab", (ta.a, ta.b), (own_a, own_b), block_sizes(ta), pieces):
+        # what ``CollectiveExecutor._exchange`` sizes a frozen operand's entry by: a block
+        # (a pieced one whole) per product that reads it, where its rank does not own it
+        asked[x] = np.bincount(ranks, weights=8.0 * size[ids] * (True if table is not None else own_x[ids] != ranks),
+                               minlength=nranks)
         # each (block, rank) once; a block in pieces moves to its home when stationary too
-        ids, at = _pairs(ids, ranks, nranks, stays=mode == x and table is None)
+        ids, at = distinct_pairs(ids, ranks, nranks, stays=mode == x and table is None)
         lacks = (own_x[ids] != at) * size[ids] if table is None else size[ids] - held(table, ids, at, nranks)
         moved[x] = (ids, at, lacks)
     if shared:                  # B's blocks that A's already bring
@@ -72,7 +78,7 @@ def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(No
         moved["b"] = (ids[keep], at[keep], lacks[keep])
     for x, (ids, at, lacks) in moved.items():
         recv[x] = np.bincount(at, weights=8.0 * lacks, minlength=nranks)
-    t, at = _pairs(ta.task, ranks, nranks, stays=mode == "c" and pieces[2] is None)   # each (task, rank) once
+    t, at = distinct_pairs(ta.task, ranks, nranks, stays=mode == "c" and pieces[2] is None)   # each (task, rank) once
     if pieces[2] is None:
         t = t[at != dest[t]]
         recv["c"] = np.bincount(dest[t], weights=8.0 * ta.m[t] * ta.n[t], minlength=nranks)
@@ -80,7 +86,7 @@ def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(No
         index, rank, count = pieces[2]
         senders = np.bincount(t, minlength=len(ta.out))[index] - held((t, at, np.ones(len(t))), index, rank, nranks)
         recv["c"] = np.bincount(rank, weights=8.0 * count * senders, minlength=nranks)
-    out = {"flops": flops, "recv": recv}
+    out = {"flops": flops, "recv": recv, "asked": asked}
     if where:
         flat = ranks.tolist()
         out["where"] = [flat[s:e] for s, e in zip(ta.start[:-1].tolist(), ta.start[1:].tolist())]
@@ -100,7 +106,7 @@ def held(table, ids, at, nranks: int) -> np.ndarray:
     return np.where(codes[pos] == ask, elements[pos], 0)
 
 
-def _pairs(ids, ranks, nranks: int, stays: bool) -> tuple:
+def distinct_pairs(ids, ranks, nranks: int, stays: bool = False) -> tuple:
     """(ids, ranks) of the distinct (id, rank) pairs, by id then rank; none when ``stays``
     (the operand that stays: every product runs where its block lives, nothing moves)."""
     if stays:

@@ -199,3 +199,54 @@ def owner_step_moves(step, nranks: int, cache: dict) -> tuple:
     homes = np.array([r for _, r in outs], dtype=np.int64)[index]
     away = rank != homes
     return recv, (homes[away], rank[away], 8.0 * count[away])
+
+
+def onesided_owner_counts(step, nranks: int, cache: dict) -> dict:
+    """Per rank, what ``mpi-onesided``'s variant ``owner`` does in contraction ``step``
+    (``OneSidedExecutor._owner_loop``): every output block's tasks run on its home (a static
+    deal by ownership, ``owned_tasks``); a rank gets each distinct block its products read
+    that it does not hold once (the step's block cache; a block in pieces: the pieces held
+    elsewhere), and an output in pieces it gets and puts back at the pieces held elsewhere,
+    once per task (``_add_into``; a whole output block is its own). Per rank: ``flops``,
+    ``gets`` and ``bytes`` (gets and puts: operations with other ranks, one per block or
+    piece held elsewhere, and their bytes), of which ``frozen_gets`` and ``frozen_bytes``
+    read frozen operands (the executor's ``FrozenCache`` keeps them across iterations).
+    Exact while a rank's blocks of the step fit its block cache and no task's products
+    are cut between batches (``cached_batches``); else a rank fetches some blocks again.
+    ``cache``: ``owner_function``'s."""
+    ta = task_arrays(step)
+    A, B, C = (r.tensor for r in (*step.inputs, step.out))
+    home = owner_function(cache, C, nranks)
+    task_rank = np.array([home(k) for k in ta.out], dtype=np.int64)
+    rank_of = task_rank[ta.task]
+    flops = 2.0 * ta.m[ta.task] * ta.k * ta.n[ta.task]
+    out = {"flops": np.bincount(rank_of, weights=flops, minlength=nranks)}
+    out.update({k: np.zeros(nranks) for k in ("gets", "bytes", "frozen_gets", "frozen_bytes")})
+    for t, ids, keys, size in ((A, ta.a, ta.a_keys, ta.a_size), (B, ta.b, ta.b_keys, ta.b_size)):
+        ids, at = stationary.distinct_pairs(ids, rank_of, nranks)
+        ops, nbytes = _away(cache, t, nranks, keys, ids, at, size[ids])
+        for x, kind in ((ops, "gets"), (nbytes, "bytes")):
+            out[kind] += x
+            if t.constant:
+                out["frozen_" + kind] += x
+    ops, nbytes = _away(cache, C, nranks, ta.out, np.arange(len(ta.out)), task_rank, ta.m * ta.n)
+    out["gets"] += 2 * ops          # a get and a put per piece held elsewhere
+    out["bytes"] += 2 * nbytes
+    return out
+
+
+def _away(cache: dict, t, nranks: int, keys, ids, at, size) -> tuple:
+    """(operations, bytes) per rank of rank ``at[i]`` reading or writing block
+    ``keys[ids[i]]`` (``size[i]`` elements) of ``t`` where other ranks hold it: a whole
+    block held elsewhere, one operation; a block in pieces, one per piece held elsewhere,
+    its elements."""
+    table = piece_rows(cache, t, nranks, keys)
+    if table is None:
+        owner = owner_function(cache, t, nranks)
+        away = np.array([owner(k) for k in keys], dtype=np.int64)[ids] != at
+        return (np.bincount(at, weights=away, minlength=nranks),
+                np.bincount(at, weights=8.0 * size * away, minlength=nranks))
+    index, rank, _ = table
+    mine = stationary.held((index, rank, np.ones(len(index))), ids, at, nranks)
+    return (np.bincount(at, weights=np.bincount(index, minlength=len(keys))[ids] - mine, minlength=nranks),
+            np.bincount(at, weights=8.0 * (size - stationary.held(table, ids, at, nranks)), minlength=nranks))

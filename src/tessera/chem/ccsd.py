@@ -263,7 +263,7 @@ def _structural(t):
 class CCSDStructure:
     """``structure(tile, occ_tile)`` for ``backends.auto.decide``: the CCSD iteration of
     orbitals with irreps ``orbsym`` (``nocc`` occupied, ``nfrozen`` of them frozen), as a
-    ``distributed`` run plans it (``plan.planner.distributed_plans``) or a local one."""
+    ``distributed`` run plans it (``plan.symmetric.distributed_plans``) or a local one."""
 
     def __init__(self, orbsym, nocc: int, nfrozen: int = 0, distributed: bool = False):
         self.orbsym, self.nfrozen, self.distributed = np.asarray(orbsym), int(nfrozen), bool(distributed)
@@ -284,7 +284,7 @@ class CCSDStructure:
     def _plan(self, o, v) -> IterationStructure:
         from tessera.backends.context import PlanningContext
         from tessera.chem.integrals import CLASSES, MOIntegrals, class_tensor
-        from tessera.plan.planner import distributed_plans
+        from tessera.plan.symmetric import distributed_plans
         ctx = PlanningContext()
         with ctx, distributed_plans(self.distributed):
             tensors = {name: _structural(class_tensor(name, o, v)).freeze() for name in CLASSES}
@@ -298,7 +298,7 @@ class CCSDStructure:
         plus_minus = kept_plus_minus(tensors["vvvv"])
         if plus_minus:          # a local run iterates with the ladder's V+- and vvvv freed (_ladder_form)
             held["ladder V+-"] = sum(8 * t.stored_elements for t in plus_minus)
-        # and the M+- of ovvv its t1 dressing reads (plan.planner._plus_minus_steps)
+        # and the M+- of ovvv its t1 dressing reads (plan.symmetric._plus_minus_steps)
         dressing = sum(8 * t.stored_elements for t in kept_plus_minus_last(tensors["ovvv"]))
         stored = [t2, *(t for n, t in tensors.items() if not (plus_minus and n == "vvvv"))]
         return IterationStructure(o, v, ctx.plans, stored,

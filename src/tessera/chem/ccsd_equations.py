@@ -17,8 +17,8 @@ once and reused: Wt1_ovov[iajb] = (ia|bc) t_jc - (ia|jk) t_kb enters W2 and Z (a
 skinny GEMMs with t1 read all of their integrals for few flops, and each term of Z is
 a pass over it. The ladder and the Woooo terms are symmetric and go to R2 directly;
 the planner runs them on the pairs i <= j
-(``plan.planner._symmetric_half``), and the ladder, with vvvv frozen and local, also in the
-symmetric/antisymmetric form over the virtual pairs (``plan.planner._plus_minus_steps``,
+(``plan.symmetric.symmetric_half``), and the ladder, with vvvv frozen and local, also in the
+symmetric/antisymmetric form over the virtual pairs (``plan.symmetric._plus_minus_steps``,
 Scuseria, Janssen, Schaefer 1988), its t1 dressing applied to the packed tau+- (o^3 v^3,
 no v^4 operand per iteration). Per iteration about o^2 v^4 / 2 + 9 o^3 v^3 + 2 o^4 v^2
 flops in C1 (o^2 v^4 + 10 o^3 v^3 + 2 o^4 v^2 on the MPI backends, which run the ladder
@@ -87,7 +87,7 @@ def ladder(ints, r2, tau, t1) -> None:
     that reads vvvv, and the ovvv tau t1 term of PySCF's ``_add_ovvv_`` with its (ia)<->(jb)
     twin. The planner runs it in the +/- form with the dressing applied to the packed
     amplitudes where it can (local runs), else as the ladder plus the dressing computed
-    once and added with its mirror image (``plan.planner._dressed_ladder``)."""
+    once and added with its mirror image (``plan.symmetric.dressed_ladder``)."""
     r2["ijab"] += (ints.vvvv["acbd"] - ints.ovvv["kcbd"] * t1["ka"]                     # o2v4 / 4
                    - ints.ovvv["kdac"] * t1["kb"]) * tau["ijcd"]                       # o3v3 (local), 2 o3v3
 

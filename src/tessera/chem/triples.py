@@ -20,8 +20,9 @@ dense v^3 array.  The twelve W0 terms are sector GEMMs accumulated in place (bet
 four per choice of single index (a, b or c).  The compiled sweep (``triples_kernel.c``
 through ``chem.triples_native``) joins the three layouts into W, adds V and applies r3
 and the denominators in one pass over the orbits a >= b >= c, tile triple by tile triple:
-[v, v, v] arrays with one virtual irrep (C1); with several, tiles within irreps, whose
-sub-blocks of the packed layouts are dense strided arrays (read through the irrep tables).  With several irreps and the fused operands of resident slabs, one call
+[v, v, v] arrays with one virtual irrep (C1); with several, W is formed once per triple
+from the packed layouts, ordered irrep block by block, and read in place through the
+strides of its irrep blocks (tiles within irreps).  With several irreps and the fused operands of resident slabs, one call
 per batch (``triples_native.batch_packed``) runs its GEMMs and sweeps in C.
 
 Kernel API (fed by ``chem.triples_tasks``): :class:`VirtualLayout`
@@ -412,9 +413,9 @@ class TripleKernel:
         left = [max(batch * nv * (nv + no), 1)]          # stacked left operands (fused C1: v + o wide)
         if len(set(lay.irrep.tolist())) == 1:         # the batch's three layouts; the sweep's scratch
             return [batch * ntrip] * 3 + [dense_scratch_size(len(lay.irrep))] + left
-        # the batch's three layouts; 3 of one triple; the sweep's scratch; left operands of
-        # two layouts stacked
-        return [3 * batch * ntrip] + [ntrip] * 3 + [packed_scratch_size(len(lay.irrep))] + [2 * left[0]]
+        # the batch's three layouts; 3 of one triple; the sweep's scratch (with W of one
+        # triple); left operands of two layouts stacked
+        return [3 * batch * ntrip] + [ntrip] * 3 + [packed_scratch_size(len(lay.irrep), ntrip)] + [2 * left[0]]
 
     @staticmethod
     def new_pool(lay: VirtualLayout, batch: int = 1) -> list:

@@ -19,7 +19,8 @@
  * indices are equal (each element counted twice) and zero when all three are (r3 = 0).
  *
  * With point-group symmetry the three layouts are packed (blocks of allowed irreps), whose
- * irrep sub-blocks are dense strided arrays: the same tile sweep over tiles within irreps.
+ * irrep sub-blocks are dense strided arrays: W is formed once per triple and the same tile
+ * sweep, over tiles within irreps, reads it in place through strides.
  *
  * Plain C on plain pointers (called through ctypes, which releases the GIL): one thread
  * per call; the threads backend runs one task per worker.
@@ -103,20 +104,26 @@ static void gather(double *restrict dst, const double *restrict src, long sx, lo
 #undef GATHER
 }
 
-/* The energy of the orbits (a, b, c) of one tile triple, a >= b >= c, from the local tiles
- * L[p] (p: abc, acb, bac, bca, cab, cba) and the transposes PT[x][yz] = P[x][zy]. */
-static double tile_energy(long nv, long ta, long na, long tb, long nb, long tc, long nc,
-                          const double *L, const double *ev, double eijk,
-                          const double *t1i, const double *t1j, const double *t1k,
-                          const double *Pjk, const double *Pik, const double *Pij,
-                          const double *Tjk, const double *Tik, const double *Tij)
+/* The energy of the orbits (a, b, c) of one tile triple, a >= b >= c, from W at the six
+ * permutations p (abc, acb, bac, bca, cab, cba): W_p(a, b, c) at L[p][(a - ta) sa[p] +
+ * (b - tb) sb[p] + (c - tc) sc[p]] (the dense sweep's local tiles, or the packed sweep's W
+ * read in place), and the transposes PT[x][yz] = P[x][zy].  Inlined, so a caller with
+ * constant strides gets its own (vectorised) copy. */
+static inline __attribute__((always_inline)) double
+tile_energy(long nv, long ta, long na, long tb, long nb, long tc, long nc,
+            const double *const L[6], const long sa[6], const long sb[6], const long sc[6],
+            const double *ev, double eijk, const double *t1i, const double *t1j, const double *t1k,
+            const double *Pjk, const double *Pik, const double *Pij,
+            const double *Tjk, const double *Tik, const double *Tij)
 {
     double energy = 0.0;
+    const long s0 = sc[0], s1 = sc[1], s2 = sc[2], s3 = sc[3], s4 = sc[4], s5 = sc[5];
     for (long a = ta; a < ta + na; a++)
     for (long b = tb; b < lmin(tb + nb, a + 1); b++) {
-        const long row = (a - ta) * DTILE * DTILE + (b - tb) * DTILE;   /* c at [c - tc] */
-        const double *L0 = L + row, *L1 = L0 + DT3, *L2 = L1 + DT3, *L3 = L2 + DT3,
-                     *L4 = L3 + DT3, *L5 = L4 + DT3;
+        const long ra = a - ta, rb = b - tb;     /* c at [(c - tc) sc[p]] */
+        const double *L0 = L[0] + ra * sa[0] + rb * sb[0], *L1 = L[1] + ra * sa[1] + rb * sb[1],
+                     *L2 = L[2] + ra * sa[2] + rb * sb[2], *L3 = L[3] + ra * sa[3] + rb * sb[3],
+                     *L4 = L[4] + ra * sa[4] + rb * sb[4], *L5 = L[5] + ra * sa[5] + rb * sb[5];
         const double eab = eijk - ev[a] - ev[b], tia = t1i[a], tib = t1i[b], tja = t1j[a],
                      tjb = t1j[b], tka = t1k[a], tkb = t1k[b], pij_ab = Pij[a * nv + b],
                      pij_ba = Pij[b * nv + a], pik_ab = Pik[a * nv + b],
@@ -132,7 +139,8 @@ static double tile_energy(long nv, long ta, long na, long tb, long nb, long tc, 
 #define ORBIT(c, OUT)                                                                          \
         {                                                                                      \
             const long lc = (c) - tc;                                                          \
-            const double w0 = L0[lc], w1 = L1[lc], w2 = L2[lc], w3 = L3[lc], w4 = L4[lc], w5 = L5[lc]; \
+            const double w0 = L0[lc * s0], w1 = L1[lc * s1], w2 = L2[lc * s2], w3 = L3[lc * s3],   \
+                         w4 = L4[lc * s4], w5 = L5[lc * s5];                                           \
             const double z0 = w0 + tia * pjk_b[c] + tjb * pik_a[c] + t1k[c] * pij_ab;          \
             const double z1 = w1 + tia * tjk_b[c] + t1j[c] * pik_ab + tkb * pij_a[c];  \
             const double z2 = w2 + tib * pjk_a[c] + tja * pik_b[c] + t1k[c] * pij_ba;          \
@@ -181,6 +189,11 @@ double tessera_t3_energy_dense(long nv, const double *A, const double *B, const 
     };                                          /* position of a, of b, of c */
     const long stride[3] = {n2, nv, 1};
     const double *X[3] = {A, B, C};
+    /* the local tiles L[p][a][b][c] */
+    const double *const Lp[6] = {L, L + DT3, L + 2 * DT3, L + 3 * DT3, L + 4 * DT3, L + 5 * DT3};
+    static const long tile_sa[6] = {DTILE * DTILE, DTILE * DTILE, DTILE * DTILE, DTILE * DTILE, DTILE * DTILE,
+                               DTILE * DTILE},
+                      tile_sb[6] = {DTILE, DTILE, DTILE, DTILE, DTILE, DTILE}, tile_sc[6] = {1, 1, 1, 1, 1, 1};
     double energy = 0.0;
     for (long ta = 0; ta < nv; ta += DTILE)
     for (long tb = 0; tb <= ta; tb += DTILE)
@@ -191,8 +204,8 @@ double tessera_t3_energy_dense(long nv, const double *A, const double *B, const 
                 const long sa = stride[order[p][x][0]], sb = stride[order[p][x][1]], sc = stride[order[p][x][2]];
                 gather(L + p * DT3, X[x] + ta * sa + tb * sb + tc * sc, sa, sb, sc, na, nb, nc, x > 0);
             }
-        energy += tile_energy(nv, ta, na, tb, nb, tc, nc, L, ev, eijk, t1i, t1j, t1k, Pjk, Pik, Pij,
-                              T, T + n2, T + 2 * n2);
+        energy += tile_energy(nv, ta, na, tb, nb, tc, nc, Lp, tile_sa, tile_sb, tile_sc, ev, eijk, t1i, t1j, t1k,
+                              Pjk, Pik, Pij, T, T + n2, T + 2 * n2);
     }
     return energy;
 }
@@ -208,22 +221,27 @@ double tessera_t3_energy_dense(long nv, const double *A, const double *B, const 
  *   W[xyz] = A[x; y, z] + Bs[y; x, z] + C[z; x, y].
  *
  * For irreps (g_x, g_y, g_z) each term is a dense [n_x, n_y, n_z] array with strides
- * (npair, n of the last, 1) in its own index order, so the packed sweep is the dense one
- * over virtual tiles that never cross an irrep (each irrep's orbitals in runs of DTILE at
- * most, in position order): every tile triple ta >= tb >= tc whose irreps multiply to G
- * gathers its eighteen sub-blocks into the six local tiles, then tile_energy.  No table
- * of positions, no scattered reads.
+ * (npair, n of the last, 1) in its own index order.  W is formed once per triple, block by
+ * ordered irrep triple, in layout a's packed order (form_w: A and Bs summed along their
+ * common contiguous index z, C added along its contiguous y): each element of the three
+ * layouts read once, W written once.  The sweep then visits virtual tiles that never
+ * cross an irrep (each irrep's orbitals in runs of DTILE at most, in position order):
+ * every tile triple ta >= tb >= tc whose irreps multiply to G reads W at the six
+ * permutations in place, through the strides of its six ordered irrep blocks (a tile
+ * triple's six sub-blocks stay in cache), in tile_energy.  No local copies, no table of
+ * positions.
  *
  * The irrep tables (int64, VirtualLayout.batch_table): n[8], no[8], vstart[8], npair[8],
  * nleft[8], nfm[8], poff[8][8], loff[8][8], foff[8][8]. */
 enum { T_N = 0, T_NO = 8, T_VSTART = 16, T_NPAIR = 24, T_NLEFT = 32, T_NFM = 40,
        T_POFF = 48, T_LOFF = 112, T_FOFF = 176 };
 
-/* Doubles of the packed sweep's scratch: the six local tiles, three (x t|y u) rows made
- * dense [nv, nv] and their transposes. */
-long tessera_t3_packed_scratch(long nv)
+/* Doubles of the packed sweep's scratch: three (x t|y u) rows made dense [nv, nv] and
+ * their transposes, then W of one triple (ntrip: the most virtual triples of one total
+ * irrep, VirtualLayout.ntrip). */
+long tessera_t3_packed_scratch(long nv, long ntrip)
 {
-    return 6 * DT3 + 6 * nv * nv;
+    return 6 * nv * nv + ntrip;
 }
 
 /* out [nv, nv] = the packed pairs (t, u) of irrep h (a row of (x t|y u), pairs by irrep of
@@ -250,15 +268,49 @@ static void dense_pairs(long nv, const int64_t *tab, long h, const double *row, 
     }
 }
 
+/* W[x; y, z] = A[x; y, z] + Bs[y; x, z] + C[z; x, y] of one triple of irrep G, in layout
+ * a's packed order (block g_x at foff[G][g_x], pairs (y, z) by g_y at poff[G^g_x][g_y]),
+ * from the three layouts, base[l][g_s] the block of single irrep g_s of layout l. */
+static void form_w(long G, const int64_t *tab, const double *const base[3][8], double *W)
+{
+    const int64_t *n = tab + T_N, *npair = tab + T_NPAIR, *poff = tab + T_POFF, *foff = tab + T_FOFF + 8 * G;
+    for (long gx = 0; gx < 8; gx++)
+        for (long gy = 0; gy < 8; gy++) {
+            const long gz = G ^ gx ^ gy, nx = n[gx], ny = n[gy], nz = n[gz];
+            if (!nx || !ny || !nz)
+                continue;
+            const long hx = G ^ gx, hy = G ^ gy, hz = G ^ gz, px = npair[hx], py = npair[hy], pz = npair[hz];
+            double *w = W + foff[gx] + poff[8 * hx + gy];
+            const double *A = base[0][gx] + poff[8 * hx + gy], *Bs = base[1][gy] + poff[8 * hy + gx],
+                         *C = base[2][gz] + poff[8 * hz + gx];
+            for (long x = 0; x < nx; x++) {
+                double *restrict wx = w + x * px;
+                const double *ax = A + x * px;
+                for (long y = 0; y < ny; y++) {           /* A[x; y, z] + Bs[y; x, z], z contiguous */
+                    const double *by = Bs + y * py + x * nz;
+                    for (long z = 0; z < nz; z++)
+                        wx[y * nz + z] = ax[y * nz + z] + by[z];
+                }
+                for (long z = 0; z < nz; z++) {           /* + C[z; x, y], y contiguous */
+                    const double *cz = C + z * pz + x * ny;
+                    for (long y = 0; y < ny; y++)
+                        wx[y * nz + z] += cz[y];
+                }
+            }
+        }
+}
+
 /* sum_abc W r3(W + V) / D of one triple from its packed layouts, base[l][g_s] the block of
  * single irrep g_s of layout l (a, b pair-swapped, c); P[3] the rows (jb|kc), (ia|kc),
- * (ia|jb) made dense [nv, nv] and T[3] their transposes (dense_pairs); L 6 DT3 doubles. */
+ * (ia|jb) made dense [nv, nv] and T[3] their transposes (dense_pairs); W ntrip[G] doubles. */
 static double sweep_packed(long G, const int64_t *tab, const double *const base[3][8], long nv,
                            const double *ev, double eijk,
                            const double *t1i, const double *t1j, const double *t1k,
-                           const double *const P[3], const double *const T[3], double *L)
+                           const double *const P[3], const double *const T[3], double *W)
 {
-    const int64_t *n = tab + T_N, *vstart = tab + T_VSTART, *npair = tab + T_NPAIR, *poff = tab + T_POFF;
+    const int64_t *n = tab + T_N, *vstart = tab + T_VSTART, *npair = tab + T_NPAIR, *poff = tab + T_POFF,
+                  *foff = tab + T_FOFF + 8 * G;
+    form_w(G, tab, base, W);
     /* the virtual tiles: start, size and irrep, in position order */
     long start[nv], size[nv], irr[nv], nt = 0;
     for (long x = 0; x < nv;) {
@@ -270,8 +322,6 @@ static double sweep_packed(long G, const int64_t *tab, const double *const base[
     }
     /* permutation p (abc acb bac bca cab cba): which of a, b, c stands at each index of W */
     static const int perm[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
-    /* layout l of W[xyz]: the indices of W that are its single, its pair's first and second */
-    static const int order[3][3] = {{0, 1, 2}, {1, 0, 2}, {2, 0, 1}};
     double energy = 0.0;
     for (long ta = 0; ta < nt; ta++)
     for (long tb = 0; tb <= ta; tb++)
@@ -282,25 +332,27 @@ static double sweep_packed(long G, const int64_t *tab, const double *const base[
         long g[3], rel[3];
         for (int q = 0; q < 3; q++)
             g[q] = irr[t[q]], rel[q] = start[t[q]] - vstart[g[q]];
-        for (int p = 0; p < 6; p++)
-            for (int l = 0; l < 3; l++) {
-                /* layout l: which of a, b, c is its single index, its pair's first and second */
-                const int s = perm[p][order[l][0]], m = perm[p][order[l][1]], u = perm[p][order[l][2]];
-                const long hs = G ^ g[s];
-                long st[3];
-                st[s] = npair[hs], st[m] = n[g[u]], st[u] = 1;
-                const double *src = base[l][g[s]] + rel[s] * st[s] + poff[8 * hs + g[m]] + rel[m] * st[m] + rel[u];
-                gather(L + p * DT3, src, st[0], st[1], st[2], size[ta], size[tb], size[tc], l > 0);
-            }
-        energy += tile_energy(nv, start[ta], size[ta], start[tb], size[tb], start[tc], size[tc], L, ev, eijk,
-                              t1i, t1j, t1k, P[0], P[1], P[2], T[0], T[1], T[2]);
+        /* W at permutation p: the ordered irrep block (g of x, y, z = perm[p]) and the
+         * strides of a, b, c in it; L[p] at the tile triple's first element */
+        const double *L[6];
+        long sa[6], sb[6], sc[6];
+        for (int p = 0; p < 6; p++) {
+            const int x = perm[p][0], y = perm[p][1], z = perm[p][2];
+            const long hx = G ^ g[x];
+            long st[3];
+            st[x] = npair[hx], st[y] = n[g[z]], st[z] = 1;
+            L[p] = W + foff[g[x]] + poff[8 * hx + g[y]] + rel[0] * st[0] + rel[1] * st[1] + rel[2] * st[2];
+            sa[p] = st[0], sb[p] = st[1], sc[p] = st[2];
+        }
+        energy += tile_energy(nv, start[ta], size[ta], start[tb], size[tb], start[tc], size[tc], L, sa, sb, sc,
+                              ev, eijk, t1i, t1j, t1k, P[0], P[1], P[2], T[0], T[1], T[2]);
     }
     return energy;
 }
 
 /* One triple, point-group symmetry: A, Bs, C its packed layouts a, b (pairs swapped) and c;
  * rows: the packed (jb|kc), (ia|kc), (ia|jb) of pair irreps h[0..2] (NULL: zero by
- * symmetry); scratch tessera_t3_packed_scratch(nv) doubles. */
+ * symmetry); scratch tessera_t3_packed_scratch(nv, ntrip[G]) doubles. */
 double tessera_t3_energy_packed(long G, const int64_t *tab, long nv,
                                 const double *A, const double *Bs, const double *C,
                                 const double *ev, double eijk,
@@ -311,20 +363,21 @@ double tessera_t3_energy_packed(long G, const int64_t *tab, long nv,
     const double *rows[3] = {Pjk, Pik, Pij}, *X[3] = {A, Bs, C};
     const double *P[3], *T[3], *base[3][8];
     for (int l = 0; l < 3; l++) {
-        double *p = scratch + 6 * DT3 + 2 * l * nv * nv;
+        double *p = scratch + 2 * l * nv * nv;
         dense_pairs(nv, tab, h[l], rows[l], p, p + nv * nv, 1);
         P[l] = p, T[l] = p + nv * nv;
         for (int g = 0; g < 8; g++)
             base[l][g] = X[l] + tab[T_FOFF + 8 * G + g];
     }
-    return sweep_packed(G, tab, (const double *const (*)[8]) base, nv, ev, eijk, t1i, t1j, t1k, P, T, scratch);
+    return sweep_packed(G, tab, (const double *const (*)[8]) base, nv, ev, eijk, t1i, t1j, t1k, P, T,
+                        scratch + 6 * nv * nv);
 }
 
 /* The version of this source's functions and argument lists: chem/native.py refuses a
    library built from another (raise it with any change of an exported signature). */
 int tessera_abi_version(void)
 {
-    return 6;
+    return 7;
 }
 
 /* ------------------------------------------------------------------ the blocked kernel's sweep
@@ -572,7 +625,7 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
     const long slot_b = i == j ? 0 : 1;          /* on a diagonal b is a's, c is b's */
     const double *P[3], *T[3];                   /* (jb|kc), (ia|kc), (ia|jb) dense, transposed */
     for (int l = 0; l < 3; l++) {
-        P[l] = scratch + 6 * DT3 + 2 * l * nv * nv;
+        P[l] = scratch + 2 * l * nv * nv;
         T[l] = P[l] + nv * nv;
     }
     /* (ia|jb) is the same for every k of the batch: made dense once; the ks are of one
@@ -593,7 +646,7 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
                         (double *) P[l], (double *) T[l], q == 0);
         }
         energy += sweep_packed(G, tab, (const double *const (*)[8]) base, nv, ev, eo[i] + eo[j] + eo[k],
-                               t1 + i * nv, t1 + j * nv, t1 + k * nv, P, T, scratch);
+                               t1 + i * nv, t1 + j * nv, t1 + k * nv, P, T, scratch + 6 * nv * nv);
     }
     return energy;
 #undef IRR

@@ -22,7 +22,7 @@ __all__ = ["require", "dense_scratch_size", "packed_scratch_size", "energy_dense
            "batch_packed", "block_w", "block_energy"]
 
 _MODULE = "tessera.chem._triples_kernel"
-_ABI = 6            # tessera_abi_version() of triples_kernel.c whose argument lists these are
+_ABI = 7            # tessera_abi_version() of triples_kernel.c whose argument lists these are
 _ptr = ctypes.c_void_p
 
 
@@ -35,9 +35,9 @@ def _library() -> ctypes.CDLL:
     lib.tessera_t3_dense_scratch.restype = ctypes.c_long
     lib.tessera_t3_dense_scratch.argtypes = [ctypes.c_long]
     lib.tessera_t3_packed_scratch.restype = ctypes.c_long
-    lib.tessera_t3_packed_scratch.argtypes = [ctypes.c_long]
-    if (lib.tessera_t3_dense_scratch(7), lib.tessera_t3_packed_scratch(7)) != (dense_scratch_size(7),
-                                                                              packed_scratch_size(7)):
+    lib.tessera_t3_packed_scratch.argtypes = [ctypes.c_long, ctypes.c_long]
+    if (lib.tessera_t3_dense_scratch(7), lib.tessera_t3_packed_scratch(7, 11)) != (dense_scratch_size(7),
+                                                                                  packed_scratch_size(7, 11)):
         raise BuildError("the compiled (T) kernel's scratch differs from triples_native's "
                          "(DENSE_TILE): rebuild it with `make`")
     fn = lib.tessera_t3_energy_packed
@@ -89,7 +89,7 @@ def _addr(a: np.ndarray, size: int, dtype=np.float64) -> int:
     return a.ctypes.data
 
 
-DENSE_TILE = 16     # DTILE of triples_kernel.c: virtuals per edge of the sweeps' local tiles
+DENSE_TILE = 16     # DTILE of triples_kernel.c: virtuals per edge of the sweeps' tiles
 
 
 def dense_scratch_size(nv: int) -> int:
@@ -100,11 +100,12 @@ def dense_scratch_size(nv: int) -> int:
     return 6 * DENSE_TILE ** 3 + 3 * nv * nv
 
 
-def packed_scratch_size(nv: int) -> int:
+def packed_scratch_size(nv: int, ntrip: int) -> int:
     """Doubles of the scratch ``energy_packed`` and ``batch_packed`` need for ``nv``
-    virtuals: the six local tiles, three (x t|y u) rows made dense [v, v] and their
-    transposes (C's ``tessera_t3_packed_scratch``, checked when the kernel loads)."""
-    return 6 * DENSE_TILE ** 3 + 6 * nv * nv
+    virtuals and ``ntrip`` virtual triples of the total irrep (``VirtualLayout.ntrip``):
+    three (x t|y u) rows made dense [v, v] and their transposes, then W of one orbital
+    triple (C's ``tessera_t3_packed_scratch``, checked when the kernel loads)."""
+    return 6 * nv * nv + ntrip
 
 
 def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij, scratch) -> float:
@@ -124,8 +125,9 @@ def energy_packed(G: int, A, Bs, C, ev, eijk: float, t1i, t1j, t1k, rows, pair_i
     """The same sum with point-group symmetry: A, Bs, C packed layouts a, b (pairs swapped)
     and c of one triple of irrep G (``VirtualLayout``: ``lay``); ``rows``: the packed
     (x t|y u) rows (jb|kc), (ia|kc), (ia|jb) of pair irreps ``pair_irreps`` (empty: zero by
-    symmetry); ``scratch`` at least ``packed_scratch_size(v)`` doubles."""
-    nv, n, ns = ev.size, A.size, packed_scratch_size(ev.size)
+    symmetry); ``scratch`` at least ``packed_scratch_size(v, A.size)`` doubles."""
+    nv, n = ev.size, A.size
+    ns = packed_scratch_size(nv, n)
     rows = [_addr(p, int(lay.npair[h])) if p.size else None for p, h in zip(rows, pair_irreps)]
     h = np.array(pair_irreps, dtype=np.int64)
     return _library().tessera_t3_energy_packed(
@@ -137,9 +139,10 @@ def batch_packed(G: int, i: int, j: int, k0: int, nk: int, inp, ev, B, lbuf, scr
     """(sum over k in k0..k0+nk-1 of the energy of energy_packed, GEMM flops) of one batch
     (i, j, ks) of ``TripleKernel`` on the fused operands (``inp.native_rows``): its GEMMs
     and the sweeps in one call, the sweeps reading the batch buffer ``B`` (3 nk ntrip) in
-    place; ``lbuf`` the stacked left operands, ``scratch`` ``packed_scratch_size(v)`` doubles."""
+    place; ``lbuf`` the stacked left operands, ``scratch`` ``packed_scratch_size(v, ntrip[G])`` doubles."""
     lay, nocc, nv = inp.lay, len(inp.irrep), ev.size
-    ntrip, ns = int(lay.ntrip[G]), packed_scratch_size(nv)
+    ntrip = int(lay.ntrip[G])
+    ns = packed_scratch_size(nv, ntrip)
     if not inp.native_rows[:, [i, j, *range(k0, k0 + nk)]].any(axis=(0, 2)).all():
         raise ShapeError(f"(T) batch ({i}, {j}, {k0}..{k0 + nk - 1}): an orbital outside the given row slabs")
     flops = ctypes.c_int64(0)

@@ -257,7 +257,7 @@ def add_source(step, okey) -> tuple:
     if step.pairs == "pack":
         return step.out.tensor.spaces[0].tile_pairs[okey[0]] + tuple(okey[1:]), None
     if step.pairs == "unpack":           # two sources for a diagonal tile pair: local targets only
-        raise AssertionError("an 'unpack' step is planned for local targets only (plan.planner._symmetric_half)")
+        raise AssertionError("an 'unpack' step is planned for local targets only (plan.symmetric.symmetric_half)")
     if step.pairs == "unpack_half":      # nothing below the diagonal tile pairs
         pairs = step.inputs[0].tensor.spaces[0]
         return (None if okey[0] > okey[1] else (pairs.tile_of[okey[:2]],) + tuple(okey[2:])), None

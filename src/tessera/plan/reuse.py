@@ -14,7 +14,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from tessera.expr.terms import Ref
-from tessera.plan.planner import Plan, plan_updates, plans_distributed
+from tessera.plan.planner import Plan, plan_updates
+from tessera.plan.symmetric import plans_distributed
 from tessera.tensor.block_tensor import BlockTensor
 
 PLANS_KEPT = 256

@@ -11,7 +11,7 @@ tensors of CCSD) stores one block per orbit of its symmetry group (the largest k
 canonical block here (no memory) and a fetch of the canonical block permuted locally
 when it lives elsewhere (libtensor's and NWChem TCE's storage of permuted blocks).
 Writing an alias writes its canonical block; plans write canonical blocks only
-(``plan.planner`` checks that the update is symmetric).
+(``plan.symmetric`` checks that the update is symmetric).
 
 Distributed tensors. While a distributed storage is in use (``use_storage``, set by a
 distributed execution context), a new tensor asks it for a handle ``tensor.dist``. The

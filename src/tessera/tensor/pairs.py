@@ -10,7 +10,7 @@ i <= j costs o(o+1)/2 v^4 GEMM rows instead of o^2 (the packed-pair form of PySC
 ``_add_vvvv``; Scuseria, Janssen, Schaefer, J. Chem. Phys. 89, 7382 (1988)).
 
 ``pack_block`` and ``unpack_half_block`` are the block maps of the planner's ``pack``
-and ``unpack_half`` steps (``plan.planner``: a contraction whose result is symmetric is
+and ``unpack_half`` steps (``plan.symmetric``: a contraction whose result is symmetric is
 computed on the pairs of one factor, unpacked to half and added with its transpose).
 """
 
@@ -154,7 +154,7 @@ def plus_minus_last(h, axes: tuple) -> tuple:
     """(M+, M-) of the frozen local tensor ``h``, its axes ``axes`` as (k, y, c, d):
     M+-[k, y, cd] = h[k, y, c, d] +- h[k, y, d, c] on the pairs c <= d (like V+- of
     ``plus_minus``, paired on c, d only), tensors over (k's space, y's space, pairs of
-    c's space), frozen. The t1 dressing of the +/- ladder (``plan.planner``,
+    c's space), frozen. The t1 dressing of the +/- ladder (``plan.symmetric``,
     ``_plus_minus_steps``): sum_cd h[k, y, c, d] X[P, c, d] = sum_s sum_cd M^s[k, y, cd]
     X^s[P, cd] and sum_cd h[k, y, d, c] X[P, c, d] = sum_s s sum_cd M^s X^s, with the
     ladder's X+- (the formulas above). Made once per (h, version, axes), kept on ``h``."""
