@@ -488,6 +488,50 @@ def _triples_run_plan(nocc: int, nvir: int, nranks: int, memory_bytes):
     return job, plan_counts({**classes, "t2": t2}, nranks, memory_bytes=memory_bytes)
 
 
+def test_triples_floor_and_windows_from_the_model():
+    """The (T) floor and a default budget's windows follow one model of a task's seconds
+    (``task_model``, ``read_share``: its bytes at the ranks' bandwidth and one get latency
+    per request, against its flops at the calibrated GEMM rate). H2O2 6-31G's shape (C1,
+    o = 9, v = 13, one tensor tile each, 2 ranks of a node): a one-orbital task computes
+    12 v^3 (v + o) flops; by whole rows it reads one row, v^3 + 2 o v^2 + o^2 v doubles, in
+    4 requests, through a window spanning v it reads v^3 + o v^2 + 5 v (2 v + o) doubles in
+    17 requests (written out here); neither is within READ_SHARE, so the floor is the task
+    of lesser share, whole rows (3 rows, fetched and packed), and the run takes whole
+    rows. Task tile 4 with vblock 3 (no width within the share): one window spanning v,
+    10 tasks (before: windows 1 orbital wide, 4,550 tasks); a given ``cache_mb`` bounds
+    the windows (0.3 MiB: narrower, more tasks)."""
+    from types import SimpleNamespace
+    from tessera.chem.integrals import class_tensor, make_spaces
+    from tessera.chem.triples_tasks import READ_SHARE, TriplesTasks, read_share, task_floor, task_model
+    from tessera.tensor.block_tensor import BlockTensor
+    nocc, nvir, P = 9, 13, 2
+    o, v = make_spaces(np.zeros(nocc + nvir, dtype=int), nocc, 0, 16, None)
+    assert len(o.tiles) == len(v.tiles) == 1
+    machine = Machine.calibrated()
+    on = machine.on(P, P)
+    flops = 12 * nvir**3 * (nvir + nocc)
+    row = nvir**3 + 2 * nocc * nvir**2 + nocc**2 * nvir
+    rows = (8 * row / on["bandwidth"] + 4 * on["t_get"]) / (flops / machine.gemm_flops_per_second)
+    window = (8 * (nvir**3 + nocc * nvir**2 + 5 * nvir * (2 * nvir + nocc)) / on["bandwidth"]
+              + 17 * on["t_get"]) / (flops / machine.gemm_flops_per_second)
+    assert read_share(task_model(o, v, 1, None), P) == pytest.approx(rows, rel=1e-12)
+    assert read_share(task_model(o, v, 1, nvir), P) == pytest.approx(window, rel=1e-12)
+    assert READ_SHARE < rows < window
+    assert task_floor(o, v, P) == 2 * 3 * 8 * row
+    classes = {n: class_tensor(n, o, v) for n in ("ovvv", "ovov", "ovoo")}
+    energies = np.arange(nocc + nvir, dtype=float)
+    ints = SimpleNamespace(o=o, v=v, ev=energies, eo=energies, **classes)
+
+    def plan(occ_tile, vblock, cache_mb=None):
+        return TriplesTasks(ints, BlockTensor((o, v)), BlockTensor((o, o, v, v)), occ_tile, cache_mb, False, vblock,
+                            nranks=P)
+    assert plan(None, None).windows is None and plan(4, None).windows is None           # whole rows
+    wide = plan(4, 3)
+    assert [t[2] for t in wide.windows.vtiles] == [nvir] and len(wide.tasks) == 10
+    bound = plan(4, 3, 0.3)
+    assert max(t[2] for t in bound.windows.vtiles) < nvir and len(bound.tasks) > 10
+
+
 def test_windowed_tasks_costs_and_reads_without_a_list_of_every_task():
     """(T)'s windowed tasks are windows x triples (55 million for the issue's example at
     1024 ranks): ``WindowTasks`` keeps no list of them, ``task_costs`` and ``order_reads``
@@ -574,29 +618,35 @@ def test_triples_memory_per_rank_falls_with_ranks():
 
 def test_triples_estimate_holds_what_the_window_plan_holds():
     """The pre-run estimate's (T) rows (``chem.memory``, distributed, kernel blocked in
-    the virtual index) are the bytes one task of the run's window plan holds (its rows
-    and tables, ``window_counts`` of the windows the run's ``TriplesTasks`` chose) for the
-    run's budget (``window_budget``); its kernel buffers are the ones the run's tasks size
-    for their task tile and windows. Two ranks' share of the (T) operands (about 242 MiB for
-    o=5, v=230) is below both the 256 MiB default and a quarter of 8 GiB per rank, so it
-    is what binds, with or without a memory budget."""
+    the virtual index) are the bytes one task of the run's plan holds for the run's budget
+    (``window_budget``): unstreamed, its rows and tables (``window_counts`` of the windows
+    the run's ``TriplesTasks`` chose); streamed, one stage's and W (``stream_bytes``); its
+    kernel buffers are the ones the run's tasks size for their task tile and windows.
+    o=5, v=230 on 2 ranks: a one-orbital task computes little per request, so the floor
+    (``task_floor``: windows wide enough that reads and requests take at most READ_SHARE
+    of compute) is above the ranks' share of the operands (about 242 MiB); with 8 GiB per
+    rank the budget is that floor and the tasks unstreamed, with the 256 MiB default below
+    it they are streamed (``stream_plan``)."""
     from types import SimpleNamespace
     from tessera.chem.memory import RunShape, estimate
-    from tessera.chem.triples_tasks import window_budget, window_counts
+    from tessera.chem.triples_tasks import task_floor, window_budget, window_counts
     ref = SimpleNamespace(orbsym=np.zeros(235, dtype=int), nocc=5, point_group="C1")
-    rows = {}
+    share = 8 * (5 * 230**3 + 2 * 5**2 * 230**2 + 5**3 * 230) / 2
     for budget in (None, 8 * 2**30):
-        job, _ = _triples_run_plan(5, 230, 2, budget)
+        job, counts = _triples_run_plan(5, 230, 2, budget)
         assert job.windows is not None                       # windowed tasks
-        held = window_counts(job.windows, job.tiles, job.triples, job.G)[2]
+        floor = task_floor(job.o, job.v, 2)
+        given = window_budget(None, budget, job.tensors, 2, job.ranks_per_node)
+        assert given == (2**28 if budget is None else floor) and floor > share
+        assert (counts["occ_tile"], counts["vblock"], counts["chunks"]) == (job.occ_tile, job.vblock,
+                                                                           job.stream.count)
+        assert (job.stream.count > 1) == (given < floor)
+        held = (window_counts(job.windows, job.tiles, job.triples, job.G)[2] if job.stream.count == 1
+                else counts["task_bytes"])
         shape = RunShape(None, "ccsd(t)", "mpi-onesided", None, 2, 32, None, 0, True, ref, budget=budget)
         part = estimate(shape, baseline=0).parts["(t)"]
-        rows[budget] = part["rows"]
-        assert rows[budget] == held, (budget, rows[budget], held)
+        assert part["rows"] == held <= given, (budget, part["rows"], held)
         assert part["kernel"] == shape.threads * job.pool_bytes       # the buffers the run makes
-        share = 8 * (5 * 230**3 + 2 * 5**2 * 230**2 + 5**3 * 230) / 2
-        assert held <= window_budget(None, budget, job.tensors, 2, job.ranks_per_node) == share
-    assert rows[None] == rows[8 * 2**30]
 
 
 def test_triples_whole_rows_task_tile_from_the_budget():

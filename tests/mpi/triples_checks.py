@@ -19,7 +19,7 @@ rank, the largest share of each source tensor a rank held, the whole tensors' by
 the bytes moved by one-sided gets during (T). The windowed runs again with the contracted
 indices streamed in STREAM_CHUNKS chunks (``streamed``, at STREAMED_RANKS), and once more with
 no chunks given and a budget under which unstreamed windows would be one orbital wide,
-STREAM_CACHE_MB, so the budget rule streams them (``budget_streamed``, at BUDGET_RANKS).
+STREAM_CACHE_MB, where the budget rule streams them (``budget_streamed``, at BUDGET_RANKS).
 Each of these three runs only at the rank counts whose test checks it
 (tests/test_triples_mpi.py parametrizes by the same tuples).
 tests/test_triples_mpi.py checks them.

@@ -151,52 +151,94 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
 
 
 def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
-    """The least bytes a distributed (T) task over spaces o, v is given: one task of a
-    one-orbital task tile (``triples_window.task_bytes``) whose windows are the narrowest
-    at which the kernel's GEMMs keep their speed (MIN_WINDOW), the rows a task reads take
-    no more than READ_SHARE of its compute time at the calibrated GEMM rate and the
-    bandwidth of ``nranks`` ranks, ``ranks_per_node`` (default: all) to a node
-    (``Machine.on``, as ``deal_weights``; reads per flop: ``read_density``), and the tasks
-    (one per occupied orbital triple and window, C1 count) are at most MAX_TASKS:
-    narrower windows hold less and read more per flop.  Where those windows span the whole
-    virtual space (3 widths >= v: a window cuts nothing) and whole rows' task tile is one
-    orbital (at most nocc // 8, ``row_plan``), at least one task of one-orbital whole rows
-    (3 rows of v^3 + 2 o v^2 + o^2 v doubles, fetched and packed, C1): windowed tasks
-    would be those tasks on the blocked kernel, slower (H2O2 6-31G, 2 ranks: 165 windowed
-    tasks 0.85 s user CPU, by whole rows 0.29 s); with more occupied orbitals windowed
-    tasks take larger task tiles and read less ((H2O)8 cc-pVDZ, 256 ranks on 64-rank
-    nodes: 1.75 against 5.43 GiB per rank).  Set by o, v, the tiles and the
-    machine, not by the rank count alone; where reads are dear (between nodes) it reaches
-    the cap of ``window_budget``."""
+    """The least bytes a distributed (T) task over spaces o, v is given (the floor of
+    ``window_budget``): of one-orbital tasks, the windowed one of ``least_width`` and the
+    one by whole rows (``task_model``), the one that holds less among those whose bytes
+    take at most READ_SHARE of their compute (``read_share`` without requests), or,
+    where neither does, the one of the lesser ``read_share`` with one get latency per
+    request: a task too small to pay for its requests (H2O2 6-31G: whole rows ask for 4
+    blocks per task, a window spanning v for 17: whole rows).  Set by o, v, the tiles and
+    the machine, not by the rank count alone; where reads are dear (between nodes) it
+    reaches the cap of ``window_budget``."""
+    models = (task_model(o, v, 1, least_width(o, v, 1, nranks, ranks_per_node)), task_model(o, v, 1, None))
+    within = [m[3] for m in models if read_share(m, nranks, ranks_per_node, requests=False) <= READ_SHARE]
+    return min(within) if within else min((read_share(m, nranks, ranks_per_node), m[3]) for m in models)[1]
+
+
+def least_width(o, v, occ_tile: int, nranks: int, ranks_per_node: int | None = None) -> int:
+    """The narrowest window tile (orbitals, at least MIN_WINDOW, at most v) at which the
+    bytes an unstreamed windowed task of task tile ``occ_tile`` reads take at most
+    READ_SHARE of its compute (``read_share`` without requests) and the tasks (one per
+    occupied orbital triple of task tiles and window, C1 count) are at most MAX_TASKS;
+    where none does, the width of least ``read_share`` with requests (reads and requests
+    grow as w^2, compute as w^3: the widest).  Windows of a default budget are no
+    narrower (``window_plan``)."""
     nocc, nvir = o.dim, v.dim
-    machine = Machine.calibrated()
-    bandwidth = machine.on(nranks, ranks_per_node or nranks)["bandwidth"]
-    balance = machine.gemm_flops_per_second / bandwidth / READ_SHARE        # flops per byte read
-    triples = nocc * (nocc + 1) * (nocc + 2) // 6
     vr = irrep_ranges(v, "virtual")
     irel = [tl.offset - int(vr[tl.irrep, 0]) for tl in v.tiles]
-
-    def fits(width):
+    triples = (-(-nocc // occ_tile)) ** 3 / 6
+    best = None
+    for width in range(min(MIN_WINDOW, nvir), nvir + 1):
         n = len(window_tiles(v, irel, width)[0])
-        return read_density(nocc, nvir, 1, width) >= balance and triples * n * (n + 1) * (n + 2) // 6 <= MAX_TASKS
-    width = min(MIN_WINDOW, nvir)
-    while width < nvir and not fits(width):
-        width += 1
-    if 3 * width < nvir or nocc // 8 > 1:
-        return task_bytes(nocc, nvir, 1, width)
-    return max(task_bytes(nocc, nvir, 1, width), 2 * 3 * 8 * (nvir ** 3 + 2 * nocc * nvir ** 2 + nocc ** 2 * nvir))
+        if triples * n * (n + 1) * (n + 2) / 6 > MAX_TASKS:
+            continue
+        model = task_model(o, v, occ_tile, width)
+        if read_share(model, nranks, ranks_per_node, requests=False) <= READ_SHARE:
+            return width
+        share = read_share(model, nranks, ranks_per_node)
+        if best is None or share < best[0]:
+            best = (share, width)
+    return nvir if best is None else best[1]
 
 
-def read_density(nocc: int, nvir: int, occ_tile: int, width: int) -> float:
-    """Flops per byte read of unstreamed windowed tasks of task tile r = ``occ_tile`` and
-    window tiles ``width`` wide (C1, ``task_floor``): consecutive tasks share two of three
-    task tiles, so a task reads one tile's rows (w^2 v + o w^2 doubles each) and five r x r
-    pairs of rows (w v + w o + w^2 each) for 72 r^3 wd^3 (v + o) flops, w = 3 wd (at most
-    v): about r^2 wd flops per byte (before, when every task read t2 and (ov|oo) rows of
-    every occupied y: 3 wd^2 / (3 wd + o) at r = 1)."""
-    r, wd, w = occ_tile, width, min(3 * width, nvir)
-    return 72 * r ** 3 * wd ** 3 * (nvir + nocc) / (8 * (r * (w * w * nvir + nocc * w * w)
-                                                         + 5 * r * r * w * (nvir + nocc + w)))
+def task_model(o, v, occ_tile: int, width: int | None, chunks: int = 1) -> tuple:
+    """(flops, bytes read, requests, bytes held) of one distributed (T) task of task tile r
+    = ``occ_tile`` as it runs among others (C1; tensor tiles of o and v at their mean
+    size): (T)'s 2 o^3 v^3 (v + o) flops over (o/r)^3 / 6 triples of task tiles and
+    n (n + 1) (n + 2) / 6 windows of n = v / ``width`` window tiles (72 r^3 width^3 (v + o)
+    for many), w = 3 width orbitals a window (at most v); ``width`` None: by whole rows, n = 1.
+    Unstreamed, consecutive tasks share two of three task tiles, so a task reads one
+    tile's rows (w^2 v + o w^2 doubles each: (x p|q f), t2[x m p q]) and five r x r pairs
+    (w v + w o + w^2 each: t2[x y p f], (x p|y m), (x p|y q)), one request per block
+    part: n_w^2 (n_v + n_o) and five times n_w (n_v + n_o) + n_w^2, n_w the blocks or
+    parts of blocks a window spans on a virtual axis; by whole rows one tile's rows, v^3 +
+    2 o v^2 + o^2 v doubles, n_v^3 + 2 n_o n_v^2 + n_o^2 n_v blocks.  Streamed in ``chunks``
+    C > 1 stages (``chem.triples_stream``): every tile and pair read again, the f and m
+    axes in C + n_v - 1 and C + n_o - 1 parts.  Held: ``task_bytes`` (whole rows: 3 r rows,
+    fetched and packed; streamed: ``stream_bytes``)."""
+    nocc, nvir = o.dim, v.dim
+    n_o, n_v = max(1, len(o.tiles)), max(1, len(v.tiles))
+    r, R = occ_tile, min(3 * occ_tile, nocc)
+    w = nvir if width is None else min(3 * width, nvir)
+    n = 1 if width is None else -(-nvir // width)
+    flops = 12 * r ** 3 * nvir ** 3 * (nvir + nocc) / (n * (n + 1) * (n + 2) / 6)
+    if width is None:
+        row = nvir ** 3 + 2 * nocc * nvir ** 2 + nocc ** 2 * nvir
+        return flops, 8 * r * row, n_v ** 3 + 2 * n_o * n_v ** 2 + n_o ** 2 * n_v, 2 * 8 * R * row
+    n_w = w / min(width, nvir / n_v)
+    if chunks == 1:
+        read = 8 * (r * (w * w * nvir + nocc * w * w) + 5 * r * r * w * (nvir + nocc + w))
+        asks = n_w * n_w * (n_v + n_o) + 5 * (n_w * (n_v + n_o) + n_w * n_w)
+        return flops, read, asks, task_bytes(nocc, nvir, r, width)
+    f, m = chunks + n_v - 1, chunks + n_o - 1
+    read = 8 * (3 * r * (w * w * (nvir + nocc)) + 9 * r * r * w * (nvir + nocc + w))
+    asks = 3 * n_w * n_w * (f + m) + 9 * (n_w * (f + m) + n_w * n_w)
+    nv, no = -(-nvir // chunks), -(-nocc // chunks)
+    return flops, read, asks, stream_bytes(nocc, nvir, r, width, nv, no)
+
+
+def read_share(model: tuple, nranks: int, ranks_per_node: int | None = None, requests: bool = True) -> float:
+    """Seconds a task (``task_model``) spends reading, its bytes at the bandwidth of
+    ``nranks`` ranks ``ranks_per_node`` (default: all) to a node and, with ``requests``,
+    one get latency per request (``Machine.on``), per second of its compute at the
+    calibrated GEMM rate.  READ_SHARE bounds the bytes' seconds; the requests' latency,
+    which a large task's non-blocking gets overlap, decides among tasks that no width
+    brings within it (small molecules)."""
+    flops, read, asks, _ = model
+    machine = Machine.calibrated()
+    on = machine.on(nranks, ranks_per_node or nranks)
+    return (read / on["bandwidth"] + (asks * on["t_get"] if requests else 0.0)) / (
+        flops / machine.gemm_flops_per_second)
 
 
 def stream_bytes(nocc: int, nvir: int, occ_tile: int, width: int, cv: int, co: int) -> float:
@@ -237,23 +279,34 @@ def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_
     """(occ_tile, width, chunks) of streamed (T) tasks, or None (unstreamed): streamed when
     ``budget`` is below the unstreamed floor (``task_floor``) and a streamed task fits it
     in the fewest chunks (C > 1) whose ``stream_bytes`` fit: the task of ``stream_floor``
-    where it holds less than that floor; a budget under which one-orbital unstreamed tasks
-    would take windows one orbital wide (``window_width``: the most tasks, the smallest
-    GEMMs), also one-orbital tasks of the widest windows (at most MIN_WINDOW, at least 2)
-    that fit, whatever their reads. A given ``occ_tile`` is the task
-    tile of every candidate."""
+    where it holds less than that floor; else one-orbital tasks of the widest windows (at
+    most MIN_WINDOW) that fit, where their ``read_share`` is less than that of the
+    one-orbital unstreamed tasks of the budget (``window_width``): a streamed task reads
+    its rows again each task and asks for them in parts, but its windows are wider, its
+    compute per task larger (H2O2 6-31G at 41.9 kB: unstreamed windows 1 orbital wide,
+    75,075 tasks; streamed 3 wide in 7 chunks, 5,775 tasks). A given ``occ_tile`` is the
+    task tile of every candidate."""
     floor = task_floor(o, v, nranks, ranks_per_node)
     if budget >= floor:
         return None
-    balanced = stream_floor(o, v, nranks, ranks_per_node)
-    tried = [balanced[:2]] if balanced is not None and balanced[2] < floor else []
-    if window_width(o, v, 1, budget) == 1 < v.dim:
-        tried += [(1, width) for width in range(min(MIN_WINDOW, v.dim), 1, -1)]
     nv, no = int(lay.n.max()), int(lay.no.max())
-    for r, width in [(occ_tile or r, width) for r, width in tried]:
-        for count in range(2, max(nv, no) + 1):
-            if stream_bytes(o.dim, v.dim, r, width, -(-nv // count), -(-no // count)) <= budget:
-                return r, width, count
+
+    def fewest(r, width):                 # the fewest chunks (2+) in which the task fits the budget
+        return next((count for count in range(2, max(nv, no) + 1)
+                     if stream_bytes(o.dim, v.dim, r, width, -(-nv // count), -(-no // count)) <= budget), None)
+    balanced = stream_floor(o, v, nranks, ranks_per_node)
+    if balanced is not None and balanced[2] < floor:
+        r, width = occ_tile or balanced[0], balanced[1]
+        count = fewest(r, width)
+        if count is not None:
+            return r, width, count
+    r = occ_tile or 1
+    plain = read_share(task_model(o, v, r, window_width(o, v, r, budget)), nranks, ranks_per_node)
+    for width in range(min(MIN_WINDOW, v.dim), 1, -1):
+        count = fewest(r, width)
+        if count is not None:
+            better = read_share(task_model(o, v, r, width, count), nranks, ranks_per_node) < plain
+            return (r, width, count) if better else None
     return None
 
 
@@ -362,14 +415,19 @@ def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None
 
 
 def window_plan(o, v, vr, orange, keys: dict, shapes: dict, vblock: int, budget: float, nranks: int,
-                occ_tile: int | None = None) -> tuple:
+                occ_tile: int | None = None, ranks_per_node: int | None = None, widen: bool = False) -> tuple:
     """(occ_tile, Windows, (tasks, read, most)) of windowed (T) (``occ_tile_plan``), the
     windows as wide as ``budget`` allows for each candidate task tile; a larger task tile
     only while the parts its windows cut from tensor tiles stay ``MIN_WINDOW`` wide (the
-    first is taken however narrow)."""
+    first is taken however narrow).  ``widen`` (a given ``occ_tile`` under the default
+    budget, whose floor is one-orbital tasks'): its windows no narrower than
+    ``least_width`` of that tile."""
     def counts_of(c):
         tiles, triples, G = task_tiles(o, c)
-        win = Windows(o, v, vr, orange, keys, shapes, vblock, window_width(o, v, c, budget))
+        width = window_width(o, v, c, budget)
+        if widen:
+            width = max(width, least_width(o, v, c, nranks, ranks_per_node))
+        win = Windows(o, v, vr, orange, keys, shapes, vblock, width)
         return win, window_counts(win, tiles, triples, G)
     return occ_tile_plan(o, budget, nranks, counts_of, occ_tile, usable=lambda win: win.narrowest_cut >= MIN_WINDOW)
 
@@ -576,7 +634,8 @@ class TriplesTasks:
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
         elif not resident and self.vblock is not None:
             occ, self.windows, _ = window_plan(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
-                                               budget, nranks, occ_tile)
+                                               budget, nranks, occ_tile, ranks_per_node,
+                                               widen=occ_tile is not None and cache_mb is None)
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
             self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows)
         # windowed tasks in stages, the contracted f and m in chunks (chem.triples_stream);
