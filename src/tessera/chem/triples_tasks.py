@@ -152,27 +152,32 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
 
 def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
     """The least bytes a distributed (T) task over spaces o, v is given (the floor of
-    ``window_budget``): of one-orbital tasks, the windowed one of ``least_width`` and the
-    one by whole rows (``task_model``), the one that holds less among those whose bytes
-    take at most READ_SHARE of their compute (``read_share`` without requests), or,
-    where neither does, the one of the lesser ``read_share`` with one get latency per
-    request: a task too small to pay for its requests (H2O2 6-31G: whole rows ask for 4
-    blocks per task, a window spanning v for 17: whole rows).  Set by o, v, the tiles and
-    the machine, not by the rank count alone; where reads are dear (between nodes) it
-    reaches the cap of ``window_budget``."""
-    models = (task_model(o, v, 1, least_width(o, v, 1, nranks, ranks_per_node)), task_model(o, v, 1, None))
-    within = [m[3] for m in models if read_share(m, nranks, ranks_per_node, requests=False) <= READ_SHARE]
-    return min(within) if within else min((read_share(m, nranks, ranks_per_node), m[3]) for m in models)[1]
+    ``window_budget``): of the one-orbital windowed task of ``least_width`` and the tasks
+    by whole rows of each task tile ``row_plan`` may take (at most nocc // 8, larger than
+    one orbital only while the tasks stay TASKS_PER_RANK per rank) (``task_model``), the
+    one that holds least among those whose ``read_share`` (bytes and requests) is within
+    READ_SHARE, or, where none is, the one of least share: a task too small to pay for
+    its requests (H2O2 6-31G: whole rows ask for 4 blocks per task, a window spanning v
+    for 17: whole rows).  Set by o, v, the tiles and the machine, not by the rank count
+    alone but for that task count; where reads are dear (between nodes) it reaches the
+    cap of ``window_budget``."""
+    nocc = o.dim
+    rows = [r for r in range(1, max(1, nocc // 8) + 1)
+            if r == 1 or (-(-nocc // r)) ** 3 / 6 >= TASKS_PER_RANK * nranks]
+    models = [task_model(o, v, 1, least_width(o, v, 1, nranks, ranks_per_node))]
+    models += [task_model(o, v, r, None) for r in rows]
+    shares = [(read_share(m, nranks, ranks_per_node), m[3]) for m in models]
+    within = [held for share, held in shares if share <= READ_SHARE]
+    return min(within) if within else min(shares)[1]
 
 
 def least_width(o, v, occ_tile: int, nranks: int, ranks_per_node: int | None = None) -> int:
-    """The narrowest window tile (orbitals, at least MIN_WINDOW, at most v) at which the
-    bytes an unstreamed windowed task of task tile ``occ_tile`` reads take at most
-    READ_SHARE of its compute (``read_share`` without requests) and the tasks (one per
-    occupied orbital triple of task tiles and window, C1 count) are at most MAX_TASKS;
-    where none does, the width of least ``read_share`` with requests (reads and requests
-    grow as w^2, compute as w^3: the widest).  Windows of a default budget are no
-    narrower (``window_plan``)."""
+    """The narrowest window tile (orbitals, at least MIN_WINDOW, at most v) at which an
+    unstreamed windowed task of task tile ``occ_tile`` keeps its ``read_share`` within
+    READ_SHARE and the tasks (one per occupied orbital triple of task tiles and window, C1
+    count) are at most MAX_TASKS; where none does, the width of least share (reads and
+    requests grow as w^2, compute as w^3: the widest).  A task tile given under the
+    default budget takes windows no narrower (``window_plan``)."""
     nocc, nvir = o.dim, v.dim
     vr = irrep_ranges(v, "virtual")
     irel = [tl.offset - int(vr[tl.irrep, 0]) for tl in v.tiles]
@@ -182,10 +187,9 @@ def least_width(o, v, occ_tile: int, nranks: int, ranks_per_node: int | None = N
         n = len(window_tiles(v, irel, width)[0])
         if triples * n * (n + 1) * (n + 2) / 6 > MAX_TASKS:
             continue
-        model = task_model(o, v, occ_tile, width)
-        if read_share(model, nranks, ranks_per_node, requests=False) <= READ_SHARE:
+        share = read_share(task_model(o, v, occ_tile, width), nranks, ranks_per_node)
+        if share <= READ_SHARE:
             return width
-        share = read_share(model, nranks, ranks_per_node)
         if best is None or share < best[0]:
             best = (share, width)
     return nvir if best is None else best[1]
@@ -227,18 +231,15 @@ def task_model(o, v, occ_tile: int, width: int | None, chunks: int = 1) -> tuple
     return flops, read, asks, stream_bytes(nocc, nvir, r, width, nv, no)
 
 
-def read_share(model: tuple, nranks: int, ranks_per_node: int | None = None, requests: bool = True) -> float:
+def read_share(model: tuple, nranks: int, ranks_per_node: int | None = None) -> float:
     """Seconds a task (``task_model``) spends reading, its bytes at the bandwidth of
-    ``nranks`` ranks ``ranks_per_node`` (default: all) to a node and, with ``requests``,
-    one get latency per request (``Machine.on``), per second of its compute at the
-    calibrated GEMM rate.  READ_SHARE bounds the bytes' seconds; the requests' latency,
-    which a large task's non-blocking gets overlap, decides among tasks that no width
-    brings within it (small molecules)."""
+    ``nranks`` ranks ``ranks_per_node`` (default: all) to a node and one get latency per
+    request (``Machine.on``), per second of its compute at the calibrated GEMM rate: what
+    READ_SHARE bounds."""
     flops, read, asks, _ = model
     machine = Machine.calibrated()
     on = machine.on(nranks, ranks_per_node or nranks)
-    return (read / on["bandwidth"] + (asks * on["t_get"] if requests else 0.0)) / (
-        flops / machine.gemm_flops_per_second)
+    return (read / on["bandwidth"] + asks * on["t_get"]) / (flops / machine.gemm_flops_per_second)
 
 
 def stream_bytes(nocc: int, nvir: int, occ_tile: int, width: int, cv: int, co: int) -> float:
