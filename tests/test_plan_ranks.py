@@ -532,6 +532,46 @@ def test_triples_floor_and_windows_from_the_model():
     assert max(t[2] for t in bound.windows.vtiles) < nvir and len(bound.tasks) > 10
 
 
+def test_triples_task_tile_by_modelled_seconds():
+    """Where the memory budget allows several (T) plans, the budget rule takes the one of
+    fewest modelled seconds per rank (``plan_seconds``: each task's flops at the GEMM rate,
+    reads at the bandwidth, one get latency per request and one
+    ``Machine.triples_task_seconds`` of Python work), not the least held (``task_floor``).
+    The water tetramer cc-pVDZ's shape (C1, o = 20, v = 76 at tile 48: one occupied tile,
+    two virtual ones; 2 ranks of a node, the default budget, 256 MiB): whole rows of task
+    tile r run o^3 / (6 r^3) tasks of 12 r^3 v^3 (v + o) flops, each reading r rows of
+    v^3 + 2 o v^2 + o^2 v doubles in 18 requests, the busiest rank one task more than
+    the mean (written out here); task tile 2, 6 rows held twice (64 MiB), takes fewer
+    seconds than task tile 1 (32 MiB) or the floor (one-orbital windows, 27 MiB), so the
+    run takes task tile 2, 220 tasks (before: task tile 1, 1,540 tasks)."""
+    from tessera.chem.triples_tasks import fastest_task, plan_counts, plan_seconds, task_floor, task_model
+    nocc, nvir, P = 20, 76, 2
+    tensors = CCSDStructure(np.zeros(nocc + nvir, dtype=int), nocc, 0, distributed=True).stored(48, 48)
+    o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+    assert (o.dim, v.dim, len(o.tiles), len(v.tiles)) == (nocc, nvir, 1, 2)
+    machine = Machine.calibrated()
+    on = machine.on(P, P)
+    row = nvir**3 + 2 * nocc * nvir**2 + nocc**2 * nvir
+    asks = 2**3 + 2 * 1 * 2**2 + 1 * 2
+
+    def seconds(r):
+        flops = 12 * r**3 * nvir**3 * (nvir + nocc)
+        task = (flops / machine.gemm_flops_per_second + 8 * r * row / on["bandwidth"] + asks * on["t_get"]
+                + machine.triples_task_seconds)
+        return (nocc**3 / (6 * r**3) / P + 1) * task               # the mean and one task more
+    for r in (1, 2):
+        assert plan_seconds(o, v, task_model(o, v, r, None), P) == pytest.approx(seconds(r), rel=1e-12)
+    assert machine.triples_task_seconds > 0 and seconds(2) < seconds(1)
+    floor = task_floor(o, v, P)                   # the least held: one-orbital windows spanning v
+    assert floor == task_model(o, v, 1, nvir)[3] < 2 * 3 * 8 * row
+    assert fastest_task(o, v, P, None, 256 * 2**20) == 2 * 6 * 8 * row
+    assert fastest_task(o, v, P, None, 2 * 6 * 8 * row - 1) == 2 * 3 * 8 * row       # below: task tile 1
+    assert fastest_task(o, v, P, None, floor - 1) is None
+    counts = plan_counts(tensors, P)
+    assert (counts["occ_tile"], counts["vblock"], counts["tasks"]) == (2, 0, 220)
+    assert counts["task_bytes"] == 2 * 6 * 8 * row <= counts["budget_bytes"] <= 256 * 2**20
+
+
 def test_windowed_tasks_costs_and_reads_without_a_list_of_every_task():
     """(T)'s windowed tasks are windows x triples (55 million for the issue's example at
     1024 ranks): ``WindowTasks`` keeps no list of them, ``task_costs`` and ``order_reads``

@@ -135,10 +135,12 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
     """Bytes one distributed (T) task may hold (windowed: its rows and tables; by whole
     rows: its rows, and the row cache): ``cache_mb`` when given, else the rank's share of
     the (T) operands ``tensors`` (ovvv, t2, ovov, ovoo: every allowed element, over
-    ``nranks``), so it falls as ranks grow, but never below ``task_floor`` (unstreamed) --
-    or, where the share is below 1/STREAM_BELOW of that floor, ``stream_floor`` (streamed
-    tasks, set by the machine alone) when it is less -- and never above WINDOW_SHARE of the
-    rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
+    ``nranks``), so it falls as ranks grow, but never below what the task of fewest modelled
+    seconds per rank holds among those within the cap (``fastest_task``) nor below
+    ``task_floor`` (unstreamed) -- or, where the share is below 1/STREAM_BELOW of that
+    floor, ``stream_floor`` (streamed tasks, set by the machine alone) when it is less --
+    and never above WINDOW_SHARE of the rank's memory budget ``memory_bytes`` (at least
+    DEFAULT_CACHE_MB)."""
     if cache_mb is not None:
         return cache_mb * 2**20
     base = DEFAULT_CACHE_MB * 2**20
@@ -146,29 +148,64 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
     share = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES) / nranks
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
     floor = task_floor(o, v, nranks, ranks_per_node)
+    least = max(floor, fastest_task(o, v, nranks, ranks_per_node, cap) or 0.0)
     streamed = stream_floor(o, v, nranks, ranks_per_node) if STREAM_BELOW * share < floor else None
-    return min(cap, max(floor if streamed is None else min(floor, streamed[2]), share))
+    return min(cap, max(least if streamed is None else min(least, streamed[2]), share))
 
 
-def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
-    """The least bytes a distributed (T) task over spaces o, v is given (the floor of
-    ``window_budget``): of the one-orbital windowed task of ``least_width`` and the tasks
-    by whole rows of each task tile ``row_plan`` may take (at most nocc // 8, larger than
-    one orbital only while the tasks stay TASKS_PER_RANK per rank) (``task_model``), the
-    one that holds least among those whose ``read_share`` (bytes and requests) is within
-    READ_SHARE, or, where none is, the one of least share: a task too small to pay for
-    its requests (H2O2 6-31G: whole rows ask for 4 blocks per task, a window spanning v
-    for 17: whole rows).  Set by o, v, the tiles and the machine, not by the rank count
-    alone but for that task count; where reads are dear (between nodes) it reaches the
-    cap of ``window_budget``."""
+def task_candidates(o, v, nranks: int, ranks_per_node: int | None = None) -> list:
+    """``task_model`` s of the unstreamed distributed (T) tasks the budget rule weighs: the
+    one-orbital windowed task of ``least_width`` and the tasks by whole rows of each task
+    tile ``row_plan`` may take (at most nocc // 8, larger than one orbital only while the
+    tasks stay TASKS_PER_RANK per rank)."""
     nocc = o.dim
     rows = [r for r in range(1, max(1, nocc // 8) + 1)
             if r == 1 or (-(-nocc // r)) ** 3 / 6 >= TASKS_PER_RANK * nranks]
-    models = [task_model(o, v, 1, least_width(o, v, 1, nranks, ranks_per_node))]
-    models += [task_model(o, v, r, None) for r in rows]
-    shares = [(read_share(m, nranks, ranks_per_node), m[3]) for m in models]
+    return ([task_model(o, v, 1, least_width(o, v, 1, nranks, ranks_per_node))]
+            + [task_model(o, v, r, None) for r in rows])
+
+
+def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
+    """The least bytes a distributed (T) task over spaces o, v is given, what the budget
+    rule holds where the memory cap forces it (``window_budget``): of ``task_candidates``,
+    the one that holds least among those whose ``read_share`` (bytes and requests) is
+    within READ_SHARE, or, where none is, the one of least share: a task too small to pay
+    for its requests (H2O2 6-31G: whole rows ask for 4 blocks per task, a window spanning v
+    for 17: whole rows).  Set by o, v, the tiles and the machine, not by the rank count
+    alone but for that task count; where reads are dear (between nodes) it reaches the cap
+    of ``window_budget``."""
+    shares = [(read_share(m, nranks, ranks_per_node), m[3]) for m in task_candidates(o, v, nranks, ranks_per_node)]
     within = [held for share, held in shares if share <= READ_SHARE]
     return min(within) if within else min(shares)[1]
+
+
+def fastest_task(o, v, nranks: int, ranks_per_node: int | None, cap: float):
+    """Bytes held by the one of ``task_candidates`` holding at most ``cap`` whose run takes
+    the fewest modelled seconds per rank (``plan_seconds``; equal seconds: the one holding
+    least), or None where none fits: where the memory budget allows larger tasks than the
+    floor, fewer of them pay less Python work and read less (water tetramer cc-pVDZ, tile
+    48, 2 ranks: whole rows of task tile 2, 220 tasks, not task tile 1, 1,540 tasks)."""
+    fits = [(plan_seconds(o, v, m, nranks, ranks_per_node), m[3])
+            for m in task_candidates(o, v, nranks, ranks_per_node) if m[3] <= cap]
+    return min(fits)[1] if fits else None
+
+
+def plan_seconds(o, v, model: tuple, nranks: int, ranks_per_node: int | None = None) -> float:
+    """Modelled seconds per rank of distributed (T) run as tasks like ``model``
+    (``task_model``): (T)'s 2 o^3 v^3 (v + o) flops (C1) over the task's give the tasks,
+    each taking its flops at the calibrated GEMM rate, its reads (as ``read_share``: bytes
+    at the bandwidth, one get latency per request) and one ``Machine.triples_task_seconds``
+    of Python work; dealt over ``nranks``, the busiest rank ends at most one task after
+    the mean (Graham's bound of a list schedule, Bell Syst. Tech. J. 45, 1563 (1966)), so
+    the mean plus one task (larger tasks balance worse: (H2O)8 cc-pVDZ on 64 ranks keeps
+    one-orbital windowed tasks, 210 MiB, not whole rows of task tile 2, 513 MiB)."""
+    flops, read, asks, _ = model
+    machine = Machine.calibrated()
+    on = machine.on(nranks, ranks_per_node or nranks)
+    tasks = 2 * o.dim ** 3 * v.dim ** 3 * (v.dim + o.dim) / flops
+    task = (flops / machine.gemm_flops_per_second + read / on["bandwidth"] + asks * on["t_get"]
+            + machine.triples_task_seconds)
+    return (tasks / nranks + 1) * task
 
 
 def least_width(o, v, occ_tile: int, nranks: int, ranks_per_node: int | None = None) -> int:
