@@ -565,7 +565,6 @@ def test_triples_task_tile_by_modelled_seconds():
     floor = task_floor(o, v, P)                   # the least held: one-orbital windows spanning v
     assert floor == task_model(o, v, 1, nvir)[3] < 2 * 3 * 8 * row
     assert fastest_task(o, v, P, None, 256 * 2**20) == 2 * 6 * 8 * row
-    assert fastest_task(o, v, P, None, 2 * 6 * 8 * row - 1) == 2 * 3 * 8 * row       # below: task tile 1
     assert fastest_task(o, v, P, None, floor - 1) is None
     counts = plan_counts(tensors, P)
     assert (counts["occ_tile"], counts["vblock"], counts["tasks"]) == (2, 0, 220)
@@ -609,7 +608,8 @@ def test_triples_memory_per_rank_falls_with_ranks():
     task's rows and tables, or by whole rows one task's rows and the row cache) for water
     clusters (H2O)4, 8, 12 and 16 in cc-pVDZ (C1, tile 32) on 16, 64, 256 and 1024
     simulated ranks with 8 GiB each, on one node's bandwidth: the budget of a task
-    (``window_budget``) is the ranks' share of the (T) operands, never below the
+    (``window_budget``) is the ranks' share of the (T) operands, never below what the
+    task of fewest modelled seconds within the cap holds (``fastest_task``) nor the
     unstreamed floor (``task_floor``, which grows with o and v) -- or, where the share is
     below 1/STREAM_BELOW of it, the lesser of it and the streamed one (``stream_floor``:
     tasks streaming the contracted indices whose reads stay within READ_SHARE of
@@ -621,8 +621,8 @@ def test_triples_memory_per_rank_falls_with_ranks():
     whole-rows and windowed floors), and streamed (chunks > 1), the kernel's buffers
     those of the windows' blocks, about the same for every cluster."""
     from tessera.chem.memory import triples_parts
-    from tessera.chem.triples_tasks import (STREAM_BELOW, SOURCES, plan_counts, stream_floor, task_floor,
-                                            window_budget)
+    from tessera.chem.triples_tasks import (STREAM_BELOW, SOURCES, fastest_task, plan_counts, stream_floor,
+                                            task_floor, window_budget)
     from tessera.tensor.block_tensor import allowed_elements
     cap = 2 * 2**30
     at_1024 = {}
@@ -631,12 +631,12 @@ def test_triples_memory_per_rank_falls_with_ranks():
         o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
         operands = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES)
         floor, streamed = task_floor(o, v, 16), stream_floor(o, v, 16)
-        least = min(floor, streamed[2])
         rows, budgets = {}, {}
         for P in (16, 64, 256, 1024):
             budgets[P] = window_budget(None, 8 * 2**30, tensors, P)
             assert task_floor(o, v, P) == floor and stream_floor(o, v, P) == streamed
-            lower = least if STREAM_BELOW * operands / P < floor else floor      # streamed tasks only well below
+            fastest = max(floor, fastest_task(o, v, P, None, cap) or 0)      # the fewest seconds within the cap
+            lower = min(fastest, streamed[2]) if STREAM_BELOW * operands / P < floor else fastest
             assert budgets[P] == min(cap, max(lower, operands / P))
             plan = plan_counts(tensors, P, memory_bytes=8 * 2**30)
             parts = triples_parts(o, v, P, 1, memory_bytes=8 * 2**30)
@@ -665,11 +665,12 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
     o=5, v=230 on 2 ranks: a one-orbital task computes little per request, so the floor
     (``task_floor``: windows wide enough that reads and requests take at most READ_SHARE
     of compute) is above the ranks' share of the operands (about 242 MiB); with 8 GiB per
-    rank the budget is that floor and the tasks unstreamed, with the 256 MiB default below
+    rank the budget is that floor or the task of fewest modelled seconds within the cap
+    if it holds more (``fastest_task``) and the tasks unstreamed, with the 256 MiB default below
     it they are streamed (``stream_plan``)."""
     from types import SimpleNamespace
     from tessera.chem.memory import RunShape, estimate
-    from tessera.chem.triples_tasks import task_floor, window_budget, window_counts
+    from tessera.chem.triples_tasks import fastest_task, task_floor, window_budget, window_counts
     ref = SimpleNamespace(orbsym=np.zeros(235, dtype=int), nocc=5, point_group="C1")
     share = 8 * (5 * 230**3 + 2 * 5**2 * 230**2 + 5**3 * 230) / 2
     for budget in (None, 8 * 2**30):
@@ -677,7 +678,8 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
         assert job.windows is not None                       # windowed tasks
         floor = task_floor(job.o, job.v, 2)
         given = window_budget(None, budget, job.tensors, 2, job.ranks_per_node)
-        assert given == (2**28 if budget is None else floor) and floor > share
+        fastest = max(floor, fastest_task(job.o, job.v, 2, None, 2**28 if budget is None else budget / 4) or 0)
+        assert given == (2**28 if budget is None else fastest) and floor > share
         assert (counts["occ_tile"], counts["vblock"], counts["chunks"]) == (job.occ_tile, job.vblock,
                                                                            job.stream.count)
         assert (job.stream.count > 1) == (given < floor)

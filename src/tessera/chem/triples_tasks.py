@@ -32,7 +32,7 @@ Distributed tensors with the kernel blocked in the virtual index: a task is a tr
 task tiles and a window of virtual tiles (``chem.triples_window``); it requests only its
 window's rows and builds them into tables (``cache_mb`` bounds one task's bytes; by
 default ``window_budget``: the rank's share of the operands, so what a rank holds falls
-as ranks grow, down to a floor, ``task_floor``).  The
+as ranks grow, down to a floor: ``fastest_task``, at least ``task_floor``).  The
 tasks run window by window (``window_tasks``), so consecutive tasks share their window
 and mostly two of three task tiles; a rank keeps the rows its previous task fetched
 that its next task needs and fetches only the rest.  What a rank holds is then never
@@ -86,6 +86,11 @@ MAX_TASKS = 2**24          # distributed (T): windowed tasks at most (each rank 
 # costs little and its larger tasks run faster (water tetramer cc-pVDZ (T) on 2 ranks,
 # idle: streamed, 13440 tasks, 61.9 s; unstreamed 10.6 s)
 STREAM_BELOW = 8
+# (T) plans whose modelled seconds per rank differ by less than this share count as equal
+# (the budget rule then takes the one holding least): the model's constants, measured on
+# a shared machine, are no more precise (o=40, v=152, tile 32, 64 ranks of a node:
+# one-orbital windows 28.03 s, 210 MiB, against whole rows 27.99 s, 257 MiB)
+SECONDS_TIE = 0.01
 STREAM_CHUNK = 16          # streamed (T) tasks: the narrowest chunk of a contracted index (the GEMMs' k)
 STREAM_TILES = (1, 2, 3, 4, 6, 8)     # streamed (T) tasks: occupied task tiles tried
 
@@ -181,13 +186,16 @@ def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
 
 def fastest_task(o, v, nranks: int, ranks_per_node: int | None, cap: float):
     """Bytes held by the one of ``task_candidates`` holding at most ``cap`` whose run takes
-    the fewest modelled seconds per rank (``plan_seconds``; equal seconds: the one holding
-    least), or None where none fits: where the memory budget allows larger tasks than the
+    the fewest modelled seconds per rank (``plan_seconds``; within SECONDS_TIE of the
+    fewest: the one holding least), or None where none fits: where the memory budget allows larger tasks than the
     floor, fewer of them pay less Python work and read less (water tetramer cc-pVDZ, tile
     48, 2 ranks: whole rows of task tile 2, 220 tasks, not task tile 1, 1,540 tasks)."""
     fits = [(plan_seconds(o, v, m, nranks, ranks_per_node), m[3])
             for m in task_candidates(o, v, nranks, ranks_per_node) if m[3] <= cap]
-    return min(fits)[1] if fits else None
+    if not fits:
+        return None
+    fewest = min(fits)[0]
+    return min(held for seconds, held in fits if seconds <= (1 + SECONDS_TIE) * fewest)
 
 
 def plan_seconds(o, v, model: tuple, nranks: int, ranks_per_node: int | None = None) -> float:
