@@ -13,6 +13,10 @@ Writes (what ``tessera.backends.machine.Machine.calibrated`` reads):
                          TESSERA_WINDOW=create: through MPI as between nodes)
   copy_bytes_per_second  8 MiB get between the 2 ranks of this node
   collective_seconds     one small allreduce on 2 ranks
+  triples_task_seconds   Python work per distributed (T) task (1 rank, mpi-onesided cached, whole
+                         rows): water trimer 6-31G, task tile 1 (680 tasks) against task tile 2
+                         (120 tasks), the same flops: wall difference / task difference (best of
+                         three); ``--triples-only`` measures it alone and updates ``--out``
 with host, date and load average. Timings on a shared machine vary: rerun idle. The
 network between nodes is not measured (options of `tessera plan`).
 """
@@ -61,6 +65,38 @@ def task_seconds() -> None:
     print(json.dumps({"seconds": max(1e-7, (best - flops / rate) / products)}))
 
 
+def triples_task_seconds() -> None:
+    """Under mpiexec -n 1: Python work per distributed (T) task (as JSON): the wall time of
+    many small tasks less that of few large ones, the same flops, per task more."""
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    from tessera.backends.context import Context
+    from tessera.chem.integrals import transform
+    from tessera.chem.molecule import Molecule
+    from tessera.chem.pyscf_reference import rhf_reference
+    from tessera.chem.triples import triples_correction
+    from tessera.tensor.block_tensor import BlockTensor
+    ref = rhf_reference(Molecule.from_xyz(str(REPO / "examples" / "water_trimer.xyz"), basis="6-31g").to_pyscf())
+    best = {}
+    with threadpool_limits(limits=1, user_api="blas"), Context("mpi-onesided", variant="cached") as ctx:
+        ints = transform(ref, 0, 16)
+        no, nv = ints.o.dim, ints.v.dim
+        rng = np.random.default_rng(0)
+        t2 = 1e-3 * rng.standard_normal((no, no, nv, nv))
+        t1 = BlockTensor.from_dense(1e-3 * rng.standard_normal((no, nv)), (ints.o, ints.v), name="t1")
+        t2 = BlockTensor.from_dense(t2 + t2.transpose(1, 0, 3, 2), (ints.o, ints.o, ints.v, ints.v), name="t2")
+        for _ in range(3):
+            for tile in (1, 2):
+                t0 = time.perf_counter()
+                res = triples_correction(ints, t1, t2, context=ctx, occ_tile=tile)
+                wall = time.perf_counter() - t0
+                if tile not in best or wall < best[tile][0]:
+                    best[tile] = (wall, res.tasks)
+    (w1, n1), (w2, n2) = best[1], best[2]
+    print(json.dumps({"seconds": max(1e-7, (w1 - w2) / (n1 - n2)), "tasks": [n1, n2], "walls": [w1, w2]}))
+
+
 def mpi_json(args: list, nranks: int = 2) -> dict:
     proc = subprocess.run([str(MPIEXEC), "-n", str(nranks), sys.executable, *args], capture_output=True, text=True,
                           env=dict(os.environ, **ENV), timeout=600, cwd=str(REPO))
@@ -90,11 +126,23 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(REPO / "src" / "tessera" / "backends" / "machine.json"))
     ap.add_argument("--collective", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tasks", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--triples", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--triples-only", action="store_true",
+                    help="measure triples_task_seconds alone and update it (with its date and load) in --out")
     args = ap.parse_args(argv)
     if args.collective:
         return collective()
     if args.tasks:
         return task_seconds()
+    if args.triples:
+        return triples_task_seconds()
+    load = round(os.getloadavg()[0], 2)
+    triples = {"triples_task_seconds": mpi_json([__file__, "--triples"], 1)["seconds"],
+               "triples_task_measured": f"{time.strftime('%Y-%m-%d')}, load {load}"}
+    if args.triples_only:
+        out = {**json.loads(Path(args.out).read_text()), **triples}
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        return print(json.dumps(out, indent=1))
     from tessera.backends.auto import gemm_rate
     rate = gemm_rate()
     lat = mpi_json([str(REPO / "bench" / "runtime_kernels.py"), "latency"])["rows"]
@@ -103,7 +151,7 @@ def main(argv=None) -> None:
     out = {"gemm_flops_per_second": rate, "task_seconds": mpi_json([__file__, "--tasks"], 1)["seconds"],
            "get_seconds": at[("get", 8192)], "acc_seconds": at[("acc", 8192)],
            "collective_seconds": mpi_json([__file__, "--collective"])["seconds"],
-           "copy_bytes_per_second": big / at[("get", big)],
+           "copy_bytes_per_second": big / at[("get", big)], **triples,
            "host": platform.node(), "date": time.strftime("%Y-%m-%d"), "load": round(os.getloadavg()[0], 2),
            "command": "python bench/calibrate_machine.py"}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

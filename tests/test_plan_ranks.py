@@ -374,6 +374,7 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
     from tessera.backends.schedule import partition
     from tessera.chem.triples_tasks import (MIN_WINDOW, OCC_TILE_CHOICES, TASKS_PER_RANK, minimal_flops,
                                             plan_counts, task_costs, task_tiles, window_tasks)
+    from tessera.chem.triples_stream import Chunks, stream_requests
     from tessera.chem.triples_window import Windows, window_width
     orbsym, nocc = orbitals(load(water_cluster(2), basis="cc-pvdz", charge=0), True)
     tensors = CCSDStructure(orbsym, nocc, 0).stored(8, 4)
@@ -384,61 +385,50 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
             keys[n].setdefault(k[0], []).append(k)
     orange, vrange = irrep_ranges(o, "o"), irrep_ranges(v, "v")
 
+    lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
+    one_chunk = Chunks(lay, 1)
+
+    asked = {}
+
+    def asks(win, X, w):                              # {request: bytes} of a task (one stage)
+        if (id(win), tuple(X), w) in asked:
+            return asked[id(win), tuple(X), w]
+        out = asked[id(win), tuple(X), w] = {}
+        for name, k, part, _, _ in stream_requests(win, one_chunk, X, w, 0):
+            shape = list(tensors[name].block_shape(k))
+            for a in range(0, len(part), 3):          # a patch: its cut axes
+                shape[part[a]] = part[a + 2] - part[a + 1]
+            out[name, k, part] = 8 * int(np.prod(shape))
+        return out
+
     @functools.cache
     def by_hand(occ_tile, vblock, cache_mb):         # (tasks, bytes read, windows)
         win = Windows(o, v, vrange, orange, keys, tensors, vblock,
                       window_width(o, v, occ_tile, cache_mb * 2**20))
         tiles, triples, G = task_tiles(o, occ_tile)
-        per_row = {}                                   # (tensor tile, window) -> bytes of one row
-
-        def row(n, w):
-            if (n, w) not in per_row:
-                total = 0
-                for name, reqs in win.requests(n, w).items():
-                    for k, part, _ in reqs:
-                        shape = list(tensors[name].block_shape(k))
-                        for a in range(0, len(part), 3):        # a patch: its cut axes
-                            shape[part[a]] = part[a + 2] - part[a + 1]
-                        total += 8 * math.prod(shape[1:])
-                per_row[n, w] = total
-            return per_row[n, w]
         read = tasks = 0
         for t, g in zip(triples, G):
             for w in win.windows(g):
                 tasks += 1
-                read += sum((tiles[x][1] - tiles[x][0]) * row(tiles[x][3], w) for x in set(t))
+                read += sum(asks(win, [tiles[x] for x in sorted(set(t))], w).values())
         return tasks, read, win
-
-    requests_of = {}            # (occ_tile, windows) -> kept_by_hand's requests, shared by its calls
 
     def kept_by_hand(occ_tile, win, P, rpn=None):     # bytes read, a rank keeping its previous task's rows
         tiles, triples, G = task_tiles(o, occ_tile)
         tasks = window_tasks(triples, G, win)
         assert sorted(tasks) == sorted((t, w) for t, g in enumerate(G) for w in win.windows(g))
-        requested = requests_of.setdefault((occ_tile, id(win)), {})     # (task tile, window) -> {request: bytes}
 
-        def asks(x, w):
-            if (x, w) not in requested:
-                now = requested[x, w] = {}
-                for name, reqs in win.requests(tiles[x][3], w).items():
-                    for k, part, _ in reqs:
-                        shape = list(tensors[name].block_shape(k))
-                        for a in range(0, len(part), 3):
-                            shape[part[a]] = part[a + 2] - part[a + 1]
-                        now[name, k, tiles[x][:2], part] = 8 * (tiles[x][1] - tiles[x][0]) * math.prod(shape[1:])
-            return requested[x, w]
         def reads(queue):                             # per task, its rank keeping the previous one's rows
             out, prev = [], set()
             for i in queue:
                 t, w = tasks[i]
-                now = {tag: b for x in set(triples[t]) for tag, b in asks(x, w).items()}
+                now = asks(win, [tiles[x] for x in sorted(set(triples[t]))], w)
                 out.append(sum(b for tag, b in now.items() if tag not in prev))
                 prev = set(now)
             return out
         # the deal's weights: seconds of flops (the least flops of (T) spread over the
         # tasks by cost) and of the bytes a task reads after the one before it
         costs = task_costs(tiles, triples, tasks, None, win.vtiles)
-        lay = VirtualLayout(vrange, v.irreps, np.zeros(v.dim), orange)
         machine = Machine.calibrated()
         rate, bandwidth = machine.gemm_flops_per_second, machine.on(P, rpn or P)["bandwidth"]
         per_cost = minimal_flops(lay, o.irreps.tolist()) / sum(costs)
@@ -498,6 +488,89 @@ def _triples_run_plan(nocc: int, nvir: int, nranks: int, memory_bytes):
     return job, plan_counts({**classes, "t2": t2}, nranks, memory_bytes=memory_bytes)
 
 
+def test_triples_floor_and_windows_from_the_model():
+    """The (T) floor and a default budget's windows follow one model of a task's seconds
+    (``task_model``, ``read_share``: its bytes at the ranks' bandwidth and one get latency
+    per request, against its flops at the calibrated GEMM rate). H2O2 6-31G's shape (C1,
+    o = 9, v = 13, one tensor tile each, 2 ranks of a node): a one-orbital task computes
+    12 v^3 (v + o) flops; by whole rows it reads one row, v^3 + 2 o v^2 + o^2 v doubles, in
+    4 requests, through a window spanning v it reads v^3 + o v^2 + 5 v (2 v + o) doubles in
+    17 requests (written out here); neither is within READ_SHARE, so the floor is the task
+    of lesser share, whole rows (3 rows, fetched and packed), and the run takes whole
+    rows. Task tile 4 with vblock 3 (no width within the share): one window spanning v,
+    10 tasks (before: windows 1 orbital wide, 4,550 tasks); a given ``cache_mb`` bounds
+    the windows (0.3 MiB: narrower, more tasks)."""
+    from types import SimpleNamespace
+    from tessera.chem.integrals import class_tensor, make_spaces
+    from tessera.chem.triples_tasks import READ_SHARE, TriplesTasks, read_share, task_floor, task_model
+    from tessera.tensor.block_tensor import BlockTensor
+    nocc, nvir, P = 9, 13, 2
+    o, v = make_spaces(np.zeros(nocc + nvir, dtype=int), nocc, 0, 16, None)
+    assert len(o.tiles) == len(v.tiles) == 1
+    machine = Machine.calibrated()
+    on = machine.on(P, P)
+    flops = 12 * nvir**3 * (nvir + nocc)
+    row = nvir**3 + 2 * nocc * nvir**2 + nocc**2 * nvir
+    rows = (8 * row / on["bandwidth"] + 4 * on["t_get"]) / (flops / machine.gemm_flops_per_second)
+    window = (8 * (nvir**3 + nocc * nvir**2 + 5 * nvir * (2 * nvir + nocc)) / on["bandwidth"]
+              + 17 * on["t_get"]) / (flops / machine.gemm_flops_per_second)
+    assert read_share(task_model(o, v, 1, None), P) == pytest.approx(rows, rel=1e-12)
+    assert read_share(task_model(o, v, 1, nvir), P) == pytest.approx(window, rel=1e-12)
+    assert READ_SHARE < rows < window
+    assert task_floor(o, v, P) == 2 * 3 * 8 * row
+    classes = {n: class_tensor(n, o, v) for n in ("ovvv", "ovov", "ovoo")}
+    energies = np.arange(nocc + nvir, dtype=float)
+    ints = SimpleNamespace(o=o, v=v, ev=energies, eo=energies, **classes)
+
+    def plan(occ_tile, vblock, cache_mb=None):
+        return TriplesTasks(ints, BlockTensor((o, v)), BlockTensor((o, o, v, v)), occ_tile, cache_mb, False, vblock,
+                            nranks=P)
+    assert plan(None, None).windows is None and plan(4, None).windows is None           # whole rows
+    wide = plan(4, 3)
+    assert [t[2] for t in wide.windows.vtiles] == [nvir] and len(wide.tasks) == 10
+    bound = plan(4, 3, 0.3)
+    assert max(t[2] for t in bound.windows.vtiles) < nvir and len(bound.tasks) > 10
+
+
+def test_triples_task_tile_by_modelled_seconds():
+    """Where the memory budget allows several (T) plans, the budget rule takes the one of
+    fewest modelled seconds per rank (``plan_seconds``: each task's flops at the GEMM rate,
+    reads at the bandwidth, one get latency per request and one
+    ``Machine.triples_task_seconds`` of Python work), not the least held (``task_floor``).
+    The water tetramer cc-pVDZ's shape (C1, o = 20, v = 76 at tile 48: one occupied tile,
+    two virtual ones; 2 ranks of a node, the default budget, 256 MiB): whole rows of task
+    tile r run o^3 / (6 r^3) tasks of 12 r^3 v^3 (v + o) flops, each reading r rows of
+    v^3 + 2 o v^2 + o^2 v doubles in 18 requests, the busiest rank one task more than
+    the mean (written out here); task tile 2, 6 rows held twice (64 MiB), takes fewer
+    seconds than task tile 1 (32 MiB) or the floor (one-orbital windows, 27 MiB), so the
+    run takes task tile 2, 220 tasks (before: task tile 1, 1,540 tasks)."""
+    from tessera.chem.triples_tasks import fastest_task, plan_counts, plan_seconds, task_floor, task_model
+    nocc, nvir, P = 20, 76, 2
+    tensors = CCSDStructure(np.zeros(nocc + nvir, dtype=int), nocc, 0, distributed=True).stored(48, 48)
+    o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+    assert (o.dim, v.dim, len(o.tiles), len(v.tiles)) == (nocc, nvir, 1, 2)
+    machine = Machine.calibrated()
+    on = machine.on(P, P)
+    row = nvir**3 + 2 * nocc * nvir**2 + nocc**2 * nvir
+    asks = 2**3 + 2 * 1 * 2**2 + 1 * 2
+
+    def seconds(r):
+        flops = 12 * r**3 * nvir**3 * (nvir + nocc)
+        task = (flops / machine.gemm_flops_per_second + 8 * r * row / on["bandwidth"] + asks * on["t_get"]
+                + machine.triples_task_seconds)
+        return (nocc**3 / (6 * r**3) / P + 1) * task               # the mean and one task more
+    for r in (1, 2):
+        assert plan_seconds(o, v, task_model(o, v, r, None), P) == pytest.approx(seconds(r), rel=1e-12)
+    assert machine.triples_task_seconds > 0 and seconds(2) < seconds(1)
+    floor = task_floor(o, v, P)                   # the least held: one-orbital windows spanning v
+    assert floor == task_model(o, v, 1, nvir)[3] < 2 * 3 * 8 * row
+    assert fastest_task(o, v, P, None, 256 * 2**20) == 2 * 6 * 8 * row
+    assert fastest_task(o, v, P, None, floor - 1) is None
+    counts = plan_counts(tensors, P)
+    assert (counts["occ_tile"], counts["vblock"], counts["tasks"]) == (2, 0, 220)
+    assert counts["task_bytes"] == 2 * 6 * 8 * row <= counts["budget_bytes"] <= 256 * 2**20
+
+
 def test_windowed_tasks_costs_and_reads_without_a_list_of_every_task():
     """(T)'s windowed tasks are windows x triples (55 million for the issue's example at
     1024 ranks): ``WindowTasks`` keeps no list of them, ``task_costs`` and ``order_reads``
@@ -535,7 +608,8 @@ def test_triples_memory_per_rank_falls_with_ranks():
     task's rows and tables, or by whole rows one task's rows and the row cache) for water
     clusters (H2O)4, 8, 12 and 16 in cc-pVDZ (C1, tile 32) on 16, 64, 256 and 1024
     simulated ranks with 8 GiB each, on one node's bandwidth: the budget of a task
-    (``window_budget``) is the ranks' share of the (T) operands, never below the
+    (``window_budget``) is the ranks' share of the (T) operands, never below what the
+    task of fewest modelled seconds within the cap holds (``fastest_task``) nor the
     unstreamed floor (``task_floor``, which grows with o and v) -- or, where the share is
     below 1/STREAM_BELOW of it, the lesser of it and the streamed one (``stream_floor``:
     tasks streaming the contracted indices whose reads stay within READ_SHARE of
@@ -547,8 +621,8 @@ def test_triples_memory_per_rank_falls_with_ranks():
     whole-rows and windowed floors), and streamed (chunks > 1), the kernel's buffers
     those of the windows' blocks, about the same for every cluster."""
     from tessera.chem.memory import triples_parts
-    from tessera.chem.triples_tasks import (STREAM_BELOW, SOURCES, plan_counts, stream_floor, task_floor,
-                                            window_budget)
+    from tessera.chem.triples_tasks import (STREAM_BELOW, SOURCES, fastest_task, plan_counts, stream_floor,
+                                            task_floor, window_budget)
     from tessera.tensor.block_tensor import allowed_elements
     cap = 2 * 2**30
     at_1024 = {}
@@ -557,12 +631,12 @@ def test_triples_memory_per_rank_falls_with_ranks():
         o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
         operands = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES)
         floor, streamed = task_floor(o, v, 16), stream_floor(o, v, 16)
-        least = min(floor, streamed[2])
         rows, budgets = {}, {}
         for P in (16, 64, 256, 1024):
             budgets[P] = window_budget(None, 8 * 2**30, tensors, P)
             assert task_floor(o, v, P) == floor and stream_floor(o, v, P) == streamed
-            lower = least if STREAM_BELOW * operands / P < floor else floor      # streamed tasks only well below
+            fastest = max(floor, fastest_task(o, v, P, None, cap) or 0)      # the fewest seconds within the cap
+            lower = min(fastest, streamed[2]) if STREAM_BELOW * operands / P < floor else fastest
             assert budgets[P] == min(cap, max(lower, operands / P))
             plan = plan_counts(tensors, P, memory_bytes=8 * 2**30)
             parts = triples_parts(o, v, P, 1, memory_bytes=8 * 2**30)
@@ -584,29 +658,37 @@ def test_triples_memory_per_rank_falls_with_ranks():
 
 def test_triples_estimate_holds_what_the_window_plan_holds():
     """The pre-run estimate's (T) rows (``chem.memory``, distributed, kernel blocked in
-    the virtual index) are the bytes one task of the run's window plan holds (its rows
-    and tables, ``window_counts`` of the windows the run's ``TriplesTasks`` chose) for the
-    run's budget (``window_budget``); its kernel buffers are the ones the run's tasks size
-    for their task tile and windows. Two ranks' share of the (T) operands (about 242 MiB for
-    o=5, v=230) is below both the 256 MiB default and a quarter of 8 GiB per rank, so it
-    is what binds, with or without a memory budget."""
+    the virtual index) are the bytes one task of the run's plan holds for the run's budget
+    (``window_budget``): unstreamed, its rows and tables (``window_counts`` of the windows
+    the run's ``TriplesTasks`` chose); streamed, one stage's and W (``stream_bytes``); its
+    kernel buffers are the ones the run's tasks size for their task tile and windows.
+    o=5, v=230 on 2 ranks: a one-orbital task computes little per request, so the floor
+    (``task_floor``: windows wide enough that reads and requests take at most READ_SHARE
+    of compute) is above the ranks' share of the operands (about 242 MiB); with 8 GiB per
+    rank the budget is that floor or the task of fewest modelled seconds within the cap
+    if it holds more (``fastest_task``) and the tasks unstreamed, with the 256 MiB default below
+    it they are streamed (``stream_plan``)."""
     from types import SimpleNamespace
     from tessera.chem.memory import RunShape, estimate
-    from tessera.chem.triples_tasks import window_budget, window_counts
+    from tessera.chem.triples_tasks import fastest_task, task_floor, window_budget, window_counts
     ref = SimpleNamespace(orbsym=np.zeros(235, dtype=int), nocc=5, point_group="C1")
-    rows = {}
+    share = 8 * (5 * 230**3 + 2 * 5**2 * 230**2 + 5**3 * 230) / 2
     for budget in (None, 8 * 2**30):
-        job, _ = _triples_run_plan(5, 230, 2, budget)
+        job, counts = _triples_run_plan(5, 230, 2, budget)
         assert job.windows is not None                       # windowed tasks
-        held = window_counts(job.windows, job.tiles, job.triples, job.G)[2]
+        floor = task_floor(job.o, job.v, 2)
+        given = window_budget(None, budget, job.tensors, 2, job.ranks_per_node)
+        fastest = max(floor, fastest_task(job.o, job.v, 2, None, 2**28 if budget is None else budget / 4) or 0)
+        assert given == (2**28 if budget is None else fastest) and floor > share
+        assert (counts["occ_tile"], counts["vblock"], counts["chunks"]) == (job.occ_tile, job.vblock,
+                                                                           job.stream.count)
+        assert (job.stream.count > 1) == (given < floor)
+        held = (window_counts(job.windows, job.tiles, job.triples, job.G)[2] if job.stream.count == 1
+                else counts["task_bytes"])
         shape = RunShape(None, "ccsd(t)", "mpi-onesided", None, 2, 32, None, 0, True, ref, budget=budget)
         part = estimate(shape, baseline=0).parts["(t)"]
-        rows[budget] = part["rows"]
-        assert rows[budget] == held, (budget, rows[budget], held)
+        assert part["rows"] == held <= given, (budget, part["rows"], held)
         assert part["kernel"] == shape.threads * job.pool_bytes       # the buffers the run makes
-        share = 8 * (5 * 230**3 + 2 * 5**2 * 230**2 + 5**3 * 230) / 2
-        assert held <= window_budget(None, budget, job.tensors, 2, job.ranks_per_node) == share
-    assert rows[None] == rows[8 * 2**30]
 
 
 def test_triples_whole_rows_task_tile_from_the_budget():
@@ -616,16 +698,17 @@ def test_triples_whole_rows_task_tile_from_the_budget():
     size of (H2O)8 cc-pVDZ) with 8 GiB per rank: on 2 ranks the budget is their share of
     the operands (858 MB), room for task tiles larger than one orbital, whose tasks read
     less than one-orbital tiles' (counted here by hand: each task reads its distinct task
-    tiles' rows of ovvv, t2, ovov and ovoo); on 64 ranks the share has fallen below the
-    unstreamed floor (``task_floor``), so the run streams its windowed tasks
-    (``stream_plan``), as ``plan_counts`` counts them."""
+    tiles' rows of ovvv, t2, ovov and ovoo, and holds them twice, fetched and packed: the
+    most one task holds is within the budget); on 64 ranks the budget is the unstreamed
+    floor (``task_floor``), below one task of one-orbital whole rows, so the run takes
+    windowed tasks (``rows_vblock``), unstreamed, as ``plan_counts`` counts them."""
     from tessera.chem.triples_tasks import TASKS_PER_RANK, window_budget
     nocc, nvir = 40, 152
     row = 8 * (nvir * nvir * nvir + nocc * nvir * nvir + nocc * nvir * nvir + nocc * nvir * nocc)
     one = nocc * (nocc + 1) * (nocc + 2) // 6
     one_orbital = row * sum(len({i, j, k}) for i in range(nocc) for j in range(i + 1) for k in range(j + 1))
     job, counts = _triples_run_plan(nocc, nvir, 64, 8 * 2**30)
-    assert job.stream is not None and counts["chunks"] == job.stream.count > 1
+    assert job.windows is not None and counts["vblock"] == job.vblock and counts["chunks"] == job.stream.count == 1
     assert counts["occ_tile"] == job.occ_tile and counts["tasks"] == len(job.tasks)
     assert counts["task_bytes"] <= counts["budget_bytes"] and counts["kernel_bytes"] == job.pool_bytes
     for nranks in (2,):
@@ -635,9 +718,10 @@ def test_triples_whole_rows_task_tile_from_the_budget():
         assert counts["budget_bytes"] == int(budget) and counts["cache_bytes"] == job.cache_limit == min(2**28, int(budget))
         assert job.occ_tile == counts["occ_tile"] <= nocc // 8
         assert counts["tasks"] == len(job.tasks) >= TASKS_PER_RANK * nranks
-        assert counts["task_bytes"] <= max(budget, 2 * 3 * row) and counts["kernel_bytes"] == job.pool_bytes
-        by_hand = sum(row * sum(job.tiles[x][1] - job.tiles[x][0] for x in set(t)) for t in job.triples)
-        assert counts["read_bytes"] == by_hand
+        per_task = [row * sum(job.tiles[x][1] - job.tiles[x][0] for x in set(t)) for t in job.triples]
+        by_hand = sum(per_task)
+        assert counts["read_bytes"] == by_hand and counts["kernel_bytes"] == job.pool_bytes
+        assert counts["task_bytes"] == 2 * max(per_task) <= budget, (counts["task_bytes"], budget)
         assert budget == 8 * (nocc * nvir**3 + 2 * nocc**2 * nvir**2 + nocc**3 * nvir) / 2
         assert job.occ_tile > 1 and len(job.tasks) < one and by_hand < one_orbital / 4
 

@@ -50,22 +50,60 @@ def test_distributed_triples_equal_serial(nranks):
                 assert run["tasks"] > 0 and len(run["peak_operand_bytes"]) == nranks
 
 
+VT, OT = [(0, 4), (4, 7), (7, 10), (10, 13)], [(0, 3), (3, 6), (6, 9)]       # H2O2's tensor tiles
+WT = [(0, 2), (2, 4), (4, 7), (7, 10), (10, 13)]                            # its window tiles
+
+
+def _cuts(rng, tiles):
+    """A range cut at tensor tile bounds."""
+    return [(max(rng[0], a), min(rng[1], b)) for a, b in tiles if max(rng[0], a) < min(rng[1], b)]
+
+
+def _parts(X, W, fs, ms, last=True):
+    """{(source, ranges per axis)}: the blocks' parts a task (stage) of task tiles X and window
+    tiles W reads, f in range ``fs``, m in ``ms``: (x p|q f), t2[x m p q], t2[x y p f],
+    (x p|y m) and, ``last``, (x p|y q), p, q in W, y over the task's own orbitals."""
+    out = set()
+    for x in X:
+        for P in W:
+            out |= {("ovvv", OT[x], WT[P], WT[Q], f) for Q in W for f in _cuts(fs, VT)}
+            out |= {("t2", OT[x], m, WT[P], WT[Q]) for Q in W for m in _cuts(ms, OT)}
+            for y in X:
+                out |= {("t2", OT[x], OT[y], WT[P], f) for f in _cuts(fs, VT)}
+                out |= {("ovoo", OT[x], WT[P], OT[y], m) for m in _cuts(ms, OT)}
+                out |= {("ovov", OT[x], WT[P], OT[y], WT[Q]) for Q in W} if last else set()
+    return out
+
+
+def _nbytes(parts):
+    return sum(8 * math.prod(b - a for a, b in r[1:]) for r in parts)
+
+
+# window by window, then the occupied triples
+ORDER = [(X, (A, B, C)) for A in range(len(WT)) for B in range(A + 1) for C in range(B + 1)
+         for X in [(a, b, c) for a in range(3) for b in range(a + 1) for c in range(b + 1)]]
+
+
 @pytest.mark.parametrize("nranks", RANKS)
 def test_operands_fetched_by_virtual_tile(nranks):
     """Distributed tensors, kernel blocked in the virtual index: a task is a triple of task
-    tiles and a window (three window tiles); it reads only the window's rows. In C1 a task
-    with occupied task tiles X (rows r_x) and window tiles W (w orbitals in all) reads
-    8 sum_x r_x (w^2 v + o w v + o w^2 + o^2 w) bytes: (x p|q f), t2[x y p f], (x p|y q)
-    and (x p|y m) for p, q in W. The tasks run window by window, each window's occupied
-    triples in order, dealt in contiguous runs (a rank's own, then halves of what others
-    have left: ``rank_runs``, which together hold every task once); a rank keeps the rows of
-    its previous task, so a task reads the count above less, for each task tile the two
-    share, that count on the window tiles they share. What each rank reads equals that
-    count over the tasks it ran, in its order (less than all the tasks' rows); E(T) equals
-    the serial one; a rank holds at most one task's rows and tables.
-    The budget allows windows 3 orbitals wide (``window_width``: 715,392 bytes per task at
-    width 3, 1,074,816 at 4, budget 0.8 MiB), so of the virtual tiles (4 3 3 3) the first
-    is cut into two window tiles (2 2), fetched as patches of its blocks."""
+    tiles and a window (three window tiles); it reads only what the kernel reads, for its
+    rows x and p, q in the window W: (x p|q f), t2[x m p q] (f, m whole), and over the
+    task's own orbitals y only t2[x y p f], (x p|y m) and (x p|y q): in C1, for R rows of
+    its distinct task tiles and w window orbitals, 8 R (w^2 v + o w^2 + R w v + R w o +
+    R w^2) bytes, less 8 R^2 w w_t for the w_t window orbitals in window tiles that are
+    whole tensor tiles (t2[x y p f] is then a part t2[x m p q] asks for too, requested
+    once) (before, t2[x y p f], (x p|y m) and (x p|y q) for every y: 8 R (w^2 v +
+    o w v + o w^2 + o^2 w), more wherever R (w v + o w + w^2) < o (w v + o w), as for every
+    task of fewer than three task tiles here). The tasks run window by window, each
+    window's occupied triples in order, dealt in contiguous runs (a rank's own, then halves
+    of what others have left: ``rank_runs``, which together hold every task once); a rank
+    keeps the block parts of its previous task that the next one reads too. What each rank
+    reads equals the parts its tasks, in its order, read less those kept (fewer than all
+    the tasks' parts); E(T) equals the serial one; a rank holds at most one task's rows and
+    tables (as many bytes again).
+    The budget allows windows 3 orbitals wide (``window_width``), so of the virtual tiles
+    (4 3 3 3) the first is cut into two window tiles (2 2), fetched as patches of its blocks."""
     mol = launch(nranks)["molecules"]["h2o2_c1"]
     assert set(mol["windows"]) == {"mpi-onesided", "mpi-collective"}    # patches by get, by exchange
     for run in mol["windows"].values():
@@ -82,28 +120,27 @@ def _check_window_run(run, e_serial, nranks):
     o, v = sum(o_tiles), sum(v_tiles)
     assert (o_tiles, v_tiles) == ([3, 3, 3], [4, 3, 3, 3])
     count = bound = 0
-    w_tiles = [2, 2, 3, 3, 3]                       # the window tiles: the first virtual tile cut in two
-    nt = len(w_tiles)
-    occ = [(a, b, c) for a in range(3) for b in range(a + 1) for c in range(b + 1)]
-    # window by window, then the occupied triples
-    order = [(X, (A, B, C)) for A in range(nt) for B in range(A + 1) for C in range(B + 1) for X in occ]
-    per_row = (lambda w: 8 * (w * w * v + o * w * v + o * w * w + o * o * w))
     reads = []
     queues = [[i for a, b in runs for i in range(a, b)] for runs in run["runs"]]
-    assert len(queues) == nranks and sorted(i for q in queues for i in q) == list(range(len(order)))
+    assert len(queues) == nranks and sorted(i for q in queues for i in q) == list(range(len(ORDER)))
     for queue in queues:
-        mine, prev = 0, (set(), set())
+        mine, before = 0, set()
         for i in queue:
-            X, W = set(order[i][0]), set(order[i][1])
-            w = sum(w_tiles[t] for t in W)
-            rows = sum(o_tiles[x] for x in X)
-            read = rows * per_row(w)
-            count += read
-            bound = max(bound, read + 8 * rows * (w * w * v + 2 * o * w * v + o * o * w))
-            mine += read - sum(o_tiles[x] for x in X & prev[0]) * per_row(sum(w_tiles[t] for t in W & prev[1]))
-            prev = (X, W)
+            X, W = sorted(set(ORDER[i][0])), sorted(set(ORDER[i][1]))
+            parts = _parts(X, W, (0, v), (0, o))
+            R, w = 3 * len(X), sum(WT[t][1] - WT[t][0] for t in W)
+            # t2[x y p f] with f a window tile that is a whole tensor tile is t2[x m p q]'s
+            # block part too (m = y's tile, q = f): requested once
+            whole = sum(WT[t][1] - WT[t][0] for t in W if WT[t] in VT)
+            assert _nbytes(parts) == 8 * R * (w * w * v + o * w * w + R * w * (v + o + w) - R * w * whole)
+            if R < o:
+                assert _nbytes(parts) < 8 * R * (w * w * v + o * w * v + o * w * w + o * o * w)
+            count += _nbytes(parts)
+            bound = max(bound, 2 * _nbytes(parts))
+            mine += _nbytes(parts - before)
+            before = parts
         reads.append(mine)
-    assert run["tasks"] == len(order) and run["read_bytes"] == reads
+    assert run["tasks"] == len(ORDER) and run["read_bytes"] == reads, (run["read_bytes"], reads)
     assert sum(reads) < count
     # held at once: one task's fetched copies and the tables built from them
     assert all(0 < p <= bound for p in run["peak_operand_bytes"]), (run["peak_operand_bytes"], bound)
@@ -144,46 +181,26 @@ def test_streamed_tasks_hold_one_chunk_of_the_contracted_indices(nranks):
     chunks c_v = 5, c_o = 3, and W of the task's orbital triples, 8 N w^3: terms of the
     tiles and chunks, not of v and o; and less than the unstreamed run's peak."""
     mol = launch(nranks)["molecules"]["h2o2_c1"]
-    vt, ot = [(0, 4), (4, 7), (7, 10), (10, 13)], [(0, 3), (3, 6), (6, 9)]       # tensor tiles
-    wt = [(0, 2), (2, 4), (4, 7), (7, 10), (10, 13)]                            # window tiles
     vc, oc = [(0, 4), (4, 8), (8, 13)], [(0, 3), (3, 6), (6, 9)]                # chunks of f, m
 
-    def cuts(rng, tiles):          # a range cut at tensor tile bounds
-        return [(max(rng[0], a), min(rng[1], b)) for a, b in tiles if max(rng[0], a) < min(rng[1], b)]
-
-    def stage_rows(X, W, s):       # {(source, ranges per axis)}: the blocks' parts stage s reads
-        out = set()
-        for x in X:
-            for P in W:
-                out |= {("ovvv", ot[x], wt[P], wt[Q], f) for Q in W for f in cuts(vc[s], vt)}
-                out |= {("t2", ot[x], m, wt[P], wt[Q]) for Q in W for m in cuts(oc[s], ot)}
-                for y in X:
-                    out |= {("t2", ot[x], ot[y], wt[P], f) for f in cuts(vc[s], vt)}
-                    out |= {("ovoo", ot[x], wt[P], ot[y], m) for m in cuts(oc[s], ot)}
-                    out |= {("ovov", ot[x], wt[P], ot[y], wt[Q]) for Q in W} if s == 2 else set()
-        return out
-
-    def nbytes(rows):
-        return sum(8 * math.prod(b - a for a, b in r[1:]) for r in rows)
     for backend, run in mol["streamed"].items():
         plain = mol["windows"][backend]
         assert abs(run["e_t"] - mol["e_serial"]["None"]) < E_TOL
         assert abs(run["e_t"] - plain["e_t"]) < 1e-12, (backend, run["e_t"], plain["e_t"])
         assert (run["tiles"]["o"], run["tiles"]["v"]) == ([3, 3, 3], [4, 3, 3, 3])
-        w_tiles = [b - a for a, b in wt]
-        occ = [(a, b, c) for a in range(3) for b in range(a + 1) for c in range(b + 1)]
-        order = [(X, (A, B, C)) for A in range(5) for B in range(A + 1) for C in range(B + 1) for X in occ]
+        w_tiles = [b - a for a, b in WT]
+        order = ORDER
         reads, bound = [], 0
         for runs in run["runs"]:
             mine, before = 0, set()
             for i in (i for a, b in runs for i in range(a, b)):
                 X, W = sorted(set(order[i][0])), sorted(set(order[i][1]))
                 for s in range(3):             # a rank keeps the previous stage's rows, no more
-                    rows = stage_rows(X, W, s)
-                    mine += nbytes(rows - before)
+                    rows = _parts(X, W, vc[s], oc[s], s == 2)
+                    mine += _nbytes(rows - before)
                     before = rows
                 w, R = sum(w_tiles[t] for t in W), sum(3 for _ in X)
-                a, b, c = (range(*ot[x]) for x in order[i][0])
+                a, b, c = (range(*OT[x]) for x in order[i][0])
                 ntrip = sum(1 for i_ in a for j in b for k in c if i_ >= j >= k)
                 bound = max(bound, 16 * R * (w * w * 8 + R * w * 8 + R * w * w) + 8 * ntrip * w ** 3)
             reads.append(mine)
@@ -224,8 +241,9 @@ def test_rows_travel_by_the_executors_means(nranks):
 @pytest.mark.parametrize("nranks", triples_checks.BUDGET_RANKS)
 def test_the_budget_rule_streams_where_no_unstreamed_task_fits(nranks):
     """H2O2 C1 (o = 9, v = 13) windowed on 2 ranks with no chunks given and a budget
-    (``cache_mb`` 0.04, 41.9 kB) below even a one-orbital unstreamed task of one-orbital
-    windows (``task_bytes``, 44.5 kB): the budget rule (``stream_plan``) streams the tasks
+    (``cache_mb`` 0.04, 41.9 kB) under which one-orbital unstreamed tasks would take windows
+    one orbital wide (``window_width``): the budget rule (``stream_plan``) streams the
+    tasks, whose read share (bytes and requests per compute, ``read_share``) is the lesser,
     in C > 1 stages of one-orbital task tiles; E(T) the serial one's to 1e-9 and the
     unstreamed windowed run's to 1e-12, and a rank's peak below the unstreamed run's."""
     mol = launch(nranks)["molecules"]["h2o2_c1"]

@@ -18,9 +18,10 @@ Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) opera
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
 the bytes moved by one-sided gets during (T). The windowed runs again with the contracted
 indices streamed in STREAM_CHUNKS chunks (``streamed``, at STREAMED_RANKS), and once more with
-no chunks given and a budget below every unstreamed task, STREAM_CACHE_MB, so the budget rule
-streams them (``budget_streamed``, at BUDGET_RANKS). Each of these three runs only at the
-rank counts whose test checks it (tests/test_triples_mpi.py parametrizes by the same tuples).
+no chunks given and a budget under which unstreamed windows would be one orbital wide,
+STREAM_CACHE_MB, where the budget rule streams them (``budget_streamed``, at BUDGET_RANKS).
+Each of these three runs only at the rank counts whose test checks it
+(tests/test_triples_mpi.py parametrizes by the same tuples).
 tests/test_triples_mpi.py checks them.
 """
 
@@ -39,7 +40,7 @@ from tessera.chem.integrals import transform
 from tessera.chem.molecule import Molecule
 from tessera.chem.pyscf_reference import rhf_reference
 from tessera.chem.triples import triples_correction
-from tessera.chem.triples_window import WindowTripleKernel
+from tessera.chem.triples_stream import StreamTripleKernel
 from tessera.errors import ConvergenceError
 from tessera.runtime import World
 
@@ -52,7 +53,7 @@ WINDOW_TILE = 4          # h2o2_c1 again, operands fetched by virtual tile (wind
 WINDOW_COMBOS = [("mpi-onesided", "cached"), ("mpi-collective", "summa")]    # patches by get, by exchange
 COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
           ("mpi-collective", "summa", None)]
-STREAM_CACHE_MB = 0.04    # window_run again, no chunks given: a budget (41.9 kB) below every unstreamed task
+STREAM_CACHE_MB = 0.04    # window_run again, no chunks given: a budget (41.9 kB) of unstreamed windows 1 orbital wide
 STREAM_CHUNKS = 3        # window_run again, the contracted f and m fetched in 3 chunks (chem.triples_stream)
 SLOW = 0.005             # the slow-rank run: the last rank sleeps at least this long (s) per windowed task
 SLOW_RANKS = (2, 4)      # rank counts that run the slow-rank run (stealing needs 2+ ranks)
@@ -126,7 +127,7 @@ def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0, chunks
             t2 = BlockTensor.from_dense(t2d, (ints.o, ints.o, ints.v, ints.v), name="t2",
                                         symmetry=T2_SYMMETRY, canonical=True)
             snap = world.comm_log.snapshot()
-            kernel, own = WindowTripleKernel.tile_energy, "tile_energy" in WindowTripleKernel.__dict__
+            kernel, own = StreamTripleKernel.tile_energy, "tile_energy" in StreamTripleKernel.__dict__
             slowed = slow and world.size > 1 and world.rank == world.size - 1
             if slowed:                  # a task takes 5 times its kernel's wall time, at least ``slow``
                 def tile_energy(self, *a):
@@ -134,15 +135,15 @@ def window_run(world, ref, t1d, t2d, backend, variant, slow: float = 0.0, chunks
                     out = kernel(self, *a)
                     time.sleep(max(slow, 4 * (time.perf_counter() - t0)))
                     return out
-                WindowTripleKernel.tile_energy = tile_energy
+                StreamTripleKernel.tile_energy = tile_energy
             try:
                 res = triples_correction(ints, t1, t2, context=ctx, occ_tile=occ_tile, vblock=7, cache_mb=cache_mb,
                                          chunks=chunks)
             finally:
                 if slowed and own:
-                    WindowTripleKernel.tile_energy = kernel
+                    StreamTripleKernel.tile_energy = kernel
                 elif slowed:
-                    del WindowTripleKernel.tile_energy
+                    del StreamTripleKernel.tile_energy
             gets = sum(r.nbytes for r in world.comm_log.records(since=snap) if r.op == "get")
             tiles = {"o": [t.size for t in ints.o.tiles], "v": [t.size for t in ints.v.tiles]}
     finally:

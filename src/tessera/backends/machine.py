@@ -4,7 +4,8 @@ between nodes, and how ranks sit on the nodes.
 ``machine.json`` (next to this module) holds constants measured on one machine by
 ``bench/calibrate_machine.py`` (single-thread DGEMM rate, Python work per block
 product, one-sided get and accumulate of a small block, a collective call, copy
-bandwidth between two ranks of a node), with where, when and under what load they were
+bandwidth between two ranks of a node; Python work per distributed (T) task, measured
+apart, ``triples_task_measured``), with where, when and under what load they were
 measured. The network is not measurable from one machine: its bandwidth per node and
 latency are options (``tessera plan --network-bandwidth --network-latency``, defaults
 NETWORK_BANDWIDTH and NETWORK_LATENCY: a 100 Gb/s link, 2 us). ``Machine.on(P, rpn)``
@@ -29,7 +30,7 @@ CALIBRATION = Path(__file__).with_name("machine.json")
 NETWORK_BANDWIDTH = 12.5e9     # bytes/s per node (100 Gb/s)
 NETWORK_LATENCY = 2e-6         # s per message between nodes
 FIELDS = ("gemm_flops_per_second", "task_seconds", "get_seconds", "acc_seconds",
-          "collective_seconds", "copy_bytes_per_second")
+          "collective_seconds", "copy_bytes_per_second", "triples_task_seconds")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Machine:
     acc_seconds: float
     collective_seconds: float
     copy_bytes_per_second: float
+    triples_task_seconds: float = 0.0     # Python work per distributed (T) task (chem.triples_tasks)
     network_bandwidth: float = NETWORK_BANDWIDTH
     network_latency: float = NETWORK_LATENCY
     measured: str = ""          # where and when the node constants were measured

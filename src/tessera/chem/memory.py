@@ -300,9 +300,10 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
     them; distributed, for the plan's task tile and windows). The one formula of (T) memory, also used
     by ``tessera plan --ranks``. Distributed, a task and the row cache are held to
     ``triples_tasks.window_budget``: the rank's share of the (T) operands, so ``rows``
-    falls as ranks grow down to a floor (the lesser of ``task_floor``, set by o, v, the
-    tiles and the machine, and the streamed tasks' ``stream_floor``), and at most a
-    share of ``memory_bytes``, the rank's memory budget."""
+    falls as ranks grow down to a floor (what the task of fewest modelled seconds within
+    the cap holds, ``fastest_task``, at least ``task_floor``, set by o, v, the tiles and
+    the machine, or the streamed tasks' ``stream_floor`` when less), and at most a share
+    of ``memory_bytes``, the rank's memory budget."""
     from tessera.chem.triples import VirtualLayout, irrep_ranges
     from tessera.chem.triples_tasks import kernel_plan
     resident = nranks == 1 if resident is None else resident

@@ -703,7 +703,8 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     ``cache_mb``: per-rank cache of packed rows of distributed tensors (default: as below);
     with the blocked kernel, the bytes one task's windows may take (``chem.triples_window``;
     when not given, ``triples_tasks.window_budget``: the rank's share of the (T) operands,
-    at least a floor (the lesser of ``task_floor`` and the streamed ``stream_floor``), at
+    at least what the task of fewest modelled seconds within the cap holds
+    (``fastest_task``, at least ``task_floor``; the streamed ``stream_floor`` if less), at
     most a quarter of ``memory_mb``, the rank's memory budget, or 256 MiB; the occupied
     task tile then follows from it: ``triples_tasks.window_plan``, or, below the
     unstreamed floor, ``stream_plan``: the contracted indices fetched in chunks).

@@ -17,7 +17,9 @@ orbitals Y (the W0 terms and V read no other):
 (Rendell, Lee, Komornicki, CPL 178, 462 (1991): each W0 term is a sum over f or m, so a
 chunk's GEMMs add its part of W; ``chem.triples`` for the terms.)  The task keeps W of
 its orbital triples and the window's block triples across its stages (``acc``) and
-forms the energy from it at the last stage.  Held at once: one stage's rows and tables,
+forms the energy from it at the last stage.  One chunk (C = 1) is the unstreamed
+windowed task (``chem.triples_window``): the same requests and tables, f and m whole,
+W formed and used per batch, nothing kept across stages.  Held at once: one stage's rows and tables,
 about rows x (w^2 c_v + o_c w^2 + Y w c_v + Y w o_c + Y w^2) doubles for a window of w
 orbitals and chunks c_v, o_c wide, and W, (orbital triples) x (w^3): tiles, not v or o.
 """
@@ -164,7 +166,8 @@ class StreamTripleKernel(BlockedTripleKernel):
     """The blocked kernel on one window, one stage's chunk at a time: while ``adding``,
     ``tile_energy`` adds the chunk's W0 terms to W of each batch and block triple in
     ``acc`` (kept by the task across its stages) and returns 0; then (last stage) the
-    energy from W, dropping it from ``acc``."""
+    energy from W, dropping it from ``acc``.  ``acc`` None (one chunk: an unstreamed
+    windowed task): W in the kernel's buffers and the energy at once, as the blocked kernel."""
 
     def __init__(self, inp, G: int, pool: list, batch: int, vblock: int, win, window, tables: StreamTables,
                  acc: dict):
@@ -174,6 +177,8 @@ class StreamTripleKernel(BlockedTripleKernel):
         self.adding = True
 
     def energy(self, i: int, j: int, ks: range) -> float:
+        if self.acc is None:                          # one stage: W and its energy at once
+            return super().energy(i, j, ks)
         if not self.adding:
             frame = self._frame_v(i, j, ks)
             return sum(self._order_energy(order, self.acc.pop((i, j, ks[0], n)), frame)

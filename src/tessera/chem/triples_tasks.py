@@ -32,7 +32,7 @@ Distributed tensors with the kernel blocked in the virtual index: a task is a tr
 task tiles and a window of virtual tiles (``chem.triples_window``); it requests only its
 window's rows and builds them into tables (``cache_mb`` bounds one task's bytes; by
 default ``window_budget``: the rank's share of the operands, so what a rank holds falls
-as ranks grow, down to a floor, ``task_floor``).  The
+as ranks grow, down to a floor: ``fastest_task``, at least ``task_floor``).  The
 tasks run window by window (``window_tasks``), so consecutive tasks share their window
 and mostly two of three task tiles; a rank keeps the rows its previous task fetched
 that its next task needs and fetches only the rest.  What a rank holds is then never
@@ -66,8 +66,8 @@ from tessera.chem.triples_blocked import (DEFAULT_KERNEL_MB, BlockedTripleKernel
 from tessera.chem.triples import (NIRREP, SOURCES, KernelInputs, RowSlab, TripleKernel, VirtualLayout,
                                   default_occ_tile, irrep_ranges)
 from tessera.chem.triples_stream import Chunks, StreamTables, StreamTripleKernel, stream_requests
-from tessera.chem.triples_window import (Windows, WindowTables, WindowTripleKernel, bytes_per_row,
-                                         deal_weights, task_bytes, window_reads, window_tiles, window_width)
+from tessera.chem.triples_window import (Windows, bytes_per_row, deal_weights, task_bytes,
+                                         window_reads, window_tiles, window_width)
 from tessera.errors import InputError
 from tessera.tensor.block_tensor import allowed_elements
 
@@ -86,6 +86,11 @@ MAX_TASKS = 2**24          # distributed (T): windowed tasks at most (each rank 
 # costs little and its larger tasks run faster (water tetramer cc-pVDZ (T) on 2 ranks,
 # idle: streamed, 13440 tasks, 61.9 s; unstreamed 10.6 s)
 STREAM_BELOW = 8
+# (T) plans whose modelled seconds per rank differ by less than this share count as equal
+# (the budget rule then takes the one holding least): the model's constants, measured on
+# a shared machine, are no more precise (o=40, v=152, tile 32, 64 ranks of a node:
+# one-orbital windows 28.03 s, 210 MiB, against whole rows 27.99 s, 257 MiB)
+SECONDS_TIE = 0.01
 STREAM_CHUNK = 16          # streamed (T) tasks: the narrowest chunk of a contracted index (the GEMMs' k)
 STREAM_TILES = (1, 2, 3, 4, 6, 8)     # streamed (T) tasks: occupied task tiles tried
 
@@ -135,10 +140,12 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
     """Bytes one distributed (T) task may hold (windowed: its rows and tables; by whole
     rows: its rows, and the row cache): ``cache_mb`` when given, else the rank's share of
     the (T) operands ``tensors`` (ovvv, t2, ovov, ovoo: every allowed element, over
-    ``nranks``), so it falls as ranks grow, but never below ``task_floor`` (unstreamed) --
-    or, where the share is below 1/STREAM_BELOW of that floor, ``stream_floor`` (streamed
-    tasks, set by the machine alone) when it is less -- and never above WINDOW_SHARE of the
-    rank's memory budget ``memory_bytes`` (at least DEFAULT_CACHE_MB)."""
+    ``nranks``), so it falls as ranks grow, but never below what the task of fewest modelled
+    seconds per rank holds among those within the cap (``fastest_task``) nor below
+    ``task_floor`` (unstreamed) -- or, where the share is below 1/STREAM_BELOW of that
+    floor, ``stream_floor`` (streamed tasks, set by the machine alone) when it is less --
+    and never above WINDOW_SHARE of the rank's memory budget ``memory_bytes`` (at least
+    DEFAULT_CACHE_MB)."""
     if cache_mb is not None:
         return cache_mb * 2**20
     base = DEFAULT_CACHE_MB * 2**20
@@ -146,38 +153,138 @@ def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: d
     share = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES) / nranks
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
     floor = task_floor(o, v, nranks, ranks_per_node)
+    least = max(floor, fastest_task(o, v, nranks, ranks_per_node, cap) or 0.0)
     streamed = stream_floor(o, v, nranks, ranks_per_node) if STREAM_BELOW * share < floor else None
-    return min(cap, max(floor if streamed is None else min(floor, streamed[2]), share))
+    return min(cap, max(least if streamed is None else min(least, streamed[2]), share))
+
+
+def task_candidates(o, v, nranks: int, ranks_per_node: int | None = None) -> list:
+    """``task_model`` s of the unstreamed distributed (T) tasks the budget rule weighs: the
+    one-orbital windowed task of ``least_width`` and the tasks by whole rows of each task
+    tile ``row_plan`` may take (at most nocc // 8, larger than one orbital only while the
+    tasks stay TASKS_PER_RANK per rank)."""
+    nocc = o.dim
+    rows = [r for r in range(1, max(1, nocc // 8) + 1)
+            if r == 1 or (-(-nocc // r)) ** 3 / 6 >= TASKS_PER_RANK * nranks]
+    return ([task_model(o, v, 1, least_width(o, v, 1, nranks, ranks_per_node))]
+            + [task_model(o, v, r, None) for r in rows])
 
 
 def task_floor(o, v, nranks: int, ranks_per_node: int | None = None) -> float:
-    """The least bytes a distributed (T) task over spaces o, v is given: one task of a
-    one-orbital task tile (``triples_window.task_bytes``) whose windows are the narrowest
-    at which the kernel's GEMMs keep their speed (MIN_WINDOW), the rows a task reads take
-    no more than READ_SHARE of its compute time at the calibrated GEMM rate and the
-    bandwidth of ``nranks`` ranks, ``ranks_per_node`` (default: all) to a node
-    (``Machine.on``, as ``deal_weights``), and the tasks (one per occupied orbital triple
-    and window, C1 count) are at most MAX_TASKS.  Rows are read once per task tile that
-    changes, so a task of windows ``wd`` orbitals wide computes 3 wd^2 / (3 wd + o) flops
-    per byte it reads (C1: 72 wd^3 (v + o) flops per orbital triple, 8 (9 wd^2 v + 3 o wd v
-    + 9 o wd^2 + 3 o^2 wd) bytes per row): narrower windows hold less and read more per
-    flop.  Set by o, v, the tiles and the machine, not by the rank count alone; where
-    reads are dear (between nodes) it reaches the cap of ``window_budget``."""
-    nocc, nvir = o.dim, v.dim
+    """The least bytes a distributed (T) task over spaces o, v is given, what the budget
+    rule holds where the memory cap forces it (``window_budget``): of ``task_candidates``,
+    the one that holds least among those whose ``read_share`` (bytes and requests) is
+    within READ_SHARE, or, where none is, the one of least share: a task too small to pay
+    for its requests (H2O2 6-31G: whole rows ask for 4 blocks per task, a window spanning v
+    for 17: whole rows).  Set by o, v, the tiles and the machine, not by the rank count
+    alone but for that task count; where reads are dear (between nodes) it reaches the cap
+    of ``window_budget``."""
+    shares = [(read_share(m, nranks, ranks_per_node), m[3]) for m in task_candidates(o, v, nranks, ranks_per_node)]
+    within = [held for share, held in shares if share <= READ_SHARE]
+    return min(within) if within else min(shares)[1]
+
+
+def fastest_task(o, v, nranks: int, ranks_per_node: int | None, cap: float):
+    """Bytes held by the one of ``task_candidates`` holding at most ``cap`` whose run takes
+    the fewest modelled seconds per rank (``plan_seconds``; within SECONDS_TIE of the
+    fewest: the one holding least), or None where none fits: where the memory budget allows larger tasks than the
+    floor, fewer of them pay less Python work and read less (water tetramer cc-pVDZ, tile
+    48, 2 ranks: whole rows of task tile 2, 220 tasks, not task tile 1, 1,540 tasks)."""
+    fits = [(plan_seconds(o, v, m, nranks, ranks_per_node), m[3])
+            for m in task_candidates(o, v, nranks, ranks_per_node) if m[3] <= cap]
+    if not fits:
+        return None
+    fewest = min(fits)[0]
+    return min(held for seconds, held in fits if seconds <= (1 + SECONDS_TIE) * fewest)
+
+
+def plan_seconds(o, v, model: tuple, nranks: int, ranks_per_node: int | None = None) -> float:
+    """Modelled seconds per rank of distributed (T) run as tasks like ``model``
+    (``task_model``): (T)'s 2 o^3 v^3 (v + o) flops (C1) over the task's give the tasks,
+    each taking its flops at the calibrated GEMM rate, its reads (as ``read_share``: bytes
+    at the bandwidth, one get latency per request) and one ``Machine.triples_task_seconds``
+    of Python work; dealt over ``nranks``, the busiest rank ends at most one task after
+    the mean (Graham's bound of a list schedule, Bell Syst. Tech. J. 45, 1563 (1966)), so
+    the mean plus one task (larger tasks balance worse: (H2O)8 cc-pVDZ on 64 ranks keeps
+    one-orbital windowed tasks, 210 MiB, not whole rows of task tile 2, 513 MiB)."""
+    flops, read, asks, _ = model
     machine = Machine.calibrated()
-    bandwidth = machine.on(nranks, ranks_per_node or nranks)["bandwidth"]
-    balance = machine.gemm_flops_per_second / bandwidth / READ_SHARE        # flops per byte read
-    triples = nocc * (nocc + 1) * (nocc + 2) // 6
+    on = machine.on(nranks, ranks_per_node or nranks)
+    tasks = 2 * o.dim ** 3 * v.dim ** 3 * (v.dim + o.dim) / flops
+    task = (flops / machine.gemm_flops_per_second + read / on["bandwidth"] + asks * on["t_get"]
+            + machine.triples_task_seconds)
+    return (tasks / nranks + 1) * task
+
+
+def least_width(o, v, occ_tile: int, nranks: int, ranks_per_node: int | None = None) -> int:
+    """The narrowest window tile (orbitals, at least MIN_WINDOW, at most v) at which an
+    unstreamed windowed task of task tile ``occ_tile`` keeps its ``read_share`` within
+    READ_SHARE and the tasks (one per occupied orbital triple of task tiles and window, C1
+    count) are at most MAX_TASKS; where none does, the width of least share (reads and
+    requests grow as w^2, compute as w^3: the widest).  A task tile given under the
+    default budget takes windows no narrower (``window_plan``)."""
+    nocc, nvir = o.dim, v.dim
     vr = irrep_ranges(v, "virtual")
     irel = [tl.offset - int(vr[tl.irrep, 0]) for tl in v.tiles]
-
-    def fits(width):
+    triples = (-(-nocc // occ_tile)) ** 3 / 6
+    best = None
+    for width in range(min(MIN_WINDOW, nvir), nvir + 1):
         n = len(window_tiles(v, irel, width)[0])
-        return 3 * width * width >= balance * (3 * width + nocc) and triples * n * (n + 1) * (n + 2) // 6 <= MAX_TASKS
-    width = min(MIN_WINDOW, nvir)
-    while width < nvir and not fits(width):
-        width += 1
-    return task_bytes(nocc, nvir, 1, width)
+        if triples * n * (n + 1) * (n + 2) / 6 > MAX_TASKS:
+            continue
+        share = read_share(task_model(o, v, occ_tile, width), nranks, ranks_per_node)
+        if share <= READ_SHARE:
+            return width
+        if best is None or share < best[0]:
+            best = (share, width)
+    return nvir if best is None else best[1]
+
+
+def task_model(o, v, occ_tile: int, width: int | None, chunks: int = 1) -> tuple:
+    """(flops, bytes read, requests, bytes held) of one distributed (T) task of task tile r
+    = ``occ_tile`` as it runs among others (C1; tensor tiles of o and v at their mean
+    size): (T)'s 2 o^3 v^3 (v + o) flops over (o/r)^3 / 6 triples of task tiles and
+    n (n + 1) (n + 2) / 6 windows of n = v / ``width`` window tiles (72 r^3 width^3 (v + o)
+    for many), w = 3 width orbitals a window (at most v); ``width`` None: by whole rows, n = 1.
+    Unstreamed, consecutive tasks share two of three task tiles, so a task reads one
+    tile's rows (w^2 v + o w^2 doubles each: (x p|q f), t2[x m p q]) and five r x r pairs
+    (w v + w o + w^2 each: t2[x y p f], (x p|y m), (x p|y q)), one request per block
+    part: n_w^2 (n_v + n_o) and five times n_w (n_v + n_o) + n_w^2, n_w the blocks or
+    parts of blocks a window spans on a virtual axis; by whole rows one tile's rows, v^3 +
+    2 o v^2 + o^2 v doubles, n_v^3 + 2 n_o n_v^2 + n_o^2 n_v blocks.  Streamed in ``chunks``
+    C > 1 stages (``chem.triples_stream``): every tile and pair read again, the f and m
+    axes in C + n_v - 1 and C + n_o - 1 parts.  Held: ``task_bytes`` (whole rows: 3 r rows,
+    fetched and packed; streamed: ``stream_bytes``)."""
+    nocc, nvir = o.dim, v.dim
+    n_o, n_v = max(1, len(o.tiles)), max(1, len(v.tiles))
+    r, R = occ_tile, min(3 * occ_tile, nocc)
+    w = nvir if width is None else min(3 * width, nvir)
+    n = 1 if width is None else -(-nvir // width)
+    flops = 12 * r ** 3 * nvir ** 3 * (nvir + nocc) / (n * (n + 1) * (n + 2) / 6)
+    if width is None:
+        row = nvir ** 3 + 2 * nocc * nvir ** 2 + nocc ** 2 * nvir
+        return flops, 8 * r * row, n_v ** 3 + 2 * n_o * n_v ** 2 + n_o ** 2 * n_v, 2 * 8 * R * row
+    n_w = w / min(width, nvir / n_v)
+    if chunks == 1:
+        read = 8 * (r * (w * w * nvir + nocc * w * w) + 5 * r * r * w * (nvir + nocc + w))
+        asks = n_w * n_w * (n_v + n_o) + 5 * (n_w * (n_v + n_o) + n_w * n_w)
+        return flops, read, asks, task_bytes(nocc, nvir, r, width)
+    f, m = chunks + n_v - 1, chunks + n_o - 1
+    read = 8 * (3 * r * (w * w * (nvir + nocc)) + 9 * r * r * w * (nvir + nocc + w))
+    asks = 3 * n_w * n_w * (f + m) + 9 * (n_w * (f + m) + n_w * n_w)
+    nv, no = -(-nvir // chunks), -(-nocc // chunks)
+    return flops, read, asks, stream_bytes(nocc, nvir, r, width, nv, no)
+
+
+def read_share(model: tuple, nranks: int, ranks_per_node: int | None = None) -> float:
+    """Seconds a task (``task_model``) spends reading, its bytes at the bandwidth of
+    ``nranks`` ranks ``ranks_per_node`` (default: all) to a node and one get latency per
+    request (``Machine.on``), per second of its compute at the calibrated GEMM rate: what
+    READ_SHARE bounds."""
+    flops, read, asks, _ = model
+    machine = Machine.calibrated()
+    on = machine.on(nranks, ranks_per_node or nranks)
+    return (read / on["bandwidth"] + asks * on["t_get"]) / (flops / machine.gemm_flops_per_second)
 
 
 def stream_bytes(nocc: int, nvir: int, occ_tile: int, width: int, cv: int, co: int) -> float:
@@ -218,42 +325,61 @@ def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_
     """(occ_tile, width, chunks) of streamed (T) tasks, or None (unstreamed): streamed when
     ``budget`` is below the unstreamed floor (``task_floor``) and a streamed task fits it
     in the fewest chunks (C > 1) whose ``stream_bytes`` fit: the task of ``stream_floor``
-    where it holds less than that floor; a budget given below even a one-orbital
-    unstreamed task of one-orbital windows, also a one-orbital task of the widest windows
-    (at most MIN_WINDOW) that fit, whatever its reads. A given ``occ_tile`` is the task
-    tile of every candidate."""
+    where it holds less than that floor; else one-orbital tasks of the widest windows (at
+    most MIN_WINDOW) that fit, where their ``read_share`` is less than that of the
+    one-orbital unstreamed tasks of the budget (``window_width``): a streamed task reads
+    its rows again each task and asks for them in parts, but its windows are wider, its
+    compute per task larger (H2O2 6-31G at 41.9 kB: unstreamed windows 1 orbital wide,
+    75,075 tasks; streamed 3 wide in 7 chunks, 5,775 tasks). A given ``occ_tile`` is the
+    task tile of every candidate."""
     floor = task_floor(o, v, nranks, ranks_per_node)
     if budget >= floor:
         return None
-    balanced = stream_floor(o, v, nranks, ranks_per_node)
-    tried = [balanced[:2]] if balanced is not None and balanced[2] < floor else []
-    if budget < task_bytes(o.dim, v.dim, 1, 1):
-        tried += [(1, width) for width in range(min(MIN_WINDOW, v.dim), 0, -1)]
     nv, no = int(lay.n.max()), int(lay.no.max())
-    for r, width in [(occ_tile or r, width) for r, width in tried]:
-        for count in range(2, max(nv, no) + 1):
-            if stream_bytes(o.dim, v.dim, r, width, -(-nv // count), -(-no // count)) <= budget:
-                return r, width, count
+
+    def fewest(r, width):                 # the fewest chunks (2+) in which the task fits the budget
+        return next((count for count in range(2, max(nv, no) + 1)
+                     if stream_bytes(o.dim, v.dim, r, width, -(-nv // count), -(-no // count)) <= budget), None)
+    balanced = stream_floor(o, v, nranks, ranks_per_node)
+    if balanced is not None and balanced[2] < floor:
+        r, width = occ_tile or balanced[0], balanced[1]
+        count = fewest(r, width)
+        if count is not None:
+            return r, width, count
+    r = occ_tile or 1
+    plain = read_share(task_model(o, v, r, window_width(o, v, r, budget)), nranks, ranks_per_node)
+    for width in range(min(MIN_WINDOW, v.dim), 1, -1):
+        count = fewest(r, width)
+        if count is not None:
+            better = read_share(task_model(o, v, r, width, count), nranks, ranks_per_node) < plain
+            return (r, width, count) if better else None
     return None
 
 
 def window_counts(win: Windows, tiles, triples, G) -> tuple:
-    """(tasks, bytes of rows they request, the most one task holds: rows and tables) of
-    windowed tasks over task tiles ``tiles`` (``task_tiles``), from per-tile totals."""
-    rows = [t[1] - t[0] for t in tiles]
-    sums = {}                          # (tensor tile, G) -> (sum, max) over windows, per row
-    ntasks = read = most = 0
+    """(tasks, bytes of rows they request, the most one task holds: rows and tables, as
+    many bytes again) of windowed tasks over task tiles ``tiles`` (``task_tiles``), from
+    per-tile totals (``Windows.window_totals``), once per irrep and distinct set of (tensor
+    tile, rows) of a triple's task tiles."""
+    kinds: dict = {}                   # (G, ((tensor tile, rows, whole) of each distinct task tile)) -> triples
     for t, g in zip(triples, G):
-        per_tile = []
-        for x in set(t):
-            n = tiles[x][3]
-            if (n, g) not in sums:
-                counts = [win.row_bytes(n, w) for w in win.windows(g)]
-                sums[n, g] = (sum(r for r, _ in counts), max((r + h for r, h in counts), default=0))
-            per_tile.append((rows[x], *sums[n, g]))
-        ntasks += len(win.windows(g))
-        read += sum(r * total for r, total, _ in per_tile)
-        most = max(most, sum(r * top for r, _, top in per_tile))
+        kind = (g, tuple(sorted((tiles[x][3], tiles[x][1] - tiles[x][0], tiles[x][4] is None) for x in set(t))))
+        kinds[kind] = kinds.get(kind, 0) + 1
+    ntasks = read = most = 0
+    totals: dict = {}                  # (G, tensor tile) -> window_totals over G's windows
+    for (g, kind), count in kinds.items():
+        windows = win.windows(g)
+        if not windows:
+            continue
+        per = np.zeros(len(windows))
+        for n, rows, _ in kind:
+            if (g, n) not in totals:
+                totals[g, n] = win.window_totals(n, windows)
+            single, pair, whole = totals[g, n]
+            per += rows * (single + sum(r * (whole if w else pair)[:, m] for m, r, w in kind))
+        ntasks += count * len(windows)
+        read += count * int(per.sum())
+        most = max(most, 2 * int(per.max()))
     return ntasks, read, most
 
 
@@ -335,14 +461,19 @@ def occ_tile_plan(o, budget: float, nranks: int, counts_of, occ_tile: int | None
 
 
 def window_plan(o, v, vr, orange, keys: dict, shapes: dict, vblock: int, budget: float, nranks: int,
-                occ_tile: int | None = None) -> tuple:
+                occ_tile: int | None = None, ranks_per_node: int | None = None, widen: bool = False) -> tuple:
     """(occ_tile, Windows, (tasks, read, most)) of windowed (T) (``occ_tile_plan``), the
     windows as wide as ``budget`` allows for each candidate task tile; a larger task tile
     only while the parts its windows cut from tensor tiles stay ``MIN_WINDOW`` wide (the
-    first is taken however narrow)."""
+    first is taken however narrow).  ``widen`` (a given ``occ_tile`` under the default
+    budget, whose floor is one-orbital tasks'): its windows no narrower than
+    ``least_width`` of that tile."""
     def counts_of(c):
         tiles, triples, G = task_tiles(o, c)
-        win = Windows(o, v, vr, orange, keys, shapes, vblock, window_width(o, v, c, budget))
+        width = window_width(o, v, c, budget)
+        if widen:
+            width = max(width, least_width(o, v, c, nranks, ranks_per_node))
+        win = Windows(o, v, vr, orange, keys, shapes, vblock, width)
         return win, window_counts(win, tiles, triples, G)
     return occ_tile_plan(o, budget, nranks, counts_of, occ_tile, usable=lambda win: win.narrowest_cut >= MIN_WINDOW)
 
@@ -364,9 +495,25 @@ def row_counts(o, keys: dict, shapes: dict, occ_tile: int) -> tuple:
 def row_plan(o, keys: dict, shapes: dict, budget: float, nranks: int) -> tuple:
     """(occ_tile, None, (tasks, read, most)) of (T) by whole rows (``occ_tile_plan``); a task
     tile is at most an eighth of the occupied space, so a task's rows stay a small part of
-    every tensor (module docstring)."""
+    every tensor (module docstring); one task within ``budget`` (``window_budget``)."""
     return occ_tile_plan(o, budget, nranks, lambda c: (None, row_counts(o, keys, shapes, c)),
                          cap=max(1, o.dim // 8))
+
+
+def rows_vblock(lay: VirtualLayout, o, v, keys: dict, shapes: dict, budget: float, kernel_mb=None):
+    """None (distributed (T) by whole rows, the whole-space kernel) while one task of
+    one-orbital task tiles by whole rows (``row_counts``) fits ``budget``: whole rows hold
+    v^3 per row whatever the budget; else windowed tasks, the kernel blocked in the virtual
+    index at the widest window tile a one-orbital task of that budget has
+    (``window_width``), no wider than the blocked kernel's buffers at batch 1 allow
+    (``kernel_mb``, default DEFAULT_KERNEL_MB)."""
+    if row_counts(o, keys, shapes, 1)[2] <= budget:
+        return None
+    vblock = window_width(o, v, 1, budget)
+    limit = (DEFAULT_KERNEL_MB if kernel_mb is None else kernel_mb) * 2**20
+    while vblock > 1 and 8 * sum(blocked_pool_sizes(lay, vblock, 1, range(3))) > limit:   # 3+ window blocks
+        vblock -= 1
+    return vblock
 
 
 def keys_by_tile(tensors: dict) -> dict:
@@ -416,6 +563,8 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
     keys = keys_by_tile(tensors)
     budget = window_budget(cache_mb, memory_bytes, tensors, nranks, ranks_per_node)
     streamed = stream_plan(lay, o, v, budget, nranks, ranks_per_node)
+    if streamed is None:
+        vblock = vblock or rows_vblock(lay, o, v, keys, tensors, budget, kernel_mb)
     chunks = 1
     if streamed is not None:              # streamed windowed tasks: each reads its rows again
         occ_tile, width, chunks = streamed
@@ -522,6 +671,8 @@ class TriplesTasks:
         self.windows = None
         budget = None if resident else window_budget(cache_mb, memory_bytes, self.tensors, nranks, ranks_per_node)
         streamed = None if resident or chunks else stream_plan(lay, o, v, budget, nranks, ranks_per_node, occ_tile)
+        if not resident and streamed is None and self.vblock is None:   # whole rows only while one task fits
+            self.vblock = rows_vblock(lay, o, v, self.keys, self.tensors, budget, kernel_mb)
         if streamed is not None:         # the budget's streamed tasks (stream_plan)
             occ, width, chunks = streamed
             self.vblock = min(self.vblock or width, width, int(lay.n.max()))
@@ -529,7 +680,8 @@ class TriplesTasks:
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
         elif not resident and self.vblock is not None:
             occ, self.windows, _ = window_plan(o, v, lay.vr, orange, self.keys, self.tensors, self.vblock,
-                                               budget, nranks, occ_tile)
+                                               budget, nranks, occ_tile, ranks_per_node,
+                                               widen=occ_tile is not None and cache_mb is None)
             self.occ_tile, _, self.batch, _ = kernel_plan(lay, o, v, occ, resident, self.vblock, kernel_mb)
             self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows)
         # windowed tasks in stages, the contracted f and m in chunks (chem.triples_stream);
@@ -539,7 +691,7 @@ class TriplesTasks:
                              "kernel blocked in the virtual index; " + (
                                  "these tensors are local: drop chunks" if resident else
                                  "the whole-space kernel fits here: give vblock too, or drop chunks"))
-        self.stream = Chunks(lay, chunks) if chunks and chunks > 1 else None
+        self.stream = Chunks(lay, chunks or 1) if self.windows is not None else None
         self.stage_requests: dict = {}                   # streamed: (task, stage) -> its requests (need)
         self.acc: dict = {}                              # streamed: task -> W of its block triples
         if self.stream is not None:
@@ -643,18 +795,6 @@ class TriplesTasks:
         wanted = sorted(set(self.triples[t]))
         if self.stream is not None:
             return self._stream_need(task, stage, wanted, window)
-        if window is not None:
-            out = []
-            for x in wanted:
-                n, rows = self.tiles[x][3], self.tiles[x][4] or ()
-                for name, reqs in self.windows.requests(n, window).items():
-                    t_ = self.tensors[name]
-                    out += [(t_, key, rows + part) if rows or part else (t_, key) for key, part, _ in reqs]
-            tags = {request_tag(r) for r in out}
-            with self.lock:
-                for tag in [tag for tag in self.kept if tag not in tags]:
-                    self._drop_kept(tag)
-            return [r for r in out if request_tag(r) not in self.kept]
         with self.lock:
             new = [x for x in wanted if x not in self.cache]
             room = {s: 2 * sum(self.tile_bytes[x][s] for x in new) + self.scratch_bytes[s] for s in SOURCES}
@@ -756,8 +896,6 @@ class TriplesTasks:
         wanted = sorted({a, b, c})
         if self.stream is not None:
             return self._stream_work(task, stage, wanted, blocks)
-        if window is not None:
-            return self._window_work(task, wanted, blocks)
         if self.resident:
             slabs, transient = self._resident_slabs(wanted), []
         else:
@@ -803,41 +941,6 @@ class TriplesTasks:
             self.kept[tag] = (arr, name, copy)
             return arr, nbytes
 
-    def _window_work(self, task: int, wanted: list, blocks: dict) -> float:
-        """A windowed task: its rows (kept from the previous task or fetched) into
-        WindowTables, the kernel on the window's block triples; the tables are dropped
-        after, the rows kept for the next task (the ledger holds fetched copies and tables)."""
-        t, window = self.tasks[task]
-        tables = WindowTables(self.windows, self.lay, self.irrep, self.o, self.v)
-        read, copies = 0, dict.fromkeys(SOURCES, 0)
-        for x in wanted:
-            s0, _, _, n, rows = self.tiles[x]
-            for name, reqs in self.windows.requests(n, window).items():
-                tensor = self.tensors[name]
-                for key, part, pieces in reqs:
-                    part = (rows or ()) + part
-                    tag = request_tag((tensor, key, part or None))
-                    arr, got = self._keep(tag, name, key, blocks)
-                    read += got
-                    copies[name] += got if key not in tensor.blocks else 0
-                    tables.add(name, key, arr, s0, pieces)
-        blocks.clear()
-        counted = dict(tables.nbytes)          # zero tables the kernel asks for come on top
-        with self.lock:
-            self.read[task] = read
-            self.held.add({s: copies[s] + counted[s] for s in SOURCES})
-        inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, **tables.tables())
-        kern = WindowTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows,
-                                  window, tables)
-        I, J, K = (self.tiles[x][:2] for x in self.triples[t])
-        energy = kern.tile_energy(I, J, K)
-        with self.lock:
-            self.flops += kern.flops
-            self.held.add({k: n - counted[k] for k, n in tables.nbytes.items()})
-            self.held.add(tables.nbytes, -1)
-        return energy
-
-
     # ------------------------------------------------------------------ streamed (chunks)
     def _stream_need(self, task: int, stage: int, wanted: list, window) -> list:
         """The requests of stage ``stage`` of the task (``triples_stream.stream_requests``;
@@ -856,17 +959,19 @@ class TriplesTasks:
         return [r for tag, r in out.items() if tag not in self.kept]
 
     def _stream_work(self, task: int, stage: int, wanted: list, blocks: dict) -> float:
-        """Stage ``stage`` of a streamed task: its rows (the requests its need listed) into
-        StreamTables, the chunk's W0 terms added to the task's W (``acc[task]``, made at
-        stage 0, dropped after the last); at the last stage the energy. Held: the stage's
-        fetched copies and tables, and W."""
+        """Stage ``stage`` of a windowed task: its rows (the requests its need listed) into
+        StreamTables; streamed (C > 1), the chunk's W0 terms added to the task's W
+        (``acc[task]``, made at stage 0, dropped after the last) and at the last stage the
+        energy; one stage, W and the energy at once. Held: the stage's fetched copies and
+        tables, and W."""
         t, window = self.tasks[task]
+        streamed = self.stream.count > 1
         with self.lock:
             reqs = self.stage_requests.pop((task, stage))
-            if stage == 0:                        # a task run again starts a new W
+            if streamed and stage == 0:           # a task run again starts a new W
                 self.held.add({"W": _acc_bytes(self.acc.pop(task, {}))}, -1)
                 self.acc[task] = {}
-            acc = self.acc[task]
+            acc = self.acc[task] if streamed else None
         ytiles = {self.tiles[x][0]: (self.tiles[x][1] - self.tiles[x][0], self.tiles[x][2]) for x in wanted}
         tables = StreamTables(self.windows, self.irrep, self.stream, stage, ytiles)
         read, copies = 0, dict.fromkeys(SOURCES, 0)
@@ -878,27 +983,31 @@ class TriplesTasks:
             copies[name] += got if key not in tensor.blocks else 0
             tables.add(kind, arr, place)
         blocks.clear()
-        before = _acc_bytes(acc)
-        self.read[task] = self.read.get(task, 0) + read
         counted = dict(tables.nbytes)          # zero tables the kernel asks for come on top
-        self.held.add({s: copies[s] + counted[s] for s in SOURCES})
+        with self.lock:
+            self.read[task] = self.read.get(task, 0) + read
+            self.held.add({s: copies[s] + counted[s] for s in SOURCES})
         inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, ov1=None, ov2=None, t2r=None, t2s=None,
                            ooL=None, ovov=None)
         kern = StreamTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows, window,
                                   tables, acc)
         I, J, K = (self.tiles[x][:2] for x in self.triples[t])
-        kern.tile_energy(I, J, K)
-        held = _acc_bytes(acc)
-        self.held.add({"W": held - before})
-        energy = 0.0
-        if stage == self.stream.count - 1:           # W complete: the energy, then W dropped
-            kern.adding = False
-            energy = kern.tile_energy(I, J, K)
-            self.held.add({"W": held}, -1)
-            del self.acc[task]
-        self.flops += kern.flops
-        self.held.add({k: n - counted[k] for k, n in tables.nbytes.items()})
-        self.held.add(tables.nbytes, -1)
+        before = _acc_bytes(acc) if streamed else 0
+        energy = kern.tile_energy(I, J, K)
+        if streamed:
+            held = _acc_bytes(acc)
+            with self.lock:
+                self.held.add({"W": held - before})
+            if stage == self.stream.count - 1:       # W complete: the energy, then W dropped
+                kern.adding = False
+                energy = kern.tile_energy(I, J, K)
+                with self.lock:
+                    self.held.add({"W": held}, -1)
+                    del self.acc[task]
+        with self.lock:
+            self.flops += kern.flops
+            self.held.add({k: n - counted[k] for k, n in tables.nbytes.items()})
+            self.held.add(tables.nbytes, -1)
         return energy
 
 

@@ -10,44 +10,46 @@ virtual blocks are the window tiles cut into runs of at most ``vblock`` orbitals
 every block triple the kernel visits lies in exactly one window, and the windows' tasks
 together visit each block triple once.  A
 task fetches, for the rows x of its occupied task tiles, only what the block triples of
-its window read (W = the window's tiles, f any virtual, y and m any occupied):
+its window read (W = the window's tiles, f any virtual, m any occupied, y the task's own
+occupied orbitals: those of its task tiles), the requests of ``chem.triples_stream``
+with the contracted indices in one chunk:
 
-    ovvv  (x p|q f)      p, q in W          the right operands of the (ov|vv) terms
-    t2    t2[x y p f]    p in W             right operands (f in W) and left ones (f any)
+    ovvv  (x p|q f)      p, q in W          right operands of the (ov|vv) terms
+    t2    t2[x m p q]    p, q in W          right operands of the (ov|oo) terms
+    t2    t2[x y p f]    p in W             left operands of the (ov|vv) terms
+    ovoo  (x p|y m)      p in W             left operands of the (ov|oo) terms
     ovov  (x p|y q)      p, q in W          the pairs of V
-    ovoo  (x s|y m)      s in W             the left operands of the (ov|oo) terms
 
-so a task holds about rows x (|W|^2 tile^2 v + |W| tile (o v + o^2) + |W|^2 tile^2 o)
-doubles, never a v^3 row.  :class:`Windows` (structure only: spaces and allowed keys,
-no data) lists the windows, the requests and their bytes (the count ``tessera plan
---ranks`` reports); :class:`WindowTables` holds one task's fetched rows in the forms the
-kernel reads; :class:`WindowTripleKernel` is the blocked kernel reading them.  A rank
-keeps only the rows of its previous task that its next one needs
-(``chem.triples_tasks``: tasks run window by window), so what it holds stays one task's;
-``sequence_reads`` counts what a rank's tasks then read, ``deal_weights`` the estimated
-seconds per task their deal balances, ``window_reads`` the reads per rank of that deal.
+so a task of R rows holds about R (w^2 v + o w^2 + R w v + R w o + R w^2) doubles
+(w the window's orbitals), fetched and tabled: never a v^3 row, and no o w v or o^2 w
+row either.  :class:`Windows` (structure only: spaces and allowed keys, no data) lists
+the windows and the bytes per row (and per pair of rows) a task reads (the count
+``tessera plan --ranks`` reports).  A rank keeps only the rows of its previous task
+that its next one needs (``chem.triples_tasks``: tasks run window by window, so
+consecutive tasks share their window and mostly two of three task tiles, and the rows
+of pairs of them), so what it holds stays one task's; ``sequence_reads`` counts what a
+rank's tasks then read, ``deal_weights`` the estimated seconds per task their deal
+balances, ``window_reads`` the reads per rank of that deal.
 """
 
 from __future__ import annotations
 
-from itertools import permutations, product
+from itertools import permutations
 
 import numpy as np
 
 from tessera.backends.machine import Machine
 from tessera.backends.schedule import partition
-from tessera.chem.triples_blocked import BlockedTripleKernel
 
-SOURCE_OF = {"ov1": "ovvv", "t2r": "t2", "ovov": "ovov", "ooL": "ovoo"}     # table -> tensor
-WINDOWED = {"ovvv": (1, 2), "t2": (2,), "ovov": (1, 3), "ovoo": (1,)}      # axes a window cuts
 
 
 def task_bytes(nocc: int, nvir: int, occ_tile: int, width: int) -> float:
-    """Bytes one task's rows and tables take at most (C1): 3 occ_tile rows, windows of
-    three tiles ``width`` orbitals wide, w = 3 x width orbitals: read w^2 v + o w v + o w^2
-    + o^2 w, tables w^2 v + 2 o w v + o^2 w doubles per row."""
-    w = 3 * width
-    return 8 * 3 * occ_tile * (2 * w * w * nvir + 3 * nocc * w * nvir + nocc * w * w + 2 * nocc * nocc * w)
+    """Bytes one task's rows and tables take at most (C1): R = 3 occ_tile rows (at most
+    o), windows of three tiles ``width`` orbitals wide, w = 3 x width orbitals (at most
+    v): per row w^2 v + o w^2 + R w v + R w o + R w^2 doubles (``Windows.row_bytes``,
+    ``pair_bytes``), fetched and tabled."""
+    w, R = min(3 * width, nvir), min(3 * occ_tile, nocc)
+    return 2 * 8 * R * (w * w * nvir + nocc * w * w + R * w * (nvir + nocc + w))
 
 
 def window_width(o, v, occ_tile: int, budget_bytes: float) -> int:
@@ -148,54 +150,76 @@ class Windows:
         energies index (``BlockedTripleKernel``'s frame)."""
         return [self.vtiles[t] for t in sorted(set(window))]
 
-    def requests(self, n: int, window) -> dict:
-        """{source: [(key, part, pieces)]} a task reads for the rows of occupied tensor tile
-        ``n``: per block, one request per choice of the window's pieces on its windowed
-        axes (``WINDOWED``); ``part``: the (axis, lo, hi) cuts of pieces smaller than their
-        tensor tile (``backends.tasks.part_slice``), empty for whole blocks."""
-        W, out = set(window), {}
-        for s, axes in WINDOWED.items():
-            reqs = out[s] = []
-            for k in self.keys[s].get(n, ()):
-                for pieces in product(*([p for p in self.pieces[k[a]] if p[0] in W] for a in axes)):
-                    part = tuple(x for a, p in zip(axes, pieces) if p[3] < self.vsize[k[a]]
-                                 for x in (a, p[1], p[1] + p[3]))
-                    reqs.append((k, part, pieces))
-        return out
+    def row_bytes(self, n: int, window) -> int:
+        """Bytes a task of ``window`` reads per row of occupied tile ``n`` whatever its other
+        task tiles: (x p|q f) and t2[x m p q] for p, q in the window (``triples_stream``'s
+        requests with one chunk), from per-tile totals."""
+        W = sorted(set(window))
+        return int(self._totals_of(n)[0][np.ix_(W, W)].sum())
 
-    def row_bytes(self, n: int, window) -> tuple:
-        """(bytes read, bytes of the tables built) per row of occupied tile ``n`` for a
-        task of ``window``: the sums of :meth:`requests`' blocks, from per-tile totals
-        (:class:`WindowTables` keeps ovov's rows whole in q)."""
+    def pair_bytes(self, n: int, m: int, window, whole: bool = False) -> int:
+        """Bytes a task of ``window`` reads per row of occupied tile ``n`` and orbital y of
+        its task tile in occupied tile ``m``: t2[x y p f], (x p|y m') and (x p|y q), p, q in
+        the window (the left operands and V read y over the task's own orbitals only); a
+        task tile that is the ``whole`` tile m asks for t2[x y p f] with f a whole tensor
+        tile of the window as t2[x m p q] does (one request, read once): less those."""
+        W = sorted(set(window))
+        _, single, pair, same = self._totals_of(n)
+        return int(single[m, W].sum() + pair[m][np.ix_(W, W)].sum() - (same[m][np.ix_(W, W)].sum() if whole else 0))
+
+    def window_totals(self, n: int, windows) -> tuple:
+        """(``row_bytes`` [window], ``pair_bytes`` [window, occupied tile m], the same of whole
+        task tiles) of occupied tile ``n`` for every window of ``windows`` at once."""
+        member = np.zeros((len(windows), len(self.vtiles)))
+        for i, w in enumerate(windows):
+            member[i, sorted(set(w))] = 1.0
+        pq, single, pair, same = self._totals_of(n)
+        by_y = member @ single.T + np.einsum("wP,mPQ,wQ->wm", member, pair, member)
+        return np.einsum("wP,PQ,wQ->w", member, pq, member), by_y, by_y - np.einsum("wP,mPQ,wQ->wm", member, same,
+                                                                                     member)
+
+    def _totals_of(self, n: int) -> tuple:
         if n not in self._totals:
             self._totals[n] = self._tile_totals(n)
-        pair, single, ovov_pair, ovov_whole = self._totals[n]
-        W = sorted(set(window))
-        read = pair[np.ix_(W, W)].sum() + single[W].sum()
-        return int(read), int(read - ovov_pair[np.ix_(W, W)].sum() + ovov_whole[W].sum())
+        return self._totals[n]
 
     def _tile_totals(self, n: int) -> tuple:
-        """Bytes per row of tile n's blocks: [P, Q] of ovvv and ovov (p, q in window tiles
-        P, Q), [P] of t2 and ovoo (p in P), and of ovov with any q (NumPy over the keys, no
-        loop per block): per key its bytes per windowed orbital, spread over the window
-        tiles by the orbitals each shares with the key's tensor tiles (``overlap``)."""
-        nv = len(self.vsize)
-        overlap = np.zeros((nv, len(self.vtiles)), dtype=np.int64)     # tensor tile x window tile
+        """Bytes per row of tile n's blocks (NumPy over the keys, no loop per block): [P, Q]
+        of (x p|q f) and t2[x m p q] (p, q in window tiles P, Q); per occupied tile m of y and
+        per orbital y, [m, P] of t2[x y p f] and (x p|y m') and [m, P, Q] of (x p|y q): per
+        key its bytes per windowed orbital (and y), spread over the window tiles by the
+        orbitals each shares with the key's tensor tiles (``overlap``); and [m, P, Q] of
+        t2[x m p q] with q's tensor tile whole in Q (``pair_bytes``' requests made twice)."""
+        nv, no, nw = len(self.vsize), len(self.o.tiles), len(self.vtiles)
+        overlap = np.zeros((nv, nw), dtype=np.int64)     # tensor tile x window tile
         for m, pieces in enumerate(self.pieces):
             for A, _, _, size in pieces:
                 overlap[m, A] += size
-        sizes = np.asarray(self.vsize, dtype=np.int64)
-        out = []
-        for s, axes in (("ovvv", (1, 2)), ("t2", (2,)), ("ovoo", (1,)), ("ovov", (1, 3)), ("ovov", (1,))):
-            per = np.zeros((nv,) * len(axes), dtype=np.int64)
+        vs = np.asarray(self.vsize, dtype=np.int64)
+        os_ = np.asarray([tl.size for tl in self.o.tiles], dtype=np.int64)
+        pair_pq, by_y, by_y_pq = np.zeros((nv, nv), np.int64), np.zeros((no, nv), np.int64), \
+            np.zeros((no, nv, nv), np.int64)
+        t2_pq = np.zeros((no, nv, nv), np.int64)            # t2[x m p q] per orbital of m
+        whole = overlap * np.asarray([[len(p) == 1] for p in self.pieces])    # q's tile one piece
+        # (source, windowed virtual axes, the y axis or None)
+        for s, axes, y in (("ovvv", (1, 2), None), ("t2", (2, 3), None), ("t2", (2,), 1), ("ovoo", (1,), 2),
+                           ("ovov", (1, 3), 2)):
             keys = self.keys[s].get(n, ())
-            if keys:
-                k = np.asarray(keys, dtype=np.int64)
-                unit = bytes_per_row(self.shapes[s], k) // np.prod([sizes[k[:, a]] for a in axes], axis=0)
-                np.add.at(per, tuple(k[:, a] for a in axes), unit)
-            out.append(overlap.T @ per @ overlap if len(axes) == 2 else overlap.T @ per)
-        pair, single, ovoo, ovov_pair, ovov_whole = out
-        return pair + ovov_pair, single + ovoo, ovov_pair, ovov_whole
+            if not keys:
+                continue
+            k = np.asarray(keys, dtype=np.int64)
+            unit = bytes_per_row(self.shapes[s], k) // np.prod([vs[k[:, a]] for a in axes], axis=0)
+            if y is None:
+                np.add.at(pair_pq, (k[:, axes[0]], k[:, axes[1]]), unit)
+                if s == "t2":
+                    np.add.at(t2_pq, (k[:, 1], k[:, 2], k[:, 3]), unit // os_[k[:, 1]])
+            elif len(axes) == 1:
+                np.add.at(by_y, (k[:, y], k[:, axes[0]]), unit // os_[k[:, y]])
+            else:
+                np.add.at(by_y_pq, (k[:, y], k[:, axes[0]], k[:, axes[1]]), unit // os_[k[:, y]])
+        return (overlap.T @ pair_pq @ overlap, by_y @ overlap,
+                np.einsum("mab,aP,bQ->mPQ", by_y_pq, overlap, overlap),
+                np.einsum("mab,aP,bQ->mPQ", t2_pq, overlap, whole))
 
 
 def bytes_per_row(tensor, keys: np.ndarray) -> np.ndarray:
@@ -211,61 +235,75 @@ def sequence_reads(win: Windows, tiles, triples, tasks, sequence) -> list:
     """Bytes of rows each windowed task of ``sequence`` (ids of ``tasks``, the (triple,
     window) of ``triples_tasks.window_tasks`` over task tiles ``tiles`` and their
     ``triples``, in the order one rank runs them) reads when the rank keeps the rows of
-    its previous task that the next one needs: rows(x) x its window's bytes per row for
-    each of its task tiles x, less, for a task tile the previous task had too, the bytes
-    of the window tiles both windows share (``Windows.row_bytes``)."""
-    per_row = _per_row(win)
-    out, prev = [], (set(), frozenset())
+    its previous task that the next one needs: ``task_read``, less what the previous
+    task read too (``_read``)."""
+    count, out, prev = _counter(win), [], (set(), frozenset())
     for i in sequence:
         t, w = tasks[i]
         X, W = set(triples[t]), frozenset(w)
-        out.append(_read(tiles, per_row, X, W, prev))
+        out.append(_read(tiles, count, X, W, prev))
         prev = (X, W)
     return out
 
 
-def _per_row(win: Windows):
-    """per_row(n, W): bytes of one row of occupied tile n for window tiles W (kept)."""
+def _counter(win: Windows):
+    """count(n, m, W, whole): ``Windows.row_bytes`` (m None) or ``pair_bytes`` of window tiles W (kept)."""
     memo: dict = {}
 
-    def per_row(n, W):
-        if (n, W) not in memo:
-            memo[n, W] = win.row_bytes(n, W)[0] if W else 0
-        return memo[n, W]
-    return per_row
+    def count(n, m, W, whole=False):
+        if (n, m, W, whole) not in memo:
+            memo[n, m, W, whole] = 0 if not W else win.row_bytes(n, W) if m is None else \
+                win.pair_bytes(n, m, W, whole)
+        return memo[n, m, W, whole]
+    return count
 
 
-def _read(tiles, per_row, X, W, prev) -> int:
-    """Bytes a task of task tiles X and window tiles W reads after the task ``prev``
-    ((its task tiles, its window tiles)): ``sequence_reads``' rule."""
+def _read(tiles, count, X, W, prev) -> int:
+    """Bytes a task of task tiles X and window tiles W reads after the task ``prev`` ((its
+    task tiles, its window tiles)): per task tile x, rows(x) ``row_bytes`` and per task
+    tile y, rows(x) rows(y) ``pair_bytes`` (``task_read``), less, where x (and y) were the
+    previous task's too, the same on the window tiles both windows share."""
     shared, read = W & prev[1], 0
+    rows = {x: tiles[x][1] - tiles[x][0] for x in X}
     for x in X:
-        n, rows = tiles[x][3], tiles[x][1] - tiles[x][0]
-        read += rows * (per_row(n, W) - (per_row(n, shared) if x in prev[0] else 0))
+        n, kept = tiles[x][3], x in prev[0]
+        read += rows[x] * (count(n, None, W) - (count(n, None, shared) if kept else 0))
+        for y in X:
+            m, whole, both = tiles[y][3], tiles[y][4] is None, kept and y in prev[0]
+            read += rows[x] * rows[y] * (count(n, m, W, whole) - (count(n, m, shared, whole) if both else 0))
     return read
 
 
 def order_reads(win: Windows, tiles, triples, tasks) -> np.ndarray:
     """``sequence_reads`` of every task in deal order (0, 1, ...; ``tasks`` a
     ``triples_tasks.WindowTasks``) without a Python step per task: in a window, a task
-    reads the rows of the task tiles the triple before it lacks, so a group's reads are
-    (bytes per row of each window and tensor tile) @ (rows new to each triple per tensor
-    tile); a window's first task, after another window's last, by ``_read``."""
-    per_row, out = _per_row(win), []
+    reads the rows of the task tiles the triple before it lacks and the pairs of its task
+    tiles not both in that triple, so a group's reads are (bytes per row, and per pair of
+    rows, of each window and tensor tile) @ (rows, and pairs of rows, new to each triple
+    per tensor tile); a window's first task, after another window's last, by ``_read``."""
+    count, out = _counter(win), []
     prev = (set(), frozenset())
     for windows, trips in tasks.groups:
         cols = sorted({tiles[x][3] for t in trips for x in triples[t]})
-        col = {n: c for c, n in enumerate(cols)}
-        new, before = np.zeros((len(cols), len(trips))), set()
+        col, nc = {n: c for c, n in enumerate(cols)}, len(cols)
+        new, pairs, before = np.zeros((nc, len(trips))), np.zeros((2 * nc * nc, len(trips))), set()
         for i, t in enumerate(trips):
             X = set(triples[t])
-            for x in X - before:
-                new[col[tiles[x][3]], i] += tiles[x][1] - tiles[x][0]
+            for x in X:
+                rx = tiles[x][1] - tiles[x][0]
+                if x not in before:
+                    new[col[tiles[x][3]], i] += rx
+                for y in X:
+                    if x not in before or y not in before:
+                        at = (2 * col[tiles[x][3]] + (tiles[y][4] is None)) * nc + col[tiles[y][3]]
+                        pairs[at, i] += rx * (tiles[y][1] - tiles[y][0])
             before = X
         for w in windows:
             W = frozenset(w)
-            reads = np.asarray([per_row(n, W) for n in cols], dtype=float) @ new
-            reads[0] = _read(tiles, per_row, set(triples[trips[0]]), W, prev)
+            reads = np.asarray([count(n, None, W) for n in cols], dtype=float) @ new + \
+                np.asarray([count(n, m, W, whole) for n in cols for whole in (False, True) for m in cols],
+                           dtype=float) @ pairs
+            reads[0] = _read(tiles, count, set(triples[trips[0]]), W, prev)
             out.append(reads)
             prev = (set(triples[trips[-1]]), W)
     return np.concatenate([np.zeros(0)] + out)
@@ -299,60 +337,6 @@ def deal_weights(win: Windows, tiles, triples, tasks, costs, least_flops: float,
     return costs * per_cost / rate + reads / bandwidth
 
 
-class _LeftRows:
-    """``table[x][g_y]`` of a packed left operand (``kind`` t2r or ooL) of one task: rows
-    y of irrep g_y, indexed as the kernel indexes packed rows (``[r][p0:p1]`` and
-    ``[r0:r1, p0:p1]``); columns p0:p1 are (s in a kernel block S, c of one irrep)."""
-
-    def __init__(self, tables, kind: str, x: int, gy: int):
-        self.t, self.kind, self.x, self.gy = tables, kind, x, gy
-
-    def cols(self, cols: slice) -> np.ndarray:
-        """[n_y, n_S, n_c] of the block S whose packed columns start at cols.start."""
-        t = self.t
-        h = t.irrep[self.x] ^ self.gy
-        offs, dims = t.offsets[self.kind], t.dims[self.kind]
-        p0, width = cols.start, cols.stop - cols.start
-        for gs in range(len(t.nv)):
-            nc = dims[gs ^ h]
-            if t.nv[gs] and nc and offs[h][gs] <= p0 < offs[h][gs] + t.nv[gs] * nc:
-                tile, off = t.win.tile_at[(gs, (p0 - offs[h][gs]) // nc)]
-                return t.get(self.kind, self.x, (self.gy, tile))[:, off:off + width // nc, :]
-        raise IndexError(f"columns {cols} start no kernel block")
-
-    def __getitem__(self, idx):
-        if isinstance(idx, tuple):              # [r0:r1, p0:p1]
-            seg = self.cols(idx[1])[idx[0]]
-            return seg.reshape(seg.shape[0], -1)
-        return _Row(self, idx)
-
-
-class _Row:
-    def __init__(self, rows: _LeftRows, r: int):
-        self.rows, self.r = rows, r
-
-    def __getitem__(self, cols: slice) -> np.ndarray:
-        return self.rows.cols(cols)[self.r].reshape(-1)
-
-
-class _Table:
-    """``table[x][g_y]`` (a :class:`_LeftRows`) of one packed left table."""
-
-    def __init__(self, tables, kind: str):
-        self.tables, self.kind = tables, kind
-
-    def __getitem__(self, x):
-        return _ByIrrep(self.tables, self.kind, x)
-
-
-class _ByIrrep:
-    def __init__(self, tables, kind: str, x: int):
-        self.tables, self.kind, self.x = tables, kind, x
-
-    def __getitem__(self, gy):
-        return _LeftRows(self.tables, self.kind, self.x, gy)
-
-
 class ZeroTables:
     """A task's tables, each made zero on first use (``get``; missing keys read as zero),
     their bytes counted per source tensor (``source_of``: table kind -> tensor)."""
@@ -369,89 +353,3 @@ class ZeroTables:
             arr = self.data[(kind, x, key)] = np.zeros(self._shape(kind, x, key))
             self.nbytes[self.source_of[kind]] += arr.nbytes
         return arr
-
-
-class WindowTables(ZeroTables):
-    """One task's fetched rows, in the forms the windowed kernel reads, per occupied
-    orbital x and key: ``ov1`` (P, Q) -> [n_f, n_P, n_Q] = (x p|q f); ``t2r`` (g_y, S) ->
-    [n_y, n_S, n_f] = t2[x y s f]; ``ooL`` (g_y, S) -> [n_y, n_S, n_m] = (x s|y m);
-    ``ovov`` (g_y, P) -> [n_y, n_P, n_q] = (x p|y q) (P, Q, S virtual tiles, the others
-    whole irreps; missing keys are zero)."""
-
-    source_of = SOURCE_OF
-
-    def __init__(self, win: Windows, lay, irrep, o, v):
-        super().__init__()
-        self.win, self.lay, self.irrep, self.o, self.v = win, lay, irrep, o, v
-        self.nv, self.no = lay.n.tolist(), lay.no.tolist()
-        self.offsets = {"t2r": lay.poff.tolist(), "ooL": lay.vooff.tolist()}
-        self.dims = {"t2r": self.nv, "ooL": self.no}
-
-    def _shape(self, kind, x, key) -> tuple:
-        g, vt = self.irrep[x], self.win.vtiles
-        if kind == "ov1":
-            P, Q = key
-            return (self.nv[g ^ vt[P][0] ^ vt[Q][0]], vt[P][2], vt[Q][2])
-        gy, S = key
-        other = g ^ gy ^ vt[S][0]
-        return (self.no[gy], vt[S][2], (self.no if kind == "ooL" else self.nv)[other])
-
-    def add(self, source: str, key, rows: np.ndarray, x0: int, pieces) -> None:
-        """Rows x0.. of the block ``key`` of ``source`` ([rows, ...] as fetched, cut to
-        ``pieces`` on its windowed axes, ``Windows.requests``): placed by the irrep positions
-        of its whole-irrep indices and the pieces' positions in their window tiles."""
-        w, ot = self.win, self.o.tiles
-        occ = (lambda t: slice(w.orel[t], w.orel[t] + ot[t].size))      # in its irrep
-        vir = (lambda t: slice(w.irel[t], w.irel[t] + w.vsize[t]))
-        win = (lambda p: slice(p[2], p[2] + p[3]))                      # a piece in its window tile
-        for r, blk in enumerate(rows):
-            x = x0 + r
-            if source == "ovvv":                     # blk[p q f]
-                P, Q = pieces
-                self.get("ov1", x, (P[0], Q[0]))[vir(key[3]), win(P), win(Q)] = blk.transpose(2, 0, 1)
-            elif source == "t2":                     # blk[y s f]
-                self.get("t2r", x, (ot[key[1]].irrep, pieces[0][0]))[occ(key[1]), win(pieces[0]), vir(key[3])] = blk
-            elif source == "ovov":                   # blk[p y q]
-                P, Q = pieces
-                q0 = w.irel[key[3]] + Q[1]
-                self.get("ovov", x, (ot[key[2]].irrep, P[0]))[occ(key[2]), win(P), q0:q0 + Q[3]] = \
-                    blk.transpose(1, 0, 2)
-            else:                                    # ovoo blk[s y m]
-                self.get("ooL", x, (ot[key[2]].irrep, pieces[0][0]))[occ(key[2]), win(pieces[0]), occ(key[3])] = \
-                    blk.transpose(1, 0, 2)
-
-    def tables(self) -> dict:
-        """The kernel's tables (``KernelInputs`` keyword arguments)."""
-        return {"ov1": self, "ov2": None, "t2r": _Table(self, "t2r"), "t2s": None,
-                "ooL": _Table(self, "ooL"), "ovov": self}
-
-
-class WindowTripleKernel(BlockedTripleKernel):
-    """The blocked kernel on one window: its block triples only, operands from
-    :class:`WindowTables` (``inp.ov1`` and ``inp.ovov`` are the tables themselves)."""
-
-    def __init__(self, inp, G: int, pool: list, batch: int, vblock: int, win: Windows, window, tables):
-        super().__init__(inp, G, pool, batch, vblock, triples=win.block_triples(G, window),
-                         frame=win.frame(window))
-        self.win, self.tab = win, tables
-
-    def _right(self, table, x, gc, nc, T, U, swapped) -> np.ndarray:
-        first, second = (U, T) if swapped else (T, U)
-        (t1, o1), (t2, o2) = self._tile(first), self._tile(second)
-        if table is self.inp.ov1:
-            seg = self.tab.get("ov1", x, (t1, t2))[:, o1:o1 + first[2], o2:o2 + second[2]]
-        else:                                        # t2r: rows m of irrep gc, (s in first, f any)
-            seg = self.tab.get("t2r", x, (gc, t1))[:, o1:o1 + first[2], second[1]:second[1] + second[2]]
-        return self._into_rbuf(seg, nc, T, U, swapped)
-
-    def _pairs(self, x, gy, rows: slice, P, Q):
-        if P[0] ^ Q[0] != self.irr[x] ^ gy:
-            return None
-        tp, op = self._tile(P)
-        seg = self.tab.get("ovov", x, (gy, tp))[rows]
-        return seg[:, op:op + P[2], Q[1]:Q[1] + Q[2]]
-
-    def _tile(self, block) -> tuple:
-        """(virtual tile, offset inside it) of a kernel block."""
-        tile, off = self.win.tile_at[(block[0], block[1])]
-        return tile, off
