@@ -267,11 +267,11 @@ def main() -> None:
                          f"PySCF {w['pyscf_s']:.2f} s, ratio {w['ratio']:.2f}  load {os.getloadavg()[0]:.1f}")
             lines.append(_cpu_line(w["tessera_best"], w["pyscf_best"], "PySCF"))
     res["loadavg_end"] = os.getloadavg()
+    res["openblas_coretype"] = os.environ.get("OPENBLAS_CORETYPE")
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"scf_speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(res, indent=1, default=float))
-    res["openblas_coretype"] = os.environ.get("OPENBLAS_CORETYPE")
     print("\n".join(lines))
     print(blas_kernels())
     print(f"load average start {res['loadavg_start'][0]:.1f}, end {res['loadavg_end'][0]:.1f} "

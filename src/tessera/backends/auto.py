@@ -398,6 +398,14 @@ def frozen_share(s: dict, nranks: int) -> float:
     return min(s["frozen_distinct_bytes"], s["frozen_ab_bytes"] / nranks)
 
 
+def kept_share(frozen_bytes: float, limit: int = FROZEN_CACHE_BYTES) -> float:
+    """The share of a rank's ``frozen_bytes`` of frozen blocks that its ``FrozenCache`` of
+    ``limit`` bytes keeps after the first iteration: it keeps what it took first and refuses
+    the rest once full, so all of them while they fit, else about ``limit`` bytes' worth
+    (counted as that share of their gets and bytes)."""
+    return 1.0 if frozen_bytes <= limit else limit / frozen_bytes
+
+
 LOCAL_COSTS = {"t_task": T_TASK, "t_get": T_GET, "t_acc": T_ACC, "t_coll": T_COLL, "bandwidth": BANDWIDTH}
 
 
@@ -438,13 +446,15 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
     other_bytes = s["owner_other_bytes" if variant == "owner" else "onesided_other_bytes"]
     if variant == "owner":
         # a static deal by ownership: the busiest rank of each contraction step, its frozen
-        # blocks fetched in the first iteration only while every rank's fit its frozen cache
+        # blocks fetched in the first iteration only as far as they fit its frozen cache,
+        # which keeps what it took first once full: the share of them that fits is kept
         # (``structure_stats``, ``step_bytes.onesided_owner_counts``); no accumulate
         if "owner" not in s:
             raise ValueError("estimate of variant owner needs structure_stats(..., owner=True, block_tasks=True)")
         ow = s["owner"]
-        kept = float(ow["frozen_per_rank"].max(initial=0)) <= FROZEN_CACHE_BYTES
-        gets, nbytes = (ow["thawed_gets"], ow["thawed_bytes"]) if kept else (ow["gets"], ow["bytes"])
+        kept = kept_share(float(ow["frozen_per_rank"].max(initial=0)))
+        gets = ow["gets"] - kept * (ow["gets"] - ow["thawed_gets"])
+        nbytes = ow["bytes"] - kept * (ow["bytes"] - ow["thawed_bytes"])
         compute = ow["flops"] / rate
         seconds = (compute + overhead + gets * T_GET + (nbytes + other_bytes) / BANDWIDTH
                    + s["contract_steps"] * 4 * T_COLL)
@@ -462,11 +472,11 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         moved = s["inv_bytes"] * remote + s["out_bytes"] * remote * 2
     else:
         # cached: each rank fetches every distinct block it needs once: at most all of them,
-        # but a frozen operand's only in the first iteration while its share fits the frozen
-        # cache (``frozen_share``)
+        # but a frozen operand's only in the first iteration as far as its share fits the
+        # frozen cache (``frozen_share``, ``kept_share``)
         gets = P * min(s["distinct_ops"], s["get_ops"] / P) * remote
         accs = s["acc_ops"]
-        kept = frozen_share(s, P) <= FROZEN_CACHE_BYTES
+        kept = kept_share(frozen_share(s, P))
         moved = P * min(s["distinct_bytes"] - kept * s["frozen_distinct_bytes"],
                         (s["a_bytes"] + s["b_bytes"] - kept * s["frozen_ab_bytes"]) / P) * remote \
             + s["out_bytes"] * remote

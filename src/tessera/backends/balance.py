@@ -40,7 +40,9 @@ tuples over grid rows, column tuples over grid columns and (2.5d) inner tuples o
 layers, so tasks per rank say neither whether a grid line idles nor how even the
 work is (at 2+ tasks per rank its busiest rank still does up to 1.9x the mean, (H2O)16
 on 1024 ranks). Its tiles are the largest at which no dominant step leaves a grid line
-(or layer) idle on the grid the executor runs it on (``grid_lines``), else the fewest idle lines,
+(or layer) idle (``grid_lines``, on ``choose_grid``'s shape: one of the shapes with the fewest idle
+lines, of which the executor's ``stationary.summa_grid`` takes the one whose busiest rank receives
+least, so the idle count is the run's, the evenness may be another shape's), else the fewest idle lines,
 then the most even: (H2O)8 and (H2O)16 cc-pVDZ on 256 ranks take 24/12 and 48/24 (1.75
 tasks per rank, every line busy; the task rule took 16/12 and 48/16). Tiles that change nothing (the same tiling as larger
 ones) are not tried twice.

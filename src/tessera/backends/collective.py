@@ -330,15 +330,17 @@ class CollectiveExecutor(DistributedExecutor):
             if kept is None:
                 send += items
                 if keep is not None:
-                    fill.append((ga, keep))
+                    # this part's own blocks: another part may read the same array
+                    mine = {(ga.eid, key, *part) for _, key, dest, *part in items if dest == me}
+                    fill.append((ga, keep, mine))
                 continue
             out.update(kept)
             out.update(owned_views(me, [it for it in items if it[2] == me]))
         got = exchange(self.cc, send) if send or fill else {}
-        for ga, keep in fill:
+        for ga, keep, mine in fill:
             # copies: a view would hold the whole receive buffer
             keep.update({tag: blk.copy() for tag, blk in got.items()
-                         if tag[0] == ga.eid and (ga.pieces > 1 or ga.owner(tag[1]) != me)})
+                         if tag in mine and (ga.pieces > 1 or ga.owner(tag[1]) != me)})
         out.update(got)
         return out
 

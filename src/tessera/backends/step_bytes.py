@@ -87,11 +87,13 @@ def operands(cache: dict, step, nranks: int) -> stationary.Operands:
               (lambda keys, t=t: piece_rows(cache, t, nranks, keys)) for t in tensors))
 
 
-def step_recv(step, nranks: int, mode: str = "c", least_pieces: int | None = None, layers: int = 1) -> np.ndarray:
+def step_recv(step, nranks: int, mode: str = "c", least_pieces: int | None = None, layers: int = 1,
+              moved_once=()) -> np.ndarray:
     """Bytes each rank receives by collectives in ``step`` on ``mpi-collective``, as the
     model counts them (``least_pieces``: pieces per block at least, None: the run's,
     ``registry.least_pieces``): a contraction on the grid of ``layers`` layers (``mode``
-    ``"summa"``: ``stationary.summa_recv``, on ``stationary.summa_grid``'s grid) or with
+    ``"summa"``: ``stationary.summa_recv``, on ``stationary.summa_grid``'s grid, both
+    counting the operands of ``moved_once`` as already sent, as the executor does) or with
     operand ``mode`` stationary (``backends.stationary``), a sum or Hadamard product by
     ``owner_step_recv``."""
     cache = {"least": registry.least_pieces() if least_pieces is None else least_pieces}
@@ -102,8 +104,9 @@ def step_recv(step, nranks: int, mode: str = "c", least_pieces: int | None = Non
     if mode == "summa":
         sig = tuple((sec.irrep, sec.rows, sec.inner, sec.cols) for sec in step.sectors)
         perms = (step.perms["a"], step.perms["b"], step.perms["c"])
-        grid, _ = stationary.summa_grid(sig, perms, layers, ops, nranks)
-        recv = stationary.summa_recv(sig, perms, grid, ops, nranks)
+        items = stationary.grid_items(sig, perms, layers, ops)
+        grid, _ = stationary.summa_grid(sig, perms, layers, ops, nranks, moved_once, items)
+        recv = stationary.summa_recv(sig, perms, grid, ops, nranks, moved_once, items)
         return recv["a"] + recv["b"] + recv["panels"] + recv["c"]
     plan = stationary.stationary_scores(ta, ops.owners, nranks, modes=(mode,), where=False, pieces=ops.tables(ta),
                                         shared=step.inputs[0].tensor is step.inputs[1].tensor)[1][mode]

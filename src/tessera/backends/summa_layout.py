@@ -140,12 +140,11 @@ def summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
     rows, cols) of the blocks in a panel; ``out[n][grid row][grid col]``: output tile pairs
     and offsets. ``a_homes``/``b_homes``: (key, part, layer, grid row, grid col) of every
     input block (part) -- part is None or (axis, lo, hi) of the block, as ``exchange``
-    takes it -- and ``a_home_sizes``/``b_home_sizes`` their elements; ``a_panel_size[layer][panel][grid row]``, ``b_panel_size[layer][panel][grid
+    takes it; ``a_panel_size[layer][panel][grid row]``, ``b_panel_size[layer][panel][grid
     col]``: elements of the broadcast panels."""
     npanel = max(pr, pc)
     lay = {"npanel": npanel, "layers": layers, "row_total": [], "col_total": [], "panel_inner": [],
-           "units": [], "inner_panel": [], "active": [], "a_homes": [], "b_homes": [], "a_home_sizes": [],
-           "b_home_sizes": [], "a_pack": [],
+           "units": [], "inner_panel": [], "active": [], "a_homes": [], "b_homes": [], "a_pack": [],
            "b_pack": [], "out": []}
     a_panel = [[[0] * pr for _ in range(npanel)] for _ in range(layers)]
     b_panel = [[[0] * pc for _ in range(npanel)] for _ in range(layers)]
@@ -165,7 +164,6 @@ def summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
                 apart = None if part is None else (pa[len(rk)], *part)   # A's axis of the first inner tile
                 l_, p = place[u]
                 lay["a_homes"].append((akey, apart, l_, grow[r], p % pc))
-                lay["a_home_sizes"].append(rows.sizes[r] * usize[u])
                 apack[l_][p][grow[r]].append((akey, apart, roff[r], ioff[u], rows.sizes[r], usize[u]))
         for u, (q, part) in enumerate(units):
             for c, ck in enumerate(cols.tuples):
@@ -173,7 +171,6 @@ def summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
                 bpart = None if part is None else (pb[0], *part)         # B's axis of the first inner tile
                 l_, p = place[u]
                 lay["b_homes"].append((bkey, bpart, l_, p % pr, gcol[c]))
-                lay["b_home_sizes"].append(usize[u] * cols.sizes[c])
                 bpack[l_][p][gcol[c]].append((bkey, bpart, ioff[u], coff[c], usize[u], cols.sizes[c]))
         out = [[[] for _ in range(pc)] for _ in range(pr)]
         for r in range(len(rows.tuples)):
