@@ -19,6 +19,7 @@ gives the constants ``backends.auto.estimate`` uses for P ranks, ``rpn`` per nod
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, replace
@@ -49,14 +50,7 @@ class Machine:
     @classmethod
     def calibrated(cls, path: Path | str = CALIBRATION, **network) -> "Machine":
         """The constants of ``path`` (default: the shipped calibration) with the network's."""
-        try:
-            data = json.loads(Path(path).read_text())
-            node = {k: float(data[k]) for k in FIELDS}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"machine calibration {path} is unreadable ({exc}); expected the JSON "
-                             "written by bench/calibrate_machine.py") from None
-        where = f"{data.get('host', '?')}, {data.get('date', '?')}, load {data.get('load', '?')}"
-        return replace(cls(**node, measured=where), **network)
+        return replace(_node(str(path)), **network)
 
     def on(self, nranks: int, ranks_per_node: int) -> dict:
         """The per-operation constants of ``backends.auto.estimate`` for ``nranks`` ranks
@@ -71,3 +65,17 @@ class Machine:
                 "t_acc": self.acc_seconds + f_off * self.network_latency,
                 "t_coll": self.collective_seconds + tree * self.network_latency, "bandwidth": bandwidth,
                 "nodes": nodes}
+
+
+@functools.lru_cache(maxsize=None)
+def _node(path: str) -> Machine:
+    """The node constants of the calibration file ``path``, read once per process (the
+    (T) planner asks for them per candidate task and window width)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        node = {k: float(data[k]) for k in FIELDS}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"machine calibration {path} is unreadable ({exc}); expected the JSON "
+                         "written by bench/calibrate_machine.py") from None
+    where = f"{data.get('host', '?')}, {data.get('date', '?')}, load {data.get('load', '?')}"
+    return Machine(**node, measured=where)
