@@ -52,6 +52,8 @@ from tessera.runtime.placement import PieceRuns, TablePlacement, part_runs
 
 log = logging.getLogger("tessera.runtime")
 
+RUNS_KEPT = 1 << 14     # piece runs kept per array (``GlobalArray.piece_runs``)
+
 
 class _Slots(dict):
     """{key: slot} of a GlobalArray, each made on first use (``GlobalArray._make_slot``);
@@ -97,6 +99,7 @@ class GlobalArray(PatchAccess):
         self._place = placement
         self.pieces = getattr(placement, "k", 1)     # pieces per block (1: whole blocks)
         self._parts: dict = {}   # key stored in pieces -> [(owner, target, disp, start, count, view)]
+        self._runs: dict = {}    # (key, part, rank) -> PieceRuns, at most RUNS_KEPT (``piece_runs``)
         me = world.rank
         self._local_count = placement.elements(me)
         self._exp = Exposure(world, self._local_count * self.itemsize, self.itemsize, kind="data")
@@ -248,7 +251,18 @@ class GlobalArray(PatchAccess):
         (``_piece_patch``). ``part``: ``tasks.part_slice``'s cuts of the key's axes (an alias:
         through its stored block, which ``transpose(order)`` makes it). ``rank``: only the
         runs that rank holds, found from its own pieces alone (a sender's share: its work
-        does not grow with the block's pieces)."""
+        does not grow with the block's pieces). Structure alone decides, so the last
+        RUNS_KEPT asked are kept (read-only arrays): mpi-collective asks the same ones in
+        every CCSD iteration."""
+        memo = (key, part, rank)
+        if memo in self._runs:
+            return self._runs[memo]
+        if len(self._runs) >= RUNS_KEPT:          # first in, first out
+            del self._runs[next(iter(self._runs))]
+        runs = self._runs[memo] = self._piece_runs(key, part, rank)
+        return runs
+
+    def _piece_runs(self, key, part, rank) -> "PieceRuns":
         key, order = self.aliases.get(key, (key, None))
         shape = self.layout.block_shape(key)
         lo, hi = [0] * len(shape), list(shape)
@@ -257,7 +271,10 @@ class GlobalArray(PatchAccess):
             axis = order[axis] if order is not None else axis
             lo[axis], hi[axis] = a, b
         pieces = self._place.pieces_of(key) if rank is None else self._place.pieces_held(key, rank)
-        return PieceRuns(key, order, tuple(b - a for a, b in zip(lo, hi)), *part_runs(pieces, shape, lo, hi))
+        runs = part_runs(pieces, shape, lo, hi)
+        for a in runs:
+            a.flags.writeable = False
+        return PieceRuns(key, order, tuple(b - a for a, b in zip(lo, hi)), *runs)
 
     def piece_table(self, keys) -> tuple:
         """(index into ``keys``, rank, elements) of every piece of the blocks ``keys`` (an
