@@ -13,6 +13,10 @@ Writes (what ``tessera.backends.machine.Machine.calibrated`` reads):
                          TESSERA_WINDOW=create: through MPI as between nodes)
   copy_bytes_per_second  8 MiB get between the 2 ranks of this node
   collective_seconds     one small allreduce on 2 ranks
+  exchange_seconds       one all-to-all of mpi-collective as a CCSD iteration meets it (2 ranks, water
+                         cc-pVDZ, tile 48, CCSD iterations 2-6 of `tessera run --backend mpi-collective
+                         --profile`): the mean seconds per alltoallv, its latency and the wait for the
+                         later rank (a bulk-synchronous step waits for its busiest rank); best of three runs
   triples_task_seconds   Python work per distributed (T) task (1 rank, mpi-onesided cached, whole
                          rows): water trimer 6-31G, task tile 1 (680 tasks) against task tile 2
                          (120 tasks), the same flops: wall difference / task difference (best of
@@ -121,6 +125,35 @@ def collective() -> None:
     world.stop()
 
 
+def exchange_seconds() -> dict:
+    """Mean seconds per alltoallv of mpi-collective in CCSD iterations 2-6 of water cc-pVDZ on
+    2 ranks (both ranks' records of a ``--profile`` run), best of three runs."""
+    import tempfile
+    best = None
+    for _ in range(3):
+        with tempfile.TemporaryDirectory() as out:
+            cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "tessera.cli.main", "run",
+                   str(REPO / "examples" / "water.xyz"), "--basis", "cc-pvdz", "--method", "ccsd", "--max-iter", "6",
+                   "--backend", "mpi-collective", "--tile", "48", "--profile", out, "-q"]
+            subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **ENV), timeout=600, cwd=out)
+            calls = seconds = 0.0
+            for rank in (0, 1):
+                try:
+                    rec = json.loads((Path(out) / f"records.{rank}.json").read_text())
+                except OSError:
+                    raise SystemExit(f"{' '.join(cmd)} wrote no profile") from None
+                reg, ops = rec["regions"], rec["ops"]
+                spans = [(t, t + dt) for name, t, dt in zip(reg["name"], reg["start"], reg["seconds"])
+                         if name == "CCSD iteration"][1:]
+                for op, t, dt in zip(ops["op"], ops["start"], ops["seconds"]):
+                    if op == "alltoallv" and any(a <= t < b for a, b in spans):
+                        calls, seconds = calls + 1, seconds + dt
+            per = seconds / max(calls, 1)
+            if best is None or per < best["seconds"]:
+                best = {"seconds": per, "calls": calls}
+    return best
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(REPO / "src" / "tessera" / "backends" / "machine.json"))
@@ -129,6 +162,8 @@ def main(argv=None) -> None:
     ap.add_argument("--triples", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--triples-only", action="store_true",
                     help="measure triples_task_seconds alone and update it (with its date and load) in --out")
+    ap.add_argument("--exchange-only", action="store_true",
+                    help="measure exchange_seconds alone and update it (with its date and load) in --out")
     args = ap.parse_args(argv)
     if args.collective:
         return collective()
@@ -137,6 +172,12 @@ def main(argv=None) -> None:
     if args.triples:
         return triples_task_seconds()
     load = round(os.getloadavg()[0], 2)
+    if args.exchange_only:
+        exchange = {"exchange_seconds": exchange_seconds()["seconds"],
+                    "exchange_measured": f"{time.strftime('%Y-%m-%d')}, load {load}"}
+        out = {**json.loads(Path(args.out).read_text()), **exchange}
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        return print(json.dumps(out, indent=1))
     triples = {"triples_task_seconds": mpi_json([__file__, "--triples"], 1)["seconds"],
                "triples_task_measured": f"{time.strftime('%Y-%m-%d')}, load {load}"}
     if args.triples_only:
@@ -151,6 +192,7 @@ def main(argv=None) -> None:
     out = {"gemm_flops_per_second": rate, "task_seconds": mpi_json([__file__, "--tasks"], 1)["seconds"],
            "get_seconds": at[("get", 8192)], "acc_seconds": at[("acc", 8192)],
            "collective_seconds": mpi_json([__file__, "--collective"])["seconds"],
+           "exchange_seconds": exchange_seconds()["seconds"],
            "copy_bytes_per_second": big / at[("get", big)], **triples,
            "host": platform.node(), "date": time.strftime("%Y-%m-%d"), "load": round(os.getloadavg()[0], 2),
            "command": "python bench/calibrate_machine.py"}

@@ -12,8 +12,16 @@ estimates, per rank:
        + tasks/P * t_task                              Python work per block product
        + (gets * t_get + accs * t_acc) / P             one-sided operations (onesided)
        + collectives * t_coll                          collective calls (barriers and counter
-                                                       setup per step; SUMMA broadcasts)
+                                                       setup per step)
        + bytes moved / P / bandwidth                   data movement
+
+and for ``mpi-collective``, bulk-synchronous, the compute is per contraction its busiest
+rank's flops as the executor places the products (``collective_traffic``'s
+``busiest_flops``) and each all-to-all or broadcast costs ``t_exchange``, what one costs
+inside a CCSD iteration (``machine.json``'s ``exchange_seconds``, measured by
+``bench/calibrate_machine.py``: the latency and the wait for the later rank; water
+cc-pVDZ on 2 ranks: ~140 all-to-alls per iteration, about 1-2 ms each on the shared
+2-core development machine against ~50 us for one alone, docs/distributed.md),
 
 with the gets, accumulates and bytes the loop order implies (one per piece of a block
 stored in pieces: T2 and the integral classes where they have too few blocks for the
@@ -87,6 +95,7 @@ from tessera.backends.balance import (BALANCE, binding, class_balance, collectiv
 from tessera.backends.context import BLOCK_READ_COLUMNS, CACHE_BYTES, gather_twins, thread_limit
 from tessera.backends.dist_base import DEFAULT_CACHE_MB
 from tessera.backends.budget import memory_budget
+from tessera.backends.machine import Machine
 from tessera.backends import registry
 from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
@@ -102,6 +111,9 @@ T_TASK = 25e-6        # s of Python and numpy overhead per block product
 T_GET = 15e-6         # s per one-sided get (issue + wait)
 T_ACC = 20e-6         # s per one-sided accumulate (MPI_Accumulate + flush)
 T_COLL = 60e-6        # s per collective call (latency, a few ranks on one node)
+# s per all-to-all of mpi-collective as a CCSD iteration meets it: its latency and the wait
+# for the later rank (measured, ``machine.json``'s ``exchange_seconds``)
+T_EXCHANGE = Machine.calibrated().exchange_seconds
 BANDWIDTH = 2.0e9     # bytes/s moved per rank (shared memory copies)
 TILES = (48, 32, 24, 16, 12, 8)     # tried from large to small ...
 MAX_PRODUCTS = 60000                # ... down to the first with more block products per iteration
@@ -272,7 +284,8 @@ def collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int = F
     (``backends.stationary.choose``, owner maps as a run places the blocks; frozen operands
     moved once where the executor keeps them). ``bytes_per_rank``: per contraction the bytes
     the busiest rank receives, summed; ``bcast_bytes_per_rank``: of which panels of the
-    contractions run on the grid; ``modes``: contractions per mode; ``working_bytes`` per
+    contractions run on the grid; ``modes``: contractions per mode; ``busiest_flops``: per
+    contraction the flops of its busiest rank as the executor places them, summed; ``working_bytes`` per
     rank (largest step: on the grid twice the output rectangle, c times SUMMA's, for the
     GEMMs and the send buffers, the homes twice and one A and one B panel; stationary, the
     blocks received, frozen ones included as the first iteration receives them, and the
@@ -307,11 +320,13 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
         # the grid's items kept only where a frozen operand resent is counted again on the grid
         chosen.append((st, grid, mode, scores, items if mode == "summa" and st["moved_once"] else None))
     resent, kept_bytes = frozen_resent(chosen, nranks, frozen_bytes, s["frozen_reads"]) if nranks > 1 else (set(), 0)
-    moved = bcast = work = 0.0
+    moved = bcast = work = busiest = 0.0
     modes: dict = {}
     for n, (st, (gr, gc, _), mode, scores, items) in enumerate(chosen):
         a, b, out = st["bytes"]
         modes[mode] = modes.get(mode, 0) + 1
+        ta = st["tasks"]
+        busiest += scores[mode]["flops"] if scores else float(2 * ta.m[ta.task] * ta.k @ ta.n[ta.task])
         kept = tuple(x for x in st["moved_once"] if (n, x) not in resent)
         if kept != st["moved_once"]:       # a frozen operand the executor sends again every iteration
             pa, pb = st["perms"]
@@ -330,7 +345,7 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
             first = stationary.score(st["stationary"][nranks][1][mode])["recv_bytes"] if nranks > 1 else 0.0
             work = max(work, 2 * first + out / nranks)
     return {"grid": (pr, pc, c), "bytes_per_rank": moved, "bcast_bytes_per_rank": bcast,
-            "working_bytes": work + kept_bytes, "modes": modes}
+            "working_bytes": work + kept_bytes, "modes": modes, "busiest_flops": busiest}
 
 
 def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES, others=()) -> tuple:
@@ -406,7 +421,8 @@ def kept_share(frozen_bytes: float, limit: int = FROZEN_CACHE_BYTES) -> float:
     return 1.0 if frozen_bytes <= limit else limit / frozen_bytes
 
 
-LOCAL_COSTS = {"t_task": T_TASK, "t_get": T_GET, "t_acc": T_ACC, "t_coll": T_COLL, "bandwidth": BANDWIDTH}
+LOCAL_COSTS = {"t_task": T_TASK, "t_get": T_GET, "t_acc": T_ACC, "t_coll": T_COLL, "t_exchange": T_EXCHANGE,
+               "bandwidth": BANDWIDTH}
 
 
 def run_costs(nranks: int, ranks_per_node: int | None = None) -> dict:
@@ -414,9 +430,8 @@ def run_costs(nranks: int, ranks_per_node: int | None = None) -> dict:
     ranks span nodes (``ranks_per_node`` < ``nranks``), the network between them by the
     formulas ``tessera plan --ranks`` uses (``backends.machine.Machine.on``, default
     network)."""
-    from tessera.backends.machine import Machine
     node = Machine(gemm_flops_per_second=0.0, task_seconds=T_TASK, get_seconds=T_GET, acc_seconds=T_ACC,
-                   collective_seconds=T_COLL, copy_bytes_per_second=BANDWIDTH)
+                   collective_seconds=T_COLL, copy_bytes_per_second=BANDWIDTH, exchange_seconds=T_EXCHANGE)
     return node.on(nranks, ranks_per_node or nranks)
 
 
@@ -425,7 +440,8 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
     module docstring). ``costs``: the per-operation constants (LOCAL_COSTS, ranks on one
     node, by default; ``backends.machine.Machine.on`` for ranks spread over nodes)."""
     c_ = LOCAL_COSTS if costs is None else costs
-    T_TASK, T_GET, T_ACC, T_COLL, BANDWIDTH = (c_[k] for k in ("t_task", "t_get", "t_acc", "t_coll", "bandwidth"))
+    T_TASK, T_GET, T_ACC, T_COLL, T_EXCHANGE, BANDWIDTH = (c_[k] for k in ("t_task", "t_get", "t_acc", "t_coll",
+                                                                          "t_exchange", "bandwidth"))
     P = nranks
     remote = (P - 1) / P
     compute = s["makespan_flops"] / rate          # per step, the busiest rank's flops
@@ -434,9 +450,13 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
     if backend == "mpi-collective":
         tr = collective_traffic(s, P, variant)
         pr, pc, c = tr["grid"]
+        # bulk-synchronous: each contraction ends when its busiest rank, as the executor
+        # places the products, does; each all-to-all or broadcast costs what one does inside
+        # an iteration (``T_EXCHANGE``: the latency and the wait for the later rank)
+        compute = tr["busiest_flops"] / rate
         coll = s["contract_steps"] * (2 + 2 * max(pr, pc)) + s["other_steps"]
         moved = tr["bytes_per_rank"] + s["collective_other_bytes"]
-        seconds = compute + overhead + coll * T_COLL + moved / BANDWIDTH
+        seconds = compute + overhead + coll * T_EXCHANGE + moved / BANDWIDTH
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
                 "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes_per_rank"], "layers": c,
                 "contraction_modes": tr["modes"], "memory_per_rank": memory}

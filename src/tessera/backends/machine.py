@@ -3,16 +3,18 @@ between nodes, and how ranks sit on the nodes.
 
 ``machine.json`` (next to this module) holds constants measured on one machine by
 ``bench/calibrate_machine.py`` (single-thread DGEMM rate, Python work per block
-product, one-sided get and accumulate of a small block, a collective call, copy
-bandwidth between two ranks of a node; Python work per distributed (T) task, measured
-apart, ``triples_task_measured``), with where, when and under what load they were
-measured. The network is not measurable from one machine: its bandwidth per node and
+product, one-sided get and accumulate of a small block, a collective call, an
+all-to-all of ``mpi-collective`` as a CCSD iteration meets it (its latency and the wait
+for the later rank, ``exchange_measured``), copy bandwidth between two ranks of a node;
+Python work per distributed (T) task, measured apart, ``triples_task_measured``), with
+where, when and under what load they were measured. The network is not measurable from one machine: its bandwidth per node and
 latency are options (``tessera plan --network-bandwidth --network-latency``, defaults
 NETWORK_BANDWIDTH and NETWORK_LATENCY: a 100 Gb/s link, 2 us). ``Machine.on(P, rpn)``
 gives the constants ``backends.auto.estimate`` uses for P ranks, ``rpn`` per node:
 
   t_get, t_acc   node's value + f_off x latency (f_off: share of the other ranks on other nodes)
   t_coll         node's value + latency x ceil(log2 nodes) (a tree over the nodes)
+  t_exchange     the same for an all-to-all of mpi-collective (``exchange_seconds``)
   bandwidth      1 / ((1 - f_off) / copy bandwidth + f_off / (network bandwidth / rpn)):
                  a rank's bytes go to its peers evenly; a node's link is shared by its ranks
 """
@@ -31,7 +33,7 @@ CALIBRATION = Path(__file__).with_name("machine.json")
 NETWORK_BANDWIDTH = 12.5e9     # bytes/s per node (100 Gb/s)
 NETWORK_LATENCY = 2e-6         # s per message between nodes
 FIELDS = ("gemm_flops_per_second", "task_seconds", "get_seconds", "acc_seconds",
-          "collective_seconds", "copy_bytes_per_second", "triples_task_seconds")
+          "collective_seconds", "copy_bytes_per_second", "triples_task_seconds", "exchange_seconds")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Machine:
     collective_seconds: float
     copy_bytes_per_second: float
     triples_task_seconds: float = 0.0     # Python work per distributed (T) task (chem.triples_tasks)
+    exchange_seconds: float = 0.0         # an all-to-all of mpi-collective inside a CCSD iteration
     network_bandwidth: float = NETWORK_BANDWIDTH
     network_latency: float = NETWORK_LATENCY
     measured: str = ""          # where and when the node constants were measured
@@ -63,7 +66,8 @@ class Machine:
         tree = math.ceil(math.log2(nodes)) if nodes > 1 else 0
         return {"t_task": self.task_seconds, "t_get": self.get_seconds + f_off * self.network_latency,
                 "t_acc": self.acc_seconds + f_off * self.network_latency,
-                "t_coll": self.collective_seconds + tree * self.network_latency, "bandwidth": bandwidth,
+                "t_coll": self.collective_seconds + tree * self.network_latency,
+                "t_exchange": self.exchange_seconds + tree * self.network_latency, "bandwidth": bandwidth,
                 "nodes": nodes}
 
 
