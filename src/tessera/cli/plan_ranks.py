@@ -150,8 +150,8 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
             "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, workers),
             "executors": executors,
             "machine": {**{k: getattr(machine, k) for k in ("gemm_flops_per_second", "task_seconds",
-                        "get_seconds", "acc_seconds", "collective_seconds", "copy_bytes_per_second",
-                        "triples_task_seconds", "network_bandwidth", "network_latency")}, "measured": machine.measured,
+                        "get_seconds", "acc_seconds", "collective_seconds", "exchange_seconds",
+                        "copy_bytes_per_second", "triples_task_seconds", "network_bandwidth", "network_latency")}, "measured": machine.measured,
                         "per_operation": {k: v for k, v in costs.items() if k != "nodes"}}}
 
 
