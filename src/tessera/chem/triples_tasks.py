@@ -32,7 +32,8 @@ Distributed tensors with the kernel blocked in the virtual index: a task is a tr
 task tiles and a window of virtual tiles (``chem.triples_window``); it requests only its
 window's rows and builds them into tables (``cache_mb`` bounds one task's bytes; by
 default ``window_budget``: the rank's share of the operands, so what a rank holds falls
-as ranks grow, down to a floor: ``fastest_task``, at least ``task_floor``).  The
+as ranks grow, down to a floor: ``fastest_task``, at least ``task_floor``; never above
+the budget of half the ranks, ``unstreamed_budget``, so it never grows with them).  The
 tasks run window by window (``window_tasks``), so consecutive tasks share their window
 and mostly two of three task tiles; a rank keeps the rows its previous task fetched
 that its next task needs and fetches only the rest.  What a rank holds is then never
