@@ -656,6 +656,34 @@ def test_triples_memory_per_rank_falls_with_ranks():
     assert at_1024[16][2] > 3 * at_1024[8][2]                              # what the unstreamed floor did
 
 
+def test_triples_memory_per_rank_never_grows_across_nodes():
+    """(T) per rank (``triples_parts``' rows: one task's rows and tables, or by whole rows
+    one task's rows and the row cache) for water clusters (H2O)4, 8, 12 and 16 in cc-pVDZ
+    (C1, tile 32) on 64, 256 and 1024 simulated ranks of 64-rank nodes with 8 GiB each
+    never grows with the rank count. Between nodes the bandwidth per rank falls, so the
+    least task whose reads stay within READ_SHARE of its compute (``task_floor``) is
+    larger there than on one node (checked here for (H2O)12 and (H2O)16); before, the
+    budget of a task followed it and (H2O)12 held 760 MiB on 64 ranks and 1435 MiB on 256.
+    Bounds: one task within the budget of its run (``window_budget``), that budget within
+    the cap (a quarter of the memory) and never above the budget of fewer ranks."""
+    from tessera.chem.memory import triples_parts
+    from tessera.chem.triples_tasks import plan_counts, task_floor, window_budget
+    memory, rpn = 8 * 2**30, 64
+    for n in (4, 8, 12, 16):
+        tensors = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True).stored(32, 32)
+        o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+        held, budgets = [], []
+        for P in RANKS:
+            budgets.append(window_budget(None, memory, tensors, P, rpn))
+            plan = plan_counts(tensors, P, memory_bytes=memory, ranks_per_node=rpn)
+            held.append(triples_parts(o, v, P, 1, memory_bytes=memory, ranks_per_node=rpn)["rows"])
+            assert plan["task_bytes"] <= budgets[-1] <= memory / 4, (n, P, plan)
+        if n >= 12:
+            assert task_floor(o, v, 256, rpn) > task_floor(o, v, 64, rpn)
+        assert budgets == sorted(budgets, reverse=True), (n, budgets)
+        assert held == sorted(held, reverse=True), (n, held)
+
+
 def test_triples_estimate_holds_what_the_window_plan_holds():
     """The pre-run estimate's (T) rows (``chem.memory``, distributed, kernel blocked in
     the virtual index) are the bytes one task of the run's plan holds for the run's budget

@@ -302,8 +302,9 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
     ``triples_tasks.window_budget``: the rank's share of the (T) operands, so ``rows``
     falls as ranks grow down to a floor (what the task of fewest modelled seconds within
     the cap holds, ``fastest_task``, at least ``task_floor``, set by o, v, the tiles and
-    the machine, or the streamed tasks' ``stream_floor`` when less), and at most a share
-    of ``memory_bytes``, the rank's memory budget."""
+    the machine, or the streamed tasks' ``stream_floor`` when less), at most a share
+    of ``memory_bytes``, the rank's memory budget, and at most the unstreamed budget of
+    half the ranks (``unstreamed_budget``: it never grows with the rank count)."""
     from tessera.chem.triples import VirtualLayout, irrep_ranges
     from tessera.chem.triples_tasks import kernel_plan
     resident = nranks == 1 if resident is None else resident

@@ -32,7 +32,8 @@ Distributed tensors with the kernel blocked in the virtual index: a task is a tr
 task tiles and a window of virtual tiles (``chem.triples_window``); it requests only its
 window's rows and builds them into tables (``cache_mb`` bounds one task's bytes; by
 default ``window_budget``: the rank's share of the operands, so what a rank holds falls
-as ranks grow, down to a floor: ``fastest_task``, at least ``task_floor``).  The
+as ranks grow, down to a floor: ``fastest_task``, at least ``task_floor``; never above
+the budget of half the ranks, ``unstreamed_budget``, so it never grows with them).  The
 tasks run window by window (``window_tasks``), so consecutive tasks share their window
 and mostly two of three task tiles; a rank keeps the rows its previous task fetched
 that its next task needs and fetches only the rest.  What a rank holds is then never
@@ -138,31 +139,56 @@ def task_tiles(o, occ_tile: int) -> tuple:
 def window_budget(cache_mb: float | None, memory_bytes: float | None, tensors: dict, nranks: int,
                   ranks_per_node: int | None = None) -> float:
     """Bytes one distributed (T) task may hold (windowed: its rows and tables; by whole
-    rows: its rows, and the row cache): ``cache_mb`` when given, else the rank's share of
-    the (T) operands ``tensors`` (ovvv, t2, ovov, ovoo: every allowed element, over
-    ``nranks``), so it falls as ranks grow, but never below what the task of fewest modelled
-    seconds per rank holds among those within the cap (``fastest_task``) nor below
-    ``task_floor`` (unstreamed) -- or, where the share is below 1/STREAM_BELOW of that
-    floor, ``stream_floor`` (streamed tasks, set by the machine alone) when it is less --
-    and never above WINDOW_SHARE of the rank's memory budget ``memory_bytes`` (at least
-    DEFAULT_CACHE_MB)."""
+    rows: its rows, and the row cache): ``cache_mb`` when given, else ``unstreamed_budget``
+    -- or, where the rank's share of the operands is below 1/STREAM_BELOW of the
+    unstreamed floor (``task_floor``), ``stream_floor`` (streamed tasks, set by the machine
+    alone) when it is less, but not below that share."""
     if cache_mb is not None:
         return cache_mb * 2**20
+    budget, share = unstreamed_budget(memory_bytes, tensors, nranks, ranks_per_node)
+    o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+    if STREAM_BELOW * share >= task_floor(o, v, nranks, ranks_per_node):
+        return budget
+    streamed = stream_floor(o, v, nranks, ranks_per_node)
+    return budget if streamed is None else min(budget, max(streamed[2], share))
+
+
+def unstreamed_budget(memory_bytes: float | None, tensors: dict, nranks: int,
+                      ranks_per_node: int | None = None) -> tuple:
+    """(bytes one unstreamed (T) task may hold, the rank's share of the (T) operands
+    ``tensors``: ovvv, t2, ovov, ovoo, every allowed element over ``nranks``): the share,
+    so it falls as ranks grow, but never below what the task of fewest modelled seconds
+    per rank holds among those within the cap (``fastest_task``) nor below ``task_floor``,
+    and never above WINDOW_SHARE of the rank's memory budget ``memory_bytes`` (at least
+    DEFAULT_CACHE_MB) -- nor above this budget on half the ranks of the same machine
+    (nranks // 2, down to one rank), so it never grows with the rank count: the floors
+    rise where reads get dearer (between nodes the bandwidth per rank falls, so the
+    least task within READ_SHARE is larger), and without that bound a rank held more on
+    several nodes than on one ((H2O)12 cc-pVDZ, tile 32, 64-rank nodes: 760 MiB on 64
+    ranks, 1435 MiB on 256); with it the larger run takes the windows of the smaller
+    one's budget and reads more per flop.  Streamed budgets (``window_budget``) are not
+    carried up: between nodes no streamed task meets READ_SHARE, and unstreamed tasks
+    that small read far more ((H2O)8 cc-pVDZ at tile 12 on 1008 ranks: 29.5 MiB windows,
+    7.07 GiB read per rank, against 210 MiB, 0.46 GiB)."""
     base = DEFAULT_CACHE_MB * 2**20
     cap = base if memory_bytes is None else max(base, WINDOW_SHARE * memory_bytes)
     share = 8 * sum(allowed_elements(tensors[s].spaces, tensors[s].irrep) for s in SOURCES) / nranks
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
-    floor = task_floor(o, v, nranks, ranks_per_node)
-    least = max(floor, fastest_task(o, v, nranks, ranks_per_node, cap) or 0.0)
-    streamed = stream_floor(o, v, nranks, ranks_per_node) if STREAM_BELOW * share < floor else None
-    return min(cap, max(least if streamed is None else min(least, streamed[2]), share))
+    least = max(task_floor(o, v, nranks, ranks_per_node), fastest_task(o, v, nranks, ranks_per_node, cap) or 0.0)
+    budget = min(cap, max(least, share))
+    if nranks >= 2:
+        budget = min(budget, unstreamed_budget(memory_bytes, tensors, nranks // 2, ranks_per_node)[0])
+    return budget, share
 
 
+@lru_cache(maxsize=256)
 def task_candidates(o, v, nranks: int, ranks_per_node: int | None = None) -> list:
     """``task_model`` s of the unstreamed distributed (T) tasks the budget rule weighs: the
     one-orbital windowed task of ``least_width`` and the tasks by whole rows of each task
     tile ``row_plan`` may take (at most nocc // 8, larger than one orbital only while the
-    tasks stay TASKS_PER_RANK per rank)."""
+    tasks stay TASKS_PER_RANK per rank).  Kept by their arguments (``unstreamed_budget``
+    asks at every halving of the rank count; the machine calibration is fixed for a
+    process)."""
     nocc = o.dim
     rows = [r for r in range(1, max(1, nocc // 8) + 1)
             if r == 1 or (-(-nocc // r)) ** 3 / 6 >= TASKS_PER_RANK * nranks]

@@ -42,7 +42,8 @@ memory budget (more than 1/32 of it on one rank) are balanced, said in a warning
 With a --tile that leaves a class above 1.5, one warning line names it. Distributed (T) takes its occupied
 task tile (and, by virtual tile, its windows) from the bytes one task may hold
 (``chem.triples_tasks.window_budget``): the rank's share of the (T) operands, no less than
-a floor set by o, v, the tiles and the machine, and no more than a quarter of the budget per rank.
+a floor set by o, v, the tiles and the machine, no more than a quarter of the budget per rank,
+and no more than the budget of a run on half the ranks (so it never grows with the ranks).
 """
 
 from __future__ import annotations
