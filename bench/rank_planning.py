@@ -37,6 +37,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("TESSERA_BENCH_SRC", str(REPO / "src")))
 
+from common import rerun_on_src  # noqa: E402
 from tessera.backends import stationary  # noqa: E402
 from tessera.chem.ccsd import CCSDStructure  # noqa: E402
 from tessera.plan import blocktasks  # noqa: E402
@@ -159,12 +160,7 @@ def main(argv=None) -> None:
                     "for the BEFORE numbers): the script runs itself again with it")
     args = ap.parse_args(argv)
     if args.src:
-        import subprocess
-        rest = list(argv if argv is not None else sys.argv[1:])
-        i = rest.index("--src")
-        del rest[i:i + 2]
-        env = dict(os.environ, TESSERA_BENCH_SRC=args.src)
-        raise SystemExit(subprocess.call([sys.executable, __file__, *rest], env=env))
+        rerun_on_src(__file__, argv if argv is not None else sys.argv[1:], args.src)
     result = {"load": os.getloadavg()[0], "tile": args.tile, "clusters": {}}
     print(f"{'cluster':>9s} {'ranks':>5s} {'variant':>7s} {'layers':>6s} {'steps':>5s} {'products':>9s} "
           f"{'cpu s':>8s} {'peak MiB':>9s}  modes")
