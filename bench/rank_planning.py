@@ -8,7 +8,8 @@ contractions, on many simulated ranks (no MPI).
 BEFORE/AFTER: run it on these sources and with ``--src`` on an older checkout's ``src``
 (``git archive <commit> src | tar -x -C /tmp/old`` then ``--src /tmp/old/src``).
 
-For water clusters (H2O)n in cc-pVDZ (C1, tile ``--tile``, occupied tile the same), one
+For water clusters (H2O)n in cc-pVDZ (C1, tile ``--tile``, occupied tile the same; with
+``--c1`` also a C1 molecule of given occupied and virtual orbitals), one
 CCSD iteration is planned as a distributed run plans it (``chem.ccsd.CCSDStructure``),
 and rank 0 of P simulated ranks makes ``CollectiveExecutor._mode``'s decision for every
 contraction step (``stationary=auto``): the grid shape and SUMMA or the stationary
@@ -151,6 +152,8 @@ def one_rank(steps, sim, nranks: int, layers: int, repeat: int) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--waters", default="8,16")
+    ap.add_argument("--c1", default="", help="also a C1 molecule of NOCC,NVIR orbitals (the issue's example: "
+                    "100,800 with --tile 48)")
     ap.add_argument("--ranks", default="64,256,1024")
     ap.add_argument("--tile", type=int, default=32)
     ap.add_argument("--variants", default="summa,2.5d")
@@ -164,8 +167,12 @@ def main(argv=None) -> None:
     result = {"load": os.getloadavg()[0], "tile": args.tile, "clusters": {}}
     print(f"{'cluster':>9s} {'ranks':>5s} {'variant':>7s} {'layers':>6s} {'steps':>5s} {'products':>9s} "
           f"{'cpu s':>8s} {'peak MiB':>9s}  modes")
-    for n in [int(x) for x in args.waters.split(",") if x]:
-        structure = CCSDStructure(np.zeros(NBAS_WATER * n, dtype=int), 5 * n, distributed=True)
+    systems = [(f"(H2O){n}", NBAS_WATER * n, 5 * n) for n in [int(x) for x in args.waters.split(",") if x]]
+    if args.c1:
+        nocc, nvir = (int(x) for x in args.c1.split(","))
+        systems.append((f"C1 {nocc}/{nvir}", nocc + nvir, nocc))
+    for name, nbas, nocc in systems:
+        structure = CCSDStructure(np.zeros(nbas, dtype=int), nocc, distributed=True)
         iteration = structure(args.tile, args.tile)
         steps = [s for plan in iteration.plans for s in plan.steps if s.kind == "contract"]
         products = sum(len(blocktasks.task_arrays(s).k) for s in steps)
@@ -182,9 +189,9 @@ def main(argv=None) -> None:
                 layers = 1 if variant == "summa" else default_layers(P)
                 got = one_rank(steps, sim, P, layers, args.repeat)
                 rows[P][variant] = {"layers": layers, **got}
-                print(f"{'(H2O)' + str(n):>9s} {P:5d} {variant:>7s} {layers:6d} {len(steps):5d} {products:9d} "
+                print(f"{name:>9s} {P:5d} {variant:>7s} {layers:6d} {len(steps):5d} {products:9d} "
                       f"{got['cpu_seconds']:8.2f} {got['peak_mib']:9.1f}  {got['modes']}", flush=True)
-        result["clusters"][f"(H2O){n}"] = {"products": products, "ranks": rows}
+        result["clusters"][name] = {"products": products, "ranks": rows}
     print(f"(load average {result['load']:.2f} at the start; cpu s: rank 0's CPU seconds for the decisions of "
           "one CCSD iteration's contractions, best of --repeat; peak MiB: tracemalloc's peak over them)")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
