@@ -110,37 +110,43 @@ def local_products(sig, perms: tuple, ops, held: tuple) -> dict:
             n, r, c = found
             nq, nc = len(sig[n][2].tuples), len(sig[n][3].tuples)
             codes[n].append((r * nq + np.arange(nq)) * nc + c)
-    keys = {"a": {}, "b": {}, "t": {}}       # key -> index, in order of first use
+    out, size = [], []
+    blocks = {"a": ({}, [], []), "b": ({}, [], [])}     # key -> index, keys, elements
     cols = {x: [] for x in ("t", "a", "b", "flops")}
-    out, size, a_size, b_size = [], [], [], []
     for n, parts in enumerate(codes):
         if not parts:
             continue
         _, rows, inner, colsl = sig[n]
         nq, nc = len(inner.tuples), len(colsl.tuples)
-        for code in np.unique(np.concatenate(parts)).tolist():
-            rq, c = divmod(code, nc)
-            r, q = divmod(rq, nq)
-            okey = tuple((rows.tuples[r] + colsl.tuples[c])[p] for p in perm_c)
-            if C.aliases and okey in C.aliases:
-                continue
-            t = keys["t"].setdefault((n, r, c), len(out))
-            if t == len(out):
+        rq, c = np.divmod(np.unique(np.concatenate(parts)), nc)
+        r, q = np.divmod(rq, nq)
+        tasks, t_of = np.unique(r * nc + c, return_inverse=True)
+        task = []                   # each distinct task's index in ``out``; -1: an alias
+        for tr, tc in zip(*(x.tolist() for x in np.divmod(tasks, nc))):
+            okey = tuple((rows.tuples[tr] + colsl.tuples[tc])[p] for p in perm_c)
+            task.append(-1 if C.aliases and okey in C.aliases else len(out))
+            if task[-1] >= 0:
                 out.append(okey)
-                size.append(rows.sizes[r] * colsl.sizes[c])
-            a = keys["a"].setdefault(invert_key(rows.tuples[r] + inner.tuples[q], pa), len(a_size))
-            if a == len(a_size):
-                a_size.append(rows.sizes[r] * inner.sizes[q])
-            b = keys["b"].setdefault(invert_key(inner.tuples[q] + colsl.tuples[c], pb), len(b_size))
-            if b == len(b_size):
-                b_size.append(inner.sizes[q] * colsl.sizes[c])
-            cols["t"].append(t)
-            cols["a"].append(a)
-            cols["b"].append(b)
-            cols["flops"].append(2.0 * rows.sizes[r] * inner.sizes[q] * colsl.sizes[c])
-    lp = {x: np.array(v, dtype=float if x == "flops" else np.int64) for x, v in cols.items()}
-    lp.update(out=out, size=np.array(size, dtype=float), a_keys=list(keys["a"]), b_keys=list(keys["b"]),
-              a_size=np.array(a_size, dtype=float), b_size=np.array(b_size, dtype=float))
+                size.append(rows.sizes[tr] * colsl.sizes[tc])
+        t = np.array(task, dtype=np.int64)[t_of.reshape(-1)]
+        r, q, c, t = r[t >= 0], q[t >= 0], c[t >= 0], t[t >= 0]
+        for x, (i, j, outer, width, perm) in (("a", (r, q, rows, inner, pa)), ("b", (q, c, inner, colsl, pb))):
+            index, keys, elements = blocks[x]
+            distinct, of = np.unique(i * len(width.tuples) + j, return_inverse=True)
+            ids = []
+            for bi, bj in zip(*(v.tolist() for v in np.divmod(distinct, len(width.tuples)))):
+                key = invert_key(outer.tuples[bi] + width.tuples[bj], perm)
+                ids.append(index.setdefault(key, len(keys)))
+                if ids[-1] == len(keys):
+                    keys.append(key)
+                    elements.append(outer.sizes[bi] * width.sizes[bj])
+            cols[x].append(np.array(ids, dtype=np.int64)[of.reshape(-1)])
+        cols["t"].append(t)
+        cols["flops"].append(2.0 * np.asarray(rows.sizes)[r] * np.asarray(inner.sizes)[q] * np.asarray(colsl.sizes)[c])
+    lp = {x: np.concatenate(v) if v else np.zeros(0, dtype=float if x == "flops" else np.int64)
+          for x, v in cols.items()}
+    lp.update(out=out, size=np.array(size, dtype=float), a_keys=blocks["a"][1], b_keys=blocks["b"][1],
+              a_size=np.array(blocks["a"][2], dtype=float), b_size=np.array(blocks["b"][2], dtype=float))
     return lp
 
 
