@@ -454,8 +454,8 @@ class CollectiveExecutor(DistributedExecutor):
         ops = stationary.Operands((A, B, C), (A.dist.owner, B.dist.owner, C.dist.owner),
                                   tuple(t.dist.ga.piece_table if t.pieced else None for t in (A, B, C)))
         moved_once = [x for x, t in (("a", A), ("b", B)) if t.constant]
-        modes = () if self.stationary == "never" else \
-            stationary.MODES if self.stationary == "auto" else (self.stationary,)
+        # a forced mode needs no cost (SUMMA's grid goes unused), ``never`` SUMMA's only
+        modes = stationary.MODES if self.stationary == "auto" else ()
         held = tuple(set(t.dist.ga.home_keys()) | {k for k, _, _ in t.dist.ga.local_pieces()} for t in (A, B, C))
         cands = rank_choice.candidates(sig, perms, layers, self.cc.size, modes)
         costs = rank_choice.rank_costs(sig, perms, layers, ops, self.cc.size, self.cc.rank, held, moved_once, modes)
