@@ -454,14 +454,14 @@ class CollectiveExecutor(DistributedExecutor):
         ops = stationary.Operands((A, B, C), (A.dist.owner, B.dist.owner, C.dist.owner),
                                   tuple(t.dist.ga.piece_table if t.pieced else None for t in (A, B, C)))
         moved_once = [x for x, t in (("a", A), ("b", B)) if t.constant]
-        # a forced mode needs no cost (SUMMA's grid goes unused), ``never`` SUMMA's only
-        modes = stationary.MODES if self.stationary == "auto" else ()
-        held = tuple(set(t.dist.ga.home_keys()) | {k for k, _, _ in t.dist.ga.local_pieces()} for t in (A, B, C))
-        cands = rank_choice.candidates(sig, perms, layers, self.cc.size, modes)
-        costs = rank_choice.rank_costs(sig, perms, layers, ops, self.cc.size, self.cc.rank, held, moved_once, modes)
-        mode, grid = rank_choice.pick(cands, self.world.allreduce(costs, "max"))
-        if self.stationary not in ("auto", "never"):
-            mode = self.stationary
+        if self.stationary in stationary.MODES:      # forced: nothing to weigh (no grid is used)
+            mode, grid = self.stationary, (*self.cc.default, layers)
+        else:                                        # ``never``: SUMMA's shapes only
+            modes = stationary.MODES if self.stationary == "auto" else ()
+            held = tuple(set(t.dist.ga.home_keys()) | {k for k, _, _ in t.dist.ga.local_pieces()} for t in (A, B, C))
+            costs = rank_choice.rank_costs(sig, perms, layers, ops, self.cc.size, self.cc.rank, held, moved_once, modes)
+            mode, grid = rank_choice.pick(rank_choice.candidates(sig, perms, layers, self.cc.size, modes),
+                                          self.world.allreduce(costs, "max"))
         self._modes[key] = (mode, grid, None if mode == "summa" else
                             stationary.mode_where(task_arrays(step), mode, ops.owners))
         return self._modes[key]
