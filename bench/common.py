@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import resource
 import subprocess
+import sys
 import time
 
 
@@ -97,3 +98,14 @@ def table(rows: list, columns: list) -> str:
     def line(values):
         return " ".join(v.ljust(w) if left else v.rjust(w) for v, w, left in zip(values, widths, first)).rstrip()
     return "\n".join([line([h for h, _, _ in columns])] + [line(c) for c in cells])
+
+
+def rerun_on_src(script: str, argv, src: str) -> None:
+    """Run ``script`` again with ``argv`` less ``--src DIR``, importing Tessera from ``src``
+    (an older checkout's, for BEFORE numbers: the script reads TESSERA_BENCH_SRC), and exit
+    with its status."""
+    rest = list(argv)
+    i = rest.index("--src")
+    del rest[i:i + 2]
+    env = dict(os.environ, TESSERA_BENCH_SRC=src)
+    raise SystemExit(subprocess.call([sys.executable, script, *rest], env=env))

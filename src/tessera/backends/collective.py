@@ -47,7 +47,7 @@ import time
 import numpy as np
 
 from tessera.backends.dist_base import DistributedExecutor, part_range
-from tessera.backends import stationary
+from tessera.backends import rank_choice, stationary
 from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Share
 from tessera.backends.summa_layout import summa_layout
@@ -436,11 +436,12 @@ class CollectiveExecutor(DistributedExecutor):
     # ---------------------------------------------------------------- SUMMA / 2.5D
     def _mode(self, step, sig) -> tuple:
         """(mode, grid, where): the pr x pc x layers grid SUMMA runs the contraction on
-        (``stationary.summa_grid``: of the shapes with the fewest idle lines, the least cost
-        of the busiest rank as counted rank by rank) and ``"summa"`` or the operand kept
-        stationary (``backends.stationary``, by the same count), with the rank of every
-        block product; from structure and owner maps, the same on every rank, decided once
-        per contraction; frozen operands count as moved once."""
+        (of the shapes with the fewest idle lines, the least cost of the busiest rank as
+        counted rank by rank) and ``"summa"`` or the operand kept stationary (by the same
+        count), with the rank of every block product; ``stationary.choose``'s choice, each
+        rank counting only itself (``rank_choice.rank_costs``: the products and items of the
+        blocks it holds) and one allreduce of the candidates' costs giving the busiest
+        rank's; decided once per contraction; frozen operands count as moved once."""
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
         perms = (step.perms["a"], step.perms["b"], step.perms["c"])
         key = (sig, perms, self.stationary, A.dist.ga.eid, B.dist.ga.eid, C.dist.ga.eid, A.constant, B.constant)
@@ -453,16 +454,16 @@ class CollectiveExecutor(DistributedExecutor):
         ops = stationary.Operands((A, B, C), (A.dist.owner, B.dist.owner, C.dist.owner),
                                   tuple(t.dist.ga.piece_table if t.pieced else None for t in (A, B, C)))
         moved_once = [x for x, t in (("a", A), ("b", B)) if t.constant]
-        if self.stationary == "never":
-            self._modes[key] = ("summa", stationary.summa_grid(sig, perms, layers, ops, self.cc.size, moved_once)[0],
-                                None)
-            return self._modes[key]
-        modes = stationary.MODES if self.stationary == "auto" else (self.stationary,)
-        mode, grid, _, plans = stationary.choose(task_arrays(step), sig, perms, layers, ops, self.cc.size,
-                                                 moved_once, modes)
-        if self.stationary != "auto":
-            mode = self.stationary
-        self._modes[key] = (mode, grid, None if mode == "summa" else plans[mode]["where"])
+        if self.stationary in stationary.MODES:      # forced: nothing to weigh (no grid is used)
+            mode, grid = self.stationary, (*self.cc.default, layers)
+        else:                                        # ``never``: SUMMA's shapes only
+            modes = stationary.MODES if self.stationary == "auto" else ()
+            held = tuple(set(t.dist.ga.home_keys()) | {k for k, _, _ in t.dist.ga.local_pieces()} for t in (A, B, C))
+            costs = rank_choice.rank_costs(sig, perms, layers, ops, self.cc.size, self.cc.rank, held, moved_once, modes)
+            mode, grid = rank_choice.pick(rank_choice.candidates(sig, perms, layers, self.cc.size, modes),
+                                          self.world.allreduce(costs, "max"))
+        self._modes[key] = (mode, grid, None if mode == "summa" else
+                            stationary.mode_where(task_arrays(step), mode, ops.owners))
         return self._modes[key]
 
     def _stationary_step(self, step, where) -> None:

@@ -89,9 +89,22 @@ def _plan(ta, mode: str, own: tuple, nranks: int, where: bool = True, pieces=(No
         recv["c"] = np.bincount(rank, weights=8.0 * count * senders, minlength=nranks)
     out = {"flops": flops, "recv": recv, "asked": asked}
     if where:
-        flat = ranks.tolist()
-        out["where"] = [flat[s:e] for s, e in zip(ta.start[:-1].tolist(), ta.start[1:].tolist())]
+        out["where"] = per_task(ta, ranks)
     return out
+
+
+def per_task(ta, ranks) -> list:
+    """``ranks`` (one per product of ``ta``) as one list per task."""
+    flat = ranks.tolist()
+    return [flat[s:e] for s, e in zip(ta.start[:-1].tolist(), ta.start[1:].tolist())]
+
+
+def mode_where(ta, mode: str, owners: tuple) -> list:
+    """``_plan``'s ``where`` of ``mode`` (the rank of each product of each task), from the
+    owners (functions of A, B, C) of the one operand that stays."""
+    x = MODES.index(mode)
+    keys, ids = (ta.a_keys, ta.b_keys, ta.out)[x], (ta.a, ta.b, ta.task)[x]
+    return per_task(ta, np.array([owners[x](k) for k in keys], dtype=np.int64)[ids])
 
 
 def held(table, ids, at, nranks: int) -> np.ndarray:
@@ -160,14 +173,14 @@ def grid_items(sig, perms: tuple, layers: int, ops: Operands) -> dict:
     its home items, one per (row or column tuple, inner unit) of each sector, as arrays
     (``line``: the tuple, ``unit``: the unit, ``ident``: the distinct (key, part) of its
     tensor, ``size``: elements) and per distinct (key, part) of each tensor what a rank
-    lacks of it (``_Lacks``); ``c``: the output blocks (canonical ones) as arrays (``sector``,
+    lacks of it (``Lacks``); ``c``: the output blocks (canonical ones) as arrays (``sector``,
     ``row``, ``col``: their tuples, ``size``) and their owners or pieces."""
     pa, pb, perm_c = perms
     (A, B, C), owners, pieces = ops
-    lacks: dict = {}                 # id(tensor) -> _Lacks (A and B of one tensor: one)
+    lacks: dict = {}                 # id(tensor) -> Lacks (A and B of one tensor: one)
     out = {}
     for x, t, owner, pieces_of in (("a", A, owners[0], pieces[0]), ("b", B, owners[1], pieces[1])):
-        slot = lacks.setdefault(id(t), _Lacks(t, owner, pieces_of))
+        slot = lacks.setdefault(id(t), Lacks(t, owner, pieces_of))
         line, unit, ident, size = [], [], [], []
         loff = uoff = 0
         for _, rows, inner, cols in sig:
@@ -212,7 +225,7 @@ def grid_items(sig, perms: tuple, layers: int, ops: Operands) -> dict:
     return out
 
 
-class _Lacks:
+class Lacks:
     """The distinct (key, part) a tensor's home items name, and the elements of each that
     a rank does not hold: all of a block it does not own; of a block in pieces, the part's
     elements outside the rank's pieces (``placement.box_elements_before`` on the alias's
@@ -289,7 +302,7 @@ def summa_recv(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved
     items = items or grid_items(sig, perms, layers, ops)
     deal = grid_deal(sig, pa, pb, pr, pc, layers)
     recv = {}
-    seen: dict = {}                  # id(_Lacks) -> codes (item, rank) already moved (``exchange``)
+    seen: dict = {}                  # id(Lacks) -> codes (item, rank) already moved (``exchange``)
     for x in "ab":
         it = items[x]
         if x in moved_once:
@@ -307,20 +320,8 @@ def summa_recv(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved
         seen[id(it["lacks"])] = codes if before is None else np.union1d(before, codes)
         lacks = it["lacks"].lacked(it["ident"][keep], it["size"][keep], dest[keep], nranks)
         recv[x] = np.bincount(dest[keep], weights=8.0 * lacks, minlength=nranks)
-    panels = np.zeros((layers, pr, pc))
-    npanel = max(pr, pc)
+    recv["panels"] = panel_recv(deal, grid, moved_once)
     rows, cols, inner = deal["row_total"], deal["col_total"], deal["panel_inner"]
-    if "a" not in moved_once and pc > 1:
-        a = 8.0 * np.einsum("ng,nlp->lpg", rows, inner)
-        panels += a.sum(1)[:, :, None]
-        for p in range(npanel):
-            panels[:, :, p % pc] -= a[:, p, :]
-    if "b" not in moved_once and pr > 1:
-        b = 8.0 * np.einsum("nh,nlp->lph", cols, inner)
-        panels += b.sum(1)[:, None, :]
-        for p in range(npanel):
-            panels[:, p % pr, :] -= b[:, p, :]
-    recv["panels"] = panels.reshape(-1)
     # the output blocks of each grid position's rectangle (the same in every layer), from
     # each layer with inner work in their sector
     it = items["c"]
@@ -339,6 +340,27 @@ def summa_recv(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved
             recv["c"] += np.bincount(rank[away], weights=8.0 * count[away], minlength=nranks)
     recv["flops"] = 2 * np.einsum("ng,nh,nl->lgh", rows, cols, inner.sum(2)).reshape(-1)
     return recv
+
+
+def panel_recv(deal: dict, grid: tuple, moved_once=()) -> np.ndarray:
+    """Bytes of panels each rank receives on the pr x pc x layers ``grid`` (``grid_deal``'s
+    ``deal``): A panels along grid rows, B panels along grid columns, every member but the
+    root receives one; an operand in ``moved_once`` none."""
+    pr, pc, layers = grid
+    panels = np.zeros((layers, pr, pc))
+    npanel = max(pr, pc)
+    rows, cols, inner = deal["row_total"], deal["col_total"], deal["panel_inner"]
+    if "a" not in moved_once and pc > 1:
+        a = 8.0 * np.einsum("ng,nlp->lpg", rows, inner)
+        panels += a.sum(1)[:, :, None]
+        for p in range(npanel):
+            panels[:, :, p % pc] -= a[:, p, :]
+    if "b" not in moved_once and pr > 1:
+        b = 8.0 * np.einsum("nh,nlp->lph", cols, inner)
+        panels += b.sum(1)[:, None, :]
+        for p in range(npanel):
+            panels[:, p % pr, :] -= b[:, p, :]
+    return panels.reshape(-1)
 
 
 def summa_score(sig, perms: tuple, grid: tuple, ops: Operands, nranks: int, moved_once=(), items=None) -> dict:
