@@ -63,8 +63,8 @@ static inline void add_v(long nv, long a, long b, long c, const double *t1i, con
 /* ------------------------------------------------------------------ one virtual irrep
  *
  * The dense sweep first forms W = A + B[bac] + C[cab] once per triple, slab a by slab a
- * (A and B read along c, C along b: each element of the three layouts read once, W written
- * once), then visits tile triples (ta >= tb >= tc, DTILE orbitals per tile): W at abc and
+ * in one pass (A and B read along c, C strided within its L1-resident [c, b] block of a:
+ * each element of the three layouts read once, W written once), then visits tile triples (ta >= tb >= tc, DTILE orbitals per tile): W at abc and
  * bac is read in place (c contiguous), at acb, bca, cab and cba gathered along its
  * contiguous index into four local tiles L[a][b][c] (plain copies); then the orbit
  * energies run c innermost on contiguous rows and on transposed copies of the (x t|y u)
@@ -180,18 +180,14 @@ double tessera_t3_energy_dense(long nv, long ld, const double *A, const double *
         for (long x = 0; x < nv; x++)
             for (long y = 0; y < nv; y++)
                 T[l * n2 + y * nv + x] = P[l][x * nv + y];
-    /* W[abc] = A[abc] + B[bac] + C[cab], slab a by slab a (A and B along c, C along b) */
+    /* W[abc] = A[abc] + B[bac] + C[cab], slab a by slab a in one pass: A and B along c,
+     * C strided within its [c, b] block of a (v rows of v, L1-resident across b) */
     for (long a = 0; a < nv; a++) {
         double *restrict wa = W + a * n2;
         for (long b = 0; b < nv; b++) {
-            const double *x = A + a * ld + b * nv, *y = B + b * ld + a * nv;
+            const double *x = A + a * ld + b * nv, *y = B + b * ld + a * nv, *z = C + a * nv + b;
             for (long c = 0; c < nv; c++)
-                wa[b * nv + c] = x[c] + y[c];
-        }
-        for (long c = 0; c < nv; c++) {
-            const double *z = C + c * ld + a * nv;
-            for (long b = 0; b < nv; b++)
-                wa[b * nv + c] += z[b];
+                wa[b * nv + c] = x[c] + y[c] + z[c * ld];
         }
     }
     /* W at permutation p (abc acb bac bca cab cba): abc and bac read in place (c

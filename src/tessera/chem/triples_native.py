@@ -111,15 +111,19 @@ def packed_scratch_size(nv: int, ntrip: int) -> int:
     return 6 * nv * nv + ntrip
 
 
-def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij, scratch) -> float:
+def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij, scratch, ld: int | None = None) -> float:
     """sum_abc W r3(W + V) / D of one occupied triple (i, j, k), one virtual irrep of v:
     W[abc] = A[abc] + B[bac] + C[cab] (each [v, v, v]), V[abc] = t1i[a] Pjk[bc] +
     t1j[b] Pik[ac] + t1k[c] Pij[ab] (Pjk[bc] = (jb|kc), ...), D = eijk - ev[a] - ev[b] - ev[c];
-    ``scratch``: at least ``dense_scratch_size(v)`` doubles."""
+    ``scratch``: at least ``dense_scratch_size(v)`` doubles.  ``ld``: the stride of the
+    first index of A, B, C (flat, (v - 1) ld + v^2 doubles; default v^2: dense), as in
+    the batch layout of ``batch_dense``."""
     nv = ev.size
-    n3, n2, ns = nv ** 3, nv * nv, dense_scratch_size(nv)
+    n2, ns = nv * nv, dense_scratch_size(nv)
+    ld = n2 if ld is None else ld
+    n3 = (nv - 1) * ld + n2
     return _library().tessera_t3_energy_dense(
-        nv, n2, _addr(A, n3), _addr(B, n3), _addr(C, n3), _addr(ev, nv), float(eijk),
+        nv, ld, _addr(A, n3), _addr(B, n3), _addr(C, n3), _addr(ev, nv), float(eijk),
         _addr(t1i, nv), _addr(t1j, nv), _addr(t1k, nv), _addr(Pjk, n2), _addr(Pik, n2), _addr(Pij, n2),
         _addr(scratch[:ns], ns))
 
