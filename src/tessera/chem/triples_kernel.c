@@ -186,6 +186,14 @@ double tessera_t3_energy_dense(long nv, long ld, const double *A, const double *
         double *restrict wa = W + a * n2;
         for (long b = 0; b < nv; b++) {
             const double *x = A + a * ld + b * nv, *y = B + b * ld + a * nv, *z = C + a * nv + b;
+            if (a + 1 < nv) {   /* row b of slab a + 1's B and C blocks (2 v strided rows: too many
+                                   streams for the hardware prefetcher; A's slab is contiguous) */
+                const char *pb = (const char *) (y + nv), *pc = (const char *) (C + b * ld + (a + 1) * nv);
+                for (long o = 0; o < nv * (long) sizeof(double); o += 64) {
+                    __builtin_prefetch(pb + o, 0, 2);
+                    __builtin_prefetch(pc + o, 0, 2);
+                }
+            }
             for (long c = 0; c < nv; c++)
                 wa[b * nv + c] = x[c] + y[c] + z[c * ld];
         }
