@@ -413,7 +413,8 @@ def test_dense_sweep_equals_the_formula_on_edge_tiles(nv):
     """The compiled one-irrep sweep (W formed once, four of its permutations gathered into
     tiles of 16 virtuals, two read in place) against numpy on
     random operands whose sizes leave partial and diagonal tiles: sum_abc W r3(W + V) / D,
-    W = A + B[bac] + C[cab], V = t1i (x) Pjk + ... (``triples_native.energy_dense``)."""
+    W = A + B[bac] + C[cab], V = t1i (x) Pjk + ... (``triples_native.energy_dense``); dense,
+    and strided as in the compiled C1 batch's layout."""
     from tessera.chem.triples_native import dense_scratch_size, energy_dense
     rng = np.random.default_rng(nv)
     A, B, C = (rng.standard_normal((nv, nv, nv)) for _ in range(3))
@@ -432,6 +433,15 @@ def test_dense_sweep_equals_the_formula_on_edge_tiles(nv):
     scratch = np.full(dense_scratch_size(nv), np.nan)          # the sweep must not read it unset
     got = energy_dense(A.ravel(), B.ravel(), C.ravel(), ev, eijk, t1i, t1j, t1k,
                        Pjk.ravel(), Pik.ravel(), Pij.ravel(), scratch)
+    assert abs(got - expected) <= 1e-12 * max(1.0, abs(expected))
+    # the batch layout of triples_native.batch_dense: [s, k, pairs], here k = 1 of 3 (NaN around)
+    strided = []
+    for X in (A, B, C):
+        buf = np.full((nv, 3, nv * nv), np.nan)
+        buf[:, 1] = X.reshape(nv, nv * nv)
+        strided.append(buf.reshape(-1)[nv * nv:][:(nv - 1) * 3 * nv * nv + nv * nv])
+    got = energy_dense(*strided, ev, eijk, t1i, t1j, t1k, Pjk.ravel(), Pik.ravel(), Pij.ravel(), scratch,
+                       ld=3 * nv * nv)
     assert abs(got - expected) <= 1e-12 * max(1.0, abs(expected))
 
 

@@ -22,8 +22,9 @@ through ``chem.triples_native``) joins the three layouts into W, adds V and appl
 and the denominators in one pass over the orbits a >= b >= c, tile triple by tile triple:
 [v, v, v] arrays with one virtual irrep (C1); with several, W is formed once per triple
 from the packed layouts, ordered irrep block by block, and read in place through the
-strides of its irrep blocks (tiles within irreps).  With several irreps and the fused operands of resident slabs, one call
-per batch (``triples_native.batch_packed``) runs its GEMMs and sweeps in C.
+strides of its irrep blocks (tiles within irreps).  On the fused operands of resident
+slabs one call per batch runs its GEMMs and sweeps in C (``triples_native.batch_packed``;
+C1: ``batch_dense``, the GEMMs shared over layouts and k).
 
 Kernel API (fed by ``chem.triples_tasks``): :class:`VirtualLayout`
 (packed layouts), :class:`RowSlab` (the operands of a range of occupied orbitals, built
@@ -45,8 +46,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.linalg.blas import dgemm
 
-from tessera.chem.triples_native import (batch_packed, dense_scratch_size, energy_dense, energy_packed,
-                                         packed_scratch_size, require)
+from tessera.chem.triples_native import (batch_dense, batch_packed, dense_scratch_size, energy_dense,
+                                         energy_packed, packed_scratch_size, require)
 from tessera.errors import InputError, ShapeError
 
 __all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
@@ -379,7 +380,7 @@ class TripleKernel:
         lay = inp.lay
         self.maps = lay.maps[G]
         self.dense = self.maps["dense"]
-        self.fused = self.dense and inp.left is not None and lay.c1
+        self.compiled = self.dense and inp.native_rows is not None and lay.c1     # batch_dense
         self.batch = batch                 # the batch new_pool(lay, batch) sized ``pool`` for
         self.buf = pool[:-1]
         self.lbuf = pool[-1]
@@ -412,7 +413,7 @@ class TripleKernel:
         nv, no, ntrip = int(lay.n.max()), int(lay.no.max()), max(int(lay.ntrip.max()), 1)
         left = [max(batch * nv * (nv + no), 1)]          # stacked left operands (fused C1: v + o wide)
         if len(set(lay.irrep.tolist())) == 1:         # the batch's three layouts; the sweep's scratch
-            return [batch * ntrip] * 3 + [dense_scratch_size(len(lay.irrep))] + left
+            return [3 * batch * ntrip, dense_scratch_size(len(lay.irrep)), 2 * left[0]]
         # the batch's three layouts; 3 of one triple; the sweep's scratch (with W of one
         # triple); left operands of two layouts stacked
         return [3 * batch * ntrip] + [ntrip] * 3 + [packed_scratch_size(len(lay.irrep), ntrip)] + [2 * left[0]]
@@ -584,16 +585,19 @@ class TripleKernel:
 
     def _energy_dense(self, i, j, ks) -> float:
         """One virtual irrep: the three layouts of the batch, A [k, a, (b c)], B [k, b, (a c)]
-        and C [k, c, (a b)], by GEMMs (the fused C1 operands when there are), then per k the
-        compiled sweep (``chem.triples_native``): W = A + B[bac] + C[cab], V, r3 and D in
-        one pass."""
+        and C [k, c, (a b)], by GEMMs, then per k the compiled sweep
+        (``chem.triples_native``): W = A + B[bac] + C[cab], V, r3 and D in one pass.  On
+        the fused C1 operands of resident slabs the whole batch is one compiled call
+        (``triples_native.batch_dense``: its GEMMs shared over layouts and k)."""
         nv, nk = self.nvir, len(ks)
-        A, B, C = (a[:nk * nv ** 3].reshape(nk, nv, nv, nv) for a in self.buf[:3])
-        if self.fused:
-            single = self._single
-        else:
-            def single(out, os_, ot, ks, ou=None):
-                self._accumulate(out.reshape(-1), ks, ((0, os_, ot, ou),))
+        if self.compiled:
+            e, flops = batch_dense(i, j, ks[0], nk, self.inp, self._ev, self.buf[0], self.lbuf, self.buf[1])
+            self.flops += flops
+            return e
+        A, B, C = (self.buf[0][s * nk * nv ** 3:(s + 1) * nk * nv ** 3].reshape(nk, nv, nv, nv) for s in range(3))
+
+        def single(out, os_, ot, ks, ou=None):
+            self._accumulate(out.reshape(-1), ks, ((0, os_, ot, ou),))
         single(B, j, i, ks)                                       # single b, pair (a, c)
         if i == j:                                                # single a and b alike
             A = B
@@ -605,28 +609,6 @@ class TripleKernel:
             C = B
         return sum(self._sweep_dense(A[n], B[n], C[n], i, j, k) for n, k in enumerate(ks))
 
-    def _single(self, out, s, t, ks, u=None) -> None:
-        """out = the 4 W0 terms of single (o_s s), pair (o_t t, o_u u) for every k in ks, as
-        GEMMs on the fused C1 operands: left[o_s][o_u] right_a[o_t] + left[o_s][o_t]
-        right_b[o_u].  u None: o_u is k and out is [k, s, t, u]; else o_s is k (s None)
-        and out is [k, s, (t, u)] too, both halves over the whole batch."""
-        inp, nv, nk = self.inp, self.nvir, len(ks)
-        left, ra, rb, k0 = inp.left, inp.right_a, inp.right_b, ks[0]
-        c = out[:nk * nv ** 3].reshape(nk * nv, nv * nv).T
-        nf = ra[t][0].shape[0]
-        if u is None:                                  # right_a[o_t] for all k, right_b[k] per k
-            dgemm(1.0, ra[t][0].T, left[s][0][k0:k0 + nk].reshape(nk * nv, nf).T, beta=0.0, c=c, overwrite_c=1)
-            for n, k in enumerate(ks):
-                dgemm(1.0, rb[k][0].T, left[s][0][t].reshape(nv, nf).T, beta=1.0,
-                      c=c[:, n * nv:(n + 1) * nv], overwrite_c=1)
-        else:                                          # both rights fixed; lefts of each k stacked
-            lft = self.lbuf[:nk * nv * nf].reshape(nk, nv * nf)
-            for beta, right, y in ((0.0, ra[t][0], u), (1.0, rb[u][0], t)):
-                for n, k in enumerate(ks):
-                    lft[n] = left[k][0][y]
-                dgemm(1.0, right.T, lft.reshape(nk * nv, nf).T, beta=beta, c=c, overwrite_c=1)
-        self.flops += 4 * nk * nv ** 3 * nf
-
     def _sweep_dense(self, A, B, C, i, j, k) -> float:
         """sum_abc W r3(W + V) / D of one triple from its three layouts [v, v, v]."""
         nv2, ov, g, r, inp = self.nvir ** 2, self.inp.ovov, self.irr, self.rel, self.inp
@@ -634,7 +616,7 @@ class TripleKernel:
         pairs = [p if p.size == nv2 else self._zeros for p in pairs]          # else zero by symmetry
         t1 = inp.t1
         return energy_dense(A, B, C, self._ev, inp.eo[i] + inp.eo[j] + inp.eo[k], t1[i], t1[j], t1[k], *pairs,
-                            self.buf[3])
+                            self.buf[1])
 
     def _energy_packed(self, i, j, ks) -> float:
         """Point-group symmetry: the three cyclic layouts of the batch, then per k (moved out

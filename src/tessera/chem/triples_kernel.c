@@ -31,6 +31,7 @@ static inline long lmin(long x, long y) { return x < y ? x : y; }
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* One orbit: W and Z = W + V at its six permutations (abc, acb, bac, bca, cab, cba), the
  * orbit's weight and 1 / D folded into scale. */
@@ -62,8 +63,8 @@ static inline void add_v(long nv, long a, long b, long c, const double *t1i, con
 /* ------------------------------------------------------------------ one virtual irrep
  *
  * The dense sweep first forms W = A + B[bac] + C[cab] once per triple, slab a by slab a
- * (A and B read along c, C along b: each element of the three layouts read once, W written
- * once), then visits tile triples (ta >= tb >= tc, DTILE orbitals per tile): W at abc and
+ * in one pass (A and B read along c, C strided within its L1-resident [c, b] block of a:
+ * each element of the three layouts read once, W written once), then visits tile triples (ta >= tb >= tc, DTILE orbitals per tile): W at abc and
  * bac is read in place (c contiguous), at acb, bca, cab and cba gathered along its
  * contiguous index into four local tiles L[a][b][c] (plain copies); then the orbit
  * energies run c innermost on contiguous rows and on transposed copies of the (x t|y u)
@@ -163,9 +164,10 @@ tile_energy(long nv, long ta, long na, long tb, long nb, long tc, long nc,
     return energy;
 }
 
-/* One virtual irrep: A, B, C dense [nv, nv, nv]; P dense [nv, nv]; scratch
- * tessera_t3_dense_scratch(nv) doubles. */
-double tessera_t3_energy_dense(long nv, const double *A, const double *B, const double *C,
+/* One virtual irrep: A, B, C [nv, nv, nv], their last two indices contiguous [nv, nv] and
+ * the first of stride ld (nv * nv: dense; the compiled batch's layout: nk nv^2); P dense
+ * [nv, nv]; scratch tessera_t3_dense_scratch(nv) doubles. */
+double tessera_t3_energy_dense(long nv, long ld, const double *A, const double *B, const double *C,
                                const double *ev, double eijk,
                                const double *t1i, const double *t1j, const double *t1k,
                                const double *Pjk, const double *Pik, const double *Pij,
@@ -178,18 +180,22 @@ double tessera_t3_energy_dense(long nv, const double *A, const double *B, const 
         for (long x = 0; x < nv; x++)
             for (long y = 0; y < nv; y++)
                 T[l * n2 + y * nv + x] = P[l][x * nv + y];
-    /* W[abc] = A[abc] + B[bac] + C[cab], slab a by slab a (A and B along c, C along b) */
+    /* W[abc] = A[abc] + B[bac] + C[cab], slab a by slab a in one pass: A and B along c,
+     * C strided within its [c, b] block of a (v rows of v, L1-resident across b) */
     for (long a = 0; a < nv; a++) {
         double *restrict wa = W + a * n2;
         for (long b = 0; b < nv; b++) {
-            const double *x = A + a * n2 + b * nv, *y = B + b * n2 + a * nv;
+            const double *x = A + a * ld + b * nv, *y = B + b * ld + a * nv, *z = C + a * nv + b;
+            if (a + 1 < nv) {   /* row b of slab a + 1's B and C blocks (2 v strided rows: too many
+                                   streams for the hardware prefetcher; A's slab is contiguous) */
+                const char *pb = (const char *) (y + nv), *pc = (const char *) (C + b * ld + (a + 1) * nv);
+                for (long o = 0; o < nv * (long) sizeof(double); o += 64) {
+                    __builtin_prefetch(pb + o, 0, 2);
+                    __builtin_prefetch(pc + o, 0, 2);
+                }
+            }
             for (long c = 0; c < nv; c++)
-                wa[b * nv + c] = x[c] + y[c];
-        }
-        for (long c = 0; c < nv; c++) {
-            const double *z = C + c * n2 + a * nv;
-            for (long b = 0; b < nv; b++)
-                wa[b * nv + c] += z[b];
+                wa[b * nv + c] = x[c] + y[c] + z[c * ld];
         }
     }
     /* W at permutation p (abc acb bac bca cab cba): abc and bac read in place (c
@@ -377,7 +383,7 @@ double tessera_t3_energy_packed(long G, const int64_t *tab, long nv,
    library built from another (raise it with any change of an exported signature). */
 int tessera_abi_version(void)
 {
-    return 7;
+    return 8;
 }
 
 /* ------------------------------------------------------------------ the blocked kernel's sweep
@@ -514,12 +520,12 @@ void tessera_t3_set_dgemm(void *fn) { dgemm_ptr = (dgemm_fn *) fn; }
 
 enum { P_LEFT = 0, P_RA = 1, P_RB = 2, P_OVOV = 3 };
 
-/* row-major C[n, m] = alpha L[n, k] R[k, m] + beta C (leading dimensions k, m, m) */
+/* row-major C[n, m] = alpha L[n, k] R[k, m] + beta C (leading dimensions k, m, ldc) */
 static void gemm_rm(long m, long n, long k, double alpha, const double *R, const double *L,
-                    double beta, double *C)
+                    double beta, double *C, long ldc)
 {
-    const int mi = (int) m, ni = (int) n, ki = (int) k;
-    dgemm_ptr("N", "N", &mi, &ni, &ki, &alpha, R, &mi, L, &ki, &beta, C, &mi);
+    const int mi = (int) m, ni = (int) n, ki = (int) k, ldci = (int) ldc;
+    dgemm_ptr("N", "N", &mi, &ni, &ki, &alpha, R, &mi, L, &ki, &beta, C, &ldci);
 }
 
 #define PTR(t, x, g) ((const double *) (intptr_t) ptr[((t) * nocc + (x)) * 8 + (g)])
@@ -593,7 +599,7 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
                                     lbuf[((l - l0) * nk + q) * width + e] = row[e];
                         }
                     gemm_rm(np, nm * nk * ns, K, 1.0, PTR(rt, r[l0], gc), L ? L : lbuf, any ? 1.0 : 0.0,
-                            blk + lay[l0][0] * nk * size);
+                            blk + lay[l0][0] * nk * size, np);
                     fl += 2 * nm * nk * size * K;
                 } else {
                     /* a GEMM per k and slot: the right operand is k's */
@@ -602,7 +608,7 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
                             const long sl = lay[l][0];
                             const double *L = PTR(P_LEFT, lo[l], irr[ly[l]]) + rel[ly[l]] * nleft[h] + lo_off;
                             gemm_rm(np, ns, K, 1.0, PTR(rt, k0 + q, gc), L, init[sl][gs] ? 1.0 : 0.0,
-                                    blk + (sl * nk + q) * size);
+                                    blk + (sl * nk + q) * size, np);
                         }
                     fl += 2 * nm * nk * size * K;
                 }
@@ -650,5 +656,78 @@ double tessera_t3_batch_packed(long G, long i, long j, long k0, long nk, long no
     }
     return energy;
 #undef IRR
+}
+
+/* ------------------------------------------------------------------ one batch, one virtual irrep
+ *
+ * tessera_t3_batch_dense: a batch (i, j, ks = k0 .. k0 + nk - 1) of the C1 kernel (every
+ * orbital of irrep 0) on the fused operands of RowSlab.add_swapped (rows as for
+ * tessera_t3_batch_packed: left[x][y] [nv, K], right_a[x] and right_b[x] [K, nv^2],
+ * K = nv + no), GEMMs and sweeps in one call.  A layout (single o_s, pair o_t, o_u) is
+ * left[o_s][o_u] right_a[o_t] + left[o_s][o_t] right_b[o_u]; a: (i; j, k), b: (j; i, k),
+ * c: (k; i, j); a is b's when i == j, c is b's when ks = [j].  The batch buffer B holds the
+ * three layouts as [slot][s][k][pairs], so that
+ *   - a right operand fixed over the batch is one GEMM over every k (columns (s, k), their
+ *     left rows copied into lbuf), and layouts b and c share right_a[i]: one GEMM of
+ *     2 nk nv columns;
+ *   - right_b[k], of layouts a and b, is one GEMM per k over both (columns (slot, s),
+ *     ldc = nk nv^2),
+ * 3 + nk GEMMs per batch instead of 4 + 2 nk, so that OpenBLAS packs the v^2 x K right
+ * operand of k once per k, not twice.  The sweep (tessera_t3_energy_dense) reads each k's
+ * layouts in place (first-index stride nk nv^2).  B: 3 nk nv^3 doubles, lbuf: 2 nk nv K,
+ * scratch: tessera_t3_dense_scratch(nv). */
+double tessera_t3_batch_dense(long i, long j, long k0, long nk, long nocc, const int64_t *occ,
+                              const int64_t *ptr, const double *t1, const double *eo, const double *ev,
+                              long nv, long K, double *B, double *lbuf, double *scratch, int64_t *flops)
+{
+    const int64_t *rel = occ + nocc;
+    const long n2 = nv * nv, rows = nv * K, slot = nk * nv * n2;
+    const int has_a = i != j, has_c = k0 != j;
+#define LEFT(x, y) (PTR(P_LEFT, x, 0) + rel[y] * rows)
+    /* lbuf [s, k, K] (layouts of one left orbital per k): right_a[i] of b (left[j][k]) and
+     * c (left[k][j]) in one GEMM; then right_a[j] of a (left[i][k]), right_b[j] of c
+     * (left[k][i]) */
+    const long fixed[3][4] = {{P_RA, i, 1, 1 + has_c}, {P_RA, j, 0, has_a}, {P_RB, j, 2, has_c}};
+    int64_t fl = 0;
+    for (int f = 0; f < 3; f++) {
+        const long first = fixed[f][2], nslot = fixed[f][3];
+        if (!nslot)
+            continue;
+        double *L = lbuf;
+        for (long l = first; l < first + nslot; l++)
+            for (long s = 0; s < nv; s++)
+                for (long q = 0; q < nk; q++, L += K) {
+                    const long k = k0 + q;
+                    const double *src = l == 0 ? LEFT(i, k) : l == 1 ? LEFT(j, k) : f == 0 ? LEFT(k, j) : LEFT(k, i);
+                    memcpy(L, src + s * K, K * sizeof(double));
+                }
+        gemm_rm(n2, nslot * nv * nk, K, 1.0, PTR(fixed[f][0], fixed[f][1], 0), lbuf, f == 2 ? 1.0 : 0.0,
+                B + first * slot, n2);
+        fl += 2 * n2 * nslot * nv * nk * K;
+    }
+    /* right_b[k] of a (left[i][j]) and b (left[j][i]): [slot, s] columns, one GEMM per k */
+    const double *L = LEFT(j, i);
+    if (has_a) {
+        memcpy(lbuf, LEFT(i, j), rows * sizeof(double));
+        memcpy(lbuf + rows, L, rows * sizeof(double));
+        L = lbuf;
+    }
+    for (long q = 0; q < nk; q++)
+        gemm_rm(n2, (1 + has_a) * nv, K, 1.0, PTR(P_RB, k0 + q, 0), L, 1.0, B + (has_a ? 0 : slot) + q * n2,
+                nk * n2);
+    fl += 2 * n2 * (1 + has_a) * nv * nk * K;
+    *flops += fl;
+    const double *Pij = PTR(P_OVOV, i, 0) + rel[j] * n2;
+    double energy = 0.0;
+    for (long q = 0; q < nk; q++) {
+        const long k = k0 + q;
+        const double *b = B + slot + q * n2;
+        energy += tessera_t3_energy_dense(nv, nk * n2, has_a ? B + q * n2 : b, b, has_c ? b + slot : b, ev,
+                                          eo[i] + eo[j] + eo[k], t1 + i * nv, t1 + j * nv, t1 + k * nv,
+                                          PTR(P_OVOV, j, 0) + rel[k] * n2, PTR(P_OVOV, i, 0) + rel[k] * n2, Pij,
+                                          scratch);
+    }
+    return energy;
+#undef LEFT
 }
 #undef PTR

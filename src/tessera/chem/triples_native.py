@@ -19,10 +19,10 @@ from tessera.chem.native import load
 from tessera.errors import BuildError, ShapeError, TesseraError
 
 __all__ = ["require", "dense_scratch_size", "packed_scratch_size", "energy_dense", "energy_packed",
-           "batch_packed", "block_w", "block_energy"]
+           "batch_packed", "batch_dense", "block_w", "block_energy"]
 
 _MODULE = "tessera.chem._triples_kernel"
-_ABI = 7            # tessera_abi_version() of triples_kernel.c whose argument lists these are
+_ABI = 8            # tessera_abi_version() of triples_kernel.c whose argument lists these are
 _ptr = ctypes.c_void_p
 
 
@@ -31,7 +31,7 @@ def _library() -> ctypes.CDLL:
     lib = load(_MODULE, _ABI, "the compiled (T) kernel")
     fn = lib.tessera_t3_energy_dense
     fn.restype = ctypes.c_double
-    fn.argtypes = [ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 7
+    fn.argtypes = [ctypes.c_long, ctypes.c_long, _ptr, _ptr, _ptr, _ptr, ctypes.c_double] + [_ptr] * 7
     lib.tessera_t3_dense_scratch.restype = ctypes.c_long
     lib.tessera_t3_dense_scratch.argtypes = [ctypes.c_long]
     lib.tessera_t3_packed_scratch.restype = ctypes.c_long
@@ -46,6 +46,9 @@ def _library() -> ctypes.CDLL:
     fn = lib.tessera_t3_batch_packed
     fn.restype = ctypes.c_double
     fn.argtypes = [ctypes.c_long] * 6 + [_ptr] * 6 + [ctypes.c_long] + [_ptr] * 4
+    fn = lib.tessera_t3_batch_dense
+    fn.restype = ctypes.c_double
+    fn.argtypes = [ctypes.c_long] * 5 + [_ptr] * 5 + [ctypes.c_long] * 2 + [_ptr] * 4
     lib.tessera_t3_block_w.restype = None
     lib.tessera_t3_block_w.argtypes = [ctypes.c_long] * 4 + [_ptr, _ptr, ctypes.c_int]
     fn = lib.tessera_t3_block_energy
@@ -108,15 +111,19 @@ def packed_scratch_size(nv: int, ntrip: int) -> int:
     return 6 * nv * nv + ntrip
 
 
-def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij, scratch) -> float:
+def energy_dense(A, B, C, ev, eijk: float, t1i, t1j, t1k, Pjk, Pik, Pij, scratch, ld: int | None = None) -> float:
     """sum_abc W r3(W + V) / D of one occupied triple (i, j, k), one virtual irrep of v:
     W[abc] = A[abc] + B[bac] + C[cab] (each [v, v, v]), V[abc] = t1i[a] Pjk[bc] +
     t1j[b] Pik[ac] + t1k[c] Pij[ab] (Pjk[bc] = (jb|kc), ...), D = eijk - ev[a] - ev[b] - ev[c];
-    ``scratch``: at least ``dense_scratch_size(v)`` doubles."""
+    ``scratch``: at least ``dense_scratch_size(v)`` doubles.  ``ld``: the stride of the
+    first index of A, B, C (flat, (v - 1) ld + v^2 doubles; default v^2: dense), as in
+    the batch layout of ``batch_dense``."""
     nv = ev.size
-    n3, n2, ns = nv ** 3, nv * nv, dense_scratch_size(nv)
+    n2, ns = nv * nv, dense_scratch_size(nv)
+    ld = n2 if ld is None else ld
+    n3 = (nv - 1) * ld + n2
     return _library().tessera_t3_energy_dense(
-        nv, _addr(A, n3), _addr(B, n3), _addr(C, n3), _addr(ev, nv), float(eijk),
+        nv, ld, _addr(A, n3), _addr(B, n3), _addr(C, n3), _addr(ev, nv), float(eijk),
         _addr(t1i, nv), _addr(t1j, nv), _addr(t1k, nv), _addr(Pjk, n2), _addr(Pik, n2), _addr(Pij, n2),
         _addr(scratch[:ns], ns))
 
@@ -151,6 +158,24 @@ def batch_packed(G: int, i: int, j: int, k0: int, nk: int, inp, ev, B, lbuf, scr
         _addr(inp.native_rows, 4 * nocc * 8, np.int64), _addr(inp.t1, nocc * nv), _addr(inp.eo, nocc),
         _addr(ev, nv), nv, _addr(B[:3 * nk * ntrip], 3 * nk * ntrip), lbuf.ctypes.data,
         _addr(scratch[:ns], ns), ctypes.byref(flops))
+    return energy, flops.value
+
+
+def batch_dense(i: int, j: int, k0: int, nk: int, inp, ev, B, lbuf, scratch) -> tuple:
+    """(sum over k in k0..k0+nk-1 of the energy of energy_dense, GEMM flops) of one batch
+    (i, j, ks) of ``TripleKernel`` with one virtual irrep (C1) on the fused operands
+    (``inp.native_rows``): its GEMMs and sweeps in one call; ``B`` the batch buffer
+    (3 nk v^3), ``lbuf`` the stacked left operands (2 nk v (v + o)), ``scratch``
+    ``dense_scratch_size(v)`` doubles."""
+    nocc, nv = len(inp.irrep), ev.size
+    nk3, nleft, ns = 3 * nk * nv ** 3, 2 * nk * nv * (nv + nocc), dense_scratch_size(nv)
+    if not inp.native_rows[:, [i, j, *range(k0, k0 + nk)], 0].all():
+        raise ShapeError(f"(T) batch ({i}, {j}, {k0}..{k0 + nk - 1}): an orbital outside the given row slabs")
+    flops = ctypes.c_int64(0)
+    energy = _library().tessera_t3_batch_dense(
+        i, j, k0, nk, nocc, _addr(inp.occ_table, 2 * nocc, np.int64), _addr(inp.native_rows, 4 * nocc * 8, np.int64),
+        _addr(inp.t1, nocc * nv), _addr(inp.eo, nocc), _addr(ev, nv), nv, nv + nocc, _addr(B[:nk3], nk3),
+        _addr(lbuf[:nleft], nleft), _addr(scratch[:ns], ns), ctypes.byref(flops))
     return energy, flops.value
 
 
