@@ -105,7 +105,10 @@ def rerun_on_src(script: str, argv, src: str) -> None:
     (an older checkout's, for BEFORE numbers: the script reads TESSERA_BENCH_SRC), and exit
     with its status."""
     rest = list(argv)
-    i = rest.index("--src")
-    del rest[i:i + 2]
+    if "--src" in rest:
+        i = rest.index("--src")
+        del rest[i:i + 2]
+    else:
+        rest = [a for a in rest if not a.startswith("--src=")]
     env = dict(os.environ, TESSERA_BENCH_SRC=src)
     raise SystemExit(subprocess.call([sys.executable, script, *rest], env=env))

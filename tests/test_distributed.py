@@ -268,8 +268,10 @@ def test_collective_estimate_waits_for_the_busiest_rank_and_charges_each_exchang
     the executor places the products (grid or stationary), does, and each all-to-all or
     broadcast costs ``t_exchange`` (measured inside a CCSD iteration, ``machine.json``).
     Hand check on 2 ranks: the busiest-rank flops per contraction from ``stationary.choose``
-    as the executor calls it, at least the mean rank's; the seconds grow by the collective
-    count per second of ``t_exchange``, and ``t_coll`` (one-sided's barriers) does not enter."""
+    as the executor calls it, at least the mean rank's; the exchanges as the executor makes
+    them (a stationary contraction 2 all-to-alls, one on the grid 2 and a broadcast per
+    panel along each grid line) and one per other step; the seconds grow by that count per
+    second of ``t_exchange`` (``t_coll`` enters only through the other steps' barriers)."""
     from tessera.backends import stationary
     from tessera.backends.auto import LOCAL_COSTS, estimate, structure_stats
     from tessera.backends.machine import Machine
@@ -277,11 +279,13 @@ def test_collective_estimate_waits_for_the_busiest_rank_and_charges_each_exchang
     structure = CCSDStructure(np.sort(rng.integers(0, 2, 20)), 4, 0, distributed=True)
     s = structure_stats(structure, 6, 6, 2)
     busiest = mean = 0.0
+    exchanges = s["other_steps"]
     for st in s["collective_steps"]:
         pa, pb = st["perms"]
-        mode, _, scores, _ = stationary.choose(st["tasks"], st["sig"], (pa, pb, st["perm_c"]), 1, st["operands"], 2,
-                                               st["moved_once"])
+        mode, grid, scores, _ = stationary.choose(st["tasks"], st["sig"], (pa, pb, st["perm_c"]), 1,
+                                                  st["operands"], 2, st["moved_once"])
         busiest += scores[mode]["flops"]
+        exchanges += 2 + 2 * max(grid[:2]) if mode == "summa" else 2
         ta = st["tasks"]
         mean += float(2 * ta.m[ta.task] * ta.k @ ta.n[ta.task]) / 2
     assert busiest >= mean > 0
@@ -289,17 +293,18 @@ def test_collective_estimate_waits_for_the_busiest_rank_and_charges_each_exchang
     base = estimate(s, 2, "mpi-collective", "summa", rate, {**LOCAL_COSTS, "t_exchange": 0.0})
     assert base["compute"] == pytest.approx(busiest / rate)
     slow = estimate(s, 2, "mpi-collective", "summa", rate, {**LOCAL_COSTS, "t_exchange": 1e-3, "t_coll": 0.0})
+    assert slow["collectives"] == exchanges
     assert slow["seconds"] - base["seconds"] == pytest.approx(
-        slow["collectives"] * 1e-3 - s["other_steps"] * 3 * LOCAL_COSTS["t_coll"])
+        exchanges * 1e-3 - s["other_steps"] * 3 * LOCAL_COSTS["t_coll"])
     assert LOCAL_COSTS["t_exchange"] == Machine.calibrated().exchange_seconds > 0
 
 
 def test_auto_runs_the_water_monomer_on_mpi_onesided_at_2_ranks():
     """Water cc-pVDZ (C2v) on 2 ranks: a CCSD iteration is a few MFlop, so the ~140
-    all-to-alls of mpi-collective, each a measured ``exchange_seconds`` (latency and the
-    wait for the later rank), cost more than mpi-onesided's gets and accumulates; measured
-    (docs/distributed.md) mpi-onesided's iterations take about half mpi-collective's, and
-    auto picks it."""
+    exchanges of mpi-collective, each a measured ``exchange_seconds`` (latency, the wait
+    for the later rank, the work around it), cost more than mpi-onesided's gets and
+    accumulates; measured idle (docs/distributed.md) mpi-onesided's whole CCSD takes less
+    than half mpi-collective's, and auto picks it."""
     from pathlib import Path
     from tessera.chem.molecule import Molecule
     from tessera.chem.pyscf_reference import rhf_reference

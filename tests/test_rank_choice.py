@@ -56,7 +56,8 @@ def test_rank_costs_are_each_ranks_and_pick_what_choose_picks(nranks, layers, le
     simulated ranks, SUMMA of one or two layers: per rank and candidate the cost counted
     from the rank's own blocks equals the whole count's, and ``pick`` on their maximum
     takes ``choose``'s mode and grid; also with nothing frozen, every operand frozen and
-    each mode alone (a forced mode's and ``never``'s candidates)."""
+    one stationary mode alone and SUMMA alone (``never``'s candidates); steps whose A and B
+    are one tensor among them."""
     steps = ccsd_steps(nranks)
     cache = {"least": least}
     pieced = shared = picked = 0
@@ -84,7 +85,7 @@ def test_rank_costs_are_each_ranks_and_pick_what_choose_picks(nranks, layers, le
                 want = ("summa", stationary.summa_grid(sig, perms, layers, ops, nranks, moved_once)[0])
             assert (mode, grid) == want
             picked += mode != "summa"
-    assert picked and (pieced or least == 1)
+    assert picked and shared and (pieced or least == 1)
 
 
 def test_mode_where_is_the_plans_where():

@@ -17,11 +17,12 @@ estimates, per rank:
 
 and for ``mpi-collective``, bulk-synchronous, the compute is per contraction its busiest
 rank's flops as the executor places the products (``collective_traffic``'s
-``busiest_flops``) and each all-to-all or broadcast costs ``t_exchange``, what one costs
-inside a CCSD iteration (``machine.json``'s ``exchange_seconds``, measured by
-``bench/calibrate_machine.py``: the latency and the wait for the later rank; water
-cc-pVDZ on 2 ranks: ~140 all-to-alls per iteration, about 1-2 ms each on the shared
-2-core development machine against ~50 us for one alone, docs/distributed.md),
+``busiest_flops``) and each all-to-all or broadcast it makes (``exchanges``) costs
+``t_exchange``, what one costs inside a CCSD iteration (``machine.json``'s
+``exchange_seconds``, measured by ``bench/calibrate_machine.py``: a water cc-pVDZ
+iteration's wall over its ~140 exchanges on 2 ranks, the latency, the wait for the later
+rank and the executor's work around each; 0.5 ms idle against ~50 us for one alltoallv
+alone, docs/distributed.md),
 
 with the gets, accumulates and bytes the loop order implies (one per piece of a block
 stored in pieces: T2 and the integral classes where they have too few blocks for the
@@ -111,8 +112,8 @@ T_TASK = 25e-6        # s of Python and numpy overhead per block product
 T_GET = 15e-6         # s per one-sided get (issue + wait)
 T_ACC = 20e-6         # s per one-sided accumulate (MPI_Accumulate + flush)
 T_COLL = 60e-6        # s per collective call (latency, a few ranks on one node)
-# s per all-to-all of mpi-collective as a CCSD iteration meets it: its latency and the wait
-# for the later rank (measured, ``machine.json``'s ``exchange_seconds``)
+# s per exchange of mpi-collective as a CCSD iteration meets it: its latency, the wait for
+# the later rank and the work around it (measured, ``machine.json``'s ``exchange_seconds``)
 T_EXCHANGE = Machine.calibrated().exchange_seconds
 BANDWIDTH = 2.0e9     # bytes/s moved per rank (shared memory copies)
 TILES = (48, 32, 24, 16, 12, 8)     # tried from large to small ...
@@ -285,7 +286,9 @@ def collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int = F
     moved once where the executor keeps them). ``bytes_per_rank``: per contraction the bytes
     the busiest rank receives, summed; ``bcast_bytes_per_rank``: of which panels of the
     contractions run on the grid; ``modes``: contractions per mode; ``busiest_flops``: per
-    contraction the flops of its busiest rank as the executor places them, summed; ``working_bytes`` per
+    contraction the flops of its busiest rank as the executor places them, summed;
+    ``exchanges``: all-to-alls and broadcasts (a stationary contraction 2, one on the grid 2
+    and one per panel along each grid line, 2 max(pr, pc)); ``working_bytes`` per
     rank (largest step: on the grid twice the output rectangle, c times SUMMA's, for the
     GEMMs and the send buffers, the homes twice and one A and one B panel; stationary, the
     blocks received, frozen ones included as the first iteration receives them, and the
@@ -322,9 +325,11 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
     resent, kept_bytes = frozen_resent(chosen, nranks, frozen_bytes, s["frozen_reads"]) if nranks > 1 else (set(), 0)
     moved = bcast = work = busiest = 0.0
     modes: dict = {}
+    exchanges = 0
     for n, (st, (gr, gc, _), mode, scores, items) in enumerate(chosen):
         a, b, out = st["bytes"]
         modes[mode] = modes.get(mode, 0) + 1
+        exchanges += 2 + 2 * max(gr, gc) if mode == "summa" else 2
         ta = st["tasks"]
         busiest += scores[mode]["flops"] if scores else float(2 * ta.m[ta.task] * ta.k @ ta.n[ta.task])
         kept = tuple(x for x in st["moved_once"] if (n, x) not in resent)
@@ -345,7 +350,7 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
             first = stationary.score(st["stationary"][nranks][1][mode])["recv_bytes"] if nranks > 1 else 0.0
             work = max(work, 2 * first + out / nranks)
     return {"grid": (pr, pc, c), "bytes_per_rank": moved, "bcast_bytes_per_rank": bcast,
-            "working_bytes": work + kept_bytes, "modes": modes, "busiest_flops": busiest}
+            "working_bytes": work + kept_bytes, "modes": modes, "busiest_flops": busiest, "exchanges": exchanges}
 
 
 def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES, others=()) -> tuple:
@@ -452,9 +457,9 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         pr, pc, c = tr["grid"]
         # bulk-synchronous: each contraction ends when its busiest rank, as the executor
         # places the products, does; each all-to-all or broadcast costs what one does inside
-        # an iteration (``T_EXCHANGE``: the latency and the wait for the later rank)
+        # an iteration (``T_EXCHANGE``: the latency, the wait for the later rank, the work around it)
         compute = tr["busiest_flops"] / rate
-        coll = s["contract_steps"] * (2 + 2 * max(pr, pc)) + s["other_steps"]
+        coll = tr["exchanges"] + s["other_steps"]
         moved = tr["bytes_per_rank"] + s["collective_other_bytes"]
         seconds = compute + overhead + coll * T_EXCHANGE + moved / BANDWIDTH
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,

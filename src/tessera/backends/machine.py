@@ -14,7 +14,8 @@ gives the constants ``backends.auto.estimate`` uses for P ranks, ``rpn`` per nod
 
   t_get, t_acc   node's value + f_off x latency (f_off: share of the other ranks on other nodes)
   t_coll         node's value + latency x ceil(log2 nodes) (a tree over the nodes)
-  t_exchange     the same for an all-to-all of mpi-collective (``exchange_seconds``)
+  t_exchange     node's value (``exchange_seconds``) + latency x (ranks on other nodes): an
+                 all-to-all of mpi-collective sends one message to every other rank
   bandwidth      1 / ((1 - f_off) / copy bandwidth + f_off / (network bandwidth / rpn)):
                  a rank's bytes go to its peers evenly; a node's link is shared by its ranks
 """
@@ -67,7 +68,7 @@ class Machine:
         return {"t_task": self.task_seconds, "t_get": self.get_seconds + f_off * self.network_latency,
                 "t_acc": self.acc_seconds + f_off * self.network_latency,
                 "t_coll": self.collective_seconds + tree * self.network_latency,
-                "t_exchange": self.exchange_seconds + tree * self.network_latency, "bandwidth": bandwidth,
+                "t_exchange": self.exchange_seconds + (nranks - rpn) * self.network_latency, "bandwidth": bandwidth,
                 "nodes": nodes}
 
 
@@ -81,5 +82,6 @@ def _node(path: str) -> Machine:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"machine calibration {path} is unreadable ({exc}); expected the JSON "
                          "written by bench/calibrate_machine.py") from None
-    where = f"{data.get('host', '?')}, {data.get('date', '?')}, load {data.get('load', '?')}"
+    where = (f"{data.get('host', '?')}, {data.get('date', '?')}, load {data.get('load', '?')}; "
+             f"exchange {data.get('exchange_measured', '?')}; (T) task {data.get('triples_task_measured', '?')}")
     return Machine(**node, measured=where)

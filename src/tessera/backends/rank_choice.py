@@ -173,7 +173,9 @@ def mode_cost(lp: dict, mode: str, ops, nranks: int, me: int, moved_once=()) -> 
         keys = lp[f"{x}_keys"]
         if x == "b" and A is B:
             ids = np.array([j for j in ids.tolist() if keys[j] not in brought], dtype=np.int64)
-        lacks = lp.setdefault(f"lacks_{x}", _lacks(ops, i, keys))
+        if f"lacks_{x}" not in lp:
+            lp[f"lacks_{x}"] = _lacks(ops, i, keys)
+        lacks = lp[f"lacks_{x}"]
         recv[x] = float(np.sum(8.0 * lacks.lacked(ids, lp[f"{x}_size"][ids], np.full(len(ids), me), nranks)))
         if x == "a":
             brought = {keys[j] for j in ids.tolist()}

@@ -206,7 +206,8 @@ def render(sim: dict) -> str:
                      f"orbitals per task tile, {how}); rows read {_size(t['read_bytes_per_rank']).strip()} "
                      f"per rank, at most {_size(t['task_bytes']).strip()} held by one task (budget "
                      f"{_size(t['budget_bytes']).strip()}: the ranks' share of the operands, at least a floor "
-                     "set by o, v, the tiles and the machine, or by the machine alone when streamed)")
+                     "set by o, v, the tiles and the machine, or by the machine alone when streamed, and "
+                     "never above the budget on half the ranks)")
     lines.append(f"Dominant contraction steps ({sim['flops_per_iteration']:.3e} flops and "
                  f"{sim['block_products']} block products per iteration):")
     lines.append(f"  {'flops':>10s} {'tasks':>7s} {'per rank':>9s} {'busiest/mean':>12s}  step")

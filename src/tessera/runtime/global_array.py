@@ -37,6 +37,7 @@ Semantics
 from __future__ import annotations
 
 import logging
+import threading
 from time import perf_counter
 
 import numpy as np
@@ -52,7 +53,7 @@ from tessera.runtime.placement import PieceRuns, TablePlacement, part_runs
 
 log = logging.getLogger("tessera.runtime")
 
-RUNS_KEPT = 1 << 14     # piece runs kept per array (``GlobalArray.piece_runs``)
+RUNS_BYTES = 16 << 20   # bytes of piece runs kept per array (``GlobalArray.piece_runs``)
 
 
 class _Slots(dict):
@@ -99,7 +100,9 @@ class GlobalArray(PatchAccess):
         self._place = placement
         self.pieces = getattr(placement, "k", 1)     # pieces per block (1: whole blocks)
         self._parts: dict = {}   # key stored in pieces -> [(owner, target, disp, start, count, view)]
-        self._runs: dict = {}    # (key, part, rank) -> PieceRuns, at most RUNS_KEPT (``piece_runs``)
+        self._runs: dict = {}    # (key, part, rank) -> PieceRuns, at most RUNS_BYTES (``piece_runs``)
+        self._runs_bytes = 0
+        self._runs_lock = threading.Lock()
         me = world.rank
         self._local_count = placement.elements(me)
         self._exp = Exposure(world, self._local_count * self.itemsize, self.itemsize, kind="data")
@@ -251,15 +254,23 @@ class GlobalArray(PatchAccess):
         (``_piece_patch``). ``part``: ``tasks.part_slice``'s cuts of the key's axes (an alias:
         through its stored block, which ``transpose(order)`` makes it). ``rank``: only the
         runs that rank holds, found from its own pieces alone (a sender's share: its work
-        does not grow with the block's pieces). Structure alone decides, so the last
-        RUNS_KEPT asked are kept (read-only arrays): mpi-collective asks the same ones in
-        every CCSD iteration."""
+        does not grow with the block's pieces). Structure alone decides, so runs are kept
+        (read-only arrays; the first asked out first beyond RUNS_BYTES per array):
+        mpi-collective asks the same ones in every CCSD iteration."""
         memo = (key, part, rank)
-        if memo in self._runs:
-            return self._runs[memo]
-        if len(self._runs) >= RUNS_KEPT:          # first in, first out
-            del self._runs[next(iter(self._runs))]
-        runs = self._runs[memo] = self._piece_runs(key, part, rank)
+        with self._runs_lock:
+            runs = self._runs.get(memo)
+        if runs is not None:
+            return runs
+        runs = self._piece_runs(key, part, rank)
+        size = sum(a.nbytes for a in runs[3:])
+        with self._runs_lock:
+            while self._runs and self._runs_bytes + size > RUNS_BYTES:
+                old = self._runs.pop(next(iter(self._runs)))
+                self._runs_bytes -= sum(a.nbytes for a in old[3:])
+            if size <= RUNS_BYTES and memo not in self._runs:
+                self._runs[memo] = runs
+                self._runs_bytes += size
         return runs
 
     def _piece_runs(self, key, part, rank) -> "PieceRuns":
