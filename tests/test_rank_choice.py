@@ -8,7 +8,8 @@ import pytest
 
 from tessera.backends import rank_choice, stationary, step_bytes
 from tessera.chem.ccsd import CCSDStructure
-from tessera.plan.blocktasks import task_arrays
+from tessera.backends.own_products import own_tasks
+from tessera.plan.blocktasks import contraction_tasks, task_arrays
 
 
 def ccsd_steps(seed: int) -> list:
@@ -88,13 +89,40 @@ def test_rank_costs_are_each_ranks_and_pick_what_choose_picks(nranks, layers, le
     assert picked and shared and (pieced or least == 1)
 
 
-def test_mode_where_is_the_plans_where():
-    """``stationary.mode_where`` (the executor's ``where``, from one operand's owners) is
-    the plan's, for every mode of a CCSD iteration's steps on 3 ranks with pieces."""
-    cache = {"least": 2}
-    for step in ccsd_steps(1):
-        ops = step_bytes.operands(cache, step, 3)
+@pytest.mark.parametrize("nranks,least", [(2, 1), (3, 2), (5, 2), (8, 3)])
+def test_own_tasks_are_the_whole_lists_products_of_each_rank(nranks, least):
+    """``own_products.own_tasks`` (what one rank lists of a stationary contraction, from
+    its own blocks) against the all-products path (``contraction_tasks`` and the plan's
+    ``where``), for every mode of a CCSD iteration's steps (frozen integrals, T2-sized
+    tensors in pieces, canonical outputs) on 2-8 simulated ranks: each rank's tasks are,
+    in step order, the products whose A or B block it holds (home or a piece), that it
+    runs, or of an output block it holds, each with the plan's rank; every product runs
+    on exactly one rank."""
+    cache = {"least": least}
+    checked = pieced = aliased = 0
+    for step in ccsd_steps(nranks + 10):
+        ops = step_bytes.operands(cache, step, nranks)
         ta = task_arrays(step)
-        plans = stationary.stationary_scores(ta, ops.owners, 3, pieces=ops.tables(ta))[1]
+        held = [held_keys(cache, t, nranks) for t in ops.tensors]
+        read = [[set(rank_choice._read_keys(t, h)) for h in hs] for t, hs in zip(ops.tensors[:2], held[:2])]
+        sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+        perms = (step.perms["a"], step.perms["b"], step.perms["c"])
+        plans = stationary.stationary_scores(ta, ops.owners, nranks, pieces=ops.tables(ta))[1]
+        tasks = contraction_tasks(step)
+        pieced += any(f is not None for f in ops.pieces)
+        aliased += bool(ops.tensors[2].aliases)
         for mode in stationary.MODES:
-            assert stationary.mode_where(ta, mode, ops.owners) == plans[mode]["where"]
+            runs = []
+            for me in range(nranks):
+                want = []
+                for t, rs in zip(tasks, plans[mode]["where"]):
+                    prods = tuple((p.a, p.b, p.k, r) for p, r in zip(t.products, rs)
+                                  if r == me or t.out in held[2][me] or p.a in read[0][me] or p.b in read[1][me])
+                    if prods:
+                        want.append((t.out, t.m, t.n, t.out_shape, prods))
+                got = own_tasks(sig, perms, ops, tuple(h[me] for h in held), mode)
+                assert [tuple(t) for t in got] == want
+                runs += [(t.out, a, b) for t in got for a, b, _, r in t.products if r == me]
+            assert sorted(runs) == sorted((t.out, p.a, p.b) for t in tasks for p in t.products)
+            checked += 1
+    assert checked and aliased and (pieced or least == 1)

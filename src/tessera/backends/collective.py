@@ -53,7 +53,8 @@ from tessera.backends.schedule import Share
 from tessera.backends.summa_layout import summa_layout
 from tessera.backends.tasks import part_slice
 from tessera.errors import InputError
-from tessera.plan.blocktasks import add_source, contraction_tasks, hadamard_outputs, source_block, task_arrays
+from tessera.backends.own_products import own_tasks
+from tessera.plan.blocktasks import add_source, hadamard_outputs, source_block
 from tessera.runtime.distribution import default_layers, grid_shape
 from tessera.runtime.placement import run_index
 
@@ -310,24 +311,28 @@ class CollectiveExecutor(DistributedExecutor):
         need = need() if callable(need) else need
         return (None, empty) if self.frozen.put(t, key, empty, need) else (None, None)
 
-    def _exchange(self, parts) -> dict:
+    def _exchange(self, parts, step_key=None) -> dict:
         """``exchange`` of [(tensor, items)]: the blocks a rank receives for a frozen tensor
-        are kept (keyed by the items) and not sent again while kept."""
-        me, out, send, fill = self.cc.rank, {}, [], []
+        are kept and not sent again while kept, keyed by ``step_key`` and the part's
+        position (the items when None: then the same list on every rank). Collective: a
+        rank may list only the items it sends or receives (``own_tasks``), so whether to
+        keep is decided on the most any rank receives (one allreduce, on a miss)."""
+        me, out, send, fill, missed = self.cc.rank, {}, [], [], False
 
         def most_received(ga, items) -> int:
             """Bytes the rank receiving the most of ``items`` gets."""
-            recv = [0] * self.cc.size
+            mine = 0
             for _, key, dest, *part in items:
-                if ga.pieces > 1 or ga.owner(key) != dest:
+                if dest == me and (ga.pieces > 1 or ga.owner(key) != dest):
                     lo, hi = part_range(ga, key, part[0] if part else None)
-                    recv[dest] += 8 * int(np.prod([b - a for a, b in zip(lo, hi)]))
-            return max(recv)
-        for t, items in parts:
+                    mine += 8 * int(np.prod([b - a for a, b in zip(lo, hi)]))
+            return int(self.world.allreduce(mine, "max"))
+        for i, (t, items) in enumerate(parts):
             ga = t.dist.ga
-            kept, keep = self._kept(t, ("in", tuple(it[1:] for it in items)),
-                                    lambda: most_received(ga, items), {})
+            key = ("in", tuple(it[1:] for it in items)) if step_key is None else ("in", step_key, i)
+            kept, keep = self._kept(t, key, lambda: most_received(ga, items), {})
             if kept is None:
+                missed = True
                 send += items
                 if keep is not None:
                     # this part's own blocks: another part may read the same array
@@ -336,7 +341,7 @@ class CollectiveExecutor(DistributedExecutor):
                 continue
             out.update(kept)
             out.update(owned_views(me, [it for it in items if it[2] == me]))
-        got = exchange(self.cc, send) if send or fill else {}
+        got = exchange(self.cc, send) if missed else {}
         for ga, keep, mine in fill:
             # copies: a view would hold the whole receive buffer
             keep.update({tag: blk.copy() for tag, blk in got.items()
@@ -435,10 +440,11 @@ class CollectiveExecutor(DistributedExecutor):
 
     # ---------------------------------------------------------------- SUMMA / 2.5D
     def _mode(self, step, sig) -> tuple:
-        """(mode, grid, where): the pr x pc x layers grid SUMMA runs the contraction on
+        """(mode, grid, share): the pr x pc x layers grid SUMMA runs the contraction on
         (of the shapes with the fewest idle lines, the least cost of the busiest rank as
         counted rank by rank) and ``"summa"`` or the operand kept stationary (by the same
-        count), with the rank of every block product; ``stationary.choose``'s choice, each
+        count), with (the contraction's key, this rank's ``own_tasks``: the products it
+        runs, sends for or receives for, with their ranks); ``stationary.choose``'s choice, each
         rank counting only itself (``rank_choice.rank_costs``: the products and items of the
         blocks it holds) and one allreduce of the candidates' costs giving the busiest
         rank's; decided once per contraction; frozen operands count as moved once."""
@@ -454,43 +460,45 @@ class CollectiveExecutor(DistributedExecutor):
         ops = stationary.Operands((A, B, C), (A.dist.owner, B.dist.owner, C.dist.owner),
                                   tuple(t.dist.ga.piece_table if t.pieced else None for t in (A, B, C)))
         moved_once = [x for x, t in (("a", A), ("b", B)) if t.constant]
+        held = tuple(set(t.dist.ga.home_keys()) | {k for k, _, _ in t.dist.ga.local_pieces()} for t in (A, B, C))
         if self.stationary in stationary.MODES:      # forced: nothing to weigh (no grid is used)
             mode, grid = self.stationary, (*self.cc.default, layers)
         else:                                        # ``never``: SUMMA's shapes only
             modes = stationary.MODES if self.stationary == "auto" else ()
-            held = tuple(set(t.dist.ga.home_keys()) | {k for k, _, _ in t.dist.ga.local_pieces()} for t in (A, B, C))
             costs = rank_choice.rank_costs(sig, perms, layers, ops, self.cc.size, self.cc.rank, held, moved_once, modes)
             mode, grid = rank_choice.pick(rank_choice.candidates(sig, perms, layers, self.cc.size, modes),
                                           self.world.allreduce(costs, "max"))
         self._modes[key] = (mode, grid, None if mode == "summa" else
-                            stationary.mode_where(task_arrays(step), mode, ops.owners))
+                            (key, own_tasks(sig, perms, ops, held, mode)))
         return self._modes[key]
 
-    def _stationary_step(self, step, where) -> None:
-        """One contraction with an operand stationary: every block product on the rank
-        ``where`` names; the blocks it lacks by one all-to-all (a frozen operand's kept,
-        ``_exchange``); each rank sums its products of an output block and sends that
-        partial block to the owner, who adds it (one all-to-all)."""
+    def _stationary_step(self, step, share) -> None:
+        """One contraction with an operand stationary: every block product on the rank its
+        stationary block names; ``share`` = (the contraction's key, ``own_tasks``: this
+        rank's products, the only ones it lists). The blocks a rank lacks come by one
+        all-to-all (a frozen operand's kept, ``_exchange``); each rank sums its products of
+        an output block and sends that partial block to the owner, who adds it (one
+        all-to-all)."""
         cc, me = self.cc, self.cc.rank
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
         pa, pb, pc_ = step.perms["a"], step.perms["b"], step.perms["c"]
-        tasks = contraction_tasks(step)
+        key, tasks = share
         ga_a, ga_b = A.dist.ga, B.dist.ga
-        blocks = self._exchange([(A, [(ga_a, p.a, r) for t, rs in zip(tasks, where) for p, r in zip(t.products, rs)]),
-                                 (B, [(ga_b, p.b, r) for t, rs in zip(tasks, where) for p, r in zip(t.products, rs)])])
+        blocks = self._exchange([(A, [(ga_a, a, r) for t in tasks for a, _, _, r in t.products]),
+                                 (B, [(ga_b, b, r) for t in tasks for _, b, _, r in t.products])], key)
         send = [[] for _ in range(cc.size)]
         expect = [[] for _ in range(cc.size)]
         c0 = time.perf_counter()
-        for t, rs in zip(tasks, where):
+        for t in tasks:
             # partial blocks (pieces) held here from the other ranks with products of it, in task order
-            for r in sorted(set(rs) - {me}):
+            for r in sorted({r for *_, r in t.products} - {me}):
                 expect_from(C, t.out, r, expect, me)
             acc = None
-            for p, r in zip(t.products, rs):
+            for akey, bkey, k, r in t.products:
                 if r != me:
                     continue
-                prod = (blocks[(ga_a.eid, p.a)].transpose(pa).reshape(t.m, p.k)
-                        @ blocks[(ga_b.eid, p.b)].transpose(pb).reshape(p.k, t.n))
+                prod = (blocks[(ga_a.eid, akey)].transpose(pa).reshape(t.m, k)
+                        @ blocks[(ga_b.eid, bkey)].transpose(pb).reshape(k, t.n))
                 if acc is None:
                     acc = prod
                 else:
@@ -505,9 +513,9 @@ class CollectiveExecutor(DistributedExecutor):
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
         pa, pb, pc_ = step.perms["a"], step.perms["b"], step.perms["c"]
         sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-        mode, (pr, pc, _), where = self._mode(step, sig)
+        mode, (pr, pc, _), share = self._mode(step, sig)
         if mode != "summa":
-            self._stationary_step(step, where)
+            self._stationary_step(step, share)
             return
         cc.use(pr, pc)
         lay = summa_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers)

@@ -82,15 +82,12 @@ def _read_keys(t, stored) -> list:
     return out
 
 
-def local_products(sig, perms: tuple, ops, held: tuple) -> dict:
-    """The block products of a contraction that read or write a block of ``held`` (A, B
-    and output stored keys: ``rank_costs``'s), with every product of an output block held,
-    as arrays: per product ``t`` (its task), ``a``, ``b`` (indices into ``a_keys``,
-    ``b_keys``), ``flops``; per task ``out`` (its key) and ``size``; per A and B key
-    ``a_size``, ``b_size``. Products of an output the tensor stores as an alias are none
-    (``contraction_tasks`` lists canonical outputs only)."""
+def product_codes(sig, perms: tuple, ops, held: tuple) -> list:
+    """Per sector, the sorted codes (r * inner tuples + q) * column tuples + c of the block
+    products that read a block of ``held`` (A and B stored keys or their aliases) or write
+    one (output stored keys: every product of the block), whatever the output's aliases."""
     pa, pb, perm_c = perms
-    A, B, C = ops.tensors
+    A, B = ops.tensors[:2]
     nk = (len(pa) + len(pb) - len(perm_c)) // 2
     nl = len(pa) - nk
     codes = [[] for _ in sig]            # per sector: (r * nq + q) * nc + c
@@ -110,15 +107,28 @@ def local_products(sig, perms: tuple, ops, held: tuple) -> dict:
             n, r, c = found
             nq, nc = len(sig[n][2].tuples), len(sig[n][3].tuples)
             codes[n].append((r * nq + np.arange(nq)) * nc + c)
+    return [np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64) for parts in codes]
+
+
+def local_products(sig, perms: tuple, ops, held: tuple) -> dict:
+    """The block products of a contraction that read or write a block of ``held`` (A, B
+    and output stored keys: ``rank_costs``'s), with every product of an output block held,
+    as arrays: per product ``t`` (its task), ``a``, ``b`` (indices into ``a_keys``,
+    ``b_keys``), ``flops``; per task ``out`` (its key) and ``size``; per A and B key
+    ``a_size``, ``b_size``. Products of an output the tensor stores as an alias are none
+    (``contraction_tasks`` lists canonical outputs only)."""
+    pa, pb, perm_c = perms
+    C = ops.tensors[2]
+    codes = product_codes(sig, perms, ops, held)
     out, size = [], []
     blocks = {"a": ({}, [], []), "b": ({}, [], [])}     # key -> index, keys, elements
     cols = {x: [] for x in ("t", "a", "b", "flops")}
     for n, parts in enumerate(codes):
-        if not parts:
+        if not len(parts):
             continue
         _, rows, inner, colsl = sig[n]
         nq, nc = len(inner.tuples), len(colsl.tuples)
-        rq, c = np.divmod(np.unique(np.concatenate(parts)), nc)
+        rq, c = np.divmod(parts, nc)
         r, q = np.divmod(rq, nq)
         tasks, t_of = np.unique(r * nc + c, return_inverse=True)
         task = []                   # each distinct task's index in ``out``; -1: an alias

@@ -99,14 +99,6 @@ def per_task(ta, ranks) -> list:
     return [flat[s:e] for s, e in zip(ta.start[:-1].tolist(), ta.start[1:].tolist())]
 
 
-def mode_where(ta, mode: str, owners: tuple) -> list:
-    """``_plan``'s ``where`` of ``mode`` (the rank of each product of each task), from the
-    owners (functions of A, B, C) of the one operand that stays."""
-    x = MODES.index(mode)
-    keys, ids = (ta.a_keys, ta.b_keys, ta.out)[x], (ta.a, ta.b, ta.task)[x]
-    return per_task(ta, np.array([owners[x](k) for k in keys], dtype=np.int64)[ids])
-
-
 def held(table, ids, at, nranks: int) -> np.ndarray:
     """Elements of block ``ids[i]`` that rank ``at[i]`` holds, from ``table`` (index, rank,
     elements) of its pieces."""
