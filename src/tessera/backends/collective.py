@@ -208,6 +208,16 @@ def owned_views(me: int, items) -> dict:
     return out
 
 
+def involves(ga, key, part, dest: int, me: int) -> bool:
+    """Whether ``exchange`` of the item (``ga``, ``key``, ``dest``, ``part``) sends from or
+    delivers to rank ``me`` (an item that does not may be left out of ``me``'s list)."""
+    if dest == me:
+        return True
+    if ga.pieces > 1:
+        return bool((ga.piece_runs(key, part, me).owner == me).any())
+    return ga.owner(key) == me
+
+
 def _encode(eid: int, key: tuple, part) -> list:
     """One request as integers: array id, key length, key, the part's length (0: the whole
     block), then its (axis, lo, hi) triples."""
@@ -280,7 +290,8 @@ class CollectiveExecutor(DistributedExecutor):
             raise InputError(f"mpi-collective: stationary={stationary!r}; expected one of {', '.join(STATIONARY)} "
                              "(auto: per contraction, by cost; never: always the grid)")
         self.stationary = stationary
-        self._modes: dict = {}        # contraction -> (mode, SUMMA's grid, where each product runs)
+        self._modes: dict = {}        # contraction -> (mode, SUMMA's grid, this rank's products)
+        self._own: dict = {}          # a step's structure -> what this rank sends, receives or computes
         self.cc = CollectiveComm(self.world, layers)
         if self.variant == "2.5d" and layers == 1:
             log.info("mpi-collective 2.5d on %d rank(s): one layer (no replication; the same steps as summa)",
@@ -297,6 +308,7 @@ class CollectiveExecutor(DistributedExecutor):
         if not self.closed:
             self.cc.free()
             self._modes.clear()
+            self._own.clear()
         super().close()
 
     def _kept(self, t, key, need, empty) -> tuple:
@@ -388,17 +400,14 @@ class CollectiveExecutor(DistributedExecutor):
             return
         out, me = step.out.tensor, self.cc.rank
         a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
-        items, ditems, homes = [], [], []
-        for okey in out.stored_keys():          # canonical blocks only for a canonical output
-            dest = out.dist.owner(okey)
-            akey, dkey = add_source(step, okey)
-            if akey is None:
-                continue
-            homes.append((okey, dest, akey, dkey))
-            items.append((a.dist.ga, akey, dest))
-            if d is not None:
-                ditems.append((d.dist.ga, dkey, dest))
-        blocks = self._exchange([(a, items)] + ([(d, ditems)] if d is not None else []))
+        key = ("add", out.dist.ga.eid, a.dist.ga.eid, d.dist.ga.eid if d is not None else None, step.pairs,
+               tuple(step.perms["a"]), tuple(step.perms["d"]) if d is not None else None)
+        if key not in self._own:
+            self._own[key] = self._add_homes(step)
+        homes = self._own[key]
+        items = [(a.dist.ga, akey, dest) for _, dest, akey, _ in homes]
+        ditems = [(d.dist.ga, dkey, dest) for _, dest, _, dkey in homes] if d is not None else []
+        blocks = self._exchange([(a, items)] + ([(d, ditems)] if d is not None else []), key)
         t0 = time.perf_counter()
         send, expect = [[] for _ in range(self.cc.size)], [[] for _ in range(self.cc.size)]
         for okey, home, akey, dkey in homes:
@@ -413,6 +422,24 @@ class CollectiveExecutor(DistributedExecutor):
         self.compute_seconds += time.perf_counter() - t0
         if out.pieced:
             self.compute_seconds += _add_partials(self.cc, step.scale, send, expect)
+
+    def _add_homes(self, step) -> list:
+        """[(output key, its home, A key, divisor key)] of an ``add`` step that this rank
+        computes, sends a source block (piece) for, or keeps a piece of, in the output's
+        stored order (one walk of every output block, once per step structure: each
+        iteration then walks these only)."""
+        out, me = step.out.tensor, self.cc.rank
+        a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
+        homes = []
+        for okey in out.stored_keys():          # canonical blocks only for a canonical output
+            dest = out.dist.owner(okey)
+            akey, dkey = add_source(step, okey)
+            if akey is None:
+                continue
+            if (involves(a.dist.ga, akey, None, dest, me) or (d is not None and involves(d.dist.ga, dkey, None, dest, me))
+                    or (out.pieced and bool((out.dist.ga.piece_runs(okey, rank=me).owner == me).any()))):
+                homes.append((okey, dest, akey, dkey))
+        return homes
 
     def hadamard_step(self, step) -> None:
         out, me = step.out.tensor, self.cc.rank
@@ -524,14 +551,11 @@ class CollectiveExecutor(DistributedExecutor):
         kept_a, keep_a = self._kept(A, ("a", layout_key), lay["a_strip_bytes"], [])
         kept_b, keep_b = self._kept(B, ("b", layout_key), lay["b_strip_bytes"], [])
         # (1) blocks (or parts: a cut inner tuple) to their homes, one each, in the layer
-        # of their inner unit (not for an operand whose panels were kept)
-        items = [] if kept_a is not None else \
-            [(A.dist.ga, akey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
-             for akey, part, hl, hr, hc in lay["a_homes"]]
-        if kept_b is None:
-            items += [(B.dist.ga, bkey, cc.grid_rank(hr, hc, hl), *([part] if part else []))
-                      for bkey, part, hl, hr, hc in lay["b_homes"]]
-        home = exchange(cc, items) if items else {}
+        # of their inner unit (not for an operand whose panels were kept); a rank lists the
+        # items it sends or receives (``_summa_own``)
+        own = self._summa_own(step, lay, layout_key)
+        items = ([] if kept_a is not None else own["a"]) + ([] if kept_b is not None else own["b"])
+        home = exchange(cc, items) if kept_a is None or kept_b is None else {}
         # (2) this layer's panels: A along grid rows, B along grid columns
         nsec = len(sig)
         active = lay["active"]
@@ -572,20 +596,45 @@ class CollectiveExecutor(DistributedExecutor):
                 deliver(C, okey, blk.reshape(rows.shapes[r] + cols.shapes[c]).transpose(pc_), step.scale,
                         send, cc.rank)
         compute += time.perf_counter() - c0
-        for n, (_, rows, inner, cols) in enumerate(sig):
+        for okey, src in own["expect"]:
+            expect_from(C, okey, src, expect, cc.rank)
+        self.compute_seconds += compute + _add_partials(cc, step.scale, send, expect)
+
+    def _summa_own(self, step, lay, layout_key) -> dict:
+        """This rank's share of a SUMMA contraction's lists, made once per layout and
+        operands (one walk of every home item and grid cell) and walked every iteration:
+        ``a``, ``b``: the home items it sends or receives (``involves``); ``expect``: (output
+        key, grid rank) of the partial blocks it receives, in the order they are sent."""
+        cc, me = self.cc, self.cc.rank
+        A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
+        key = ("summa", layout_key, A.dist.ga.eid, B.dist.ga.eid, C.dist.ga.eid, step.perms["c"])
+        if key in self._own:
+            return self._own[key]
+        own = {}
+        for x, t in (("a", A), ("b", B)):
+            ga = t.dist.ga
+            own[x] = [(ga, bkey, dest, *([part] if part else []))
+                      for bkey, part, hl, hr, hc in lay[f"{x}_homes"]
+                      if involves(ga, bkey, part, dest := cc.grid_rank(hr, hc, hl), me)]
+        own["expect"] = []
+        ga = C.dist.ga
+        for n, (_, rows, inner, cols) in enumerate(layout_key[0]):
             for gl in range(cc.layers):
-                if not active[n][gl]:
+                if not lay["active"][n][gl]:
                     continue
                 for gr in range(cc.pr):
                     for gc in range(cc.pc):
                         src = cc.grid_rank(gr, gc, gl)
-                        if src == cc.rank:
+                        if src == me:
                             continue
                         for r, c, _, _ in lay["out"][n][gr][gc]:
-                            okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
-                            if okey not in C.aliases:
-                                expect_from(C, okey, src, expect, cc.rank)
-        self.compute_seconds += compute + _add_partials(cc, step.scale, send, expect)
+                            okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in step.perms["c"])
+                            if okey not in C.aliases and (
+                                    bool((ga.piece_runs(okey, rank=me).owner == me).any()) if ga.pieces > 1
+                                    else ga.owner(okey) == me):
+                                own["expect"].append((okey, src))
+        self._own[key] = own
+        return own
 
     def _panel(self, kept, keep, p: int, size: int, root: int, axis: str, pack):
         """Panel ``p`` of an operand on this rank: the one ``kept`` from an earlier iteration
