@@ -9,7 +9,7 @@ import pytest
 
 from tessera import BlockTensor, IndexSpace
 from tessera.backends import auto, balance
-from tessera.backends.collective import _decode, _encode
+from tessera.backends.exchange import _decode, _encode
 from tessera.backends.summa_layout import choose_grid, grid_score, summa_layout
 from tessera.backends.context import PlanningContext
 from tessera.backends.onesided import BATCHES_PER_RANK, cached_batches

@@ -45,7 +45,7 @@ import numpy as np
 
 import tessera as ts
 from tessera import BlockTensor, IndexSpace
-from tessera.backends.collective import exchange
+from tessera.backends.exchange import exchange
 from tessera.backends.context import Context
 from tessera.backends.distributed import FrozenCache
 from tessera.backends.tasks import part_slice
