@@ -17,8 +17,9 @@ tasks or output blocks its loops visit. Two paths:
   output rectangle, an ``add`` step's every output block;
 - ``own``: what the executor walks now: a stationary contraction's ``own_products.own_tasks``
   (made once, from the blocks the rank holds), SUMMA's and an add step's items that the
-  rank sends, receives or keeps (``_summa_own``, ``_add_homes``: listed once per step
-  structure from a walk of everything, a part of a block counted here as its block's).
+  rank sends, receives or keeps (SUMMA's ``_summa_own``: listed once per layout from a
+  walk of everything, a part of a block counted here as its block's; an add step's
+  ``_add_homes``: found once from the blocks the rank holds).
 
 Per path: ``once s``, the lists made once per run (process CPU), and per step kind the
 steps, items walked and seconds of one iteration's walk (best of ``--repeat``).
@@ -41,7 +42,7 @@ from tessera.backends import stationary  # noqa: E402
 from tessera.backends.own_products import own_tasks  # noqa: E402
 from tessera.backends.summa_layout import summa_layout  # noqa: E402
 from tessera.chem.ccsd import CCSDStructure  # noqa: E402
-from tessera.plan.blocktasks import add_source, contraction_tasks, task_arrays  # noqa: E402
+from tessera.plan.blocktasks import add_source, contraction_tasks, pair_outputs, task_arrays  # noqa: E402
 
 
 def operands(step, sim) -> tuple:
@@ -88,19 +89,23 @@ def summa_items(step, sim, grid, me: int, path: str, cache: dict) -> list:
 
 def add_items(step, sim, me: int, path: str, cache: dict) -> list:
     """(source tensor, A key, home) of an add step's output blocks; ``own``: those rank
-    ``me`` computes, sends a source for or keeps a piece of (``_add_homes``)."""
+    ``me`` computes, keeps a piece of, or feeds from a block it holds, found from the
+    blocks it holds (``_add_homes``)."""
     a, out = sim[id(step.inputs[0].tensor)], sim[id(step.out.tensor)]
-    d = sim[id(step.divisor.tensor)] if step.divisor is not None else None
+    if path == "all":
+        keys = step.out.tensor.stored_keys()
+    else:
+        found = set(held_by(sim, step.out.tensor, me, cache))
+        for r, perm in ((step.inputs[0], step.perms["a"]), (step.divisor, step.perms.get("d"))):
+            if r is not None:
+                for key in held_by(sim, r.tensor, me, cache):
+                    found.update(pair_outputs(step, key) if step.pairs else [tuple(key[p] for p in perm)])
+        keys = [k for k in sorted(found) if step.out.tensor.is_allowed(k) and k not in step.out.tensor.aliases]
     items = []
-    for okey in step.out.tensor.stored_keys():
-        akey, dkey = add_source(step, okey)
-        if akey is None:
-            continue
-        dest = out.dist.owner(okey)
-        if (path == "all" or dest == me or akey in held_by(sim, a.tensor, me, cache)
-                or (d is not None and dkey in held_by(sim, d.tensor, me, cache))
-                or okey in held_by(sim, out.tensor, me, cache)):
-            items.append((a, akey, dest))
+    for okey in keys:
+        akey = add_source(step, okey)[0]
+        if akey is not None:
+            items.append((a, akey, out.dist.owner(okey)))
     return items
 
 

@@ -104,7 +104,7 @@ def test_own_tasks_are_the_whole_lists_products_of_each_rank(nranks, least):
         ops = step_bytes.operands(cache, step, nranks)
         ta = task_arrays(step)
         held = [held_keys(cache, t, nranks) for t in ops.tensors]
-        read = [[set(rank_choice._read_keys(t, h)) for h in hs] for t, hs in zip(ops.tensors[:2], held[:2])]
+        read = [[set(rank_choice.read_keys(t, h)) for h in hs] for t, hs in zip(ops.tensors[:2], held[:2])]
         sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
         perms = (step.perms["a"], step.perms["b"], step.perms["c"])
         plans = stationary.stationary_scores(ta, ops.owners, nranks, pieces=ops.tables(ta))[1]

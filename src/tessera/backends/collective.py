@@ -51,11 +51,12 @@ from tessera.backends import rank_choice, stationary
 from tessera.backends.exchange import (add_partials, deliver, exchange, expect_from, involves, owned_views,
                                        request_exchange)
 from tessera.backends.own_products import own_tasks
+from tessera.backends.rank_choice import read_keys
 from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Share
 from tessera.backends.summa_layout import summa_layout
 from tessera.errors import InputError
-from tessera.plan.blocktasks import add_source, hadamard_outputs, source_block
+from tessera.plan.blocktasks import add_source, hadamard_outputs, pair_outputs, source_block
 from tessera.runtime.distribution import default_layers, grid_shape
 
 log = logging.getLogger("tessera.backends")
@@ -118,6 +119,11 @@ class CollectiveComm:
             cg.free()
         self._grids = {}
         self.row_group = self.col_group = None
+
+
+def held_keys(ga) -> set:
+    """The stored keys whose block this rank is home of or holds a piece of."""
+    return set(ga.home_keys()) | {k for k, _, _ in ga.local_pieces()}
 
 
 class CollectiveExecutor(DistributedExecutor):
@@ -277,20 +283,24 @@ class CollectiveExecutor(DistributedExecutor):
 
     def _add_homes(self, step) -> list:
         """[(output key, its home, A key, divisor key)] of an ``add`` step that this rank
-        computes, sends a source block (piece) for, or keeps a piece of, in the output's
-        stored order (one walk of every output block, once per step structure: each
-        iteration then walks these only)."""
-        out, me = step.out.tensor, self.cc.rank
-        a, d = step.inputs[0].tensor, step.divisor.tensor if step.divisor is not None else None
+        computes (home), keeps a piece of, or sends a source block (piece) for, in key
+        order, from the blocks it holds alone (once per step structure): its output
+        blocks, and the outputs each A or divisor block it holds feeds (``pair_outputs``;
+        read by an alias too)."""
+        out = step.out.tensor
+        sources = [(step.inputs[0].tensor, step.perms["a"])]
+        if step.divisor is not None:
+            sources.append((step.divisor.tensor, step.perms["d"]))
+        found = held_keys(out.dist.ga)
+        for t, perm in sources:
+            for key in read_keys(t, held_keys(t.dist.ga)):
+                found.update(pair_outputs(step, key) if step.pairs else [tuple(key[p] for p in perm)])
         homes = []
-        for okey in out.stored_keys():          # canonical blocks only for a canonical output
-            dest = out.dist.owner(okey)
-            akey, dkey = add_source(step, okey)
-            if akey is None:
-                continue
-            if (involves(a.dist.ga, akey, None, dest, me) or (d is not None and involves(d.dist.ga, dkey, None, dest, me))
-                    or (out.pieced and bool((out.dist.ga.piece_runs(okey, rank=me).owner == me).any()))):
-                homes.append((okey, dest, akey, dkey))
+        for okey in sorted(found):
+            if out.is_allowed(okey) and okey not in out.aliases:     # canonical blocks only
+                akey, dkey = add_source(step, okey)
+                if akey is not None:
+                    homes.append((okey, out.dist.owner(okey), akey, dkey))
         return homes
 
     def hadamard_step(self, step) -> None:
@@ -339,7 +349,7 @@ class CollectiveExecutor(DistributedExecutor):
         ops = stationary.Operands((A, B, C), (A.dist.owner, B.dist.owner, C.dist.owner),
                                   tuple(t.dist.ga.piece_table if t.pieced else None for t in (A, B, C)))
         moved_once = [x for x, t in (("a", A), ("b", B)) if t.constant]
-        held = tuple(set(t.dist.ga.home_keys()) | {k for k, _, _ in t.dist.ga.local_pieces()} for t in (A, B, C))
+        held = tuple(held_keys(t.dist.ga) for t in (A, B, C))
         if self.stationary in stationary.MODES:      # forced: nothing to weigh (no grid is used)
             mode, grid = self.stationary, (*self.cc.default, layers)
         else:                                        # ``never``: SUMMA's shapes only

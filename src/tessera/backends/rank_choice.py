@@ -72,7 +72,7 @@ def _sector_index(sig, key, nl: int, layouts: tuple) -> tuple | None:
     return None
 
 
-def _read_keys(t, stored) -> list:
+def read_keys(t, stored) -> list:
     """``stored`` keys of tensor ``t`` and their aliases (the keys a step may read them by)."""
     out = []
     for k in stored:
@@ -92,7 +92,7 @@ def product_codes(sig, perms: tuple, ops, held: tuple) -> list:
     nl = len(pa) - nk
     codes = [[] for _ in sig]            # per sector: (r * nq + q) * nc + c
     for t, stored, perm, split, axes in ((A, held[0], pa, nl, (0, 1)), (B, held[1], pb, nk, (1, 2))):
-        for key in _read_keys(t, stored):
+        for key in read_keys(t, stored):
             found = _sector_index(sig, tuple(key[p] for p in perm), split, axes)
             if found is None:
                 continue
