@@ -304,19 +304,21 @@ class CollectiveExecutor(DistributedExecutor):
         return homes
 
     def hadamard_step(self, step) -> None:
+        """out[okey] += scale * sum of A x B (elementwise, ``hadamard_outputs``) on the
+        home of every output block; a rank walks only its share (``_hadamard_own``)."""
         out, me = step.out.tensor, self.cc.rank
         a, b = step.inputs[0].tensor, step.inputs[1].tensor
-        pairs = hadamard_outputs(step)
         ga_a, ga_b = a.dist.ga, b.dist.ga
-        blocks = self._exchange([(a, [(ga_a, ka, out.dist.owner(ok)) for ok, v in pairs.items() for ka, _ in v]),
-                                 (b, [(ga_b, kb, out.dist.owner(ok)) for ok, v in pairs.items() for _, kb in v])])
+        key = ("hadamard", out.dist.ga.eid, ga_a.eid, ga_b.eid, step.perms["einsum"])
+        if key not in self._own:
+            self._own[key] = self._hadamard_own(step)
+        pairs = self._own[key]
+        blocks = self._exchange([(a, [(ga_a, ka, home) for _, home, v in pairs for ka, _ in v]),
+                                 (b, [(ga_b, kb, home) for _, home, v in pairs for _, kb in v])], key)
         t0 = time.perf_counter()
         send, expect = [[] for _ in range(self.cc.size)], [[] for _ in range(self.cc.size)]
         expr = step.perms["einsum"]
-        for okey, plist in pairs.items():
-            if not plist:
-                continue
-            home = out.dist.owner(okey)
+        for okey, home, plist in pairs:
             if home != me:
                 if out.pieced:
                     expect_from(out, okey, home, expect, me)
@@ -326,6 +328,21 @@ class CollectiveExecutor(DistributedExecutor):
         self.compute_seconds += time.perf_counter() - t0
         if out.pieced:
             self.compute_seconds += add_partials(self.cc, step.scale, send, expect)
+
+    def _hadamard_own(self, step) -> list:
+        """[(output key, its home, [(A key, B key)])] of a Hadamard step that this rank
+        computes, keeps a piece of, or sends an A or B block (piece) for, in step order
+        (one walk of every output block, once per step structure)."""
+        out, me = step.out.tensor, self.cc.rank
+        ga_a, ga_b, held_out = step.inputs[0].tensor.dist.ga, step.inputs[1].tensor.dist.ga, held_keys(out.dist.ga)
+        own = []
+        for okey, plist in hadamard_outputs(step).items():
+            home = out.dist.owner(okey)
+            if plist and (home == me or okey in held_out
+                          or any(involves(ga_a, ka, None, home, me) or involves(ga_b, kb, None, home, me)
+                                 for ka, kb in plist)):
+                own.append((okey, home, plist))
+        return own
 
     # ---------------------------------------------------------------- SUMMA / 2.5D
     def _mode(self, step, sig) -> tuple:
