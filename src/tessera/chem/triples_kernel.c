@@ -28,6 +28,16 @@
 
 static inline long lmin(long x, long y) { return x < y ? x : y; }
 
+/* The sweeps' orbit loops run on short unit-stride rows: with AVX2 and FMA (x86-64-v3) the
+ * compiler vectorises them four wide, a third of their instructions (callgrind, v = 75).
+ * GCC >= 11 on x86-64 builds that clone beside the baseline one and picks it at load
+ * (ifunc); elsewhere the baseline alone. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define SWEEP_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SWEEP_CLONES
+#endif
+
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -84,24 +94,26 @@ long tessera_t3_dense_scratch(long nv)
 }
 
 /* dst[x][y][z] = src[x sx + y sy + z sz], x < nx, y < ny, z < nz, dst DTILE^3 row-major;
- * the loop whose source stride is 1 innermost. */
+ * the loop whose source stride is 1 innermost.  On a diagonal tile pair only what the
+ * orbits a >= b >= c read: y <= x when eq_xy, z <= y when eq_yz (39% fewer copies at
+ * v = 75). */
 static void gather(double *restrict dst, const double *restrict src, long sx, long sy, long sz,
-                   long nx, long ny, long nz)
+                   long nx, long ny, long nz, int eq_xy, int eq_yz)
 {
-#define GATHER(O, NO, M, NM, I, NI, DO, DM, DI, SO, SM)                                    \
-    for (long O = 0; O < NO; O++)                                                        \
-        for (long M = 0; M < NM; M++) {                                                  \
+#define GATHER(O, O0, O1, M, M0, M1, I, I0, I1, DO, DM, DI, SO, SM)                          \
+    for (long O = (O0); O < (O1); O++)                                                   \
+        for (long M = (M0); M < (M1); M++) {                                             \
             double *d = dst + O * DO + M * DM;                                           \
             const double *s = src + O * SO + M * SM;                                     \
-            for (long I = 0; I < NI; I++) d[I * DI] = s[I];                              \
+            for (long I = (I0); I < (I1); I++) d[I * DI] = s[I];                         \
         }
     const long dx = DTILE * DTILE, dy = DTILE, dz = 1;
     if (sz == 1) {
-        GATHER(x, nx, y, ny, z, nz, dx, dy, dz, sx, sy)
+        GATHER(x, 0, nx, y, 0, eq_xy ? x + 1 : ny, z, 0, eq_yz ? y + 1 : nz, dx, dy, dz, sx, sy)
     } else if (sy == 1) {
-        GATHER(x, nx, z, nz, y, ny, dx, dz, dy, sx, sz)
+        GATHER(x, 0, nx, z, 0, nz, y, eq_yz ? z : 0, eq_xy ? lmin(x + 1, ny) : ny, dx, dz, dy, sx, sz)
     } else {
-        GATHER(y, ny, z, nz, x, nx, dy, dz, dx, sy, sz)
+        GATHER(y, 0, ny, z, 0, eq_yz ? lmin(y + 1, nz) : nz, x, eq_xy ? y : 0, nx, dy, dz, dx, sy, sz)
     }
 #undef GATHER
 }
@@ -179,6 +191,7 @@ static void zero_rows(double *x, long nr, long ld, long n)
  * is read at slab a as A[a, b, :] and at slab b as B[a, b, :], so its rows (a, b) and (b, a),
  * b <= a, are zeroed after slab a; B shared with C alone (j == k) is read as B[:, a, :] and
  * C[:, a, :] at slab a only, zeroed after it. */
+SWEEP_CLONES
 static double dense_energy(long nv, long ld, double *A, double *B, double *C, const double *ev, double eijk,
                            const double *t1i, const double *t1j, const double *t1k,
                            const double *Pjk, const double *Pik, const double *Pij, double *scratch, int clear)
@@ -237,7 +250,7 @@ static double dense_energy(long nv, long ld, double *A, double *B, double *C, co
         const long na = lmin(DTILE, nv - ta), nb = lmin(DTILE, nv - tb), nc = lmin(DTILE, nv - tc);
         for (int q = 0; q < 4; q++)
             gather(L + q * DT3, W + ta * gs[q][0] + tb * gs[q][1] + tc * gs[q][2], gs[q][0], gs[q][1], gs[q][2],
-                   na, nb, nc);
+                   na, nb, nc, ta == tb, tb == tc);
         const double *const Lp[6] = {W + ta * n2 + tb * nv + tc, L, W + tb * n2 + ta * nv + tc, L + DT3,
                                      L + 2 * DT3, L + 3 * DT3};
         energy += tile_energy(nv, ta, na, tb, nb, tc, nc, Lp, sa, sb, sc, ev, eijk, t1i, t1j, t1k,
@@ -347,6 +360,7 @@ static void form_w(long G, const int64_t *tab, const double *const base[3][8], d
 /* sum_abc W r3(W + V) / D of one triple from its packed layouts, base[l][g_s] the block of
  * single irrep g_s of layout l (a, b pair-swapped, c); P[3] the rows (jb|kc), (ia|kc),
  * (ia|jb) made dense [nv, nv] and T[3] their transposes (dense_pairs); W ntrip[G] doubles. */
+SWEEP_CLONES
 static double sweep_packed(long G, const int64_t *tab, const double *const base[3][8], long nv,
                            const double *ev, double eijk,
                            const double *t1i, const double *t1j, const double *t1k,
