@@ -52,7 +52,7 @@ from tessera.errors import InputError, ShapeError
 
 __all__ = ["TriplesResult", "triples_correction", "NIRREP", "SOURCES", "irrep_ranges",
            "default_occ_tile", "check_occ_tile", "VirtualLayout", "RowSlab",
-           "SwappedRows", "KernelInputs", "TripleKernel"]
+           "SwappedRows", "KernelInputs", "KernelPool", "TripleKernel"]
 
 _log = logging.getLogger(__name__)
 NIRREP = 8                        # irrep labels are bits of D2h and its subgroups
@@ -361,6 +361,14 @@ class KernelInputs:
 
 
 # --------------------------------------------------------------------------- kernel
+class KernelPool(list):
+    """One thread's kernel buffers (:meth:`TripleKernel.pool_sizes`, in order), kept across
+    its tasks; ``zeroed``: the first, the batch buffer, is all zero, as the compiled C1 batch
+    (``triples_native.batch_dense``) needs it and leaves it."""
+
+    zeroed = False
+
+
 class TripleKernel:
     """E(T) contributions of the orbital triples of one task (all of total irrep G).
 
@@ -382,6 +390,7 @@ class TripleKernel:
         self.dense = self.maps["dense"]
         self.compiled = self.dense and inp.native_rows is not None and lay.c1     # batch_dense
         self.batch = batch                 # the batch new_pool(lay, batch) sized ``pool`` for
+        self.pool = pool
         self.buf = pool[:-1]
         self.lbuf = pool[-1]
         self.irr, self.rel = inp.irrep, inp.rel
@@ -419,9 +428,9 @@ class TripleKernel:
         return [3 * batch * ntrip] + [ntrip] * 3 + [packed_scratch_size(len(lay.irrep), ntrip)] + [2 * left[0]]
 
     @staticmethod
-    def new_pool(lay: VirtualLayout, batch: int = 1) -> list:
+    def new_pool(lay: VirtualLayout, batch: int = 1) -> KernelPool:
         """The buffers of :meth:`pool_sizes`, kept by a thread (new pages are slow)."""
-        return [np.empty(n) for n in TripleKernel.pool_sizes(lay, batch)]
+        return KernelPool(np.empty(n) for n in TripleKernel.pool_sizes(lay, batch))
 
     def tile_energy(self, I, J, K) -> float:
         """Weighted E(T) (with the 1/3) of the orbital triples i >= j >= k, i in range(*I),
@@ -591,9 +600,13 @@ class TripleKernel:
         (``triples_native.batch_dense``: its GEMMs shared over layouts and k)."""
         nv, nk = self.nvir, len(ks)
         if self.compiled:
+            if not self.pool.zeroed:          # a new pool, or another path's batch was in it
+                self.buf[0].fill(0.0)
+                self.pool.zeroed = True
             e, flops = batch_dense(i, j, ks[0], nk, self.inp, self._ev, self.buf[0], self.lbuf, self.buf[1])
             self.flops += flops
             return e
+        self.pool.zeroed = False
         A, B, C = (self.buf[0][s * nk * nv ** 3:(s + 1) * nk * nv ** 3].reshape(nk, nv, nv, nv) for s in range(3))
 
         def single(out, os_, ot, ks, ou=None):
@@ -626,6 +639,7 @@ class TripleKernel:
         pair-swapped (j; i, k), slot 2: layout c (k; i, j), so the b and c terms whose right
         operand is i's are one GEMM (N doubled)."""
         nk, n, blocks = len(ks), int(self.inp.lay.ntrip[self.G]), self.maps["blocks"]
+        self.pool.zeroed = False
         if self.inp.native_rows is not None:     # fused operands: the whole batch in one call
             e, flops = batch_packed(self.G, i, j, ks[0], nk, self.inp, self._ev,
                                     self.buf[0], self.lbuf, self.buf[4])

@@ -22,7 +22,7 @@ __all__ = ["require", "dense_scratch_size", "packed_scratch_size", "energy_dense
            "batch_packed", "batch_dense", "block_w", "block_energy"]
 
 _MODULE = "tessera.chem._triples_kernel"
-_ABI = 8            # tessera_abi_version() of triples_kernel.c whose argument lists these are
+_ABI = 9            # tessera_abi_version() of triples_kernel.c whose argument lists these are
 _ptr = ctypes.c_void_p
 
 
@@ -165,7 +165,8 @@ def batch_dense(i: int, j: int, k0: int, nk: int, inp, ev, B, lbuf, scratch) -> 
     """(sum over k in k0..k0+nk-1 of the energy of energy_dense, GEMM flops) of one batch
     (i, j, ks) of ``TripleKernel`` with one virtual irrep (C1) on the fused operands
     (``inp.native_rows``): its GEMMs and sweeps in one call; ``B`` the batch buffer
-    (3 nk v^3), ``lbuf`` the stacked left operands (2 nk v (v + o)), ``scratch``
+    (3 nk v^3), all zero on entry and left so (the sweeps zero what they read, the GEMMs
+    accumulate), ``lbuf`` the stacked left operands (2 nk v (v + o)), ``scratch``
     ``dense_scratch_size(v)`` doubles."""
     nocc, nv = len(inp.irrep), ev.size
     nk3, nleft, ns = 3 * nk * nv ** 3, 2 * nk * nv * (nv + nocc), dense_scratch_size(nv)
