@@ -273,7 +273,7 @@ def test_collective_estimate_waits_for_the_busiest_rank_and_charges_each_exchang
     panel along each grid line) and one per other step; the seconds grow by that count per
     second of ``t_exchange`` (``t_coll`` enters only through the other steps' barriers)."""
     from tessera.backends import stationary
-    from tessera.backends.auto import LOCAL_COSTS, estimate, structure_stats
+    from tessera.backends.auto import estimate, run_costs, structure_stats
     from tessera.backends.machine import Machine
     rng = np.random.default_rng(7)
     structure = CCSDStructure(np.sort(rng.integers(0, 2, 20)), 4, 0, distributed=True)
@@ -289,14 +289,14 @@ def test_collective_estimate_waits_for_the_busiest_rank_and_charges_each_exchang
         ta = st["tasks"]
         mean += float(2 * ta.m[ta.task] * ta.k @ ta.n[ta.task]) / 2
     assert busiest >= mean > 0
-    rate = 5e9
-    base = estimate(s, 2, "mpi-collective", "summa", rate, {**LOCAL_COSTS, "t_exchange": 0.0})
+    rate, costs = 5e9, run_costs(2)
+    base = estimate(s, 2, "mpi-collective", "summa", rate, {**costs, "t_exchange": 0.0})
     assert base["compute"] == pytest.approx(busiest / rate)
-    slow = estimate(s, 2, "mpi-collective", "summa", rate, {**LOCAL_COSTS, "t_exchange": 1e-3, "t_coll": 0.0})
+    slow = estimate(s, 2, "mpi-collective", "summa", rate, {**costs, "t_exchange": 1e-3, "t_coll": 0.0})
     assert slow["collectives"] == exchanges
     assert slow["seconds"] - base["seconds"] == pytest.approx(
-        exchanges * 1e-3 - s["other_steps"] * 3 * LOCAL_COSTS["t_coll"])
-    assert LOCAL_COSTS["t_exchange"] == Machine.calibrated().exchange_seconds > 0
+        exchanges * 1e-3 - s["other_steps"] * 3 * costs["t_coll"])
+    assert costs["t_exchange"] == Machine.calibrated().exchange_seconds > 0
 
 
 def test_auto_runs_the_water_monomer_on_mpi_onesided_at_2_ranks():

@@ -22,7 +22,10 @@ rank's flops as the executor places the products (``collective_traffic``'s
 ``exchange_seconds``, measured by ``bench/calibrate_machine.py``: a water cc-pVDZ
 iteration's wall over its ~140 exchanges on 2 ranks, the latency, the wait for the later
 rank and the executor's work around each; 0.5 ms idle against ~50 us for one alltoallv
-alone, docs/distributed.md),
+alone, docs/distributed.md), and on P ranks ``exchange_peer_seconds`` more per rank past
+the second (an all-to-all sends a message to every other rank); a collective call costs
+``t_coll`` at 2 ranks and ``barrier_log2_seconds`` more per round past the first of a
+barrier's ceil(log2 P) (both measured by the same script, ``Machine.on``),
 
 with the gets, accumulates and bytes the loop order implies (one per piece of a block
 stored in pieces: T2 and the integral classes where they have too few blocks for the
@@ -88,6 +91,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -111,10 +115,7 @@ log = logging.getLogger(__name__)
 T_TASK = 25e-6        # s of Python and numpy overhead per block product
 T_GET = 15e-6         # s per one-sided get (issue + wait)
 T_ACC = 20e-6         # s per one-sided accumulate (MPI_Accumulate + flush)
-T_COLL = 60e-6        # s per collective call (latency, a few ranks on one node)
-# s per exchange of mpi-collective as a CCSD iteration meets it: its latency, the wait for
-# the later rank and the work around it (measured, ``machine.json``'s ``exchange_seconds``)
-T_EXCHANGE = Machine.calibrated().exchange_seconds
+T_COLL = 60e-6        # s per collective call (latency, 2 ranks on one node; more ranks, ``run_costs``)
 BANDWIDTH = 2.0e9     # bytes/s moved per rank (shared memory copies)
 TILES = (48, 32, 24, 16, 12, 8)     # tried from large to small ...
 MAX_PRODUCTS = 60000                # ... down to the first with more block products per iteration
@@ -426,25 +427,22 @@ def kept_share(frozen_bytes: float, limit: int = FROZEN_CACHE_BYTES) -> float:
     return 1.0 if frozen_bytes <= limit else limit / frozen_bytes
 
 
-LOCAL_COSTS = {"t_task": T_TASK, "t_get": T_GET, "t_acc": T_ACC, "t_coll": T_COLL, "t_exchange": T_EXCHANGE,
-               "bandwidth": BANDWIDTH}
-
-
 def run_costs(nranks: int, ranks_per_node: int | None = None) -> dict:
-    """The per-operation constants of a run: LOCAL_COSTS within a node and, when the
-    ranks span nodes (``ranks_per_node`` < ``nranks``), the network between them by the
-    formulas ``tessera plan --ranks`` uses (``backends.machine.Machine.on``, default
-    network)."""
-    node = Machine(gemm_flops_per_second=0.0, task_seconds=T_TASK, get_seconds=T_GET, acc_seconds=T_ACC,
-                   collective_seconds=T_COLL, copy_bytes_per_second=BANDWIDTH, exchange_seconds=T_EXCHANGE)
+    """The per-operation constants of a run on ``nranks`` ranks (``Machine.on``): within a
+    node the typical figures above (T_TASK, T_GET, T_ACC, T_COLL, BANDWIDTH) with the
+    calibration's exchange and how an exchange and a barrier grow with the ranks
+    (``machine.json``, read when first asked, ``Machine.calibrated``); when the ranks span
+    nodes (``ranks_per_node`` < ``nranks``) the network between them, default network."""
+    node = replace(Machine.calibrated(), task_seconds=T_TASK, get_seconds=T_GET, acc_seconds=T_ACC,
+                   collective_seconds=T_COLL, copy_bytes_per_second=BANDWIDTH)
     return node.on(nranks, ranks_per_node or nranks)
 
 
 def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, costs: dict | None = None) -> dict:
     """Estimated seconds per CCSD iteration, what moves and the memory, per rank (see
-    module docstring). ``costs``: the per-operation constants (LOCAL_COSTS, ranks on one
-    node, by default; ``backends.machine.Machine.on`` for ranks spread over nodes)."""
-    c_ = LOCAL_COSTS if costs is None else costs
+    module docstring). ``costs``: the per-operation constants (default ``run_costs``: the
+    ranks on one node; ``backends.machine.Machine.on`` for ranks spread over nodes)."""
+    c_ = run_costs(nranks) if costs is None else costs
     T_TASK, T_GET, T_ACC, T_COLL, T_EXCHANGE, BANDWIDTH = (c_[k] for k in ("t_task", "t_get", "t_acc", "t_coll",
                                                                           "t_exchange", "bandwidth"))
     P = nranks

@@ -152,7 +152,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
             "executors": executors,
             "machine": {**{k: getattr(machine, k) for k in ("gemm_flops_per_second", "task_seconds",
                         "get_seconds", "acc_seconds", "collective_seconds", "exchange_seconds",
-                        "copy_bytes_per_second", "triples_task_seconds", "network_bandwidth", "network_latency")}, "measured": machine.measured,
+                        "exchange_peer_seconds", "barrier_log2_seconds", "copy_bytes_per_second", "triples_task_seconds", "network_bandwidth", "network_latency")}, "measured": machine.measured,
                         "per_operation": {k: v for k, v in costs.items() if k != "nodes"}}}
 
 
