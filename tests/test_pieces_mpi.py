@@ -196,6 +196,21 @@ def test_collective_frozen_operand_past_the_cache_is_the_models(model_run):
     assert bound0["model"] > kept["model"], model_run["frozen"]
 
 
+def test_collective_frozen_input_of_a_sum_is_the_models(model_run):
+    """mpi-collective's sums that read a frozen tensor (D; a division T / D into a pieced
+    output, and a transposed copy of D into whole blocks), run a second time (what every later iteration
+    moves): the most bytes a rank's all-to-all counters record equal the model's
+    (``auto.collective_traffic``'s ``other_bytes``) with the frozen cache at its default
+    bound (D kept: its blocks not sent again, ``CollectiveExecutor._exchange``) and at
+    0 MiB (D sent again). The model counted a frozen input of a sum every iteration
+    before, the 0 MiB figure at any bound."""
+    for name, run in model_run["frozen_sums"].items():
+        kept, bound0 = run["512"], run["0"]
+        for got in (kept, bound0):
+            assert max(got["counted"]) == got["model"], (name, run)
+        assert bound0["model"] > kept["model"], (name, run)
+
+
 def test_collective_frozen_cache_keeps_part_of_a_cyclic_scan(model_run):
     """Three contractions, each with its own frozen operand, run in the same order three
     times (as CCSD's iterations) with the frozen cache bounded below what the three keep:

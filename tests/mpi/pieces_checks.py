@@ -429,6 +429,16 @@ def model_bytes(world) -> dict:
                                        "model": [float(x) for x in model]}
     out["frozen"] = frozen_bytes(world, tensors, contract, planned)
 
+    def with_y(fill):
+        t = tensors(fill)
+        t["Y"] = BlockTensor(oovv, 0, name="Y", placement="balanced")
+        return t
+
+    def copy_frozen(t):
+        t["Y"]["ijab"] = t["D"]["ijba"]
+    out["frozen_sums"] = {"divide": frozen_sum_bytes(world, tensors, divide, planned),
+                          "copy": frozen_sum_bytes(world, with_y, copy_frozen, planned)}
+
     def cycled(fill):
         """T, three frozen matrices M0..M2 and an output for each (``cyclic_frozen_bytes``)."""
         t = tensors(fill)
@@ -479,6 +489,36 @@ def frozen_bytes(world, tensors, contract, planned) -> dict:
         s = structure_stats(lambda *_: run, 0, 0, world.size)
         out[str(limit_mb)] = {"counted": world.allgather(int(row.sum() - row[world.rank])),
                               "model": collective_traffic(s, world.size, "summa", limit_mb << 20)["bytes_per_rank"]}
+    return out
+
+
+def frozen_sum_bytes(world, tensors, eq, planned) -> dict:
+    """mpi-collective running ``eq``, a sum that reads D frozen, twice: per rank the bytes
+    the all-to-all counters record in the second run (what every later iteration moves),
+    with the executor's frozen cache at its default bound (D kept) and at 0 MiB (D sent
+    again); the model's busiest rank (``auto.collective_traffic``'s ``other_bytes`` at the
+    same bound)."""
+    from tessera.backends.auto import collective_traffic, structure_stats
+    from tessera.backends.dist_base import DEFAULT_CACHE_MB
+
+    def frozen(fill):
+        t = tensors(fill)
+        t["D"].freeze()
+        return t
+    run = SimpleNamespace(plans=[SimpleNamespace(steps=planned(eq, frozen))], tensors=[], tiles={})
+    s = structure_stats(lambda *_: run, 0, 0, world.size)
+    out = {}
+    for limit_mb in (DEFAULT_CACHE_MB, 0):
+        with Context("mpi-collective", variant="summa") as ctx:
+            ctx.executor.frozen.limit = limit_mb << 20
+            t = frozen(True)
+            for _ in range(2):
+                snap = world.comm_log.snapshot()
+                with ts.equations():
+                    eq(t)
+            row = world.comm_log.row(world.size, ("alltoallv", "bcast_row", "bcast_col"), since=snap)
+        out[str(limit_mb)] = {"counted": world.allgather(int(row.sum() - row[world.rank])),
+                              "model": collective_traffic(s, world.size, "summa", limit_mb << 20)["other_bytes"]}
     return out
 
 

@@ -41,7 +41,8 @@ in pieces as they move; on the grid rank by rank, ``stationary.summa_recv``), th
 rank's bytes, and per sum or Hadamard product the busiest rank's bytes as the executor
 moves them (``backends.step_bytes``, which gives any step's bytes per rank: what a rank
 receives on mpi-collective, what its gets and accumulates, or gets and puts under
-``owner``, move on mpi-onesided); variant ``2.5d`` on a pr x pc x c grid: panels broadcast
+``owner``, move on mpi-onesided; on mpi-collective a frozen input's only while its
+frozen cache keeps it, ``frozen_resent``); variant ``2.5d`` on a pr x pc x c grid: panels broadcast
 within a layer's smaller grid, c partial outputs to the owners). Exact where the
 executor's moves follow from structure (every mpi-collective step, mpi-onesided's sums
 and Hadamard products, and the contractions of variant ``owner``, a static deal by
@@ -166,8 +167,9 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
          "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0,
          # one-sided operations on mpi-onesided, one per piece of a block stored in pieces
          "get_ops": 0, "acc_ops": 0, "inv_get_ops": 0, "product_acc_ops": 0, "distinct_ops": 0,
-         # sums and Hadamard products: per step the busiest rank's bytes, summed
-         "collective_other_bytes": 0.0, "onesided_other_bytes": 0.0, "owner_other_bytes": 0.0}
+         # sums and Hadamard products: per step the busiest rank's bytes, summed (mpi-onesided);
+         # per step each rank's bytes and its frozen reads' (mpi-collective, ``collective_traffic``)
+         "collective_others": [], "onesided_other_bytes": 0.0, "owner_other_bytes": 0.0}
     owners = {"least": least_pieces}     # id(tensor) -> owner function, pieces, on nranks ranks
     if owner and block_tasks:
         s["owner"] = {**dict.fromkeys(("flops", "gets", "bytes", "thawed_gets", "thawed_bytes", "all_gets",
@@ -187,12 +189,19 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
                 s["other_steps"] += 1
                 if block_tasks and nranks > 1:
                     # (before the contraction of this index: the order the frozen cache sees)
-                    s["frozen_reads"] += [(len(s["collective_steps"]), *entry)
-                                          for entry in frozen_reads(step, nranks, owners)]
+                    reads = frozen_reads(step, nranks, owners)
+                    first = len(s["frozen_reads"])
+                    s["frozen_reads"] += [(len(s["collective_steps"]), *entry) for entry in reads]
                     moves = owner_step_moves(step, nranks, owners)
-                    for key, executor in (("collective_other_bytes", "mpi-collective"),
-                                          ("onesided_other_bytes", "mpi-onesided"), ("owner_other_bytes", "owner")):
+                    for key, executor in (("onesided_other_bytes", "mpi-onesided"), ("owner_other_bytes", "owner")):
                         s[key] += float(moved_bytes(moves, nranks, executor).max())
+                    # mpi-collective: each rank's bytes, and per frozen input (its entries in
+                    # ``frozen_reads``) what each rank receives of it
+                    frozen = {}
+                    for n, (t, *_) in enumerate(reads, first):
+                        frozen.setdefault(id(t), ([], moves[0][id(t)]))[0].append(n)
+                    s["collective_others"].append((moved_bytes(moves, nranks, "mpi-collective"),
+                                                   list(frozen.values())))
                 continue
             s["contract_steps"] += 1
             if "owner" in s:
@@ -286,7 +295,9 @@ def collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int = F
     (``backends.stationary.choose``, owner maps as a run places the blocks; frozen operands
     moved once where the executor keeps them). ``bytes_per_rank``: per contraction the bytes
     the busiest rank receives, summed; ``bcast_bytes_per_rank``: of which panels of the
-    contractions run on the grid; ``modes``: contractions per mode; ``busiest_flops``: per
+    contractions run on the grid; ``other_bytes``: per sum or Hadamard product the busiest
+    rank's bytes, summed (``step_bytes.owner_step_recv``), a frozen input's not counted
+    while the frozen cache keeps it; ``modes``: contractions per mode; ``busiest_flops``: per
     contraction the flops of its busiest rank as the executor places them, summed;
     ``exchanges``: all-to-alls and broadcasts (a stationary contraction 2, one on the grid 2
     and one per panel along each grid line, 2 max(pr, pc)); ``working_bytes`` per
@@ -323,7 +334,13 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
             mode, grid, scores, items = "summa", (1, 1, c), None, None
         # the grid's items kept only where a frozen operand resent is counted again on the grid
         chosen.append((st, grid, mode, scores, items if mode == "summa" and st["moved_once"] else None))
-    resent, kept_bytes = frozen_resent(chosen, nranks, frozen_bytes, s["frozen_reads"]) if nranks > 1 else (set(), 0)
+    resent, resent_reads, kept_bytes = frozen_resent(chosen, nranks, frozen_bytes, s["frozen_reads"]) \
+        if nranks > 1 else (set(), set(), 0)
+    # sums and Hadamard products: per step the busiest rank's bytes, less a frozen input's
+    # while the frozen cache keeps every entry of it (``CollectiveExecutor._exchange``)
+    other = sum(float((recv - sum((part for entries, part in frozen if not resent_reads.intersection(entries)),
+                                  np.zeros(nranks))).max(initial=0))
+                for recv, frozen in s["collective_others"])
     moved = bcast = work = busiest = 0.0
     modes: dict = {}
     exchanges = 0
@@ -350,13 +367,14 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
             # the first iteration receives the frozen operands too
             first = stationary.score(st["stationary"][nranks][1][mode])["recv_bytes"] if nranks > 1 else 0.0
             work = max(work, 2 * first + out / nranks)
-    return {"grid": (pr, pc, c), "bytes_per_rank": moved, "bcast_bytes_per_rank": bcast,
+    return {"grid": (pr, pc, c), "bytes_per_rank": moved, "other_bytes": other, "bcast_bytes_per_rank": bcast,
             "working_bytes": work + kept_bytes, "modes": modes, "busiest_flops": busiest, "exchanges": exchanges}
 
 
 def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES, others=()) -> tuple:
     """(contraction, operand) of the frozen operands mpi-collective sends again in every
-    iteration, and the bytes its frozen cache then holds (a rank's working memory): its
+    iteration, the indices into ``others`` of the frozen reads of sums it sends again, and
+    the bytes its frozen cache then holds (a rank's working memory): its
     ``FrozenCache`` of ``limit`` bytes, played over two iterations (the second's misses),
     keeps what a contraction's frozen operand sent (on the grid its panels, under the grid
     shape's layout key, the bytes the fullest strip holds, ``summa_layout``'s
@@ -365,8 +383,8 @@ def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES, ot
     ``CollectiveExecutor._exchange``) when it fits beside what it holds. ``chosen``: (step,
     grid, mode, ...) per contraction in order; ``others``: the frozen inputs of sums and
     Hadamard products, (index of the contraction they precede, tensor, key, bytes),
-    ``step_bytes.frozen_reads``: they take the cache's room in their turn (the model counts
-    their reads every iteration)."""
+    ``step_bytes.frozen_reads``: they take the cache's room in their turn, and are not sent
+    again while kept."""
     from tessera.backends.distributed import FrozenCache
     from tessera.backends.summa_layout import summa_layout
     entries = []
@@ -380,17 +398,20 @@ def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES, ot
                 key = ("in", st["sig"], *st["perms"], st["perm_c"], mode, x)     # its items
                 need = int(st["stationary"][nranks][1][mode]["asked"][x].max(initial=0))
             entries.append((n, x, t, key, need))
-    # a sum's entries before the contraction they precede (a stable sort keeps each list's order)
-    entries = sorted([(n, None, t, key, need) for n, t, key, need in others] + entries,
-                     key=lambda e: (e[0], e[1] is not None))
-    cache, resent = FrozenCache(limit), set()
+    # a sum's entries (x: its index in ``others``) before the contraction they precede (a
+    # stable sort keeps each list's order)
+    entries = sorted([(n, j, t, key, need) for j, (n, t, key, need) in enumerate(others)] + entries,
+                     key=lambda e: (e[0], isinstance(e[1], str)))
+    cache, resent, resent_reads = FrozenCache(limit), set(), set()
     for iteration in (1, 2):
         for n, x, t, key, need in entries:
             if cache.get(t, key) is None:
-                if iteration == 2 and x is not None:
+                if iteration == 2 and isinstance(x, str):
                     resent.add((n, x))
+                elif iteration == 2:
+                    resent_reads.add(x)
                 cache.put(t, key, True, need)
-    return resent, cache.bytes
+    return resent, resent_reads, cache.bytes
 
 
 def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None) -> dict:
@@ -458,7 +479,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         # an iteration (``T_EXCHANGE``: the latency, the wait for the later rank, the work around it)
         compute = tr["busiest_flops"] / rate
         coll = tr["exchanges"] + s["other_steps"]
-        moved = tr["bytes_per_rank"] + s["collective_other_bytes"]
+        moved = tr["bytes_per_rank"] + tr["other_bytes"]
         seconds = compute + overhead + coll * T_EXCHANGE + moved / BANDWIDTH
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
                 "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes_per_rank"], "layers": c,
