@@ -3,7 +3,7 @@
     .venv/bin/python bench/calibrate_machine.py [--out src/tessera/backends/machine.json]
 
 Writes (what ``tessera.backends.machine.Machine.calibrated`` reads):
-  gemm_flops_per_second  single-thread DGEMM, 256^3 (best of five; backends.auto.gemm_rate)
+  gemm_flops_per_second  single-thread DGEMM, 256^3 (best of five; backends.cost_model.gemm_rate)
   task_seconds           Python work per block product of a contraction on the one-sided
                          executor (1 rank, loop order original): (wall - flops / gemm
                          rate) / block products, for a contraction of many small blocks
@@ -55,7 +55,7 @@ def task_seconds() -> None:
     from threadpoolctl import threadpool_limits
 
     import tessera as ts
-    from tessera.backends.auto import gemm_rate
+    from tessera.backends.cost_model import gemm_rate
     from tessera.backends.context import Context
     from tessera.tensor.block_tensor import BlockTensor
     from tessera.tensor.space import IndexSpace
@@ -268,7 +268,7 @@ def main(argv=None) -> None:
         out = {**json.loads(Path(args.out).read_text()), **triples}
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
         return print(json.dumps(out, indent=1))
-    from tessera.backends.auto import gemm_rate
+    from tessera.backends.cost_model import gemm_rate
     rate = gemm_rate()
     lat = mpi_json([str(REPO / "bench" / "runtime_kernels.py"), "latency"])["rows"]
     at = {(r["op"], r["bytes"]): r["seconds"] for r in lat}

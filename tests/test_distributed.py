@@ -10,7 +10,8 @@ import pytest
 
 import tessera as ts
 from tessera import BlockTensor, IndexSpace
-from tessera.backends.auto import decide, grid_of, render
+from tessera.backends.auto import decide, render
+from tessera.backends.collective_model import grid_of
 from tessera.backends.registry import check_options
 from tessera.chem.ccsd import CCSDStructure
 from tessera.backends.collective import CollectiveExecutor
@@ -233,7 +234,7 @@ def test_cost_model_per_contraction_and_memory(monkeypatch):
     broadcasts only where some run on the grid (on 16 ranks some do).
     A candidate over the memory budget is not chosen unless asked for, and --plan-only's
     table shows the layers and the memory estimate."""
-    from tessera.backends.auto import structure_stats
+    from tessera.backends.iteration_counts import structure_stats
     rng = np.random.default_rng(4)
     orbsym = np.sort(rng.integers(0, 4, 30))
     structure = CCSDStructure(orbsym, 8, 0)
@@ -273,7 +274,8 @@ def test_collective_estimate_waits_for_the_busiest_rank_and_charges_each_exchang
     panel along each grid line) and one per other step; the seconds grow by that count per
     second of ``t_exchange`` (``t_coll`` enters only through the other steps' barriers)."""
     from tessera.backends import stationary
-    from tessera.backends.auto import estimate, run_costs, structure_stats
+    from tessera.backends.cost_model import estimate, run_costs
+    from tessera.backends.iteration_counts import structure_stats
     from tessera.backends.machine import Machine
     rng = np.random.default_rng(7)
     structure = CCSDStructure(np.sort(rng.integers(0, 2, 20)), 4, 0, distributed=True)

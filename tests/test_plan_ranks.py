@@ -160,8 +160,8 @@ def test_machine_json_is_read_when_first_asked():
     ``run_costs`` reads it, once per process."""
     import subprocess
     import sys
-    code = ("from tessera.backends import machine; from tessera.backends import auto; "
-            "n0 = machine._node.cache_info().currsize; auto.run_costs(4); auto.run_costs(8); "
+    code = ("from tessera.backends import machine; from tessera.backends import auto, cost_model; "
+            "n0 = machine._node.cache_info().currsize; cost_model.run_costs(4); cost_model.run_costs(8); "
             "info = machine._node.cache_info(); print(n0, info.currsize, info.misses)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "1", "1"], out
@@ -787,7 +787,8 @@ def test_triples_whole_rows_task_tile_from_the_budget():
 def test_auto_puts_the_network_between_nodes():
     """``auto`` decides with the formulas ``plan --ranks`` uses: on one node its local
     constants, across nodes the network between them (``Machine.on``)."""
-    from tessera.backends.auto import BANDWIDTH, T_COLL, T_GET, decide, run_costs
+    from tessera.backends.auto import decide
+    from tessera.backends.cost_model import BANDWIDTH, T_COLL, T_GET, run_costs
     from tessera.backends.machine import NETWORK_BANDWIDTH, NETWORK_LATENCY
     from tessera.chem.ccsd import CCSDStructure
     m = Machine.calibrated()
@@ -813,7 +814,8 @@ def test_collective_memory_counts_the_integrals_in_pieces():
     """Both MPI executors store the integral classes and T2 in pieces where they have too
     few blocks: the memory a candidate needs per rank counts them so on either. Water
     cc-pVDZ at 64 ranks, tiles 48/48: a few blocks per class, spread by the pieces."""
-    from tessera.backends.auto import memory_parts, structure_stats
+    from tessera.backends.cost_model import memory_parts
+    from tessera.backends.iteration_counts import structure_stats
     orbsym, nocc = orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)
     s = structure_stats(CCSDStructure(orbsym, nocc, 0, distributed=True), 48, 48, 64)
     one, coll = memory_parts(s, 64, "mpi-onesided", "original"), memory_parts(s, 64, "mpi-collective", "summa")

@@ -466,8 +466,9 @@ def frozen_bytes(world, tensors, contract, planned) -> dict:
     all-to-all and broadcast counters record in a second run of the contraction (what
     every later iteration moves), with the executor's frozen cache at its default bound
     and at 0 MiB (nothing is kept), and the model's busiest rank
-    (``auto.collective_traffic`` at the same bound)."""
-    from tessera.backends.auto import collective_traffic, structure_stats
+    (``collective_model.collective_traffic`` at the same bound)."""
+    from tessera.backends.collective_model import collective_traffic
+    from tessera.backends.iteration_counts import structure_stats
     from tessera.backends.dist_base import DEFAULT_CACHE_MB
 
     def frozen(fill):
@@ -496,9 +497,10 @@ def frozen_sum_bytes(world, tensors, eq, planned) -> dict:
     """mpi-collective running ``eq``, a sum that reads D frozen, twice: per rank the bytes
     the all-to-all counters record in the second run (what every later iteration moves),
     with the executor's frozen cache at its default bound (D kept) and at 0 MiB (D sent
-    again); the model's busiest rank (``auto.collective_traffic``'s ``other_bytes`` at the
+    again); the model's busiest rank (``collective_model.collective_traffic``'s ``other_bytes`` at the
     same bound)."""
-    from tessera.backends.auto import collective_traffic, structure_stats
+    from tessera.backends.collective_model import collective_traffic
+    from tessera.backends.iteration_counts import structure_stats
     from tessera.backends.dist_base import DEFAULT_CACHE_MB
 
     def frozen(fill):
@@ -577,8 +579,9 @@ def cyclic_frozen_bytes(world, cycled, planned) -> dict:
     the default bound): per contraction of the third run the most bytes a rank's all-to-all
     and broadcast counters record, summed, with the cache keeping what it holds when full
     and with least recently used out; the model's busiest rank per contraction, summed
-    (``auto.collective_traffic`` at the bound), and the bound."""
-    from tessera.backends.auto import collective_traffic, structure_stats
+    (``collective_model.collective_traffic`` at the bound), and the bound."""
+    from tessera.backends.collective_model import collective_traffic
+    from tessera.backends.iteration_counts import structure_stats
 
     def contraction(t, n):
         t[f"Z{n}"]["ijab"] = t["T"]["ijcb"] * t[f"M{n}"]["ca"]
@@ -620,8 +623,8 @@ def held_bytes(world) -> dict:
     and its kin, C1, 5 occupied and 7 virtual orbitals, tile 3) made on mpi-onesided under
     the run's TESSERA_PIECES: each rank's bytes of each (``local_nbytes``), the cost
     model's per rank (``balance.loads``) and the memory estimate's stored bytes of the
-    fullest rank (``auto.structure_stats``: T2 and the integrals) against the ranks'."""
-    from tessera.backends.auto import structure_stats
+    fullest rank (``iteration_counts.structure_stats``: T2 and the integrals) against the ranks'."""
+    from tessera.backends.iteration_counts import structure_stats
     from tessera.backends.balance import loads
     from tessera.chem.ccsd import CCSDStructure
     structure = CCSDStructure(np.zeros(12, int), 5, distributed=True)

@@ -10,7 +10,7 @@ Python work per distributed (T) task, measured apart, ``triples_task_measured``)
 where, when and under what load they were measured. The network is not measurable from one machine: its bandwidth per node and
 latency are options (``tessera plan --network-bandwidth --network-latency``, defaults
 NETWORK_BANDWIDTH and NETWORK_LATENCY: a 100 Gb/s link, 2 us). ``Machine.on(P, rpn)``
-gives the constants ``backends.auto.estimate`` uses for P ranks, ``rpn`` per node:
+gives the constants ``backends.cost_model.estimate`` uses for P ranks, ``rpn`` per node:
 
   t_get, t_acc   node's value + f_off x latency (f_off: share of the other ranks on other nodes)
   t_coll         node's value (2 ranks) + barrier_log2_seconds x (ceil(log2 P) - 1) + latency
@@ -63,7 +63,7 @@ class Machine:
         return replace(_node(str(path)), **network)
 
     def on(self, nranks: int, ranks_per_node: int) -> dict:
-        """The per-operation constants of ``backends.auto.estimate`` for ``nranks`` ranks
+        """The per-operation constants of ``backends.cost_model.estimate`` for ``nranks`` ranks
         placed ``ranks_per_node`` to a node (module docstring)."""
         rpn = max(1, min(ranks_per_node, nranks))
         nodes = -(-nranks // rpn)

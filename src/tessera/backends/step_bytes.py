@@ -1,4 +1,4 @@
-"""What the MPI executors move per step, from structure alone (for the cost model, ``auto``).
+"""What the MPI executors move per step, from structure alone (for the cost model, ``cost_model``).
 
 Where a run puts a tensor's blocks on P ranks (``owner_function``: a block's owner or, in
 pieces, its home; ``pieces_per_block``; ``piece_rows``: the rank and elements of every
@@ -156,7 +156,7 @@ def owner_step_moves(step, nranks: int, cache: dict) -> tuple:
     output pieces a home sends to the other pieces' owners). An input block (or an alias of it) goes to
     a home once (``exchange``, ``fetch_blocks``); an ``add`` between tensors in the same
     pieces, read in the same order, moves nothing (``rank_local``). ``cache``:
-    ``auto.structure_stats``' cache (made once per tensor)."""
+    ``iteration_counts.structure_stats``' cache (made once per tensor)."""
     out = step.out.tensor
     recv = {}
     none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
