@@ -271,9 +271,11 @@ def test_collective_estimate_waits_for_the_busiest_rank_and_charges_each_exchang
     Hand check on 2 ranks: the busiest-rank flops per contraction from ``stationary.choose``
     as the executor calls it, at least the mean rank's; the exchanges as the executor makes
     them (a stationary contraction 2 all-to-alls, one on the grid 2 and a broadcast per
-    panel along each grid line) and one per other step; the seconds grow by that count per
+    panel along each grid line) and the other steps' (``other_exchanges``, tested against
+    the counters in tests/test_pieces_mpi.py); the seconds grow by that count per
     second of ``t_exchange`` (``t_coll`` enters only through the other steps' barriers)."""
     from tessera.backends import stationary
+    from tessera.backends.collective_model import collective_traffic
     from tessera.backends.cost_model import estimate, run_costs
     from tessera.backends.iteration_counts import structure_stats
     from tessera.backends.machine import Machine
@@ -281,7 +283,8 @@ def test_collective_estimate_waits_for_the_busiest_rank_and_charges_each_exchang
     structure = CCSDStructure(np.sort(rng.integers(0, 2, 20)), 4, 0, distributed=True)
     s = structure_stats(structure, 6, 6, 2)
     busiest = mean = 0.0
-    exchanges = s["other_steps"]
+    exchanges = collective_traffic(s, 2, "summa")["other_exchanges"]
+    assert 0 < exchanges
     for st in s["collective_steps"]:
         pa, pb = st["perms"]
         mode, grid, scores, _ = stationary.choose(st["tasks"], st["sig"], (pa, pb, st["perm_c"]), 1,

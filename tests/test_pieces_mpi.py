@@ -203,12 +203,17 @@ def test_collective_frozen_input_of_a_sum_is_the_models(model_run):
     (``collective_model.collective_traffic``'s ``other_bytes``) with the frozen cache at its default
     bound (D kept: its blocks not sent again, ``CollectiveExecutor._exchange``) and at
     0 MiB (D sent again). The model counted a frozen input of a sum every iteration
-    before, the 0 MiB figure at any bound."""
+    before, the 0 MiB figure at any bound. The all-to-alls each rank's counters record
+    equal the model's (``other_exchanges``: one of the inputs unless every input is kept,
+    one of partial outputs to a pieced output): the division 2 at either bound, the copy
+    none while D is kept and 1 at 0 MiB (the model charged one per step before)."""
     for name, run in model_run["frozen_sums"].items():
         kept, bound0 = run["512"], run["0"]
         for got in (kept, bound0):
             assert max(got["counted"]) == got["model"], (name, run)
+            assert got["ops"] == [got["model_ops"]] * 2, (name, run)
         assert bound0["model"] > kept["model"], (name, run)
+    assert model_run["frozen_sums"]["copy"]["512"]["model_ops"] == 0 < model_run["frozen_sums"]["copy"]["0"]["model_ops"]
 
 
 def test_collective_frozen_cache_keeps_part_of_a_cyclic_scan(model_run):

@@ -467,7 +467,9 @@ def frozen_second_run(world, make, eq, planned, name: str, part: str) -> dict:
     run (what every later iteration moves), with the executor's frozen cache at its default
     bound and at 0 MiB (nothing is kept), and the model's busiest rank
     (``collective_model.collective_traffic``'s ``part`` at the same bound:
-    ``bytes_per_rank`` of contractions, ``other_bytes`` of sums)."""
+    ``bytes_per_rank`` of contractions, ``other_bytes`` of sums); the all-to-alls and
+    broadcasts this rank's counters record in that run (``ops``) and the model's
+    (``exchanges`` of contractions + ``other_exchanges`` of sums)."""
     from tessera.backends.collective_model import collective_traffic
     from tessera.backends.iteration_counts import structure_stats
     from tessera.backends.dist_base import DEFAULT_CACHE_MB
@@ -488,8 +490,11 @@ def frozen_second_run(world, make, eq, planned, name: str, part: str) -> dict:
                 with ts.equations():
                     eq(t)
             row = world.comm_log.row(world.size, ("alltoallv", "bcast_row", "bcast_col"), since=snap)
-        out[str(limit_mb)] = {"counted": world.allgather(int(row.sum() - row[world.rank])),
-                              "model": collective_traffic(s, world.size, "summa", limit_mb << 20)[part]}
+            ops = sum(t.count for op, t in world.comm_log.totals(since=snap).items()
+                      if op in ("alltoallv", "bcast_row", "bcast_col"))
+        tr = collective_traffic(s, world.size, "summa", limit_mb << 20)
+        out[str(limit_mb)] = {"counted": world.allgather(int(row.sum() - row[world.rank])), "model": tr[part],
+                              "ops": world.allgather(ops), "model_ops": tr["exchanges"] + tr["other_exchanges"]}
     return out
 
 

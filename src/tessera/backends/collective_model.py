@@ -31,7 +31,7 @@ def collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int = F
     the busiest rank receives, summed; ``bcast_bytes_per_rank``: of which panels of the
     contractions run on the grid; ``other_bytes``: per sum or Hadamard product the busiest
     rank's bytes, summed (``step_bytes.owner_step_recv``), a frozen input's not counted
-    while the frozen cache keeps it; ``modes``: contractions per mode; ``busiest_flops``: per
+    while the frozen cache keeps it; ``other_exchanges``: their all-to-alls; ``modes``: contractions per mode; ``busiest_flops``: per
     contraction the flops of its busiest rank as the executor places them, summed;
     ``exchanges``: all-to-alls and broadcasts (a stationary contraction 2, one on the grid 2
     and one per panel along each grid line, 2 max(pr, pc)); ``working_bytes`` per
@@ -71,10 +71,14 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
     resent, resent_reads, kept_bytes = frozen_resent(chosen, nranks, frozen_bytes, s["frozen_reads"]) \
         if nranks > 1 else (set(), set(), 0)
     # sums and Hadamard products: per step the busiest rank's bytes, less a frozen input's
-    # while the frozen cache keeps every entry of it (``CollectiveExecutor._exchange``)
-    other = sum(float((recv - sum((part for entries, part in frozen if not resent_reads.intersection(entries)),
-                                  np.zeros(nranks))).max(initial=0))
-                for recv, frozen in s["collective_others"])
+    # while the frozen cache keeps every entry of it (``CollectiveExecutor._exchange``); an
+    # all-to-all of the inputs unless every input is kept (none for a step that moves
+    # nothing, ``rank_local``, or a zero), and one of partial outputs to an output in pieces
+    other, other_exchanges = 0.0, 0
+    for recv, frozen, thawed, pieced in s["collective_others"]:
+        kept = [part for entries, part in frozen if not resent_reads.intersection(entries)]
+        other += float((recv - sum(kept, np.zeros(nranks))).max(initial=0))
+        other_exchanges += int(thawed or len(kept) < len(frozen)) + int(pieced)
     moved = bcast = work = busiest = 0.0
     modes: dict = {}
     exchanges = 0
@@ -101,7 +105,8 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
             # the first iteration receives the frozen operands too
             first = stationary.score(st["stationary"][nranks][1][mode])["recv_bytes"] if nranks > 1 else 0.0
             work = max(work, 2 * first + out / nranks)
-    return {"grid": (pr, pc, c), "bytes_per_rank": moved, "other_bytes": other, "bcast_bytes_per_rank": bcast,
+    return {"grid": (pr, pc, c), "bytes_per_rank": moved, "other_bytes": other, "other_exchanges": other_exchanges,
+            "bcast_bytes_per_rank": bcast,
             "working_bytes": work + kept_bytes, "modes": modes, "busiest_flops": busiest, "exchanges": exchanges}
 
 

@@ -165,7 +165,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         # places the products, does; each all-to-all or broadcast costs what one does inside
         # an iteration (``T_EXCHANGE``: the latency, the wait for the later rank, the work around it)
         compute = tr["busiest_flops"] / rate
-        coll = tr["exchanges"] + s["other_steps"]
+        coll = tr["exchanges"] + tr["other_exchanges"]
         moved = tr["bytes_per_rank"] + tr["other_bytes"]
         seconds = compute + overhead + coll * T_EXCHANGE + moved / BANDWIDTH
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,

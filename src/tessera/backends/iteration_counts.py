@@ -75,13 +75,16 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
                     moves = owner_step_moves(step, nranks, owners)
                     for key, executor in (("onesided_other_bytes", "mpi-onesided"), ("owner_other_bytes", "owner")):
                         s[key] += float(moved_bytes(moves, nranks, executor).max())
-                    # mpi-collective: each rank's bytes, and per frozen input (its entries in
-                    # ``frozen_reads``) what each rank receives of it
+                    # mpi-collective: each rank's bytes, per frozen input (its entries in
+                    # ``frozen_reads``) what each rank receives of it, whether it reads any
+                    # other input and whether it has an output in pieces (``collective_traffic``)
                     frozen = {}
                     for n, (t, *_) in enumerate(reads, first):
                         frozen.setdefault(id(t), ([], moves[0][id(t)]))[0].append(n)
                     s["collective_others"].append((moved_bytes(moves, nranks, "mpi-collective"),
-                                                   list(frozen.values())))
+                                                   list(frozen.values()), any(k not in frozen for k in moves[0]),
+                                                   bool(moves[0]) and pieces_per_block(owners, step.out.tensor,
+                                                                                       nranks) > 1))
                 continue
             s["contract_steps"] += 1
             if "owner" in s:
