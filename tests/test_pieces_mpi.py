@@ -188,11 +188,13 @@ def test_collective_frozen_operand_past_the_cache_is_the_models(model_run):
     later iteration moves): the most bytes a rank's all-to-all and broadcast counters record
     equal the model's busiest rank (``collective_model.collective_traffic``) with the executor's frozen
     cache at its default bound (M kept: moved once) and at 0 MiB (nothing kept: M sent
-    again, ``collective_model.frozen_resent``). The model counted a frozen operand as moved once
+    again, ``collective_model.frozen_resent``); so do the all-to-alls and broadcasts
+    (``contraction_exchanges``: 2 and 4 here, the model charged 6 at either bound before). The model counted a frozen operand as moved once
     whatever the bound before: the 0 MiB run's bytes were above it."""
     kept, bound0 = model_run["frozen"]["512"], model_run["frozen"]["0"]
     for run in (kept, bound0):
         assert max(run["counted"]) == run["model"] > 0, model_run["frozen"]
+        assert max(run["ops"]) == run["model_ops"], model_run["frozen"]
     assert bound0["model"] > kept["model"], model_run["frozen"]
 
 

@@ -33,8 +33,7 @@ def collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int = F
     rank's bytes, summed (``step_bytes.owner_step_recv``), a frozen input's not counted
     while the frozen cache keeps it; ``other_exchanges``: their all-to-alls; ``modes``: contractions per mode; ``busiest_flops``: per
     contraction the flops of its busiest rank as the executor places them, summed;
-    ``exchanges``: all-to-alls and broadcasts (a stationary contraction 2, one on the grid 2
-    and one per panel along each grid line, 2 max(pr, pc)); ``working_bytes`` per
+    ``exchanges``: the contractions' all-to-alls and broadcasts (``contraction_exchanges``); ``working_bytes`` per
     rank (largest step: on the grid twice the output rectangle, c times SUMMA's, for the
     GEMMs and the send buffers, the homes twice and one A and one B panel; stationary, the
     blocks received, frozen ones included as the first iteration receives them, and the
@@ -85,10 +84,10 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
     for n, (st, (gr, gc, _), mode, scores, items) in enumerate(chosen):
         a, b, out = st["bytes"]
         modes[mode] = modes.get(mode, 0) + 1
-        exchanges += 2 + 2 * max(gr, gc) if mode == "summa" else 2
         ta = st["tasks"]
         busiest += scores[mode]["flops"] if scores else float(2 * ta.m[ta.task] * ta.k @ ta.n[ta.task])
         kept = tuple(x for x in st["moved_once"] if (n, x) not in resent)
+        exchanges += contraction_exchanges(st, mode, (gr, gc, c), kept)
         if kept != st["moved_once"]:       # a frozen operand the executor sends again every iteration
             pa, pb = st["perms"]
             scores = {mode: stationary.summa_score(st["sig"], (pa, pb, st["perm_c"]), (gr, gc, c), st["operands"],
@@ -108,6 +107,25 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
     return {"grid": (pr, pc, c), "bytes_per_rank": moved, "other_bytes": other, "other_exchanges": other_exchanges,
             "bcast_bytes_per_rank": bcast,
             "working_bytes": work + kept_bytes, "modes": modes, "busiest_flops": busiest, "exchanges": exchanges}
+
+
+def contraction_exchanges(st: dict, mode: str, grid: tuple, kept: tuple) -> int:
+    """All-to-alls and broadcasts the busiest rank makes in contraction ``st`` (a
+    ``structure_stats`` collective step) in ``mode`` on ``grid`` with the frozen operands
+    ``kept`` not sent (``CollectiveExecutor.contract_step``, ``_stationary_step``): the
+    inputs' all-to-all unless both are kept, the partial outputs' all-to-all and, on the
+    grid, per panel A's broadcast along its grid row and B's along its column unless kept,
+    in a line of one rank or empty (``_panel``, ``Group.bcast``)."""
+    from tessera.backends.summa_layout import summa_layout
+    count = int(not {"a", "b"} <= set(kept)) + 1
+    if mode != "summa":
+        return count
+    gr, gc, c = grid
+    lay = summa_layout(st["sig"], *st["perms"], gr, gc, c)
+    sends = [("a" not in kept and gc > 1, lay["a_panel_size"]), ("b" not in kept and gr > 1, lay["b_panel_size"])]
+    return count + max(sum(max(sum(size[p][g] > 0 for p in range(lay["npanel"])) for g in range(len(size[0])))
+                           for sent, size in ((x, sizes[layer]) for x, sizes in sends) if sent)
+                       for layer in range(c))
 
 
 def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES, others=()) -> tuple:
