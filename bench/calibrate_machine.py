@@ -3,7 +3,7 @@
     .venv/bin/python bench/calibrate_machine.py [--out src/tessera/backends/machine.json]
 
 Writes (what ``tessera.backends.machine.Machine.calibrated`` reads):
-  gemm_flops_per_second  single-thread DGEMM, 256^3 (best of five; backends.auto.gemm_rate)
+  gemm_flops_per_second  single-thread DGEMM, 256^3 (best of five; backends.cost_model.gemm_rate)
   task_seconds           Python work per block product of a contraction on the one-sided
                          executor (1 rank, loop order original): (wall - flops / gemm
                          rate) / block products, for a contraction of many small blocks
@@ -18,6 +18,11 @@ Writes (what ``tessera.backends.machine.Machine.calibrated`` reads):
                          --profile`): an iteration's wall over its exchanges (its compute is negligible:
                          the latency, the wait for the later rank and the executor's work around each),
                          median over iterations 4 on; best of three runs
+  exchange_peer_seconds  what one more rank adds to an exchange on P ranks: on 2 ranks (no rank
+                         waits for a core), the slope of an exchange of k messages of 4 KiB each
+                         way (k = 1..16, non-blocking, wait for all) over k; best of three
+  barrier_log2_seconds   a barrier on 2 ranks: one of the ceil(log2 P) rounds of a barrier on P;
+                         ``--scaling-only`` measures both alone and updates ``--out``
   triples_task_seconds   Python work per distributed (T) task (1 rank, mpi-onesided cached, whole
                          rows): water trimer 6-31G, task tile 1 (680 tasks) against task tile 2
                          (120 tasks), the same flops: wall difference / task difference (best of
@@ -50,7 +55,7 @@ def task_seconds() -> None:
     from threadpoolctl import threadpool_limits
 
     import tessera as ts
-    from tessera.backends.auto import gemm_rate
+    from tessera.backends.cost_model import gemm_rate
     from tessera.backends.context import Context
     from tessera.tensor.block_tensor import BlockTensor
     from tessera.tensor.space import IndexSpace
@@ -126,6 +131,66 @@ def collective() -> None:
     world.stop()
 
 
+MESSAGES = (1, 2, 4, 8, 16)     # messages each way per exchange in ``scaling``
+MESSAGE_BYTES = 4096           # bytes per message
+SCALING_CALLS = 500
+
+
+def scaling() -> None:
+    """Under mpiexec -n 2: seconds per exchange of k messages of MESSAGE_BYTES each way
+    (k non-blocking sends to and receives from the other rank, then wait for all), for k
+    in MESSAGES, and per ``World.barrier``: the slowest rank's loop of SCALING_CALLS calls
+    over the calls, best of three loops; as JSON on rank 0."""
+    import numpy as np
+
+    from tessera.runtime import World
+    world = World.get()
+    comm, MPI, peer = world.comm, world._MPI, 1 - world.rank
+    send = np.ones(MESSAGE_BYTES // 8)
+    recv = [np.empty_like(send) for _ in range(max(MESSAGES))]
+
+    def exchange(k):
+        reqs = [comm.Irecv(recv[t], source=peer, tag=t) for t in range(k)]
+        reqs += [comm.Isend(send, dest=peer, tag=t) for t in range(k)]
+        MPI.Request.Waitall(reqs)
+
+    def best(op) -> float:
+        out = 1e9
+        for _ in range(3):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(SCALING_CALLS):
+                op()
+            out = min(out, max(comm.allgather(time.perf_counter() - t0)) / SCALING_CALLS)
+        return out
+    out = {"messages": {k: best(lambda: exchange(k)) for k in MESSAGES}, "barrier": best(world.barrier)}
+    if world.rank == 0:
+        print(json.dumps(out))
+    world.stop()
+
+
+def fit_line(x: list, y: list) -> tuple:
+    """(intercept, slope) of the least-squares line through the points (x, y)."""
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+    return my - slope * mx, slope
+
+
+def scaling_constants() -> dict:
+    """How an exchange and a barrier grow with the ranks, from 2 ranks (no rank waits for a
+    core): ``exchange_peer_seconds``, the slope of an exchange's seconds over its messages
+    each way (``scaling``; an all-to-all among P ranks sends and receives P - 1), and
+    ``barrier_log2_seconds``, a barrier of 2 ranks: one of the log2 P rounds of a
+    dissemination barrier; best of three launches."""
+    runs = [mpi_json([__file__, "--scaling"]) for _ in range(3)]
+    seconds = {k: min(r["messages"][str(k)] for r in runs) for k in MESSAGES}
+    _, peer = fit_line(list(seconds), list(seconds.values()))
+    return {"exchange_peer_seconds": max(0.0, peer), "barrier_log2_seconds": min(r["barrier"] for r in runs),
+            "scaling_measured": f"{time.strftime('%Y-%m-%d')}, load {round(os.getloadavg()[0], 2)}; "
+                                f"exchange of k x {MESSAGE_BYTES} B each way on 2 ranks: " +
+                                ", ".join(f"k={k} {s * 1e6:.1f} us" for k, s in seconds.items())}
+
+
 def exchange_seconds() -> dict:
     """Seconds per exchange (all-to-all or grid broadcast) of mpi-collective inside a CCSD
     iteration of water cc-pVDZ on 2 ranks, tile 48: an iteration's wall over the exchanges
@@ -170,10 +235,13 @@ def main(argv=None) -> None:
     ap.add_argument("--collective", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tasks", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--triples", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--scaling", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--triples-only", action="store_true",
                     help="measure triples_task_seconds alone and update it (with its date and load) in --out")
     ap.add_argument("--exchange-only", action="store_true",
                     help="measure exchange_seconds alone and update it (with its date and load) in --out")
+    ap.add_argument("--scaling-only", action="store_true",
+                    help="measure exchange_peer_seconds and barrier_log2_seconds alone and update them in --out")
     args = ap.parse_args(argv)
     if args.collective:
         return collective()
@@ -181,11 +249,17 @@ def main(argv=None) -> None:
         return task_seconds()
     if args.triples:
         return triples_task_seconds()
+    if args.scaling:
+        return scaling()
     load = round(os.getloadavg()[0], 2)
     if args.exchange_only:
         exchange = {"exchange_seconds": exchange_seconds()["seconds"],
                     "exchange_measured": f"{time.strftime('%Y-%m-%d')}, load {load}"}
         out = {**json.loads(Path(args.out).read_text()), **exchange}
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        return print(json.dumps(out, indent=1))
+    if args.scaling_only:
+        out = {**json.loads(Path(args.out).read_text()), **scaling_constants()}
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
         return print(json.dumps(out, indent=1))
     triples = {"triples_task_seconds": mpi_json([__file__, "--triples"], 1)["seconds"],
@@ -194,7 +268,7 @@ def main(argv=None) -> None:
         out = {**json.loads(Path(args.out).read_text()), **triples}
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
         return print(json.dumps(out, indent=1))
-    from tessera.backends.auto import gemm_rate
+    from tessera.backends.cost_model import gemm_rate
     rate = gemm_rate()
     lat = mpi_json([str(REPO / "bench" / "runtime_kernels.py"), "latency"])["rows"]
     at = {(r["op"], r["bytes"]): r["seconds"] for r in lat}
@@ -202,7 +276,7 @@ def main(argv=None) -> None:
     out = {"gemm_flops_per_second": rate, "task_seconds": mpi_json([__file__, "--tasks"], 1)["seconds"],
            "get_seconds": at[("get", 8192)], "acc_seconds": at[("acc", 8192)],
            "collective_seconds": mpi_json([__file__, "--collective"])["seconds"],
-           "exchange_seconds": exchange_seconds()["seconds"],
+           "exchange_seconds": exchange_seconds()["seconds"], **scaling_constants(),
            "copy_bytes_per_second": big / at[("get", big)], **triples,
            "host": platform.node(), "date": time.strftime("%Y-%m-%d"), "load": round(os.getloadavg()[0], 2),
            "command": "python bench/calibrate_machine.py"}

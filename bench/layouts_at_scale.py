@@ -15,7 +15,7 @@ and the per-rank bytes of each class are summed: max, mean and max/mean per clas
 bytes of rows they read (``chem.memory.triples_parts``, ``chem.triples_tasks.plan_counts``),
 beside what the same budget's tasks by whole occupied rows would read (``row_plan``).
 The bytes each rank moves per CCSD iteration come from the cost model
-(``backends.auto.structure_stats`` and ``estimate``) for each executor and variant, and
+(``backends.iteration_counts.structure_stats`` and ``cost_model.estimate``) for each executor and variant, and
 its memory per rank (``memory_parts``: the stored classes of the fullest rank, what the
 driver holds, the executor's working set); the
 block tasks per rank of the dominant contraction steps and their busiest rank's flops
@@ -46,7 +46,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("TESSERA_BENCH_SRC", str(REPO / "src")))
 
-from tessera.backends.auto import estimate, memory_parts, structure_stats  # noqa: E402
+from tessera.backends.cost_model import estimate, memory_parts  # noqa: E402
+from tessera.backends.iteration_counts import structure_stats  # noqa: E402
 from tessera.chem.ccsd import CCSDStructure  # noqa: E402
 from tessera.chem.integrals import CLASSES, class_tensor, make_spaces  # noqa: E402
 from tessera.cli.plan_ranks import dominant_steps  # noqa: E402
@@ -323,7 +324,7 @@ def main(argv=None) -> None:
         for P, row in rows.items():
             print(f"{P:6d} " + " ".join(f"{b / 2**20:22.1f}" for b in row["bytes_per_rank"].values()))
         print("memory per rank of a CCSD iteration (MiB: stored T2 + integrals of the fullest rank / held / working, "
-              "backends.auto.memory_parts), by executor and variant")
+              "backends.cost_model.memory_parts), by executor and variant")
         for P, row in rows.items():
             print(f"{P:6d} " + " ".join(f"{m['stored'] / 2**20:8.1f}/{m['held'] / 2**20:6.1f}/{m['working'] / 2**20:6.1f}"
                                         for m in row["executor_memory"].values()))

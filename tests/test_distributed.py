@@ -10,7 +10,8 @@ import pytest
 
 import tessera as ts
 from tessera import BlockTensor, IndexSpace
-from tessera.backends.auto import decide, grid_of, render
+from tessera.backends.auto import decide, render
+from tessera.backends.collective_model import grid_of
 from tessera.backends.registry import check_options
 from tessera.chem.ccsd import CCSDStructure
 from tessera.backends.collective import CollectiveExecutor
@@ -233,7 +234,7 @@ def test_cost_model_per_contraction_and_memory(monkeypatch):
     broadcasts only where some run on the grid (on 16 ranks some do).
     A candidate over the memory budget is not chosen unless asked for, and --plan-only's
     table shows the layers and the memory estimate."""
-    from tessera.backends.auto import structure_stats
+    from tessera.backends.iteration_counts import structure_stats
     rng = np.random.default_rng(4)
     orbsym = np.sort(rng.integers(0, 4, 30))
     structure = CCSDStructure(orbsym, 8, 0)
@@ -269,34 +270,45 @@ def test_collective_estimate_waits_for_the_busiest_rank_and_charges_each_exchang
     broadcast costs ``t_exchange`` (measured inside a CCSD iteration, ``machine.json``).
     Hand check on 2 ranks: the busiest-rank flops per contraction from ``stationary.choose``
     as the executor calls it, at least the mean rank's; the exchanges as the executor makes
-    them (a stationary contraction 2 all-to-alls, one on the grid 2 and a broadcast per
-    panel along each grid line) and one per other step; the seconds grow by that count per
+    them (every frozen operand kept at 2 ranks: an all-to-all of the inputs unless both are
+    frozen, one of the partial outputs; on a 2 x 1 or 1 x 2 grid a broadcast per non-empty
+    panel of the operand that travels along the line of 2 ranks, unless frozen) and the
+    other steps' (``other_exchanges``; both tested against the counters in
+    tests/test_pieces_mpi.py); the seconds grow by that count per
     second of ``t_exchange`` (``t_coll`` enters only through the other steps' barriers)."""
     from tessera.backends import stationary
-    from tessera.backends.auto import LOCAL_COSTS, estimate, structure_stats
+    from tessera.backends.collective_model import collective_traffic
+    from tessera.backends.cost_model import estimate, run_costs
+    from tessera.backends.iteration_counts import structure_stats
     from tessera.backends.machine import Machine
+    from tessera.backends.summa_layout import summa_layout
     rng = np.random.default_rng(7)
     structure = CCSDStructure(np.sort(rng.integers(0, 2, 20)), 4, 0, distributed=True)
     s = structure_stats(structure, 6, 6, 2)
     busiest = mean = 0.0
-    exchanges = s["other_steps"]
+    exchanges = collective_traffic(s, 2, "summa")["other_exchanges"]
+    assert 0 < exchanges
     for st in s["collective_steps"]:
         pa, pb = st["perms"]
         mode, grid, scores, _ = stationary.choose(st["tasks"], st["sig"], (pa, pb, st["perm_c"]), 1,
                                                   st["operands"], 2, st["moved_once"])
         busiest += scores[mode]["flops"]
-        exchanges += 2 + 2 * max(grid[:2]) if mode == "summa" else 2
+        exchanges += int(not {"a", "b"} <= set(st["moved_once"])) + 1
+        if mode == "summa":
+            x = "b" if grid[0] == 2 else "a"         # B along a grid column, A along a row
+            sizes = summa_layout(st["sig"], pa, pb, *grid)[f"{x}_panel_size"][0]
+            exchanges += 0 if x in st["moved_once"] else sum(size[0] > 0 for size in sizes)
         ta = st["tasks"]
         mean += float(2 * ta.m[ta.task] * ta.k @ ta.n[ta.task]) / 2
     assert busiest >= mean > 0
-    rate = 5e9
-    base = estimate(s, 2, "mpi-collective", "summa", rate, {**LOCAL_COSTS, "t_exchange": 0.0})
+    rate, costs = 5e9, run_costs(2)
+    base = estimate(s, 2, "mpi-collective", "summa", rate, {**costs, "t_exchange": 0.0})
     assert base["compute"] == pytest.approx(busiest / rate)
-    slow = estimate(s, 2, "mpi-collective", "summa", rate, {**LOCAL_COSTS, "t_exchange": 1e-3, "t_coll": 0.0})
+    slow = estimate(s, 2, "mpi-collective", "summa", rate, {**costs, "t_exchange": 1e-3, "t_coll": 0.0})
     assert slow["collectives"] == exchanges
     assert slow["seconds"] - base["seconds"] == pytest.approx(
-        exchanges * 1e-3 - s["other_steps"] * 3 * LOCAL_COSTS["t_coll"])
-    assert LOCAL_COSTS["t_exchange"] == Machine.calibrated().exchange_seconds > 0
+        exchanges * 1e-3 - s["other_steps"] * 3 * costs["t_coll"])
+    assert costs["t_exchange"] == Machine.calibrated().exchange_seconds > 0
 
 
 def test_auto_runs_the_water_monomer_on_mpi_onesided_at_2_ranks():

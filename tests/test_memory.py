@@ -229,7 +229,7 @@ def test_ccsd_estimate_holds_the_ladder_plus_minus(tmp_path):
     fewer here), so at least and near the bytes the run reports; a distributed run (the
     ladder in its pair form) keeps vvvv and no V+-."""
     from pyscf import gto
-    from tessera.backends.auto import structure_stats
+    from tessera.backends.iteration_counts import structure_stats
     from tessera.chem.ccsd import CCSDStructure
     from tessera.chem.scf.driver import guess_orbitals
     out = tmp_path / "r.json"

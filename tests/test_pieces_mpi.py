@@ -157,7 +157,7 @@ def test_onesided_sum_bytes_on_pieces_are_the_models(model_run):
 def test_held_bytes_under_forced_pieces_are_the_models(model_run):
     """The classes a CCSD run stores, each block cut in 2 pieces by TESSERA_PIECES: each
     rank's bytes of every class equal ``balance.loads`` and the fullest rank's T2 and
-    integrals the memory estimate's stored bytes (``auto.structure_stats``); with the
+    integrals the memory estimate's stored bytes (``iteration_counts.structure_stats``); with the
     placement's own cut (whole blocks at 2 ranks here), as both ignored TESSERA_PIECES
     before, neither does."""
     held = model_run["held"]
@@ -186,14 +186,36 @@ def test_onesided_owner_contraction_bytes_are_the_models(model_run):
 def test_collective_frozen_operand_past_the_cache_is_the_models(model_run):
     """mpi-collective's contraction with a frozen operand (M), run a second time (what every
     later iteration moves): the most bytes a rank's all-to-all and broadcast counters record
-    equal the model's busiest rank (``auto.collective_traffic``) with the executor's frozen
+    equal the model's busiest rank (``collective_model.collective_traffic``) with the executor's frozen
     cache at its default bound (M kept: moved once) and at 0 MiB (nothing kept: M sent
-    again, ``auto.frozen_resent``). The model counted a frozen operand as moved once
+    again, ``collective_model.frozen_resent``); so do the all-to-alls and broadcasts
+    (``contraction_exchanges``: 2 and 4 here, the model charged 6 at either bound before). The model counted a frozen operand as moved once
     whatever the bound before: the 0 MiB run's bytes were above it."""
     kept, bound0 = model_run["frozen"]["512"], model_run["frozen"]["0"]
     for run in (kept, bound0):
         assert max(run["counted"]) == run["model"] > 0, model_run["frozen"]
+        assert max(run["ops"]) == run["model_ops"], model_run["frozen"]
     assert bound0["model"] > kept["model"], model_run["frozen"]
+
+
+def test_collective_frozen_input_of_a_sum_is_the_models(model_run):
+    """mpi-collective's sums that read a frozen tensor (D; a division T / D into a pieced
+    output, and a transposed copy of D into whole blocks), run a second time (what every later iteration
+    moves): the most bytes a rank's all-to-all counters record equal the model's
+    (``collective_model.collective_traffic``'s ``other_bytes``) with the frozen cache at its default
+    bound (D kept: its blocks not sent again, ``CollectiveExecutor._exchange``) and at
+    0 MiB (D sent again). The model counted a frozen input of a sum every iteration
+    before, the 0 MiB figure at any bound. The all-to-alls each rank's counters record
+    equal the model's (``other_exchanges``: one of the inputs unless every input is kept,
+    one of partial outputs to a pieced output): the division 2 at either bound, the copy
+    none while D is kept and 1 at 0 MiB (the model charged one per step before)."""
+    for name, run in model_run["frozen_sums"].items():
+        kept, bound0 = run["512"], run["0"]
+        for got in (kept, bound0):
+            assert max(got["counted"]) == got["model"], (name, run)
+            assert got["ops"] == [got["model_ops"]] * 2, (name, run)
+        assert bound0["model"] > kept["model"], (name, run)
+    assert model_run["frozen_sums"]["copy"]["512"]["model_ops"] == 0 < model_run["frozen_sums"]["copy"]["0"]["model_ops"]
 
 
 def test_collective_frozen_cache_keeps_part_of_a_cyclic_scan(model_run):
@@ -201,7 +223,7 @@ def test_collective_frozen_cache_keeps_part_of_a_cyclic_scan(model_run):
     times (as CCSD's iterations) with the frozen cache bounded below what the three keep:
     the cache keeps what it holds when full, so the third run moves the operand that did
     not fit and no other: per contraction the busiest rank's bytes, summed, equal the
-    model's (``auto.frozen_resent`` plays the same cache), less than least recently used
+    model's (``collective_model.frozen_resent`` plays the same cache), less than least recently used
     out moves (it evicted each entry before its next read: nothing kept, as the model at a
     0-byte bound) and more than with every operand kept."""
     c = model_run["cyclic"]

@@ -137,6 +137,36 @@ def test_machine_model_one_node_is_local():
     assert spread["nodes"] == 16 and spread["bandwidth"] < local["bandwidth"]
 
 
+def test_exchange_and_barrier_grow_with_the_ranks():
+    """``Machine.on`` by hand: an all-to-all of P ranks costs the 2-rank exchange plus a
+    per-peer part for each of the P - 2 further peers and the network latency per rank on
+    another node; a barrier the 2-rank call plus a round per doubling past 2 (ceil(log2 P)
+    rounds) and the latency per round between nodes (ceil(log2 nodes)); 1 and 2 ranks pay
+    the measured 2-rank figures."""
+    m = Machine(gemm_flops_per_second=1e10, task_seconds=0.0, get_seconds=1e-5, acc_seconds=1e-5,
+                collective_seconds=1e-5, copy_bytes_per_second=1e9, exchange_seconds=5e-4,
+                exchange_peer_seconds=1e-5, barrier_log2_seconds=2e-6, network_latency=3e-6)
+    for ranks in (1, 2):
+        assert m.on(ranks, ranks)["t_exchange"] == 5e-4 and m.on(ranks, ranks)["t_coll"] == 1e-5
+    for (ranks, rpn), exchange, coll in (((3, 3), 5e-4 + 1e-5, 1e-5 + 2e-6), ((4, 4), 5e-4 + 2e-5, 1e-5 + 2e-6),
+                                         ((64, 64), 5e-4 + 62e-5, 1e-5 + 5 * 2e-6),
+                                         ((1024, 64), 5e-4 + 1022e-5 + 960 * 3e-6, 1e-5 + 9 * 2e-6 + 4 * 3e-6)):
+        got = m.on(ranks, rpn)
+        assert got["t_exchange"] == pytest.approx(exchange) and got["t_coll"] == pytest.approx(coll), (ranks, got)
+
+
+def test_machine_json_is_read_when_first_asked():
+    """Importing the cost model reads no calibration (``machine.json``); the first
+    ``run_costs`` reads it, once per process."""
+    import subprocess
+    import sys
+    code = ("from tessera.backends import machine; from tessera.backends import auto, cost_model; "
+            "n0 = machine._node.cache_info().currsize; cost_model.run_costs(4); cost_model.run_costs(8); "
+            "info = machine._node.cache_info(); print(n0, info.currsize, info.misses)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "1", "1"], out
+
+
 def test_a_run_takes_the_balanced_tiles_and_warns_on_a_forced_tile(caplog):
     """The cost model of a real run (``backends.auto.decide``, no --tile) chooses tiles at
     which every stored class that matters for memory is spread with max/mean <= 1.5, as
@@ -757,15 +787,21 @@ def test_triples_whole_rows_task_tile_from_the_budget():
 def test_auto_puts_the_network_between_nodes():
     """``auto`` decides with the formulas ``plan --ranks`` uses: on one node its local
     constants, across nodes the network between them (``Machine.on``)."""
-    from tessera.backends.auto import LOCAL_COSTS, decide, run_costs
-    from tessera.backends.machine import NETWORK_BANDWIDTH
+    from tessera.backends.auto import decide
+    from tessera.backends.cost_model import BANDWIDTH, T_COLL, T_GET, run_costs
+    from tessera.backends.machine import NETWORK_BANDWIDTH, NETWORK_LATENCY
     from tessera.chem.ccsd import CCSDStructure
-    one = run_costs(8)
-    assert all(one[k] == pytest.approx(v) for k, v in LOCAL_COSTS.items()) and one["nodes"] == 1
+    m = Machine.calibrated()
+    one = run_costs(8)                  # a barrier of 8 ranks: 3 rounds; an all-to-all: 7 peers
+    assert one["nodes"] == 1 and one["t_get"] == T_GET and one["bandwidth"] == pytest.approx(BANDWIDTH)
+    assert one["t_coll"] == pytest.approx(T_COLL + 2 * m.barrier_log2_seconds)
+    assert one["t_exchange"] == pytest.approx(m.exchange_seconds + 6 * m.exchange_peer_seconds)
     two = run_costs(8, 4)
     off = 4 / 7                         # of a rank's 7 peers, 4 are on the other node
-    assert two["nodes"] == 2 and two["t_get"] > one["t_get"] and two["t_coll"] > one["t_coll"]
-    assert two["bandwidth"] == pytest.approx(1 / ((1 - off) / LOCAL_COSTS["bandwidth"] + off / (NETWORK_BANDWIDTH / 4)))
+    assert two["nodes"] == 2 and two["t_get"] > one["t_get"]
+    assert two["t_coll"] == pytest.approx(one["t_coll"] + NETWORK_LATENCY)
+    assert two["t_exchange"] == pytest.approx(one["t_exchange"] + 4 * NETWORK_LATENCY)
+    assert two["bandwidth"] == pytest.approx(1 / ((1 - off) / BANDWIDTH + off / (NETWORK_BANDWIDTH / 4)))
     structure = CCSDStructure(np.zeros(20, dtype=int), 5, 0)
     local = {(c["backend"], c["variant"]): c for c in decide(structure, 8, tile=8, rate=5e9)["candidates"]}
     spread = decide(structure, 8, tile=8, rate=5e9, ranks_per_node=2)["candidates"]
@@ -778,7 +814,8 @@ def test_collective_memory_counts_the_integrals_in_pieces():
     """Both MPI executors store the integral classes and T2 in pieces where they have too
     few blocks: the memory a candidate needs per rank counts them so on either. Water
     cc-pVDZ at 64 ranks, tiles 48/48: a few blocks per class, spread by the pieces."""
-    from tessera.backends.auto import memory_parts, structure_stats
+    from tessera.backends.cost_model import memory_parts
+    from tessera.backends.iteration_counts import structure_stats
     orbsym, nocc = orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)
     s = structure_stats(CCSDStructure(orbsym, nocc, 0, distributed=True), 48, 48, 64)
     one, coll = memory_parts(s, 64, "mpi-onesided", "original"), memory_parts(s, 64, "mpi-collective", "summa")
@@ -805,13 +842,16 @@ def test_collective_is_planned_and_run_at_its_grid_tiles():
     node, where the task rule gives 24/12 and summa's grid rule 48/12. ``plan --ranks``
     shows the one-sided rows at 24/12 and each mpi-collective row at its variant's grid
     tiles; ``auto.decide --backend mpi-collective`` runs at its chosen variant's row tiles
-    (before, it weighed mpi-collective at the task rule's tiles): 2.5d at 48/32 (3.88 s;
-    summa 48/12 6.04 s: 1459 all-to-alls and broadcasts against 451, each the measured
-    ``exchange_seconds``; it chose summa 48/12, 3.23 s against 3.44 s, while each cost
-    60 us), and ``--backend auto`` weighs for mpi-collective exactly the candidates
-    ``--backend mpi-collective`` weighs. (auto itself chose summa 48/12 while frozen operands counted
-    as moved once; summa's frozen panels there exceed the 512 MiB frozen cache, so they
-    are sent every iteration, and auto takes mpi-onesided inverted 48/12.)"""
+    (before, it weighed mpi-collective at the task rule's tiles): 2.5d at 48/32 (3.11 s;
+    summa 48/12 3.42 s: 352 all-to-alls and broadcasts against 142 as the busiest rank
+    makes them, each the measured ``exchange_seconds`` plus its per-peer part; it chose
+    summa 48/12, 3.23 s against 3.44 s, while each cost 60 us), and ``--backend auto``
+    weighs for mpi-collective exactly the candidates ``--backend mpi-collective`` weighs.
+    (auto itself chose summa 48/12 while frozen operands counted as moved once; summa's
+    frozen panels there exceed the 512 MiB frozen cache, so they are sent every
+    iteration; it took mpi-onesided inverted 48/12 while every grid contraction was
+    charged 2 + 2 max(pr, pc) exchanges (2.5d 451), and takes 2.5d 48/32 since they are
+    counted as the busiest rank makes them: 3.11 s against inverted's 3.14 s.)"""
     from tessera.backends.auto import decide
     from tessera.backends.balance import collective_layers, run_tiles
     from tessera.cli.plan_ranks import simulate
@@ -828,7 +868,7 @@ def test_collective_is_planned_and_run_at_its_grid_tiles():
     assert (sim["tile"], sim["occ_tile"]) == rule["tasks"]
     assert sim["collective_granularity"]["summa"]["idle_lines"] == 0
     auto = decide(structure, nranks, rate=10e9, budget=budget, ranks_per_node=nranks)
-    assert (auto["backend"], auto["variant"], auto["tile"], auto["occ_tile"]) == ("mpi-onesided", "inverted", 48, 12)
+    assert (auto["backend"], auto["variant"], auto["tile"], auto["occ_tile"]) == ("mpi-collective", "2.5d", 48, 32)
     only = decide(structure, nranks, backend="mpi-collective", rate=10e9, budget=budget, ranks_per_node=nranks)
     assert (only["backend"], only["variant"], only["tile"], only["occ_tile"]) == ("mpi-collective", "2.5d", 48, 32)
     assert (only["tile"], only["occ_tile"]) == rows[("mpi-collective", "2.5d")] == rule["2.5d"]

@@ -26,9 +26,9 @@ with TESSERA_PIECES set by the test so that every block of a ``pieces`` tensor i
    target against the part's elements that target holds (from every rank's pieces).
 6. With ``--collective`` (4 ranks as 2 emulated nodes): ``collective`` below (and 4).
 7. With ``--model``: ``model_bytes`` below (the bytes of collective steps, one-sided
-   sums and owner contractions on pieces against the cost model's), ``frozen_bytes`` (a
-   frozen operand's second run on mpi-collective at two frozen-cache bounds against the
-   model's) and ``held_bytes`` (each rank's bytes of the stored classes under
+   sums and owner contractions on pieces against the cost model's), ``frozen_second_run``
+   (a frozen operand's, and a frozen input of a sum's, second run on mpi-collective at two
+   frozen-cache bounds against the model's) and ``held_bytes`` (each rank's bytes of the stored classes under
    TESSERA_PIECES against the model's).
 
 Rank 0 prints one JSON object: the errors, whether the tensors were cut, and the
@@ -427,7 +427,17 @@ def model_bytes(world) -> dict:
         model = sum(onesided_owner_counts(s, world.size, cache)["bytes"] for s in steps)
         out["onesided_owner"][name] = {"counted": world.allgather(got), "pieced": pieced,
                                        "model": [float(x) for x in model]}
-    out["frozen"] = frozen_bytes(world, tensors, contract, planned)
+    out["frozen"] = frozen_second_run(world, tensors, contract, planned, "M", "bytes_per_rank")
+
+    def with_y(fill):
+        t = tensors(fill)
+        t["Y"] = BlockTensor(oovv, 0, name="Y", placement="balanced")
+        return t
+
+    def copy_frozen(t):
+        t["Y"]["ijab"] = t["D"]["ijba"]
+    out["frozen_sums"] = {"divide": frozen_second_run(world, tensors, divide, planned, "D", "other_bytes"),
+                          "copy": frozen_second_run(world, with_y, copy_frozen, planned, "D", "other_bytes")}
 
     def cycled(fill):
         """T, three frozen matrices M0..M2 and an output for each (``cyclic_frozen_bytes``)."""
@@ -451,20 +461,25 @@ def model_bytes(world) -> dict:
     return out
 
 
-def frozen_bytes(world, tensors, contract, planned) -> dict:
-    """mpi-collective (summa, modes by cost) with M frozen: per rank the bytes the
-    all-to-all and broadcast counters record in a second run of the contraction (what
-    every later iteration moves), with the executor's frozen cache at its default bound
-    and at 0 MiB (nothing is kept), and the model's busiest rank
-    (``auto.collective_traffic`` at the same bound)."""
-    from tessera.backends.auto import collective_traffic, structure_stats
+def frozen_second_run(world, make, eq, planned, name: str, part: str) -> dict:
+    """mpi-collective (summa, modes by cost) running ``eq`` twice with tensor ``name``
+    frozen: per rank the bytes the all-to-all and broadcast counters record in the second
+    run (what every later iteration moves), with the executor's frozen cache at its default
+    bound and at 0 MiB (nothing is kept), and the model's busiest rank
+    (``collective_model.collective_traffic``'s ``part`` at the same bound:
+    ``bytes_per_rank`` of contractions, ``other_bytes`` of sums); the all-to-alls and
+    broadcasts this rank's counters record in that run (``ops``) and the model's
+    (``exchanges`` of contractions + ``other_exchanges`` of sums)."""
+    from tessera.backends.collective_model import collective_traffic
+    from tessera.backends.iteration_counts import structure_stats
     from tessera.backends.dist_base import DEFAULT_CACHE_MB
 
     def frozen(fill):
-        t = tensors(fill)
-        t["M"].freeze()
+        t = make(fill)
+        t[name].freeze()
         return t
-    run = SimpleNamespace(plans=None, tensors=[], tiles={})
+    run = SimpleNamespace(plans=[SimpleNamespace(steps=planned(eq, frozen))], tensors=[], tiles={})
+    s = structure_stats(lambda *_: run, 0, 0, world.size)
     out = {}
     for limit_mb in (DEFAULT_CACHE_MB, 0):
         with Context("mpi-collective", variant="summa") as ctx:
@@ -473,12 +488,13 @@ def frozen_bytes(world, tensors, contract, planned) -> dict:
             for _ in range(2):
                 snap = world.comm_log.snapshot()
                 with ts.equations():
-                    contract(t)
+                    eq(t)
             row = world.comm_log.row(world.size, ("alltoallv", "bcast_row", "bcast_col"), since=snap)
-        run.plans = [SimpleNamespace(steps=planned(contract, frozen))]
-        s = structure_stats(lambda *_: run, 0, 0, world.size)
-        out[str(limit_mb)] = {"counted": world.allgather(int(row.sum() - row[world.rank])),
-                              "model": collective_traffic(s, world.size, "summa", limit_mb << 20)["bytes_per_rank"]}
+            ops = sum(t.count for op, t in world.comm_log.totals(since=snap).items()
+                      if op in ("alltoallv", "bcast_row", "bcast_col"))
+        tr = collective_traffic(s, world.size, "summa", limit_mb << 20)
+        out[str(limit_mb)] = {"counted": world.allgather(int(row.sum() - row[world.rank])), "model": tr[part],
+                              "ops": world.allgather(ops), "model_ops": tr["exchanges"] + tr["other_exchanges"]}
     return out
 
 
@@ -537,8 +553,9 @@ def cyclic_frozen_bytes(world, cycled, planned) -> dict:
     the default bound): per contraction of the third run the most bytes a rank's all-to-all
     and broadcast counters record, summed, with the cache keeping what it holds when full
     and with least recently used out; the model's busiest rank per contraction, summed
-    (``auto.collective_traffic`` at the bound), and the bound."""
-    from tessera.backends.auto import collective_traffic, structure_stats
+    (``collective_model.collective_traffic`` at the bound), and the bound."""
+    from tessera.backends.collective_model import collective_traffic
+    from tessera.backends.iteration_counts import structure_stats
 
     def contraction(t, n):
         t[f"Z{n}"]["ijab"] = t["T"]["ijcb"] * t[f"M{n}"]["ca"]
@@ -580,8 +597,8 @@ def held_bytes(world) -> dict:
     and its kin, C1, 5 occupied and 7 virtual orbitals, tile 3) made on mpi-onesided under
     the run's TESSERA_PIECES: each rank's bytes of each (``local_nbytes``), the cost
     model's per rank (``balance.loads``) and the memory estimate's stored bytes of the
-    fullest rank (``auto.structure_stats``: T2 and the integrals) against the ranks'."""
-    from tessera.backends.auto import structure_stats
+    fullest rank (``iteration_counts.structure_stats``: T2 and the integrals) against the ranks'."""
+    from tessera.backends.iteration_counts import structure_stats
     from tessera.backends.balance import loads
     from tessera.chem.ccsd import CCSDStructure
     structure = CCSDStructure(np.zeros(12, int), 5, distributed=True)

@@ -10,12 +10,15 @@ Python work per distributed (T) task, measured apart, ``triples_task_measured``)
 where, when and under what load they were measured. The network is not measurable from one machine: its bandwidth per node and
 latency are options (``tessera plan --network-bandwidth --network-latency``, defaults
 NETWORK_BANDWIDTH and NETWORK_LATENCY: a 100 Gb/s link, 2 us). ``Machine.on(P, rpn)``
-gives the constants ``backends.auto.estimate`` uses for P ranks, ``rpn`` per node:
+gives the constants ``backends.cost_model.estimate`` uses for P ranks, ``rpn`` per node:
 
   t_get, t_acc   node's value + f_off x latency (f_off: share of the other ranks on other nodes)
-  t_coll         node's value + latency x ceil(log2 nodes) (a tree over the nodes)
-  t_exchange     node's value (``exchange_seconds``) + latency x (ranks on other nodes): an
-                 all-to-all of mpi-collective sends one message to every other rank
+  t_coll         node's value (2 ranks) + barrier_log2_seconds x (ceil(log2 P) - 1) + latency
+                 x ceil(log2 nodes): a barrier of P ranks takes ceil(log2 P) rounds
+                 (dissemination), ceil(log2 nodes) of them between nodes
+  t_exchange     node's value (``exchange_seconds``, 2 ranks) + exchange_peer_seconds x (P - 2)
+                 + latency x (ranks on other nodes): an all-to-all of mpi-collective sends
+                 one message to, and receives one from, every other rank
   bandwidth      1 / ((1 - f_off) / copy bandwidth + f_off / (network bandwidth / rpn)):
                  a rank's bytes go to its peers evenly; a node's link is shared by its ranks
 """
@@ -34,7 +37,8 @@ CALIBRATION = Path(__file__).with_name("machine.json")
 NETWORK_BANDWIDTH = 12.5e9     # bytes/s per node (100 Gb/s)
 NETWORK_LATENCY = 2e-6         # s per message between nodes
 FIELDS = ("gemm_flops_per_second", "task_seconds", "get_seconds", "acc_seconds",
-          "collective_seconds", "copy_bytes_per_second", "triples_task_seconds", "exchange_seconds")
+          "collective_seconds", "copy_bytes_per_second", "triples_task_seconds", "exchange_seconds",
+          "exchange_peer_seconds", "barrier_log2_seconds")
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class Machine:
     copy_bytes_per_second: float
     triples_task_seconds: float = 0.0     # Python work per distributed (T) task (chem.triples_tasks)
     exchange_seconds: float = 0.0         # an all-to-all of mpi-collective inside a CCSD iteration
+    exchange_peer_seconds: float = 0.0    # ... more per other rank past the first
+    barrier_log2_seconds: float = 0.0     # a collective call more per round past the first
     network_bandwidth: float = NETWORK_BANDWIDTH
     network_latency: float = NETWORK_LATENCY
     measured: str = ""          # where and when the node constants were measured
@@ -57,19 +63,20 @@ class Machine:
         return replace(_node(str(path)), **network)
 
     def on(self, nranks: int, ranks_per_node: int) -> dict:
-        """The per-operation constants of ``backends.auto.estimate`` for ``nranks`` ranks
+        """The per-operation constants of ``backends.cost_model.estimate`` for ``nranks`` ranks
         placed ``ranks_per_node`` to a node (module docstring)."""
         rpn = max(1, min(ranks_per_node, nranks))
         nodes = -(-nranks // rpn)
         f_off = (nranks - rpn) / (nranks - 1) if nranks > 1 else 0.0
         per_rank_link = self.network_bandwidth / rpn
         bandwidth = 1.0 / ((1 - f_off) / self.copy_bytes_per_second + f_off / per_rank_link)
-        tree = math.ceil(math.log2(nodes)) if nodes > 1 else 0
+        rounds, tree = (math.ceil(math.log2(n)) if n > 1 else 0 for n in (nranks, nodes))
         return {"t_task": self.task_seconds, "t_get": self.get_seconds + f_off * self.network_latency,
                 "t_acc": self.acc_seconds + f_off * self.network_latency,
-                "t_coll": self.collective_seconds + tree * self.network_latency,
-                "t_exchange": self.exchange_seconds + (nranks - rpn) * self.network_latency, "bandwidth": bandwidth,
-                "nodes": nodes}
+                "t_coll": self.collective_seconds + max(0, rounds - 1) * self.barrier_log2_seconds
+                + tree * self.network_latency,
+                "t_exchange": self.exchange_seconds + max(0, nranks - 2) * self.exchange_peer_seconds
+                + (nranks - rpn) * self.network_latency, "bandwidth": bandwidth, "nodes": nodes}
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,5 +90,6 @@ def _node(path: str) -> Machine:
         raise InputError(f"machine calibration {path} is unreadable ({exc}); expected the JSON "
                          "written by bench/calibrate_machine.py") from None
     where = (f"{data.get('host', '?')}, {data.get('date', '?')}, load {data.get('load', '?')}; "
-             f"exchange {data.get('exchange_measured', '?')}; (T) task {data.get('triples_task_measured', '?')}")
+             f"exchange {data.get('exchange_measured', '?')}; scaling {data.get('scaling_measured', '?')}; "
+             f"(T) task {data.get('triples_task_measured', '?')}")
     return Machine(**node, measured=where)

@@ -1,4 +1,4 @@
-"""What the MPI executors move per step, from structure alone (for the cost model, ``auto``).
+"""What the MPI executors move per step, from structure alone (for the cost model, ``cost_model``).
 
 Where a run puts a tensor's blocks on P ranks (``owner_function``: a block's owner or, in
 pieces, its home; ``pieces_per_block``; ``piece_rows``: the rank and elements of every
@@ -142,7 +142,8 @@ def moved_bytes(moves: tuple, nranks: int, executor: str) -> np.ndarray:
     ``_add_into``) what its gets receive and its accumulates send (the home gets the inputs
     it lacks and accumulates each output piece held elsewhere), ``owner`` the same with a
     get and a put per such piece."""
-    reads, (home, owner, nbytes) = moves
+    by_tensor, (home, owner, nbytes) = moves
+    reads = sum(by_tensor.values(), np.zeros(nranks))
     if executor == "mpi-collective":
         return reads + np.bincount(owner, weights=nbytes, minlength=nranks)
     return reads + (2 if executor == "owner" else 1) * np.bincount(home, weights=nbytes, minlength=nranks)
@@ -150,14 +151,14 @@ def moved_bytes(moves: tuple, nranks: int, executor: str) -> np.ndarray:
 
 def owner_step_moves(step, nranks: int, cache: dict) -> tuple:
     """What an ``add`` or ``hadamard`` step moves on either MPI executor, which compute
-    each output block on its home: (bytes of input elements each rank, as the home of
-    output blocks, lacks and receives; (home, owner, bytes) arrays of the output pieces
-    a home sends to the other pieces' owners). An input block (or an alias of it) goes to
+    each output block on its home: ({id(input tensor): bytes of its elements each rank,
+    as the home of output blocks, lacks and receives}; (home, owner, bytes) arrays of the
+    output pieces a home sends to the other pieces' owners). An input block (or an alias of it) goes to
     a home once (``exchange``, ``fetch_blocks``); an ``add`` between tensors in the same
     pieces, read in the same order, moves nothing (``rank_local``). ``cache``:
-    ``auto.structure_stats``' cache (made once per tensor)."""
+    ``iteration_counts.structure_stats``' cache (made once per tensor)."""
     out = step.out.tensor
-    recv = np.zeros(nranks)
+    recv = {}
     none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
     reads, outs = owner_step_reads(step, nranks, cache)
     if not outs:
@@ -171,7 +172,7 @@ def owner_step_moves(step, nranks: int, cache: dict) -> tuple:
             lacks = size * (np.array([owner_function(cache, t, nranks)(k) for k in keys], dtype=np.int64) != at)
         else:
             lacks = size - stationary.held(rows, np.arange(len(keys)), at, nranks)
-        recv += np.bincount(at, weights=8.0 * lacks, minlength=nranks)
+        recv[id(t)] = np.bincount(at, weights=8.0 * lacks, minlength=nranks)
     rows = piece_rows(cache, out, nranks, [k for k, _ in outs])
     if rows is None:
         return recv, none

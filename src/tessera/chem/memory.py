@@ -24,7 +24,7 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
              the ladder's V+- made from it (``chem.ccsd._ladder_form``), which then frees vvvv;
              the transform holds vvvv too, the iterations hold V+- instead (the job frees
              them when CCSD ends: (T) reads no vvvv)
-  ccsd       one iteration as ``backends.auto.memory_parts`` counts it (the one estimator
+  ccsd       one iteration as ``backends.cost_model.memory_parts`` counts it (the one estimator
              of the cost model): T2 + integrals of the fullest rank, the amplitude copies
              (the structure's ``held``; the DIIS history is in a file), the executor's working set
              (its gathered matrices of the constants: a local run's ladder dressing M+-,
@@ -196,7 +196,8 @@ def scf_integral_bytes(shape: RunShape) -> int:
 @one_blas_thread
 def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     """The per-rank estimate of ``shape`` (``baseline``: measured now unless given)."""
-    from tessera.backends.auto import memory_parts, structure_stats
+    from tessera.backends.cost_model import memory_parts
+    from tessera.backends.iteration_counts import structure_stats
     from tessera.chem.ccsd import CCSDStructure
 
     from tessera.chem.integrals import CLASSES, SLAB_BYTES, class_tensor, make_spaces

@@ -20,10 +20,10 @@ returns, per rank:
   the mean; ``granularity``: the fewest tasks per rank among them against the target
   (``backends.balance.granularity``) and whether every class is balanced;
 - ``executors``: for each executor and variant, bytes moved per rank per iteration,
-  memory per rank (stored + held + working, ``backends.auto.memory_parts``) against the
+  memory per rank (stored + held + working, ``backends.cost_model.memory_parts``) against the
   budget (memory per node / ranks per node) and seconds per iteration from the
   calibrated model (``backends.machine``: this machine's measured constants plus the
-  network given as options); the model ``auto`` decides with (``backends.auto.estimate``:
+  network given as options); the model ``auto`` decides with (``backends.cost_model.estimate``:
   mpi-collective contraction by contraction on its grid or with an operand stationary,
   ``contraction_modes``; frozen operands moved once). On several nodes a run has one
   ghost rank per node (progress ``auto``): the executors' figures are for the
@@ -77,8 +77,9 @@ def dominant_steps(plans, nranks: int) -> list:
 def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_per_node: int,
              memory_per_node: float | None, machine, tile: int | None = None, occ_tile: int | None = None) -> dict:
     """The per-rank plan of a run on ``nranks`` simulated ranks (module docstring)."""
-    from tessera.backends.auto import (COLLECTIVE_VARIANTS, ONESIDED_VARIANTS, estimate,
-                                       memory_parts, structure_stats)
+    from tessera.backends.auto import COLLECTIVE_VARIANTS, ONESIDED_VARIANTS
+    from tessera.backends.cost_model import estimate, memory_parts
+    from tessera.backends.iteration_counts import structure_stats
     from tessera.chem.ccsd import CCSDStructure
     from tessera.backends.balance import (BALANCE, MIN_OCC_TILE, class_balance, collective_layers,
                                           forced_tile_warning, granularity, run_tiles)
@@ -152,7 +153,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
             "executors": executors,
             "machine": {**{k: getattr(machine, k) for k in ("gemm_flops_per_second", "task_seconds",
                         "get_seconds", "acc_seconds", "collective_seconds", "exchange_seconds",
-                        "copy_bytes_per_second", "triples_task_seconds", "network_bandwidth", "network_latency")}, "measured": machine.measured,
+                        "exchange_peer_seconds", "barrier_log2_seconds", "copy_bytes_per_second", "triples_task_seconds", "network_bandwidth", "network_latency")}, "measured": machine.measured,
                         "per_operation": {k: v for k, v in costs.items() if k != "nodes"}}}
 
 
