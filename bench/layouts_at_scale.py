@@ -46,8 +46,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("TESSERA_BENCH_SRC", str(REPO / "src")))
 
-from tessera.backends.cost_model import estimate, memory_parts  # noqa: E402
-from tessera.backends.iteration_counts import structure_stats  # noqa: E402
+try:               # the cost model in its own modules (older checkouts, --src: in backends.auto)
+    from tessera.backends.cost_model import estimate, memory_parts  # noqa: E402
+    from tessera.backends.iteration_counts import structure_stats  # noqa: E402
+except ImportError:
+    from tessera.backends.auto import estimate, memory_parts, structure_stats  # noqa: E402
 from tessera.chem.ccsd import CCSDStructure  # noqa: E402
 from tessera.chem.integrals import CLASSES, class_tensor, make_spaces  # noqa: E402
 from tessera.cli.plan_ranks import dominant_steps  # noqa: E402

@@ -51,6 +51,10 @@ try:                # these sources: each rank counts itself (older ones: every 
     from tessera.backends import rank_choice  # noqa: E402
 except ImportError:
     rank_choice = None
+try:                # a rank lists only its own products (older sources: mode_where's every product)
+    from tessera.backends.own_products import own_tasks  # noqa: E402
+except ImportError:
+    own_tasks = None
 
 NBAS_WATER = 24      # cc-pVDZ functions of one water
 
@@ -102,7 +106,7 @@ def clear_caches() -> None:
 
 def decide(step, sim: dict, nranks: int, layers: int, rank: int, chosen: dict) -> tuple:
     """``CollectiveExecutor._mode`` of ``step`` on ``rank`` (stationary=auto):
-    (mode, grid, where). With per-rank counting (``rank_choice``) the rank counts itself;
+    (mode, grid, where) (where: the rank's own products, ``own_tasks``, where the tree has it). With per-rank counting (``rank_choice``) the rank counts itself;
     the allreduce's answer, the busiest rank's costs, is ``chosen[id(step)]`` (the whole
     count's choice, made beforehand, not timed)."""
     A, B, C = (sim[id(r.tensor)] for r in (*step.inputs, step.out))
@@ -120,8 +124,11 @@ def decide(step, sim: dict, nranks: int, layers: int, rank: int, chosen: dict) -
     costs = rank_choice.rank_costs(sig, perms, layers, ops, nranks, rank, held, moved_once)
     rank_choice.pick(rank_choice.candidates(sig, perms, layers, nranks), costs)
     mode, grid = chosen[id(step)]
-    return mode, grid, None if mode == "summa" else stationary.mode_where(blocktasks.task_arrays(step), mode,
-                                                                            ops.owners)
+    if mode == "summa":
+        return mode, grid, None
+    if own_tasks is not None:
+        return mode, grid, own_tasks(sig, perms, ops, held, mode)
+    return mode, grid, stationary.mode_where(blocktasks.task_arrays(step), mode, ops.owners)
 
 
 def one_rank(steps, sim, nranks: int, layers: int, repeat: int) -> dict:

@@ -142,7 +142,8 @@ def test_exchange_and_barrier_grow_with_the_ranks():
     per-peer part for each of the P - 2 further peers and the network latency per rank on
     another node; a barrier the 2-rank call plus a round per doubling past 2 (ceil(log2 P)
     rounds) and the latency per round between nodes (ceil(log2 nodes)); 1 and 2 ranks pay
-    the measured 2-rank figures."""
+    the measured 2-rank figures; a broadcast along a line the 2-rank exchange and a round
+    per doubling past the first."""
     m = Machine(gemm_flops_per_second=1e10, task_seconds=0.0, get_seconds=1e-5, acc_seconds=1e-5,
                 collective_seconds=1e-5, copy_bytes_per_second=1e9, exchange_seconds=5e-4,
                 exchange_peer_seconds=1e-5, barrier_log2_seconds=2e-6, network_latency=3e-6)
@@ -153,6 +154,10 @@ def test_exchange_and_barrier_grow_with_the_ranks():
                                          ((1024, 64), 5e-4 + 1022e-5 + 960 * 3e-6, 1e-5 + 9 * 2e-6 + 4 * 3e-6)):
         got = m.on(ranks, rpn)
         assert got["t_exchange"] == pytest.approx(exchange) and got["t_coll"] == pytest.approx(coll), (ranks, got)
+        # a broadcast along a grid line: the 2-rank figure, and a round more per doubling
+        # of the line, between nodes for the share of peers there
+        assert got["t_bcast"] == 5e-4
+        assert got["t_bcast_round"] == pytest.approx(2e-6 + (ranks - rpn) / (ranks - 1) * 3e-6)
 
 
 def test_machine_json_is_read_when_first_asked():

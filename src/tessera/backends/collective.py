@@ -150,6 +150,7 @@ class CollectiveExecutor(DistributedExecutor):
         self.stationary = stationary
         self._modes: dict = {}        # contraction -> (mode, SUMMA's grid, this rank's products)
         self._own: dict = {}          # a step's structure -> what this rank sends, receives or computes
+        self._received: dict = {}     # (array, frozen entry) -> the most one rank receives of it
         self.cc = CollectiveComm(self.world, layers)
         if self.variant == "2.5d" and layers == 1:
             log.info("mpi-collective 2.5d on %d rank(s): one layer (no replication; the same steps as summa)",
@@ -167,6 +168,7 @@ class CollectiveExecutor(DistributedExecutor):
             self.cc.free()
             self._modes.clear()
             self._own.clear()
+            self._received.clear()
         super().close()
 
     def _kept(self, t, key, need, empty) -> tuple:
@@ -181,26 +183,29 @@ class CollectiveExecutor(DistributedExecutor):
         need = need() if callable(need) else need
         return (None, empty) if self.frozen.put(t, key, empty, need) else (None, None)
 
-    def _exchange(self, parts, step_key=None) -> dict:
+    def _exchange(self, parts, step_key) -> dict:
         """``exchange`` of [(tensor, items)]: the blocks a rank receives for a frozen tensor
         are kept and not sent again while kept, keyed by ``step_key`` and the part's
-        position (the items when None: then the same list on every rank). Collective: a
-        rank may list only the items it sends or receives (``own_tasks``), so whether to
-        keep is decided on the most any rank receives (one allreduce, on a miss)."""
+        position. Collective: a rank lists only the items it sends or receives
+        (``own_tasks``), so whether to keep is decided on the most any rank receives (one
+        allreduce, the first time a key is offered; remembered, so a key the cache refuses
+        asks no more)."""
         me, out, send, fill, missed = self.cc.rank, {}, [], [], False
 
-        def most_received(ga, items) -> int:
+        def most_received(ga, items, key) -> int:
             """Bytes the rank receiving the most of ``items`` gets."""
-            mine = 0
-            for _, key, dest, *part in items:
-                if dest == me and (ga.pieces > 1 or ga.owner(key) != dest):
-                    lo, hi = part_range(ga, key, part[0] if part else None)
-                    mine += 8 * int(np.prod([b - a for a, b in zip(lo, hi)]))
-            return int(self.world.allreduce(mine, "max"))
+            if (ga.eid, key) not in self._received:
+                mine = 0
+                for _, bkey, dest, *part in items:
+                    if dest == me and (ga.pieces > 1 or ga.owner(bkey) != dest):
+                        lo, hi = part_range(ga, bkey, part[0] if part else None)
+                        mine += 8 * int(np.prod([b - a for a, b in zip(lo, hi)]))
+                self._received[ga.eid, key] = int(self.world.allreduce(mine, "max"))
+            return self._received[ga.eid, key]
         for i, (t, items) in enumerate(parts):
             ga = t.dist.ga
-            key = ("in", tuple(it[1:] for it in items)) if step_key is None else ("in", step_key, i)
-            kept, keep = self._kept(t, key, lambda: most_received(ga, items), {})
+            key = ("in", step_key, i)
+            kept, keep = self._kept(t, key, lambda: most_received(ga, items, key), {})
             if kept is None:
                 missed = True
                 send += items

@@ -8,6 +8,8 @@ sums sent again only where the executor's frozen cache does not keep them
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tessera.backends.balance import collective_layers
@@ -33,7 +35,8 @@ def collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int = F
     rank's bytes, summed (``step_bytes.owner_step_recv``), a frozen input's not counted
     while the frozen cache keeps it; ``other_exchanges``: their all-to-alls; ``modes``: contractions per mode; ``busiest_flops``: per
     contraction the flops of its busiest rank as the executor places them, summed;
-    ``exchanges``: the contractions' all-to-alls and broadcasts (``contraction_exchanges``); ``working_bytes`` per
+    ``exchanges``: the contractions' all-to-alls and broadcasts (``contraction_exchanges``),
+    ``broadcasts`` of them and their ``bcast_rounds`` past the first; ``working_bytes`` per
     rank (largest step: on the grid twice the output rectangle, c times SUMMA's, for the
     GEMMs and the send buffers, the homes twice and one A and one B panel; stationary, the
     blocks received, frozen ones included as the first iteration receives them, and the
@@ -80,14 +83,17 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
         other_exchanges += int(thawed or len(kept) < len(frozen)) + int(pieced)
     moved = bcast = work = busiest = 0.0
     modes: dict = {}
-    exchanges = 0
+    exchanges = broadcasts = rounds = 0
     for n, (st, (gr, gc, _), mode, scores, items) in enumerate(chosen):
         a, b, out = st["bytes"]
         modes[mode] = modes.get(mode, 0) + 1
         ta = st["tasks"]
         busiest += scores[mode]["flops"] if scores else float(2 * ta.m[ta.task] * ta.k @ ta.n[ta.task])
         kept = tuple(x for x in st["moved_once"] if (n, x) not in resent)
-        exchanges += contraction_exchanges(st, mode, (gr, gc, c), kept)
+        alltoalls, bcasts, extra = contraction_exchanges(st, mode, (gr, gc, c), kept)
+        exchanges += alltoalls + bcasts
+        broadcasts += bcasts
+        rounds += extra
         if kept != st["moved_once"]:       # a frozen operand the executor sends again every iteration
             pa, pb = st["perms"]
             scores = {mode: stationary.summa_score(st["sig"], (pa, pb, st["perm_c"]), (gr, gc, c), st["operands"],
@@ -106,26 +112,37 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
             work = max(work, 2 * first + out / nranks)
     return {"grid": (pr, pc, c), "bytes_per_rank": moved, "other_bytes": other, "other_exchanges": other_exchanges,
             "bcast_bytes_per_rank": bcast,
-            "working_bytes": work + kept_bytes, "modes": modes, "busiest_flops": busiest, "exchanges": exchanges}
+            "working_bytes": work + kept_bytes, "modes": modes, "busiest_flops": busiest, "exchanges": exchanges,
+            "broadcasts": broadcasts, "bcast_rounds": rounds}
 
 
-def contraction_exchanges(st: dict, mode: str, grid: tuple, kept: tuple) -> int:
-    """All-to-alls and broadcasts the busiest rank makes in contraction ``st`` (a
-    ``structure_stats`` collective step) in ``mode`` on ``grid`` with the frozen operands
-    ``kept`` not sent (``CollectiveExecutor.contract_step``, ``_stationary_step``): the
-    inputs' all-to-all unless both are kept, the partial outputs' all-to-all and, on the
-    grid, per panel A's broadcast along its grid row and B's along its column unless kept,
-    in a line of one rank or empty (``_panel``, ``Group.bcast``)."""
+def contraction_exchanges(st: dict, mode: str, grid: tuple, kept: tuple) -> tuple:
+    """(all-to-alls, broadcasts, broadcast rounds past the first) the busiest rank makes in
+    contraction ``st`` (a ``structure_stats`` collective step) in ``mode`` on ``grid`` with
+    the frozen operands ``kept`` not sent (``CollectiveExecutor.contract_step``,
+    ``_stationary_step``): the inputs' all-to-all unless both are kept, the partial
+    outputs' all-to-all and, on the grid, per panel A's broadcast along its grid row (pc
+    ranks) and B's along its column (pr ranks) unless kept, in a line of one rank or empty
+    (``_panel``, ``Group.bcast``); a broadcast over a line of n ranks takes ceil(log2 n)
+    rounds (a binomial tree)."""
     from tessera.backends.summa_layout import summa_layout
     count = int(not {"a", "b"} <= set(kept)) + 1
     if mode != "summa":
-        return count
+        return count, 0, 0
     gr, gc, c = grid
     lay = summa_layout(st["sig"], *st["perms"], gr, gc, c)
-    sends = [("a" not in kept and gc > 1, lay["a_panel_size"]), ("b" not in kept and gr > 1, lay["b_panel_size"])]
-    return count + max(sum(max(sum(size[p][g] > 0 for p in range(lay["npanel"])) for g in range(len(size[0])))
-                           for sent, size in ((x, sizes[layer]) for x, sizes in sends) if sent)
-                       for layer in range(c))
+    sends = [(gc, lay["a_panel_size"]) if "a" not in kept and gc > 1 else None,
+             (gr, lay["b_panel_size"]) if "b" not in kept and gr > 1 else None]
+    best = (0, 0)
+    for layer in range(c):
+        bcasts = rounds = 0
+        for line, sizes in filter(None, sends):
+            size = sizes[layer]
+            n = max(sum(size[p][g] > 0 for p in range(lay["npanel"])) for g in range(len(size[0])))
+            bcasts += n
+            rounds += n * (math.ceil(math.log2(line)) - 1)
+        best = max(best, (bcasts, rounds))
+    return count, *best
 
 
 def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES, others=()) -> tuple:
@@ -152,7 +169,8 @@ def frozen_resent(chosen: list, nranks: int, limit: int = FROZEN_CACHE_BYTES, ot
                 key = (x, st["sig"], *st["perms"], *grid)
                 need = summa_layout(st["sig"], *st["perms"], *grid)[f"{x}_strip_bytes"]
             else:
-                key = ("in", st["sig"], *st["perms"], st["perm_c"], mode, x)     # its items
+                # per contraction, as the executor keys it (its operands and output)
+                key = ("in", st["sig"], *st["perms"], st["perm_c"], mode, x, id(st["operands"].tensors[2]))
                 need = int(st["stationary"][nranks][1][mode]["asked"][x].max(initial=0))
             entries.append((n, x, t, key, need))
     # a sum's entries (x: its index in ``others``) before the contraction they precede (a

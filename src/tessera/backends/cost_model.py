@@ -14,13 +14,15 @@ structure alone, every contraction step counted from its block tasks,
 
 and for ``mpi-collective``, bulk-synchronous, the compute is per contraction its busiest
 rank's flops as the executor places the products (``collective_model.collective_traffic``'s
-``busiest_flops``) and each all-to-all or broadcast it makes (``exchanges``) costs
+``busiest_flops``), no barrier, and each all-to-all it makes (``exchanges``) costs
 ``t_exchange``, what one costs inside a CCSD iteration (``machine.json``'s
 ``exchange_seconds``, measured by ``bench/calibrate_machine.py``: a water cc-pVDZ
 iteration's wall over its ~140 exchanges on 2 ranks, the latency, the wait for the later
 rank and the executor's work around each; 0.5 ms idle against ~50 us for one alltoallv
 alone, docs/distributed.md), and on P ranks ``exchange_peer_seconds`` more per rank past
-the second (an all-to-all sends a message to every other rank); a collective call costs
+the second (an all-to-all sends a message to every other rank); a broadcast along a grid
+line (SUMMA's panels) costs ``t_bcast`` (the same 2-rank figure) and ``t_bcast_round``
+more per round past the first of its ceil(log2 line); a collective call costs
 ``t_coll`` at 2 ranks and ``barrier_log2_seconds`` more per round past the first of a
 barrier's ceil(log2 P) (both measured by the same script, ``Machine.on``),
 
@@ -156,21 +158,25 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
     P = nranks
     remote = (P - 1) / P
     compute = s["makespan_flops"] / rate          # per step, the busiest rank's flops
-    overhead = s["products"] / P * T_TASK + s["other_steps"] * 3 * T_COLL
     memory = sum(memory_parts(s, P, backend, variant).values())
     if backend == "mpi-collective":
         tr = collective_traffic(s, P, variant)
         pr, pc, c = tr["grid"]
         # bulk-synchronous: each contraction ends when its busiest rank, as the executor
-        # places the products, does; each all-to-all or broadcast costs what one does inside
-        # an iteration (``T_EXCHANGE``: the latency, the wait for the later rank, the work around it)
+        # places the products, does; each all-to-all costs what one does inside an iteration
+        # (``T_EXCHANGE``: the latency, the wait for the later rank, the work around it), a
+        # broadcast along a grid line the same at 2 ranks and a round more per doubling of
+        # the line; no barrier (sums move by all-to-all, ``other_exchanges``)
         compute = tr["busiest_flops"] / rate
         coll = tr["exchanges"] + tr["other_exchanges"]
         moved = tr["bytes_per_rank"] + tr["other_bytes"]
-        seconds = compute + overhead + coll * T_EXCHANGE + moved / BANDWIDTH
+        seconds = (compute + s["products"] / P * T_TASK + (coll - tr["broadcasts"]) * T_EXCHANGE
+                   + tr["broadcasts"] * c_["t_bcast"] + tr["bcast_rounds"] * c_["t_bcast_round"]
+                   + moved / BANDWIDTH)
         return {"seconds": seconds, "compute": compute, "gets": 0, "accs": 0, "collectives": coll,
                 "bytes_per_rank": moved, "bcast_bytes_per_rank": tr["bcast_bytes_per_rank"], "layers": c,
                 "contraction_modes": tr["modes"], "memory_per_rank": memory}
+    overhead = s["products"] / P * T_TASK + s["other_steps"] * 3 * T_COLL
     # one get or accumulate per piece of a block stored in pieces (``structure_stats``);
     # sums and Hadamard products: the busiest rank's gets and accumulates (or, owner, gets
     # and puts) of each step (``step_bytes.onesided_step_bytes``)

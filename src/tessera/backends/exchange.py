@@ -20,9 +20,11 @@ from tessera.runtime.placement import run_index
 def exchange(cc, items) -> dict:
     """Blocks to where they are needed, by one all-to-all.
 
-    ``items``: every (global array, key, destination rank) of the step, or (global array,
+    ``items``: (global array, key, destination rank) of the step, or (global array,
     key, destination, part) for rows lo..hi of one axis (``part = (axis, lo, hi)``; several
-    axes: ``tasks.part_slice``), the same list on every rank (deterministic). Returns {(array id, key): block} (with
+    axes: ``tasks.part_slice``). Every rank lists, in one order common to all ranks, at
+    least the items it sends or receives (``involves``; the others' may be left out):
+    sender and receiver pair the blocks of one message by that order. Returns {(array id, key): block} (with
     ``part`` appended to the key when given) of the items destined here (owned blocks as
     views). A block (part) stored in pieces is gathered at its destination: each rank
     holding a piece of it sends the part's elements in that piece (``_pieced_item``)."""

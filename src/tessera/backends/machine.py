@@ -19,6 +19,9 @@ gives the constants ``backends.cost_model.estimate`` uses for P ranks, ``rpn`` p
   t_exchange     node's value (``exchange_seconds``, 2 ranks) + exchange_peer_seconds x (P - 2)
                  + latency x (ranks on other nodes): an all-to-all of mpi-collective sends
                  one message to, and receives one from, every other rank
+  t_bcast        node's value (``exchange_seconds``): a broadcast along a grid line of 2
+  t_bcast_round  barrier_log2_seconds + f_off x latency: per round past the first of a
+                 broadcast's ceil(log2 line) (a binomial tree over the line's ranks)
   bandwidth      1 / ((1 - f_off) / copy bandwidth + f_off / (network bandwidth / rpn)):
                  a rank's bytes go to its peers evenly; a node's link is shared by its ranks
 """
@@ -76,7 +79,9 @@ class Machine:
                 "t_coll": self.collective_seconds + max(0, rounds - 1) * self.barrier_log2_seconds
                 + tree * self.network_latency,
                 "t_exchange": self.exchange_seconds + max(0, nranks - 2) * self.exchange_peer_seconds
-                + (nranks - rpn) * self.network_latency, "bandwidth": bandwidth, "nodes": nodes}
+                + (nranks - rpn) * self.network_latency, "t_bcast": self.exchange_seconds,
+                "t_bcast_round": self.barrier_log2_seconds + f_off * self.network_latency,
+                "bandwidth": bandwidth, "nodes": nodes}
 
 
 @functools.lru_cache(maxsize=None)

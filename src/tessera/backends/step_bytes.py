@@ -219,7 +219,8 @@ def owner_step_reads(step, nranks: int, cache: dict) -> tuple:
 def frozen_reads(step, nranks: int, cache: dict) -> list:
     """[(tensor, key, bytes)] of the frozen inputs of an ``add`` or ``hadamard`` step on
     ``mpi-collective``, in the order its ``_exchange`` offers them to its ``FrozenCache``:
-    the key, its items ((block, home) per read, as the executor keys them) and the bytes
+    the key (per step and input, as the executor keys them: its output, the input's place
+    and its items, (block, home) per read) and the bytes
     the entry takes, the most one rank receives of them, a block (a block in pieces
     whole) per read at a home that does not own it whole."""
     reads, _ = owner_step_reads(step, nranks, cache)
@@ -235,7 +236,7 @@ def frozen_reads(step, nranks: int, cache: dict) -> list:
         if pieces_per_block(cache, t, nranks) == 1:
             owner = owner_function(cache, t, nranks)
             size = size * (np.array([owner(k) for _, k, _ in part], dtype=np.int64) != at)
-        out.append((t, ("in", tuple((k, r) for _, k, r in part)),
+        out.append((t, ("in", id(step.out.tensor), n, tuple((k, r) for _, k, r in part)),
                     float(np.bincount(at, weights=8.0 * size, minlength=nranks).max(initial=0))))
     return out
 

@@ -390,7 +390,7 @@ class TripleKernel:
         self.dense = self.maps["dense"]
         self.compiled = self.dense and inp.native_rows is not None and lay.c1     # batch_dense
         self.batch = batch                 # the batch new_pool(lay, batch) sized ``pool`` for
-        self.pool = pool
+        self.pool = pool if isinstance(pool, KernelPool) else KernelPool(pool)   # a plain list: not known zero
         self.buf = pool[:-1]
         self.lbuf = pool[-1]
         self.irr, self.rel = inp.irrep, inp.rel

@@ -28,20 +28,20 @@
 
 static inline long lmin(long x, long y) { return x < y ? x : y; }
 
-/* The sweeps' orbit loops run on short unit-stride rows: with AVX2 and FMA (x86-64-v3) the
- * compiler vectorises them four wide, a third of their instructions (callgrind, v = 75).
- * GCC >= 11 on x86-64 builds that clone beside the baseline one and picks it at load
- * (ifunc); elsewhere the baseline alone. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
-#define SWEEP_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define SWEEP_CLONES
-#endif
-
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+/* The sweeps' orbit loops run on short unit-stride rows: with AVX2 and FMA (x86-64-v3) the
+ * compiler vectorises them four wide, a third of their instructions (callgrind, v = 75).
+ * GCC >= 11 on x86-64 with glibc (whose ifunc picks the clone at load) builds that clone
+ * beside the baseline one; elsewhere (clang, musl, macOS) the baseline alone. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__GLIBC__)
+#define SWEEP_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SWEEP_CLONES
+#endif
 
 /* One orbit: W and Z = W + V at its six permutations (abc, acb, bac, bca, cab, cba), the
  * orbit's weight and 1 / D folded into scale. */
