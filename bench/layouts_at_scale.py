@@ -12,7 +12,7 @@ own placement code (``backends.balance.loads``: what ``TensorStore`` stores, the
 integral classes in pieces where they have too few blocks),
 and the per-rank bytes of each class are summed: max, mean and max/mean per class.
 (T) per rank: the rows and kernel buffers it holds beside them, its tasks and the
-bytes of rows they read (``chem.memory.triples_parts``, ``chem.triples_tasks.plan_counts``),
+bytes of rows they read (``chem.memory.triples_parts``, ``chem.triples_plan.plan_counts``),
 beside what the same budget's tasks by whole occupied rows would read (``row_plan``).
 The bytes each rank moves per CCSD iteration come from the cost model
 (``backends.iteration_counts.structure_stats`` and ``cost_model.estimate``) for each executor and variant, and
@@ -104,7 +104,7 @@ def _stats(load) -> dict:
 def triples_per_rank(tensors, P, memory_bytes=None) -> dict:
     """(T) per rank beside the classes: ``rows`` and ``kernel`` bytes (``chem.memory.
     triples_parts``) and, where the sources have it, tasks, the occupied task tile and rows
-    read per rank (``chem.triples_tasks.plan_counts``); ``memory_bytes``, a rank's memory
+    read per rank (``chem.triples_plan.plan_counts``); ``memory_bytes``, a rank's memory
     budget, is passed where the sources take it (windowed tasks size their tile from it)."""
     import inspect
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
@@ -117,14 +117,15 @@ def triples_per_rank(tensors, P, memory_bytes=None) -> dict:
     except ImportError:
         pass
     try:
-        from tessera.chem.triples_tasks import plan_counts
+        from tessera.chem.triples_plan import plan_counts
         c = plan_counts(tensors, P, **budget(plan_counts))
         out.update(tasks_per_rank=c["tasks_per_rank"], read_bytes_per_rank=c["read_bytes_per_rank"],
                    occ_tile=c.get("occ_tile"), chunks=c.get("chunks", 1))
     except ImportError:
         pass
     try:                                  # the same tasks by whole occupied rows, for comparison
-        from tessera.chem.triples_tasks import keys_by_tile, row_plan, window_budget
+        from tessera.chem.triples_plan import keys_by_tile, row_plan
+        from tessera.chem.triples_budget import window_budget
         try:
             limit = window_budget(None, memory_bytes, tensors, P)
         except TypeError:                 # older sources: a share of the memory, whatever the ranks

@@ -407,8 +407,9 @@ def test_triples_plan_counts_what_the_windowed_tasks_request():
     from tessera.chem.triples import VirtualLayout, irrep_ranges
     from tessera.backends.machine import Machine
     from tessera.backends.schedule import partition
-    from tessera.chem.triples_tasks import (MIN_WINDOW, OCC_TILE_CHOICES, TASKS_PER_RANK, minimal_flops,
-                                            plan_counts, task_costs, task_tiles, window_tasks)
+    from tessera.chem.triples_budget import MIN_WINDOW, TASKS_PER_RANK
+    from tessera.chem.triples_plan import (OCC_TILE_CHOICES, minimal_flops, plan_counts, task_costs, task_tiles,
+                                           window_tasks)
     from tessera.chem.triples_stream import Chunks, stream_requests
     from tessera.chem.triples_window import Windows, window_width
     orbsym, nocc = orbitals(load(water_cluster(2), basis="cc-pvdz", charge=0), True)
@@ -512,7 +513,8 @@ def _triples_run_plan(nocc: int, nvir: int, nranks: int, memory_bytes):
     tile 32) beside ``plan_counts`` of the same structure and budget."""
     from types import SimpleNamespace
     from tessera.chem.integrals import class_tensor, make_spaces
-    from tessera.chem.triples_tasks import TriplesTasks, plan_counts
+    from tessera.chem.triples_tasks import TriplesTasks
+    from tessera.chem.triples_plan import plan_counts
     from tessera.tensor.block_tensor import BlockTensor
     o, v = make_spaces(np.zeros(nocc + nvir, dtype=int), nocc, 0, 32, None)
     classes = {n: class_tensor(n, o, v) for n in ("ovvv", "ovov", "ovoo")}
@@ -537,7 +539,8 @@ def test_triples_floor_and_windows_from_the_model():
     the windows (0.3 MiB: narrower, more tasks)."""
     from types import SimpleNamespace
     from tessera.chem.integrals import class_tensor, make_spaces
-    from tessera.chem.triples_tasks import READ_SHARE, TriplesTasks, read_share, task_floor, task_model
+    from tessera.chem.triples_budget import READ_SHARE, read_share, task_floor, task_model
+    from tessera.chem.triples_tasks import TriplesTasks
     from tessera.tensor.block_tensor import BlockTensor
     nocc, nvir, P = 9, 13, 2
     o, v = make_spaces(np.zeros(nocc + nvir, dtype=int), nocc, 0, 16, None)
@@ -579,7 +582,8 @@ def test_triples_task_tile_by_modelled_seconds():
     the mean (written out here); task tile 2, 6 rows held twice (64 MiB), takes fewer
     seconds than task tile 1 (32 MiB) or the floor (one-orbital windows, 27 MiB), so the
     run takes task tile 2, 220 tasks (before: task tile 1, 1,540 tasks)."""
-    from tessera.chem.triples_tasks import fastest_task, plan_counts, plan_seconds, task_floor, task_model
+    from tessera.chem.triples_budget import fastest_task, plan_seconds, task_floor, task_model
+    from tessera.chem.triples_plan import plan_counts
     nocc, nvir, P = 20, 76, 2
     tensors = CCSDStructure(np.zeros(nocc + nvir, dtype=int), nocc, 0, distributed=True).stored(48, 48)
     o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
@@ -614,7 +618,7 @@ def test_windowed_tasks_costs_and_reads_without_a_list_of_every_task():
     ``sequence_reads`` task after task), in C1 and in C2v (several irreps: groups)."""
     import math
     from tessera.chem.triples import irrep_ranges
-    from tessera.chem.triples_tasks import keys_by_tile, task_costs, task_tiles, window_tasks
+    from tessera.chem.triples_plan import keys_by_tile, task_costs, task_tiles, window_tasks
     from tessera.chem.triples_window import Windows, order_reads, sequence_reads, window_width
     for orbsym, nocc in ((np.zeros(40, dtype=int), 10),
                          orbitals(load("examples/water.xyz", basis="cc-pvdz", charge=0), True)):
@@ -656,8 +660,9 @@ def test_triples_memory_per_rank_falls_with_ranks():
     whole-rows and windowed floors), and streamed (chunks > 1), the kernel's buffers
     those of the windows' blocks, about the same for every cluster."""
     from tessera.chem.memory import triples_parts
-    from tessera.chem.triples_tasks import (STREAM_BELOW, SOURCES, fastest_task, plan_counts, stream_floor,
-                                            task_floor, window_budget)
+    from tessera.chem.triples_budget import STREAM_BELOW, fastest_task, stream_floor, task_floor, window_budget
+    from tessera.chem.triples import SOURCES
+    from tessera.chem.triples_plan import plan_counts
     from tessera.tensor.block_tensor import allowed_elements
     cap = 2 * 2**30
     at_1024 = {}
@@ -702,7 +707,8 @@ def test_triples_memory_per_rank_never_grows_across_nodes():
     Bounds: one task within the budget of its run (``window_budget``), that budget within
     the cap (a quarter of the memory) and never above the budget of fewer ranks."""
     from tessera.chem.memory import triples_parts
-    from tessera.chem.triples_tasks import plan_counts, task_floor, window_budget
+    from tessera.chem.triples_plan import plan_counts
+    from tessera.chem.triples_budget import task_floor, window_budget
     memory, rpn = 8 * 2**30, 64
     for n in (4, 8, 12, 16):
         tensors = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True).stored(32, 32)
@@ -733,7 +739,8 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
     it they are streamed (``stream_plan``)."""
     from types import SimpleNamespace
     from tessera.chem.memory import RunShape, estimate
-    from tessera.chem.triples_tasks import fastest_task, task_floor, window_budget, window_counts
+    from tessera.chem.triples_budget import fastest_task, task_floor, window_budget
+    from tessera.chem.triples_plan import window_counts
     ref = SimpleNamespace(orbsym=np.zeros(235, dtype=int), nocc=5, point_group="C1")
     share = 8 * (5 * 230**3 + 2 * 5**2 * 230**2 + 5**3 * 230) / 2
     for budget in (None, 8 * 2**30):
@@ -765,7 +772,7 @@ def test_triples_whole_rows_task_tile_from_the_budget():
     most one task holds is within the budget); on 64 ranks the budget is the unstreamed
     floor (``task_floor``), below one task of one-orbital whole rows, so the run takes
     windowed tasks (``rows_vblock``), unstreamed, as ``plan_counts`` counts them."""
-    from tessera.chem.triples_tasks import TASKS_PER_RANK, window_budget
+    from tessera.chem.triples_budget import TASKS_PER_RANK, window_budget
     nocc, nvir = 40, 152
     row = 8 * (nvir * nvir * nvir + nocc * nvir * nvir + nocc * nvir * nvir + nocc * nvir * nocc)
     one = nocc * (nocc + 1) * (nocc + 2) // 6

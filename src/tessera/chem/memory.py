@@ -34,7 +34,7 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
              (T) reads (on one process every task tile's rows stay, with their pair-swapped
              copies unless the kernel is blocked in the virtual index; a rank holds one
              task's rows, as the run's task plan from the budget per rank counts them, and
-             its row cache), kernel buffers per thread (``triples_tasks.kernel_plan``: ~v^3/nirrep,
+             its row cache), kernel buffers per thread (``triples_plan.kernel_plan``: ~v^3/nirrep,
              or bounded by the kernel budget when blocked)
 
 and the peak is the baseline plus the largest phase.
@@ -132,7 +132,7 @@ class RunShape:
         ``scf_mode``: the mode of Tessera's SCF when the run has one (None: no SCF of
         ours); ``budget``: the memory budget per rank in bytes (``backends.budget``), for
         the SCF's auto mode and the share distributed (T) tasks may hold
-        (``triples_tasks.window_budget``)."""
+        (``triples_budget.window_budget``)."""
         from tessera.backends.local import available_cores
         from tessera.chem.ao2mo_symmetry import pair_orbits
         from tessera.chem.job import frozen_core_orbitals
@@ -294,20 +294,20 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
     ``rows`` (the packed rows it reads: on one process, ``resident``, every task tile's rows,
     with their pair-swapped copies unless the kernel is blocked in the virtual index, and
     the fused left operands of ``RowSlab.add_swapped``; a rank holds what one task of the
-    run's plan holds, ``triples_tasks.plan_counts``: with the blocked kernel one windowed
+    run's plan holds, ``triples_plan.plan_counts``: with the blocked kernel one windowed
     task's rows and tables, ``chem.triples_window``, the rows kept from the previous task
     among them (a rank keeps only those the task reads), else one task's rows and the row
-    cache) and ``kernel`` (buffers per thread, as ``triples_tasks.kernel_plan`` sizes
+    cache) and ``kernel`` (buffers per thread, as ``triples_plan.kernel_plan`` sizes
     them; distributed, for the plan's task tile and windows). The one formula of (T) memory, also used
     by ``tessera plan --ranks``. Distributed, a task and the row cache are held to
-    ``triples_tasks.window_budget``: the rank's share of the (T) operands, so ``rows``
+    ``triples_budget.window_budget``: the rank's share of the (T) operands, so ``rows``
     falls as ranks grow down to a floor (what the task of fewest modelled seconds within
     the cap holds, ``fastest_task``, at least ``task_floor``, set by o, v, the tiles and
     the machine, or the streamed tasks' ``stream_floor`` when less), at most a share
     of ``memory_bytes``, the rank's memory budget, and at most the unstreamed budget of
     half the ranks (``unstreamed_budget``: it never grows with the rank count)."""
     from tessera.chem.triples import VirtualLayout, irrep_ranges
-    from tessera.chem.triples_tasks import kernel_plan
+    from tessera.chem.triples_plan import kernel_plan
     resident = nranks == 1 if resident is None else resident
     dims = _class_bytes(o, v)
     lay = VirtualLayout(irrep_ranges(v, "virtual"), v.irreps, np.zeros(v.dim), irrep_ranges(o, "occupied"))
@@ -318,7 +318,7 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
         rows_t += dims["t2"] + dims["ovoo"]
     if not resident:                          # one task of the run's plan (+ the row cache)
         from tessera.chem.integrals import class_tensor
-        from tessera.chem.triples_tasks import plan_counts
+        from tessera.chem.triples_plan import plan_counts
         from tessera.tensor.block_tensor import BlockTensor
         tensors = {name: class_tensor(name, o, v) for name in ("ovvv", "ovov", "ovoo")}
         plan = plan_counts({**tensors, "t2": BlockTensor((o, o, v, v))}, nranks, memory_bytes=memory_bytes,

@@ -25,7 +25,7 @@ so a task of R rows holds about R (w^2 v + o w^2 + R w v + R w o + R w^2) double
 row either.  :class:`Windows` (structure only: spaces and allowed keys, no data) lists
 the windows and the bytes per row (and per pair of rows) a task reads (the count
 ``tessera plan --ranks`` reports).  A rank keeps only the rows of its previous task
-that its next one needs (``chem.triples_tasks``: tasks run window by window, so
+that its next one needs (``chem.triples_plan``: tasks run window by window, so
 consecutive tasks share their window and mostly two of three task tiles, and the rows
 of pairs of them), so what it holds stays one task's; ``sequence_reads`` counts what a
 rank's tasks then read, ``deal_weights`` the estimated seconds per task their deal
@@ -233,7 +233,7 @@ def bytes_per_row(tensor, keys: np.ndarray) -> np.ndarray:
 
 def sequence_reads(win: Windows, tiles, triples, tasks, sequence) -> list:
     """Bytes of rows each windowed task of ``sequence`` (ids of ``tasks``, the (triple,
-    window) of ``triples_tasks.window_tasks`` over task tiles ``tiles`` and their
+    window) of ``triples_plan.window_tasks`` over task tiles ``tiles`` and their
     ``triples``, in the order one rank runs them) reads when the rank keeps the rows of
     its previous task that the next one needs: ``task_read``, less what the previous
     task read too (``_read``)."""
@@ -276,7 +276,7 @@ def _read(tiles, count, X, W, prev) -> int:
 
 def order_reads(win: Windows, tiles, triples, tasks) -> np.ndarray:
     """``sequence_reads`` of every task in deal order (0, 1, ...; ``tasks`` a
-    ``triples_tasks.WindowTasks``) without a Python step per task: in a window, a task
+    ``triples_plan.WindowTasks``) without a Python step per task: in a window, a task
     reads the rows of the task tiles the triple before it lacks and the pairs of its task
     tiles not both in that triple, so a group's reads are (bytes per row, and per pair of
     rows, of each window and tensor tile) @ (rows, and pairs of rows, new to each triple

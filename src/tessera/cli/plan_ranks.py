@@ -14,7 +14,7 @@ returns, per rank:
   kernel buffers (``chem.memory.triples_parts``, the one formula of (T) memory);
 - ``triples`` (with (T)): its tasks in all and per rank, the bytes of rows they read
   (in all and per rank, the mean; what the tasks request, before any row cache) and the
-  most one task holds, and its budget, ``budget_bytes`` (``chem.triples_tasks.plan_counts``);
+  most one task holds, and its budget, ``budget_bytes`` (``chem.triples_plan.plan_counts``);
 - ``steps``: the dominant contraction steps (``backends.balance.dominant_steps``, largest
   flops first) with their block tasks, tasks per rank and the busiest rank's flops over
   the mean; ``granularity``: the fewest tasks per rank among them against the target
@@ -41,7 +41,7 @@ dominant step leaves a grid line or layer idle on summa's grid or 2.5d's layered
 memory budget (more than 1/32 of it on one rank) are balanced, said in a warning line.
 With a --tile that leaves a class above 1.5, one warning line names it. Distributed (T) takes its occupied
 task tile (and, by virtual tile, its windows) from the bytes one task may hold
-(``chem.triples_tasks.window_budget``): the rank's share of the (T) operands, no less than
+(``chem.triples_budget.window_budget``): the rank's share of the (T) operands, no less than
 a floor set by o, v, the tiles and the machine, no more than a quarter of the budget per rank,
 and no more than the budget of a run on half the ranks (so it never grows with the ranks).
 """
@@ -120,7 +120,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
                 "every_class": all(m["max_over_mean"] <= BALANCE for m in memory.values())}
     triples = None
     if method == "ccsd(t)":
-        from tessera.chem.triples_tasks import plan_counts
+        from tessera.chem.triples_plan import plan_counts
         # (T) runs on the workers, as the executors do
         memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, workers, 1, memory_bytes=budget,
                                                                    ranks_per_node=rpn - ghosts).items()}
