@@ -513,9 +513,8 @@ class CollectiveExecutor(DistributedExecutor):
                             continue
                         for r, c, _, _ in lay["out"][n][gr][gc]:
                             okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in step.perms["c"])
-                            if okey not in C.aliases and (
-                                    bool((ga.piece_runs(okey, rank=me).owner == me).any()) if ga.pieces > 1
-                                    else ga.owner(okey) == me):
+                            # a partial block sent from src that this rank keeps (a block or a piece)
+                            if okey not in C.aliases and involves(ga, okey, None, src, me):
                                 own["expect"].append((okey, src))
         self._own[key] = own
         return own
