@@ -73,8 +73,10 @@ def symmetric_half(factors, out: Ref, scale: float, label: str, dressing=None) -
     and the result R is added to the target: the ladder of closed-shell CCSD at
     o(o+1)/2 v^4 instead of o^2 v^4 (PySCF's packed ``_add_vvvv``). A local target takes
     R and its mirror image by ``sym`` in one ``unpack`` step (each target element read
-    from its pair, once); a distributed one takes a half H (pairs i < j and half of
-    i = j, ``unpack_half``) and H plus its transpose by ``sym``, two adds. With a
+    from its pair, once); a distributed one, and a target planned on structure alone for
+    a distributed run (``distributed_plans``: the steps it runs, which the cost model
+    counts), takes a half H (pairs i < j and half of i = j, ``unpack_half``) and H plus
+    its transpose by ``sym``, two adds. With a
     ``dressing`` term (``dressed_ladder``) it applies only in the +/- form, which then
     takes the dressing too (``_plus_minus_steps``)."""
     t = out.tensor
@@ -109,7 +111,7 @@ def symmetric_half(factors, out: Ref, scale: float, label: str, dressing=None) -
                 return []
             steps = [] if shared else [pair_map(F, packed, "pack", label)]
             steps += pm or [pair_step(*pair, result, scale, label)]
-            if t.dist is None:      # local: one pass adds the pairs and their mirror images to the target
+            if local:      # one pass adds the pairs and their mirror images to the target
                 return steps + [Step("add", out, (result,), 1.0, None, label, pairs="unpack",
                                      perms={"a": tuple(range(result.tensor.ndim)), "sym": sym})]
             half = Ref(BlockTensor(t.spaces, t.irrep, name="half", placement=t.placement), out.indices)
