@@ -74,8 +74,9 @@ def _collective_traffic(s: dict, nranks: int, variant: str, frozen_bytes: int) -
         if nranks > 1 else (set(), set(), 0)
     # sums and Hadamard products: per step the busiest rank's bytes, less a frozen input's
     # while the frozen cache keeps every entry of it (``CollectiveExecutor._exchange``); an
-    # all-to-all of the inputs unless every input is kept (none for a step that moves
-    # nothing, ``rank_local``, or a zero), and one of partial outputs to an output in pieces
+    # all-to-all of the inputs unless every input is kept (an input every rank receives
+    # nothing of included; none for a ``rank_local`` step or a zero), and one of partial
+    # outputs to an output in pieces
     other, other_exchanges = 0.0, 0
     for recv, frozen, thawed, pieced in s["collective_others"]:
         kept = [part for entries, part in frozen if not resent_reads.intersection(entries)]

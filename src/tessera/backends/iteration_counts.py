@@ -15,8 +15,8 @@ import numpy as np
 from tessera.backends import registry
 from tessera.backends.balance import binding, class_balance
 from tessera.backends.context import BLOCK_READ_COLUMNS, CACHE_BYTES, gather_twins
-from tessera.backends.step_bytes import (frozen_reads, moved_bytes, onesided_owner_counts, operands, owner_step_moves,
-                                        pieces_per_block)
+from tessera.backends.step_bytes import (exchanges_inputs, frozen_reads, moved_bytes, onesided_owner_counts,
+                                        operands, owner_step_moves, pieces_per_block)
 from tessera.plan.blocktasks import block_sizes, task_arrays
 from tessera.runtime.distribution import makespan
 from tessera.tensor.block_tensor import allowed_elements
@@ -76,15 +76,19 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
                     for key, executor in (("onesided_other_bytes", "mpi-onesided"), ("owner_other_bytes", "owner")):
                         s[key] += float(moved_bytes(moves, nranks, executor).max())
                     # mpi-collective: each rank's bytes, per frozen input (its entries in
-                    # ``frozen_reads``) what each rank receives of it, whether it reads any
-                    # other input and whether it has an output in pieces (``collective_traffic``)
+                    # ``frozen_reads``) what each rank receives of it, and, where it exchanges
+                    # its inputs (even if no block moves: every rank decides alike), whether
+                    # any input is not frozen and whether its output is in pieces
+                    # (``collective_traffic``)
                     frozen = {}
                     for n, (t, *_) in enumerate(reads, first):
                         frozen.setdefault(id(t), ([], moves[0][id(t)]))[0].append(n)
+                    exchanged = exchanges_inputs(step, nranks, owners)
+                    ins = [r.tensor for r in (*step.inputs, *([step.divisor] if step.divisor is not None else []))]
                     s["collective_others"].append((moved_bytes(moves, nranks, "mpi-collective"),
-                                                   list(frozen.values()), any(k not in frozen for k in moves[0]),
-                                                   bool(moves[0]) and pieces_per_block(owners, step.out.tensor,
-                                                                                       nranks) > 1))
+                                                   list(frozen.values()),
+                                                   exchanged and not all(t.constant for t in ins),
+                                                   exchanged and pieces_per_block(owners, step.out.tensor, nranks) > 1))
                 continue
             s["contract_steps"] += 1
             if "owner" in s:

@@ -182,20 +182,29 @@ def owner_step_moves(step, nranks: int, cache: dict) -> tuple:
     return recv, (homes[away], rank[away], 8.0 * count[away])
 
 
+def exchanges_inputs(step, nranks: int, cache: dict) -> bool:
+    """Whether the MPI executors gather the inputs of an ``add`` or ``hadamard`` step at
+    the homes of its output blocks (``mpi-collective``: by an exchange, made whether any
+    block moves or not), from the structure alone: every such step but an ``add`` between
+    tensors in the same pieces, read in the same order (``DistributedExecutor.rank_local``),
+    and a local plan's pair maps (``unpack``, the ladder's +- form), never run distributed."""
+    out = step.out.tensor
+    if step.kind not in ("add", "hadamard") or step.pairs not in (None, "pack", "unpack_half"):
+        return False
+    same = tuple(range(out.ndim))
+    return not (step.kind == "add" and out.placement == "pieces" and pieces_per_block(cache, out, nranks) > 1
+                and not step.pairs and tuple(step.perms["a"]) == same and _same_pieces(out, step.inputs[0].tensor)
+                and (step.divisor is None or (tuple(step.perms["d"]) == same
+                                              and _same_pieces(out, step.divisor.tensor))))
+
+
 def owner_step_reads(step, nranks: int, cache: dict) -> tuple:
     """The blocks an ``add`` or ``hadamard`` step reads at the homes of its output blocks,
     as the executors list them: ([(tensor, key, home)], [(output key, home)]), both empty
     for a step that moves nothing (an ``add`` between tensors in the same pieces, read in
     the same order: ``rank_local``)."""
     out = step.out.tensor
-    # (a local plan's pair maps, ``unpack`` and the ladder's +- form, never run distributed)
-    if step.kind not in ("add", "hadamard") or step.pairs not in (None, "pack", "unpack_half"):
-        return [], []
-    same = tuple(range(out.ndim))
-    if (step.kind == "add" and out.placement == "pieces" and pieces_per_block(cache, out, nranks) > 1 and not step.pairs
-            and tuple(step.perms["a"]) == same and _same_pieces(out, step.inputs[0].tensor)
-            and (step.divisor is None or (tuple(step.perms["d"]) == same
-                                          and _same_pieces(out, step.divisor.tensor)))):
+    if not exchanges_inputs(step, nranks, cache):
         return [], []
     home = owner_function(cache, out, nranks)
     reads, outs = [], []            # (tensor, key, home); (output key, home)
