@@ -133,7 +133,9 @@ def kept_share(frozen_bytes: float, limit: int = FROZEN_CACHE_BYTES) -> float:
     """The share of a rank's ``frozen_bytes`` of frozen blocks that its ``FrozenCache`` of
     ``limit`` bytes keeps after the first iteration: it keeps what it took first and refuses
     the rest once full, so all of them while they fit, else about ``limit`` bytes' worth
-    (counted as that share of their gets and bytes)."""
+    (counted as that share of their gets and bytes). An estimate: under ``cached`` which
+    rank fetches a block is decided at run time; its error against counted runs of
+    ``owner`` is in docs/distributed.md (``bench/onesided_kept_share.py``)."""
     return 1.0 if frozen_bytes <= limit else limit / frozen_bytes
 
 
