@@ -26,10 +26,9 @@ def test_model_counts_every_exchange_of_a_ccsd_iteration(counts, case, variant):
     plans, equal the model's, and the executor runs each contraction in the mode the model
     chooses (grid and the stationary modes a, b, c). Before, the model counted the
     ladder's pair unpacking as a local run plans it (one step moving nothing; the
-    executor runs a half and two adds): water summa 112 all-to-alls against 127. The
-    driver's amplitude updates (t1 = R1 / D1, and t2 = R2 / D2 where R2 and t2 differ in
-    layout) are outside the structure's plans the model prices (``CCSDStructure``): 1 or 2
-    all-to-alls more per iteration."""
+    executor runs a half and two adds): water summa 112 all-to-alls against 128; and it
+    left out the amplitude updates t1 = R1 / D1, t2 = R2 / D2 (``CCSDStructure`` now plans
+    them as the driver runs them: ``chem.ccsd._update``)."""
     got = counts[f"{case}/{variant}"]
     counted, model = got["counted"], got["model"]
     assert counted["steps"] > 0 and counted["alltoallv"] > 0
@@ -38,7 +37,6 @@ def test_model_counts_every_exchange_of_a_ccsd_iteration(counts, case, variant):
     assert counted["modes"] == model["modes"], got
     assert set(counted["modes"]) == {"summa", "a", "b", "c"}, got
     assert counted["broadcasts"] > 0 if variant == "summa" else counted["broadcasts"] == 0
-    assert 1 <= counted["updates"] <= 2, got
 
 
 @pytest.mark.parametrize("kind", ["add", "hadamard"])

@@ -8,8 +8,8 @@ grid broadcasts (``bcast_row``, ``bcast_col``) counted per step of the third (a 
 iteration: the frozen operands kept since the first) from the comm log, with the mode of
 each contraction. Rank 0 prints one JSON object: per case and variant the busiest rank's
 counts per step summed over the steps of the structure's plans (the model's unit: each
-step ends when its busiest rank does), those of the driver's amplitude updates
-(t1 = R1 / D1, t2 = R2 / D2, outside the structure's plans) apart, the contraction modes,
+step ends when its busiest rank does; the amplitude updates t1 = R1 / D1, t2 = R2 / D2
+included), the contraction modes,
 and the model's all-to-alls, broadcasts and modes for the same orbitals, tiles and ranks;
 and (``empty``) a sum and a Hadamard product with no block to compute (the output has no
 allowed block): the all-to-alls each rank makes, and the model's.
@@ -38,7 +38,6 @@ from tessera.runtime import World
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GRID_OPS = ("bcast_row", "bcast_col")
-UPDATES = ("t1[ia] = +1 R1[ia] / D1[ia]", "t2[ijab] = +1 R2[ijab] / D2[ijab]")   # the driver's, per iteration
 ITERATIONS = 3
 
 
@@ -80,13 +79,10 @@ def counted_run(world, ref, tile: int, variant: str) -> dict:
             pass
     rows = world.allgather(rec.steps)
     assert all(len(r) == len(rows[0]) for r in rows)
-    out = {"alltoallv": 0, "broadcasts": 0, "updates": 0, "modes": Counter(), "steps": len(rows[0])}
+    out = {"alltoallv": 0, "broadcasts": 0, "modes": Counter(), "steps": len(rows[0])}
     for per_rank in zip(*rows):
-        label, kind = per_rank[0][:2]
+        kind = per_rank[0][1]
         a2a, bc = max(r[2] for r in per_rank), max(r[3] for r in per_rank)
-        if label in UPDATES:
-            out["updates"] += a2a + bc
-            continue
         out["alltoallv"] += a2a
         out["broadcasts"] += bc
         if kind == "contract":

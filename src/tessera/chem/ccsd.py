@@ -121,9 +121,7 @@ class CCSD:
                 free_plus_minus_last(ints.ovvv)      # the ladder dressing's M+- (local runs)
 
     def _iterate(self, ints, ctx, cleanup) -> CCSDResult:
-        D1 = denominator(ints.spaces("ov"), (ints.eo, ints.ev), (1, -1), "D1")
-        D2 = denominator(ints.spaces("oovv"), (ints.eo, ints.eo, ints.ev, ints.ev), (1, 1, -1, -1), "D2",
-                         eq.T2_SYMMETRY, eq.amplitude_placement("oovv"))
+        D1, D2 = _denominators(ints)
         t1 = eq.new(ints, "ov", "t1").fill_zero_blocks()
         t2 = eq.new(ints, "oovv", "t2")
         t2["ijab"] = ints.ovov["iajb"] / D2["ijab"]                                   # MP2 guess
@@ -163,10 +161,7 @@ class CCSD:
             del tau                     # free until the next amplitudes' tau
             if it == first:             # every plan has run: constants of one layout stored once
                 ctx.store_constants_gathered()
-            new1, new2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
-            with ts.equations():
-                new1["ia"] = r1["ia"] / D1["ia"]
-                new2["ijab"] = r2["ijab"] / D2["ijab"]
+            new1, new2 = _update(ints, r1, r2, D1, D2)
             del r1, r2                  # freed before the packed vectors are made
             new1.fill_zero_blocks()
             new2.fill_zero_blocks()
@@ -200,6 +195,25 @@ class CCSD:
                 f"(wanted {self.conv:.0e} and {self.conv_residual:.0e}); raise --max-iter",
                 result)
         return result
+
+
+def _denominators(ints, energies: bool = True) -> tuple:
+    """D1[ia] = e_i - e_a and D2[ijab] = e_i + e_j - e_a - e_b (canonical orbitals: the
+    Jacobi update of the amplitudes, Scuseria, Janssen and Schaefer, J. Chem. Phys. 89,
+    7382 (1988)), D2 placed as T2; ``energies`` False: their structure only (planning)."""
+    eo, ev = ints.eo, ints.ev
+    return (denominator(ints.spaces("ov"), (eo, ev) if energies else None, (1, -1), "D1"),
+            denominator(ints.spaces("oovv"), (eo, eo, ev, ev) if energies else None, (1, 1, -1, -1), "D2",
+                        eq.T2_SYMMETRY, eq.amplitude_placement("oovv")))
+
+
+def _update(ints, r1, r2, D1, D2) -> tuple:
+    """The new amplitudes t1 = R1 / D1, t2 = R2 / D2 (``_denominators``)."""
+    new1, new2 = eq.new(ints, "ov", "t1"), eq.new(ints, "oovv", "t2")
+    with ts.equations():
+        new1["ia"] = r1["ia"] / D1["ia"]
+        new2["ijab"] = r2["ijab"] / D2["ijab"]
+    return new1, new2
 
 
 def _ladder_form(ints) -> None:
@@ -294,8 +308,9 @@ class CCSDStructure:
             ints = MOIntegrals(o, v, np.zeros(o.dim), np.zeros(v.dim), tensors, self.nfrozen)
             t1, t2 = _structural(eq.new(ints, "ov", "t1")), _structural(eq.new(ints, "oovv", "t2"))
             fixed = {k: _structural(t) for k, t in eq.fixed_intermediates(ints).items()}
+            D1, D2 = (_structural(d).freeze() for d in _denominators(ints, energies=False))
             ctx.plans.clear()               # those are made once per CCSD, not per iteration
-            eq.residual(ints, t1, t2, fixed=fixed)
+            _update(ints, *eq.residual(ints, t1, t2, fixed=fixed), D1, D2)
         amplitudes = 8 * (t1.stored_elements + t2.stored_elements)
         held = {"amplitudes": (AMPLITUDE_COPIES - 1) * amplitudes}       # the DIIS history is in a file
         plus_minus = kept_plus_minus(tensors["vvvv"])

@@ -183,12 +183,15 @@ def mo_classes(context, eri_s8, index, tensors) -> dict:
     return {"mo_integrals": int(eri_s8.size), "ranks": int(context.ranks.size)}
 
 
-def denominator(spaces: tuple, energies: tuple, signs: tuple, name: str = "D", symmetry=(),
+def denominator(spaces: tuple, energies: tuple | None, signs: tuple, name: str = "D", symmetry=(),
                 placement: str = "balanced") -> BlockTensor:
     """D[p q ...] = sum_n signs[n] * energies[n][p_n] at every allowed block (irrep 0).
     ``symmetry`` (permutations under which D is invariant, e.g. D_ijab = D_jiba) makes
-    it stored as canonical blocks; ``placement``: as the tensors it divides."""
+    it stored as canonical blocks; ``placement``: as the tensors it divides. ``energies``
+    None: the empty tensor of that structure (planning without data)."""
     d = BlockTensor(spaces, 0, name=name, symmetry=symmetry, canonical=bool(symmetry), placement=placement)
+    if energies is None:
+        return d
     for key in d.owned_keys():
         blk = np.zeros(d.block_shape(key))
         for n, (s, e, sign, t) in enumerate(zip(spaces, energies, signs, key)):
