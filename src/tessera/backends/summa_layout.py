@@ -94,6 +94,17 @@ def inner_units(inner, layers: int) -> tuple:
                    for q, part in units]
 
 
+def home_key(x: str, perms: tuple, outer: tuple, kk: tuple, part) -> tuple:
+    """(key, part) of the home item of operand ``x`` ("a": row tuple ``outer`` x inner
+    tuple ``kk`` of A; "b": ``kk`` x column tuple ``outer`` of B) for inner unit ``part``
+    (None or (lo, hi) rows of the first inner tile): the part as ``exchange`` takes it,
+    (axis, lo, hi) on the operand's axis of that tile."""
+    pa, pb = perms[:2]
+    if x == "a":
+        return invert_key(outer + kk, pa), part and (pa[len(outer)], *part)
+    return invert_key(kk + outer, pb), part and (pb[0], *part)
+
+
 def grid_deal(sig, pa, pb, pr: int, pc: int, layers: int) -> dict:
     """``summa_layout``'s deal of a contraction on the pr x pc x layers grid as arrays over
     the sectors' tuples in order (no list of blocks): ``row_line`` (grid row of each row
@@ -160,15 +171,13 @@ def summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
         bpack = [[[[] for _ in range(pc)] for _ in range(npanel)] for _ in range(layers)]
         for r, rk in enumerate(rows.tuples):
             for u, (q, part) in enumerate(units):
-                akey = invert_key(rk + inner.tuples[q], pa)
-                apart = None if part is None else (pa[len(rk)], *part)   # A's axis of the first inner tile
+                akey, apart = home_key("a", (pa, pb), rk, inner.tuples[q], part)
                 l_, p = place[u]
                 lay["a_homes"].append((akey, apart, l_, grow[r], p % pc))
                 apack[l_][p][grow[r]].append((akey, apart, roff[r], ioff[u], rows.sizes[r], usize[u]))
         for u, (q, part) in enumerate(units):
             for c, ck in enumerate(cols.tuples):
-                bkey = invert_key(inner.tuples[q] + ck, pb)
-                bpart = None if part is None else (pb[0], *part)         # B's axis of the first inner tile
+                bkey, bpart = home_key("b", (pa, pb), ck, inner.tuples[q], part)
                 l_, p = place[u]
                 lay["b_homes"].append((bkey, bpart, l_, p % pr, gcol[c]))
                 bpack[l_][p][gcol[c]].append((bkey, bpart, ioff[u], coff[c], usize[u], cols.sizes[c]))

@@ -12,6 +12,7 @@ the output's order. No data and no processes here: only structure, cached per la
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -249,6 +250,43 @@ def hadamard_outputs(step) -> dict:
     """``hadamard_pairs`` of the output blocks the step writes (canonical ones only)."""
     aliases = step.out.tensor.aliases
     return {k: v for k, v in hadamard_pairs(step).items() if k not in aliases}
+
+
+def _tile_keys(step, fixed: dict, free: list):
+    """Tile tuples of the index letters ``free`` (each over its space's tiles), with the
+    tiles of ``fixed`` ({letter: tile}), as {letter: tile} dicts in lexicographic order."""
+    space = {ch: r.tensor.spaces[r.indices.index(ch)] for r in (*step.inputs, step.out) for ch in r.indices}
+    for tiles in itertools.product(*(range(len(space[ch].tiles)) for ch in free)):
+        yield {**fixed, **dict(zip(free, tiles))}
+
+
+def hadamard_block_pairs(step, okey) -> list:
+    """``hadamard_pairs(step)[okey]`` of one output block, made from the block alone (its
+    summed letters' tiles enumerated; [] for a block that receives none), in that order:
+    O(the block's pairs), not O(blocks)."""
+    (a, b), out = step.inputs, step.out
+    summed = [ch for ch in dict.fromkeys(a.indices + b.indices) if ch not in out.indices]
+    pairs = []
+    for tile in _tile_keys(step, dict(zip(out.indices, okey)), summed):
+        ka, kb = tuple(tile[ch] for ch in a.indices), tuple(tile[ch] for ch in b.indices)
+        if a.tensor.is_allowed(ka) and b.tensor.is_allowed(kb):
+            pairs.append((ka, kb))
+    return pairs
+
+
+def hadamard_fed(step, x: int, key) -> list:
+    """The output blocks of ``hadamard_outputs(step)`` whose pairs may read block ``key``
+    (as the step reads it: an alias too) of input ``x`` (0: A, 1: B): the allowed canonical
+    output keys that agree with it on their common letters."""
+    ref, out = step.inputs[x], step.out
+    fixed = dict(zip(ref.indices, key))
+    aliases = out.tensor.aliases
+    found = []
+    for tile in _tile_keys(step, fixed, [ch for ch in out.indices if ch not in fixed]):
+        okey = tuple(tile[ch] for ch in out.indices)
+        if out.tensor.is_allowed(okey) and not (aliases and okey in aliases):
+            found.append(okey)
+    return found
 
 
 def add_source(step, okey) -> tuple:
