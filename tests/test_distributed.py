@@ -21,7 +21,7 @@ from tessera.backends.tasks import part_slice
 from tessera.runtime.distribution import block_owners as owner_map, contiguous_runs, default_layers, grid_shape
 from tessera.chem.integrals import make_spaces
 from tessera.errors import InputError
-from tessera.plan.blocktasks import invert_key, contraction_tasks, hadamard_pairs, task_arrays
+from tessera.plan.blocktasks import invert_key, contraction_tasks, hadamard_block_pairs, hadamard_pairs, task_arrays
 
 
 def spaces(seed, nirrep=4):
@@ -89,6 +89,8 @@ def test_hadamard_pairs_match_allowed_blocks():
     pairs = hadamard_pairs(step)
     assert set(pairs) == set(a.allowed_keys())
     assert all(p == [(k, k)] for k, p in pairs.items())
+    # one output block's pairs, made alone (what a rank lists of its own outputs)
+    assert all(hadamard_block_pairs(step, k) == p for k, p in pairs.items())
 
 
 def contraction_step(expr, seed):

@@ -148,7 +148,6 @@ class CollectiveExecutor(DistributedExecutor):
                              "(auto: per contraction, by cost; never: always the grid)")
         self.stationary = stationary
         self._modes: dict = {}        # contraction -> (mode, SUMMA's grid, this rank's products)
-        self._own: dict = {}          # a step's structure -> what this rank sends, receives or computes
         self._received: dict = {}     # (array, frozen entry) -> the most one rank receives of it
         self.cc = CollectiveComm(self.world, layers)
         if self.variant == "2.5d" and layers == 1:
@@ -166,7 +165,6 @@ class CollectiveExecutor(DistributedExecutor):
         if not self.closed:
             self.cc.free()
             self._modes.clear()
-            self._own.clear()
             self._received.clear()
         super().close()
 
