@@ -47,6 +47,7 @@ rank owns are read in place, never fetched.
 
 from __future__ import annotations
 
+import heapq
 import time
 
 import numpy as np
@@ -418,15 +419,17 @@ def cached_batches(tasks, by_row: bool, bound: int, nranks: int) -> list:
             else:
                 entries += [(i, run[0][1], run[-1][2]) for run in _runs(tasks, [(i, q, q + 1) for q in range(n)], bound)]
         out += _runs(tasks, entries, bound)
-    want = BATCHES_PER_RANK * nranks
-
-    work = [batch_flops(tasks, b) for b in out]
-    while out and len(out) < want:
-        big = max(range(len(out)), key=lambda q: (work[q], -q))
-        if len(out[big]) < 2:
+    # halving by a heap of (-flops, place): place is a batch's position as a path of
+    # halves (head + (0,), tail + (1,)), ordered as the list is, so the first of the
+    # largest is halved, as a scan of the list picks it: O(batches log batches)
+    heap = [(-batch_flops(tasks, b), (q,), b) for q, b in enumerate(out)]
+    heapq.heapify(heap)
+    while heap and len(heap) < BATCHES_PER_RANK * nranks:
+        work, place, big = heap[0]
+        if len(big) < 2:
             break
-        half = len(out[big]) // 2
-        head, tail = out[big][:half], out[big][half:]
-        out[big:big + 1] = [head, tail]
-        work[big:big + 1] = [batch_flops(tasks, head), batch_flops(tasks, tail)]
-    return out
+        heapq.heappop(heap)
+        half = len(big) // 2
+        for end, part in ((0, big[:half]), (1, big[half:])):
+            heapq.heappush(heap, (-batch_flops(tasks, part), place + (end,), part))
+    return [b for _, _, b in sorted(heap, key=lambda e: e[1])]
