@@ -21,7 +21,8 @@ from tessera.backends.tasks import part_slice
 from tessera.runtime.distribution import block_owners as owner_map, contiguous_runs, default_layers, grid_shape
 from tessera.chem.integrals import make_spaces
 from tessera.errors import InputError
-from tessera.plan.blocktasks import invert_key, contraction_tasks, hadamard_block_pairs, hadamard_pairs, task_arrays
+from tessera.plan.blocktasks import (invert_key, contraction_tasks, hadamard_block_pairs, hadamard_pairs, indexed_tasks,
+                                     task_arrays)
 
 
 def spaces(seed, nirrep=4):
@@ -76,6 +77,26 @@ def test_block_tasks_cover_the_sector_gemms(expr):
         assert step.out.tensor.is_allowed(t.out)
         for p in t.products:
             assert A.is_allowed(p.a) and B.is_allowed(p.b)
+
+
+def test_indexed_tasks_are_the_contraction_tasks():
+    """``indexed_tasks`` (mpi-onesided original's tasks by index: task i found by
+    arithmetic, made when asked) is ``contraction_tasks`` task by task, with every task's
+    flops, for every contraction of a CCSD iteration in four irreps (canonical outputs,
+    whose aliases are left out, among them); out of range is an IndexError."""
+    rng = np.random.default_rng(3)
+    run = CCSDStructure(np.sort(rng.integers(0, 4, 26)), 8, 0, distributed=True)(6, 4)
+    steps = [s for p in run.plans for s in p.steps if s.kind == "contract"]
+    aliased = 0
+    for step in steps:
+        whole, indexed = contraction_tasks(step), indexed_tasks(step)
+        assert len(indexed) == len(whole)
+        assert [indexed[i] for i in range(len(whole))] == list(whole)
+        assert indexed.flops.tolist() == [t.flops for t in whole]
+        with pytest.raises(IndexError):
+            indexed[len(whole)]
+        aliased += bool(step.out.tensor.aliases)
+    assert aliased
 
 
 def test_hadamard_pairs_match_allowed_blocks():

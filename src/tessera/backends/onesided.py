@@ -57,7 +57,7 @@ from tessera.backends.distributed import BlockCache
 from tessera.backends.registry import DEFAULT_SCHEDULE, DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Scheduler
 from tessera.backends.tasks import part_slice
-from tessera.plan.blocktasks import contraction_tasks, owned_tasks
+from tessera.plan.blocktasks import contraction_tasks, indexed_tasks, owned_tasks
 
 
 class OneSidedExecutor(DistributedExecutor):
@@ -162,9 +162,16 @@ class OneSidedExecutor(DistributedExecutor):
     def contract_step(self, step) -> None:
         A, B = step.inputs[0].tensor, step.inputs[1].tensor
         out = step.out.tensor
-        # owner computes: a rank lists only the tasks of its own output blocks; the dealt
-        # variants number every task (a counter hands out global task indices)
-        tasks = owned_tasks(step, out.owned_keys()) if self.variant == "owner" else contraction_tasks(step)
+        # owner computes: a rank lists only the tasks of its own output blocks; original:
+        # tasks by index (a counter's value or a static queue's entry), made when run; the
+        # inverted and cached variants group every task (by the block a group reuses, by
+        # the rows or columns a batch shares) before dealing the groups
+        if self.variant == "owner":
+            tasks = owned_tasks(step, out.owned_keys())
+        elif self.variant == "original":
+            tasks = indexed_tasks(step)
+        else:
+            tasks = contraction_tasks(step)
         if self.variant == "inverted":
             self._inverted_loop(step, tasks, A, B, out)
         elif self.variant == "cached":
@@ -186,7 +193,7 @@ class OneSidedExecutor(DistributedExecutor):
     def _original_loop(self, step, tasks, A, B, out) -> None:
         pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
         ga_out, scale = out.dist.ga, step.scale
-        costs = self._costs_of(tasks, lambda: [t.flops + 1 for t in tasks])
+        costs = self._costs_of(tasks, lambda: tasks.flops + 1)
         compute = 0.0
         for batch in self.batches(costs, 1):
             for ti in batch:

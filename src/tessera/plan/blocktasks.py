@@ -215,14 +215,69 @@ def _owned(sig, perm_a, perm_b, perm_c, aliases, keys) -> tuple:
             if r is not None and c is not None:
                 found.append((n, r, c, okey))
                 break
-    out = []
-    for n, r, c, okey in sorted(found):
-        _, rows, inner, cols = sig[n]
-        rk, ck = rows.tuples[r], cols.tuples[c]
-        prods = tuple(Product(invert_key(rk + kk, perm_a), invert_key(kk + ck, perm_b), inner.sizes[q], q)
-                      for q, kk in enumerate(inner.tuples))
-        out.append(OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c], rows.shapes[r] + cols.shapes[c], prods))
-    return tuple(out)
+    return tuple(_output_task(sig, n, r, c, okey, perm_a, perm_b) for n, r, c, okey in sorted(found))
+
+
+def _output_task(sig, n: int, r: int, c: int, okey, perm_a, perm_b) -> OutputTask:
+    """The OutputTask of row tuple r and column tuple c of sector n (output key ``okey``)."""
+    _, rows, inner, cols = sig[n]
+    rk, ck = rows.tuples[r], cols.tuples[c]
+    prods = tuple(Product(invert_key(rk + kk, perm_a), invert_key(kk + ck, perm_b), inner.sizes[q], q)
+                  for q, kk in enumerate(inner.tuples))
+    return OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c], rows.shapes[r] + cols.shapes[c], prods)
+
+
+def indexed_tasks(step) -> "IndexedTasks":
+    """``contraction_tasks(step)`` as an ``IndexedTasks`` (one per layout, cached)."""
+    return _indexed(*_layout(step))
+
+
+@lru_cache(maxsize=256)
+def _indexed(sig, perm_a, perm_b, perm_c, aliases=None) -> "IndexedTasks":
+    return IndexedTasks(sig, perm_a, perm_b, perm_c, aliases)
+
+
+class IndexedTasks:
+    """``contraction_tasks`` of a layout by index: task i (a counter's value, a static
+    queue's entry) is found by arithmetic (its sector from the tasks before each sector,
+    then row and column tuple by divmod; an output with aliases: from the (r, c) array of
+    the outputs each sector keeps) and its OutputTask made when asked, so a rank
+    builds the products of the tasks it runs only (made again when asked again: nothing
+    kept grows with the tasks a counter hands it over the iterations). ``flops``: every
+    task's, as one array (what a deal by cost needs)."""
+
+    def __init__(self, sig, perm_a, perm_b, perm_c, aliases=None):
+        self._sig, self._perms = sig, (perm_a, perm_b, perm_c)
+        self._kept, counts, flops = [], [], []
+        for _, rows, inner, cols in sig:
+            nc = len(cols.tuples)
+            if aliases:      # the (r, c) of the outputs stored as themselves
+                rc = np.array([(r, c) for r, c, _ in _outputs(rows, cols, perm_c, aliases)],
+                              dtype=np.int64).reshape(-1, 2)
+                r, c = rc[:, 0], rc[:, 1]
+            else:
+                rc = None
+                r, c = np.divmod(np.arange(len(rows.tuples) * nc, dtype=np.int64), max(nc, 1))
+            self._kept.append(rc)
+            counts.append(len(r))
+            flops.append(2 * np.asarray(rows.sizes, dtype=np.int64)[r] * np.asarray(cols.sizes, dtype=np.int64)[c]
+                         * int(sum(inner.sizes)))
+        self._starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64)))
+        self.flops = np.concatenate(flops) if flops else np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, i: int) -> OutputTask:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        n = int(np.searchsorted(self._starts, i, side="right")) - 1
+        j = i - int(self._starts[n])
+        _, rows, _, cols = self._sig[n]
+        r, c = self._kept[n][j].tolist() if self._kept[n] is not None else divmod(j, len(cols.tuples))
+        perm_a, perm_b, perm_c = self._perms
+        okey = tuple((rows.tuples[r] + cols.tuples[c])[p] for p in perm_c)
+        return _output_task(self._sig, n, r, c, okey, perm_a, perm_b)
 
 
 def hadamard_pairs(step) -> dict:
