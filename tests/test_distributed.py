@@ -15,7 +15,7 @@ from tessera.backends.collective_model import grid_of
 from tessera.backends.registry import check_options
 from tessera.chem.ccsd import CCSDStructure
 from tessera.backends.collective import CollectiveExecutor
-from tessera.backends.summa_layout import summa_layout
+from tessera.backends.summa_layout import cell_layout, summa_layout
 from tessera.backends.context import PlanningContext
 from tessera.backends.tasks import part_slice
 from tessera.runtime.distribution import block_owners as owner_map, contiguous_runs, default_layers, grid_shape
@@ -145,6 +145,35 @@ def test_summa_layout_places_every_block_once(nranks):
     assert {(part, layer) for _, part, layer, _, _ in lay["a_homes"] + lay["b_homes"]} == {(None, 0)}
     outs = sum(len(lay["out"][n][r][c]) for n in range(len(sig)) for r in range(pr) for c in range(pc))
     assert outs == len(contraction_tasks(step))
+
+
+@pytest.mark.parametrize("expr, seed", [("acbd,ijcd->ijab", 11), ("akic,kjcb->ijab", 12), ("kdac,kb->abcd", 0),
+                                        ("ia,jb->ijab", 15)])
+@pytest.mark.parametrize("pr, pc, layers", [(1, 1, 1), (2, 3, 1), (1, 2, 2), (2, 2, 3)])
+def test_cell_layout_is_its_cell_of_summa_layout(expr, seed, pr, pc, layers):
+    """``cell_layout`` (what one rank of the grid makes, from the deal alone) is its cell's
+    part of the whole ``summa_layout``, for every cell: its rectangle, its panels' inner
+    widths and sizes, its row's A and column's B pack entries, its output tile pairs, the
+    grid's strip bytes (cut inner tuples at seed 0 with layers)."""
+    step, _ = contraction_step(expr, seed)
+    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    pa, pb = step.perms["a"], step.perms["b"]
+    lay = summa_layout(sig, pa, pb, pr, pc, layers)
+    panels, sectors = range(lay["npanel"]), range(len(sig))
+    for l_ in range(layers):
+        for g in range(pr):
+            for h in range(pc):
+                assert cell_layout(sig, pa, pb, pr, pc, layers, l_, g, h) == {
+                    "npanel": lay["npanel"], "active": [lay["active"][n][l_] for n in sectors],
+                    "row_total": [lay["row_total"][n][g] for n in sectors],
+                    "col_total": [lay["col_total"][n][h] for n in sectors],
+                    "panel_inner": [lay["panel_inner"][n][l_] for n in sectors],
+                    "a_pack": [[lay["a_pack"][n][l_][p][g] for p in panels] for n in sectors],
+                    "b_pack": [[lay["b_pack"][n][l_][p][h] for p in panels] for n in sectors],
+                    "out": [lay["out"][n][g][h] for n in sectors],
+                    "a_panel_size": [lay["a_panel_size"][l_][p][g] for p in panels],
+                    "b_panel_size": [lay["b_panel_size"][l_][p][h] for p in panels],
+                    "a_strip_bytes": lay["a_strip_bytes"], "b_strip_bytes": lay["b_strip_bytes"]}
 
 
 def test_default_layers_and_grids():

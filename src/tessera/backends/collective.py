@@ -53,7 +53,7 @@ from tessera.backends.exchange import (add_partials, deliver, exchange, expect_f
 from tessera.backends.own_products import add_homes, hadamard_own, own_tasks, summa_own
 from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Share
-from tessera.backends.summa_layout import summa_layout
+from tessera.backends.summa_layout import cell_layout
 from tessera.errors import InputError
 from tessera.plan.blocktasks import source_block
 from tessera.runtime.distribution import default_layers, grid_shape
@@ -404,8 +404,9 @@ class CollectiveExecutor(DistributedExecutor):
             self._stationary_step(step, share)
             return
         cc.use(pr, pc)
-        lay = summa_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers)
         me_row, me_col, me_layer = cc.my_row, cc.my_col, cc.my_layer
+        # this rank's cell of the layout (``cell_layout``: from the deal, not every block)
+        lay = cell_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers, me_layer, me_row, me_col)
         layout_key = (sig, pa, pb, cc.pr, cc.pc, cc.layers)
         kept_a, keep_a = self._kept(A, ("a", layout_key), lay["a_strip_bytes"], [])
         kept_b, keep_b = self._kept(B, ("b", layout_key), lay["b_strip_bytes"], [])
@@ -418,20 +419,18 @@ class CollectiveExecutor(DistributedExecutor):
         # (2) this layer's panels: A along grid rows, B along grid columns
         nsec = len(sig)
         active = lay["active"]
-        cmat = [np.zeros((lay["row_total"][n][me_row], lay["col_total"][n][me_col]) if active[n][me_layer]
-                         else (0, 0)) for n in range(nsec)]
+        cmat = [np.zeros((lay["row_total"][n], lay["col_total"][n]) if active[n] else (0, 0)) for n in range(nsec)]
         compute = 0.0
         for p in range(lay["npanel"]):
             a_root, b_root = p % cc.pc, p % cc.pr
-            abuf = self._panel(kept_a, keep_a, p, lay["a_panel_size"][me_layer][p][me_row], a_root, "row",
-                               me_col == a_root and (lambda buf: self._pack_a(buf, lay, me_layer, p, me_row, A, home, pa)))
-            bbuf = self._panel(kept_b, keep_b, p, lay["b_panel_size"][me_layer][p][me_col], b_root, "col",
-                               me_row == b_root and (lambda buf: self._pack_b(buf, lay, me_layer, p, me_col, B, home, pb)))
+            abuf = self._panel(kept_a, keep_a, p, lay["a_panel_size"][p], a_root, "row",
+                               me_col == a_root and (lambda buf: self._pack(buf, lay, "a", p, A, home, pa)))
+            bbuf = self._panel(kept_b, keep_b, p, lay["b_panel_size"][p], b_root, "col",
+                               me_row == b_root and (lambda buf: self._pack(buf, lay, "b", p, B, home, pb)))
             c0 = time.perf_counter()
             aoff = boff = 0
             for n in range(nsec):
-                m, k = lay["row_total"][n][me_row], lay["panel_inner"][n][me_layer][p]
-                ncol = lay["col_total"][n][me_col]
+                m, k, ncol = lay["row_total"][n], lay["panel_inner"][n][p], lay["col_total"][n]
                 am = abuf[aoff:aoff + m * k].reshape(m, k)
                 bm = bbuf[boff:boff + k * ncol].reshape(k, ncol)
                 aoff += m * k
@@ -445,9 +444,9 @@ class CollectiveExecutor(DistributedExecutor):
         expect = [[] for _ in range(cc.size)]
         c0 = time.perf_counter()
         for n, (_, rows, inner, cols) in enumerate(sig):
-            if not active[n][me_layer]:
+            if not active[n]:
                 continue
-            for r, c, ro, co in lay["out"][n][me_row][me_col]:
+            for r, c, ro, co in lay["out"][n]:
                 blk = cmat[n][ro:ro + rows.sizes[r], co:co + cols.sizes[c]]
                 okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
                 if okey in C.aliases:        # a canonical output receives its canonical blocks only
@@ -492,23 +491,16 @@ class CollectiveExecutor(DistributedExecutor):
         return buf
 
     @staticmethod
-    def _pack_a(buf, lay, layer, p, grow, A, home, pa) -> None:
+    def _pack(buf, lay, x: str, p: int, t, home, perm) -> None:
+        """Panel ``p`` of operand ``x`` ("a": this rank's grid row of A, "b": its column of
+        B) into ``buf``: per sector the (rows x inner) or (inner x columns) matrix of the
+        ``cell_layout``'s pack entries, from the blocks (parts) at ``home``."""
         off = 0
-        for n, entries in enumerate(lay["a_pack"]):
-            m, k = lay["row_total"][n][grow], lay["panel_inner"][n][layer][p]
-            mat = buf[off:off + m * k].reshape(m, k)
-            for akey, part, ro, io, rs, ks in entries[layer][p][grow]:
-                blk = home[(A.dist.ga.eid, akey) if part is None else (A.dist.ga.eid, akey, part)]
-                mat[ro:ro + rs, io:io + ks] = blk.transpose(pa).reshape(rs, ks)
-            off += m * k
-
-    @staticmethod
-    def _pack_b(buf, lay, layer, p, gcol, B, home, pb) -> None:
-        off = 0
-        for n, entries in enumerate(lay["b_pack"]):
-            k, ncol = lay["panel_inner"][n][layer][p], lay["col_total"][n][gcol]
-            mat = buf[off:off + k * ncol].reshape(k, ncol)
-            for bkey, part, io, co, ks, cs in entries[layer][p][gcol]:
-                blk = home[(B.dist.ga.eid, bkey) if part is None else (B.dist.ga.eid, bkey, part)]
-                mat[io:io + ks, co:co + cs] = blk.transpose(pb).reshape(ks, cs)
-            off += k * ncol
+        for n, entries in enumerate(lay[f"{x}_pack"]):
+            k = lay["panel_inner"][n][p]
+            rows, cols = (lay["row_total"][n], k) if x == "a" else (k, lay["col_total"][n])
+            mat = buf[off:off + rows * cols].reshape(rows, cols)
+            for key, part, ro, co, rs, cs in entries[p]:
+                blk = home[(t.dist.ga.eid, key) if part is None else (t.dist.ga.eid, key, part)]
+                mat[ro:ro + rs, co:co + cs] = blk.transpose(perm).reshape(rs, cs)
+            off += rows * cols
