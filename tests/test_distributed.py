@@ -21,8 +21,8 @@ from tessera.backends.tasks import part_slice
 from tessera.runtime.distribution import block_owners as owner_map, contiguous_runs, default_layers, grid_shape
 from tessera.chem.integrals import make_spaces
 from tessera.errors import InputError
-from tessera.plan.blocktasks import (invert_key, contraction_tasks, hadamard_block_pairs, hadamard_pairs, indexed_tasks,
-                                     task_arrays)
+from tessera.plan.blocktasks import (invert_key, contraction_tasks, hadamard_block_pairs, hadamard_pairs, indexed_groups,
+                                     indexed_tasks, task_arrays)
 
 
 def spaces(seed, nirrep=4):
@@ -97,6 +97,28 @@ def test_indexed_tasks_are_the_contraction_tasks():
             indexed[len(whole)]
         aliased += bool(step.out.tensor.aliases)
     assert aliased
+
+
+def test_indexed_groups_are_the_products_grouped_by_block():
+    """``indexed_groups`` (mpi-onesided inverted's groups by index) is every product of
+    ``contraction_tasks`` grouped by its A block, or its B block, in key order, each
+    group's (task, product) items in task order, with each group's flops, for every
+    contraction of a CCSD iteration in four irreps (canonical outputs among them)."""
+    rng = np.random.default_rng(4)
+    run = CCSDStructure(np.sort(rng.integers(0, 4, 26)), 8, 0, distributed=True)(6, 4)
+    steps = [s for p in run.plans for s in p.steps if s.kind == "contract"]
+    for step in steps:
+        for by_a in (True, False):
+            whole: dict = {}
+            for t in contraction_tasks(step):
+                for p in t.products:
+                    whole.setdefault(p.a if by_a else p.b, []).append((t, p))
+            groups = indexed_groups(step, by_a)
+            # each item's task holds the group's product alone (the part of it the group runs)
+            assert [groups[g] for g in range(len(groups))] == \
+                [(key, [(t._replace(products=(p,)), p) for t, p in items]) for key, items in sorted(whole.items())]
+            assert groups.flops.tolist() == [sum(2 * t.m * p.k * t.n for t, p in items) for _, items in sorted(whole.items())]
+    assert any(s.out.tensor.aliases for s in steps)
 
 
 def test_hadamard_pairs_match_allowed_blocks():

@@ -57,7 +57,7 @@ from tessera.backends.distributed import BlockCache
 from tessera.backends.registry import DEFAULT_SCHEDULE, DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Scheduler
 from tessera.backends.tasks import part_slice
-from tessera.plan.blocktasks import contraction_tasks, indexed_tasks, owned_tasks
+from tessera.plan.blocktasks import contraction_tasks, indexed_groups, indexed_tasks, owned_tasks
 
 
 class OneSidedExecutor(DistributedExecutor):
@@ -162,19 +162,20 @@ class OneSidedExecutor(DistributedExecutor):
     def contract_step(self, step) -> None:
         A, B = step.inputs[0].tensor, step.inputs[1].tensor
         out = step.out.tensor
-        # owner computes: a rank lists only the tasks of its own output blocks; original:
-        # tasks by index (a counter's value or a static queue's entry), made when run; the
-        # inverted and cached variants group every task (by the block a group reuses, by
-        # the rows or columns a batch shares) before dealing the groups
+        # owner computes: a rank lists only the tasks of its own output blocks; original and
+        # inverted: tasks (groups) by index (a counter's value or a static queue's entry),
+        # made when run; cached cuts every task into batches (by the rows or columns a
+        # batch shares, by bytes) before dealing them
+        if self.variant == "inverted":
+            self._inverted_loop(step, A, B, out)
+            return
         if self.variant == "owner":
             tasks = owned_tasks(step, out.owned_keys())
         elif self.variant == "original":
             tasks = indexed_tasks(step)
         else:
             tasks = contraction_tasks(step)
-        if self.variant == "inverted":
-            self._inverted_loop(step, tasks, A, B, out)
-        elif self.variant == "cached":
+        if self.variant == "cached":
             self._cached_loop(step, tasks, A, B, out)
         elif self.variant == "owner":
             self._owner_loop(step, tasks, A, B, out)
@@ -215,22 +216,14 @@ class OneSidedExecutor(DistributedExecutor):
                 ga_out.acc(t.out, np.ascontiguousarray(acc.reshape(t.out_shape).transpose(pc)), scale)
         self.compute_seconds += compute
 
-    def _inverted_groups(self, tasks, A, B) -> tuple:
-        reuse_a = A.nbytes >= B.nbytes
-
-        def make():
-            groups: dict = {}
-            for t in tasks:
-                for p in t.products:
-                    groups.setdefault(p.a if reuse_a else p.b, []).append((t, p))
-            return sorted(groups.items())
-        return self._once(("inverted", reuse_a), tasks, make), reuse_a
-
-    def _inverted_loop(self, step, tasks, A, B, out) -> None:
+    def _inverted_loop(self, step, A, B, out) -> None:
         pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
         ga_out, scale = out.dist.ga, step.scale
-        groups, reuse_a = self._inverted_groups(tasks, A, B)
-        costs = self._costs_of(groups, lambda: [sum(2 * t.m * p.k * t.n for t, p in items) + 1 for _, items in groups])
+        # groups by the reused block (A, the operand with more bytes, or B), by index:
+        # a group's items made when it is run (``blocktasks.IndexedGroups``)
+        reuse_a = A.nbytes >= B.nbytes
+        groups = indexed_groups(step, reuse_a)
+        costs = self._costs_of(groups, lambda: groups.flops + 1)
         compute = 0.0
         for batch in self.batches(costs, 1):
             for gi in batch:

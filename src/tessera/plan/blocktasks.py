@@ -218,12 +218,13 @@ def _owned(sig, perm_a, perm_b, perm_c, aliases, keys) -> tuple:
     return tuple(_output_task(sig, n, r, c, okey, perm_a, perm_b) for n, r, c, okey in sorted(found))
 
 
-def _output_task(sig, n: int, r: int, c: int, okey, perm_a, perm_b) -> OutputTask:
-    """The OutputTask of row tuple r and column tuple c of sector n (output key ``okey``)."""
+def _output_task(sig, n: int, r: int, c: int, okey, perm_a, perm_b, qs=None) -> OutputTask:
+    """The OutputTask of row tuple r and column tuple c of sector n (output key ``okey``),
+    with the products of inner tuples ``qs`` (default: all)."""
     _, rows, inner, cols = sig[n]
     rk, ck = rows.tuples[r], cols.tuples[c]
-    prods = tuple(Product(invert_key(rk + kk, perm_a), invert_key(kk + ck, perm_b), inner.sizes[q], q)
-                  for q, kk in enumerate(inner.tuples))
+    prods = tuple(Product(invert_key(rk + inner.tuples[q], perm_a), invert_key(inner.tuples[q] + ck, perm_b),
+                          inner.sizes[q], q) for q in (range(len(inner.tuples)) if qs is None else qs))
     return OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c], rows.shapes[r] + cols.shapes[c], prods)
 
 
@@ -273,11 +274,79 @@ class IndexedTasks:
             raise IndexError(i)
         n = int(np.searchsorted(self._starts, i, side="right")) - 1
         j = i - int(self._starts[n])
+        r, c = self._kept[n][j].tolist() if self._kept[n] is not None else divmod(j, len(self._sig[n][3].tuples))
+        return self.task(n, r, c)
+
+    def task(self, n: int, r: int, c: int, qs=None) -> OutputTask:
+        """The OutputTask of row tuple r and column tuple c of sector n (only the products
+        of inner tuples ``qs``, when given)."""
         _, rows, _, cols = self._sig[n]
-        r, c = self._kept[n][j].tolist() if self._kept[n] is not None else divmod(j, len(cols.tuples))
         perm_a, perm_b, perm_c = self._perms
         okey = tuple((rows.tuples[r] + cols.tuples[c])[p] for p in perm_c)
-        return _output_task(self._sig, n, r, c, okey, perm_a, perm_b)
+        return _output_task(self._sig, n, r, c, okey, perm_a, perm_b, qs)
+
+    def pairs(self, n: int) -> tuple:
+        """([r], [c]) of sector n's tasks, in task order."""
+        if self._kept[n] is not None:
+            return self._kept[n][:, 0].tolist(), self._kept[n][:, 1].tolist()
+        _, rows, _, cols = self._sig[n]
+        return ([r for r in range(len(rows.tuples)) for _ in cols.tuples],
+                list(range(len(cols.tuples))) * len(rows.tuples))
+
+
+def indexed_groups(step, by_a: bool) -> "IndexedGroups":
+    """``contraction_tasks(step)`` grouped by the A block (``by_a``) or B block each
+    product reads, as an ``IndexedGroups`` (one per layout and side, cached)."""
+    return _indexed_groups(*_layout(step), by_a)
+
+
+@lru_cache(maxsize=256)
+def _indexed_groups(sig, perm_a, perm_b, perm_c, aliases, by_a: bool) -> "IndexedGroups":
+    return IndexedGroups(_indexed(sig, perm_a, perm_b, perm_c, aliases), by_a)
+
+
+class IndexedGroups:
+    """The products of ``IndexedTasks`` grouped by the block of A (``by_a``) or of B they
+    read, in that block's key order (``mpi-onesided inverted``'s groups): group g is
+    (key, [(OutputTask, Product)]: the tasks reading it, in task order, each with the
+    product that reads it and holding that product alone: the part of the task the group
+    runs), its items made when asked. One entry per distinct block (its
+    sector, row or column tuple, inner tuple, and the tuples of the tasks that read it),
+    O(blocks + tasks), no product listed. ``flops``: every group's, as one array."""
+
+    def __init__(self, tasks: IndexedTasks, by_a: bool):
+        self._tasks, self._by_a = tasks, by_a
+        perm_a, perm_b, _ = tasks._perms
+        keys, entries, flops = [], [], []
+        for n, (_, rows, inner, cols) in enumerate(tasks._sig):
+            readers: dict = {}      # row (A) or column (B) tuple -> the other tuples of its tasks, in task order
+            for r, c in zip(*tasks.pairs(n)):
+                if by_a:
+                    readers.setdefault(r, []).append(c)
+                else:
+                    readers.setdefault(c, []).append(r)
+            outer, other = (rows, cols) if by_a else (cols, rows)
+            for i, js in readers.items():
+                width = sum(other.sizes[j] for j in js)
+                for q, kk in enumerate(inner.tuples):
+                    keys.append(invert_key(outer.tuples[i] + kk, perm_a) if by_a else invert_key(kk + outer.tuples[i], perm_b))
+                    entries.append((n, i, q, js))
+                    flops.append(2 * outer.sizes[i] * inner.sizes[q] * width)
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        self._keys = [keys[g] for g in order]
+        self._entries = [entries[g] for g in order]
+        self.flops = np.array([flops[g] for g in order], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, g: int) -> tuple:
+        n, i, q, js = self._entries[g]
+        items = []
+        for j in js:
+            task = self._tasks.task(n, *((i, j) if self._by_a else (j, i)), qs=(q,))
+            items.append((task, task.products[0]))
+        return self._keys[g], items
 
 
 def hadamard_pairs(step) -> dict:
