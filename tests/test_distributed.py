@@ -262,7 +262,7 @@ def test_25d_layout_covers_every_inner_panel_once(expr, seed, pr, pc, layers):
                 assert homes_a[(invert_key(rk + inner.tuples[q], pa), apart)][0] == place[u][0]
     if expr == "ka,kb->ab" and layers > 1:
         assert split
-    # emulate every rank of the grid with the executor's own packing
+    # emulate every rank of the grid as the executor runs it: its own cell's layout and packing
     ga = SimpleNamespace(eid=1)
     shim_a, shim_b = SimpleNamespace(dist=SimpleNamespace(ga=ga)), SimpleNamespace(dist=SimpleNamespace(ga=ga))
     def home(t, homes):
@@ -278,19 +278,20 @@ def test_25d_layout_covers_every_inner_panel_once(expr, seed, pr, pc, layers):
     for l_ in range(layers):
         for gr in range(pr):
             for gc in range(pc):
-                cmat = [np.zeros((lay["row_total"][n][gr], lay["col_total"][n][gc])) for n in range(len(sig))]
+                cell = cell_layout(sig, pa, pb, pr, pc, layers, l_, gr, gc)     # what that rank makes
+                cmat = [np.zeros((cell["row_total"][n], cell["col_total"][n])) for n in range(len(sig))]
                 for p in range(npanel):
-                    abuf = np.empty(lay["a_panel_size"][l_][p][gr])
-                    bbuf = np.empty(lay["b_panel_size"][l_][p][gc])
-                    CollectiveExecutor._pack_a(abuf, lay, l_, p, gr, shim_a, home_a, pa)
-                    CollectiveExecutor._pack_b(bbuf, lay, l_, p, gc, shim_b, home_b, pb)
+                    abuf = np.empty(cell["a_panel_size"][p])
+                    bbuf = np.empty(cell["b_panel_size"][p])
+                    CollectiveExecutor._pack(abuf, cell, "a", p, shim_a, home_a, pa)
+                    CollectiveExecutor._pack(bbuf, cell, "b", p, shim_b, home_b, pb)
                     aoff = boff = 0
                     for n in range(len(sig)):
-                        m, k, nc = lay["row_total"][n][gr], lay["panel_inner"][n][l_][p], lay["col_total"][n][gc]
+                        m, k, nc = cell["row_total"][n], cell["panel_inner"][n][p], cell["col_total"][n]
                         cmat[n] += abuf[aoff:aoff + m * k].reshape(m, k) @ bbuf[boff:boff + k * nc].reshape(k, nc)
                         aoff, boff = aoff + m * k, boff + k * nc
                 for n, (_, rows, _, cols) in enumerate(sig):
-                    for r, c, ro, co in lay["out"][n][gr][gc]:
+                    for r, c, ro, co in cell["out"][n]:
                         okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pcp)
                         blk = cmat[n][ro:ro + rows.sizes[r], co:co + cols.sizes[c]]
                         res = blk.reshape(rows.shapes[r] + cols.shapes[c]).transpose(pcp)
