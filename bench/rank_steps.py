@@ -17,12 +17,15 @@ tasks or output blocks its loops visit. Two paths:
   output rectangle, an ``add`` step's every output block;
 - ``own``: what the executor walks now: a stationary contraction's ``own_products.own_tasks``
   (made once, from the blocks the rank holds), SUMMA's and an add step's items that the
-  rank sends, receives or keeps (SUMMA's ``_summa_own``: listed once per layout from a
-  walk of everything, a part of a block counted here as its block's; an add step's
-  ``_add_homes``: found once from the blocks the rank holds).
+  rank sends, receives or keeps (``own_products.summa_own``: from its grid cell and the
+  blocks it holds, a part of a block counted here as its block's; ``add_homes``: from the
+  blocks it holds), each made once per run.
 
 Per path: ``once s``, the lists made once per run (process CPU), and per step kind the
-steps, items walked and seconds of one iteration's walk (best of ``--repeat``).
+steps, items walked and seconds of one iteration's walk (best of ``--repeat``);
+``layout s``: the SUMMA contractions' layouts a rank makes once per layout, the whole
+grid's (``summa_layout``, O(the step's blocks): the executor up to this bench's
+``cell_layout`` commit) -> its own cell's (``cell_layout``, from the deal).
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rank_planning import REPO, NBAS_WATER, simulated_tensor  # noqa: E402
 from tessera.backends import stationary  # noqa: E402
-from tessera.backends.own_products import own_tasks  # noqa: E402
+from tessera.backends.own_products import add_homes, own_tasks, summa_own  # noqa: E402
+from tessera.backends import summa_layout as summa_layouts  # noqa: E402
 from tessera.backends.summa_layout import summa_layout  # noqa: E402
 from tessera.chem.ccsd import CCSDStructure  # noqa: E402
-from tessera.plan.blocktasks import add_source, contraction_tasks, pair_outputs, task_arrays  # noqa: E402
+from tessera.plan.blocktasks import add_source, contraction_tasks, task_arrays  # noqa: E402
 
 
 def operands(step, sim) -> tuple:
@@ -69,21 +73,23 @@ def summa_items(step, sim, grid, me: int, path: str, cache: dict) -> list:
     or keeps (``CollectiveExecutor._summa_own``)."""
     (A, B, C), _, sig, (pa, pb, pc_) = operands(step, sim)
     pr, pc, layers = grid
+    if path == "own":
+        own = summa_own(step, grid, me, lambda t: sim[id(t)].dist.ga.held(me),
+                        lambda x, key, part, dest: dest == me or key in held_by(sim, (A if x == "a" else B).tensor,
+                                                                                me, cache))
+        return ([(A, key, dest) for key, dest, _ in own["a"]] + [(B, key, dest) for key, dest, _ in own["b"]]
+                + [(C, okey, src) for okey, src in own["expect"]])
     lay = summa_layout(sig, pa, pb, pr, pc, layers)
     out = []
     for t, homes in ((A, lay["a_homes"]), (B, lay["b_homes"])):
-        for key, _, hl, hr, hc in homes:
-            dest = (hl * pr + hr) * pc + hc
-            if path == "all" or dest == me or key in held_by(sim, t.tensor, me, cache):
-                out.append((t, key, dest))
+        out += [(t, key, (hl * pr + hr) * pc + hc) for key, _, hl, hr, hc in homes]
     for n, (_, rows, _, cols) in enumerate(sig):
         for gl in range(layers):
             for gr in range(pr):
                 for gc in range(pc):
                     for r, c, _, _ in lay["out"][n][gr][gc]:
                         okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
-                        if path == "all" or okey in held_by(sim, C.tensor, me, cache):
-                            out.append((C, okey, (gl * pr + gr) * pc + gc))
+                        out.append((C, okey, (gl * pr + gr) * pc + gc))
     return out
 
 
@@ -92,17 +98,11 @@ def add_items(step, sim, me: int, path: str, cache: dict) -> list:
     ``me`` computes, keeps a piece of, or feeds from a block it holds, found from the
     blocks it holds (``_add_homes``)."""
     a, out = sim[id(step.inputs[0].tensor)], sim[id(step.out.tensor)]
-    if path == "all":
-        keys = step.out.tensor.stored_keys()
-    else:
-        found = set(held_by(sim, step.out.tensor, me, cache))
-        for r, perm in ((step.inputs[0], step.perms["a"]), (step.divisor, step.perms.get("d"))):
-            if r is not None:
-                for key in held_by(sim, r.tensor, me, cache):
-                    found.update(pair_outputs(step, key) if step.pairs else [tuple(key[p] for p in perm)])
-        keys = [k for k in sorted(found) if step.out.tensor.is_allowed(k) and k not in step.out.tensor.aliases]
+    if path == "own":
+        return [(a, akey, home) for _, home, akey, _ in add_homes(step, lambda t: sim[id(t)].dist.ga.held(me),
+                                                                   out.dist.owner)]
     items = []
-    for okey in keys:
+    for okey in step.out.tensor.stored_keys():
         akey = add_source(step, okey)[0]
         if akey is not None:
             items.append((a, akey, out.dist.owner(okey)))
@@ -210,7 +210,27 @@ def one_rank(steps, sim, modes, nranks: int, me: int, repeat: int) -> dict:
             if best is None or total < best[0]:
                 best, kinds = (total, once), row
         result[path] = {"once_seconds": best[1], "iteration_seconds": best[0], "kinds": kinds}
+    result["layout_seconds"] = {path: min(layouts(steps, sim, modes, me, path) for _ in range(repeat))
+                                for path in ("all", "own")}
     return result
+
+
+def layouts(steps, sim, modes, me: int, path: str) -> float:
+    """Seconds (process CPU) of the SUMMA contractions' layouts, caches cleared: the whole
+    grid's (``all``) or rank ``me``'s cell (``own``)."""
+    for f in (summa_layouts._lpt, summa_layouts._shift, summa_layouts._sector_layout, summa_layout,
+              summa_layouts.cell_layout):
+        f.cache_clear()
+    t0 = time.process_time()
+    for s in steps:
+        if s.kind == "contract" and modes[id(s)][0] == "summa":
+            _, _, sig, (pa, pb, _) = operands(s, sim)
+            pr, pc, layers = modes[id(s)][1]
+            if path == "all":
+                summa_layout(sig, pa, pb, pr, pc, layers)
+            else:
+                summa_layouts.cell_layout(sig, pa, pb, pr, pc, layers, me // (pr * pc), me % (pr * pc) // pc, me % pc)
+    return time.process_time() - t0
 
 
 def main(argv=None) -> None:
@@ -243,10 +263,13 @@ def main(argv=None) -> None:
                     modes[id(s)] = stationary.choose(task_arrays(s), sig, perms, 1, ops, P, moved_once,
                                                      stationary.MODES)[:2]
             rows[P] = one_rank(steps, sim, modes, P, args.rank, args.repeat)
-            for path, got in rows[P].items():
+            for path in ("all", "own"):
+                got = rows[P][path]
                 kinds = "  ".join(f"{k} {v['steps']} {v['items']} {v['seconds']:.3f}" for k, v in got["kinds"].items())
                 print(f"{name:>9s} {P:5d} {path:>4s} {got['once_seconds']:7.2f} {got['iteration_seconds']:7.3f}  {kinds}",
                       flush=True)
+            print(f"{name:>9s} {P:5d} layout s {rows[P]['layout_seconds']['all']:.3f} -> {rows[P]['layout_seconds']['own']:.3f}"
+                  " (the whole grid's -> its cell's, once per layout)")
         result["clusters"][name] = rows
     print(f"(load average {result['load']:.2f} at the start; once s: the lists made once per run; "
           "iter s: one iteration's walk of the contraction and add steps, best of --repeat)")

@@ -15,13 +15,14 @@ from tessera.backends.collective_model import grid_of
 from tessera.backends.registry import check_options
 from tessera.chem.ccsd import CCSDStructure
 from tessera.backends.collective import CollectiveExecutor
-from tessera.backends.summa_layout import summa_layout
+from tessera.backends.summa_layout import cell_layout, summa_layout
 from tessera.backends.context import PlanningContext
 from tessera.backends.tasks import part_slice
 from tessera.runtime.distribution import block_owners as owner_map, contiguous_runs, default_layers, grid_shape
 from tessera.chem.integrals import make_spaces
 from tessera.errors import InputError
-from tessera.plan.blocktasks import invert_key, contraction_tasks, hadamard_pairs, task_arrays
+from tessera.plan.blocktasks import (invert_key, contraction_tasks, hadamard_block_pairs, hadamard_pairs, indexed_groups,
+                                     indexed_tasks, task_arrays)
 
 
 def spaces(seed, nirrep=4):
@@ -78,6 +79,48 @@ def test_block_tasks_cover_the_sector_gemms(expr):
             assert A.is_allowed(p.a) and B.is_allowed(p.b)
 
 
+def test_indexed_tasks_are_the_contraction_tasks():
+    """``indexed_tasks`` (mpi-onesided original's tasks by index: task i found by
+    arithmetic, made when asked) is ``contraction_tasks`` task by task, with every task's
+    flops, for every contraction of a CCSD iteration in four irreps (canonical outputs,
+    whose aliases are left out, among them); out of range is an IndexError."""
+    rng = np.random.default_rng(3)
+    run = CCSDStructure(np.sort(rng.integers(0, 4, 26)), 8, 0, distributed=True)(6, 4)
+    steps = [s for p in run.plans for s in p.steps if s.kind == "contract"]
+    aliased = 0
+    for step in steps:
+        whole, indexed = contraction_tasks(step), indexed_tasks(step)
+        assert len(indexed) == len(whole)
+        assert [indexed[i] for i in range(len(whole))] == list(whole)
+        assert indexed.flops.tolist() == [t.flops for t in whole]
+        with pytest.raises(IndexError):
+            indexed[len(whole)]
+        aliased += bool(step.out.tensor.aliases)
+    assert aliased
+
+
+def test_indexed_groups_are_the_products_grouped_by_block():
+    """``indexed_groups`` (mpi-onesided inverted's groups by index) is every product of
+    ``contraction_tasks`` grouped by its A block, or its B block, in key order, each
+    group's (task, product) items in task order, with each group's flops, for every
+    contraction of a CCSD iteration in four irreps (canonical outputs among them)."""
+    rng = np.random.default_rng(4)
+    run = CCSDStructure(np.sort(rng.integers(0, 4, 26)), 8, 0, distributed=True)(6, 4)
+    steps = [s for p in run.plans for s in p.steps if s.kind == "contract"]
+    for step in steps:
+        for by_a in (True, False):
+            whole: dict = {}
+            for t in contraction_tasks(step):
+                for p in t.products:
+                    whole.setdefault(p.a if by_a else p.b, []).append((t, p))
+            groups = indexed_groups(step, by_a)
+            # each item's task holds the group's product alone (the part of it the group runs)
+            assert [groups[g] for g in range(len(groups))] == \
+                [(key, [(t._replace(products=(p,)), p) for t, p in items]) for key, items in sorted(whole.items())]
+            assert groups.flops.tolist() == [sum(2 * t.m * p.k * t.n for t, p in items) for _, items in sorted(whole.items())]
+    assert any(s.out.tensor.aliases for s in steps)
+
+
 def test_hadamard_pairs_match_allowed_blocks():
     o, v = spaces(5)
     rng = np.random.default_rng(1)
@@ -89,6 +132,8 @@ def test_hadamard_pairs_match_allowed_blocks():
     pairs = hadamard_pairs(step)
     assert set(pairs) == set(a.allowed_keys())
     assert all(p == [(k, k)] for k, p in pairs.items())
+    # one output block's pairs, made alone (what a rank lists of its own outputs)
+    assert all(hadamard_block_pairs(step, k) == p for k, p in pairs.items())
 
 
 def contraction_step(expr, seed):
@@ -122,6 +167,35 @@ def test_summa_layout_places_every_block_once(nranks):
     assert {(part, layer) for _, part, layer, _, _ in lay["a_homes"] + lay["b_homes"]} == {(None, 0)}
     outs = sum(len(lay["out"][n][r][c]) for n in range(len(sig)) for r in range(pr) for c in range(pc))
     assert outs == len(contraction_tasks(step))
+
+
+@pytest.mark.parametrize("expr, seed", [("acbd,ijcd->ijab", 11), ("akic,kjcb->ijab", 12), ("kdac,kb->abcd", 0),
+                                        ("ia,jb->ijab", 15)])
+@pytest.mark.parametrize("pr, pc, layers", [(1, 1, 1), (2, 3, 1), (1, 2, 2), (2, 2, 3)])
+def test_cell_layout_is_its_cell_of_summa_layout(expr, seed, pr, pc, layers):
+    """``cell_layout`` (what one rank of the grid makes, from the deal alone) is its cell's
+    part of the whole ``summa_layout``, for every cell: its rectangle, its panels' inner
+    widths and sizes, its row's A and column's B pack entries, its output tile pairs, the
+    grid's strip bytes (cut inner tuples at seed 0 with layers)."""
+    step, _ = contraction_step(expr, seed)
+    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    pa, pb = step.perms["a"], step.perms["b"]
+    lay = summa_layout(sig, pa, pb, pr, pc, layers)
+    panels, sectors = range(lay["npanel"]), range(len(sig))
+    for l_ in range(layers):
+        for g in range(pr):
+            for h in range(pc):
+                assert cell_layout(sig, pa, pb, pr, pc, layers, l_, g, h) == {
+                    "npanel": lay["npanel"], "active": [lay["active"][n][l_] for n in sectors],
+                    "row_total": [lay["row_total"][n][g] for n in sectors],
+                    "col_total": [lay["col_total"][n][h] for n in sectors],
+                    "panel_inner": [lay["panel_inner"][n][l_] for n in sectors],
+                    "a_pack": [[lay["a_pack"][n][l_][p][g] for p in panels] for n in sectors],
+                    "b_pack": [[lay["b_pack"][n][l_][p][h] for p in panels] for n in sectors],
+                    "out": [lay["out"][n][g][h] for n in sectors],
+                    "a_panel_size": [lay["a_panel_size"][l_][p][g] for p in panels],
+                    "b_panel_size": [lay["b_panel_size"][l_][p][h] for p in panels],
+                    "a_strip_bytes": lay["a_strip_bytes"], "b_strip_bytes": lay["b_strip_bytes"]}
 
 
 def test_default_layers_and_grids():
@@ -188,7 +262,7 @@ def test_25d_layout_covers_every_inner_panel_once(expr, seed, pr, pc, layers):
                 assert homes_a[(invert_key(rk + inner.tuples[q], pa), apart)][0] == place[u][0]
     if expr == "ka,kb->ab" and layers > 1:
         assert split
-    # emulate every rank of the grid with the executor's own packing
+    # emulate every rank of the grid as the executor runs it: its own cell's layout and packing
     ga = SimpleNamespace(eid=1)
     shim_a, shim_b = SimpleNamespace(dist=SimpleNamespace(ga=ga)), SimpleNamespace(dist=SimpleNamespace(ga=ga))
     def home(t, homes):
@@ -204,19 +278,20 @@ def test_25d_layout_covers_every_inner_panel_once(expr, seed, pr, pc, layers):
     for l_ in range(layers):
         for gr in range(pr):
             for gc in range(pc):
-                cmat = [np.zeros((lay["row_total"][n][gr], lay["col_total"][n][gc])) for n in range(len(sig))]
+                cell = cell_layout(sig, pa, pb, pr, pc, layers, l_, gr, gc)     # what that rank makes
+                cmat = [np.zeros((cell["row_total"][n], cell["col_total"][n])) for n in range(len(sig))]
                 for p in range(npanel):
-                    abuf = np.empty(lay["a_panel_size"][l_][p][gr])
-                    bbuf = np.empty(lay["b_panel_size"][l_][p][gc])
-                    CollectiveExecutor._pack_a(abuf, lay, l_, p, gr, shim_a, home_a, pa)
-                    CollectiveExecutor._pack_b(bbuf, lay, l_, p, gc, shim_b, home_b, pb)
+                    abuf = np.empty(cell["a_panel_size"][p])
+                    bbuf = np.empty(cell["b_panel_size"][p])
+                    CollectiveExecutor._pack(abuf, cell, "a", p, shim_a, home_a, pa)
+                    CollectiveExecutor._pack(bbuf, cell, "b", p, shim_b, home_b, pb)
                     aoff = boff = 0
                     for n in range(len(sig)):
-                        m, k, nc = lay["row_total"][n][gr], lay["panel_inner"][n][l_][p], lay["col_total"][n][gc]
+                        m, k, nc = cell["row_total"][n], cell["panel_inner"][n][p], cell["col_total"][n]
                         cmat[n] += abuf[aoff:aoff + m * k].reshape(m, k) @ bbuf[boff:boff + k * nc].reshape(k, nc)
                         aoff, boff = aoff + m * k, boff + k * nc
                 for n, (_, rows, _, cols) in enumerate(sig):
-                    for r, c, ro, co in lay["out"][n][gr][gc]:
+                    for r, c, ro, co in cell["out"][n]:
                         okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pcp)
                         blk = cmat[n][ro:ro + rows.sizes[r], co:co + cols.sizes[c]]
                         res = blk.reshape(rows.shapes[r] + cols.shapes[c]).transpose(pcp)

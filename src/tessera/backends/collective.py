@@ -50,13 +50,12 @@ from tessera.backends.dist_base import DistributedExecutor, part_range
 from tessera.backends import rank_choice, stationary
 from tessera.backends.exchange import (add_partials, deliver, exchange, expect_from, involves, owned_views,
                                        request_exchange)
-from tessera.backends.own_products import own_tasks
-from tessera.backends.rank_choice import read_keys
+from tessera.backends.own_products import add_homes, hadamard_own, own_tasks, summa_own
 from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Share
-from tessera.backends.summa_layout import summa_layout
+from tessera.backends.summa_layout import cell_layout
 from tessera.errors import InputError
-from tessera.plan.blocktasks import add_source, hadamard_outputs, pair_outputs, source_block
+from tessera.plan.blocktasks import source_block
 from tessera.runtime.distribution import default_layers, grid_shape
 
 log = logging.getLogger("tessera.backends")
@@ -149,7 +148,6 @@ class CollectiveExecutor(DistributedExecutor):
                              "(auto: per contraction, by cost; never: always the grid)")
         self.stationary = stationary
         self._modes: dict = {}        # contraction -> (mode, SUMMA's grid, this rank's products)
-        self._own: dict = {}          # a step's structure -> what this rank sends, receives or computes
         self._received: dict = {}     # (array, frozen entry) -> the most one rank receives of it
         self.cc = CollectiveComm(self.world, layers)
         if self.variant == "2.5d" and layers == 1:
@@ -167,7 +165,6 @@ class CollectiveExecutor(DistributedExecutor):
         if not self.closed:
             self.cc.free()
             self._modes.clear()
-            self._own.clear()
             self._received.clear()
         super().close()
 
@@ -286,27 +283,14 @@ class CollectiveExecutor(DistributedExecutor):
         if out.pieced:
             self.compute_seconds += add_partials(self.cc, step.scale, send, expect)
 
+    def _held(self, t) -> set:
+        """``own_products``' ``held``: the stored keys of ``t`` this rank is home of or holds
+        a piece of."""
+        return held_keys(t.dist.ga)
+
     def _add_homes(self, step) -> list:
-        """[(output key, its home, A key, divisor key)] of an ``add`` step that this rank
-        computes (home), keeps a piece of, or sends a source block (piece) for, in key
-        order, from the blocks it holds alone (once per step structure): its output
-        blocks, and the outputs each A or divisor block it holds feeds (``pair_outputs``;
-        read by an alias too)."""
-        out = step.out.tensor
-        sources = [(step.inputs[0].tensor, step.perms["a"])]
-        if step.divisor is not None:
-            sources.append((step.divisor.tensor, step.perms["d"]))
-        found = held_keys(out.dist.ga)
-        for t, perm in sources:
-            for key in read_keys(t, held_keys(t.dist.ga)):
-                found.update(pair_outputs(step, key) if step.pairs else [tuple(key[p] for p in perm)])
-        homes = []
-        for okey in sorted(found):
-            if out.is_allowed(okey) and okey not in out.aliases:     # canonical blocks only
-                akey, dkey = add_source(step, okey)
-                if akey is not None:
-                    homes.append((okey, out.dist.owner(okey), akey, dkey))
-        return homes
+        """``own_products.add_homes`` of this rank (once per step structure)."""
+        return add_homes(step, self._held, step.out.tensor.dist.owner)
 
     def hadamard_step(self, step) -> None:
         """out[okey] += scale * sum of A x B (elementwise, ``hadamard_outputs``) on the
@@ -335,19 +319,10 @@ class CollectiveExecutor(DistributedExecutor):
             self.compute_seconds += add_partials(self.cc, step.scale, send, expect)
 
     def _hadamard_own(self, step) -> list:
-        """[(output key, its home, [(A key, B key)])] of a Hadamard step that this rank
-        computes, keeps a piece of, or sends an A or B block (piece) for, in step order
-        (one walk of every output block, once per step structure)."""
-        out, me = step.out.tensor, self.cc.rank
-        ga_a, ga_b, held_out = step.inputs[0].tensor.dist.ga, step.inputs[1].tensor.dist.ga, held_keys(out.dist.ga)
-        own = []
-        for okey, plist in hadamard_outputs(step).items():
-            home = out.dist.owner(okey)
-            if plist and (home == me or okey in held_out
-                          or any(involves(ga_a, ka, None, home, me) or involves(ga_b, kb, None, home, me)
-                                 for ka, kb in plist)):
-                own.append((okey, home, plist))
-        return own
+        """``own_products.hadamard_own`` of this rank (once per step structure)."""
+        me, gas = self.cc.rank, tuple(r.tensor.dist.ga for r in step.inputs)
+        return hadamard_own(step, me, self._held, step.out.tensor.dist.owner,
+                            lambda x, key, home: involves(gas[x], key, None, home, me))
 
     # ---------------------------------------------------------------- SUMMA / 2.5D
     def _mode(self, step, sig) -> tuple:
@@ -429,34 +404,33 @@ class CollectiveExecutor(DistributedExecutor):
             self._stationary_step(step, share)
             return
         cc.use(pr, pc)
-        lay = summa_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers)
         me_row, me_col, me_layer = cc.my_row, cc.my_col, cc.my_layer
+        # this rank's cell of the layout (``cell_layout``: from the deal, not every block)
+        lay = cell_layout(sig, pa, pb, cc.pr, cc.pc, cc.layers, me_layer, me_row, me_col)
         layout_key = (sig, pa, pb, cc.pr, cc.pc, cc.layers)
         kept_a, keep_a = self._kept(A, ("a", layout_key), lay["a_strip_bytes"], [])
         kept_b, keep_b = self._kept(B, ("b", layout_key), lay["b_strip_bytes"], [])
         # (1) blocks (or parts: a cut inner tuple) to their homes, one each, in the layer
         # of their inner unit (not for an operand whose panels were kept); a rank lists the
         # items it sends or receives (``_summa_own``)
-        own = self._summa_own(step, lay, layout_key)
+        own = self._summa_own(step, layout_key)
         items = ([] if kept_a is not None else own["a"]) + ([] if kept_b is not None else own["b"])
         home = exchange(cc, items) if kept_a is None or kept_b is None else {}
         # (2) this layer's panels: A along grid rows, B along grid columns
         nsec = len(sig)
         active = lay["active"]
-        cmat = [np.zeros((lay["row_total"][n][me_row], lay["col_total"][n][me_col]) if active[n][me_layer]
-                         else (0, 0)) for n in range(nsec)]
+        cmat = [np.zeros((lay["row_total"][n], lay["col_total"][n]) if active[n] else (0, 0)) for n in range(nsec)]
         compute = 0.0
         for p in range(lay["npanel"]):
             a_root, b_root = p % cc.pc, p % cc.pr
-            abuf = self._panel(kept_a, keep_a, p, lay["a_panel_size"][me_layer][p][me_row], a_root, "row",
-                               me_col == a_root and (lambda buf: self._pack_a(buf, lay, me_layer, p, me_row, A, home, pa)))
-            bbuf = self._panel(kept_b, keep_b, p, lay["b_panel_size"][me_layer][p][me_col], b_root, "col",
-                               me_row == b_root and (lambda buf: self._pack_b(buf, lay, me_layer, p, me_col, B, home, pb)))
+            abuf = self._panel(kept_a, keep_a, p, lay["a_panel_size"][p], a_root, "row",
+                               me_col == a_root and (lambda buf: self._pack(buf, lay, "a", p, A, home, pa)))
+            bbuf = self._panel(kept_b, keep_b, p, lay["b_panel_size"][p], b_root, "col",
+                               me_row == b_root and (lambda buf: self._pack(buf, lay, "b", p, B, home, pb)))
             c0 = time.perf_counter()
             aoff = boff = 0
             for n in range(nsec):
-                m, k = lay["row_total"][n][me_row], lay["panel_inner"][n][me_layer][p]
-                ncol = lay["col_total"][n][me_col]
+                m, k, ncol = lay["row_total"][n], lay["panel_inner"][n][p], lay["col_total"][n]
                 am = abuf[aoff:aoff + m * k].reshape(m, k)
                 bm = bbuf[boff:boff + k * ncol].reshape(k, ncol)
                 aoff += m * k
@@ -470,9 +444,9 @@ class CollectiveExecutor(DistributedExecutor):
         expect = [[] for _ in range(cc.size)]
         c0 = time.perf_counter()
         for n, (_, rows, inner, cols) in enumerate(sig):
-            if not active[n][me_layer]:
+            if not active[n]:
                 continue
-            for r, c, ro, co in lay["out"][n][me_row][me_col]:
+            for r, c, ro, co in lay["out"][n]:
                 blk = cmat[n][ro:ro + rows.sizes[r], co:co + cols.sizes[c]]
                 okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in pc_)
                 if okey in C.aliases:        # a canonical output receives its canonical blocks only
@@ -484,40 +458,23 @@ class CollectiveExecutor(DistributedExecutor):
             expect_from(C, okey, src, expect, cc.rank)
         self.compute_seconds += compute + add_partials(cc, step.scale, send, expect)
 
-    def _summa_own(self, step, lay, layout_key) -> dict:
-        """This rank's share of a SUMMA contraction's lists, made once per layout and
-        operands (one walk of every home item and grid cell) and walked every iteration:
-        ``a``, ``b``: the home items it sends or receives (``involves``); ``expect``: (output
-        key, grid rank) of the partial blocks it receives, in the order they are sent."""
+    def _summa_own(self, step, layout_key) -> dict:
+        """This rank's share of a SUMMA contraction's lists (``own_products.summa_own``),
+        made once per layout and operands from its grid cell and held blocks, walked every
+        iteration: ``a``, ``b``: the home items it sends or receives, as ``exchange`` takes
+        them; ``expect``: (output key, grid rank) of the partial blocks it receives, in the
+        order they are sent."""
         cc, me = self.cc, self.cc.rank
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
         key = ("summa", layout_key, A.dist.ga.eid, B.dist.ga.eid, C.dist.ga.eid, step.perms["c"])
-        if key in self._own:
-            return self._own[key]
-        own = {}
-        for x, t in (("a", A), ("b", B)):
-            ga = t.dist.ga
-            own[x] = [(ga, bkey, dest, *([part] if part else []))
-                      for bkey, part, hl, hr, hc in lay[f"{x}_homes"]
-                      if involves(ga, bkey, part, dest := cc.grid_rank(hr, hc, hl), me)]
-        own["expect"] = []
-        ga = C.dist.ga
-        for n, (_, rows, inner, cols) in enumerate(layout_key[0]):
-            for gl in range(cc.layers):
-                if not lay["active"][n][gl]:
-                    continue
-                for gr in range(cc.pr):
-                    for gc in range(cc.pc):
-                        src = cc.grid_rank(gr, gc, gl)
-                        if src == me:
-                            continue
-                        for r, c, _, _ in lay["out"][n][gr][gc]:
-                            okey = tuple((rows.tuples[r] + cols.tuples[c])[q] for q in step.perms["c"])
-                            # a partial block sent from src that this rank keeps (a block or a piece)
-                            if okey not in C.aliases and involves(ga, okey, None, src, me):
-                                own["expect"].append((okey, src))
-        self._own[key] = own
-        return own
+        if key not in self._own:
+            gas = {"a": A.dist.ga, "b": B.dist.ga}
+            own = summa_own(step, (cc.pr, cc.pc, cc.layers), me, self._held,
+                            lambda x, bkey, part, dest: involves(gas[x], bkey, part, dest, me))
+            for x in "ab":
+                own[x] = [(gas[x], bkey, dest, *([part] if part else [])) for bkey, dest, part in own[x]]
+            self._own[key] = own
+        return self._own[key]
 
     def _panel(self, kept, keep, p: int, size: int, root: int, axis: str, pack):
         """Panel ``p`` of an operand on this rank: the one ``kept`` from an earlier iteration
@@ -534,23 +491,16 @@ class CollectiveExecutor(DistributedExecutor):
         return buf
 
     @staticmethod
-    def _pack_a(buf, lay, layer, p, grow, A, home, pa) -> None:
+    def _pack(buf, lay, x: str, p: int, t, home, perm) -> None:
+        """Panel ``p`` of operand ``x`` ("a": this rank's grid row of A, "b": its column of
+        B) into ``buf``: per sector the (rows x inner) or (inner x columns) matrix of the
+        ``cell_layout``'s pack entries, from the blocks (parts) at ``home``."""
         off = 0
-        for n, entries in enumerate(lay["a_pack"]):
-            m, k = lay["row_total"][n][grow], lay["panel_inner"][n][layer][p]
-            mat = buf[off:off + m * k].reshape(m, k)
-            for akey, part, ro, io, rs, ks in entries[layer][p][grow]:
-                blk = home[(A.dist.ga.eid, akey) if part is None else (A.dist.ga.eid, akey, part)]
-                mat[ro:ro + rs, io:io + ks] = blk.transpose(pa).reshape(rs, ks)
-            off += m * k
-
-    @staticmethod
-    def _pack_b(buf, lay, layer, p, gcol, B, home, pb) -> None:
-        off = 0
-        for n, entries in enumerate(lay["b_pack"]):
-            k, ncol = lay["panel_inner"][n][layer][p], lay["col_total"][n][gcol]
-            mat = buf[off:off + k * ncol].reshape(k, ncol)
-            for bkey, part, io, co, ks, cs in entries[layer][p][gcol]:
-                blk = home[(B.dist.ga.eid, bkey) if part is None else (B.dist.ga.eid, bkey, part)]
-                mat[io:io + ks, co:co + cs] = blk.transpose(pb).reshape(ks, cs)
-            off += k * ncol
+        for n, entries in enumerate(lay[f"{x}_pack"]):
+            k = lay["panel_inner"][n][p]
+            rows, cols = (lay["row_total"][n], k) if x == "a" else (k, lay["col_total"][n])
+            mat = buf[off:off + rows * cols].reshape(rows, cols)
+            for key, part, ro, co, rs, cs in entries[p]:
+                blk = home[(t.dist.ga.eid, key) if part is None else (t.dist.ga.eid, key, part)]
+                mat[ro:ro + rs, co:co + cs] = blk.transpose(perm).reshape(rs, cs)
+            off += rows * cols

@@ -26,7 +26,7 @@ from tessera.backends.distributed import FrozenCache, TensorStore, onesided_fetc
 from tessera.backends.local import threads_per_rank
 from tessera.backends.registry import ENV_BLAS_THREADS, env_number
 from tessera.errors import ShapeError
-from tessera.plan.blocktasks import add_source, hadamard_outputs, source_block
+from tessera.plan.blocktasks import add_source, hadamard_block_pairs, source_block
 
 
 def part_range(ga, key, part) -> tuple:
@@ -64,6 +64,7 @@ class DistributedExecutor(ABC):
         self.closed = False
         self._dirty: dict = {}        # uid -> "acc" | "local": written since the last barrier
         self._read: set = set()       # uids read since the last barrier
+        self._own: dict = {}          # a step's structure -> what this rank sends, receives or computes
 
     # ---------------------------------------------------------------- generic tasks
     def run(self, tasks) -> None:
@@ -77,6 +78,7 @@ class DistributedExecutor(ABC):
                 "ghost_ranks": w.full_size - w.size}
 
     def close(self) -> None:
+        self._own.clear()
         self.store.close()
         self.frozen.clear()
         self.closed = True
@@ -219,16 +221,22 @@ class DistributedExecutor(ABC):
         self.compute_seconds += time.perf_counter() - t0
 
     def hadamard_step(self, step) -> None:
+        """out[okey] += scale * sum of A x B (elementwise) on the owner (home) of every output
+        block: a rank lists its own output blocks' pairs only (``hadamard_block_pairs``),
+        once per step structure."""
         out = step.out.tensor
         a, b = step.inputs[0].tensor, step.inputs[1].tensor
-        mine = set(out.owned_keys()) if out.pieced else out.blocks
-        pairs = {k: v for k, v in hadamard_outputs(step).items() if k in mine}
-        req = [(a, ka) for v in pairs.values() for ka, _ in v] + [(b, kb) for v in pairs.values() for _, kb in v]
+        key = ("hadamard", out.dist.ga.eid, a.dist.ga.eid, b.dist.ga.eid, step.perms["einsum"])
+        if key not in self._own:
+            self._own[key] = [(okey, plist) for okey in sorted(out.owned_keys())
+                              if (plist := hadamard_block_pairs(step, okey))]
+        pairs = self._own[key]
+        req = [(a, ka) for _, v in pairs for ka, _ in v] + [(b, kb) for _, v in pairs for _, kb in v]
         blocks = self.fetch_blocks(req)
         t0 = time.perf_counter()
         expr = step.perms["einsum"]
         made = [(okey, sum(np.einsum(expr, blocks[(a.uid, ka)], blocks[(b.uid, kb)]) for ka, kb in plist))
-                for okey, plist in pairs.items() if plist]
+                for okey, plist in pairs]
         self.compute_seconds += time.perf_counter() - t0
         self._add_into(out, made, step.scale)
 

@@ -47,6 +47,7 @@ rank owns are read in place, never fetched.
 
 from __future__ import annotations
 
+import heapq
 import time
 
 import numpy as np
@@ -56,7 +57,7 @@ from tessera.backends.distributed import BlockCache
 from tessera.backends.registry import DEFAULT_SCHEDULE, DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Scheduler
 from tessera.backends.tasks import part_slice
-from tessera.plan.blocktasks import contraction_tasks, owned_tasks
+from tessera.plan.blocktasks import contraction_tasks, indexed_groups, indexed_tasks, owned_tasks
 
 
 class OneSidedExecutor(DistributedExecutor):
@@ -161,12 +162,20 @@ class OneSidedExecutor(DistributedExecutor):
     def contract_step(self, step) -> None:
         A, B = step.inputs[0].tensor, step.inputs[1].tensor
         out = step.out.tensor
-        # owner computes: a rank lists only the tasks of its own output blocks; the dealt
-        # variants number every task (a counter hands out global task indices)
-        tasks = owned_tasks(step, out.owned_keys()) if self.variant == "owner" else contraction_tasks(step)
+        # owner computes: a rank lists only the tasks of its own output blocks; original and
+        # inverted: tasks (groups) by index (a counter's value or a static queue's entry),
+        # made when run; cached cuts every task into batches (by the rows or columns a
+        # batch shares, by bytes) before dealing them
         if self.variant == "inverted":
-            self._inverted_loop(step, tasks, A, B, out)
-        elif self.variant == "cached":
+            self._inverted_loop(step, A, B, out)
+            return
+        if self.variant == "owner":
+            tasks = owned_tasks(step, out.owned_keys())
+        elif self.variant == "original":
+            tasks = indexed_tasks(step)
+        else:
+            tasks = contraction_tasks(step)
+        if self.variant == "cached":
             self._cached_loop(step, tasks, A, B, out)
         elif self.variant == "owner":
             self._owner_loop(step, tasks, A, B, out)
@@ -185,7 +194,7 @@ class OneSidedExecutor(DistributedExecutor):
     def _original_loop(self, step, tasks, A, B, out) -> None:
         pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
         ga_out, scale = out.dist.ga, step.scale
-        costs = self._costs_of(tasks, lambda: [t.flops + 1 for t in tasks])
+        costs = self._costs_of(tasks, lambda: tasks.flops + 1)
         compute = 0.0
         for batch in self.batches(costs, 1):
             for ti in batch:
@@ -207,22 +216,14 @@ class OneSidedExecutor(DistributedExecutor):
                 ga_out.acc(t.out, np.ascontiguousarray(acc.reshape(t.out_shape).transpose(pc)), scale)
         self.compute_seconds += compute
 
-    def _inverted_groups(self, tasks, A, B) -> tuple:
-        reuse_a = A.nbytes >= B.nbytes
-
-        def make():
-            groups: dict = {}
-            for t in tasks:
-                for p in t.products:
-                    groups.setdefault(p.a if reuse_a else p.b, []).append((t, p))
-            return sorted(groups.items())
-        return self._once(("inverted", reuse_a), tasks, make), reuse_a
-
-    def _inverted_loop(self, step, tasks, A, B, out) -> None:
+    def _inverted_loop(self, step, A, B, out) -> None:
         pa, pb, pc = step.perms["a"], step.perms["b"], step.perms["c"]
         ga_out, scale = out.dist.ga, step.scale
-        groups, reuse_a = self._inverted_groups(tasks, A, B)
-        costs = self._costs_of(groups, lambda: [sum(2 * t.m * p.k * t.n for t, p in items) + 1 for _, items in groups])
+        # groups by the reused block (A, the operand with more bytes, or B), by index:
+        # a group's items made when it is run (``blocktasks.IndexedGroups``)
+        reuse_a = A.nbytes >= B.nbytes
+        groups = indexed_groups(step, reuse_a)
+        costs = self._costs_of(groups, lambda: groups.flops + 1)
         compute = 0.0
         for batch in self.batches(costs, 1):
             for gi in batch:
@@ -418,15 +419,17 @@ def cached_batches(tasks, by_row: bool, bound: int, nranks: int) -> list:
             else:
                 entries += [(i, run[0][1], run[-1][2]) for run in _runs(tasks, [(i, q, q + 1) for q in range(n)], bound)]
         out += _runs(tasks, entries, bound)
-    want = BATCHES_PER_RANK * nranks
-
-    work = [batch_flops(tasks, b) for b in out]
-    while out and len(out) < want:
-        big = max(range(len(out)), key=lambda q: (work[q], -q))
-        if len(out[big]) < 2:
+    # halving by a heap of (-flops, place): place is a batch's position as a path of
+    # halves (head + (0,), tail + (1,)), ordered as the list is, so the first of the
+    # largest is halved, as a scan of the list picks it: O(batches log batches)
+    heap = [(-batch_flops(tasks, b), (q,), b) for q, b in enumerate(out)]
+    heapq.heapify(heap)
+    while heap and len(heap) < BATCHES_PER_RANK * nranks:
+        work, place, big = heap[0]
+        if len(big) < 2:
             break
-        half = len(out[big]) // 2
-        head, tail = out[big][:half], out[big][half:]
-        out[big:big + 1] = [head, tail]
-        work[big:big + 1] = [batch_flops(tasks, head), batch_flops(tasks, tail)]
-    return out
+        heapq.heappop(heap)
+        half = len(big) // 2
+        for end, part in ((0, big[:half]), (1, big[half:])):
+            heapq.heappush(heap, (-batch_flops(tasks, part), place + (end,), part))
+    return [b for _, _, b in sorted(heap, key=lambda e: e[1])]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from tessera.backends.stationary import MODES, Lacks, panel_recv
-from tessera.backends.summa_layout import FLOPS_PER_BYTE, grid_deal, inner_units, least_idle_shapes
+from tessera.backends.summa_layout import FLOPS_PER_BYTE, grid_deal, home_key, inner_units, least_idle_shapes
 from tessera.plan.blocktasks import invert_key
 
 
@@ -61,7 +61,7 @@ def pick(cands: list, costs) -> tuple:
     return min(scores, key=lambda m: (scores[m], m != "summa")), grid
 
 
-def _sector_index(sig, key, nl: int, layouts: tuple) -> tuple | None:
+def sector_index(sig, key, nl: int, layouts: tuple) -> tuple | None:
     """(sector, first index, second index) of a key in step order (``nl`` axes in the first
     of ``layouts``, the rest in the second: 0 rows, 1 inner, 2 cols); None when no sector
     holds it."""
@@ -93,7 +93,7 @@ def product_codes(sig, perms: tuple, ops, held: tuple) -> list:
     codes = [[] for _ in sig]            # per sector: (r * nq + q) * nc + c
     for t, stored, perm, split, axes in ((A, held[0], pa, nl, (0, 1)), (B, held[1], pb, nk, (1, 2))):
         for key in read_keys(t, stored):
-            found = _sector_index(sig, tuple(key[p] for p in perm), split, axes)
+            found = sector_index(sig, tuple(key[p] for p in perm), split, axes)
             if found is None:
                 continue
             n, i, j = found
@@ -102,7 +102,7 @@ def product_codes(sig, perms: tuple, ops, held: tuple) -> list:
             codes[n].append((i * nq + j) * nc + np.arange(nc) if axes == (0, 1)
                             else (np.arange(len(rows.tuples)) * nq + i) * nc + j)
     for okey in held[2]:
-        found = _sector_index(sig, invert_key(okey, perm_c), nl, (0, 2))
+        found = sector_index(sig, invert_key(okey, perm_c), nl, (0, 2))
         if found is not None:
             n, r, c = found
             nq, nc = len(sig[n][2].tuples), len(sig[n][3].tuples)
@@ -212,12 +212,53 @@ def _lacks(ops, i: int, keys: list) -> Lacks:
     return slot
 
 
+def cell_items(sig, perms: tuple, deal: dict, grid: tuple, me: int, x: str):
+    """The home items of operand ``x`` ("a" or "b") in rank ``me``'s grid cell on the
+    pr x pc x layers ``grid`` (``summa_layout``'s ``a_homes`` / ``b_homes`` whose
+    destination is ``me``), from the deal (``grid_deal``) alone: (sector, its row tuple
+    (A) or column tuple (B), inner unit, key, part, elements), sector by sector."""
+    pr, pc, layers = grid
+    layer, cell = divmod(me, pr * pc)
+    row, col = divmod(cell, pc)
+    loff = uoff = 0
+    for n, (_, rows, inner, cols) in enumerate(sig):
+        units, usize = inner_units(inner, layers)
+        outer = rows if x == "a" else cols
+        line = deal["row_line" if x == "a" else "col_line"][loff:loff + len(outer.tuples)]
+        panel = deal["unit_panel"][uoff:uoff + len(units)]
+        own_units = np.flatnonzero((deal["unit_layer"][uoff:uoff + len(units)] == layer)
+                                   & (panel % (pc if x == "a" else pr) == (col if x == "a" else row))).tolist()
+        for r in np.flatnonzero(line == (row if x == "a" else col)).tolist():
+            for u in own_units:
+                q, part = units[u]
+                yield (n, r, u, *home_key(x, perms, outer.tuples[r], inner.tuples[q], part),
+                       outer.sizes[r] * usize[u])
+        loff += len(outer.tuples)
+        uoff += len(units)
+
+
+def held_outputs(sig, perms: tuple, deal: dict, grid: tuple, held_out) -> tuple:
+    """([(output key, (sector, row tuple, column tuple))], the grid cell (row * pc + col,
+    in every layer) whose rectangle holds each) of the keys of ``held_out`` that the
+    contraction writes, from the deal (``grid_deal``) alone."""
+    pa, pb, perm_c = perms
+    nl = len(pa) - (len(pa) + len(pb) - len(perm_c)) // 2
+    roff = np.cumsum([0] + [len(s[1].tuples) for s in sig])
+    coff = np.cumsum([0] + [len(s[3].tuples) for s in sig])
+    found = [(okey, f) for okey in held_out
+             if (f := sector_index(sig, invert_key(okey, perm_c), nl, (0, 2))) is not None]
+    sector = np.array([f[0] for _, f in found], dtype=np.int64)
+    cell = (deal["row_line"][roff[sector] + np.array([f[1] for _, f in found], dtype=np.int64)] * grid[1]
+            + deal["col_line"][coff[sector] + np.array([f[2] for _, f in found], dtype=np.int64)])
+    return found, cell
+
+
 def summa_cost(sig, perms: tuple, grid: tuple, ops, nranks: int, me: int, held_out, moved_once=()) -> float:
     """Rank ``me``'s cost on the pr x pc x layers ``grid`` (``stationary.summa_recv`` of one
     rank): the home items of its grid cell it lacks (A and B of one tensor in one exchange),
     its panels, the output blocks or pieces it keeps (``held_out``) from the other grid
     cells' rectangles, and its flops."""
-    pa, pb, perm_c = perms
+    pa, pb = perms[:2]
     pr, pc, layers = grid
     A, B, C = ops.tensors
     deal = grid_deal(sig, pa, pb, pr, pc, layers)
@@ -228,26 +269,9 @@ def summa_cost(sig, perms: tuple, grid: tuple, ops, nranks: int, me: int, held_o
     for x, t, i in (("a", A, 0), ("b", B, 1)):
         slot = slots.setdefault(id(t), Lacks(t, ops.owners[i], ops.pieces[i]))
         ident, size = [], []
-        loff = uoff = 0
-        for _, rows, inner, cols in sig:
-            units, usize = inner_units(inner, layers)
-            outer = rows if x == "a" else cols
-            line = deal["row_line" if x == "a" else "col_line"][loff:loff + len(outer.tuples)]
-            panel = deal["unit_panel"][uoff:uoff + len(units)]
-            own_units = np.flatnonzero((deal["unit_layer"][uoff:uoff + len(units)] == layer)
-                                       & (panel % (pc if x == "a" else pr) == (col if x == "a" else row)))
-            for r in np.flatnonzero(line == (row if x == "a" else col)).tolist():
-                rk = outer.tuples[r]
-                for u in own_units.tolist():
-                    q, part = units[u]
-                    if x == "a":
-                        key, part = invert_key(rk + inner.tuples[q], pa), part and (pa[len(rk)], *part)
-                    else:
-                        key, part = invert_key(inner.tuples[q] + rk, pb), part and (pb[0], *part)
-                    ident.append(slot.ident(key, part))
-                    size.append(outer.sizes[r] * usize[u])
-            loff += len(outer.tuples)
-            uoff += len(units)
+        for *_, key, part, elements in cell_items(sig, perms, deal, grid, me, x):
+            ident.append(slot.ident(key, part))
+            size.append(elements)
         mine[x] = (slot, np.array(ident, dtype=np.int64), np.array(size, dtype=float))
     for slot in slots.values():
         slot.done()
@@ -266,15 +290,9 @@ def summa_cost(sig, perms: tuple, grid: tuple, ops, nranks: int, me: int, held_o
     # the output blocks this rank keeps, from the rectangle of their grid cell in each layer
     # with inner work in their sector (but its own)
     active = deal["panel_inner"].sum(2) > 0
-    nl = len(pa) - (len(pa) + len(pb) - len(perm_c)) // 2
-    roff = np.cumsum([0] + [len(s[1].tuples) for s in sig])
-    coff = np.cumsum([0] + [len(s[3].tuples) for s in sig])
-    found = [(okey, f) for okey in held_out
-             if (f := _sector_index(sig, invert_key(okey, perm_c), nl, (0, 2))) is not None]
+    found, src = held_outputs(sig, perms, deal, grid, held_out)
     if found:
         sector = np.array([f[0] for _, f in found], dtype=np.int64)
-        src = (deal["row_line"][roff[sector] + [f[1] for _, f in found]] * pc
-               + deal["col_line"][coff[sector] + [f[2] for _, f in found]])
         if ops.pieces[2] is None:
             index = np.arange(len(found))
             count = np.array([sig[n][1].sizes[r] * sig[n][3].sizes[c] for _, (n, r, c) in found], dtype=float)

@@ -94,6 +94,17 @@ def inner_units(inner, layers: int) -> tuple:
                    for q, part in units]
 
 
+def home_key(x: str, perms: tuple, outer: tuple, kk: tuple, part) -> tuple:
+    """(key, part) of the home item of operand ``x`` ("a": row tuple ``outer`` x inner
+    tuple ``kk`` of A; "b": ``kk`` x column tuple ``outer`` of B) for inner unit ``part``
+    (None or (lo, hi) rows of the first inner tile): the part as ``exchange`` takes it,
+    (axis, lo, hi) on the operand's axis of that tile."""
+    pa, pb = perms[:2]
+    if x == "a":
+        return invert_key(outer + kk, pa), part and (pa[len(outer)], *part)
+    return invert_key(kk + outer, pb), part and (pb[0], *part)
+
+
 def grid_deal(sig, pa, pb, pr: int, pc: int, layers: int) -> dict:
     """``summa_layout``'s deal of a contraction on the pr x pc x layers grid as arrays over
     the sectors' tuples in order (no list of blocks): ``row_line`` (grid row of each row
@@ -128,77 +139,144 @@ def _offsets(bins, sizes, nbins: int) -> tuple:
     return off, tot
 
 
+@lru_cache(maxsize=4096)
+def _sector_layout(n, rows, inner, cols, pa, pb, pr: int, pc: int, layers: int) -> tuple:
+    """Sector n's deal (``_deal``) with the offsets it implies: (grid row of each row
+    tuple, grid column of each column tuple, inner units, their sizes, their (layer,
+    panel), row offset in the grid row, rows per grid row, the same for columns, inner
+    offset of each unit in its panel, inner width of each (layer, panel)). O(tuples)."""
+    grow, gcol, units, usize, place = _deal(n, rows, inner, cols, pa, pb, pr, pc, layers)
+    roff, rtot = _offsets(grow, rows.sizes, pr)
+    coff, ctot = _offsets(gcol, cols.sizes, pc)
+    ioff, itot = [0] * len(units), [[0] * max(pr, pc) for _ in range(layers)]
+    for u, (l_, p) in enumerate(place):
+        ioff[u] = itot[l_][p]
+        itot[l_][p] += usize[u]
+    return grow, gcol, units, usize, place, roff, rtot, coff, ctot, ioff, itot
+
+
+def _pack(sec, sector, pa, pb, x: str, lines, mine):
+    """The pack entries of operand ``x`` for its row (A) or column (B) tuples ``lines`` and
+    inner units ``mine``, as (layer, panel, grid line, entry): A (key, part, row offset,
+    inner offset, rows, inner), by row tuple then unit; B (key, part, inner offset,
+    column offset, inner, columns), by unit then column tuple (``summa_layout``'s home
+    order). ``sec``: ``_sector_layout``."""
+    grow, gcol, units, usize, place, roff, _, coff, _, ioff, _ = sec
+    _, rows, inner, cols = sector
+    outer, deal, off = (rows, grow, roff) if x == "a" else (cols, gcol, coff)
+    for i, u in ((i, u) for i in lines for u in mine) if x == "a" else ((i, u) for u in mine for i in lines):
+        q, part = units[u]
+        key, kpart = home_key(x, (pa, pb), outer.tuples[i], inner.tuples[q], part)
+        yield (*place[u], deal[i], (key, kpart, off[i], ioff[u], outer.sizes[i], usize[u]) if x == "a"
+               else (key, kpart, ioff[u], off[i], usize[u], outer.sizes[i]))
+
+
+def _rectangles(sec, rows, cols):
+    """(grid row, grid column, (r, c, row offset, column offset)) of the output tile pairs
+    of row tuples ``rows`` and column tuples ``cols``, row by row."""
+    grow, gcol, roff, coff = sec[0], sec[1], sec[5], sec[7]
+    for r in rows:
+        for c in cols:
+            yield grow[r], gcol[c], (r, c, roff[r], coff[c])
+
+
+def _panels(secs, layers: int, npanel: int, pr: int, pc: int) -> tuple:
+    """Elements of the A panels [layer][panel][grid row] and B panels [layer][panel][grid
+    column] over the sectors (``_sector_layout``s), as int64 arrays."""
+    a, b = np.zeros((layers, npanel, pr), dtype=np.int64), np.zeros((layers, npanel, pc), dtype=np.int64)
+    for sec in secs:
+        rtot, ctot, itot = (np.array(v, dtype=np.int64) for v in (sec[6], sec[8], sec[10]))
+        a += itot[:, :, None] * rtot[None, None, :]
+        b += itot[:, :, None] * ctot[None, None, :]
+    return a, b
+
+
 @lru_cache(maxsize=2048)
 def summa_layout(sig, pa, pb, pr: int, pc: int, layers: int = 1) -> dict:
     """Where every block of a contraction goes on the pr x pc x layers grid (structure
-    only). Per sector n: ``row_total[n][grid row]``, ``col_total[n][grid col]`` (output
-    rectangle, the same in every layer); ``units[n]`` = [(q, part)] the inner tuples (or
-    parts of them, see ``_inner_units``) and ``inner_panel[n][u] = (layer, panel)`` of
-    unit u; ``panel_inner[n][layer][panel]`` (inner width of a panel), ``active[n][layer]``
-    (the layer has inner work); ``a_pack[n][layer][panel][grid row]`` and
-    ``b_pack[n][layer][panel][grid col]``: (key, part, row/inner offset, inner/col offset,
-    rows, cols) of the blocks in a panel; ``out[n][grid row][grid col]``: output tile pairs
-    and offsets. ``a_homes``/``b_homes``: (key, part, layer, grid row, grid col) of every
-    input block (part) -- part is None or (axis, lo, hi) of the block, as ``exchange``
-    takes it; ``a_panel_size[layer][panel][grid row]``, ``b_panel_size[layer][panel][grid
-    col]``: elements of the broadcast panels."""
+    only; the whole grid's, for models and tests: the executor takes its own cell's,
+    ``cell_layout``). Per sector n: ``row_total[n][grid row]``, ``col_total[n][grid col]``
+    (output rectangle, the same in every layer); ``units[n]`` = [(q, part)] the inner
+    tuples (or parts of them, see ``_inner_units``) and ``inner_panel[n][u] = (layer,
+    panel)`` of unit u; ``panel_inner[n][layer][panel]`` (inner width of a panel),
+    ``active[n][layer]`` (the layer has inner work); ``a_pack[n][layer][panel][grid row]``
+    and ``b_pack[n][layer][panel][grid col]``: (key, part, row/inner offset, inner/col
+    offset, rows, cols) of the blocks in a panel; ``out[n][grid row][grid col]``: output
+    tile pairs and offsets. ``a_homes``/``b_homes``: (key, part, layer, grid row, grid col)
+    of every input block (part) -- part is None or (axis, lo, hi) of the block, as
+    ``exchange`` takes it; ``a_panel_size[layer][panel][grid row]``,
+    ``b_panel_size[layer][panel][grid col]``: elements of the broadcast panels."""
     npanel = max(pr, pc)
     lay = {"npanel": npanel, "layers": layers, "row_total": [], "col_total": [], "panel_inner": [],
            "units": [], "inner_panel": [], "active": [], "a_homes": [], "b_homes": [], "a_pack": [],
            "b_pack": [], "out": []}
-    a_panel = [[[0] * pr for _ in range(npanel)] for _ in range(layers)]
-    b_panel = [[[0] * pc for _ in range(npanel)] for _ in range(layers)]
-    for n, (_, rows, inner, cols) in enumerate(sig):
-        grow, gcol, units, usize, place = _deal(n, rows, inner, cols, pa, pb, pr, pc, layers)
-        roff, rtot = _offsets(grow, rows.sizes, pr)
-        coff, ctot = _offsets(gcol, cols.sizes, pc)
-        ioff, itot = [0] * len(units), [[0] * npanel for _ in range(layers)]
-        for u, (l_, p) in enumerate(place):
-            ioff[u] = itot[l_][p]
-            itot[l_][p] += usize[u]
-        apack = [[[[] for _ in range(pr)] for _ in range(npanel)] for _ in range(layers)]
-        bpack = [[[[] for _ in range(pc)] for _ in range(npanel)] for _ in range(layers)]
-        for r, rk in enumerate(rows.tuples):
-            for u, (q, part) in enumerate(units):
-                akey = invert_key(rk + inner.tuples[q], pa)
-                apart = None if part is None else (pa[len(rk)], *part)   # A's axis of the first inner tile
-                l_, p = place[u]
-                lay["a_homes"].append((akey, apart, l_, grow[r], p % pc))
-                apack[l_][p][grow[r]].append((akey, apart, roff[r], ioff[u], rows.sizes[r], usize[u]))
-        for u, (q, part) in enumerate(units):
-            for c, ck in enumerate(cols.tuples):
-                bkey = invert_key(inner.tuples[q] + ck, pb)
-                bpart = None if part is None else (pb[0], *part)         # B's axis of the first inner tile
-                l_, p = place[u]
-                lay["b_homes"].append((bkey, bpart, l_, p % pr, gcol[c]))
-                bpack[l_][p][gcol[c]].append((bkey, bpart, ioff[u], coff[c], usize[u], cols.sizes[c]))
+    secs = []
+    for n, sector in enumerate(sig):
+        _, rows, inner, cols = sector
+        sec = _sector_layout(n, rows, inner, cols, pa, pb, pr, pc, layers)
+        secs.append(sec)
+        units, place, rtot, ctot, itot = sec[2], sec[4], sec[6], sec[8], sec[10]
+        for x, nlines, outer in (("a", pr, rows), ("b", pc, cols)):
+            pack = [[[[] for _ in range(nlines)] for _ in range(npanel)] for _ in range(layers)]
+            homes = lay[f"{x}_homes"]
+            for l_, p, g, entry in _pack(sec, sector, pa, pb, x, range(len(outer.tuples)), range(len(units))):
+                pack[l_][p][g].append(entry)
+                homes.append((*entry[:2], l_, g, p % pc) if x == "a" else (*entry[:2], l_, p % pr, g))
+            lay[f"{x}_pack"].append(pack)
         out = [[[] for _ in range(pc)] for _ in range(pr)]
-        for r in range(len(rows.tuples)):
-            for c in range(len(cols.tuples)):
-                out[grow[r]][gcol[c]].append((r, c, roff[r], coff[c]))
-        for l_ in range(layers):
-            for p in range(npanel):
-                for g in range(pr):
-                    a_panel[l_][p][g] += rtot[g] * itot[l_][p]
-                for g in range(pc):
-                    b_panel[l_][p][g] += itot[l_][p] * ctot[g]
+        for g, h, entry in _rectangles(sec, range(len(rows.tuples)), range(len(cols.tuples))):
+            out[g][h].append(entry)
+        lay["out"].append(out)
         lay["row_total"].append(rtot)
         lay["col_total"].append(ctot)
         lay["panel_inner"].append(itot)
         lay["units"].append(units)
         lay["inner_panel"].append(place)
         lay["active"].append([sum(itot[l_]) > 0 for l_ in range(layers)])
-        lay["a_pack"].append(apack)
-        lay["b_pack"].append(bpack)
-        lay["out"].append(out)
-    lay["a_panel_size"] = a_panel
-    lay["b_panel_size"] = b_panel
+    a_panel, b_panel = _panels(secs, layers, npanel, pr, pc)
+    lay["a_panel_size"], lay["b_panel_size"] = a_panel.tolist(), b_panel.tolist()
     # the most bytes of panels one rank receives for each operand (its strip of A or B)
-    lay["a_strip_bytes"] = 8 * max(sum(a_panel[l_][p][g] for p in range(npanel))
-                                   for l_ in range(layers) for g in range(pr))
-    lay["b_strip_bytes"] = 8 * max(sum(b_panel[l_][p][g] for p in range(npanel))
-                                   for l_ in range(layers) for g in range(pc))
+    lay["a_strip_bytes"] = 8 * int(a_panel.sum(1).max(initial=0))
+    lay["b_strip_bytes"] = 8 * int(b_panel.sum(1).max(initial=0))
     return lay
+
+
+@lru_cache(maxsize=2048)
+def cell_layout(sig, pa, pb, pr: int, pc: int, layers: int, layer: int, row: int, col: int) -> dict:
+    """``summa_layout`` of one grid cell (the rank at ``layer``, grid ``row``, ``col``), made
+    from the deal (O(tuples) per sector and the cell's own entries, not O(the step's
+    blocks)): ``npanel``; per sector n ``active[n]`` (its layer has inner work),
+    ``row_total[n]`` and ``col_total[n]`` (its rectangle), ``panel_inner[n][panel]`` (its
+    layer's), ``a_pack[n][panel]`` (its layer and grid row), ``b_pack[n][panel]`` (its layer
+    and grid column), ``out[n]`` (its rectangle's tile pairs); ``a_panel_size[panel]``,
+    ``b_panel_size[panel]`` (its grid row's and column's panels in its layer); and, the
+    same on every rank, ``a_strip_bytes`` and ``b_strip_bytes``."""
+    npanel = max(pr, pc)
+    cell = {"npanel": npanel, "active": [], "row_total": [], "col_total": [], "panel_inner": [],
+            "a_pack": [], "b_pack": [], "out": []}
+    secs = []
+    for n, sector in enumerate(sig):
+        _, rows, inner, cols = sector
+        sec = _sector_layout(n, rows, inner, cols, pa, pb, pr, pc, layers)
+        secs.append(sec)
+        itot = sec[10]
+        cell["active"].append(sum(itot[layer]) > 0)
+        cell["row_total"].append(sec[6][row])
+        cell["col_total"].append(sec[8][col])
+        cell["panel_inner"].append(itot[layer])
+        mine = [u for u, (l_, _) in enumerate(sec[4]) if l_ == layer]
+        for x, deal, line in (("a", sec[0], row), ("b", sec[1], col)):
+            pack = [[] for _ in range(npanel)]
+            for _, p, _, entry in _pack(sec, sector, pa, pb, x, [i for i, g in enumerate(deal) if g == line], mine):
+                pack[p].append(entry)
+            cell[f"{x}_pack"].append(pack)
+        cell["out"].append([entry for *_, entry in _rectangles(sec, [r for r, g in enumerate(sec[0]) if g == row],
+                                                                [c for c, g in enumerate(sec[1]) if g == col])])
+    a_panel, b_panel = _panels(secs, layers, npanel, pr, pc)
+    cell["a_panel_size"], cell["b_panel_size"] = a_panel[layer, :, row].tolist(), b_panel[layer, :, col].tolist()
+    cell["a_strip_bytes"] = 8 * int(a_panel.sum(1).max(initial=0))
+    cell["b_strip_bytes"] = 8 * int(b_panel.sum(1).max(initial=0))
+    return cell
 
 
 FLOPS_PER_BYTE = 8.0     # a byte received costs about 8 flops (~16 GF/s and ~2 GB/s per rank)

@@ -12,6 +12,7 @@ the output's order. No data and no processes here: only structure, cached per la
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -214,14 +215,138 @@ def _owned(sig, perm_a, perm_b, perm_c, aliases, keys) -> tuple:
             if r is not None and c is not None:
                 found.append((n, r, c, okey))
                 break
-    out = []
-    for n, r, c, okey in sorted(found):
-        _, rows, inner, cols = sig[n]
-        rk, ck = rows.tuples[r], cols.tuples[c]
-        prods = tuple(Product(invert_key(rk + kk, perm_a), invert_key(kk + ck, perm_b), inner.sizes[q], q)
-                      for q, kk in enumerate(inner.tuples))
-        out.append(OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c], rows.shapes[r] + cols.shapes[c], prods))
-    return tuple(out)
+    return tuple(_output_task(sig, n, r, c, okey, perm_a, perm_b) for n, r, c, okey in sorted(found))
+
+
+def _output_task(sig, n: int, r: int, c: int, okey, perm_a, perm_b, qs=None) -> OutputTask:
+    """The OutputTask of row tuple r and column tuple c of sector n (output key ``okey``),
+    with the products of inner tuples ``qs`` (default: all)."""
+    _, rows, inner, cols = sig[n]
+    rk, ck = rows.tuples[r], cols.tuples[c]
+    prods = tuple(Product(invert_key(rk + inner.tuples[q], perm_a), invert_key(inner.tuples[q] + ck, perm_b),
+                          inner.sizes[q], q) for q in (range(len(inner.tuples)) if qs is None else qs))
+    return OutputTask(okey, n, r, c, rows.sizes[r], cols.sizes[c], rows.shapes[r] + cols.shapes[c], prods)
+
+
+def indexed_tasks(step) -> "IndexedTasks":
+    """``contraction_tasks(step)`` as an ``IndexedTasks`` (one per layout, cached)."""
+    return _indexed(*_layout(step))
+
+
+@lru_cache(maxsize=256)
+def _indexed(sig, perm_a, perm_b, perm_c, aliases=None) -> "IndexedTasks":
+    return IndexedTasks(sig, perm_a, perm_b, perm_c, aliases)
+
+
+class IndexedTasks:
+    """``contraction_tasks`` of a layout by index: task i (a counter's value, a static
+    queue's entry) is found by arithmetic (its sector from the tasks before each sector,
+    then row and column tuple by divmod; an output with aliases: from the (r, c) array of
+    the outputs each sector keeps) and its OutputTask made when asked, so a rank
+    builds the products of the tasks it runs only (made again when asked again: nothing
+    kept grows with the tasks a counter hands it over the iterations). ``flops``: every
+    task's, as one array (what a deal by cost needs)."""
+
+    def __init__(self, sig, perm_a, perm_b, perm_c, aliases=None):
+        self._sig, self._perms = sig, (perm_a, perm_b, perm_c)
+        self._kept, counts, flops = [], [], []
+        for _, rows, inner, cols in sig:
+            nc = len(cols.tuples)
+            if aliases:      # the (r, c) of the outputs stored as themselves
+                rc = np.array([(r, c) for r, c, _ in _outputs(rows, cols, perm_c, aliases)],
+                              dtype=np.int64).reshape(-1, 2)
+                r, c = rc[:, 0], rc[:, 1]
+            else:
+                rc = None
+                r, c = np.divmod(np.arange(len(rows.tuples) * nc, dtype=np.int64), max(nc, 1))
+            self._kept.append(rc)
+            counts.append(len(r))
+            flops.append(2 * np.asarray(rows.sizes, dtype=np.int64)[r] * np.asarray(cols.sizes, dtype=np.int64)[c]
+                         * int(sum(inner.sizes)))
+        self._starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64)))
+        self.flops = np.concatenate(flops) if flops else np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, i: int) -> OutputTask:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        n = int(np.searchsorted(self._starts, i, side="right")) - 1
+        j = i - int(self._starts[n])
+        r, c = self._kept[n][j].tolist() if self._kept[n] is not None else divmod(j, len(self._sig[n][3].tuples))
+        return self.task(n, r, c)
+
+    def task(self, n: int, r: int, c: int, qs=None) -> OutputTask:
+        """The OutputTask of row tuple r and column tuple c of sector n (only the products
+        of inner tuples ``qs``, when given)."""
+        _, rows, _, cols = self._sig[n]
+        perm_a, perm_b, perm_c = self._perms
+        okey = tuple((rows.tuples[r] + cols.tuples[c])[p] for p in perm_c)
+        return _output_task(self._sig, n, r, c, okey, perm_a, perm_b, qs)
+
+    def pairs(self, n: int) -> tuple:
+        """([r], [c]) of sector n's tasks, in task order."""
+        if self._kept[n] is not None:
+            return self._kept[n][:, 0].tolist(), self._kept[n][:, 1].tolist()
+        _, rows, _, cols = self._sig[n]
+        return ([r for r in range(len(rows.tuples)) for _ in cols.tuples],
+                list(range(len(cols.tuples))) * len(rows.tuples))
+
+
+def indexed_groups(step, by_a: bool) -> "IndexedGroups":
+    """``contraction_tasks(step)`` grouped by the A block (``by_a``) or B block each
+    product reads, as an ``IndexedGroups`` (one per layout and side, cached)."""
+    return _indexed_groups(*_layout(step), by_a)
+
+
+@lru_cache(maxsize=256)
+def _indexed_groups(sig, perm_a, perm_b, perm_c, aliases, by_a: bool) -> "IndexedGroups":
+    return IndexedGroups(_indexed(sig, perm_a, perm_b, perm_c, aliases), by_a)
+
+
+class IndexedGroups:
+    """The products of ``IndexedTasks`` grouped by the block of A (``by_a``) or of B they
+    read, in that block's key order (``mpi-onesided inverted``'s groups): group g is
+    (key, [(OutputTask, Product)]: the tasks reading it, in task order, each with the
+    product that reads it and holding that product alone: the part of the task the group
+    runs), its items made when asked. One entry per distinct block (its
+    sector, row or column tuple, inner tuple, and the tuples of the tasks that read it),
+    O(blocks + tasks), no product listed. ``flops``: every group's, as one array."""
+
+    def __init__(self, tasks: IndexedTasks, by_a: bool):
+        self._tasks, self._by_a = tasks, by_a
+        perm_a, perm_b, _ = tasks._perms
+        keys, entries, flops = [], [], []
+        for n, (_, rows, inner, cols) in enumerate(tasks._sig):
+            readers: dict = {}      # row (A) or column (B) tuple -> the other tuples of its tasks, in task order
+            for r, c in zip(*tasks.pairs(n)):
+                if by_a:
+                    readers.setdefault(r, []).append(c)
+                else:
+                    readers.setdefault(c, []).append(r)
+            outer, other = (rows, cols) if by_a else (cols, rows)
+            for i, js in readers.items():
+                width = sum(other.sizes[j] for j in js)
+                for q, kk in enumerate(inner.tuples):
+                    keys.append(invert_key(outer.tuples[i] + kk, perm_a) if by_a else invert_key(kk + outer.tuples[i], perm_b))
+                    entries.append((n, i, q, js))
+                    flops.append(2 * outer.sizes[i] * inner.sizes[q] * width)
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        self._keys = [keys[g] for g in order]
+        self._entries = [entries[g] for g in order]
+        self.flops = np.array([flops[g] for g in order], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, g: int) -> tuple:
+        n, i, q, js = self._entries[g]
+        items = []
+        for j in js:
+            task = self._tasks.task(n, *((i, j) if self._by_a else (j, i)), qs=(q,))
+            items.append((task, task.products[0]))
+        return self._keys[g], items
 
 
 def hadamard_pairs(step) -> dict:
@@ -249,6 +374,43 @@ def hadamard_outputs(step) -> dict:
     """``hadamard_pairs`` of the output blocks the step writes (canonical ones only)."""
     aliases = step.out.tensor.aliases
     return {k: v for k, v in hadamard_pairs(step).items() if k not in aliases}
+
+
+def _tile_keys(step, fixed: dict, free: list):
+    """Tile tuples of the index letters ``free`` (each over its space's tiles), with the
+    tiles of ``fixed`` ({letter: tile}), as {letter: tile} dicts in lexicographic order."""
+    space = {ch: r.tensor.spaces[r.indices.index(ch)] for r in (*step.inputs, step.out) for ch in r.indices}
+    for tiles in itertools.product(*(range(len(space[ch].tiles)) for ch in free)):
+        yield {**fixed, **dict(zip(free, tiles))}
+
+
+def hadamard_block_pairs(step, okey) -> list:
+    """``hadamard_pairs(step)[okey]`` of one output block, made from the block alone (its
+    summed letters' tiles enumerated; [] for a block that receives none), in that order:
+    O(the block's pairs), not O(blocks)."""
+    (a, b), out = step.inputs, step.out
+    summed = [ch for ch in dict.fromkeys(a.indices + b.indices) if ch not in out.indices]
+    pairs = []
+    for tile in _tile_keys(step, dict(zip(out.indices, okey)), summed):
+        ka, kb = tuple(tile[ch] for ch in a.indices), tuple(tile[ch] for ch in b.indices)
+        if a.tensor.is_allowed(ka) and b.tensor.is_allowed(kb):
+            pairs.append((ka, kb))
+    return pairs
+
+
+def hadamard_fed(step, x: int, key) -> list:
+    """The output blocks of ``hadamard_outputs(step)`` whose pairs may read block ``key``
+    (as the step reads it: an alias too) of input ``x`` (0: A, 1: B): the allowed canonical
+    output keys that agree with it on their common letters."""
+    ref, out = step.inputs[x], step.out
+    fixed = dict(zip(ref.indices, key))
+    aliases = out.tensor.aliases
+    found = []
+    for tile in _tile_keys(step, fixed, [ch for ch in out.indices if ch not in fixed]):
+        okey = tuple(tile[ch] for ch in out.indices)
+        if out.tensor.is_allowed(okey) and not (aliases and okey in aliases):
+            found.append(okey)
+    return found
 
 
 def add_source(step, okey) -> tuple:
