@@ -242,7 +242,7 @@ def test_rows_travel_by_the_executors_means(nranks):
 @pytest.mark.parametrize("nranks", triples_checks.BUDGET_RANKS)
 def test_the_budget_rule_streams_where_no_unstreamed_task_fits(nranks):
     """H2O2 C1 (o = 9, v = 13) windowed on 2 ranks with no chunks given and a budget
-    (``cache_mb`` 0.04, 41.9 kB) under which one-orbital unstreamed tasks would take windows
+    (``cache_mb`` 0.055, 57.7 kB) under which one-orbital unstreamed tasks would take windows
     one orbital wide (``window_width``): the budget rule (``stream_plan``) streams the
     tasks, whose read share (bytes and requests per compute, ``read_share``) is the lesser,
     in C > 1 stages of one-orbital task tiles; E(T) the serial one's to 1e-9 and the
