@@ -291,6 +291,7 @@ class DistributedExecutor(ABC):
         return results
 
     def _work_part(self, task_set, i: int, blocks: dict, s: int, results) -> None:
+        """Part s of task i on its blocks, its result added to ``results[i]``, timed as compute."""
         w0 = time.perf_counter()
         results[i] += task_set.work_part(i, blocks, s)
         self.compute_seconds += time.perf_counter() - w0
