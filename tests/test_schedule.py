@@ -389,11 +389,13 @@ def test_kept_partitions_are_bounded(monkeypatch):
                 assert s._held == sum(m.held for m in s._memo.values())
 
 
+@pytest.mark.parametrize("lookahead", [False, True])
 @pytest.mark.parametrize("backend", ["serial", "threads"])
-def test_task_stages_run_in_a_row_and_add(backend):
+def test_task_stages_run_in_a_row_and_add(backend, lookahead):
     """A task set of ``stages`` parts: need(i, s) and work(i, blocks, s) called for s = 0,
     1, 2 in a row for each task, each part's blocks handed to its work, the task's result
-    the sum of its parts' (here part s of task i returns (i + 1) * 10**s)."""
+    the sum of its parts' (here part s of task i returns (i + 1) * 10**s); ``lookahead``
+    is ignored here (need then work, part by part)."""
     from tessera.backends.context import Context
     from tessera.backends.tasks import TaskSet
     calls, lock = {}, threading.Lock()
@@ -409,7 +411,7 @@ def test_task_stages_run_in_a_row_and_add(backend):
         assert blocks == {}
         return float((i + 1) * 10 ** s)
     with Context(backend) as ctx:
-        out = ctx.run_tasks(TaskSet("staged", [1.0] * 5, work, need, stages=3))
+        out = ctx.run_tasks(TaskSet("staged", [1.0] * 5, work, need, stages=3, lookahead=lookahead))
     assert all(c == [("need", 0), ("work", 0), ("need", 1), ("work", 1), ("need", 2), ("work", 2)]
                for c in calls.values()) and len(calls) == 5
     assert out.tolist() == [111.0 * (i + 1) for i in range(5)]
@@ -417,10 +419,13 @@ def test_task_stages_run_in_a_row_and_add(backend):
 
 @pytest.mark.parametrize("nranks", [1, 2])
 def test_task_stages_on_mpi_executors(nranks):
-    """tests/mpi/staged_tasks.py on mpi-onesided and mpi-collective: task i's stage s reads
-    block (i + s) % 6 of a distributed vector A[n] = n + 1 (tiles of 2)
-    and returns 10**s times its sum: every task's result is sum_s 10**s (4 m + 3) for
-    m = (i + s) % 6, and each rank's work saw its tasks' stages 0, 1, 2 in a row."""
+    """tests/mpi/staged_tasks.py on mpi-onesided (nxtval, steal) and mpi-collective, with
+    ``lookahead`` off and on: task i's stage s reads block (i + s) % 6 of a distributed
+    vector A[n] = n + 1 (tiles of 2) and returns 10**s times its sum: every task's result
+    is sum_s 10**s (4 m + 3) for m = (i + s) % 6, and each rank's work saw its tasks'
+    stages 0, 1, 2 in a row. The calls: need then work part by part, except under
+    mpi-onesided with lookahead, where the next part's need comes before this part's work
+    (need(p0), need(p1), work(p0), need(p2), work(p1), ..., work(last))."""
     from mpirun import run_mpi
     out = run_mpi(Path(__file__).parent / "mpi" / "staged_tasks.py", nranks, timeout=120)
     expected = [float(sum(10 ** s * (4 * ((i + s) % 6) + 3) for s in range(3))) for i in range(4)]
@@ -431,3 +436,15 @@ def test_task_stages_on_mpi_executors(nranks):
         for rank in run["seen"]:
             assert [s for _, s in rank] == [0, 1, 2] * (len(rank) // 3), (backend, rank)
             assert all(rank[n][0] == rank[n + 1][0] == rank[n + 2][0] for n in range(0, len(rank), 3))
+        ahead = backend.startswith("mpi-onesided") and backend.endswith("/ahead")
+        for rank, calls in zip(run["seen"], run["calls"]):
+            needs = [["need", *part] for part in rank]
+            works = [["work", *part] for part in rank]
+            if not ahead:
+                assert calls == [c for pair in zip(needs, works) for c in pair], (backend, calls)
+            elif rank:
+                assert calls == needs[:1] + [c for pair in zip(needs[1:], works) for c in pair] + works[-1:], \
+                    (backend, calls)
+            else:
+                assert calls == [], (backend, calls)
+    assert len(out["executors"]) == 6

@@ -176,8 +176,9 @@ def test_streamed_tasks_hold_one_chunk_of_the_contracted_indices(nranks):
     task reads, over its stages, 8 R (w^2 v + o w^2 + R w v + R w o + R w^2) bytes for
     R rows of its distinct task tiles ((x p|q f), t2[x m p q], t2[x y p f], (x p|y m) and,
     last stage, (x p|y q), y over those R orbitals; no chunk is kept from one stage to
-    the next), each rank what its tasks read; a rank holds at most one stage's fetched
-    rows and tables, 2 x 8 R (w^2 (c_v + c_o) + R w (c_v + c_o) + R w^2) for the widest
+    the next), each rank what its tasks read; a rank holds at most one stage's rows and
+    tables and the next stage's rows in flight (``TaskSet.lookahead``; they share the
+    rows the stages have in common), 2 x 8 R (w^2 (c_v + c_o) + R w (c_v + c_o) + R w^2) for the widest
     chunks c_v = 5, c_o = 3, and W of the task's orbital triples, 8 N w^3: terms of the
     tiles and chunks, not of v and o; and less than the unstreamed run's peak."""
     mol = launch(nranks)["molecules"]["h2o2_c1"]
@@ -241,7 +242,7 @@ def test_rows_travel_by_the_executors_means(nranks):
 @pytest.mark.parametrize("nranks", triples_checks.BUDGET_RANKS)
 def test_the_budget_rule_streams_where_no_unstreamed_task_fits(nranks):
     """H2O2 C1 (o = 9, v = 13) windowed on 2 ranks with no chunks given and a budget
-    (``cache_mb`` 0.04, 41.9 kB) under which one-orbital unstreamed tasks would take windows
+    (``cache_mb`` 0.055, 57.7 kB) under which one-orbital unstreamed tasks would take windows
     one orbital wide (``window_width``): the budget rule (``stream_plan``) streams the
     tasks, whose read share (bytes and requests per compute, ``read_share``) is the lesser,
     in C > 1 stages of one-orbital task tiles; E(T) the serial one's to 1e-9 and the
@@ -252,3 +253,24 @@ def test_the_budget_rule_streams_where_no_unstreamed_task_fits(nranks):
     assert abs(run["e_t"] - mol["e_serial"]["None"]) < E_TOL
     assert abs(run["e_t"] - plain["e_t"]) < 1e-12, (run["e_t"], plain["e_t"])
     assert max(run["peak_operand_bytes"]) < max(plain["peak_operand_bytes"])
+
+
+@pytest.mark.parametrize("nranks, env", [(2, {}), (4, {"TESSERA_EMULATE_NODES": "2", "MPIR_CVAR_NOLOCAL": "1",
+                                                       "TESSERA_PROGRESS": "none"})])
+def test_streamed_tasks_with_lookahead_equal_without(nranks, env):
+    """tests/mpi/streamed_lookahead.py: water 6-31G (T) streamed in 3 stages on
+    mpi-onesided (steal), at 2 ranks and at 2 emulated nodes x 2 ranks: with lookahead (the
+    next part's rows in flight during this part's work, as the run does) E(T) equals the
+    run with lookahead off to 1e-12, the unstreamed windowed run's to 1e-10 and the serial
+    one's to 1e-9; the same tasks, and each rank holds at most twice the peak it held
+    without lookahead (two parts' rows instead of one)."""
+    from mpirun import run_mpi
+    out = run_mpi(Path(__file__).parent / "mpi" / "streamed_lookahead.py", nranks, env=env, timeout=TIMEOUT)
+    assert (out["nranks"], out["nodes"]) == (nranks, 2 if env else 1)
+    ahead, plain, windowed = (out["runs"][k] for k in ("ahead", "plain", "windowed"))
+    assert ahead["stages"] == plain["stages"] == 3 and windowed["stages"] == 1
+    assert ahead["tasks"] == plain["tasks"] == windowed["tasks"] > 0
+    assert abs(ahead["e_t"] - plain["e_t"]) < 1e-12
+    assert abs(ahead["e_t"] - windowed["e_t"]) < 1e-10
+    assert abs(ahead["e_t"] - out["e_serial"]) < E_TOL
+    assert max(ahead["peak_operand_bytes"]) <= 2 * max(plain["peak_operand_bytes"])

@@ -47,6 +47,7 @@ class DistributedExecutor(ABC):
     distributed = True
     name = "mpi"
     accumulates = True       # whether writes into another rank's memory may be accumulates
+    reads_ahead = False      # run_tasks honours TaskSet.lookahead (then the executor has post_blocks, wait_blocks)
 
     def __init__(self, world=None, fetcher=None, frozen_bytes: int = DEFAULT_CACHE_MB << 20):
         from tessera.runtime import World
@@ -282,18 +283,41 @@ class DistributedExecutor(ABC):
         snap, t0, c0 = self.account.begin(), time.perf_counter(), self.compute_seconds
         self.barrier()
         results = np.zeros(len(task_set))
-        for i in self.task_order(task_set):
-            for s in range(task_set.stages):          # a task's parts one after another (TaskSet)
+        # a task's parts one after another (TaskSet); i None: a collective round, no task
+        parts = ((i, s) for i in self.task_order(task_set) for s in range(task_set.stages))
+        if task_set.lookahead and self.reads_ahead:
+            self._run_ahead(task_set, parts, results)
+        else:
+            for i, s in parts:
                 blocks = self.fetch_blocks(task_set.need_part(i, s) if i is not None else [])
                 if i is not None:
-                    w0 = time.perf_counter()
-                    results[i] += task_set.work_part(i, blocks, s)
-                    self.compute_seconds += time.perf_counter() - w0
+                    self._work_part(task_set, i, blocks, s, results)
         if self.world.size > 1:
             results = self.world.allreduce(results, "sum")
         self.account.end(task_set.name, snap, time.perf_counter() - t0, self.compute_seconds - c0,
                          task_set.flops() if task_set.flops else 0)
         return results
+
+    def _work_part(self, task_set, i: int, blocks: dict, s: int, results) -> None:
+        """Part s of task i on its blocks, its result added to ``results[i]``, timed as compute."""
+        w0 = time.perf_counter()
+        results[i] += task_set.work_part(i, blocks, s)
+        self.compute_seconds += time.perf_counter() - w0
+
+    def _run_ahead(self, task_set, parts, results) -> None:
+        """The ``parts`` (task, stage) of a ``lookahead`` task set with the next part's
+        requests in flight during this part's work: per part, its gets waited for, the
+        next part's ``need`` asked and its gets posted (the next task claimed from the deal
+        one part early), then this part's ``work``."""
+        cur = next(parts, None)
+        posted = self.post_blocks(task_set.need_part(*cur)) if cur is not None else None
+        while cur is not None:
+            blocks = self.wait_blocks(posted)
+            nxt = next(parts, None)
+            if nxt is not None:
+                posted = self.post_blocks(task_set.need_part(*nxt))
+            self._work_part(task_set, cur[0], blocks, cur[1], results)
+            cur = nxt
 
     @abstractmethod
     def task_order(self, task_set):

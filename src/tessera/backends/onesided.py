@@ -41,7 +41,9 @@ Loop orders (how blocks travel), as in TCE:
   step's global task list: a counter (nxtval, steal) or a cost-balanced partition
   (static) hands out indices into one numbering that every rank shares.
 Gets are non-blocking: the next product's blocks are in flight during the current
-GEMM (original, inverted) or a whole batch is in flight at once (cached). Blocks the
+GEMM (original, inverted) or a whole batch is in flight at once (cached); a task set
+with ``lookahead`` has its next part's blocks in flight during this part's work
+(``dist_base.run_tasks``). Blocks the
 rank owns are read in place, never fetched.
 """
 
@@ -62,6 +64,7 @@ from tessera.plan.blocktasks import contraction_tasks, indexed_groups, indexed_t
 
 class OneSidedExecutor(DistributedExecutor):
     name = "mpi-onesided"
+    reads_ahead = True        # a lookahead TaskSet's next part is fetched during this part's work
 
     def __init__(self, variant: str = DEFAULT_VARIANT["mpi-onesided"], schedule: str = DEFAULT_SCHEDULE,
                  cache_mb: int = DEFAULT_CACHE_MB, world=None):
@@ -133,6 +136,11 @@ class OneSidedExecutor(DistributedExecutor):
 
     # ---------------------------------------------------------------- block access
     def fetch_blocks(self, requests) -> dict:
+        return self.wait_blocks(self.post_blocks(requests))
+
+    def post_blocks(self, requests) -> tuple:
+        """Start getting ``requests`` (as ``fetch_blocks``): (the blocks here, as views; the
+        gets in flight), for ``wait_blocks``."""
         out, pending = {}, []
         seen = set()
         for t, key, *part in requests:
@@ -153,6 +161,12 @@ class OneSidedExecutor(DistributedExecutor):
                 pending.append((k, t.dist.ga.iget_patch(*part_range(t.dist.ga, canon, cpart)), perm))
             else:
                 pending.append((k, t.dist.ga.iget_patch(*part_range(t.dist.ga, key, part)), None))
+        return out, pending
+
+    @staticmethod
+    def wait_blocks(posted: tuple) -> dict:
+        """The blocks of a ``post_blocks``: its gets waited for."""
+        out, pending = posted
         for k, h, perm in pending:
             blk = h.wait()
             out[k] = blk if perm is None else blk.transpose(perm)

@@ -82,6 +82,12 @@ class TaskSet:
         holds one part's blocks at a time (e.g. a contracted index streamed in chunks).
         The part is passed, never inferred from the order of calls: a need() asked twice
         or a task run again asks for the same part.
+    lookahead: under ``mpi-onesided`` the next part's blocks (the next stage of this task,
+        or stage 0 of the next task the deal gives) are requested before this part's work
+        and waited for after it, so reads overlap compute: ``need`` of the next part is
+        then called before ``work`` of this one (and must not take away what this one's
+        work reads). ``mpi-collective`` (bulk-synchronous rounds), serial and threads
+        ignore it (need then work, part by part).
     """
 
     name: str
@@ -98,6 +104,7 @@ class TaskSet:
     forkable: bool = False
     add_flops: Callable[[int], None] | None = None
     stages: int = 1
+    lookahead: bool = False
 
     def __len__(self) -> int:
         return len(self.costs)

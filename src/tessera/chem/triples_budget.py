@@ -133,7 +133,8 @@ def fastest_task(o, v, nranks: int, ranks_per_node: int | None, cap: float):
     return min(held for seconds, held in fits if seconds <= (1 + SECONDS_TIE) * fewest)
 
 
-def plan_seconds(o, v, model: tuple, nranks: int, ranks_per_node: int | None = None) -> float:
+def plan_seconds(o, v, model: tuple, nranks: int, ranks_per_node: int | None = None,
+                 overlapped: bool = False) -> float:
     """Modelled seconds per rank of distributed (T) run as tasks like ``model``
     (``task_model``): (T)'s 2 o^3 v^3 (v + o) flops (C1) over the task's give the tasks,
     each taking its flops at the calibrated GEMM rate, its reads (as ``read_share``: bytes
@@ -141,12 +142,16 @@ def plan_seconds(o, v, model: tuple, nranks: int, ranks_per_node: int | None = N
     of Python work; dealt over ``nranks``, the busiest rank ends at most one task after
     the mean (Graham's bound of a list schedule, Bell Syst. Tech. J. 45, 1563 (1966)), so
     the mean plus one task (larger tasks balance worse: (H2O)8 cc-pVDZ on 64 ranks keeps
-    one-orbital windowed tasks, 210 MiB, not whole rows of task tile 2, 513 MiB)."""
+    one-orbital windowed tasks, 210 MiB, not whole rows of task tile 2, 513 MiB).
+    ``overlapped`` (streamed tasks, ``TaskSet.lookahead``): a task's bytes arrive during the
+    previous part's compute, so it takes the longer of its compute and its bytes at the
+    bandwidth, plus its requests' latencies and the Python work."""
     flops, read, asks, _ = model
     machine = Machine.calibrated()
     on = machine.on(nranks, ranks_per_node or nranks)
     tasks = 2 * o.dim ** 3 * v.dim ** 3 * (v.dim + o.dim) / flops
-    task = (flops / machine.gemm_flops_per_second + read / on["bandwidth"] + asks * on["t_get"]
+    compute, transfer = flops / machine.gemm_flops_per_second, read / on["bandwidth"]
+    task = ((max(compute, transfer) if overlapped else compute + transfer) + asks * on["t_get"]
             + machine.triples_task_seconds)
     return (tasks / nranks + 1) * task
 
@@ -224,11 +229,12 @@ def read_share(model: tuple, nranks: int, ranks_per_node: int | None = None) -> 
 
 def stream_bytes(nocc: int, nvir: int, occ_tile: int, width: int, cv: int, co: int) -> float:
     """Bytes a streamed task (``chem.triples_stream``) holds at most (C1): one stage's rows,
-    fetched and tabled, 3 r rows of w^2 (c_v + c_o) + Y w (c_v + c_o) + Y w^2 doubles (r
-    ``occ_tile``, Y = 3 r, windows of three tiles ``width`` wide, w = 3 width, at most
-    v; chunks c_v, c_o), and W of its orbital triples, r^3 w^3 doubles: no term in o or v."""
+    fetched and tabled, and the next stage's rows in flight (``TaskSet.lookahead``), three
+    times 3 r rows of w^2 (c_v + c_o) + Y w (c_v + c_o) + Y w^2 doubles (r ``occ_tile``,
+    Y = 3 r, windows of three tiles ``width`` wide, w = 3 width, at most v; chunks c_v,
+    c_o), and W of its orbital triples, r^3 w^3 doubles: no term in o or v."""
     w, Y, r = min(3 * width, nvir), min(3 * occ_tile, nocc), occ_tile
-    return 8 * (2 * 3 * r * (w * w * (cv + co) + Y * w * (cv + co) + Y * w * w) + r ** 3 * w ** 3)
+    return 8 * (3 * 3 * r * (w * w * (cv + co) + Y * w * (cv + co) + Y * w * w) + r ** 3 * w ** 3)
 
 
 def stream_floor(o, v, nranks: int, ranks_per_node: int | None = None):
@@ -237,7 +243,12 @@ def stream_floor(o, v, nranks: int, ranks_per_node: int | None = None):
     compute at the calibrated GEMM rate and bandwidth (as ``task_floor``): a streamed task
     rereads its rows each task, 8 x 27 r wd (wd + r)(v + o) bytes for 72 r^3 wd^3 (v + o)
     flops (C1), r^2 wd^2 / (3 (wd + r)) flops per byte whatever o and v; windows at least
-    MIN_WINDOW wide, at most MAX_TASKS tasks. None when none meets it (between nodes)."""
+    MIN_WINDOW wide, at most MAX_TASKS tasks. None when none meets it.  (Its reads run
+    during the previous part's compute, ``TaskSet.lookahead``, yet the bound stays
+    READ_SHARE: between nodes, about 0.2 GB/s a rank against 50 GFLOP/s, even reads taking
+    half the compute need about 500 flops per byte, r wd >= (6 x 500)^(2/3), a W of
+    216 (r wd)^3 bytes, 1.8 GB, above the cap of ``window_budget`` here; on one node the
+    looser bound streamed (H2O)4 cc-pVDZ at 64 ranks below its 256-rank budget.)"""
     nocc, nvir = o.dim, v.dim
     machine = Machine.calibrated()
     balance = machine.gemm_flops_per_second / machine.on(nranks, ranks_per_node or nranks)["bandwidth"] / READ_SHARE
@@ -264,7 +275,7 @@ def stream_plan(lay: VirtualLayout, o, v, budget: float, nranks: int, ranks_per_
     most MIN_WINDOW) that fit, where their ``read_share`` is less than that of the
     one-orbital unstreamed tasks of the budget (``window_width``): a streamed task reads
     its rows again each task and asks for them in parts, but its windows are wider, its
-    compute per task larger (H2O2 6-31G at 41.9 kB: unstreamed windows 1 orbital wide,
+    compute per task larger (H2O2 6-31G at 57.7 kB: unstreamed windows 1 orbital wide,
     75,075 tasks; streamed 3 wide in 7 chunks, 5,775 tasks). A given ``occ_tile`` is the
     task tile of every candidate."""
     floor = task_floor(o, v, nranks, ranks_per_node)

@@ -22,8 +22,8 @@ import numpy as np
 
 from tessera.chem.triples import NIRREP, SOURCES, TripleKernel, VirtualLayout, default_occ_tile, irrep_ranges
 from tessera.chem.triples_blocked import DEFAULT_KERNEL_MB, blocked_batch, blocked_pool_sizes, choose_vblock
-from tessera.chem.triples_budget import (DEFAULT_CACHE_MB, MIN_WINDOW, TASKS_PER_RANK, least_width,
-                                         stream_bytes, stream_plan, window_budget)
+from tessera.chem.triples_budget import (DEFAULT_CACHE_MB, MIN_WINDOW, TASKS_PER_RANK, least_width, plan_seconds,
+                                         stream_bytes, stream_plan, task_model, window_budget)
 from tessera.chem.triples_stream import Chunks
 from tessera.chem.triples_window import Windows, bytes_per_row, deal_weights, window_reads, window_width
 
@@ -254,7 +254,9 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     and for the task counts). Streamed tasks (``stream_plan``; ``chunks`` > 1): the most
     one holds is ``stream_bytes`` and the rows read every task's rows with the contracted
     indices whole, no rows kept between tasks (an upper bound). Also the budget of one task (``window_budget``) and the row
-    cache's bytes (whole rows: the budget, at most DEFAULT_CACHE_MB unless ``cache_mb``)."""
+    cache's bytes (whole rows: the budget, at most DEFAULT_CACHE_MB unless ``cache_mb``), and
+    the modelled seconds per rank (``plan_seconds`` of the plan's ``task_model``, its widest
+    window tile; streamed: reads overlapping compute, ``TaskSet.lookahead``)."""
     key = (tuple((tensors[n].spaces, tensors[n].irrep) for n in SOURCES), nranks, cache_mb, kernel_mb,
            memory_bytes, ranks_per_node)
     if key not in _PLAN_COUNTS:
@@ -290,10 +292,12 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
         most = stream_bytes(o.dim, v.dim, occ_tile, width, -(-int(lay.n.max()) // chunks),
                             -(-int(lay.no.max()) // chunks))
         kernel = pool_bytes(lay, vblock, batch, win, Chunks(lay, chunks).widest)
+        model = task_model(o, v, occ_tile, width, chunks)
     elif vblock is None:                    # whole rows per task tile
         occ_tile, _, (ntasks, read, most) = row_plan(o, keys, tensors, budget, nranks)
         batch = min(kernel_plan(lay, o, v, None, False, kernel_mb=kernel_mb)[2], occ_tile)
         kernel = pool_bytes(lay, None, batch)
+        model = task_model(o, v, occ_tile, None)
     else:
         occ_tile, win, (ntasks, _, most) = window_plan(o, v, vrange, orange, keys, tensors, vblock,
                                                        budget, nranks)
@@ -305,10 +309,13 @@ def _plan_counts(tensors: dict, nranks: int, cache_mb, kernel_mb, memory_bytes, 
         read = sum(window_reads(win, tiles, triples, tasks, weights, nranks))
         batch = kernel_plan(lay, o, v, occ_tile, False, vblock, kernel_mb)[2]
         kernel = pool_bytes(lay, vblock, batch, win)
+        model = task_model(o, v, occ_tile, max(t[2] for t in win.vtiles))
+    seconds = plan_seconds(o, v, model, nranks, ranks_per_node, overlapped=chunks > 1)
     return {"tasks": ntasks, "tasks_per_rank": ntasks / nranks, "read_bytes": int(read),
             "read_bytes_per_rank": read / nranks, "task_bytes": int(most), "occ_tile": int(occ_tile),
             "vblock": vblock or 0, "chunks": chunks, "kernel_bytes": int(kernel), "budget_bytes": int(budget),
-            "cache_bytes": int(budget if cache_mb is not None else min(DEFAULT_CACHE_MB * 2**20, budget))}
+            "cache_bytes": int(budget if cache_mb is not None else min(DEFAULT_CACHE_MB * 2**20, budget)),
+            "seconds": seconds}
 
 
 def minimal_flops(lay: VirtualLayout, irrep) -> int:

@@ -44,7 +44,9 @@ a slow rank does not hold up the others and the rows stay shared along each run.
 ``TriplesResult.rank_runs`` says which runs each rank ran; ``sequence_reads`` what they
 read.  With ``chunks`` (C > 1) a windowed task runs in C stages, each
 fetching one chunk of the contracted indices (``chem.triples_stream``; the stage is
-passed to need and work, ``TaskSet.stages``; C = 1: one stage, never streamed); the budget rule
+passed to need and work, ``TaskSet.stages``; C = 1: one stage, never streamed) with
+``TaskSet.lookahead``: under mpi-onesided the next stage's rows are in flight while this
+stage computes, so a rank holds two stages' rows (``triples_budget.stream_bytes``); the budget rule
 streams where the budget is below the unstreamed floor (``triples_budget.stream_plan``).
 The plan (task tiles, windows, counts from structure alone: ``plan_counts``) is
 ``chem.triples_plan``'s.
@@ -134,7 +136,8 @@ class TriplesTasks:
                                  "these tensors are local: drop chunks" if resident else
                                  "the whole-space kernel fits here: give vblock too, or drop chunks"))
         self.stream = Chunks(lay, chunks or 1) if self.windows is not None else None
-        self.stage_requests: dict = {}                   # streamed: (task, stage) -> its requests (need)
+        self.stage_requests: dict = {}                   # streamed: (task, stage) -> (its requests, bytes in flight)
+        self.asked = (None, set(), set())                # streamed: the part asked last, its tags, its previous's
         self.acc: dict = {}                              # streamed: task -> W of its block triples
         if self.stream is not None:
             self.pool_bytes = pool_bytes(lay, self.vblock, self.batch, self.windows, self.stream.widest)
@@ -213,7 +216,8 @@ class TriplesTasks:
         packed = self.vblock is None and len(set(self.lay.irrep.tolist())) > 1
         return TaskSet("(T) triples", costs, self.work, self.need, chunk, flops=lambda: self.flops,
                        progress=True, forkable=self.resident and not packed, add_flops=self._add_flops,
-                       stages=self.stream.count if self.stream is not None else 1, **deal)
+                       stages=self.stream.count if self.stream is not None else 1,
+                       lookahead=self.stream is not None and self.stream.count > 1, **deal)
 
     def _add_flops(self, n: int) -> None:
         with self.lock:
@@ -386,19 +390,34 @@ class TriplesTasks:
     # ------------------------------------------------------------------ streamed (chunks)
     def _stream_need(self, task: int, stage: int, wanted: list, window) -> list:
         """The requests of stage ``stage`` of the task (``triples_stream.stream_requests``;
-        kept for its work) that the rank's previous stage did not fetch (kept; the rest
-        dropped), each once."""
+        kept for its work) that the rank's previous part (stage, or last stage of its
+        previous task) does not read, each once; their bytes go to the ledger as they are
+        asked for (in flight). Streamed tasks run with ``TaskSet.lookahead``: this need may
+        come before the previous part's work, whose rows (kept, or still in flight) stay
+        until that work is done; else the kept rows this part does not read are dropped."""
         reqs = stream_requests(self.windows, self.stream, [self.tiles[x] for x in wanted], window, stage)
-        with self.lock:
-            self.stage_requests[(task, stage)] = reqs
         out = {}
         for name, key, part, _, _ in reqs:
             req = (self.tensors[name], key, part) if part else (self.tensors[name], key)
             out[request_tag(req)] = req
+        part_key = (task, stage)
         with self.lock:
-            for tag in [tag for tag in self.kept if tag not in out]:
+            last, tags, before = self.asked                # a part asked again: its previous stays
+            prev = before if last == part_key else tags
+            self.asked = (part_key, set(out), prev)
+            ahead = any(k != part_key for k in self.stage_requests)     # the previous part not yet worked
+            if part_key in self.stage_requests:
+                self.held.add(self.stage_requests[part_key][1], -1)
+            for tag in [tag for tag in self.kept if tag not in (prev if ahead else out)]:
                 self._drop_kept(tag)
-        return [r for tag, r in out.items() if tag not in self.kept]
+            new = [r for tag, r in out.items() if tag not in self.kept and not (ahead and tag in prev)]
+            inflight = dict.fromkeys(SOURCES, 0)
+            for t, key, *part in new:
+                if key not in t.blocks:                    # owned blocks arrive as views
+                    inflight[self.source_of[t.uid]] += 8 * _part_size(t.block_shape(key), part)
+            self.stage_requests[part_key] = (reqs, inflight)
+            self.held.add(inflight)
+        return new
 
     def _stream_work(self, task: int, stage: int, wanted: list, blocks: dict) -> float:
         """Stage ``stage`` of a windowed task: its rows (the requests its need listed) into
@@ -409,26 +428,24 @@ class TriplesTasks:
         t, window = self.tasks[task]
         streamed = self.stream.count > 1
         with self.lock:
-            reqs = self.stage_requests.pop((task, stage))
+            reqs = self.stage_requests.pop((task, stage))[0]
             if streamed and stage == 0:           # a task run again starts a new W
                 self.held.add({"W": _acc_bytes(self.acc.pop(task, {}))}, -1)
                 self.acc[task] = {}
             acc = self.acc[task] if streamed else None
         ytiles = {self.tiles[x][0]: (self.tiles[x][1] - self.tiles[x][0], self.tiles[x][2]) for x in wanted}
         tables = StreamTables(self.windows, self.irrep, self.stream, stage, ytiles)
-        read, copies = 0, dict.fromkeys(SOURCES, 0)
+        read = 0
         for name, key, part, kind, place in reqs:
-            tensor = self.tensors[name]
-            tag = request_tag((tensor, key, part or None))
+            tag = request_tag((self.tensors[name], key, part or None))
             arr, got = self._keep(tag, name, key, blocks)
             read += got
-            copies[name] += got if key not in tensor.blocks else 0
             tables.add(kind, arr, place)
         blocks.clear()
         counted = dict(tables.nbytes)          # zero tables the kernel asks for come on top
-        with self.lock:
+        with self.lock:                        # (the fetched copies were counted by need)
             self.read[task] = self.read.get(task, 0) + read
-            self.held.add({s: copies[s] + counted[s] for s in SOURCES})
+            self.held.add(counted)
         inp = KernelInputs(self.lay, self.eo, self.t1d, self.irrep, ov1=None, ov2=None, t2r=None, t2s=None,
                            ooL=None, ovov=None)
         kern = StreamTripleKernel(inp, self.G[t], self._pool(), self.batch, self.vblock, self.windows, window,
@@ -451,6 +468,15 @@ class TriplesTasks:
             self.held.add({k: n - counted[k] for k, n in tables.nbytes.items()})
             self.held.add(tables.nbytes, -1)
         return energy
+
+
+def _part_size(shape: tuple, part: list) -> int:
+    """Elements of a request's ``part`` ([(axis, lo, hi, ...)] or []) of a block of ``shape``."""
+    dims = list(shape)
+    cut = part[0] if part and part[0] else ()
+    for n in range(0, len(cut), 3):
+        dims[cut[n]] = cut[n + 2] - cut[n + 1]
+    return int(np.prod(dims))
 
 
 def _acc_bytes(acc: dict) -> int:

@@ -14,7 +14,8 @@ returns, per rank:
   kernel buffers (``chem.memory.triples_parts``, the one formula of (T) memory);
 - ``triples`` (with (T)): its tasks in all and per rank, the bytes of rows they read
   (in all and per rank, the mean; what the tasks request, before any row cache) and the
-  most one task holds, and its budget, ``budget_bytes`` (``chem.triples_plan.plan_counts``);
+  most one task holds, and its budget, ``budget_bytes``, and the modelled seconds per rank,
+  ``seconds`` (``chem.triples_plan.plan_counts``);
 - ``steps``: the dominant contraction steps (``backends.balance.dominant_steps``, largest
   flops first) with their block tasks, tasks per rank and the busiest rank's flops over
   the mean; ``granularity``: the fewest tasks per rank among them against the target
@@ -205,7 +206,8 @@ def render(sim: dict) -> str:
             how += f", the contracted indices streamed in {t['chunks']} chunks"
         lines.append(f"(T): {t['tasks']} tasks ({t['tasks_per_rank']:.1f} per rank, {t['occ_tile']} occupied "
                      f"orbitals per task tile, {how}); rows read {_size(t['read_bytes_per_rank']).strip()} "
-                     f"per rank, at most {_size(t['task_bytes']).strip()} held by one task (budget "
+                     f"per rank, modelled {t['seconds']:.1f} s per rank, at most {_size(t['task_bytes']).strip()} "
+                     f"held by one task (budget "
                      f"{_size(t['budget_bytes']).strip()}: the ranks' share of the operands, at least a floor "
                      "set by o, v, the tiles and the machine, or by the machine alone when streamed, and "
                      "never above the budget on half the ranks)")
