@@ -293,8 +293,8 @@ class CollectiveExecutor(DistributedExecutor):
         return add_homes(step, self._held, step.out.tensor.dist.owner)
 
     def hadamard_step(self, step) -> None:
-        """out[okey] += scale * sum of A x B (elementwise, ``hadamard_outputs``) on the
-        home of every output block; a rank walks only its share (``_hadamard_own``)."""
+        """out[okey] += scale * sum of A x B (elementwise) on the home of every output
+        block; a rank walks only its share (``_hadamard_own``)."""
         out, me = step.out.tensor, self.cc.rank
         a, b = step.inputs[0].tensor, step.inputs[1].tensor
         ga_a, ga_b = a.dist.ga, b.dist.ga

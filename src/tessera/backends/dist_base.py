@@ -309,14 +309,17 @@ class DistributedExecutor(ABC):
         requests in flight during this part's work: per part, its gets waited for, the
         next part's ``need`` asked and its gets posted (the next task claimed from the deal
         one part early), then this part's ``work``."""
+        def post(part):                # i None: a collective round, no task (``task_order``)
+            return self.post_blocks(task_set.need_part(*part) if part[0] is not None else [])
         cur = next(parts, None)
-        posted = self.post_blocks(task_set.need_part(*cur)) if cur is not None else None
+        posted = post(cur) if cur is not None else None
         while cur is not None:
             blocks = self.wait_blocks(posted)
             nxt = next(parts, None)
             if nxt is not None:
-                posted = self.post_blocks(task_set.need_part(*nxt))
-            self._work_part(task_set, cur[0], blocks, cur[1], results)
+                posted = post(nxt)
+            if cur[0] is not None:
+                self._work_part(task_set, cur[0], blocks, cur[1], results)
             cur = nxt
 
     @abstractmethod
