@@ -79,7 +79,7 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
                     for key, executor in (("onesided_other_bytes", "mpi-onesided"), ("owner_other_bytes", "owner")):
                         s[key] += float(moved_bytes(moves, nranks, executor).max())
                     if "owner" in s:
-                        s["owner"]["other_ops"] += float(owner_other_ops(step, nranks, owners)[0].max())
+                        s["owner"]["other_ops"] += float(sum(owner_other_ops(step, nranks, owners)).max())
                     # mpi-collective: each rank's bytes, per frozen input (its entries in
                     # ``frozen_reads``) what each rank receives of it, and, where it exchanges
                     # its inputs (even if no block moves: every rank decides alike), whether
