@@ -10,20 +10,22 @@ import pytest
 from mpirun import run_mpi
 
 SCRIPT = Path(__file__).parent / "mpi" / "owner_counts.py"
-# water (C2v) with the run's own pieces; the tetramer with every ``pieces`` block in two
-CASES = {"water": ("examples/water.xyz", {}), "tetramer": ("examples/water_tetramer.xyz", {"TESSERA_PIECES": "2"})}
+# water (C2v) with the run's own pieces, at 2 and 3 ranks; the tetramer with every
+# ``pieces`` block in two: (xyz, ranks, environment)
+CASES = {"water": ("examples/water.xyz", 2, {}), "water/3": ("examples/water.xyz", 3, {}),
+         "tetramer": ("examples/water_tetramer.xyz", 2, {"TESSERA_PIECES": "2"})}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def counts(request):
-    xyz, env = CASES[request.param]
-    return request.param, run_mpi(SCRIPT, 2, args=[xyz, "24"], env=env, timeout=300)
+    xyz, ranks, env = CASES[request.param]
+    return request.param, run_mpi(SCRIPT, ranks, args=[xyz, "24"], env=env, timeout=300)
 
 
 @pytest.mark.parametrize("bound", ["all", "0"])
 def test_owner_model_counts_every_get_and_put_of_a_ccsd_iteration(counts, bound):
-    """Water and the water tetramer cc-pVDZ at tile 24, 2 ranks, the frozen cache keeping
-    every frozen block or none: per step of a steady iteration, each rank's gets, puts and
+    """Water and the water tetramer cc-pVDZ at tile 24, 2 ranks (water also 3), the frozen
+    cache keeping every frozen block or none: per step of a steady iteration, each rank's gets, puts and
     bytes with other ranks equal the model's, and the per-step busiest rank's operations
     and bytes, summed, equal ``structure_stats``' totals. Before, the model counted no
     operation of the sums and Hadamard products (water, all kept: 1368 against 3010
