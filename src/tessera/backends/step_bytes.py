@@ -8,7 +8,9 @@ rank receives in a step (``step_recv``): a contraction with an operand stationar
 (``backends.stationary``), a sum or Hadamard product as ``CollectiveExecutor.add_step``
 and ``hadamard_step`` move it (``owner_step_recv``); on ``mpi-onesided``, the bytes each
 rank's gets, accumulates and puts move in a sum or Hadamard product
-(``onesided_step_bytes``). Both from ``owner_step_moves`` (``moved_bytes``).
+(``onesided_step_bytes``). Both from ``owner_step_moves`` (``moved_bytes``). Variant
+``owner``'s gets and puts: in a contraction ``onesided_owner_counts``, in a sum or
+Hadamard product ``owner_other_ops``.
 """
 
 from __future__ import annotations
