@@ -6,8 +6,9 @@ counted, against the cost model's ``kept_share``.
 cc-pVDZ, RHF by PySCF on rank 0. The model's frozen bytes per rank (``structure_stats(...,
 owner=True)``'s ``frozen_per_rank``, the most of any rank) set the executor's frozen-cache
 bounds (0, 1/4, 1/2, 3/4, 1 and 2 times them); per bound, CCSD runs three iterations and the
-third's gets and puts of contraction steps are counted from the comm log (per step the
-busiest rank's, summed: the model's unit). Rank 0 prints, per bound, the counted operations
+third's gets and puts of contraction steps with other ranks are counted from the comm log
+(per step the busiest rank's, summed: the model's unit; a rank's copy of its own piece of a
+block is no operation). Rank 0 prints, per bound, the counted operations
 and bytes, the share of the frozen ones kept (those the bound-0 run makes and this one does
 not, over those the unbounded run saves), and the model's operations, bytes and
 ``kept_share``.
@@ -55,9 +56,9 @@ def main(argv=None) -> None:
         snap = ex.world.comm_log.snapshot()
         run_step(ex, step)
         if state["iteration"] == 3 and step.kind == "contract":
-            tot = ex.world.comm_log.totals(since=snap)
-            ops = [tot[op] for op in ("get", "put") if op in tot]
-            state["steps"].append((sum(t.count for t in ops), sum(t.nbytes for t in ops)))
+            ops = [r for r in ex.world.comm_log.records(since=snap)
+                   if r.op in ("get", "put") and r.peer != ex.world.rank]
+            state["steps"].append((sum(r.count for r in ops), sum(r.nbytes for r in ops)))
     OneSidedExecutor.run_step = counted
     runs = {}
     for bound in BOUNDS:
@@ -73,7 +74,7 @@ def main(argv=None) -> None:
         runs[bound] = [sum(max(r[i][x] for r in rows) for i in range(len(rows[0]))) for x in (0, 1)]
     if world.rank == 0:
         (ops0, bytes0), (ops_all, bytes_all) = runs[BOUNDS[0]], runs[BOUNDS[-1]]
-        out = {"frozen_bytes_per_rank": frozen, "model_frozen_ops": ow["gets"] - ow["thawed_gets"],
+        out = {"frozen_bytes_per_rank": frozen, "model_frozen_ops": ow["ops"] - ow["thawed_ops"],
                "counted_frozen_ops": ops0 - ops_all, "bounds": {}}
         for bound, (ops, nbytes) in runs.items():
             k = kept_share(frozen, int(bound * frozen))
@@ -81,7 +82,7 @@ def main(argv=None) -> None:
                 "counted_ops": ops, "counted_bytes": nbytes,
                 "counted_kept_ops": round((ops0 - ops) / max(ops0 - ops_all, 1), 3),
                 "counted_kept_bytes": round((bytes0 - nbytes) / max(bytes0 - bytes_all, 1), 3),
-                "model_kept_share": round(k, 3), "model_ops": ow["gets"] - k * (ow["gets"] - ow["thawed_gets"]),
+                "model_kept_share": round(k, 3), "model_ops": ow["ops"] - k * (ow["ops"] - ow["thawed_ops"]),
                 "model_bytes": ow["bytes"] - k * (ow["bytes"] - ow["thawed_bytes"])}
         print(json.dumps(out, indent=1))
 

@@ -148,10 +148,13 @@ def test_onesided_sum_bytes_on_pieces_are_the_models(model_run):
     get, accumulate and put counters record with other ranks equal the cost model's
     (``step_bytes.onesided_step_bytes``), where the model counted one dense output per
     step, zero steps included, as an even share over the ranks (here 2450 bytes per rank
-    per step: the sum's three steps 7350 on each rank against 0 / 3152 moved)."""
+    per step: the sum's three steps 7350 on each rank against 0 / 3152 moved); under owner
+    so do each rank's gets and puts (``step_bytes.owner_other_ops``, not counted before)."""
     for name, run in model_run["onesided"].items():
         assert run["pieced"] and sum(run["counted"]) > 0, (name, run)
         assert run["counted"] == run["model"], (name, run)
+        if name.endswith("/owner"):     # and each rank's gets and puts (``step_bytes.owner_other_ops``)
+            assert run["ops_counted"] == run["ops_model"] and sum(map(sum, run["ops_counted"])) > 0, (name, run)
 
 
 def test_held_bytes_under_forced_pieces_are_the_models(model_run):
@@ -174,13 +177,14 @@ def test_onesided_owner_contraction_bytes_are_the_models(model_run):
     output, an outer product into a pieced output): the bytes each rank's get and put
     counters record with other ranks equal the cost model's per rank
     (``step_bytes.onesided_owner_counts``: the distinct blocks and pieces a rank's tasks
-    read that others hold, and the pieces of its outputs held elsewhere, got and put back).
-    (The model counted the mean rank before: 2552 and 136 bytes where the ranks move
-    0 / 7496 and 0 / 1632.)"""
+    read that others hold, and the pieces of its outputs held elsewhere, got and put back),
+    and so do its gets and puts. (The model counted the mean rank before: 2552 and 136
+    bytes where the ranks move 0 / 7496 and 0 / 1632.)"""
     assert set(model_run["onesided_owner"]) == {"contract", "outer"}
     for name, run in model_run["onesided_owner"].items():
         assert run["pieced"] and sum(run["counted"]) > 0, (name, run)
         assert run["counted"] == run["model"], (name, run)
+        assert run["ops_counted"] == run["ops_model"] and sum(map(sum, run["ops_counted"])) > 0, (name, run)
 
 
 def test_collective_frozen_operand_past_the_cache_is_the_models(model_run):

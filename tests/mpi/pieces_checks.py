@@ -345,7 +345,7 @@ def model_bytes(world) -> dict:
     (``step_bytes.onesided_step_bytes``); variant owner's contraction and outer product,
     its get and put counters against ``step_bytes.onesided_owner_counts``."""
     from tessera.backends.context import PlanningContext
-    from tessera.backends.step_bytes import onesided_step_bytes, step_recv
+    from tessera.backends.step_bytes import onesided_step_bytes, owner_other_ops, step_recv
     rng = np.random.default_rng(5)
     o = IndexSpace.from_irreps("o", rng.integers(0, 2, 5), 2)
     v = IndexSpace.from_irreps("v", rng.integers(0, 2, 7), 3)
@@ -389,21 +389,23 @@ def model_bytes(world) -> dict:
 
     def counted(eq, ops, backend, variant, **options):
         """(bytes this rank's counters ``ops`` record with other ranks in ``eq``, whether
-        T, Z and C are in pieces)."""
+        T, Z and C are in pieces, [gets, puts] this rank makes with other ranks)."""
         with Context(backend, variant=variant, **options):
             t = tensors(True)
             snap = world.comm_log.snapshot()
             with ts.equations():
                 eq(t)
             row = world.comm_log.row(world.size, ops, since=snap)
-            return int(row.sum() - row[world.rank]), all(t[n].pieced for n in ("T", "Z", "C"))
+            made = [sum(r.count for r in world.comm_log.records(since=snap) if r.op == op and r.peer != world.rank)
+                    for op in ("get", "put")]
+            return int(row.sum() - row[world.rank]), all(t[n].pieced for n in ("T", "Z", "C")), made
     collective = [("contract/" + m, contract, "summa", m) for m in ("a", "b", "c")] + \
         [("contract/summa", contract, "summa", "never"), ("contract/2.5d", contract, "2.5d", "never"),
          ("outer/c", outer, "summa", "c"), ("outer/summa", outer, "summa", "never"),
          ("add", add, "summa", "c"), ("hadamard", hadamard, "summa", "c")]
     out = {"collective": {}, "onesided": {}, "onesided_owner": {}}
     for name, eq, variant, mode in collective:
-        got, pieced = counted(eq, ("alltoallv", "bcast_row", "bcast_col"), "mpi-collective", variant, stationary=mode)
+        got, pieced, _ = counted(eq, ("alltoallv", "bcast_row", "bcast_col"), "mpi-collective", variant, stationary=mode)
         steps = planned(eq)
         layers = 1 if variant == "summa" else default_layers(world.size)
         model = sum(step_recv(s, world.size, "summa" if mode == "never" else mode, layers=layers) for s in steps)
@@ -412,21 +414,28 @@ def model_bytes(world) -> dict:
     from tessera.backends.registry import least_pieces
     for name, eq in (("add", add), ("divide", divide), ("hadamard", hadamard)):
         for variant in ("original", "owner"):
-            got, pieced = counted(eq, ("get", "acc", "put"), "mpi-onesided", variant)
+            got, pieced, made = counted(eq, ("get", "acc", "put"), "mpi-onesided", variant)
             cache = {"least": least_pieces()}
-            model = sum(onesided_step_bytes(s, world.size, cache, variant != "owner") for s in planned(eq))
+            steps = planned(eq)
+            model = sum(onesided_step_bytes(s, world.size, cache, variant != "owner") for s in steps)
             out["onesided"][f"{name}/{variant}"] = {"counted": world.allgather(got),
                                                     "model": [float(x) for x in model], "pieced": pieced}
+            if variant == "owner":      # and its gets and puts (``step_bytes.owner_other_ops``)
+                ops = [sum(owner_other_ops(s, world.size, cache)[n] for s in steps) for n in (0, 1)]
+                out["onesided"][f"{name}/{variant}"].update(
+                    ops_counted=world.allgather(made), ops_model=np.array(ops).T.astype(int).tolist())
     # mpi-onesided's contractions under variant owner (a static deal by ownership): each
     # rank's gets and puts as its deal places the tasks (``step_bytes.onesided_owner_counts``)
     from tessera.backends.step_bytes import onesided_owner_counts
     for name, eq in (("contract", contract), ("outer", outer)):
-        got, pieced = counted(eq, ("get", "put", "acc"), "mpi-onesided", "owner")
+        got, pieced, made = counted(eq, ("get", "put", "acc"), "mpi-onesided", "owner")
         cache = {"least": least_pieces()}
-        steps = [s for s in planned(eq) if s.kind == "contract"]
-        model = sum(onesided_owner_counts(s, world.size, cache)["bytes"] for s in steps)
+        counts = [onesided_owner_counts(s, world.size, cache) for s in planned(eq) if s.kind == "contract"]
+        model = sum(c["bytes"] for c in counts)
+        ops = [sum(c[k] for c in counts) for k in ("gets", "puts")]
         out["onesided_owner"][name] = {"counted": world.allgather(got), "pieced": pieced,
-                                       "model": [float(x) for x in model]}
+                                       "model": [float(x) for x in model], "ops_counted": world.allgather(made),
+                                       "ops_model": np.array(ops).T.astype(int).tolist()}
     out["frozen"] = frozen_second_run(world, tensors, contract, planned, "M", "bytes_per_rank")
 
     def with_y(fill):

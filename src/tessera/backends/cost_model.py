@@ -187,17 +187,18 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         # a static deal by ownership: the busiest rank of each contraction step, its frozen
         # blocks fetched in the first iteration only as far as they fit its frozen cache,
         # which keeps what it took first once full: the share of them that fits is kept
-        # (``structure_stats``, ``step_bytes.onesided_owner_counts``); no accumulate
+        # (``structure_stats``, ``step_bytes.onesided_owner_counts``); no accumulate; and the
+        # busiest rank's gets and puts of each sum or Hadamard product (``owner_other_ops``)
         if "owner" not in s:
             raise ValueError("estimate of variant owner needs structure_stats(..., owner=True, block_tasks=True)")
         ow = s["owner"]
         kept = kept_share(float(ow["frozen_per_rank"].max(initial=0)))
-        gets = ow["gets"] - kept * (ow["gets"] - ow["thawed_gets"])
+        gets = ow["ops"] - kept * (ow["ops"] - ow["thawed_ops"]) + ow["other_ops"]
         nbytes = ow["bytes"] - kept * (ow["bytes"] - ow["thawed_bytes"])
         compute = ow["flops"] / rate
         seconds = (compute + overhead + gets * T_GET + (nbytes + other_bytes) / BANDWIDTH
                    + s["contract_steps"] * 4 * T_COLL)
-        return {"seconds": seconds, "compute": compute, "gets": ow["all_gets"] - kept * ow["all_frozen_gets"],
+        return {"seconds": seconds, "compute": compute, "gets": ow["all_ops"] - kept * ow["all_frozen_ops"],
                 "accs": 0, "collectives": s["contract_steps"] * 2 + s["other_steps"],
                 "bytes_per_rank": nbytes + other_bytes, "bcast_bytes_per_rank": 0.0, "layers": None,
                 "memory_per_rank": memory}

@@ -16,7 +16,7 @@ from tessera.backends import registry
 from tessera.backends.balance import binding, class_balance
 from tessera.backends.context import BLOCK_READ_COLUMNS, CACHE_BYTES, gather_twins
 from tessera.backends.step_bytes import (exchanges_inputs, frozen_reads, moved_bytes, onesided_owner_counts,
-                                        operands, owner_step_moves, pieces_per_block)
+                                        operands, owner_other_ops, owner_step_moves, pieces_per_block)
 from tessera.plan.blocktasks import block_sizes, task_arrays
 from tessera.runtime.distribution import makespan
 from tessera.tensor.block_tensor import allowed_elements
@@ -35,9 +35,12 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
     least (None: the run's, ``registry.least_pieces``), in the bytes moved and stored.
     ``owner``: also ``s["owner"]``, what mpi-onesided's variant ``owner`` (a static deal by
     ownership) does on each rank (``step_bytes.onesided_owner_counts``): per contraction
-    step the busiest rank's flops, and its gets and bytes with and without the frozen
-    operands', summed over the steps; each rank's frozen bytes summed over the steps
-    (``frozen_per_rank``) and the operations of all ranks (``all_gets``, ``all_frozen_gets``)."""
+    step the busiest rank's flops, and its operations (gets and puts, ``ops``) and bytes
+    with and without the frozen operands', summed over the steps; per sum or Hadamard
+    product the busiest rank's gets and puts (``other_ops``, ``step_bytes.owner_other_ops``;
+    their bytes are ``owner_other_bytes``); each rank's frozen bytes summed over the steps
+    (``frozen_per_rank``) and the contractions' operations of all ranks (``all_ops``,
+    ``all_frozen_ops``)."""
     least_pieces = registry.least_pieces() if least_pieces is None else least_pieces
     run = structure(tile, occ_tile)
     s = {"flops": 0, "products": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
@@ -52,8 +55,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
          "collective_others": [], "onesided_other_bytes": 0.0, "owner_other_bytes": 0.0}
     owners = {"least": least_pieces}     # id(tensor) -> owner function, pieces, on nranks ranks
     if owner and block_tasks:
-        s["owner"] = {**dict.fromkeys(("flops", "gets", "bytes", "thawed_gets", "thawed_bytes", "all_gets",
-                                       "all_frozen_gets"), 0.0), "frozen_per_rank": np.zeros(nranks)}
+        s["owner"] = {**dict.fromkeys(("flops", "ops", "bytes", "thawed_ops", "thawed_bytes", "all_ops",
+                                       "all_frozen_ops", "other_ops"), 0.0), "frozen_per_rank": np.zeros(nranks)}
     gathered: dict = {}          # (tensor, perm, sectors) -> bytes of a constant operand's matrices
     pooled: dict = {}            # intermediate (not stored, not constant) -> its bytes
     for plan in run.plans:
@@ -75,6 +78,8 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
                     moves = owner_step_moves(step, nranks, owners)
                     for key, executor in (("onesided_other_bytes", "mpi-onesided"), ("owner_other_bytes", "owner")):
                         s[key] += float(moved_bytes(moves, nranks, executor).max())
+                    if "owner" in s:
+                        s["owner"]["other_ops"] += float(sum(owner_other_ops(step, nranks, owners)).max())
                     # mpi-collective: each rank's bytes, per frozen input (its entries in
                     # ``frozen_reads``) what each rank receives of it, and, where it exchanges
                     # its inputs (even if no block moves: every rank decides alike), whether
@@ -93,13 +98,15 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             s["contract_steps"] += 1
             if "owner" in s:
                 counts, total = onesided_owner_counts(step, nranks, owners), s["owner"]
-                for k in ("flops", "gets", "bytes"):
-                    total[k] += float(counts[k].max(initial=0))
-                    if k != "flops":        # without the frozen operands' (kept from the first iteration)
-                        total["thawed_" + k] += float((counts[k] - counts["frozen_" + k]).max(initial=0))
+                ops = counts["gets"] + counts["puts"]
+                total["flops"] += float(counts["flops"].max(initial=0))
+                # and without the frozen operands' (kept from the first iteration)
+                for k, x, frozen in (("ops", ops, counts["frozen_gets"]), ("bytes", counts["bytes"], counts["frozen_bytes"])):
+                    total[k] += float(x.max(initial=0))
+                    total["thawed_" + k] += float((x - frozen).max(initial=0))
                 total["frozen_per_rank"] += counts["frozen_bytes"]
-                total["all_gets"] += float(counts["gets"].sum())
-                total["all_frozen_gets"] += float(counts["frozen_gets"].sum())
+                total["all_ops"] += float(ops.sum())
+                total["all_frozen_ops"] += float(counts["frozen_gets"].sum())
             # a constant left operand of few columns is read from its blocks, not gathered
             # (``Context._gathered``)
             from_blocks = all(sec.cols.total <= BLOCK_READ_COLUMNS for sec in step.sectors)

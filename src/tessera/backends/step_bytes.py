@@ -8,7 +8,9 @@ rank receives in a step (``step_recv``): a contraction with an operand stationar
 (``backends.stationary``), a sum or Hadamard product as ``CollectiveExecutor.add_step``
 and ``hadamard_step`` move it (``owner_step_recv``); on ``mpi-onesided``, the bytes each
 rank's gets, accumulates and puts move in a sum or Hadamard product
-(``onesided_step_bytes``). Both from ``owner_step_moves`` (``moved_bytes``).
+(``onesided_step_bytes``). Both from ``owner_step_moves`` (``moved_bytes``). Variant
+``owner``'s gets and puts: in a contraction ``onesided_owner_counts``, in a sum or
+Hadamard product ``owner_other_ops``.
 """
 
 from __future__ import annotations
@@ -257,9 +259,10 @@ def onesided_owner_counts(step, nranks: int, cache: dict) -> dict:
     that it does not hold once (the step's block cache; a block in pieces: the pieces held
     elsewhere), and an output in pieces it gets and puts back at the pieces held elsewhere,
     once per task (``_add_into``; a whole output block is its own). Per rank: ``flops``,
-    ``gets`` and ``bytes`` (gets and puts: operations with other ranks, one per block or
-    piece held elsewhere, and their bytes), of which ``frozen_gets`` and ``frozen_bytes``
-    read frozen operands (the executor's ``FrozenCache`` keeps them across iterations).
+    ``gets``, ``puts`` and ``bytes`` (operations with other ranks, one per block or piece
+    held elsewhere, and the bytes of both; a rank's copy of its own piece is no operation),
+    of which ``frozen_gets`` and ``frozen_bytes`` read frozen operands (the executor's
+    ``FrozenCache`` keeps them across iterations).
     Exact while a rank's blocks of the step fit its block cache and no task's products
     are cut between batches (``cached_batches``); else a rank fetches some blocks again.
     ``cache``: ``owner_function``'s."""
@@ -279,9 +282,28 @@ def onesided_owner_counts(step, nranks: int, cache: dict) -> dict:
             if t.constant:
                 out["frozen_" + kind] += x
     ops, nbytes = _away(cache, C, nranks, ta.out, np.arange(len(ta.out)), task_rank, ta.m * ta.n)
-    out["gets"] += 2 * ops          # a get and a put per piece held elsewhere
+    out["gets"] += ops              # a get and a put per piece held elsewhere
+    out["puts"] = ops
     out["bytes"] += 2 * nbytes
     return out
+
+
+def owner_other_ops(step, nranks: int, cache: dict) -> tuple:
+    """(gets, puts) per rank of variant ``owner`` in an ``add`` or ``hadamard`` step
+    (``DistributedExecutor.add_step``, ``hadamard_step``, ``_add_into``): the home of each
+    output block gets each input block it reads once (``owner_step_reads``; a block in
+    pieces: one get per piece held elsewhere), and gets and puts back each piece of the
+    output block held elsewhere; their bytes are ``moved_bytes(..., "owner")``'s."""
+    gets, puts = np.zeros(nranks), np.zeros(nranks)
+    reads, outs = owner_step_reads(step, nranks, cache)
+    for t in {id(t): t for t, _, _ in reads}.values():
+        pairs = sorted({(k, r) for u, k, r in reads if u is t})       # ``fetch_blocks``: each (block, rank) once
+        gets += _away(cache, t, nranks, [k for k, _ in pairs], np.arange(len(pairs)),
+                      np.array([r for _, r in pairs], dtype=np.int64), np.zeros(len(pairs)))[0]
+    if outs:
+        puts = _away(cache, step.out.tensor, nranks, [k for k, _ in outs], np.arange(len(outs)),
+                     np.array([r for _, r in outs], dtype=np.int64), np.zeros(len(outs)))[0]
+    return gets + puts, puts
 
 
 def _away(cache: dict, t, nranks: int, keys, ids, at, size) -> tuple:
