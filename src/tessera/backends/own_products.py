@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tessera.backends.rank_choice import cell_items, held_outputs, product_codes, read_keys, sector_index
+from tessera.backends.rank_choice import cell_items, held_outputs, line_offsets, product_codes, read_keys, sector_index
 from tessera.backends.stationary import MODES
 from tessera.backends.summa_layout import grid_deal, home_key, inner_units
 from tessera.plan.blocktasks import add_source, hadamard_block_pairs, hadamard_fed, invert_key, pair_outputs
@@ -149,13 +149,8 @@ def summa_own(step, grid: tuple, me: int, held, involved) -> dict:
     for n, us in enumerate(units):
         for u, (q, _) in enumerate(us):
             of_tuple[n].setdefault(q, []).append(u)
-    ustart = [0]
-    for us in units:
-        ustart.append(ustart[-1] + len(us))
-    loff = {"a": [0], "b": [0]}
-    for _, rows, _, cols in sig:
-        loff["a"].append(loff["a"][-1] + len(rows.tuples))
-        loff["b"].append(loff["b"][-1] + len(cols.tuples))
+    ustart = np.cumsum([0] + [len(us) for us in units])
+    loff = line_offsets(sig)
     own = {}
     for x, ref, perm, split, axes in (("a", step.inputs[0], pa, len(pa) - nk, (0, 1)),
                                       ("b", step.inputs[1], pb, nk, (1, 2))):

@@ -237,19 +237,25 @@ def cell_items(sig, perms: tuple, deal: dict, grid: tuple, me: int, x: str):
         uoff += len(units)
 
 
+def line_offsets(sig) -> dict:
+    """{"a": where each sector's row tuples start, "b": its column tuples} in the deal's
+    ``row_line`` / ``col_line`` (``grid_deal``: sector after sector)."""
+    return {"a": np.cumsum([0] + [len(s[1].tuples) for s in sig]),
+            "b": np.cumsum([0] + [len(s[3].tuples) for s in sig])}
+
+
 def held_outputs(sig, perms: tuple, deal: dict, grid: tuple, held_out) -> tuple:
     """([(output key, (sector, row tuple, column tuple))], the grid cell (row * pc + col,
     in every layer) whose rectangle holds each) of the keys of ``held_out`` that the
     contraction writes, from the deal (``grid_deal``) alone."""
     pa, pb, perm_c = perms
     nl = len(pa) - (len(pa) + len(pb) - len(perm_c)) // 2
-    roff = np.cumsum([0] + [len(s[1].tuples) for s in sig])
-    coff = np.cumsum([0] + [len(s[3].tuples) for s in sig])
+    off = line_offsets(sig)
     found = [(okey, f) for okey in held_out
              if (f := sector_index(sig, invert_key(okey, perm_c), nl, (0, 2))) is not None]
     sector = np.array([f[0] for _, f in found], dtype=np.int64)
-    cell = (deal["row_line"][roff[sector] + np.array([f[1] for _, f in found], dtype=np.int64)] * grid[1]
-            + deal["col_line"][coff[sector] + np.array([f[2] for _, f in found], dtype=np.int64)])
+    cell = (deal["row_line"][off["a"][sector] + np.array([f[1] for _, f in found], dtype=np.int64)] * grid[1]
+            + deal["col_line"][off["b"][sector] + np.array([f[2] for _, f in found], dtype=np.int64)])
     return found, cell
 
 
