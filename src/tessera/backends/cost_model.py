@@ -58,7 +58,8 @@ Each candidate also gets a memory estimate per rank
 them, the structure's ``held`` bytes (for CCSD the amplitude copies and,
 on one process, the ladder's V+-) spread over the ranks; and the working set of the largest contraction step:
 for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the homes
-of the inputs and one panel each; for ``cached`` its block cache; on one process the
+of the inputs and one panel each; for ``cached`` its block cache (a rank's share of the
+step's product reads, at most its distinct blocks) and frozen cache; on one process the
 step's temporary matrices plus the gathered matrices of constant tensors the context
 caches; and every intermediate of the iteration: distributed, each keeps its global array
 in the storage's pool until the context closes; on one process the heap keeps what they
@@ -117,7 +118,7 @@ def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None)
         # owner: the frozen bytes of the rank that fetches the most (its static deal), as estimate
         frozen = float(s["owner"]["frozen_per_rank"].max(initial=0)) if variant == "owner" and "owner" in s \
             else frozen_share(s, nranks)
-        working = min(FROZEN_CACHE_BYTES, s["max_step_distinct_bytes"]) + \
+        working = min(FROZEN_CACHE_BYTES, s["max_step_rank_bytes"]) + \
             min(FROZEN_CACHE_BYTES, frozen) if variant in ("cached", "owner") else 0
     else:
         working = s["temporary_bytes"] + s["gathered_bytes"]

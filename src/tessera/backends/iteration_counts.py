@@ -46,7 +46,7 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
     s = {"flops": 0, "products": 0, "a_bytes": 0, "b_bytes": 0, "out_bytes": 0,
          "distinct_bytes": 0, "inv_bytes": 0, "contract_steps": 0, "other_steps": 0, "frozen_reads": [],
          "max_gemm": 0, "distinct_blocks": 0, "makespan_flops": 0,
-         "collective_steps": [], "max_step_distinct_bytes": 0, "temporary_bytes": 0,
+         "collective_steps": [], "max_step_rank_bytes": 0, "temporary_bytes": 0,
          "frozen_distinct_bytes": 0, "frozen_ab_bytes": 0,
          # one-sided operations on mpi-onesided, one per piece of a block stored in pieces
          "get_ops": 0, "acc_ops": 0, "inv_get_ops": 0, "product_acc_ops": 0, "distinct_ops": 0,
@@ -137,7 +137,9 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             s["frozen_ab_bytes"] += frozen_a * a_sum + frozen_b * b_sum
             s["distinct_bytes"] += bytes_a + bytes_b
             s["frozen_distinct_bytes"] += frozen_a * bytes_a + frozen_b * bytes_b
-            s["max_step_distinct_bytes"] = max(s["max_step_distinct_bytes"], bytes_a + bytes_b)
+            # what one rank reads in the step (cached, owner: its block cache's bytes): its
+            # share of the products' reads, at most the step's distinct blocks
+            s["max_step_rank_bytes"] = max(s["max_step_rank_bytes"], min(bytes_a + bytes_b, (a_sum + b_sum) / nranks))
             reuse_a = bytes_a >= bytes_b
             ka, kb, kc = (pieces_per_block(owners, r.tensor, nranks) for r in (*step.inputs, step.out))
             s["get_ops"] += len(ta.k) * (ka + kb)
