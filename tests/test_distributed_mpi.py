@@ -175,15 +175,19 @@ def test_25d_layers_and_broadcast_bytes(nranks):
 
 
 def test_cli_json_and_rank0_output(tmp_path):
+    """Also: the executor's caches are bounded by --max-memory (each at most an eighth of
+    it, ``budget.executor_cache_bytes``: 250 MiB of 2000), as the memory estimate took them."""
     out = tmp_path / "r.json"
     run = run_mpi_raw(TESSERA, 2, args=["run", "examples/water.xyz", "--basis", "6-31g", "--method", "ccsd(t)",
                                         "--backend", "mpi-onesided", "--variant", "cached", "--schedule", "steal",
-                                        "--tile", "3", "--json", str(out)], timeout=TIMEOUT)
+                                        "--tile", "3", "--max-memory", "2000M", "--json", str(out)], timeout=TIMEOUT)
     assert run.returncode == 0, run.describe()
     assert run.stdout.count("E(CCSD) correlation") == 1          # rank 0 prints, once
     data = json.loads(out.read_text())
     assert data["backend"] == "mpi-onesided" and data["variant"] == "cached" and data["schedule"] == "steal"
     assert data["ranks"] == 2 and data["tile"] == 3
+    assert data["cache_mb"] == 250 and data["executor"]["cache_bytes"] == 250 << 20
+    assert data["executor"]["frozen_cache_bytes"] == 250 << 20
     ref = serial("water")
     assert abs(data["energies"]["ccsd_correlation"] - ref["converged"][0]) < E_TOL
     assert abs(data["energies"]["t_correction"] - ref["converged"][1]) < E_TOL

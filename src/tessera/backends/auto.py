@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 
 from tessera.backends.balance import BALANCE, collective_layers, forced_tile_warning, run_tiles
-from tessera.backends.budget import memory_budget
+from tessera.backends.budget import executor_cache_bytes, memory_budget
 from tessera.backends.collective_model import grid_of
 from tessera.backends.cost_model import estimate, gemm_rate, run_costs
 from tessera.backends.iteration_counts import structure_stats
@@ -124,7 +124,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
                 counted[key] = structure_stats(structure, t, ot, nranks, binds, owner=any(v == "owner" for _, v in combos))
             s = counted[key]
             for b, var in members:
-                e = estimate(s, nranks, b, var, rate, costs)
+                e = estimate(s, nranks, b, var, rate, costs, executor_cache_bytes(budget))
                 candidates.append({"backend": b, "variant": var, "tile": t, "occ_tile": ot,
                                    "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
                                    "class_max_over_mean": round(s["class_max_over_mean"], 3),

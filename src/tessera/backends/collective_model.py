@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from tessera.backends.balance import collective_layers
-from tessera.backends.dist_base import DEFAULT_CACHE_MB
+from tessera.backends.budget import DEFAULT_CACHE_MB
 from tessera.runtime.distribution import grid_3d
 
 FROZEN_CACHE_BYTES = DEFAULT_CACHE_MB << 20      # what an executor keeps of frozen operands

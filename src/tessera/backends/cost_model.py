@@ -104,22 +104,23 @@ def gemm_rate() -> float:
     return float(min(50e9, max(1e9, 2 * 256 ** 3 / max(best, 1e-9))))
 
 
-def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None) -> dict:
+def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None,
+                 cache: int = FROZEN_CACHE_BYTES) -> dict:
     """Bytes per rank of one CCSD iteration on ``backend`` (one of the local executors, or
     an MPI one with its ``variant``), by part: ``stored`` (T2 + integrals of the fullest
     rank, a ``pieces`` class of too few blocks in pieces), ``held`` (the structure's other bytes and every intermediate of
     the iteration, spread over the ranks: distributed, each keeps its global array in the storage's pool; on one process
     the heap keeps what they freed for the next iteration, ``backends.heap``), ``working`` (the executor's working set; see
-    the module docstring)."""
+    the module docstring; ``cache``: the bytes each of an MPI executor's caches may hold,
+    ``budget.executor_cache_bytes``)."""
     held = (s["held_bytes"] + s["pooled_bytes"]) / nranks
     if backend == "mpi-collective":
-        working = collective_traffic(s, nranks, variant)["working_bytes"]
+        working = collective_traffic(s, nranks, variant, cache)["working_bytes"]
     elif backend == "mpi-onesided":
         # owner: the frozen bytes of the rank that fetches the most (its static deal), as estimate
         frozen = float(s["owner"]["frozen_per_rank"].max(initial=0)) if variant == "owner" and "owner" in s \
             else frozen_share(s, nranks)
-        working = min(FROZEN_CACHE_BYTES, s["max_step_rank_bytes"]) + \
-            min(FROZEN_CACHE_BYTES, frozen) if variant in ("cached", "owner") else 0
+        working = min(cache, s["max_step_rank_bytes"]) + min(cache, frozen) if variant in ("cached", "owner") else 0
     else:
         working = s["temporary_bytes"] + s["gathered_bytes"]
     return {"stored": s["memory_per_rank_max"], "held": held, "working": working}
@@ -151,19 +152,21 @@ def run_costs(nranks: int, ranks_per_node: int | None = None) -> dict:
     return node.on(nranks, ranks_per_node or nranks)
 
 
-def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, costs: dict | None = None) -> dict:
+def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, costs: dict | None = None,
+             cache: int = FROZEN_CACHE_BYTES) -> dict:
     """Estimated seconds per CCSD iteration, what moves and the memory, per rank (see
     module docstring). ``costs``: the per-operation constants (default ``run_costs``: the
-    ranks on one node; ``backends.machine.Machine.on`` for ranks spread over nodes)."""
+    ranks on one node; ``backends.machine.Machine.on`` for ranks spread over nodes);
+    ``cache``: the bound of each executor cache (``budget.executor_cache_bytes``)."""
     c_ = run_costs(nranks) if costs is None else costs
     T_TASK, T_GET, T_ACC, T_COLL, T_EXCHANGE, BANDWIDTH = (c_[k] for k in ("t_task", "t_get", "t_acc", "t_coll",
                                                                           "t_exchange", "bandwidth"))
     P = nranks
     remote = (P - 1) / P
     compute = s["makespan_flops"] / rate          # per step, the busiest rank's flops
-    memory = sum(memory_parts(s, P, backend, variant).values())
+    memory = sum(memory_parts(s, P, backend, variant, cache).values())
     if backend == "mpi-collective":
-        tr = collective_traffic(s, P, variant)
+        tr = collective_traffic(s, P, variant, cache)
         pr, pc, c = tr["grid"]
         # bulk-synchronous: each contraction ends when its busiest rank, as the executor
         # places the products, does; each all-to-all costs what one does inside an iteration
@@ -193,7 +196,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         if "owner" not in s:
             raise ValueError("estimate of variant owner needs structure_stats(..., owner=True, block_tasks=True)")
         ow = s["owner"]
-        kept = kept_share(float(ow["frozen_per_rank"].max(initial=0)))
+        kept = kept_share(float(ow["frozen_per_rank"].max(initial=0)), cache)
         gets = ow["ops"] - kept * (ow["ops"] - ow["thawed_ops"]) + ow["other_ops"]
         nbytes = ow["bytes"] - kept * (ow["bytes"] - ow["thawed_bytes"])
         compute = ow["flops"] / rate
@@ -217,7 +220,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         # frozen cache (``frozen_share``, ``kept_share``)
         gets = P * min(s["distinct_ops"], s["get_ops"] / P) * remote
         accs = s["acc_ops"]
-        kept = kept_share(frozen_share(s, P))
+        kept = kept_share(frozen_share(s, P), cache)
         moved = P * min(s["distinct_bytes"] - kept * s["frozen_distinct_bytes"],
                         (s["a_bytes"] + s["b_bytes"] - kept * s["frozen_ab_bytes"]) / P) * remote \
             + s["out_bytes"] * remote

@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from tessera.profile.terms import CommAccount
+from tessera.backends.budget import DEFAULT_CACHE_MB
 from tessera.backends.distributed import FrozenCache, TensorStore, onesided_fetch
 from tessera.backends.local import threads_per_rank
 from tessera.backends.registry import ENV_BLAS_THREADS, env_number
@@ -37,7 +38,6 @@ def part_range(ga, key, part) -> tuple:
         lo[axis], hi[axis] = lo[axis] + a, lo[axis] + b
     return tuple(lo), tuple(hi)
 
-DEFAULT_CACHE_MB = 512
 
 
 class DistributedExecutor(ABC):
@@ -76,7 +76,7 @@ class DistributedExecutor(ABC):
     def describe(self) -> dict:
         w = self.world
         return {"backend": self.name, "ranks": w.size, "nodes": w.nnodes, "progress": w.options.progress,
-                "ghost_ranks": w.full_size - w.size}
+                "ghost_ranks": w.full_size - w.size, "frozen_cache_bytes": self.frozen.limit}
 
     def close(self) -> None:
         self._own.clear()

@@ -54,7 +54,8 @@ import time
 
 import numpy as np
 
-from tessera.backends.dist_base import DEFAULT_CACHE_MB, DistributedExecutor, part_range
+from tessera.backends.budget import DEFAULT_CACHE_MB
+from tessera.backends.dist_base import DistributedExecutor, part_range
 from tessera.backends.distributed import BlockCache
 from tessera.backends.registry import DEFAULT_SCHEDULE, DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Scheduler
@@ -79,7 +80,8 @@ class OneSidedExecutor(DistributedExecutor):
         self._kept: dict = {}         # (what, id(tasks or groups of a step)) -> (them, what of them)
 
     def describe(self) -> dict:
-        return {**super().describe(), "variant": self.variant, "schedule": self.schedule}
+        return {**super().describe(), "variant": self.variant, "schedule": self.schedule,
+                "cache_bytes": self.cache_bytes}
 
     @property
     def accumulates(self) -> bool:

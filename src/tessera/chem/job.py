@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from tessera.backends.budget import memory_budget, parse_size
+from tessera.backends.budget import executor_cache_bytes, memory_budget, parse_size
 from tessera.backends.context import Context, ranks_of
 from tessera.backends.local import threads_of
 from tessera.backends.registry import DEFAULT_BACKEND, check_options, runs_distributed
@@ -317,7 +317,9 @@ class Job:
         decision = ranks.share(lambda: decide(structure, ranks.size, backend=opt.backend, tile=opt.tile,
                                               variant=opt.variant, schedule=opt.schedule, budget=self.budget,
                                               ranks_per_node=ranks.node_size))
-        options = {"variant": decision["variant"], "schedule": decision.get("schedule")}
+        # the executor's caches within the budget, as the estimate and the decision took them
+        options = {"variant": decision["variant"], "schedule": decision.get("schedule"),
+                   "cache_mb": executor_cache_bytes(self.budget) >> 20}
         return decision["backend"], options, decision["tile"], decision
 
     def _check_memory(self, mol, method, nfrozen, ranks, reference=None, tiles=None):

@@ -63,7 +63,7 @@ import sys
 
 import numpy as np
 
-from tessera.backends.budget import available_memory, memory_budget
+from tessera.backends.budget import available_memory, executor_cache_bytes, memory_budget
 from tessera.backends.context import one_blas_thread
 from tessera.errors import InputError
 
@@ -219,7 +219,7 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     # a one-sided executor on several ranks of a node also touches their windows
     others = shape.node_ranks - 1 if shape.distributed and shape.shared_windows else 0
     def executor_parts(backend, variant):
-        m = dict(memory_parts(s, P, backend, variant))
+        m = dict(memory_parts(s, P, backend, variant, executor_cache_bytes(shape.budget)))
         if others and backend == "mpi-onesided":
             m[SHARED] = others * (m["stored"] + m["held"])
         return m

@@ -85,7 +85,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
     from tessera.backends.balance import (BALANCE, MIN_OCC_TILE, class_balance, collective_layers,
                                           forced_tile_warning, granularity, run_tiles)
     from tessera.chem.memory import triples_parts
-    from tessera.backends.budget import memory_budget
+    from tessera.backends.budget import executor_cache_bytes, memory_budget
     budget = memory_budget(min(nranks, ranks_per_node), memory_per_node=memory_per_node)[0]
     structure = CCSDStructure(orbsym, nocc, nfrozen, distributed=True)
     warning, given, binds = None, tile is not None, None
@@ -128,13 +128,14 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
         triples = plan_counts(structure.stored(tile, occ_tile), workers, memory_bytes=budget,
                               ranks_per_node=rpn - ghosts)
     costs = machine.on(workers, rpn - ghosts)
+    cache = executor_cache_bytes(budget)       # each cache of an executor, within the budget
     executors = []
     for backend, variants in (("mpi-onesided", ONESIDED_VARIANTS), ("mpi-collective", COLLECTIVE_VARIANTS)):
         for variant in variants:
             (t, ot), s = counts((tile, occ_tile) if backend == "mpi-onesided" else
                                 grid_tiles.get(layers[variant], (tile, occ_tile)))
-            e = estimate(s, workers, backend, variant, machine.gemm_flops_per_second, costs)
-            parts = memory_parts(s, workers, backend, variant)
+            e = estimate(s, workers, backend, variant, machine.gemm_flops_per_second, costs, cache)
+            parts = memory_parts(s, workers, backend, variant, cache)
             executors.append({"backend": backend, "variant": variant, "tile": t, "occ_tile": ot,
                               "bytes_per_rank": int(e["bytes_per_rank"]), "gets": e["gets"], "accs": e["accs"],
                               "collectives": e["collectives"], "seconds_per_iteration": e["seconds"],
