@@ -127,8 +127,14 @@ def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None,
 
 
 def frozen_share(s: dict, nranks: int) -> float:
-    """Bytes of frozen operands' blocks a rank fetches (``cached``, ``owner``) and keeps."""
-    return min(s["frozen_distinct_bytes"], s["frozen_ab_bytes"] / nranks)
+    """Bytes of frozen operands' blocks a rank of ``cached`` fetches over the iterations
+    and would keep: its deal (a shared counter) gives it other batches each iteration, so
+    in time it reads nearly every frozen block held elsewhere, (P - 1) / P of them, not
+    its share of one iteration's reads (measured, ``bench/onesided_cache_peak.py``, water
+    tetramer C1 cc-pVDZ tile 24, 4 ranks: its frozen cache held 354 MB after 2 iterations
+    and 483 MB after 4, bounded at 537 MB, where one iteration's share is 284 MB; under
+    ``--schedule steal``, the same deal every iteration, 254 MB)."""
+    return s["frozen_distinct_bytes"] * (nranks - 1) / nranks
 
 
 def kept_share(frozen_bytes: float, limit: int = FROZEN_CACHE_BYTES) -> float:
