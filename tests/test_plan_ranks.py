@@ -603,7 +603,7 @@ def test_triples_task_tile_by_modelled_seconds():
     assert machine.triples_task_seconds > 0 and seconds(2) < seconds(1)
     floor = task_floor(o, v, P)                   # the least held: one-orbital windows spanning v
     assert floor == task_model(o, v, 1, nvir)[3] < 2 * 3 * 8 * row
-    assert fastest_task(o, v, P, None, 256 * 2**20) == 2 * 6 * 8 * row
+    assert fastest_task(o, v, P, None, 256 * 2**20) == (2 * 6 * 8 * row, False)
     assert fastest_task(o, v, P, None, floor - 1) is None
     counts = plan_counts(tensors, P)
     assert (counts["occ_tile"], counts["vblock"], counts["tasks"]) == (2, 0, 220)
@@ -675,7 +675,7 @@ def test_triples_memory_per_rank_falls_with_ranks():
         for P in (16, 64, 256, 1024):
             budgets[P] = window_budget(None, 8 * 2**30, tensors, P)
             assert task_floor(o, v, P) == floor and stream_floor(o, v, P) == streamed
-            fastest = max(floor, fastest_task(o, v, P, None, cap) or 0)      # the fewest seconds within the cap
+            fastest = max(floor, (fastest_task(o, v, P, None, cap) or (0,))[0])      # the fewest seconds within the cap
             lower = min(fastest, streamed[2]) if STREAM_BELOW * operands / P < floor else fastest
             assert budgets[P] == min(cap, max(lower, operands / P))
             plan = plan_counts(tensors, P, memory_bytes=8 * 2**30)
@@ -725,6 +725,73 @@ def test_triples_memory_per_rank_never_grows_across_nodes():
         assert held == sorted(held, reverse=True), (n, held)
 
 
+def test_triples_streamed_between_nodes_is_tile_based_and_fastest():
+    """Between nodes a streamed (T) task's off-node reads (the share f_off of its peers on
+    other nodes) run during its compute (``TaskSet.lookahead``), so streamed tasks are
+    candidates of the budget rule there (``fastest_task``). Water clusters (H2O)8, 12 and
+    16 in cc-pVDZ (C1, tile 32) on 128, 256 and 1024 ranks of 64-rank nodes, 8 GiB each:
+    ``plan_seconds(overlapped=True)`` is, written out here from the machine's constants,
+    the longer of a task's compute and its off-node bytes at the rank's share of the link,
+    plus its on-node bytes at the copy bandwidth, its requests' latencies and its Python
+    work (on one node: the unoverlapped sum); ``stream_tasks``' shapes are the narrowest
+    windows whose on-node reads take at most READ_SHARE and off-node reads at most
+    OFF_NODE_OVERLAP of their compute (8 x 27 r wd (wd + r)(v + o) bytes for
+    72 r^3 wd^3 (v + o) flops). Where a run streams, its budget is the same for every
+    cluster, ``stream_bytes`` of task tile 8, windows 16 wide and 16-orbital chunks (no term
+    in o or v; (H2O)8: its one-node budget, 210 MiB, is less, and bounds it), what a task
+    holds is within it, the budget never grows with ranks, and the
+    plan's modelled seconds are the fewest of the candidates within the budget, unstreamed
+    and streamed (within SECONDS_TIE). (H2O)16 at 256 / 1024 ranks: 521 MiB, 902 / 280 s
+    (before, unstreamed: 1606 MiB, 1052 / 280 s)."""
+    from tessera.chem.triples_budget import (MIN_WINDOW, OFF_NODE_OVERLAP, READ_SHARE, SECONDS_TIE, plan_seconds,
+                                             stream_bytes, stream_model, stream_tasks, task_candidates, task_model)
+    from tessera.chem.triples_plan import plan_counts
+    memory, rpn = 8 * 2**30, 64
+    machine = Machine.calibrated()
+    link = machine.network_bandwidth / rpn
+    bound = stream_bytes(1000, 1000, 8, 16, 16, 16)                  # no term in o or v
+    assert bound == 8 * (9 * 8 * (48**2 * 32 + 24 * 48 * 32 + 24 * 48**2) + 8**3 * 48**3)
+    budgets = {}
+    for n in (8, 12, 16):
+        tensors = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True).stored(32, 32)
+        o, v = tensors["t2"].spaces[0], tensors["t2"].spaces[2]
+        for P in (64, 128, 256, 1024):
+            f_off = (P - rpn) / (P - 1)
+            for r, wd, held in stream_tasks(o, v, P, rpn):
+                def within(width):          # the bound written out: on-node and off-node reads against compute
+                    read, compute = 8 * 27 * r * width * (width + r) * (v.dim + o.dim), 72 * r**3 * width**3 * (
+                        v.dim + o.dim) / machine.gemm_flops_per_second
+                    return (read * (1 - f_off) / machine.copy_bytes_per_second <= READ_SHARE * compute
+                            and read * f_off / link <= OFF_NODE_OVERLAP * compute)
+                assert within(wd) and (wd == MIN_WINDOW or not within(wd - 1)), (n, P, r, wd)
+                assert held == stream_model(o, v, r, wd)[3]
+            plan = plan_counts(tensors, P, memory_bytes=memory, ranks_per_node=rpn)
+            budgets[n, P] = plan["budget_bytes"]
+            assert plan["task_bytes"] <= plan["budget_bytes"] <= memory / 4, (n, P, plan)
+            if plan["chunks"] == 1:
+                continue
+            assert plan["budget_bytes"] == min(bound, budgets[n, 64]) and plan["vblock"] == 16, (n, P, plan)
+            model = task_model(o, v, plan["occ_tile"], 16, plan["chunks"])
+            flops, read, asks, _ = model
+            compute = flops / machine.gemm_flops_per_second
+            task = (max(compute, read * f_off / link) + read * (1 - f_off) / machine.copy_bytes_per_second
+                    + asks * (machine.get_seconds + f_off * machine.network_latency) + machine.triples_task_seconds)
+            tasks = 2 * o.dim**3 * v.dim**3 * (v.dim + o.dim) / flops
+            assert plan["seconds"] == pytest.approx((tasks / P + 1) * task, rel=1e-12)
+            assert plan_seconds(o, v, model, rpn, rpn, overlapped=True) == pytest.approx(
+                plan_seconds(o, v, model, rpn, rpn), rel=1e-12)         # one node: nothing overlaps
+            rivals = [plan_seconds(o, v, m, P, rpn) for m in task_candidates(o, v, P, rpn)
+                      if m[3] <= plan["budget_bytes"]]
+            for r, wd, _ in stream_tasks(o, v, P, rpn):
+                rivals += [plan_seconds(o, v, task_model(o, v, r, wd, c), P, rpn, overlapped=True)
+                           for c in range(2, v.dim + 1)
+                           if stream_bytes(o.dim, v.dim, r, wd, -(-v.dim // c), -(-o.dim // c)) <= plan["budget_bytes"]][:1]
+            assert plan["seconds"] <= (1 + SECONDS_TIE) * min(rivals, default=math.inf), (n, P, plan["seconds"], rivals)
+    for n in (8, 12, 16):
+        assert budgets[n, 64] >= budgets[n, 128] >= budgets[n, 256] >= budgets[n, 1024], budgets
+    assert budgets[12, 1024] == budgets[16, 1024] == bound < budgets[12, 64] < budgets[16, 64]
+
+
 def test_triples_estimate_holds_what_the_window_plan_holds():
     """The pre-run estimate's (T) rows (``chem.memory``, distributed, kernel blocked in
     the virtual index) are the bytes one task of the run's plan holds for the run's budget
@@ -748,7 +815,7 @@ def test_triples_estimate_holds_what_the_window_plan_holds():
         assert job.windows is not None                       # windowed tasks
         floor = task_floor(job.o, job.v, 2)
         given = window_budget(None, budget, job.tensors, 2, job.ranks_per_node)
-        fastest = max(floor, fastest_task(job.o, job.v, 2, None, 2**28 if budget is None else budget / 4) or 0)
+        fastest = max(floor, (fastest_task(job.o, job.v, 2, None, 2**28 if budget is None else budget / 4) or (0,))[0])
         assert given == (2**28 if budget is None else fastest) and floor > share
         assert (counts["occ_tile"], counts["vblock"], counts["chunks"]) == (job.occ_tile, job.vblock,
                                                                            job.stream.count)

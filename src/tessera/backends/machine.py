@@ -24,6 +24,9 @@ gives the constants ``backends.cost_model.estimate`` uses for P ranks, ``rpn`` p
                  broadcast's ceil(log2 line) (a binomial tree over the line's ranks)
   bandwidth      1 / ((1 - f_off) / copy bandwidth + f_off / (network bandwidth / rpn)):
                  a rank's bytes go to its peers evenly; a node's link is shared by its ranks
+  f_off, link    f_off, and network bandwidth / rpn: the share of a rank's bytes that crosses
+                 the network and the rate it gets there (what an RDMA get moves while the rank
+                 computes: ``chem.triples_budget.plan_seconds``)
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class Machine:
                 "t_exchange": self.exchange_seconds + max(0, nranks - 2) * self.exchange_peer_seconds
                 + (nranks - rpn) * self.network_latency, "t_bcast": self.exchange_seconds,
                 "t_bcast_round": self.barrier_log2_seconds + f_off * self.network_latency,
-                "bandwidth": bandwidth, "nodes": nodes}
+                "bandwidth": bandwidth, "f_off": f_off, "link": per_rank_link, "nodes": nodes}
 
 
 @functools.lru_cache(maxsize=None)

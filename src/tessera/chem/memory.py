@@ -302,10 +302,11 @@ def triples_parts(o, v, nranks: int, threads: int, resident: bool | None = None,
     by ``tessera plan --ranks``. Distributed, a task and the row cache are held to
     ``triples_budget.window_budget``: the rank's share of the (T) operands, so ``rows``
     falls as ranks grow down to a floor (what the task of fewest modelled seconds within
-    the cap holds, ``fastest_task``, at least ``task_floor``, set by o, v, the tiles and
-    the machine, or the streamed tasks' ``stream_floor`` when less), at most a share
-    of ``memory_bytes``, the rank's memory budget, and at most the unstreamed budget of
-    half the ranks (``unstreamed_budget``: it never grows with the rank count)."""
+    the cap holds, ``fastest_task``: unstreamed at least ``task_floor``, set by o, v, the
+    tiles and the machine; between nodes possibly streamed, set by the machine alone; on
+    one node the streamed tasks' ``stream_floor`` when less), at most a share of
+    ``memory_bytes``, the rank's memory budget, and at most the budget of half the ranks
+    (``fastest_budget``: it never grows with the rank count)."""
     from tessera.chem.triples import VirtualLayout, irrep_ranges
     from tessera.chem.triples_plan import kernel_plan
     resident = nranks == 1 if resident is None else resident

@@ -700,10 +700,12 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     with the blocked kernel, the bytes one task's windows may take (``chem.triples_window``;
     when not given, ``triples_budget.window_budget``: the rank's share of the (T) operands,
     at least what the task of fewest modelled seconds within the cap holds
-    (``fastest_task``, at least ``task_floor``; the streamed ``stream_floor`` if less), at
+    (``fastest_task``: unstreamed at least ``task_floor``, between nodes possibly streamed;
+    on one node the streamed ``stream_floor`` if less), at
     most a quarter of ``memory_mb``, the rank's memory budget, or 256 MiB; the occupied
     task tile then follows from it: ``triples_plan.window_plan``, or, below the
-    unstreamed floor, ``stream_plan``: the contracted indices fetched in chunks).
+    unstreamed floor or between nodes where a streamed task is the fastest within it,
+    ``stream_plan``: the contracted indices fetched in chunks).
     ``kernel_mb``: the kernel's buffers per thread (default 256 MiB); when the whole-space
     kernel (~ v^3 / nirrep per buffer) does not fit, the virtual index is blocked too
     (:mod:`tessera.chem.triples_blocked`), in blocks of ``vblock`` orbitals if given.

@@ -47,7 +47,8 @@ fetching one chunk of the contracted indices (``chem.triples_stream``; the stage
 passed to need and work, ``TaskSet.stages``; C = 1: one stage, never streamed) with
 ``TaskSet.lookahead``: under mpi-onesided the next stage's rows are in flight while this
 stage computes, so a rank holds two stages' rows (``triples_budget.stream_bytes``); the budget rule
-streams where the budget is below the unstreamed floor (``triples_budget.stream_plan``).
+streams where the budget is below the unstreamed floor, or between nodes where a streamed
+task is the fastest within it (``triples_budget.stream_plan``).
 The plan (task tiles, windows, counts from structure alone: ``plan_counts``) is
 ``chem.triples_plan``'s.
 """
