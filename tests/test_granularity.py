@@ -12,10 +12,10 @@ from tessera.backends import auto, balance
 from tessera.backends.exchange import _decode, _encode
 from tessera.backends.summa_layout import choose_grid, grid_score, summa_layout
 from tessera.backends.context import PlanningContext
-from tessera.backends.onesided import BATCHES_PER_RANK, cached_batches
+from tessera.backends.cached_batches import BATCHES_PER_RANK, indexed_batches, task_batches
 from tessera.chem.ccsd import CCSDStructure
 from tessera.errors import RuntimeLayerError
-from tessera.plan.blocktasks import _tasks, contraction_tasks
+from tessera.plan.blocktasks import _tasks, contraction_tasks, indexed_tasks
 from tessera.runtime.alltoallv import offsets, plan_rounds, round_counts
 from tessera.runtime.distribution import grid_shape
 
@@ -83,6 +83,12 @@ def test_grid_score_counts_flops_of_the_busiest_rank():
     assert grid_score(sig, step.perms["a"], step.perms["b"], 1, 1)["flops"] == 2 * rows.total * cols.total * inner.total
 
 
+def cached_batches(step, by_row, bound, nranks) -> list:
+    """The batches the cached loop order deals for ``step``, as lists of (task, lo, hi)."""
+    batches = indexed_batches(indexed_tasks(step), by_row, bound, nranks)
+    return [batches[b] for b in range(len(batches))]
+
+
 def distinct_bytes(tasks, batch):
     a, b = {}, {}
     for i, lo, hi in batch:
@@ -100,7 +106,7 @@ def test_cached_batches_fit_the_cache_and_feed_every_rank(nranks):
     one_task = min(distinct_bytes(tasks, [(i, 0, len(t.products))]) for i, t in enumerate(tasks))
     every = [(i, q) for i, t in enumerate(tasks) for q in range(len(t.products))]
     for bound in (10 ** 12, whole // 20, one_task // 3):
-        batches = cached_batches(tasks, True, bound, nranks)
+        batches = cached_batches(step, True, bound, nranks)
         assert sorted((i, q) for b in batches for i, lo, hi in b for q in range(lo, hi)) == every
         for b in batches:
             assert distinct_bytes(tasks, b) <= bound or (len(b) == 1 and b[0][2] - b[0][1] == 1)
@@ -111,8 +117,8 @@ def test_cached_batches_fit_the_cache_and_feed_every_rank(nranks):
     # one rank, no bound: one batch per row of blocks of A (every A block fetched once)
     if nranks == 1:
         rows = {(t.sector, t.r) for t in tasks}
-        assert len(cached_batches(tasks, True, 10 ** 12, 1)) == max(len(rows), BATCHES_PER_RANK)
-        tight = cached_batches(tasks, True, whole // 20, 1)
+        assert len(cached_batches(step, True, 10 ** 12, 1)) == max(len(rows), BATCHES_PER_RANK)
+        tight = cached_batches(step, True, whole // 20, 1)
         assert len(tight) > len(rows)              # all of tau per row did not fit
 
 
@@ -181,7 +187,7 @@ def test_cached_batches_of_the_dominant_steps_at_1024_ranks():
         every = sorted((i, q) for i, t in enumerate(tasks) for q in range(len(t.products)))
         count = []
         for bound in (DEFAULT_CACHE_MB << 20, min(a, b) // 4):
-            batches = cached_batches(tasks, a >= b, bound, 1024)
+            batches = cached_batches(step, a >= b, bound, 1024)
             assert sorted((i, q) for x in batches for i, lo, hi in x for q in range(lo, hi)) == every
             assert all(distinct_bytes(tasks, x) <= bound or (len(x) == 1 and x[0][2] - x[0][1] == 1)
                        for x in batches), step.describe()
@@ -266,3 +272,95 @@ def test_decide_unchanged_by_its_caches(case):
     structure = CCSDStructure(np.zeros(24 * n, dtype=int), 5 * n, distributed=True)
     got = auto.decide(structure, nranks, rate=10e9, budget=8 * 2**30, ranks_per_node=64)
     assert json.loads(json.dumps(got, sort_keys=True)) == ref
+
+
+def reference_batches(tasks, by_row: bool, bound: int, nranks: int) -> tuple:
+    """The cached loop order's batches as the executor made them up to this test's commit,
+    from every task's products (``contraction_tasks``): (batches, their flops)."""
+    import heapq
+
+    def blocks(e):
+        i, lo, hi = e
+        t, out = tasks[i], {}
+        for p in t.products[lo:hi]:
+            out[(0, p.a)], out[(1, p.b)] = 8 * t.m * p.k, 8 * p.k * t.n
+        return out
+
+    def flops(batch):
+        return sum(tasks[i].flops * (hi - lo) // len(tasks[i].products) for i, lo, hi in batch)
+
+    def runs(entries):
+        out, run, seen, size = [], [], set(), 0
+        for e in entries:
+            bl = blocks(e)
+            extra = sum(b for k, b in bl.items() if k not in seen)
+            if run and size + extra > bound:
+                out.append(run)
+                run, seen, size, extra = [], set(), 0, sum(bl.values())
+            run.append(e)
+            seen.update(bl)
+            size += extra
+        return out + [run] if run else out
+
+    groups: dict = {}
+    for i, t in enumerate(tasks):
+        groups.setdefault((t.sector, t.r) if by_row else (t.sector, t.c), []).append(i)
+    out = []
+    for g in (groups[k] for k in sorted(groups)):
+        entries = []
+        for i in g:
+            n = len(tasks[i].products)
+            if sum(blocks((i, 0, n)).values()) <= bound:
+                entries.append((i, 0, n))
+            else:
+                entries += [(i, r[0][1], r[-1][2]) for r in runs([(i, q, q + 1) for q in range(n)])]
+        out += runs(entries)
+    heap = [(-flops(b), (q,), b) for q, b in enumerate(out)]
+    heapq.heapify(heap)
+    while heap and len(heap) < BATCHES_PER_RANK * nranks:
+        _, place, big = heap[0]
+        if len(big) < 2:
+            break
+        heapq.heappop(heap)
+        half = len(big) // 2
+        for end, part in ((0, big[:half]), (1, big[half:])):
+            heapq.heappush(heap, (-flops(part), place + (end,), part))
+    batches = [b for _, _, b in sorted(heap, key=lambda e: e[1])]
+    return batches, [flops(b) for b in batches]
+
+
+# water cc-pVDZ in C2v (24 orbitals, 5 occupied: irreps A1 A1 B1 A1 B2, then the virtuals
+# by irrep) at tile 3, and (H2O)4 cc-pVDZ in C1 (o = 20, v = 76) at tile 16
+WATER_C2V = ([0, 0, 2, 0, 3] + [0] * 8 + [1] * 2 + [2] * 3 + [3] * 6, 5, 3)
+TETRAMER_C1 = ([0] * 96, 20, 16)
+
+
+@pytest.mark.parametrize("orbsym, nocc, tile", [WATER_C2V, TETRAMER_C1])
+def test_cached_batches_from_sizes_equal_those_from_products(orbsym, nocc, tile):
+    """The batches found from the tasks' sizes (``indexed_batches``, no product listed) are
+    the batches made from every task's products (``reference_batches``): same entries,
+    order, cuts and halving, same flops, for every contraction of a distributed CCSD
+    iteration, by row and by column, on 1, 7 and 64 ranks, a bound that fits every task
+    whole and bounds that cut groups and tasks; and a rank's own tasks alike
+    (``task_batches``, the owner variant's)."""
+    structure = CCSDStructure(np.array(orbsym), nocc, 0, distributed=True)
+    steps = [s for plan in structure(tile, tile).plans for s in plan.steps if s.kind == "contract" and s.sectors]
+    cut = whole_cut = 0
+    for step in steps:
+        tasks = contraction_tasks(step)
+        task_bytes = sorted(8 * (t.m + t.n) * sum(p.k for p in t.products) for t in tasks)
+        for by_row in (True, False):
+            for bound in (10 ** 12, 2 * task_bytes[len(task_bytes) // 2], task_bytes[-1] // 3):
+                for nranks in (1, 7, 64):
+                    want, flops = reference_batches(tasks, by_row, bound, nranks)
+                    got = indexed_batches(indexed_tasks(step), by_row, bound, nranks)
+                    assert [got[b] for b in range(len(got))] == want, (step.describe(), by_row, bound, nranks)
+                    assert got.flops.tolist() == flops
+                    cut += any(hi - lo < len(tasks[i].products) for b in want for i, lo, hi in b)
+                    whole_cut += any(len({(tasks[i].sector, tasks[i].r if by_row else tasks[i].c) for i, _, _ in b})
+                                     == 1 and len(b) > 1 for b in want)
+            mine = tasks[::3]                                # a rank's own tasks, in task order
+            want, flops = reference_batches(mine, by_row, task_bytes[-1] // 3, 1)
+            got = task_batches(step, mine, by_row, task_bytes[-1] // 3, 1)
+            assert [got[b] for b in range(len(got))] == want and got.flops.tolist() == flops
+    assert cut and whole_cut          # tasks were cut in runs, and groups held several entries

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mpirun import build_env, mpiexec_path
+from mpirun import build_env, mpiexec_path, run_mpi
 
 import tessera.chem.job as job_module
 import tessera.chem.memory as memory_module
@@ -282,3 +282,35 @@ def test_executor_caches_within_the_budget():
             working = memory_parts(s, P, "mpi-onesided", "cached", cache)["working"]
             assert working == min(cache, share[P]) + min(cache, frozen_share(s, P))
     assert 0 < share[8] < share[2]
+
+
+@pytest.mark.parametrize("nranks", [None, 2])
+def test_ccsd_estimate_counts_each_live_array_once(nranks):
+    """The estimate's CCSD arrays against those a distributed CCSD really holds at its peak
+    (tests/mpi/ccsd_memory.py: water cc-pVDZ, mpi-onesided, at a DIIS update after the
+    first): each rank's global arrays (integrals, T2 and every intermediate's pooled array,
+    the constants D1, D2, L, VO) against ``stored`` plus the plans' intermediates and the
+    constants spread over the ranks, and the packed amplitude vectors the driver and its
+    DIIS update hold against ``PACKED_VECTORS``. Before, the tensors among the amplitude
+    copies (tau, R2, Z, W2, Y) were counted again among the intermediates, those stored
+    canonical (tau, R2, ...) at their full size, and the update's vectors not at all."""
+    from tessera.chem.ccsd import PACKED_VECTORS
+    out = run_mpi(REPO / "tests" / "mpi" / "ccsd_memory.py", nranks, args=("--basis", "cc-pvdz", "--tile", "4"),
+                  timeout=300)
+    P = out["ranks"]
+    held = out["held_parts"]
+    assert set(held) == {"constants", "packed vectors"}
+    assert out["held"] == pytest.approx((held["constants"] + held["packed vectors"] + out["pooled_bytes"]) / P)
+    arrays = out["stored"] + (held["constants"] + out["pooled_bytes"]) / P
+    fullest = max(peak["arrays"] for peak in out["peaks"])
+    assert 0.95 <= arrays / fullest <= 1.05, (arrays, out["peaks"])
+    for peak in out["peaks"]:
+        # the last vector, the new one and the error are passed in; what tracemalloc saw the
+        # update allocate is the others and a few KiB of Python objects (about 4 KiB here)
+        others = peak["inside"] - (PACKED_VECTORS - 3) * peak["vector"]
+        assert 0 <= others < 8192, out["peaks"]
+    # the whole CCSD part but the executor's working set, at 1 rank every byte on that rank
+    if P == 1:
+        (peak,) = out["peaks"]
+        alive = peak["arrays"] + 3 * peak["vector"] + peak["inside"] + peak["weight"]
+        assert 0.95 <= (out["stored"] + out["held"]) / alive <= 1.0, (out, alive)

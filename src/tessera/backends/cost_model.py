@@ -55,8 +55,10 @@ the network between nodes when the ranks span several (``run_costs``).
 
 Each candidate also gets a memory estimate per rank
 (``memory_parts``: T2 + integrals of the fullest rank; what the driver holds beside
-them, the structure's ``held`` bytes (for CCSD the amplitude copies and,
-on one process, the ladder's V+-) spread over the ranks; and the working set of the largest contraction step:
+them, the structure's ``held`` bytes (for CCSD its constants, the packed amplitude
+vectors of a DIIS update and, on one process, the ladder's V+-) and every intermediate of
+the iteration's plans, each once, as stored (``iteration_counts.stored_bytes``), spread
+over the ranks; and the working set of the largest contraction step:
 for ``mpi-collective`` twice the output rectangle, c times larger with 2.5d, the homes
 of the inputs and one panel each; for ``cached`` its block cache (a rank's share of the
 step's product reads, at most its distinct blocks) and frozen cache; on one process the

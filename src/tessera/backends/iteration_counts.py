@@ -19,7 +19,7 @@ from tessera.backends.step_bytes import (exchanges_inputs, frozen_reads, moved_b
                                         operands, owner_other_ops, owner_step_moves, pieces_per_block)
 from tessera.plan.blocktasks import block_sizes, task_arrays
 from tessera.runtime.distribution import makespan
-from tessera.tensor.block_tensor import allowed_elements
+from tessera.tensor.block_tensor import allowed_elements, flat_size
 
 PLANNER_TEMPORARIES = ("tmp", "pairs", "half")     # names of the tensors the planner makes
 
@@ -67,7 +67,7 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
             s["temporary_bytes"] = max(s["temporary_bytes"], step.memory + held)
             for r in (*step.inputs, step.out):     # every intermediate keeps its global array
                 if not r.tensor.constant and all(r.tensor is not t for t in run.tensors):
-                    pooled[id(r.tensor)] = 8 * allowed_elements(r.tensor.spaces, r.tensor.irrep)
+                    pooled[id(r.tensor)] = stored_bytes(r.tensor)
             if step.kind != "contract":
                 s["other_steps"] += 1
                 if block_tasks and nranks > 1:
@@ -177,3 +177,9 @@ def structure_stats(structure, tile: int, occ_tile: int, nranks: int, budget: fl
         s["held_bytes"] += s["dressing_bytes"]
     s["pooled_bytes"] = sum(pooled.values())
     return s
+
+
+def stored_bytes(t) -> int:
+    """Bytes a tensor's storage holds, from its structure: its allowed blocks, or, stored
+    canonical (``aliases``: T2, tau, R2, ...), its canonical blocks only."""
+    return 8 * (flat_size(t.spaces, t.irrep, t.aliases) if t.aliases else allowed_elements(t.spaces, t.irrep))

@@ -27,7 +27,8 @@ Loop orders (how blocks travel), as in TCE:
   larger operand is fetched once in all, the other's at most once per rank: the fewest
   gets. A batch's distinct blocks fit the cache bound (an output task whose own inputs do
   not fit is cut into runs of products, each accumulating its part), and there are at
-  least ``BATCHES_PER_RANK`` batches per rank where the tasks allow (``cached_batches``).
+  least ``BATCHES_PER_RANK`` batches per rank where the tasks allow (``cached_batches``:
+  found from the tasks' sizes, no product listed; a rank makes the tasks of its batches).
   Remote blocks of a frozen operand (the integrals) go to the executor's ``FrozenCache``
   instead, kept across steps and iterations (bounded; once full it keeps what it holds):
   a rank fetches such a block once per run while it stays there.
@@ -49,18 +50,18 @@ rank owns are read in place, never fetched.
 
 from __future__ import annotations
 
-import heapq
 import time
 
 import numpy as np
 
 from tessera.backends.budget import DEFAULT_CACHE_MB
+from tessera.backends.cached_batches import indexed_batches, task_batches
 from tessera.backends.dist_base import DistributedExecutor, part_range
 from tessera.backends.distributed import BlockCache
 from tessera.backends.registry import DEFAULT_SCHEDULE, DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Scheduler
 from tessera.backends.tasks import part_slice
-from tessera.plan.blocktasks import contraction_tasks, indexed_groups, indexed_tasks, owned_tasks
+from tessera.plan.blocktasks import indexed_groups, indexed_tasks, owned_tasks
 
 
 class OneSidedExecutor(DistributedExecutor):
@@ -178,19 +179,14 @@ class OneSidedExecutor(DistributedExecutor):
     def contract_step(self, step) -> None:
         A, B = step.inputs[0].tensor, step.inputs[1].tensor
         out = step.out.tensor
-        # owner computes: a rank lists only the tasks of its own output blocks; original and
-        # inverted: tasks (groups) by index (a counter's value or a static queue's entry),
-        # made when run; cached cuts every task into batches (by the rows or columns a
-        # batch shares, by bytes) before dealing them
+        # owner computes: a rank lists only the tasks of its own output blocks; original,
+        # inverted and cached: tasks (groups) by index (a counter's value or a static queue's
+        # entry), made when run; cached cuts them into batches (by the rows or columns a
+        # batch shares, by bytes) from their sizes before dealing them
         if self.variant == "inverted":
             self._inverted_loop(step, A, B, out)
             return
-        if self.variant == "owner":
-            tasks = owned_tasks(step, out.owned_keys())
-        elif self.variant == "original":
-            tasks = indexed_tasks(step)
-        else:
-            tasks = contraction_tasks(step)
+        tasks = owned_tasks(step, out.owned_keys()) if self.variant == "owner" else indexed_tasks(step)
         if self.variant == "cached":
             self._cached_loop(step, tasks, A, B, out)
         elif self.variant == "owner":
@@ -273,13 +269,14 @@ class OneSidedExecutor(DistributedExecutor):
     def _cached_loop(self, step, tasks, A, B, out) -> None:
         ga_out, scale = out.dist.ga, step.scale
         groups = self._cached_groups(tasks, A, B)      # batches of (task, first product, end)
-        costs = self._costs_of(groups, lambda: [batch_flops(tasks, g) + 1 for g in groups])
+        costs = self._costs_of(groups, lambda: groups.flops + 1)
         cache = BlockCache(self.cache_bytes)      # (which, key) -> block as a GEMM operand
         for gbatch in self.batches(costs, 1):
             batch = [e for g in gbatch for e in groups[g]]
-            have = self._prefetch(step, tasks, batch, A, B, cache)
-            handles = [ga_out.iacc(tasks[ti].out, res, scale)     # once per output block (or part)
-                       for ti, res in self._products(step, tasks, batch, have)]
+            made = {ti: tasks[ti] for ti, _, _ in batch}      # the OutputTasks this rank runs
+            have = self._prefetch(step, made, batch, A, B, cache)
+            handles = [ga_out.iacc(made[ti].out, res, scale)     # once per output block (or part)
+                       for ti, res in self._products(step, made, batch, have)]
             for h in handles:
                 h.wait()
 
@@ -289,17 +286,17 @@ class OneSidedExecutor(DistributedExecutor):
         block cache), the result added in place: no accumulate leaves the rank (an output
         stored in pieces: the home rank of a block computes it and adds it to its pieces
         by get and put, ``_add_into``)."""
-        groups = self._owner_groups(tasks, A, B, out)
+        groups = self._owner_groups(step, tasks, A, B)
         cache = BlockCache(self.cache_bytes)
-        for batch in groups:
+        for batch in (groups[b] for b in range(len(groups))):
             have = self._prefetch(step, tasks, batch, A, B, cache)
             self._add_into(out, [(tasks[ti].out, res) for ti, res in self._products(step, tasks, batch, have)],
                            step.scale)
 
-    def _owner_groups(self, tasks, A, B, out) -> list:
+    def _owner_groups(self, step, tasks, A, B):
         """This rank's batches under ``owner``: its own tasks (``owned_tasks``) in batches
         as ``cached`` forms them for one rank (kept per task list)."""
-        return self._once("owner", tasks, lambda: cached_batches(tasks, A.nbytes >= B.nbytes, self.cache_bytes, 1))
+        return self._once("owner", tasks, lambda: task_batches(step, tasks, A.nbytes >= B.nbytes, self.cache_bytes, 1))
 
     def _prefetch(self, step, tasks, batch, A, B, cache) -> dict:
         """{(0 | 1, key): GEMM operand} of every input block the batch's entries (task,
@@ -356,96 +353,14 @@ class OneSidedExecutor(DistributedExecutor):
             self.compute_seconds += time.perf_counter() - c0
             yield ti, res
 
-    def _cached_groups(self, tasks, A, B) -> list:
-        """``cached_batches`` of the step, for this rank count and cache (kept per task list)."""
+    def _cached_groups(self, tasks, A, B):
+        """``cached_batches.indexed_batches`` of the step's ``IndexedTasks``, for this rank
+        count and cache (kept per task list)."""
         by_row = A.nbytes >= B.nbytes
         return self._once(("cached", by_row), tasks,
-                          lambda: cached_batches(tasks, by_row, self.cache_bytes, self.world.size))
+                          lambda: indexed_batches(tasks, by_row, self.cache_bytes, self.world.size))
 
     @staticmethod
     def _operand(blk, perm, shape) -> np.ndarray:
         """A block as a contiguous GEMM operand (permuted once, reused by every product)."""
         return np.ascontiguousarray(blk.transpose(perm)).reshape(shape)
-
-
-BATCHES_PER_RANK = 2      # cached: at least this many batches per rank where tasks allow
-
-
-def entry_blocks(tasks, entry) -> dict:
-    """{(operand, key): bytes} of the input blocks of products lo..hi-1 of a task."""
-    i, lo, hi = entry
-    t, out = tasks[i], {}
-    for p in t.products[lo:hi]:
-        out[(0, p.a)] = 8 * t.m * p.k
-        out[(1, p.b)] = 8 * p.k * t.n
-    return out
-
-
-def batch_flops(tasks, batch) -> int:
-    """Flops of a batch of (task, lo, hi) entries: each task's share of its products."""
-    return sum(tasks[i].flops * (hi - lo) // len(tasks[i].products) for i, lo, hi in batch)
-
-
-def batch_bytes(tasks, batch) -> int:
-    """Bytes of the distinct input blocks of a batch (what it prefetches)."""
-    blocks = {}
-    for e in batch:
-        blocks.update(entry_blocks(tasks, e))
-    return sum(blocks.values())
-
-
-def _runs(tasks, entries, bound: int) -> list:
-    """``entries`` cut, in order, into runs whose distinct input blocks fit ``bound`` bytes
-    (an entry larger than the bound is a run of its own)."""
-    out, run, seen, size = [], [], set(), 0
-    for e in entries:
-        blocks = entry_blocks(tasks, e)
-        extra = sum(b for k, b in blocks.items() if k not in seen)
-        if run and size + extra > bound:
-            out.append(run)
-            run, seen, size, extra = [], set(), 0, sum(blocks.values())
-        run.append(e)
-        seen.update(blocks)
-        size += extra
-    return out + [run] if run else out
-
-
-def cached_batches(tasks, by_row: bool, bound: int, nranks: int) -> list:
-    """Batches of the ``cached`` loop order: lists of (task, lo, hi), products lo..hi-1 of
-    an output task. Output tasks that share one row of blocks of A (``by_row``, A the
-    operand with more bytes) or one column of B form a group, in task order; a task whose
-    own input blocks exceed ``bound`` bytes is cut into runs of products that fit (each run
-    accumulates its part of the output block: one accumulate per part); a group whose
-    distinct input blocks exceed ``bound`` is cut into consecutive runs that fit (only a
-    single product larger than the bound exceeds it). Then, while there are fewer than
-    ``BATCHES_PER_RANK * nranks`` batches, the batch with the most flops is halved (a cut
-    batch fetches its shared row on each rank that runs a part, the price of keeping every
-    rank busy). The same on every rank."""
-    groups: dict = {}
-    for i, t in enumerate(tasks):
-        groups.setdefault((t.sector, t.r) if by_row else (t.sector, t.c), []).append(i)
-    out = []
-    for g in (groups[k] for k in sorted(groups)):
-        entries = []
-        for i in g:
-            n = len(tasks[i].products)
-            whole = [(i, 0, n)]
-            if batch_bytes(tasks, whole) <= bound:
-                entries += whole
-            else:
-                entries += [(i, run[0][1], run[-1][2]) for run in _runs(tasks, [(i, q, q + 1) for q in range(n)], bound)]
-        out += _runs(tasks, entries, bound)
-    # halving by a heap of (-flops, place): place is a batch's position as a path of
-    # halves (head + (0,), tail + (1,)), ordered as the list is, so the first of the
-    # largest is halved, as a scan of the list picks it: O(batches log batches)
-    heap = [(-batch_flops(tasks, b), (q,), b) for q, b in enumerate(out)]
-    heapq.heapify(heap)
-    while heap and len(heap) < BATCHES_PER_RANK * nranks:
-        work, place, big = heap[0]
-        if len(big) < 2:
-            break
-        heapq.heappop(heap)
-        half = len(big) // 2
-        for end, part in ((0, big[:half]), (1, big[half:])):
-            heapq.heappush(heap, (-batch_flops(tasks, part), place + (end,), part))
-    return [b for _, _, b in sorted(heap, key=lambda e: e[1])]

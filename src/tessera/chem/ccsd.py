@@ -35,9 +35,12 @@ from tessera.tensor.pairs import free_for_ladder, free_plus_minus_last, kept_plu
 log = logging.getLogger(__name__)
 
 DIIS_SPACE = 7
-# amplitude-sized arrays alive at the peak of an iteration: t2,
-# D2, tau, L (the energy's integrals), Wvoov, Wvovo, Z and R2 (then R2, the new t2 and the packed vectors)
-AMPLITUDE_COPIES = 8
+# packed amplitude vectors (``_pack``) alive at a DIIS update, the peak of the driver's own
+# arrays: the last vector, the new one, their difference (the error), and in ``DIIS.update``
+# the weighted error, the extrapolated vector and (CROP) the extrapolated error; beside them
+# the weights, one byte per element. The tensors (t2, tau, R2, Z, ...) are the iteration's
+# intermediates, counted by the plans (``backends.iteration_counts``: ``pooled_bytes``).
+PACKED_VECTORS = 6
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,8 @@ class IterationStructure:
     and ``tessera plan``'s view of a run. ``plans``: the plans of one iteration;
     ``tensors``: what a run stores (T2 and the integral classes, empty, with their
     placement); ``tiles``: tile sizes per space; ``held``: bytes the driver holds beside
-    them (amplitude copies, a local run's ladder V+-, which replace vvvv among the stored
+    them and the plans' intermediates (the constants D1, D2, L, VO, the packed amplitude
+    vectors of a DIIS update, ``PACKED_VECTORS``, a local run's ladder V+-, which replace vvvv among the stored
     tensors, counted whole: once gathered, their off-diagonal blocks are views of the
     gathered squares the working set counts too, an upper bound by about 2/3 of V+-; not
     the DIIS history, which is in a file), spread over the ranks like T2; ``dressing``: bytes of
@@ -311,8 +315,11 @@ class CCSDStructure:
             D1, D2 = (_structural(d).freeze() for d in _denominators(ints, energies=False))
             ctx.plans.clear()               # those are made once per CCSD, not per iteration
             _update(ints, *eq.residual(ints, t1, t2, fixed=fixed), D1, D2)
-        amplitudes = 8 * (t1.stored_elements + t2.stored_elements)
-        held = {"amplitudes": (AMPLITUDE_COPIES - 1) * amplitudes}       # the DIIS history is in a file
+        elements = t1.stored_elements + t2.stored_elements
+        # made once per CCSD and read by every iteration, not stored among the classes:
+        # the denominators and the fixed intermediates (L for the energy, VO for W2)
+        held = {"constants": sum(8 * t.stored_elements for t in (D1, D2, *fixed.values())),
+                "packed vectors": (8 * PACKED_VECTORS + 1) * elements}     # the DIIS history is in a file
         plus_minus = kept_plus_minus(tensors["vvvv"])
         if plus_minus:          # a local run iterates with the ladder's V+- and vvvv freed (_ladder_form)
             held["ladder V+-"] = sum(8 * t.stored_elements for t in plus_minus)

@@ -25,8 +25,11 @@ From the molecule, basis, symmetry (the orbitals per irrep of the initial guess,
              the transform holds vvvv too, the iterations hold V+- instead (the job frees
              them when CCSD ends: (T) reads no vvvv)
   ccsd       one iteration as ``backends.cost_model.memory_parts`` counts it (the one estimator
-             of the cost model): T2 + integrals of the fullest rank, the amplitude copies
-             (the structure's ``held``; the DIIS history is in a file), the executor's working set
+             of the cost model): T2 + integrals of the fullest rank, every intermediate of
+             the iteration's plans (each counted once, as stored: canonical ones by their
+             canonical blocks), the structure's ``held`` (the constants D1, D2, L, VO and
+             the packed amplitude vectors of a DIIS update, ``chem.ccsd.PACKED_VECTORS``;
+             the DIIS history is in a file), the executor's working set
              (its gathered matrices of the constants: a local run's ladder dressing M+-,
              gathered in one layout, are held as those alone, ``chem.ccsd.IterationStructure``)
   (t)        the integrals and T2 (CCSD frees its gathered matrices; under MPI also
@@ -47,12 +50,12 @@ pages), and one CCSD iteration touches nearly all of them (measured: 51 of 57 Mi
 rank, glycine 6-31G, 2 ranks; the collective executor moves blocks by collectives into
 private buffers and touches none). The part ``other ranks' windows`` counts them:
 (ranks on the node - 1) times a rank's own window bytes (the transform: the MO
-integrals; CCSD and (T): the integrals, T2, the amplitude copies and every
-intermediate). They are in each rank's resident peak but in the node's memory once, so
-``check`` compares a rank's *own* share (the peak less those pages) with the memory
-allowed per rank (``backends.budget``), and when it does not fit names what would: more
-ranks (and how many fit on a node of this one's available memory, so how many nodes),
-frozen core, a smaller tile.
+integrals; CCSD and (T): the integrals, T2, the constants and every intermediate;
+not the packed amplitude vectors, private arrays). They are in each rank's resident
+peak but in the node's memory once, so ``check`` compares a rank's *own* share (the
+peak less those pages) with the memory allowed per rank (``backends.budget``), and when
+it does not fit names what would: more ranks (and how many fit on a node of this one's
+available memory, so how many nodes), frozen core, a smaller tile.
 """
 
 from __future__ import annotations
@@ -218,10 +221,12 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
     # the executor's share: on several ranks the most of the executors the run may use;
     # a one-sided executor on several ranks of a node also touches their windows
     others = shape.node_ranks - 1 if shape.distributed and shape.shared_windows else 0
+    packed = s["held"].get("packed vectors", 0) / P      # private arrays, in no window
+
     def executor_parts(backend, variant):
         m = dict(memory_parts(s, P, backend, variant, executor_cache_bytes(shape.budget)))
         if others and backend == "mpi-onesided":
-            m[SHARED] = others * (m["stored"] + m["held"])
+            m[SHARED] = others * (m["stored"] + m["held"] - packed)
         return m
     executors = _executors(shape)
     ccsd = max((executor_parts(b, v) for b, v in executors), key=lambda m: sum(m.values()))
@@ -276,9 +281,9 @@ def estimate(shape: RunShape, baseline: int | None = None) -> MemoryEstimate:
         parts["(t)"] = {"integrals": stored, **triples_parts(o, v, P, T, resident=not shape.distributed,
                                                               memory_bytes=shape.budget, ranks_per_node=shape.node_ranks)}
     if shape.distributed:
-        # this rank's windows in CCSD: T2 + integrals, amplitude copies, intermediates
-        # pooled until the context closes after (T)
-        windows = stored + ccsd["held"]
+        # this rank's windows in CCSD: T2 + integrals, constants, intermediates pooled
+        # until the context closes after (T) (the packed vectors are freed with CCSD)
+        windows = stored + ccsd["held"] - packed
         if "(t)" in parts:
             parts["(t)"]["ccsd arrays"] = windows - stored
         if others and any(b == "mpi-onesided" for b, _ in executors):

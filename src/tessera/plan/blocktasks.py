@@ -269,6 +269,11 @@ class IndexedTasks:
     def __len__(self) -> int:
         return int(self._starts[-1])
 
+    @property
+    def sig(self) -> tuple:
+        """The sectors' (irrep, rows, inner, cols) layouts the tasks are numbered over."""
+        return self._sig
+
     def __getitem__(self, i: int) -> OutputTask:
         if not 0 <= i < len(self):
             raise IndexError(i)
