@@ -15,9 +15,7 @@ on P ranks).  The plans themselves (task tiles, windows, counts) are
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-from tessera.backends.machine import Machine
+from tessera.backends.machine import Machine, per_machine
 from tessera.chem.triples import SOURCES, VirtualLayout, irrep_ranges
 from tessera.chem.triples_window import task_bytes, window_tiles, window_width
 from tessera.tensor.block_tensor import allowed_elements
@@ -90,14 +88,13 @@ def unstreamed_budget(memory_bytes: float | None, tensors: dict, nranks: int,
     return budget, share
 
 
-@lru_cache(maxsize=256)
+@per_machine(maxsize=256)
 def task_candidates(o, v, nranks: int, ranks_per_node: int | None = None) -> list:
     """``task_model`` s of the unstreamed distributed (T) tasks the budget rule weighs: the
     one-orbital windowed task of ``least_width`` and the tasks by whole rows of each task
     tile ``row_plan`` may take (at most nocc // 8, larger than one orbital only while the
     tasks stay TASKS_PER_RANK per rank).  Kept by their arguments (``unstreamed_budget``
-    asks at every halving of the rank count; the machine calibration is fixed for a
-    process)."""
+    asks at every halving of the rank count) and the machine (``Machine.calibrated()``)."""
     nocc = o.dim
     rows = [r for r in range(1, max(1, nocc // 8) + 1)
             if r == 1 or (-(-nocc // r)) ** 3 / 6 >= TASKS_PER_RANK * nranks]
@@ -150,7 +147,7 @@ def plan_seconds(o, v, model: tuple, nranks: int, ranks_per_node: int | None = N
     machine = Machine.calibrated()
     on = machine.on(nranks, ranks_per_node or nranks)
     tasks = 2 * o.dim ** 3 * v.dim ** 3 * (v.dim + o.dim) / flops
-    compute, transfer = flops / machine.gemm_flops_per_second, read / on["bandwidth"]
+    compute, transfer = flops / machine.rank_flops_per_second, read / on["bandwidth"]
     task = ((max(compute, transfer) if overlapped else compute + transfer) + asks * on["t_get"]
             + machine.triples_task_seconds)
     return (tasks / nranks + 1) * task
@@ -224,7 +221,7 @@ def read_share(model: tuple, nranks: int, ranks_per_node: int | None = None) -> 
     flops, read, asks, _ = model
     machine = Machine.calibrated()
     on = machine.on(nranks, ranks_per_node or nranks)
-    return (read / on["bandwidth"] + asks * on["t_get"]) / (flops / machine.gemm_flops_per_second)
+    return (read / on["bandwidth"] + asks * on["t_get"]) / (flops / machine.rank_flops_per_second)
 
 
 def stream_bytes(nocc: int, nvir: int, occ_tile: int, width: int, cv: int, co: int) -> float:
@@ -251,7 +248,7 @@ def stream_floor(o, v, nranks: int, ranks_per_node: int | None = None):
     looser bound streamed (H2O)4 cc-pVDZ at 64 ranks below its 256-rank budget.)"""
     nocc, nvir = o.dim, v.dim
     machine = Machine.calibrated()
-    balance = machine.gemm_flops_per_second / machine.on(nranks, ranks_per_node or nranks)["bandwidth"] / READ_SHARE
+    balance = machine.rank_flops_per_second / machine.on(nranks, ranks_per_node or nranks)["bandwidth"] / READ_SHARE
     largest = max((tl.size for tl in o.tiles), default=1)
     best = None
     for r in (r for r in STREAM_TILES if r <= largest):
