@@ -121,9 +121,9 @@ _PLANNED: ContextVar = ContextVar("planned machine", default=None)
 
 @contextmanager
 def planning(machine: Machine):
-    """While entered, ``Machine.calibrated()`` with no arguments is ``machine``: the machine
-    a plan (``tessera plan --ranks``) is for, its threads and network, seen by every part
-    of the model that asks for the calibrated machine."""
+    """While entered, ``Machine.calibrated()`` with no arguments is ``machine`` (in this
+    thread: a ContextVar): the machine a plan (``tessera plan --ranks``) is for, its threads
+    and network, seen by every part of the model that asks for the calibrated machine."""
     token = _PLANNED.set(machine)
     try:
         yield machine
@@ -132,7 +132,7 @@ def planning(machine: Machine):
 
 
 def per_machine(maxsize: int | None = None):
-    """``functools.lru_cache`` for a function whose result depends on ``Machine.calibrated()``
+    """``functools.lru_cache`` for a function whose result depends on ``Machine.calibrated()``:
     the machine is part of the key, so a plan for another machine (``planning``) does not
     read a result of this one."""
     def wrap(fn):
