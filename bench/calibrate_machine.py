@@ -112,7 +112,7 @@ def triples_task_seconds() -> None:
     print(json.dumps({"seconds": max(1e-7, (w1 - w2) / (n1 - n2)), "tasks": [n1, n2], "walls": [w1, w2]}))
 
 
-THREAD_ROUNDS = 5    # rounds of single- and multi-thread timings in ``thread_efficiency``
+THREAD_ROUNDS = 20   # rounds of single- and multi-thread timings in ``thread_efficiency``
 
 
 def thread_efficiency() -> dict:
