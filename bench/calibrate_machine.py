@@ -23,6 +23,11 @@ Writes (what ``tessera.backends.machine.Machine.calibrated`` reads):
                          way (k = 1..16, non-blocking, wait for all) over k; best of three
   barrier_log2_seconds   a barrier on 2 ranks: one of the ceil(log2 P) rounds of a barrier on P;
                          ``--scaling-only`` measures both alone and updates ``--out``
+  gemm_thread_efficiency DGEMM rate of the same 256^3 product on this machine's cores (threads_measured
+                         says how many) over that many times the single-thread rate, best of
+                         THREAD_ROUNDS rounds of both (``thread_efficiency``); the cost model takes
+                         it for any threads per rank; ``--threads-only`` measures it alone and
+                         updates ``--out``
   triples_task_seconds   Python work per distributed (T) task (1 rank, mpi-onesided cached, whole
                          rows): water trimer 6-31G, task tile 1 (680 tasks) against task tile 2
                          (120 tasks), the same flops: wall difference / task difference (best of
@@ -105,6 +110,24 @@ def triples_task_seconds() -> None:
                     best[tile] = (wall, res.tasks)
     (w1, n1), (w2, n2) = best[1], best[2]
     print(json.dumps({"seconds": max(1e-7, (w1 - w2) / (n1 - n2)), "tasks": [n1, n2], "walls": [w1, w2]}))
+
+
+THREAD_ROUNDS = 20   # rounds of single- and multi-thread timings in ``thread_efficiency``
+
+
+def thread_efficiency() -> dict:
+    """The DGEMM rate on all of this machine's cores over that many times the single-thread
+    rate (``backends.cost_model.gemm_seconds``, unclamped), each the best of THREAD_ROUNDS
+    rounds taken in turn, with when, the threads and the load."""
+    from tessera.backends.cost_model import gemm_seconds
+    threads = os.cpu_count() or 1
+    one, many = 1e9, 1e9
+    for _ in range(THREAD_ROUNDS):
+        one, many = min(one, gemm_seconds(1)), min(many, gemm_seconds(threads))
+    return {"gemm_thread_efficiency": one / (threads * many),
+            "threads_measured": f"{platform.node()}, {time.strftime('%Y-%m-%d')}, {threads} threads, load "
+                                f"{round(os.getloadavg()[0], 2)}; 1 thread {one * 1e6:.0f} us, "
+                                f"{threads} threads {many * 1e6:.0f} us per 256^3 DGEMM"}
 
 
 def mpi_json(args: list, nranks: int = 2) -> dict:
@@ -242,6 +265,8 @@ def main(argv=None) -> None:
                     help="measure exchange_seconds alone and update it (with its date and load) in --out")
     ap.add_argument("--scaling-only", action="store_true",
                     help="measure exchange_peer_seconds and barrier_log2_seconds alone and update them in --out")
+    ap.add_argument("--threads-only", action="store_true",
+                    help="measure gemm_thread_efficiency alone and update it (with threads_measured) in --out")
     args = ap.parse_args(argv)
     if args.collective:
         return collective()
@@ -258,8 +283,9 @@ def main(argv=None) -> None:
         out = {**json.loads(Path(args.out).read_text()), **exchange}
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
         return print(json.dumps(out, indent=1))
-    if args.scaling_only:
-        out = {**json.loads(Path(args.out).read_text()), **scaling_constants()}
+    if args.scaling_only or args.threads_only:
+        out = {**json.loads(Path(args.out).read_text()),
+               **(scaling_constants() if args.scaling_only else thread_efficiency())}
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
         return print(json.dumps(out, indent=1))
     triples = {"triples_task_seconds": mpi_json([__file__, "--triples"], 1)["seconds"],
@@ -277,7 +303,7 @@ def main(argv=None) -> None:
            "get_seconds": at[("get", 8192)], "acc_seconds": at[("acc", 8192)],
            "collective_seconds": mpi_json([__file__, "--collective"])["seconds"],
            "exchange_seconds": exchange_seconds()["seconds"], **scaling_constants(),
-           "copy_bytes_per_second": big / at[("get", big)], **triples,
+           "copy_bytes_per_second": big / at[("get", big)], **triples, **thread_efficiency(),
            "host": platform.node(), "date": time.strftime("%Y-%m-%d"), "load": round(os.getloadavg()[0], 2),
            "command": "python bench/calibrate_machine.py"}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -116,6 +116,8 @@ def test_plan_ranks_json(tmp_path, capsys):
                                   ["--ranks", "64", "--memory-per-node", "lots"],
                                   ["--ranks", "64", "--network-bandwidth", "-1"],
                                   ["--ranks", "64", "--network-latency", "nan"],
+                                  ["--ranks", "64", "--threads-per-rank", "0"],
+                                  ["--ranks", "64", "--threads-per-rank", "2.5"], ["--threads-per-rank", "4"],
                                   ["--ranks-per-node", "8"], ["--ranks", "64", "--method", "hf"]])
 def test_bad_plan_options_are_one_line_errors(args, capsys):
     assert main(["plan", "examples/water.xyz", "--basis", "sto-3g", *args]) == 2

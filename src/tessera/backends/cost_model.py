@@ -92,18 +92,26 @@ T_COLL = 60e-6        # s per collective call (latency, 2 ranks on one node; mor
 BANDWIDTH = 2.0e9     # bytes/s moved per rank (shared memory copies)
 
 
-def gemm_rate() -> float:
-    """Measured single-thread DGEMM flop rate of a 256^3 product (best of five after a
-    warm-up), flop/s, clamped to [1, 50] GFLOP/s against a machine busy with others."""
-    a = np.random.default_rng(0).standard_normal((256, 256))
+GEMM_N = 256          # the product gemm_rate times: GEMM_N^3
+
+
+def gemm_seconds(threads: int = 1) -> float:
+    """Seconds of a GEMM_N^3 DGEMM on ``threads`` BLAS threads, best of five after a warm-up."""
+    a = np.random.default_rng(0).standard_normal((GEMM_N, GEMM_N))
     best = 1e9
-    with thread_limit(1):
+    with thread_limit(threads):
         a @ a
         for _ in range(5):
             t0 = time.perf_counter()
             a @ a
             best = min(best, time.perf_counter() - t0)
-    return float(min(50e9, max(1e9, 2 * 256 ** 3 / max(best, 1e-9))))
+    return max(best, 1e-9)
+
+
+def gemm_rate() -> float:
+    """Measured single-thread DGEMM flop rate of a 256^3 product (``gemm_seconds``), flop/s,
+    clamped to [1, 50] GFLOP/s against a machine busy with others."""
+    return float(min(50e9, max(1e9, 2 * GEMM_N ** 3 / gemm_seconds(1))))
 
 
 def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None,

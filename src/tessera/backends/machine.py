@@ -10,7 +10,23 @@ Python work per distributed (T) task, measured apart, ``triples_task_measured``)
 where, when and under what load they were measured. The network is not measurable from one machine: its bandwidth per node and
 latency are options (``tessera plan --network-bandwidth --network-latency``, defaults
 NETWORK_BANDWIDTH and NETWORK_LATENCY: a 100 Gb/s link, 2 us). ``Machine.on(P, rpn)``
-gives the constants ``backends.cost_model.estimate`` uses for P ranks, ``rpn`` per node:
+gives the constants ``backends.cost_model.estimate`` uses for P ranks, ``rpn`` per node.
+
+A rank may run several BLAS threads (``tessera run --threads T``; ``tessera plan
+--threads-per-rank T``): its DGEMM rate, ``Machine.rank_flops_per_second``, is T x the
+single-thread rate x ``gemm_thread_efficiency`` (the rate on the calibrating machine's
+cores, 2 threads, over 2 x its single-thread rate, ``bench/calibrate_machine.py``: the
+efficiency measured at 2 threads is assumed for more, an estimate). Python work per
+block product or (T) task does not scale with threads (one interpreter per rank), nor
+does a rank's share of the network (a node's link over its ranks).
+
+The machine of a plan: ``planning(machine)`` makes ``Machine.calibrated()`` (no
+arguments) return ``machine`` while entered, so the (T) planner
+(``chem.triples_budget``, ``chem.triples_window``, ``chem.triples_plan``) and
+``cost_model.run_costs`` see the threads and network ``tessera plan`` was given; their
+caches keep results per machine (``per_machine``).
+
+``Machine.on`` gives, per operation:
 
   t_get, t_acc   node's value + f_off x latency (f_off: share of the other ranks on other nodes)
   t_coll         node's value (2 ranks) + barrier_log2_seconds x (ceil(log2 P) - 1) + latency
@@ -34,6 +50,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,12 +62,12 @@ NETWORK_BANDWIDTH = 12.5e9     # bytes/s per node (100 Gb/s)
 NETWORK_LATENCY = 2e-6         # s per message between nodes
 FIELDS = ("gemm_flops_per_second", "task_seconds", "get_seconds", "acc_seconds",
           "collective_seconds", "copy_bytes_per_second", "triples_task_seconds", "exchange_seconds",
-          "exchange_peer_seconds", "barrier_log2_seconds")
+          "exchange_peer_seconds", "barrier_log2_seconds", "gemm_thread_efficiency")
 
 
 @dataclass(frozen=True)
 class Machine:
-    gemm_flops_per_second: float
+    gemm_flops_per_second: float          # single-thread DGEMM rate
     task_seconds: float
     get_seconds: float
     acc_seconds: float
@@ -59,14 +77,28 @@ class Machine:
     exchange_seconds: float = 0.0         # an all-to-all of mpi-collective inside a CCSD iteration
     exchange_peer_seconds: float = 0.0    # ... more per other rank past the first
     barrier_log2_seconds: float = 0.0     # a collective call more per round past the first
+    gemm_thread_efficiency: float = 1.0   # DGEMM rate on 2 threads / (2 x the single-thread rate)
+    threads_per_rank: int = 1             # BLAS threads of a rank
     network_bandwidth: float = NETWORK_BANDWIDTH
     network_latency: float = NETWORK_LATENCY
     measured: str = ""          # where and when the node constants were measured
 
     @classmethod
-    def calibrated(cls, path: Path | str = CALIBRATION, **network) -> "Machine":
-        """The constants of ``path`` (default: the shipped calibration) with the network's."""
-        return replace(_node(str(path)), **network)
+    def calibrated(cls, path: Path | str = CALIBRATION, **choices) -> "Machine":
+        """The constants of ``path`` (default: the shipped calibration) with the network's
+        and the threads per rank ``choices``; with no arguments inside ``planning(m)``, ``m``."""
+        planned = _PLANNED.get()
+        if planned is not None and path == CALIBRATION and not choices:
+            return planned
+        return replace(_node(str(path)), **choices)
+
+    @property
+    def rank_flops_per_second(self) -> float:
+        """The DGEMM rate of one rank, what the whole model computes at: threads_per_rank x
+        the single-thread rate x gemm_thread_efficiency (one thread: the single-thread rate)."""
+        if self.threads_per_rank == 1:
+            return self.gemm_flops_per_second
+        return self.threads_per_rank * self.gemm_flops_per_second * self.gemm_thread_efficiency
 
     def on(self, nranks: int, ranks_per_node: int) -> dict:
         """The per-operation constants of ``backends.cost_model.estimate`` for ``nranks`` ranks
@@ -87,6 +119,35 @@ class Machine:
                 "bandwidth": bandwidth, "f_off": f_off, "link": per_rank_link, "nodes": nodes}
 
 
+_PLANNED: ContextVar = ContextVar("planned machine", default=None)
+
+
+@contextmanager
+def planning(machine: Machine):
+    """While entered, ``Machine.calibrated()`` with no arguments is ``machine`` (in this
+    thread: a ContextVar): the machine a plan (``tessera plan --ranks``) is for, its threads
+    and network, seen by every part of the model that asks for the calibrated machine."""
+    token = _PLANNED.set(machine)
+    try:
+        yield machine
+    finally:
+        _PLANNED.reset(token)
+
+
+def per_machine(maxsize: int | None = None):
+    """``functools.lru_cache`` for a function whose result depends on ``Machine.calibrated()``:
+    the machine is part of the key, so a plan for another machine (``planning``) does not
+    read a result of this one."""
+    def wrap(fn):
+        cached = functools.lru_cache(maxsize)(lambda machine, *args, **kwargs: fn(*args, **kwargs))
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            return cached(Machine.calibrated(), *args, **kwargs)
+        return call
+    return wrap
+
+
 @functools.lru_cache(maxsize=None)
 def _node(path: str) -> Machine:
     """The node constants of the calibration file ``path``, read once per process (the
@@ -99,5 +160,5 @@ def _node(path: str) -> Machine:
                          "written by bench/calibrate_machine.py") from None
     where = (f"{data.get('host', '?')}, {data.get('date', '?')}, load {data.get('load', '?')}; "
              f"exchange {data.get('exchange_measured', '?')}; scaling {data.get('scaling_measured', '?')}; "
-             f"(T) task {data.get('triples_task_measured', '?')}")
+             f"(T) task {data.get('triples_task_measured', '?')}; threads {data.get('threads_measured', '?')}")
     return Machine(**node, measured=where)

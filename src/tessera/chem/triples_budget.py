@@ -18,9 +18,7 @@ on P ranks).  The plans themselves (task tiles, windows, counts) are
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-from tessera.backends.machine import Machine
+from tessera.backends.machine import Machine, per_machine
 from tessera.chem.triples import SOURCES, VirtualLayout, irrep_ranges
 from tessera.chem.triples_window import task_bytes, window_tiles, window_width
 from tessera.tensor.block_tensor import allowed_elements
@@ -107,14 +105,13 @@ def fastest_budget(memory_bytes: float | None, tensors: dict, nranks: int,
     return budget, share
 
 
-@lru_cache(maxsize=256)
+@per_machine(maxsize=256)
 def task_candidates(o, v, nranks: int, ranks_per_node: int | None = None) -> list:
     """``task_model`` s of the unstreamed distributed (T) tasks the budget rule weighs: the
     one-orbital windowed task of ``least_width`` and the tasks by whole rows of each task
     tile ``row_plan`` may take (at most nocc // 8, larger than one orbital only while the
     tasks stay TASKS_PER_RANK per rank).  Kept by their arguments (``fastest_budget``
-    asks at every halving of the rank count; the machine calibration is fixed for a
-    process)."""
+    asks at every halving of the rank count) and the machine (``Machine.calibrated()``)."""
     nocc = o.dim
     rows = [r for r in range(1, max(1, nocc // 8) + 1)
             if r == 1 or (-(-nocc // r)) ** 3 / 6 >= TASKS_PER_RANK * nranks]
@@ -192,7 +189,7 @@ def plan_seconds(o, v, model: tuple, nranks: int, ranks_per_node: int | None = N
     machine = Machine.calibrated()
     on = machine.on(nranks, ranks_per_node or nranks)
     tasks = 2 * o.dim ** 3 * v.dim ** 3 * (v.dim + o.dim) / flops
-    compute = flops / machine.gemm_flops_per_second
+    compute = flops / machine.rank_flops_per_second
     if overlapped:
         busy = max(compute, read * on["f_off"] / on["link"]) + read * (1 - on["f_off"]) / machine.copy_bytes_per_second
     else:
@@ -269,7 +266,7 @@ def read_share(model: tuple, nranks: int, ranks_per_node: int | None = None) -> 
     flops, read, asks, _ = model
     machine = Machine.calibrated()
     on = machine.on(nranks, ranks_per_node or nranks)
-    return (read / on["bandwidth"] + asks * on["t_get"]) / (flops / machine.gemm_flops_per_second)
+    return (read / on["bandwidth"] + asks * on["t_get"]) / (flops / machine.rank_flops_per_second)
 
 
 def stream_bytes(nocc: int, nvir: int, occ_tile: int, width: int, cv: int, co: int) -> float:
@@ -282,7 +279,7 @@ def stream_bytes(nocc: int, nvir: int, occ_tile: int, width: int, cv: int, co: i
     return 8 * (3 * 3 * r * (w * w * (cv + co) + Y * w * (cv + co) + Y * w * w) + r ** 3 * w ** 3)
 
 
-@lru_cache(maxsize=256)
+@per_machine(maxsize=256)
 def stream_tasks(o, v, nranks: int, ranks_per_node: int | None = None) -> tuple:
     """(occ_tile, width, bytes) of the streamed task shapes the budget rule weighs: per
     task tile of STREAM_TILES (at most the largest occupied tile) the narrowest window tile
@@ -294,11 +291,11 @@ def stream_tasks(o, v, nranks: int, ranks_per_node: int | None = None) -> tuple:
     and must take at most OFF_NODE_OVERLAP of it at the rank's share of the link, the rest
     are on-node copies and must take at most READ_SHARE of it at the copy bandwidth (on one
     node: all of them, as ``task_floor``'s reads).  Requests' latencies are not in the
-    bound (``plan_seconds`` counts them).  Kept by their arguments."""
+    bound (``plan_seconds`` counts them).  Kept by their arguments and the machine."""
     nocc, nvir = o.dim, v.dim
     machine = Machine.calibrated()
     on = machine.on(nranks, ranks_per_node or nranks)
-    balance = machine.gemm_flops_per_second * max((1 - on["f_off"]) / machine.copy_bytes_per_second / READ_SHARE,
+    balance = machine.rank_flops_per_second * max((1 - on["f_off"]) / machine.copy_bytes_per_second / READ_SHARE,
                                                   on["f_off"] / on["link"] / OFF_NODE_OVERLAP)
     largest = max((tl.size for tl in o.tiles), default=1)
     shapes = []

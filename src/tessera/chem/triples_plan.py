@@ -20,6 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from tessera.backends.machine import Machine
 from tessera.chem.triples import NIRREP, SOURCES, TripleKernel, VirtualLayout, default_occ_tile, irrep_ranges
 from tessera.chem.triples_blocked import DEFAULT_KERNEL_MB, blocked_batch, blocked_pool_sizes, choose_vblock
 from tessera.chem.triples_budget import (DEFAULT_CACHE_MB, MIN_WINDOW, TASKS_PER_RANK, least_width, plan_seconds,
@@ -250,7 +251,7 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     most one task holds (windowed: its fetched rows and tables; else its task tiles'
     packed rows, twice: fetched and packed) and the kernel buffers of one thread, as the
     run's ``TriplesTasks`` sizes them for that plan. Depends on the tensors' spaces and
-    irreps alone, so kept by them (``tessera plan --ranks`` asks twice: for the (T) memory
+    irreps and the machine (``Machine.calibrated()``) alone, so kept by them (``tessera plan --ranks`` asks twice: for the (T) memory
     and for the task counts). Streamed tasks (``stream_plan``; ``chunks`` > 1): the most
     one holds is ``stream_bytes`` and the rows read every task's rows with the contracted
     indices whole, no rows kept between tasks (an upper bound). Also the budget of one task (``window_budget``) and the row
@@ -258,7 +259,7 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     the modelled seconds per rank (``plan_seconds`` of the plan's ``task_model``, its widest
     window tile; streamed: reads overlapping compute, ``TaskSet.lookahead``)."""
     key = (tuple((tensors[n].spaces, tensors[n].irrep) for n in SOURCES), nranks, cache_mb, kernel_mb,
-           memory_bytes, ranks_per_node)
+           memory_bytes, ranks_per_node, Machine.calibrated())
     if key not in _PLAN_COUNTS:
         _PLAN_COUNTS[key] = _plan_counts(tensors, nranks, cache_mb, kernel_mb, memory_bytes, ranks_per_node)
         while len(_PLAN_COUNTS) > 16:
@@ -267,7 +268,7 @@ def plan_counts(tensors: dict, nranks: int, cache_mb: float | None = None, kerne
     return dict(_PLAN_COUNTS[key])
 
 
-# plan_counts by key, least recently used first (the machine calibration is fixed for a process)
+# plan_counts by key (with the machine, ``Machine.calibrated()``), least recently used first
 _PLAN_COUNTS: OrderedDict = OrderedDict()
 
 

@@ -333,7 +333,7 @@ def deal_weights(win: Windows, tiles, triples, tasks, costs, least_flops: float,
     bandwidth = machine.on(nranks, ranks_per_node or nranks)["bandwidth"]
     reads = order_reads(win, tiles, triples, tasks)
     costs = np.asarray(costs, dtype=float)
-    per_cost, rate = least_flops / max(float(costs.sum()), 1.0), machine.gemm_flops_per_second
+    per_cost, rate = least_flops / max(float(costs.sum()), 1.0), machine.rank_flops_per_second
     return costs * per_cost / rate + reads / bandwidth
 
 

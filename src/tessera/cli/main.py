@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
                            "between nodes, GB/s (default 12.5)")
             s.add_argument("--network-latency", metavar="US", help="with --ranks: latency between nodes, "
                            "microseconds (default 2)")
+            s.add_argument("--threads-per-rank", metavar="T", help="with --ranks: BLAS threads per rank "
+                           "(tessera run --threads), each rank's DGEMM rate T x one thread's x the measured "
+                           "efficiency; ranks per node x T must not exceed a node's cores (default 1)")
         if name == "run":
             s.add_argument("--plan-only", action="store_true", help="print the plan and stop")
             s.add_argument("--checkpoint", metavar="FILE", default=None,
@@ -201,7 +204,7 @@ def _rank(backend: str, progress: str | None = None, ghosts: int | None = None) 
 def _simulated(args) -> bool:
     """``tessera plan`` for a simulated machine (--ranks and its companions)."""
     return any(getattr(args, k) is not None for k in ("ranks", "ranks_per_node", "memory_per_node",
-                                                      "network_bandwidth", "network_latency"))
+                                                      "network_bandwidth", "network_latency", "threads_per_rank"))
 
 
 def _world():

@@ -24,7 +24,10 @@ returns, per rank:
   memory per rank (stored + held + working, ``backends.cost_model.memory_parts``) against the
   budget (memory per node / ranks per node) and seconds per iteration from the
   calibrated model (``backends.machine``: this machine's measured constants plus the
-  network given as options); the model ``auto`` decides with (``backends.cost_model.estimate``:
+  network and the threads per rank given as options, ``--threads-per-rank`` T making a
+  rank's DGEMM rate T x one thread's x the measured efficiency,
+  ``Machine.rank_flops_per_second``; the (T) plan above is made for the same machine,
+  ``backends.machine.planning``); the model ``auto`` decides with (``backends.cost_model.estimate``:
   mpi-collective contraction by contraction on its grid or with an operand stationary,
   ``contraction_modes``; frozen operands moved once). On several nodes a run has one
   ghost rank per node (progress ``auto``): the executors' figures are for the
@@ -121,12 +124,14 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
                 "every_class": all(m["max_over_mean"] <= BALANCE for m in memory.values())}
     triples = None
     if method == "ccsd(t)":
+        from tessera.backends.machine import planning
         from tessera.chem.triples_plan import plan_counts
-        # (T) runs on the workers, as the executors do
-        memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, workers, 1, memory_bytes=budget,
-                                                                   ranks_per_node=rpn - ghosts).items()}
-        triples = plan_counts(structure.stored(tile, occ_tile), workers, memory_bytes=budget,
-                              ranks_per_node=rpn - ghosts)
+        # (T) runs on the workers, as the executors do, planned for ``machine`` (its threads, network)
+        with planning(machine):
+            memory["(t)"] = {k: int(b) for k, b in triples_parts(run.o, run.v, workers, 1, memory_bytes=budget,
+                                                                       ranks_per_node=rpn - ghosts).items()}
+            triples = plan_counts(structure.stored(tile, occ_tile), workers, memory_bytes=budget,
+                                  ranks_per_node=rpn - ghosts)
     costs = machine.on(workers, rpn - ghosts)
     cache = executor_cache_bytes(budget)       # each cache of an executor, within the budget
     executors = []
@@ -134,7 +139,7 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
         for variant in variants:
             (t, ot), s = counts((tile, occ_tile) if backend == "mpi-onesided" else
                                 grid_tiles.get(layers[variant], (tile, occ_tile)))
-            e = estimate(s, workers, backend, variant, machine.gemm_flops_per_second, costs, cache)
+            e = estimate(s, workers, backend, variant, machine.rank_flops_per_second, costs, cache)
             parts = memory_parts(s, workers, backend, variant, cache)
             executors.append({"backend": backend, "variant": variant, "tile": t, "occ_tile": ot,
                               "bytes_per_rank": int(e["bytes_per_rank"]), "gets": e["gets"], "accs": e["accs"],
@@ -153,7 +158,8 @@ def simulate(orbsym, nocc: int, nfrozen: int, method: str, nranks: int, ranks_pe
             "flops_per_iteration": int(stats["flops"]), "block_products": int(stats["products"]),
             "memory_per_rank": memory, "triples": triples, "steps": dominant_steps(run.plans, workers),
             "executors": executors,
-            "machine": {**{k: getattr(machine, k) for k in ("gemm_flops_per_second", "task_seconds",
+            "machine": {**{k: getattr(machine, k) for k in ("gemm_flops_per_second", "threads_per_rank",
+                        "gemm_thread_efficiency", "rank_flops_per_second", "task_seconds",
                         "get_seconds", "acc_seconds", "collective_seconds", "exchange_seconds",
                         "exchange_peer_seconds", "barrier_log2_seconds", "copy_bytes_per_second", "triples_task_seconds", "network_bandwidth", "network_latency")}, "measured": machine.measured,
                         "per_operation": {k: v for k, v in costs.items() if k != "nodes"}}}
@@ -198,7 +204,8 @@ def render(sim: dict) -> str:
     if "(t)" in sim["memory_per_rank"]:
         t = sim["memory_per_rank"]["(t)"]
         lines.append("  (t)      " + ", ".join(f"{k} {_size(v).strip()}" for k, v in t.items())
-                     + " (per rank, one thread; beside the classes and T2)")
+                     + " (per rank, one task at a time: its BLAS threads share one set of kernel buffers; "
+                       "beside the classes and T2)")
     if sim.get("triples"):
         t = sim["triples"]
         how = (f"operands by virtual tile (windows), kernel blocks of {t['vblock']}" if t["vblock"]
@@ -219,8 +226,11 @@ def render(sim: dict) -> str:
         lines.append(f"  {s['flops']:10.3e} {s['tasks']:7d} {s['tasks_per_rank']:9.2f} "
                      f"{s['busiest_over_mean_flops']:12.2f}  {s['step'][:80]}")
     m = sim["machine"]
-    lines.append(f"Per CCSD iteration and rank (calibrated: {m['gemm_flops_per_second'] / 1e9:.1f} GFLOP/s per "
-                 f"rank, {m['task_seconds'] * 1e6:.0f} us per block product, measured {m['measured']}; network "
+    threads = ("1 thread" if m["threads_per_rank"] == 1 else
+               f"{m['threads_per_rank']} threads x {m['gemm_flops_per_second'] / 1e9:.1f} x efficiency "
+               f"{m['gemm_thread_efficiency']:.2f}")
+    lines.append(f"Per CCSD iteration and rank (calibrated: {m['rank_flops_per_second'] / 1e9:.1f} GFLOP/s per "
+                 f"rank ({threads}), {m['task_seconds'] * 1e6:.0f} us per block product, measured {m['measured']}; network "
                  f"{m['network_bandwidth'] / 1e9:g} GB/s per node, {m['network_latency'] * 1e6:g} us):")
     lines.append(f"  {'backend':15s} {'variant':9s} {'tile':>5s} {'MiB moved':>10s} {'memory':>12s} {'est. s':>9s} "
                  f"{'compute s':>9s}")
@@ -286,8 +296,8 @@ def print_simulation(options, args) -> dict:
     from tessera.chem.job import frozen_core_orbitals
     nranks = _whole("--ranks", args.ranks)
     if nranks is None:
-        raise InputError("--ranks-per-node, --memory-per-node and the network options describe a "
-                         "simulated machine: give its size with --ranks P")
+        raise InputError("--ranks-per-node, --memory-per-node, --threads-per-rank and the network options "
+                         "describe a simulated machine: give its size with --ranks P")
     rpn = _whole("--ranks-per-node", args.ranks_per_node) or nranks
     node_bytes = args.memory_per_node
     if node_bytes is not None:
@@ -295,7 +305,8 @@ def print_simulation(options, args) -> dict:
         node_bytes = parse_size(node_bytes, "--memory-per-node") * 2**20
     machine = Machine.calibrated(
         network_bandwidth=_positive("--network-bandwidth", args.network_bandwidth, 1e9) or NETWORK_BANDWIDTH,
-        network_latency=_positive("--network-latency", args.network_latency, 1e-6) or NETWORK_LATENCY)
+        network_latency=_positive("--network-latency", args.network_latency, 1e-6) or NETWORK_LATENCY,
+        threads_per_rank=_whole("--threads-per-rank", args.threads_per_rank) or 1)
     if options.method.lower() == "hf":
         raise InputError("tessera plan --ranks plans a CCSD iteration; use --method ccsd or ccsd(t)")
     if args.json:
