@@ -176,7 +176,7 @@ def test_cached_batches_of_the_dominant_steps_at_1024_ranks():
     otherwise prefetch all of tau), one batch per output task or more (147 to 196 tasks
     here, fewer than 2 per rank: the batches cannot feed every rank)."""
     from tessera.backends.balance import dominant_steps, run_tiles
-    from tessera.backends.dist_base import DEFAULT_CACHE_MB
+    from tessera.backends.budget import EXECUTOR_CACHE_MB
     from tessera.tensor.block_tensor import allowed_elements
     structure = CCSDStructure(np.zeros(96, dtype=int), 20, 0, distributed=True)
     tile, occ_tile, _, _ = run_tiles(structure, 1024, 8 * 2**30)
@@ -186,7 +186,7 @@ def test_cached_batches_of_the_dominant_steps_at_1024_ranks():
         a, b = (8 * allowed_elements(r.tensor.spaces, r.tensor.irrep) for r in step.inputs)
         every = sorted((i, q) for i, t in enumerate(tasks) for q in range(len(t.products)))
         count = []
-        for bound in (DEFAULT_CACHE_MB << 20, min(a, b) // 4):
+        for bound in (EXECUTOR_CACHE_MB << 20, min(a, b) // 4):
             batches = cached_batches(step, a >= b, bound, 1024)
             assert sorted((i, q) for x in batches for i, lo, hi in x for q in range(lo, hi)) == every
             assert all(distinct_bytes(tasks, x) <= bound or (len(x) == 1 and x[0][2] - x[0][1] == 1)

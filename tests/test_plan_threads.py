@@ -67,3 +67,25 @@ def test_threads_and_network_reach_the_triples_plan(tmp_path):
     again = plan_counts(tensors, 252, memory_bytes=8 * 2**30, ranks_per_node=63)
     assert Machine.calibrated() == Machine.calibrated(CALIBRATION)
     assert planned["seconds"] > again["seconds"]
+
+
+def test_triples_reads_overlap_only_where_the_executor_reads_ahead():
+    """Between nodes a streamed (T) task's off-node reads overlap its compute only on an
+    executor that posts them ahead (mpi-onesided, ``reads_ahead``); a run plans its (T) for
+    its own executor and threads (``Context.machine``). (H2O)16 cc-pVDZ, tile 32, 1024
+    ranks of 64-rank nodes, 8 GiB each: reading ahead, streamed tasks (within 1% of the
+    fastest, holding least); fetching first (mpi-collective), the unstreamed plan, which
+    holds more."""
+    from tessera.backends.context import Context
+    from tessera.chem.ccsd import CCSDStructure
+    from tessera.chem.triples_budget import overlapped
+    from tessera.chem.triples_plan import plan_counts
+    tensors = CCSDStructure(np.zeros(24 * 16, dtype=int), 80, distributed=True).stored(32, 32)
+    ahead = plan_counts(tensors, 1024, memory_bytes=8 * 2**30, ranks_per_node=64)
+    with planning(Machine.calibrated(reads_overlap=False)):
+        assert not overlapped(1024, 64)
+        fetched = plan_counts(tensors, 1024, memory_bytes=8 * 2**30, ranks_per_node=64)
+    assert overlapped(1024, 64) and not overlapped(64, 64)
+    assert ahead["chunks"] > 1 and fetched["chunks"] == 1 and ahead["task_bytes"] < fetched["task_bytes"]
+    with Context("serial") as ctx:
+        assert ctx.machine() == Machine.calibrated(threads_per_rank=1, reads_overlap=False)

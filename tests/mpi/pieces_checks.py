@@ -481,7 +481,7 @@ def frozen_second_run(world, make, eq, planned, name: str, part: str) -> dict:
     (``exchanges`` of contractions + ``other_exchanges`` of sums)."""
     from tessera.backends.collective_model import collective_traffic
     from tessera.backends.iteration_counts import structure_stats
-    from tessera.backends.dist_base import DEFAULT_CACHE_MB
+    from tessera.backends.budget import EXECUTOR_CACHE_MB
 
     def frozen(fill):
         t = make(fill)
@@ -490,7 +490,7 @@ def frozen_second_run(world, make, eq, planned, name: str, part: str) -> dict:
     run = SimpleNamespace(plans=[SimpleNamespace(steps=planned(eq, frozen))], tensors=[], tiles={})
     s = structure_stats(lambda *_: run, 0, 0, world.size)
     out = {}
-    for limit_mb in (DEFAULT_CACHE_MB, 0):
+    for limit_mb in (EXECUTOR_CACHE_MB, 0):
         with Context("mpi-collective", variant="summa") as ctx:
             ctx.executor.frozen.limit = limit_mb << 20
             t = frozen(True)

@@ -18,7 +18,7 @@ import re
 from tessera.errors import InputError
 
 ENV_MEMORY = "TESSERA_MEMORY_PER_RANK_MB"     # MiB (or a size) a rank may use
-DEFAULT_CACHE_MB = 512     # each cache of an MPI executor at most (fetched blocks, frozen blocks or panels)
+EXECUTOR_CACHE_MB = 512     # each cache of an MPI executor at most (fetched blocks, frozen blocks or panels)
 CACHE_SHARE = 1 / 8        # ... and at most this share of the memory budget per rank
 
 _UNITS = {"": 2**20, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
@@ -60,12 +60,13 @@ def available_memory() -> int:
 
 def executor_cache_bytes(budget: float | None) -> int:
     """Bytes each cache of an MPI executor may hold (``mpi-onesided``'s per-step block
-    cache and its frozen cache, ``mpi-collective``'s frozen cache): DEFAULT_CACHE_MB, at
+    cache and its frozen cache, ``mpi-collective``'s frozen cache): EXECUTOR_CACHE_MB, at
     most CACHE_SHARE of the memory ``budget`` per rank (None: no budget), so that a run
     given less memory (``--max-memory``) keeps smaller caches rather than more than it was
-    allowed; the run's executors and the cost model's estimate take the same bound."""
-    full = DEFAULT_CACHE_MB << 20
-    return full if budget is None else max(2**20, min(full, int(CACHE_SHARE * budget)))
+    allowed; in whole MiB (at least one), what the run's executors take (``cache_mb``) and
+    the cost model's estimate counts."""
+    mib = EXECUTOR_CACHE_MB if budget is None else max(1, min(EXECUTOR_CACHE_MB, int(CACHE_SHARE * budget) >> 20))
+    return mib << 20
 
 
 def memory_budget(node_ranks: int = 1, max_memory: float | None = None,

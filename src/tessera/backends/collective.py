@@ -46,7 +46,7 @@ import logging
 import time
 import numpy as np
 
-from tessera.backends.budget import DEFAULT_CACHE_MB
+from tessera.backends.budget import EXECUTOR_CACHE_MB
 from tessera.backends.dist_base import DistributedExecutor, part_range
 from tessera.backends import rank_choice, stationary
 from tessera.backends.exchange import (add_partials, deliver, exchange, expect_from, involves, owned_views,
@@ -130,7 +130,7 @@ class CollectiveExecutor(DistributedExecutor):
     name = "mpi-collective"
 
     def __init__(self, variant: str = DEFAULT_VARIANT["mpi-collective"], world=None, schedule=None,
-                 layers: int | None = None, stationary: str = "auto", cache_mb: int = DEFAULT_CACHE_MB):
+                 layers: int | None = None, stationary: str = "auto", cache_mb: int = EXECUTOR_CACHE_MB):
         # frozen operands' panels and blocks kept across steps and iterations
         super().__init__(world, fetcher=self._fetch_many, frozen_bytes=int(cache_mb) << 20)
         check_options(self.name, variant, schedule, ranks=max(2, self.world.size))

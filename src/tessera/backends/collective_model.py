@@ -13,10 +13,10 @@ import math
 import numpy as np
 
 from tessera.backends.balance import collective_layers
-from tessera.backends.budget import DEFAULT_CACHE_MB
+from tessera.backends.budget import EXECUTOR_CACHE_MB
 from tessera.runtime.distribution import grid_3d
 
-FROZEN_CACHE_BYTES = DEFAULT_CACHE_MB << 20      # what an executor keeps of frozen operands
+FROZEN_CACHE_BYTES = EXECUTOR_CACHE_MB << 20      # what an executor keeps of frozen operands
 
 
 def grid_of(nranks: int, variant: str) -> tuple:

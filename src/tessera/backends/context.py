@@ -169,6 +169,15 @@ class Context:
         executor's compute time since ``c0``, or all of it on a local executor."""
         self.profile.compute += (self.executor.compute_seconds - c0) if self.distributed else seconds
 
+    def machine(self):
+        """The calibrated machine (``backends.machine``) as this context runs on it: its
+        executor's BLAS threads per rank, and whether its gets run ahead of its compute
+        (``reads_ahead``: mpi-onesided); what a plan made inside the run is for
+        (``machine.planning``)."""
+        from tessera.backends.machine import Machine
+        return Machine.calibrated(threads_per_rank=int(getattr(self.executor, "blas_threads", 1)),
+                                  reads_overlap=bool(getattr(self.executor, "reads_ahead", False)))
+
     @property
     def stats(self) -> dict:
         """label -> [calls, seconds, flops] of the regions run here."""

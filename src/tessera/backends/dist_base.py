@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from tessera.profile.terms import CommAccount
-from tessera.backends.budget import DEFAULT_CACHE_MB
+from tessera.backends.budget import EXECUTOR_CACHE_MB
 from tessera.backends.distributed import FrozenCache, TensorStore, onesided_fetch
 from tessera.backends.local import threads_per_rank
 from tessera.backends.registry import ENV_BLAS_THREADS, env_number
@@ -49,7 +49,7 @@ class DistributedExecutor(ABC):
     accumulates = True       # whether writes into another rank's memory may be accumulates
     reads_ahead = False      # run_tasks honours TaskSet.lookahead (then the executor has post_blocks, wait_blocks)
 
-    def __init__(self, world=None, fetcher=None, frozen_bytes: int = DEFAULT_CACHE_MB << 20):
+    def __init__(self, world=None, fetcher=None, frozen_bytes: int = EXECUTOR_CACHE_MB << 20):
         from tessera.runtime import World
         self.world = world or World.get()
         # what the executor keeps of frozen operands across steps and iterations

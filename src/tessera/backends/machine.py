@@ -22,9 +22,9 @@ does a rank's share of the network (a node's link over its ranks).
 
 The machine of a plan: ``planning(machine)`` makes ``Machine.calibrated()`` (no
 arguments) return ``machine`` while entered, so the (T) planner
-(``chem.triples_budget``, ``chem.triples_window``, ``chem.triples_plan``) and
-``cost_model.run_costs`` see the threads and network ``tessera plan`` was given; their
-caches keep results per machine (``per_machine``).
+(``chem.triples_budget``, ``chem.triples_window``, ``chem.triples_plan``) sees the threads
+and network ``tessera plan`` was given, or a run's own threads and executor
+(``Context.machine``); its caches keep results per machine (``per_machine``).
 
 ``Machine.on`` gives, per operation:
 
@@ -79,18 +79,23 @@ class Machine:
     barrier_log2_seconds: float = 0.0     # a collective call more per round past the first
     gemm_thread_efficiency: float = 1.0   # DGEMM rate on 2 threads / (2 x the single-thread rate)
     threads_per_rank: int = 1             # BLAS threads of a rank
+    # whether a rank's gets from other nodes move while it computes: a network that moves
+    # them itself (RDMA) and an executor that posts them ahead (mpi-onesided's lookahead,
+    # ``TaskSet.lookahead``); mpi-collective fetches, then computes
+    reads_overlap: bool = True
     network_bandwidth: float = NETWORK_BANDWIDTH
     network_latency: float = NETWORK_LATENCY
     measured: str = ""          # where and when the node constants were measured
 
     @classmethod
-    def calibrated(cls, path: Path | str = CALIBRATION, **choices) -> "Machine":
-        """The constants of ``path`` (default: the shipped calibration) with the network's
-        and the threads per rank ``choices``; with no arguments inside ``planning(m)``, ``m``."""
+    def calibrated(cls, path: Path | str | None = None, **choices) -> "Machine":
+        """The constants of ``path`` (default: the shipped calibration) with the network's,
+        the threads per rank and ``reads_overlap`` ``choices``; with no arguments inside
+        ``planning(m)``, ``m``."""
         planned = _PLANNED.get()
-        if planned is not None and path == CALIBRATION and not choices:
+        if planned is not None and path is None and not choices:
             return planned
-        return replace(_node(str(path)), **choices)
+        return replace(_node(str(CALIBRATION if path is None else path)), **choices)
 
     @property
     def rank_flops_per_second(self) -> float:
@@ -154,7 +159,8 @@ def _node(path: str) -> Machine:
     (T) planner asks for them per candidate task and window width)."""
     try:
         data = json.loads(Path(path).read_text())
-        node = {k: float(data[k]) for k in FIELDS}
+        # a calibration from before the thread efficiency was measured: 1 (threads scale fully)
+        node = {k: float(data[k] if k != "gemm_thread_efficiency" else data.get(k, 1.0)) for k in FIELDS}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"machine calibration {path} is unreadable ({exc}); expected the JSON "
                          "written by bench/calibrate_machine.py") from None

@@ -54,7 +54,7 @@ import time
 
 import numpy as np
 
-from tessera.backends.budget import DEFAULT_CACHE_MB
+from tessera.backends.budget import EXECUTOR_CACHE_MB
 from tessera.backends.cached_batches import indexed_batches, task_batches
 from tessera.backends.dist_base import DistributedExecutor, part_range
 from tessera.backends.distributed import BlockCache
@@ -69,7 +69,7 @@ class OneSidedExecutor(DistributedExecutor):
     reads_ahead = True        # a lookahead TaskSet's next part is fetched during this part's work
 
     def __init__(self, variant: str = DEFAULT_VARIANT["mpi-onesided"], schedule: str = DEFAULT_SCHEDULE,
-                 cache_mb: int = DEFAULT_CACHE_MB, world=None):
+                 cache_mb: int = EXECUTOR_CACHE_MB, world=None):
         # cached/owner: remote blocks of frozen operands (integrals) kept across iterations
         super().__init__(world, frozen_bytes=int(cache_mb) << 20)
         check_options(self.name, variant, schedule, ranks=max(2, self.world.size))

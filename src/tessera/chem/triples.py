@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.linalg.blas import dgemm
 
+from tessera.backends.machine import planning
 from tessera.chem.triples_native import (batch_dense, batch_packed, dense_scratch_size, energy_dense,
                                          energy_packed, packed_scratch_size, require)
 from tessera.errors import InputError, ShapeError
@@ -743,10 +744,11 @@ def triples_correction(ints, t1, t2, *, context=None, occ_tile: int | None = Non
     ranks = context.ranks
     # one plan on every rank: nodes may hold different numbers of ranks
     per_node = ranks.allreduce(ranks.node_size, "max")
-    job = TriplesTasks(ints, t1, t2, occ_tile, cache_mb, resident, vblock, kernel_mb, nranks=ranks.size,
-                       memory_bytes=None if memory_mb is None else memory_mb * 2**20, ranks_per_node=per_node,
-                       chunks=chunks)
-    task_set = job.task_set(ranks.size)
+    with planning(context.machine()):      # planned for this run's threads and executor
+        job = TriplesTasks(ints, t1, t2, occ_tile, cache_mb, resident, vblock, kernel_mb, nranks=ranks.size,
+                           memory_bytes=None if memory_mb is None else memory_mb * 2**20, ranks_per_node=per_node,
+                           chunks=chunks)
+        task_set = job.task_set(ranks.size)
     results = context.run_tasks(task_set)
     energy = float(sum(results.tolist()))               # task order: schedule-independent
     flops = int(ranks.allreduce(job.flops, "sum"))

@@ -157,9 +157,11 @@ def fastest_task(o, v, nranks: int, ranks_per_node: int | None, cap: float):
 
 
 def overlapped(nranks: int, ranks_per_node: int | None = None) -> bool:
-    """Whether ``nranks`` ranks span nodes, so that a streamed task's off-node reads run
+    """Whether ``nranks`` ranks span nodes and the machine's reads overlap compute
+    (``Machine.reads_overlap``: mpi-onesided), so that a streamed task's off-node reads run
     during its compute (``plan_seconds``)."""
-    return Machine.calibrated().on(nranks, ranks_per_node or nranks)["f_off"] > 0
+    machine = Machine.calibrated()
+    return machine.reads_overlap and machine.on(nranks, ranks_per_node or nranks)["f_off"] > 0
 
 
 def fastest(plans: list) -> tuple:
@@ -184,13 +186,14 @@ def plan_seconds(o, v, model: tuple, nranks: int, ranks_per_node: int | None = N
     the previous part's compute, so it takes the longer of its compute and those bytes,
     plus its on-node bytes at the copy bandwidth (copies the rank makes itself: on one node
     nothing overlaps, bench/triples_lookahead.py), its requests' latencies and the Python
-    work."""
+    work; nothing overlaps where the machine's reads do not (``Machine.reads_overlap``:
+    mpi-collective fetches, then computes)."""
     flops, read, asks, _ = model
     machine = Machine.calibrated()
     on = machine.on(nranks, ranks_per_node or nranks)
     tasks = 2 * o.dim ** 3 * v.dim ** 3 * (v.dim + o.dim) / flops
     compute = flops / machine.rank_flops_per_second
-    if overlapped:
+    if overlapped and machine.reads_overlap:
         busy = max(compute, read * on["f_off"] / on["link"]) + read * (1 - on["f_off"]) / machine.copy_bytes_per_second
     else:
         busy = compute + read / on["bandwidth"]
@@ -288,15 +291,17 @@ def stream_tasks(o, v, nranks: int, ranks_per_node: int | None = None) -> tuple:
     each task, 8 x 27 r wd (wd + r)(v + o) bytes for 72 r^3 wd^3 (v + o) flops (C1),
     r^2 wd^2 / (3 (wd + r)) flops per byte whatever o and v; of those bytes the share
     f_off (``Machine.on``) crosses the network during the compute (``TaskSet.lookahead``)
-    and must take at most OFF_NODE_OVERLAP of it at the rank's share of the link, the rest
+    and must take at most OFF_NODE_OVERLAP of it at the rank's share of the link (READ_SHARE
+    where the machine's reads do not overlap, ``Machine.reads_overlap``), the rest
     are on-node copies and must take at most READ_SHARE of it at the copy bandwidth (on one
     node: all of them, as ``task_floor``'s reads).  Requests' latencies are not in the
     bound (``plan_seconds`` counts them).  Kept by their arguments and the machine."""
     nocc, nvir = o.dim, v.dim
     machine = Machine.calibrated()
     on = machine.on(nranks, ranks_per_node or nranks)
+    off_node = OFF_NODE_OVERLAP if machine.reads_overlap else READ_SHARE     # fetched, then computed
     balance = machine.rank_flops_per_second * max((1 - on["f_off"]) / machine.copy_bytes_per_second / READ_SHARE,
-                                                  on["f_off"] / on["link"] / OFF_NODE_OVERLAP)
+                                                  on["f_off"] / on["link"] / off_node)
     largest = max((tl.size for tl in o.tiles), default=1)
     shapes = []
     for r in (r for r in STREAM_TILES if r <= largest):

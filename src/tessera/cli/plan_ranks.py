@@ -212,6 +212,8 @@ def render(sim: dict) -> str:
                else "whole occupied rows per task tile")
         if t.get("chunks", 1) > 1:
             how += f", the contracted indices streamed in {t['chunks']} chunks"
+            if sim["nodes"] > 1:
+                how += " (as mpi-onesided runs them: off-node reads during compute)"
         lines.append(f"(T): {t['tasks']} tasks ({t['tasks_per_rank']:.1f} per rank, {t['occ_tile']} occupied "
                      f"orbitals per task tile, {how}); rows read {_size(t['read_bytes_per_rank']).strip()} "
                      f"per rank, modelled {t['seconds']:.1f} s per rank, at most {_size(t['task_bytes']).strip()} "
