@@ -6,7 +6,7 @@ symmetry on and off. References are computed in the test (PySCF 2.x, conv_tol 1e
 
 import numpy as np
 import pytest
-from pyscf import cc, scf
+from pyscf import cc, lib, scf
 
 from tessera.backends.context import Context
 from tessera.chem.ccsd import CCSD
@@ -30,20 +30,21 @@ MOLECULES = {   # file, basis: C2v, D2h, Cs, C1
 def systems():
     """name -> (reference, {frozen: PySCF CCSD correlation energy})."""
     out = {}
-    for name, (path, basis) in MOLECULES.items():
-        mol = Molecule.from_xyz(EXAMPLES + path, basis=basis).to_pyscf()
-        ref = rhf_reference(mol)
-        mf = scf.RHF(mol)
-        mf.conv_tol = 1e-11
-        mf.kernel()
-        assert abs(ref.e_hf - mf.e_tot) < 1e-9
-        energies = {}
-        for nfz in (0, frozen_core_orbitals(mol)):
-            mycc = cc.CCSD(mf, frozen=nfz or None)
-            mycc.conv_tol = 1e-10
-            mycc.kernel()
-            energies[nfz] = mycc.e_corr
-        out[name] = (ref, energies)
+    with lib.with_omp_threads(1):      # small molecules; OpenMP spinning hurts on a busy machine
+        for name, (path, basis) in MOLECULES.items():
+            mol = Molecule.from_xyz(EXAMPLES + path, basis=basis).to_pyscf()
+            ref = rhf_reference(mol)
+            mf = scf.RHF(mol)
+            mf.conv_tol = 1e-11
+            mf.kernel()
+            assert abs(ref.e_hf - mf.e_tot) < 1e-9
+            energies = {}
+            for nfz in (0, frozen_core_orbitals(mol)):
+                mycc = cc.CCSD(mf, frozen=nfz or None)
+                mycc.conv_tol = 1e-10
+                mycc.kernel()
+                energies[nfz] = mycc.e_corr
+            out[name] = (ref, energies)
     return out
 
 

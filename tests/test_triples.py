@@ -384,7 +384,10 @@ def test_chunks_above_one_need_windowed_tasks(systems):
 
 
 def test_streamed_stages_are_passed_not_counted(systems):
-    """Streamed (T) tasks (``chunks`` 3, windows of a blocked kernel; the distributed
+    """Streamed (T) tasks (``chunks`` 3, windows of a blocked kernel: cache_mb 1.0, windows
+    4 orbitals wide, the 4 virtual tensor tiles, 200 tasks; 0.8 cut the first tile into
+    patches, 350 tasks, twice the time: patches in stages are checked in
+    test_triples_mpi.py's streamed runs; the distributed
     planning on local tensors, every part served as a view) run on the serial executor
     with each stage's ``need`` asked twice: the same energy as asked once and as the
     unstreamed windowed tasks (1e-12), PySCF's to 1e-9; a task's W is dropped after its
@@ -396,7 +399,8 @@ def test_streamed_stages_are_passed_not_counted(systems):
     ints, bt1, bt2 = _inputs(ref, t1, t2, 0, 4)
 
     def energy(chunks, twice=False):
-        job = TriplesTasks(ints, bt1, bt2, 4, 0.8, False, 7, None, nranks=1, chunks=chunks)
+        job = TriplesTasks(ints, bt1, bt2, 4, 1.0, False, 7, None, nranks=1, chunks=chunks)
+        assert len(job.windows.vtiles) == 4 and len(job.tasks) == 200
         ts = job.task_set(1)
         if twice:
             ts = replace(ts, need=lambda i, s: (job.need(i, s), job.need(i, s))[1])

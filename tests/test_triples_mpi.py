@@ -242,11 +242,13 @@ def test_rows_travel_by_the_executors_means(nranks):
 @pytest.mark.parametrize("nranks", triples_checks.BUDGET_RANKS)
 def test_the_budget_rule_streams_where_no_unstreamed_task_fits(nranks):
     """H2O2 C1 (o = 9, v = 13) windowed on 2 ranks with no chunks given and a budget
-    (``cache_mb`` 0.055, 57.7 kB) under which one-orbital unstreamed tasks would take windows
-    one orbital wide (``window_width``): the budget rule (``stream_plan``) streams the
-    tasks, whose read share (bytes and requests per compute, ``read_share``) is the lesser,
-    in C > 1 stages of one-orbital task tiles; E(T) the serial one's to 1e-9 and the
-    unstreamed windowed run's to 1e-12, and a rank's peak below the unstreamed run's."""
+    (``cache_mb`` 0.1, 104.9 kB) under which one-orbital unstreamed tasks would take windows
+    two orbitals wide (``window_width``; 19,800 tasks): the budget rule (``stream_plan``)
+    streams the tasks, whose read share (bytes and requests per compute, ``read_share``) is
+    the lesser, in C > 1 stages of one-orbital task tiles (here 165 tasks, windows spanning
+    v, 9 stages; 0.055 MB, windows 3 wide, took the same branch in 5,775 tasks x 7 stages,
+    three quarters of the 2-rank launch); E(T) the serial one's to 1e-9 and the unstreamed
+    windowed run's to 1e-12, and a rank's peak below the unstreamed run's."""
     mol = launch(nranks)["molecules"]["h2o2_c1"]
     run, plain = mol["budget_streamed"], mol["windows"]["mpi-onesided"]
     assert run["stages"] > 1 and run["task_tile"] == 1 and plain["stages"] == 1, (run["stages"], run["task_tile"])

@@ -18,8 +18,8 @@ Rank 0 prints one JSON object: per run the energies, the peak bytes of (T) opera
 rank, the largest share of each source tensor a rank held, the whole tensors' bytes and
 the bytes moved by one-sided gets during (T). The windowed runs again with the contracted
 indices streamed in STREAM_CHUNKS chunks (``streamed``, at STREAMED_RANKS), and once more with
-no chunks given and a budget under which unstreamed windows would be one orbital wide,
-STREAM_CACHE_MB, where the budget rule streams them (``budget_streamed``, at BUDGET_RANKS).
+no chunks given and a budget under which unstreamed one-orbital windows would be two
+orbitals wide, STREAM_CACHE_MB, where the budget rule streams them (``budget_streamed``, at BUDGET_RANKS).
 Each of these three runs only at the rank counts whose test checks it
 (tests/test_triples_mpi.py parametrizes by the same tuples).
 tests/test_triples_mpi.py checks them.
@@ -53,12 +53,12 @@ WINDOW_TILE = 4          # h2o2_c1 again, operands fetched by virtual tile (wind
 WINDOW_COMBOS = [("mpi-onesided", "cached"), ("mpi-collective", "summa")]    # patches by get, by exchange
 COMBOS = [("mpi-onesided", "cached", "nxtval"), ("mpi-onesided", "cached", "steal"),
           ("mpi-collective", "summa", None)]
-STREAM_CACHE_MB = 0.055   # window_run again, no chunks given: a budget (57.7 kB) of unstreamed windows 1 orbital wide
+STREAM_CACHE_MB = 0.1     # window_run again, no chunks given: a budget (104.9 kB) of unstreamed windows 2 orbitals wide
 STREAM_CHUNKS = 3        # window_run again, the contracted f and m fetched in 3 chunks (chem.triples_stream)
 SLOW = 0.005             # the slow-rank run: the last rank sleeps at least this long (s) per windowed task
 SLOW_RANKS = (2, 4)      # rank counts that run the slow-rank run (stealing needs 2+ ranks)
 STREAMED_RANKS = (1, 2)  # rank counts that run the streamed runs
-BUDGET_RANKS = (2,)      # rank counts that run the budget-streamed run (5775 one-orbital tasks x 7 stages)
+BUDGET_RANKS = (2,)      # rank counts that run the budget-streamed run (165 one-orbital tasks x 9 stages)
 RUNS = {"None": {}, "4": {"occ_tile": 4},               # default and given occ_tile
         "4/vblock3": {"occ_tile": 4, "vblock": 3}}        # the kernel blocked in the virtual index too
 
