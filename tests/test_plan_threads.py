@@ -89,3 +89,29 @@ def test_triples_reads_overlap_only_where_the_executor_reads_ahead():
     assert ahead["chunks"] > 1 and fetched["chunks"] == 1 and ahead["task_bytes"] < fetched["task_bytes"]
     with Context("serial") as ctx:
         assert ctx.machine() == Machine.calibrated(threads_per_rank=1, reads_overlap=False)
+
+
+def test_a_runs_blas_threads_set_its_decision_rate(monkeypatch):
+    """A run's BLAS threads per rank (``local.mpi_blas_threads``: TESSERA_BLAS_THREADS, else
+    --threads / OMP_NUM_THREADS, else 1) price ``auto``'s CCSD estimate: the single-thread
+    rate measured times the threads at the calibrated efficiency (machine.json, read here
+    by hand); every candidate's compute falls by that factor."""
+    from tessera.backends import auto
+    from tessera.backends.local import mpi_blas_threads
+    from tessera.chem.ccsd import CCSDStructure
+    monkeypatch.setattr(auto, "gemm_rate", lambda: 1e10)
+    efficiency = json.loads(CALIBRATION.read_text())["gemm_thread_efficiency"]
+    structure = CCSDStructure(np.zeros(24, dtype=int), 5, distributed=True)
+    one, four = (auto.decide(structure, 2, tile=24, threads_per_rank=t) for t in (1, 4))
+    assert one["gemm_rate"] == 1e10 and four["gemm_rate"] == pytest.approx(4e10 * efficiency)
+    def key(c):
+        return c["backend"], c["variant"], c["tile"], c["occ_tile"]
+    faster = {key(c): c["compute"] for c in four["candidates"]}      # rounded to 1e-6 s
+    assert set(faster) == {key(c) for c in one["candidates"]}
+    for c in one["candidates"]:
+        assert faster[key(c)] == pytest.approx(c["compute"] / (4 * efficiency), abs=1e-6)
+    monkeypatch.delenv("TESSERA_BLAS_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert mpi_blas_threads() == 2
+    monkeypatch.setenv("TESSERA_BLAS_THREADS", "3")
+    assert mpi_blas_threads() == 3

@@ -38,7 +38,8 @@ from tessera.backends.budget import executor_cache_bytes, memory_budget
 from tessera.backends.collective_model import grid_of
 from tessera.backends.cost_model import estimate, gemm_rate, run_costs
 from tessera.backends.iteration_counts import structure_stats
-from tessera.backends.registry import VARIANTS, backend_of_variant, check_options
+from tessera.backends.machine import Machine
+from tessera.backends.registry import DEFAULT_SCHEDULE, VARIANTS, backend_of_variant, check_options
 from tessera.errors import InputError
 from tessera.runtime.distribution import default_layers
 
@@ -55,7 +56,8 @@ COLLECTIVE_VARIANTS = VARIANTS["mpi-collective"]
 
 
 def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=None, schedule=None,
-           rate: float | None = None, budget: float | None = None, ranks_per_node: int | None = None) -> dict:
+           rate: float | None = None, budget: float | None = None, ranks_per_node: int | None = None,
+           threads_per_rank: int = 1) -> dict:
     """The executor, options and tile for a run on ``nranks`` ranks, with the estimates.
 
     ``structure(tile, occ_tile)`` returns the run's structure at those tile sizes:
@@ -63,11 +65,14 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
     ``tiles`` ({"o": sizes, "v": sizes}); ``structure.nocc`` is the active occupied count.
     ``budget``: bytes a rank may use (default ``budget.memory_budget`` with every rank on
     this node). ``ranks_per_node``: worker ranks per node (default: all on one node; fewer
-    put the network between them, ``run_costs``)."""
+    put the network between them, ``run_costs``). ``rate``: a rank's DGEMM rate (default:
+    measured on one thread, ``gemm_rate``, times ``threads_per_rank`` at the calibrated
+    thread efficiency, ``Machine.rank_flops_per_second``)."""
     if backend not in ("auto", "mpi-onesided", "mpi-collective"):
         raise InputError(f"backend {backend!r} is not decided by the cost model")
     check_options(backend, variant, schedule, ranks=max(2, nranks))
-    rate = rate or gemm_rate()
+    rate = rate or Machine.calibrated(gemm_flops_per_second=gemm_rate(),
+                                      threads_per_rank=threads_per_rank).rank_flops_per_second
     tiles = [tile] if tile else list(TILES)
     if backend == "auto" and variant is not None:
         backend = backend_of_variant(variant)
@@ -124,7 +129,7 @@ def decide(structure, nranks: int, *, backend: str = "auto", tile=None, variant=
                 counted[key] = structure_stats(structure, t, ot, nranks, binds, owner=any(v == "owner" for _, v in combos))
             s = counted[key]
             for b, var in members:
-                e = estimate(s, nranks, b, var, rate, costs, executor_cache_bytes(budget))
+                e = estimate(s, nranks, b, var, rate, costs, executor_cache_bytes(budget), schedule or DEFAULT_SCHEDULE)
                 candidates.append({"backend": b, "variant": var, "tile": t, "occ_tile": ot,
                                    "memory_max_over_mean": round(s["memory_max_over_mean"], 3),
                                    "class_max_over_mean": round(s["class_max_over_mean"], 3),

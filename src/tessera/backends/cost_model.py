@@ -84,6 +84,7 @@ import numpy as np
 from tessera.backends.collective_model import FROZEN_CACHE_BYTES, collective_traffic
 from tessera.backends.context import thread_limit
 from tessera.backends.machine import Machine
+from tessera.backends.registry import DEFAULT_SCHEDULE
 
 T_TASK = 25e-6        # s of Python and numpy overhead per block product
 T_GET = 15e-6         # s per one-sided get (issue + wait)
@@ -115,35 +116,39 @@ def gemm_rate() -> float:
 
 
 def memory_parts(s: dict, nranks: int, backend: str, variant: str | None = None,
-                 cache: int = FROZEN_CACHE_BYTES) -> dict:
+                 cache: int = FROZEN_CACHE_BYTES, schedule: str = DEFAULT_SCHEDULE) -> dict:
     """Bytes per rank of one CCSD iteration on ``backend`` (one of the local executors, or
     an MPI one with its ``variant``), by part: ``stored`` (T2 + integrals of the fullest
     rank, a ``pieces`` class of too few blocks in pieces), ``held`` (the structure's other bytes and every intermediate of
     the iteration, spread over the ranks: distributed, each keeps its global array in the storage's pool; on one process
     the heap keeps what they freed for the next iteration, ``backends.heap``), ``working`` (the executor's working set; see
     the module docstring; ``cache``: the bytes each of an MPI executor's caches may hold,
-    ``budget.executor_cache_bytes``)."""
+    ``budget.executor_cache_bytes``; ``schedule``: mpi-onesided's, ``frozen_share``)."""
     held = (s["held_bytes"] + s["pooled_bytes"]) / nranks
     if backend == "mpi-collective":
         working = collective_traffic(s, nranks, variant, cache)["working_bytes"]
     elif backend == "mpi-onesided":
         # owner: the frozen bytes of the rank that fetches the most (its static deal), as estimate
         frozen = float(s["owner"]["frozen_per_rank"].max(initial=0)) if variant == "owner" and "owner" in s \
-            else frozen_share(s, nranks)
+            else frozen_share(s, nranks, schedule)
         working = min(cache, s["max_step_rank_bytes"]) + min(cache, frozen) if variant in ("cached", "owner") else 0
     else:
         working = s["temporary_bytes"] + s["gathered_bytes"]
     return {"stored": s["memory_per_rank_max"], "held": held, "working": working}
 
 
-def frozen_share(s: dict, nranks: int) -> float:
+def frozen_share(s: dict, nranks: int, schedule: str = DEFAULT_SCHEDULE) -> float:
     """Bytes of frozen operands' blocks a rank of ``cached`` fetches over the iterations
-    and would keep: its deal (a shared counter) gives it other batches each iteration, so
-    in time it reads nearly every frozen block held elsewhere, (P - 1) / P of them, not
-    its share of one iteration's reads (measured, ``bench/onesided_cache_peak.py``, water
-    tetramer C1 cc-pVDZ tile 24, 4 ranks: its frozen cache held 354 MB after 2 iterations
-    and 483 MB after 4, bounded at 537 MB, where one iteration's share is 284 MB; under
-    ``--schedule steal``, the same deal every iteration, 254 MB)."""
+    and would keep. ``nxtval``: its deal (a shared counter) gives it other batches each
+    iteration, so in time it reads nearly every frozen block held elsewhere, (P - 1) / P
+    of them; ``steal``: the same static deal every iteration (steals aside), so its share
+    of one iteration's reads, at most the distinct ones (measured,
+    ``bench/onesided_cache_peak.py``, water tetramer C1 cc-pVDZ tile 24, 4 ranks: under
+    nxtval its frozen cache held 354 MB after 2 iterations and 483 MB after 4, bounded at
+    537 MB, of 694 MB it meets; under steal 254 MB after 4, where one iteration's share is
+    284 MB)."""
+    if schedule == "steal":
+        return min(s["frozen_distinct_bytes"], s["frozen_ab_bytes"] / nranks)
     return s["frozen_distinct_bytes"] * (nranks - 1) / nranks
 
 
@@ -169,18 +174,19 @@ def run_costs(nranks: int, ranks_per_node: int | None = None) -> dict:
 
 
 def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, costs: dict | None = None,
-             cache: int = FROZEN_CACHE_BYTES) -> dict:
+             cache: int = FROZEN_CACHE_BYTES, schedule: str = DEFAULT_SCHEDULE) -> dict:
     """Estimated seconds per CCSD iteration, what moves and the memory, per rank (see
     module docstring). ``costs``: the per-operation constants (default ``run_costs``: the
     ranks on one node; ``backends.machine.Machine.on`` for ranks spread over nodes);
-    ``cache``: the bound of each executor cache (``budget.executor_cache_bytes``)."""
+    ``cache``: the bound of each executor cache (``budget.executor_cache_bytes``);
+    ``schedule``: mpi-onesided's (``frozen_share``)."""
     c_ = run_costs(nranks) if costs is None else costs
     T_TASK, T_GET, T_ACC, T_COLL, T_EXCHANGE, BANDWIDTH = (c_[k] for k in ("t_task", "t_get", "t_acc", "t_coll",
                                                                           "t_exchange", "bandwidth"))
     P = nranks
     remote = (P - 1) / P
     compute = s["makespan_flops"] / rate          # per step, the busiest rank's flops
-    memory = sum(memory_parts(s, P, backend, variant, cache).values())
+    memory = sum(memory_parts(s, P, backend, variant, cache, schedule).values())
     if backend == "mpi-collective":
         tr = collective_traffic(s, P, variant, cache)
         pr, pc, c = tr["grid"]
@@ -236,7 +242,7 @@ def estimate(s: dict, nranks: int, backend: str, variant: str, rate: float, cost
         # frozen cache (``frozen_share``, ``kept_share``)
         gets = P * min(s["distinct_ops"], s["get_ops"] / P) * remote
         accs = s["acc_ops"]
-        kept = kept_share(frozen_share(s, P), cache)
+        kept = kept_share(frozen_share(s, P, schedule), cache)
         moved = P * min(s["distinct_bytes"] - kept * s["frozen_distinct_bytes"],
                         (s["a_bytes"] + s["b_bytes"] - kept * s["frozen_ab_bytes"]) / P) * remote \
             + s["out_bytes"] * remote

@@ -24,8 +24,7 @@ import numpy as np
 from tessera.profile.terms import CommAccount
 from tessera.backends.budget import EXECUTOR_CACHE_MB
 from tessera.backends.distributed import FrozenCache, TensorStore, onesided_fetch
-from tessera.backends.local import threads_per_rank
-from tessera.backends.registry import ENV_BLAS_THREADS, env_number
+from tessera.backends.local import mpi_blas_threads
 from tessera.errors import ShapeError
 from tessera.plan.blocktasks import add_source, hadamard_block_pairs, source_block
 
@@ -57,10 +56,7 @@ class DistributedExecutor(ABC):
         self.store = TensorStore(self.world, fetcher or onesided_fetch,
                                  on_release=lambda eids: self.frozen.release(eids))
         self.account = CommAccount(self.world)
-        # one rank per core: BLAS single-threaded unless asked (threaded BLAS on small block
-        # GEMMs next to other busy ranks costs more than it gains)
-        # (OMP_NUM_THREADS, as set by --threads, when TESSERA_BLAS_THREADS is not)
-        self.blas_threads = env_number(ENV_BLAS_THREADS, threads_per_rank() or 1, integer=True)
+        self.blas_threads = mpi_blas_threads()
         self.compute_seconds = 0.0
         self.closed = False
         self._dirty: dict = {}        # uid -> "acc" | "local": written since the last barrier

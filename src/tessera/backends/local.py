@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from tessera.backends.registry import ENV_BLAS_THREADS, env_number
 from tessera.backends.tasks import local_blocks, run_task
 from tessera.errors import InputError
 
@@ -42,11 +43,19 @@ def available_cores() -> int:
 
 
 def threads_of(backend: str, distributed: bool) -> int:
-    """The threads one rank of ``backend`` runs with: 1 for serial; --threads /
-    OMP_NUM_THREADS when set; else 1 per rank of a distributed run, all cores in one process."""
+    """The threads one rank of ``backend`` runs with: 1 for serial; a distributed run's
+    ``mpi_blas_threads``; in one process --threads / OMP_NUM_THREADS when set, else all cores."""
     if backend == "serial":
         return 1
-    return threads_per_rank() or (1 if distributed else available_cores())
+    return mpi_blas_threads() if distributed else threads_per_rank() or available_cores()
+
+
+def mpi_blas_threads() -> int:
+    """BLAS threads of each rank of an MPI executor: TESSERA_BLAS_THREADS, else the threads
+    a process was asked for (OMP_NUM_THREADS, as --threads sets it), else 1: one rank per
+    core (threaded BLAS on small block GEMMs beside other busy ranks costs more than it
+    gains)."""
+    return env_number(ENV_BLAS_THREADS, threads_per_rank() or 1, integer=True)
 
 
 def threads_per_rank() -> int | None:

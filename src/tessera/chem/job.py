@@ -316,7 +316,8 @@ class Job:
         structure = CCSDStructure(ref.orbsym, ref.nocc, nfrozen, distributed=True)
         decision = ranks.share(lambda: decide(structure, ranks.size, backend=opt.backend, tile=opt.tile,
                                               variant=opt.variant, schedule=opt.schedule, budget=self.budget,
-                                              ranks_per_node=ranks.node_size))
+                                              ranks_per_node=ranks.node_size,
+                                              threads_per_rank=threads_of(opt.backend, True)))
         # the executor's caches within the budget, as the estimate and the decision took them
         options = {"variant": decision["variant"], "schedule": decision.get("schedule"),
                    "cache_mb": executor_cache_bytes(self.budget) >> 20}
