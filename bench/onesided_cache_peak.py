@@ -1,11 +1,13 @@
 """The bytes mpi-onesided's per-step block cache holds at its peak (``cached``, ``owner``),
 measured on every rank, against the cost model's estimate (``memory_parts``' working set:
 ``max_step_rank_bytes``, a rank's share of a step's product reads, at most the step's
-distinct blocks, and the frozen cache's ``frozen_share``).
+distinct blocks, and the frozen cache's ``frozen_share`` for the schedule, which the
+model bounds by the cache).
 
-    mpiexec -n 2 python bench/onesided_cache_peak.py examples/water.xyz --tile 24
+    mpiexec -n 2 python bench/onesided_cache_peak.py examples/water.xyz --tile 24 \
+        [--iterations 2] [--schedule nxtval|steal]
 
-cc-pVDZ, RHF by PySCF on rank 0, two CCSD iterations per variant. The peak is taken over
+cc-pVDZ, RHF by PySCF on rank 0, ``--iterations`` CCSD iterations per variant. The peak is taken over
 every ``BlockCache`` the executor makes (one per contraction step) and the executor's
 ``FrozenCache``; rank 0 prints per variant the busiest rank's peaks and the model's terms.
 """
@@ -57,7 +59,7 @@ def main(argv=None) -> None:
         return done
     distributed.BlockCache.put, distributed.FrozenCache.put = counted, kept
     out = {"ranks": world.size, "tile": args.tile, "schedule": args.schedule, "iterations": args.iterations,
-           "model_step_rank_bytes": s["max_step_rank_bytes"], "model_frozen_bytes": frozen_share(s, world.size)}
+           "model_step_rank_bytes": s["max_step_rank_bytes"], "model_frozen_bytes": frozen_share(s, world.size, args.schedule)}
     for variant in ("cached", "owner"):
         peak.update(step=0, frozen=0)
         with Context("mpi-onesided", variant=variant, schedule=args.schedule):
