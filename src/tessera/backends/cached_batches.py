@@ -26,6 +26,8 @@ import heapq
 
 import numpy as np
 
+from tessera.plan.blocktasks import sector_signature
+
 BATCHES_PER_RANK = 2      # cached: at least this many batches per rank where tasks allow
 
 
@@ -97,8 +99,7 @@ def indexed_batches(tasks, by_row: bool, bound: int, nranks: int) -> CachedBatch
 def task_batches(step, tasks, by_row: bool, bound: int, nranks: int) -> CachedBatches:
     """``CachedBatches`` of a list of a step's OutputTasks (``owner``: a rank's own, from
     ``blocktasks.owned_tasks``; entries index that list)."""
-    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-    return CachedBatches(sig, [t.sector for t in tasks], [t.r for t in tasks], [t.c for t in tasks],
+    return CachedBatches(sector_signature(step), [t.sector for t in tasks], [t.r for t in tasks], [t.c for t in tasks],
                          by_row, bound, nranks)
 
 

@@ -56,7 +56,7 @@ from tessera.backends.registry import DEFAULT_VARIANT, check_options
 from tessera.backends.schedule import Share
 from tessera.backends.summa_layout import cell_layout
 from tessera.errors import InputError
-from tessera.plan.blocktasks import source_block
+from tessera.plan.blocktasks import sector_signature, source_block
 from tessera.runtime.distribution import default_layers, grid_shape
 
 log = logging.getLogger("tessera.backends")
@@ -400,7 +400,7 @@ class CollectiveExecutor(DistributedExecutor):
         cc = self.cc
         A, B, C = step.inputs[0].tensor, step.inputs[1].tensor, step.out.tensor
         pa, pb, pc_ = step.perms["a"], step.perms["b"], step.perms["c"]
-        sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+        sig = sector_signature(step)
         mode, (pr, pc, _), share = self._mode(step, sig)
         if mode != "summa":
             self._stationary_step(step, share)

@@ -30,7 +30,8 @@ import numpy as np
 from tessera.backends.rank_choice import cell_items, held_outputs, line_offsets, product_codes, read_keys, sector_index
 from tessera.backends.stationary import MODES
 from tessera.backends.summa_layout import grid_deal, home_key, inner_units
-from tessera.plan.blocktasks import add_source, hadamard_block_pairs, hadamard_fed, invert_key, pair_outputs
+from tessera.plan.blocktasks import (add_source, hadamard_block_pairs, hadamard_fed, invert_key, pair_outputs,
+                                     sector_signature)
 
 
 class OwnTask(NamedTuple):
@@ -141,7 +142,7 @@ def summa_own(step, grid: tuple, me: int, held, involved) -> dict:
     pa, pb, perm_c = step.perms["a"], step.perms["b"], step.perms["c"]
     perms = (pa, pb, perm_c)
     pr, pc, layers = grid
-    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+    sig = sector_signature(step)
     deal = grid_deal(sig, pa, pb, pr, pc, layers)
     nk = (len(pa) + len(pb) - len(perm_c)) // 2
     units = [inner_units(inner, layers)[0] for _, _, inner, _ in sig]

@@ -61,12 +61,17 @@ def contraction_tasks(step) -> tuple:
     return _tasks(*_layout(step))
 
 
+def sector_signature(step) -> tuple:
+    """(irrep, rows, inner, cols) of each sector of a contraction step: its layouts,
+    hashable (what the caches of its tasks, batches and products are kept by)."""
+    return tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
+
+
 def _layout(step) -> tuple:
     """What a step's block tasks depend on: its sectors' layouts, the operands' axis
     orders and the output's aliases (the key of the caches below)."""
     perms = step.perms
-    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-    return sig, perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None
+    return sector_signature(step), perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None
 
 
 def _outputs(rows, cols, perm_c, aliases) -> list:
@@ -195,8 +200,7 @@ def owned_tasks(step, keys) -> tuple:
     key is found in its sector's row and column layouts (no other output is listed), so
     the work is O(own outputs x inner tuples), not O(all outputs)."""
     perms = step.perms
-    sig = tuple((s.irrep, s.rows, s.inner, s.cols) for s in step.sectors)
-    return _owned(sig, perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None,
+    return _owned(sector_signature(step), perms["a"], perms["b"], perms["c"], step.out.tensor.aliases or None,
                   frozenset(keys))
 
 
